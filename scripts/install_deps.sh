@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages fanout builds and tests with. Idempotent; run as root
+# (or through sudo). The CUDA 13 toolkit is not installed here: CMake finds it under
+# /usr/local/cuda when present and builds the CUDA targets, otherwise the CPU path only.
+set -euo pipefail
+packages=(
+  build-essential cmake ninja-build pkg-config git clang
+  nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "install_deps: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "install_deps: all packages present"
+fi

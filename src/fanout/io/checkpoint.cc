@@ -1,0 +1,110 @@
+#include "fanout/io/checkpoint.h"
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace fanout::io {
+namespace fs = std::filesystem;
+
+Checkpoint Checkpoint::open(const std::string& dir, Progress progress) {
+    Checkpoint ck;
+    ck.dir_ = dir;
+    ck.progress_ = std::move(progress);
+    FANOUT_CHECK(fs::is_directory(dir), "model folder '{}' does not exist or is not a folder", dir);
+    const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
+    const fs::path single_path = fs::path(dir) / "model.safetensors";
+    if (fs::exists(index_path)) {
+        std::ifstream in(index_path);
+        nlohmann::json index;
+        try {
+            index = nlohmann::json::parse(in);
+        } catch (const nlohmann::json::exception& e) {
+            FANOUT_FAIL("{}: not valid JSON: {}", index_path.string(), e.what());
+        }
+        FANOUT_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
+                     "{}: missing object field 'weight_map'", index_path.string());
+        std::map<std::string, int> file_index;
+        for (const auto& [name, file] : index["weight_map"].items()) {
+            FANOUT_CHECK(file.is_string(), "{}: weight_map['{}'] must be a file name string", index_path.string(),
+                         name);
+            const std::string f = file.get<std::string>();
+            FANOUT_CHECK(!f.empty() && f.find('/') == std::string::npos && f != "." && f != "..",
+                         "{}: weight_map['{}'] = '{}' is not a plain file name in the model folder",
+                         index_path.string(), name, f);
+            auto [it, inserted] = file_index.emplace(f, static_cast<int>(ck.shard_files_.size()));
+            if (inserted) ck.shard_files_.push_back((fs::path(dir) / f).string());
+            ck.shard_of_[name] = it->second;
+        }
+        for (const auto& f : ck.shard_files_)
+            FANOUT_CHECK(fs::exists(f), "{}: shard '{}' named in the index does not exist", index_path.string(), f);
+        ck.shards_.resize(ck.shard_files_.size());
+    } else {
+        FANOUT_CHECK(fs::exists(single_path), "model folder '{}' has neither model.safetensors nor "
+                     "model.safetensors.index.json", dir);
+        ck.shard_files_.push_back(single_path.string());
+        ck.shards_.resize(1);
+        for (const auto& name : ck.shard(0).names()) ck.shard_of_[name] = 0;
+    }
+    return ck;
+}
+
+const SafetensorsFile& Checkpoint::shard(int index) const {
+    if (!shards_[index]) {
+        if (progress_) progress_(index, num_shards(), shard_files_[index]);
+        shards_[index] = std::make_unique<SafetensorsFile>(SafetensorsFile::open(shard_files_[index]));
+    }
+    return *shards_[index];
+}
+
+void Checkpoint::open_all() const {
+    for (int i = 0; i < num_shards(); ++i) shard(i);
+}
+
+std::string Checkpoint::file_of(const std::string& name) const {
+    const auto it = shard_of_.find(name);
+    FANOUT_CHECK(it != shard_of_.end(), "checkpoint '{}' has no tensor '{}'", dir_, name);
+    return shard_files_[it->second];
+}
+
+const TensorEntry& Checkpoint::entry(const std::string& name) const {
+    const auto it = shard_of_.find(name);
+    FANOUT_CHECK(it != shard_of_.end(), "checkpoint '{}' has no tensor '{}'", dir_, name);
+    const SafetensorsFile& f = shard(it->second);
+    FANOUT_CHECK(f.has(name), "{}: the index says this shard holds '{}' but it does not", f.path(), name);
+    return f.entry(name);
+}
+
+Tensor Checkpoint::get(const std::string& name) const {
+    entry(name);
+    return shard(shard_of_.at(name)).tensor(name);
+}
+
+Tensor Checkpoint::get(const std::string& name, std::initializer_list<DType> dtypes, const Shape& shape) const {
+    Tensor t = get(name);
+    bool dtype_ok = false;
+    std::vector<std::string_view> allowed;
+    for (DType d : dtypes) {
+        dtype_ok |= t.dtype() == d;
+        allowed.push_back(dtype_name(d));
+    }
+    FANOUT_CHECK(dtype_ok, "{}: tensor '{}' has dtype {}, expected one of {}", file_of(name), name,
+                 dtype_name(t.dtype()), fmt::join(allowed, ", "));
+    FANOUT_CHECK(t.shape() == shape, "{}: tensor '{}' has shape {}, expected {}", file_of(name), name,
+                 shape_str(t.shape()), shape_str(shape));
+    return t;
+}
+
+std::optional<Tensor> Checkpoint::get_optional(const std::string& name) const {
+    if (!has(name)) return std::nullopt;
+    return get(name);
+}
+
+std::vector<std::string> Checkpoint::names() const {
+    std::vector<std::string> out;
+    for (const auto& [name, idx] : shard_of_) out.push_back(name);
+    return out;
+}
+
+}  // namespace fanout::io

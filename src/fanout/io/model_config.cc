@@ -1,0 +1,298 @@
+#include "fanout/io/model_config.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "fanout/core/error.h"
+
+namespace fanout::io {
+namespace {
+
+using nlohmann::json;
+
+// Reads one field with its type checked; `where` names the file in errors.
+class FieldReader {
+public:
+    FieldReader(const json& j, std::string where) : j_(j), where_(std::move(where)) {}
+
+    int64_t integer(const char* key) const {
+        const json& v = require(key);
+        FANOUT_CHECK(v.is_number_integer(), "{}: field '{}' must be an integer, found {}", where_, key, v.dump());
+        return v.get<int64_t>();
+    }
+    int64_t integer(const char* key, int64_t fallback) const {
+        return has(key) ? integer(key) : fallback;
+    }
+    int64_t positive(const char* key) const {
+        const int64_t v = integer(key);
+        FANOUT_CHECK(v > 0, "{}: field '{}' must be positive, found {}", where_, key, v);
+        return v;
+    }
+    double number(const char* key) const {
+        const json& v = require(key);
+        FANOUT_CHECK(v.is_number(), "{}: field '{}' must be a number, found {}", where_, key, v.dump());
+        const double d = v.get<double>();
+        FANOUT_CHECK(std::isfinite(d), "{}: field '{}' must be finite", where_, key);
+        return d;
+    }
+    double number(const char* key, double fallback) const { return has(key) ? number(key) : fallback; }
+    bool boolean(const char* key, bool fallback) const {
+        if (!has(key)) return fallback;
+        const json& v = j_.at(key);
+        FANOUT_CHECK(v.is_boolean(), "{}: field '{}' must be true or false, found {}", where_, key, v.dump());
+        return v.get<bool>();
+    }
+    std::string string(const char* key, const std::string& fallback) const {
+        if (!has(key)) return fallback;
+        const json& v = j_.at(key);
+        FANOUT_CHECK(v.is_string(), "{}: field '{}' must be a string, found {}", where_, key, v.dump());
+        return v.get<std::string>();
+    }
+    // Present and not null.
+    bool has(const char* key) const { return j_.contains(key) && !j_.at(key).is_null(); }
+    const std::string& where() const { return where_; }
+
+private:
+    const json& require(const char* key) const {
+        FANOUT_CHECK(j_.contains(key) && !j_.at(key).is_null(), "{}: required field '{}' is missing", where_, key);
+        return j_.at(key);
+    }
+    const json& j_;
+    std::string where_;
+};
+
+void expect_value(const FieldReader& r, const char* key, const std::string& fallback,
+                  std::initializer_list<const char*> allowed) {
+    const std::string v = r.string(key, fallback);
+    for (const char* a : allowed)
+        if (v == a) return;
+    FANOUT_FAIL("{}: field '{}' is '{}'; fanout implements only {}", r.where(), key, v,
+                fmt::join(std::vector<std::string>(allowed.begin(), allowed.end()), ", "));
+}
+
+void parse_rope(const json& j, const std::string& where, ModelConfig& c) {
+    // transformers 5 spells it rope_parameters (rope_theta may sit inside); 4 spells it rope_scaling.
+    const char* key = nullptr;
+    if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) key = "rope_parameters";
+    else if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) key = "rope_scaling";
+    if (!key) return;
+    const json& rp = j[key];
+    FANOUT_CHECK(rp.is_object(), "{}: field '{}' must be an object, found {}", where, key, rp.dump());
+    const std::string sub = where + ": " + key;
+    FieldReader r(rp, sub);
+    if (r.has("rope_theta")) c.rope_theta = r.number("rope_theta");
+    std::string type = r.string("rope_type", r.string("type", "default"));
+    if (type == "default") return;
+    FANOUT_CHECK(type == "yarn", "{}: rope type '{}' is not supported; fanout implements 'default' and 'yarn'",
+                 sub, type);
+    YarnConfig y;
+    y.factor = r.number("factor");
+    FANOUT_CHECK(y.factor >= 1.0, "{}: field 'factor' must be >= 1, found {}", sub, y.factor);
+    y.original_max_position_embeddings =
+        r.has("original_max_position_embeddings") ? r.positive("original_max_position_embeddings")
+                                                  : c.max_position_embeddings;
+    y.beta_fast = r.number("beta_fast", 32.0);
+    y.beta_slow = r.number("beta_slow", 1.0);
+    y.mscale = r.number("mscale", 1.0);
+    y.mscale_all_dim = r.number("mscale_all_dim", 0.0);
+    y.truncate = r.boolean("truncate", true);
+    c.yarn = y;
+}
+
+void parse_quantization(const json& j, const std::string& where, ModelConfig& c) {
+    if (!j.contains("quantization_config") || j["quantization_config"].is_null()) return;
+    const json& q = j["quantization_config"];
+    const std::string sub = where + ": quantization_config";
+    FANOUT_CHECK(q.is_object(), "{} must be an object", sub);
+    FieldReader r(q, sub);
+    expect_value(r, "quant_method", "", {"fp8"});
+    expect_value(r, "fmt", "e4m3", {"e4m3"});
+    expect_value(r, "activation_scheme", "dynamic", {"dynamic"});
+    Fp8QuantConfig f;
+    if (q.contains("weight_block_size")) {
+        const json& b = q["weight_block_size"];
+        FANOUT_CHECK(b.is_array() && b.size() == 2 && b[0].is_number_integer() && b[1].is_number_integer(),
+                     "{}: weight_block_size must be [rows, cols], found {}", sub, b.dump());
+        f.block_n = b[0].get<int64_t>();
+        f.block_k = b[1].get<int64_t>();
+    }
+    FANOUT_CHECK(f.block_n == 128 && f.block_k == 128,
+                 "{}: weight_block_size [{}, {}] is not supported; fanout implements [128, 128]", sub, f.block_n,
+                 f.block_k);
+    c.fp8 = f;
+}
+
+}  // namespace
+
+double yarn_get_mscale(double scale, double mscale) {
+    return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+double ModelConfig::softmax_scale() const {
+    double s = 1.0 / std::sqrt(static_cast<double>(qk_head_dim()));
+    if (yarn && yarn->mscale_all_dim != 0.0) {
+        const double m = yarn_get_mscale(yarn->factor, yarn->mscale_all_dim);
+        s *= m * m;
+    }
+    return s;
+}
+
+double ModelConfig::rope_attention_factor() const {
+    if (!yarn) return 1.0;
+    if (yarn->mscale != 0.0 && yarn->mscale_all_dim != 0.0)
+        return yarn_get_mscale(yarn->factor, yarn->mscale) / yarn_get_mscale(yarn->factor, yarn->mscale_all_dim);
+    return yarn_get_mscale(yarn->factor, 1.0);
+}
+
+ModelConfig parse_model_config(const std::string& json_text, const std::string& label) {
+    json j;
+    try {
+        j = json::parse(json_text);
+    } catch (const json::exception& e) {
+        FANOUT_FAIL("{}: not valid JSON: {}", label, e.what());
+    }
+    FANOUT_CHECK(j.is_object(), "{}: must be a JSON object", label);
+    FieldReader r(j, label);
+    expect_value(r, "model_type", "", {"deepseek_v3"});
+    expect_value(r, "hidden_act", "silu", {"silu"});
+    expect_value(r, "scoring_func", "sigmoid", {"sigmoid"});
+    expect_value(r, "topk_method", "noaux_tc", {"noaux_tc"});
+
+    ModelConfig c;
+    c.vocab_size = r.positive("vocab_size");
+    c.hidden_size = r.positive("hidden_size");
+    c.num_hidden_layers = r.positive("num_hidden_layers");
+    c.num_attention_heads = r.positive("num_attention_heads");
+    c.intermediate_size = r.positive("intermediate_size");
+    c.kv_lora_rank = r.positive("kv_lora_rank");
+    c.qk_nope_head_dim = r.positive("qk_nope_head_dim");
+    c.qk_rope_head_dim = r.positive("qk_rope_head_dim");
+    c.v_head_dim = r.positive("v_head_dim");
+    c.q_lora_rank = r.has("q_lora_rank") ? r.positive("q_lora_rank") : 0;
+    c.max_position_embeddings = r.positive("max_position_embeddings");
+    c.rms_norm_eps = r.number("rms_norm_eps", 1e-6);
+    c.rope_theta = r.number("rope_theta", 10000.0);
+    c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
+    c.num_nextn_predict_layers = r.integer("num_nextn_predict_layers", 0);
+    c.first_k_dense_replace = r.integer("first_k_dense_replace", 0);
+    c.n_routed_experts = r.integer("n_routed_experts", 0);
+    FANOUT_CHECK(c.num_nextn_predict_layers >= 0 && c.num_nextn_predict_layers <= 1,
+                 "{}: num_nextn_predict_layers is {}; fanout implements 0 or 1", label, c.num_nextn_predict_layers);
+    FANOUT_CHECK(c.first_k_dense_replace >= 0, "{}: first_k_dense_replace must be >= 0, found {}", label,
+                 c.first_k_dense_replace);
+    FANOUT_CHECK(c.qk_rope_head_dim % 2 == 0, "{}: qk_rope_head_dim must be even, found {}", label,
+                 c.qk_rope_head_dim);
+    FANOUT_CHECK(r.boolean("rope_interleave", true),
+                 "{}: rope_interleave false is not supported; DeepSeek-V3 rotates interleaved pairs", label);
+    FANOUT_CHECK(r.integer("moe_layer_freq", 1) == 1, "{}: moe_layer_freq is {}; fanout implements 1", label,
+                 r.integer("moe_layer_freq", 1));
+    if (c.n_routed_experts > 0) {
+        c.moe_intermediate_size = r.positive("moe_intermediate_size");
+        c.n_shared_experts = r.integer("n_shared_experts", 0);
+        c.num_experts_per_tok = r.positive("num_experts_per_tok");
+        c.n_group = r.integer("n_group", 1);
+        c.topk_group = r.integer("topk_group", 1);
+        c.norm_topk_prob = r.boolean("norm_topk_prob", true);
+        c.routed_scaling_factor = r.number("routed_scaling_factor", 1.0);
+        FANOUT_CHECK(c.n_shared_experts >= 0, "{}: n_shared_experts must be >= 0, found {}", label,
+                     c.n_shared_experts);
+        FANOUT_CHECK(c.n_group > 0 && c.n_routed_experts % c.n_group == 0,
+                     "{}: n_routed_experts={} must be a multiple of n_group={}", label, c.n_routed_experts,
+                     c.n_group);
+        FANOUT_CHECK(c.topk_group > 0 && c.topk_group <= c.n_group, "{}: topk_group={} must be in [1, n_group={}]",
+                     label, c.topk_group, c.n_group);
+        const int64_t per_group = c.n_routed_experts / c.n_group;
+        FANOUT_CHECK(per_group >= 2 || c.n_group == 1,
+                     "{}: each of the n_group={} groups needs at least 2 experts (group score = top-2 sum)", label,
+                     c.n_group);
+        FANOUT_CHECK(c.num_experts_per_tok <= c.topk_group * per_group,
+                     "{}: num_experts_per_tok={} exceeds the {} experts in topk_group={} groups", label,
+                     c.num_experts_per_tok, c.topk_group * per_group, c.topk_group);
+    }
+    parse_rope(j, label, c);
+    parse_quantization(j, label, c);
+    if (r.has("bos_token_id")) c.bos_token_id = r.integer("bos_token_id");
+    if (r.has("eos_token_id")) {
+        const json& e = j["eos_token_id"];
+        if (e.is_array()) {
+            for (const auto& v : e) {
+                FANOUT_CHECK(v.is_number_integer(), "{}: eos_token_id entries must be integers", label);
+                c.eos_token_ids.push_back(v.get<int64_t>());
+            }
+        } else {
+            c.eos_token_ids.push_back(r.integer("eos_token_id"));
+        }
+    }
+    return c;
+}
+
+ModelConfig load_model_config(const std::string& model_dir) {
+    const std::string path = (std::filesystem::path(model_dir) / "config.json").string();
+    std::ifstream in(path);
+    FANOUT_CHECK(in.good(), "cannot read {}: no config.json in the model folder", path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return parse_model_config(ss.str(), path);
+}
+
+std::string model_config_to_json(const ModelConfig& c) {
+    nlohmann::ordered_json j;
+    j["architectures"] = {"DeepseekV3ForCausalLM"};
+    j["model_type"] = "deepseek_v3";
+    j["vocab_size"] = c.vocab_size;
+    j["hidden_size"] = c.hidden_size;
+    j["intermediate_size"] = c.intermediate_size;
+    j["moe_intermediate_size"] = c.moe_intermediate_size;
+    j["num_hidden_layers"] = c.num_hidden_layers;
+    j["num_nextn_predict_layers"] = c.num_nextn_predict_layers;
+    j["num_attention_heads"] = c.num_attention_heads;
+    j["num_key_value_heads"] = c.num_attention_heads;
+    j["n_shared_experts"] = c.n_shared_experts;
+    j["n_routed_experts"] = c.n_routed_experts;
+    j["routed_scaling_factor"] = c.routed_scaling_factor;
+    j["kv_lora_rank"] = c.kv_lora_rank;
+    j["q_lora_rank"] = c.q_lora_rank > 0 ? json(c.q_lora_rank) : json(nullptr);
+    j["qk_rope_head_dim"] = c.qk_rope_head_dim;
+    j["v_head_dim"] = c.v_head_dim;
+    j["qk_nope_head_dim"] = c.qk_nope_head_dim;
+    j["topk_method"] = "noaux_tc";
+    j["n_group"] = c.n_group;
+    j["topk_group"] = c.topk_group;
+    j["num_experts_per_tok"] = c.num_experts_per_tok;
+    j["moe_layer_freq"] = 1;
+    j["first_k_dense_replace"] = c.first_k_dense_replace;
+    j["norm_topk_prob"] = c.norm_topk_prob;
+    j["scoring_func"] = "sigmoid";
+    j["hidden_act"] = "silu";
+    j["max_position_embeddings"] = c.max_position_embeddings;
+    j["rms_norm_eps"] = c.rms_norm_eps;
+    j["rope_theta"] = c.rope_theta;
+    j["rope_interleave"] = true;
+    if (c.yarn) {
+        j["rope_scaling"] = {{"type", "yarn"},
+                             {"factor", c.yarn->factor},
+                             {"original_max_position_embeddings", c.yarn->original_max_position_embeddings},
+                             {"beta_fast", c.yarn->beta_fast},
+                             {"beta_slow", c.yarn->beta_slow},
+                             {"mscale", c.yarn->mscale},
+                             {"mscale_all_dim", c.yarn->mscale_all_dim}};
+    } else {
+        j["rope_scaling"] = nullptr;
+    }
+    j["tie_word_embeddings"] = c.tie_word_embeddings;
+    j["bos_token_id"] = c.bos_token_id;
+    j["eos_token_id"] = c.eos_token_ids.size() == 1 ? json(c.eos_token_ids[0]) : json(c.eos_token_ids);
+    j["torch_dtype"] = "bfloat16";
+    if (c.fp8) {
+        j["quantization_config"] = {{"activation_scheme", "dynamic"},
+                                    {"fmt", "e4m3"},
+                                    {"quant_method", "fp8"},
+                                    {"weight_block_size", {c.fp8->block_n, c.fp8->block_k}}};
+    }
+    return j.dump(2) + "\n";
+}
+
+}  // namespace fanout::io

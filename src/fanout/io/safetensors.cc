@@ -1,0 +1,201 @@
+#include "fanout/io/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+namespace fanout::io {
+namespace {
+
+constexpr size_t kMaxHeaderBytes = 100u << 20;  // the reference implementation's limit
+
+}  // namespace
+
+std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    FANOUT_CHECK(fd >= 0, "cannot open {}: {}", path, std::strerror(errno));
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        ::close(fd);
+        FANOUT_FAIL("{} is not a regular file", path);
+    }
+    std::shared_ptr<MappedFile> f(new MappedFile());
+    f->path_ = path;
+    f->size_ = static_cast<size_t>(st.st_size);
+    if (f->size_ > 0) {
+        void* p = ::mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) {
+            const int err = errno;
+            ::close(fd);
+            FANOUT_FAIL("cannot mmap {} ({} bytes): {}", path, f->size_, std::strerror(err));
+        }
+        f->data_ = static_cast<const uint8_t*>(p);
+    }
+    ::close(fd);
+    return f;
+}
+
+MappedFile::~MappedFile() {
+    if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+SafetensorsFile SafetensorsFile::open(const std::string& path) {
+    auto file = MappedFile::open(path);
+    return parse(file, file->data(), file->size(), path);
+}
+
+SafetensorsFile SafetensorsFile::parse(std::shared_ptr<MappedFile> file, const uint8_t* data, size_t size,
+                                       const std::string& label) {
+    SafetensorsFile st;
+    st.label_ = label;
+    st.file_ = std::move(file);
+    st.base_ = data;
+    FANOUT_CHECK(size >= 8, "{}: truncated safetensors file: {} bytes, need at least 8 for the header length",
+                 label, size);
+    uint64_t header_len = 0;
+    for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | data[i];
+    FANOUT_CHECK(header_len <= kMaxHeaderBytes, "{}: header length {} exceeds the {}-byte limit", label,
+                 header_len, kMaxHeaderBytes);
+    FANOUT_CHECK(header_len <= size - 8, "{}: truncated: header length {} but only {} bytes follow", label,
+                 header_len, size - 8);
+    const size_t data_start = 8 + header_len;
+    const size_t data_size = size - data_start;
+
+    nlohmann::json header;
+    try {
+        header = nlohmann::json::parse(data + 8, data + data_start);
+    } catch (const nlohmann::json::exception& e) {
+        FANOUT_FAIL("{}: header is not valid JSON: {}", label, e.what());
+    }
+    FANOUT_CHECK(header.is_object(), "{}: header must be a JSON object, found {}", label, header.type_name());
+
+    for (const auto& [name, value] : header.items()) {
+        if (name == "__metadata__") {
+            FANOUT_CHECK(value.is_object(), "{}: __metadata__ must be an object", label);
+            for (const auto& [k, v] : value.items())
+                if (v.is_string()) st.metadata_[k] = v.get<std::string>();
+            continue;
+        }
+        FANOUT_CHECK(value.is_object(), "{}: tensor '{}': entry must be an object", label, name);
+        const auto dt = value.find("dtype");
+        const auto sh = value.find("shape");
+        const auto off = value.find("data_offsets");
+        FANOUT_CHECK(dt != value.end() && dt->is_string(), "{}: tensor '{}': missing string field 'dtype'", label,
+                     name);
+        FANOUT_CHECK(sh != value.end() && sh->is_array(), "{}: tensor '{}': missing array field 'shape'", label,
+                     name);
+        FANOUT_CHECK(off != value.end() && off->is_array() && off->size() == 2,
+                     "{}: tensor '{}': 'data_offsets' must be an array of two integers", label, name);
+        TensorEntry e;
+        e.name = name;
+        const std::string dtype_str = dt->get<std::string>();
+        FANOUT_CHECK(dtype_from_name(dtype_str, &e.dtype), "{}: tensor '{}': unknown dtype '{}'", label, name,
+                     dtype_str);
+        uint64_t numel = 1;
+        for (const auto& d : *sh) {
+            FANOUT_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0),
+                         "{}: tensor '{}': shape entries must be non-negative integers, found {}", label, name,
+                         d.dump());
+            const uint64_t extent = d.get<uint64_t>();
+            FANOUT_CHECK(extent == 0 || numel <= std::numeric_limits<uint32_t>::max() * uint64_t{16} / extent,
+                         "{}: tensor '{}': shape {} is too large", label, name, sh->dump());
+            numel *= extent;
+            e.shape.push_back(static_cast<int64_t>(extent));
+        }
+        for (const auto& o : *off)
+            FANOUT_CHECK(o.is_number_unsigned() || (o.is_number_integer() && o.get<int64_t>() >= 0),
+                         "{}: tensor '{}': data_offsets must be non-negative integers, found {}", label, name,
+                         off->dump());
+        const uint64_t begin = (*off)[0].get<uint64_t>(), end = (*off)[1].get<uint64_t>();
+        FANOUT_CHECK(begin <= end && end <= data_size,
+                     "{}: tensor '{}': data_offsets [{}, {}] out of range for {} data bytes (file truncated?)",
+                     label, name, begin, end, data_size);
+        const uint64_t expected = numel * dtype_size(e.dtype);
+        FANOUT_CHECK(end - begin == expected,
+                     "{}: tensor '{}': {} bytes in data_offsets but dtype {} and shape {} need {}", label, name,
+                     end - begin, dtype_str, shape_str(e.shape), expected);
+        e.offset = data_start + begin;
+        e.nbytes = end - begin;
+        st.entries_.emplace(name, std::move(e));
+    }
+    return st;
+}
+
+const TensorEntry& SafetensorsFile::entry(const std::string& name) const {
+    const auto it = entries_.find(name);
+    FANOUT_CHECK(it != entries_.end(), "{}: no tensor named '{}'", label_, name);
+    return it->second;
+}
+
+Tensor SafetensorsFile::tensor(const std::string& name) const {
+    const TensorEntry& e = entry(name);
+    return Tensor::view(const_cast<uint8_t*>(base_ + e.offset), e.dtype, e.shape, Device::kCPU, file_);
+}
+
+std::vector<std::string> SafetensorsFile::names() const {
+    std::vector<std::string> out;
+    out.reserve(entries_.size());
+    for (const auto& [name, e] : entries_) out.push_back(name);
+    return out;
+}
+
+SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<TensorSpec> specs,
+                                     const std::map<std::string, std::string>& metadata)
+    : path_(path), specs_(std::move(specs)) {
+    nlohmann::ordered_json header = nlohmann::ordered_json::object();
+    if (!metadata.empty()) header["__metadata__"] = metadata;
+    size_t offset = 0;
+    for (const auto& s : specs_) {
+        const size_t n = static_cast<size_t>(shape_numel(s.shape)) * dtype_size(s.dtype);
+        FANOUT_CHECK(!header.contains(s.name), "{}: tensor '{}' listed twice", path, s.name);
+        header[s.name] = {{"dtype", std::string(dtype_name(s.dtype))},
+                          {"shape", s.shape},
+                          {"data_offsets", {offset, offset + n}}};
+        sizes_.push_back(n);
+        offset += n;
+    }
+    std::string text = header.dump();
+    text.append((8 - text.size() % 8) % 8, ' ');  // data starts 8-byte aligned
+    file_ = std::fopen(path.c_str(), "wb");
+    FANOUT_CHECK(file_ != nullptr, "cannot create {}: {}", path, std::strerror(errno));
+    uint8_t len[8];
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
+    FANOUT_CHECK(std::fwrite(len, 1, 8, file_) == 8 && std::fwrite(text.data(), 1, text.size(), file_) == text.size(),
+                 "write to {} failed: {}", path, std::strerror(errno));
+    while (current_ < specs_.size() && sizes_[current_] == 0) ++current_;
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+    if (file_) std::fclose(file_);
+}
+
+void SafetensorsWriter::write(const std::string& name, const void* data, size_t nbytes) {
+    FANOUT_CHECK(current_ < specs_.size(), "{}: write of '{}' after all tensors were written", path_, name);
+    FANOUT_CHECK(specs_[current_].name == name, "{}: expected data for '{}' next, got '{}'", path_,
+                 specs_[current_].name, name);
+    FANOUT_CHECK(written_in_current_ + nbytes <= sizes_[current_], "{}: tensor '{}' takes {} bytes, got {}", path_,
+                 name, sizes_[current_], written_in_current_ + nbytes);
+    FANOUT_CHECK(std::fwrite(data, 1, nbytes, file_) == nbytes, "write to {} failed: {}", path_,
+                 std::strerror(errno));
+    written_in_current_ += nbytes;
+    while (current_ < specs_.size() && written_in_current_ == sizes_[current_]) {
+        ++current_;
+        written_in_current_ = 0;
+    }
+}
+
+void SafetensorsWriter::finish() {
+    FANOUT_CHECK(current_ == specs_.size(), "{}: tensor '{}' was not written", path_,
+                 current_ < specs_.size() ? specs_[current_].name : "");
+    const int rc = std::fclose(file_);
+    file_ = nullptr;
+    FANOUT_CHECK(rc == 0, "closing {} failed: {}", path_, std::strerror(errno));
+}
+
+}  // namespace fanout::io

@@ -1,0 +1,321 @@
+#include "fanout/model/deepseek_v3.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "fanout/ops/activation.h"
+#include "fanout/ops/linear.h"
+#include "fanout/ops/moe_router.h"
+#include "fanout/ops/rms_norm.h"
+
+namespace fanout::model {
+namespace {
+
+ops::RopeParams rope_params(const io::ModelConfig& c) {
+    ops::RopeParams p;
+    p.dim = c.qk_rope_head_dim;
+    p.theta = c.rope_theta;
+    p.attention_factor = c.rope_attention_factor();
+    if (c.yarn) {
+        p.yarn = true;
+        p.factor = c.yarn->factor;
+        p.original_max_position = c.yarn->original_max_position_embeddings;
+        p.beta_fast = c.yarn->beta_fast;
+        p.beta_slow = c.yarn->beta_slow;
+        p.truncate = c.yarn->truncate;
+    }
+    return p;
+}
+
+Tensor f32(int64_t rows, int64_t cols) { return Tensor::zeros({rows, cols}, DType::kF32); }
+
+void add_inplace(Tensor& dst, const Tensor& src) {
+    float* d = dst.data_as<float>();
+    const float* s = src.data_as<float>();
+    for (int64_t i = 0; i < dst.numel(); ++i) d[i] += s[i];
+}
+
+}  // namespace
+
+int64_t StepBatch::max_query_len() const {
+    int64_t m = 0;
+    for (int64_t r = 0; r < num_requests(); ++r) m = std::max<int64_t>(m, query_start[r + 1] - query_start[r]);
+    return m;
+}
+
+ops::AttentionMetadata StepBatch::attention_metadata() const {
+    return {num_requests(), query_start.data(), kv_len.data(), block_table.data(), max_blocks, positions.data()};
+}
+
+StepBatchBuilder& StepBatchBuilder::add(std::span<const int32_t> tokens, int64_t start, const kv::SequenceBlocks& seq,
+                                        Logits logits) {
+    if (batch_.query_start.empty()) batch_.query_start.push_back(0);
+    const int64_t end = start + static_cast<int64_t>(tokens.size());
+    const int64_t first_row = batch_.num_tokens();
+    for (size_t i = 0; i < tokens.size(); ++i) {
+        batch_.tokens.push_back(tokens[i]);
+        batch_.positions.push_back(static_cast<int32_t>(start + static_cast<int64_t>(i)));
+        batch_.slots.push_back(cache_.slot(seq, start + static_cast<int64_t>(i)));
+        if (logits == Logits::kAll) batch_.logit_rows.push_back(static_cast<int32_t>(first_row + i));
+    }
+    if (logits == Logits::kLast && !tokens.empty()) batch_.logit_rows.push_back(static_cast<int32_t>(batch_.num_tokens() - 1));
+    batch_.query_start.push_back(static_cast<int32_t>(batch_.num_tokens()));
+    batch_.kv_len.push_back(static_cast<int32_t>(end));
+    tables_.push_back(seq.blocks);
+    return *this;
+}
+
+StepBatch StepBatchBuilder::build() {
+    if (batch_.query_start.empty()) batch_.query_start.push_back(0);
+    int64_t max_blocks = 1;
+    for (const auto& t : tables_) max_blocks = std::max<int64_t>(max_blocks, static_cast<int64_t>(t.size()));
+    batch_.max_blocks = max_blocks;
+    batch_.block_table.assign(tables_.size() * static_cast<size_t>(max_blocks), -1);
+    for (size_t r = 0; r < tables_.size(); ++r)
+        std::copy(tables_[r].begin(), tables_[r].end(), batch_.block_table.begin() + static_cast<int64_t>(r) * max_blocks);
+    return std::move(batch_);
+}
+
+DeepseekV3::DeepseekV3(io::ModelConfig config, ModelWeights weights)
+    : config_(std::move(config)), weights_(std::move(weights)), rope_(ops::make_rope_table(rope_params(config_))) {}
+
+std::unique_ptr<DeepseekV3> DeepseekV3::load(const std::string& dir, const ShardPlan& plan,
+                                             const LoadProgress& progress) {
+    io::ModelConfig config = io::load_model_config(dir);
+    ModelWeights w = load_weights(io::Checkpoint::open(dir), config, plan, progress);
+    return std::make_unique<DeepseekV3>(std::move(config), std::move(w));
+}
+
+kv::KvCacheConfig DeepseekV3::kv_cache_config(int64_t num_blocks, DType dtype) const {
+    kv::KvCacheConfig k;
+    k.num_layers = config_.num_hidden_layers + (weights_.mtp ? 1 : 0);
+    k.entry_dim = config_.kv_entry_dim();
+    k.num_blocks = num_blocks;
+    k.dtype = dtype;
+    return k;
+}
+
+Tensor DeepseekV3::embed(const Tensor& table, std::span<const int32_t> tokens) const {
+    const int64_t D = config_.hidden_size, V = config_.vocab_size;
+    Tensor out = f32(static_cast<int64_t>(tokens.size()), D);
+    const size_t row_bytes = static_cast<size_t>(D) * dtype_size(table.dtype());
+    for (size_t t = 0; t < tokens.size(); ++t) {
+        FANOUT_CHECK(tokens[t] >= 0 && tokens[t] < V, "token id {} at index {} is outside the vocabulary [0, {})",
+                     tokens[t], t, V);
+        convert_to_f32(static_cast<const char*>(table.data()) + static_cast<size_t>(tokens[t]) * row_bytes,
+                       table.dtype(), static_cast<size_t>(D), out.data_as<float>() + static_cast<int64_t>(t) * D);
+    }
+    return out;
+}
+
+void DeepseekV3::mlp(const MlpWeights& w, const Tensor& x, Tensor& out, const ForwardOptions& opts,
+                     const Stream& s) const {
+    const int64_t M = x.dim(0), I = w.gate.out_features;
+    Tensor gate = f32(M, I), up = f32(M, I);
+    ops::linear(x, w.gate, gate, opts.fp8_mode, s);
+    ops::linear(x, w.up, up, opts.fp8_mode, s);
+    ops::silu_mul(gate, up, gate, s);
+    ops::linear(gate, w.down, out, opts.fp8_mode, s);
+}
+
+void DeepseekV3::stage_attn_in(const LayerWeights& w, int64_t layer, LayerState& st, const StepBatch& batch,
+                               kv::PagedKvCache& cache, const Stream& s, const ForwardOptions& opts) const {
+    const io::ModelConfig& c = config_;
+    const int64_t T = batch.num_tokens(), D = c.hidden_size, H = c.num_attention_heads;
+    const int64_t kv_lora = c.kv_lora_rank, rope = c.qk_rope_head_dim;
+    const AttentionWeights& a = w.attn;
+    Tensor x = f32(T, D);
+    ops::rms_norm(st.hidden, w.input_norm, static_cast<float>(c.rms_norm_eps), x, s);
+
+    st.q = Tensor::zeros({T, H, c.qk_head_dim()}, DType::kF32);
+    Tensor q2d = st.q.reshape({T, H * c.qk_head_dim()});
+    if (c.q_lora_rank > 0) {
+        Tensor qa = f32(T, c.q_lora_rank);
+        ops::linear(x, a.q_a, qa, opts.fp8_mode, s);
+        ops::rms_norm(qa, a.q_a_norm, static_cast<float>(c.rms_norm_eps), qa, s);
+        ops::linear(qa, a.q_b, q2d, opts.fp8_mode, s);
+    } else {
+        ops::linear(x, a.q_proj, q2d, opts.fp8_mode, s);
+    }
+    ops::rope_apply(st.q, c.qk_nope_head_dim, batch.positions.data(), rope_, s);
+
+    // kv_a: [T, kv_lora + rope] -> entry [normalized latent | roped k_pe], appended to the cache.
+    Tensor entry = f32(T, kv_lora + rope);
+    ops::linear(x, a.kv_a, entry, opts.fp8_mode, s);
+    Tensor latent = f32(T, kv_lora);
+    for (int64_t t = 0; t < T; ++t)
+        std::memcpy(latent.data_as<float>() + t * kv_lora, entry.data_as<float>() + t * (kv_lora + rope),
+                    static_cast<size_t>(kv_lora) * sizeof(float));
+    ops::rms_norm(latent, a.kv_a_norm, static_cast<float>(c.rms_norm_eps), latent, s);
+    for (int64_t t = 0; t < T; ++t)
+        std::memcpy(entry.data_as<float>() + t * (kv_lora + rope), latent.data_as<float>() + t * kv_lora,
+                    static_cast<size_t>(kv_lora) * sizeof(float));
+    Tensor entry3 = entry.reshape({T, 1, kv_lora + rope});
+    ops::rope_apply(entry3, kv_lora, batch.positions.data(), rope_, s);
+    ops::LatentCache lc{cache.layer_data(layer), cache.config().dtype, cache.config().num_blocks,
+                        cache.config().block_size, cache.config().entry_dim};
+    ops::kv_append(lc, entry, batch.slots.data(), s);
+}
+
+void DeepseekV3::stage_attn_out(const LayerWeights& w, int64_t layer, LayerState& st, const StepBatch& batch,
+                                kv::PagedKvCache& cache, const Stream& s, const ForwardOptions& opts) const {
+    const io::ModelConfig& c = config_;
+    const int64_t T = batch.num_tokens(), D = c.hidden_size, H = c.num_attention_heads;
+    ops::LatentCache lc{cache.layer_data(layer), cache.config().dtype, cache.config().num_blocks,
+                        cache.config().block_size, cache.config().entry_dim};
+    const ops::AttentionMetadata meta = batch.attention_metadata();
+    Tensor attn = Tensor::zeros({T, H, c.v_head_dim}, DType::kF32);
+    const float scale = static_cast<float>(c.softmax_scale());
+    const bool absorbed = opts.attention == AttentionForm::kAbsorbed ||
+                          (opts.attention == AttentionForm::kAuto && batch.max_query_len() <= 1);
+    if (absorbed) {
+        ops::mla_attention_absorbed(st.q, w.attn.kv_b, lc, meta, c.kv_lora_rank, c.qk_nope_head_dim, c.v_head_dim,
+                                    scale, attn, s);
+    } else {
+        ops::mla_attention_mha(st.q, w.attn.kv_b, opts.fp8_mode, lc, meta, c.kv_lora_rank, c.qk_nope_head_dim,
+                               c.v_head_dim, scale, attn, s);
+    }
+    Tensor o = f32(T, D);
+    ops::linear(attn.reshape({T, H * c.v_head_dim}), w.attn.o, o, opts.fp8_mode, s);
+    add_inplace(st.hidden, o);
+    st.normed = f32(T, D);
+    ops::rms_norm(st.hidden, w.post_norm, static_cast<float>(c.rms_norm_eps), st.normed, s);
+    if (!w.is_moe) return;
+    const int64_t E = c.n_routed_experts, K = c.num_experts_per_tok;
+    Tensor logits = f32(T, E);
+    ops::linear(st.normed, w.moe.router, logits, opts.fp8_mode, s);
+    st.topk_idx = Tensor::zeros({T, K}, DType::kI32);
+    st.topk_weight = f32(T, K);
+    const ops::RouterParams rp{static_cast<int>(E), static_cast<int>(K), static_cast<int>(c.n_group),
+                               static_cast<int>(c.topk_group), c.norm_topk_prob,
+                               static_cast<float>(c.routed_scaling_factor)};
+    ops::moe_route(logits, w.moe.bias.data_as<float>(), rp, st.topk_idx, st.topk_weight, s);
+}
+
+void DeepseekV3::stage_shared(const LayerWeights& w, LayerState& st, const Stream& s,
+                              const ForwardOptions& opts) const {
+    const int64_t T = st.normed.dim(0), D = config_.hidden_size;
+    st.shared_out = f32(T, D);
+    if (!w.is_moe) {
+        mlp(w.mlp, st.normed, st.shared_out, opts, s);  // a dense layer's MLP takes this slot
+    } else if (w.moe.shared) {
+        mlp(*w.moe.shared, st.normed, st.shared_out, opts, s);
+    }
+}
+
+void DeepseekV3::stage_experts(const LayerWeights& w, LayerState& st, const Stream& s,
+                               const ForwardOptions& opts) const {
+    if (!w.is_moe) return;
+    const MoeWeights& m = w.moe;
+    const int64_t T = st.normed.dim(0), D = config_.hidden_size, K = config_.num_experts_per_tok;
+    const int64_t E_local = m.expert_end - m.expert_begin;
+    FANOUT_CHECK(E_local == config_.n_routed_experts,
+                 "this rank holds experts [{}, {}) of {}; routing to other ranks needs the comm layer", m.expert_begin,
+                 m.expert_end, config_.n_routed_experts);
+    // Per expert: count, then contiguous rows (the receive layout the grouped GEMM consumes).
+    const int32_t* idx = st.topk_idx.data_as<int32_t>();
+    std::vector<int64_t> offset(static_cast<size_t>(E_local) + 1, 0);
+    for (int64_t i = 0; i < T * K; ++i) ++offset[idx[i] - m.expert_begin + 1];
+    for (int64_t e = 0; e < E_local; ++e) offset[e + 1] += offset[e];
+    std::vector<int64_t> fill(offset.begin(), offset.end() - 1);
+    st.row_of.assign(static_cast<size_t>(T * K), 0);
+    Tensor rows_in = f32(T * K, D);
+    for (int64_t i = 0; i < T * K; ++i) {
+        const int64_t row = fill[idx[i] - m.expert_begin]++;
+        st.row_of[i] = static_cast<int32_t>(row);
+        std::memcpy(rows_in.data_as<float>() + row * D, st.normed.data_as<float>() + (i / K) * D,
+                    static_cast<size_t>(D) * sizeof(float));
+    }
+    st.expert_rows = f32(T * K, D);
+    for (int64_t e = 0; e < E_local; ++e) {
+        if (offset[e + 1] == offset[e]) continue;
+        Tensor x = rows_in.slice_rows(offset[e], offset[e + 1]);
+        Tensor y = st.expert_rows.slice_rows(offset[e], offset[e + 1]);
+        mlp(m.experts[e], x, y, opts, s);
+    }
+}
+
+void DeepseekV3::stage_combine(const LayerWeights& w, LayerState& st, const Stream& s) const {
+    const int64_t T = st.hidden.dim(0), D = config_.hidden_size, K = config_.num_experts_per_tok;
+    float* h = st.hidden.data_as<float>();
+    const float* shared = st.shared_out.data_as<float>();
+    parallel_for(s, T, 4, [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) {
+            float* ht = h + t * D;
+            for (int64_t d = 0; d < D; ++d) ht[d] += shared[t * D + d];
+            if (!w.is_moe) continue;
+            for (int64_t k = 0; k < K; ++k) {
+                const float wt = st.topk_weight.data_as<float>()[t * K + k];
+                const float* row = st.expert_rows.data_as<float>() + st.row_of[t * K + k] * D;
+                for (int64_t d = 0; d < D; ++d) ht[d] += wt * row[d];
+            }
+        }
+    });
+}
+
+void DeepseekV3::run_layer(const LayerWeights& w, int64_t layer, LayerState& st, const StepBatch& batch,
+                           kv::PagedKvCache& cache, const ForwardOptions& opts, const Stream& s) const {
+    stage_attn_in(w, layer, st, batch, cache, s, opts);
+    stage_attn_out(w, layer, st, batch, cache, s, opts);
+    stage_shared(w, st, s, opts);
+    stage_experts(w, st, s, opts);
+    stage_combine(w, st, s);
+}
+
+DeepseekV3::Output DeepseekV3::head(const Tensor& hidden, const Tensor& norm, const ops::LinearWeight& lm_head,
+                                    const StepBatch& batch, const ForwardOptions& opts, const Stream& s) const {
+    const int64_t D = config_.hidden_size, R = static_cast<int64_t>(batch.logit_rows.size());
+    Output out;
+    Tensor rows = f32(R, D);
+    for (int64_t i = 0; i < R; ++i)
+        std::memcpy(rows.data_as<float>() + i * D, hidden.data_as<float>() + batch.logit_rows[i] * D,
+                    static_cast<size_t>(D) * sizeof(float));
+    out.hidden = f32(R, D);
+    ops::rms_norm(rows, norm, static_cast<float>(config_.rms_norm_eps), out.hidden, s);
+    out.logits = f32(R, config_.vocab_size);
+    ops::linear(out.hidden, lm_head, out.logits, opts.fp8_mode, s);
+    return out;
+}
+
+static void check_batch(const StepBatch& batch, const kv::PagedKvCache& cache, int64_t layer) {
+    FANOUT_CHECK(layer < cache.config().num_layers, "kv cache has {} layers; the model needs layer {}",
+                 cache.config().num_layers, layer);
+    for (int32_t r : batch.logit_rows)
+        FANOUT_CHECK(r >= 0 && r < batch.num_tokens(), "logit row {} outside the step's {} tokens", r,
+                     batch.num_tokens());
+}
+
+DeepseekV3::Output DeepseekV3::forward(const StepBatch& batch, kv::PagedKvCache& cache, const ForwardOptions& opts,
+                                       const Stream& s) const {
+    check_batch(batch, cache, config_.num_hidden_layers - 1);
+    LayerState st;
+    st.hidden = embed(weights_.embed, batch.tokens);
+    for (int64_t l = 0; l < config_.num_hidden_layers; ++l) run_layer(weights_.layers[l], l, st, batch, cache, opts, s);
+    return head(st.hidden, weights_.final_norm, weights_.lm_head, batch, opts, s);
+}
+
+DeepseekV3::Output DeepseekV3::forward_mtp(const StepBatch& batch, const Tensor& prev_hidden, kv::PagedKvCache& cache,
+                                           const ForwardOptions& opts, const Stream& s) const {
+    FANOUT_CHECK(weights_.mtp.has_value(), "this model has no MTP layer (num_nextn_predict_layers = 0)");
+    const MtpWeights& m = *weights_.mtp;
+    const int64_t T = batch.num_tokens(), D = config_.hidden_size;
+    check_tensor(prev_hidden, "forward_mtp prev_hidden", DType::kF32, {T, D});
+    check_batch(batch, cache, config_.num_hidden_layers);
+    const float eps = static_cast<float>(config_.rms_norm_eps);
+    Tensor e = embed(m.embed, batch.tokens);
+    Tensor cat = f32(T, 2 * D);
+    Tensor en = f32(T, D), hn = f32(T, D);
+    ops::rms_norm(e, m.enorm, eps, en, s);
+    ops::rms_norm(prev_hidden, m.hnorm, eps, hn, s);
+    for (int64_t t = 0; t < T; ++t) {
+        std::memcpy(cat.data_as<float>() + t * 2 * D, en.data_as<float>() + t * D, static_cast<size_t>(D) * 4);
+        std::memcpy(cat.data_as<float>() + t * 2 * D + D, hn.data_as<float>() + t * D, static_cast<size_t>(D) * 4);
+    }
+    LayerState st;
+    st.hidden = f32(T, D);
+    ops::linear(cat, m.eh_proj, st.hidden, opts.fp8_mode, s);
+    run_layer(m.layer, config_.num_hidden_layers, st, batch, cache, opts, s);
+    return head(st.hidden, m.head_norm, m.head, batch, opts, s);
+}
+
+}  // namespace fanout::model

@@ -1,0 +1,128 @@
+// DeepSeek-V3 forward pass, built from ops/ only.
+//
+// A step takes a StepBatch — a list of requests, each with its own query tokens (1 for decode, 2+
+// for MTP verification, many for a prefill chunk), start position and block table — appends the
+// step's latent KV entries to the paged cache and returns the logits of the rows asked for. The
+// same forward serves prefill, decode and mixed batches.
+//
+// Each decoder layer runs as the seed's stages (DESIGN §4), as separate methods over a LayerState
+// so that a scheduler can interleave two microbatches stage by stage:
+//   1 attn_in:  input norm, q / kv_a projections, RoPE, KV append
+//   2 attn_out: attention (MHA form or absorbed form), o_proj, residual, post norm, router
+//   3 shared:   the shared expert (runs between dispatch send and recv)
+//   4 experts:  routed experts over per-expert contiguous rows (the grouped-GEMM layout)
+//   5 combine:  weighted sum of expert outputs back into the residual stream
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "fanout/core/thread_pool.h"
+#include "fanout/io/model_config.h"
+#include "fanout/kv/paged_kv_cache.h"
+#include "fanout/model/weights.h"
+#include "fanout/ops/mla_attention.h"
+#include "fanout/ops/rope.h"
+
+namespace fanout::model {
+
+// kAuto: the MHA form when a step has a request with more than one query token, else absorbed.
+enum class AttentionForm { kAuto, kMha, kAbsorbed };
+
+struct ForwardOptions {
+    ops::Fp8Mode fp8_mode = ops::Fp8Mode::kDequant;
+    AttentionForm attention = AttentionForm::kAuto;
+};
+
+// One step's requests, flattened. Build it with StepBatchBuilder.
+struct StepBatch {
+    std::vector<int32_t> tokens;       // [T]
+    std::vector<int32_t> positions;    // [T]
+    std::vector<int32_t> slots;        // [T] cache slot of each token
+    std::vector<int32_t> query_start;  // [R + 1]
+    std::vector<int32_t> kv_len;       // [R] cached tokens after this step
+    std::vector<int32_t> block_table;  // [R, max_blocks], padded with -1
+    int64_t max_blocks = 0;
+    std::vector<int32_t> logit_rows;  // rows of [T] whose logits are returned, in order
+
+    int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
+    int64_t num_requests() const { return static_cast<int64_t>(kv_len.size()); }
+    int64_t max_query_len() const;
+    ops::AttentionMetadata attention_metadata() const;
+};
+
+class StepBatchBuilder {
+public:
+    explicit StepBatchBuilder(const kv::PagedKvCache& cache) : cache_(cache) {}
+    // Query tokens of one request at positions start, start+1, ...; `seq` must already have room
+    // for start + tokens.size() tokens. logits: kLast = last token's, kAll = every token's.
+    enum class Logits { kNone, kLast, kAll };
+    StepBatchBuilder& add(std::span<const int32_t> tokens, int64_t start, const kv::SequenceBlocks& seq,
+                          Logits logits = Logits::kLast);
+    StepBatch build();
+
+private:
+    const kv::PagedKvCache& cache_;
+    StepBatch batch_;
+    std::vector<std::vector<int32_t>> tables_;
+};
+
+// Intermediate tensors of one layer for one (micro)batch.
+struct LayerState {
+    Tensor hidden;        // [T, D] residual stream, updated in place
+    Tensor q;             // [T, H, nope + rope]
+    Tensor normed;        // [T, D] post-attention norm (MLP / expert input)
+    Tensor topk_idx;      // [T, top_k] i32
+    Tensor topk_weight;   // [T, top_k] f32
+    Tensor shared_out;    // [T, D]
+    Tensor expert_rows;   // [T * top_k, D] expert outputs, grouped by expert
+    std::vector<int32_t> row_of;  // [T * top_k] assignment (t, k) -> row in expert_rows
+};
+
+class DeepseekV3 {
+public:
+    DeepseekV3(io::ModelConfig config, ModelWeights weights);
+    static std::unique_ptr<DeepseekV3> load(const std::string& dir, const ShardPlan& plan = {},
+                                            const LoadProgress& progress = {});
+
+    const io::ModelConfig& config() const { return config_; }
+    const ModelWeights& weights() const { return weights_; }
+    // Cache layers: the decoder layers, then the MTP layer if any.
+    kv::KvCacheConfig kv_cache_config(int64_t num_blocks, DType dtype = DType::kF32) const;
+
+    struct Output {
+        Tensor logits;  // [logit_rows, vocab] f32
+        Tensor hidden;  // [logit_rows, D] f32, after the final norm (the MTP head's input)
+    };
+    Output forward(const StepBatch& batch, kv::PagedKvCache& cache, const ForwardOptions& opts,
+                   const Stream& s) const;
+    // The MTP head: batch.tokens are the next tokens t+1, prev_hidden [T, D] the main model's
+    // final-normed hidden states at t; returns logits for t+2 (at batch.logit_rows).
+    Output forward_mtp(const StepBatch& batch, const Tensor& prev_hidden, kv::PagedKvCache& cache,
+                       const ForwardOptions& opts, const Stream& s) const;
+
+    // The stages of one layer (see the file comment); `layer` indexes cache layers.
+    void stage_attn_in(const LayerWeights& w, int64_t layer, LayerState& st, const StepBatch& batch,
+                       kv::PagedKvCache& cache, const Stream& s, const ForwardOptions& opts) const;
+    void stage_attn_out(const LayerWeights& w, int64_t layer, LayerState& st, const StepBatch& batch,
+                        kv::PagedKvCache& cache, const Stream& s, const ForwardOptions& opts) const;
+    void stage_shared(const LayerWeights& w, LayerState& st, const Stream& s, const ForwardOptions& opts) const;
+    void stage_experts(const LayerWeights& w, LayerState& st, const Stream& s, const ForwardOptions& opts) const;
+    void stage_combine(const LayerWeights& w, LayerState& st, const Stream& s) const;
+
+private:
+    Tensor embed(const Tensor& table, std::span<const int32_t> tokens) const;
+    void run_layer(const LayerWeights& w, int64_t layer, LayerState& st, const StepBatch& batch,
+                   kv::PagedKvCache& cache, const ForwardOptions& opts, const Stream& s) const;
+    Output head(const Tensor& hidden, const Tensor& norm, const ops::LinearWeight& lm_head, const StepBatch& batch,
+                const ForwardOptions& opts, const Stream& s) const;
+    void mlp(const MlpWeights& w, const Tensor& x, Tensor& out, const ForwardOptions& opts, const Stream& s) const;
+
+    io::ModelConfig config_;
+    ModelWeights weights_;
+    ops::RopeTable rope_;
+};
+
+}  // namespace fanout::model

@@ -1,0 +1,41 @@
+// Synthetic DeepSeek-V3 checkpoints in exactly the HF/DeepSeek on-disk format.
+//
+// `make-model` writes config.json plus safetensors (one file, or shards with
+// model.safetensors.index.json) holding every tensor a real checkpoint has — MTP layer included —
+// with deterministic pseudo-random values drawn from (seed, tensor name, element index), so the
+// same seed gives the same bytes on every machine whatever the thread count. FP8 checkpoints carry
+// e4m3 weights with 128×128 weight_scale_inv blocks (partial at the edges) and a
+// quantization_config, as DeepSeek's own do; norms, the router and embeddings stay bf16.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "fanout/io/model_config.h"
+#include "fanout/io/safetensors.h"
+
+namespace fanout::model {
+
+// "tiny": the embedded default (small widths, the real vocabulary of 129280 so DeepSeek-V3's
+// tokenizer fits it, one MTP layer). "full-layers": DeepSeek-V3's real widths with `layers`
+// decoder layers, the first min(3, layers - 1) dense.
+io::ModelConfig preset_config(const std::string& preset, int64_t layers = 0);
+
+// Every tensor of a checkpoint for `config` (weights in bf16, or fp8 + scales when config.fp8).
+std::vector<io::TensorSpec> checkpoint_tensors(const io::ModelConfig& config);
+
+struct MakeModelOptions {
+    uint64_t seed = 0;
+    int64_t max_shard_bytes = int64_t{4} << 30;  // larger checkpoints are split into shards
+    std::function<void(const std::string&, int64_t done, int64_t total)> progress;
+};
+
+void write_synthetic_model(const std::string& dir, const io::ModelConfig& config, const MakeModelOptions& opts);
+
+// The folder holding the embedded default model, made on first use (under $FANOUT_CACHE, else
+// $XDG_CACHE_HOME/fanout, else ~/.cache/fanout); later calls reuse it.
+std::string ensure_tiny_model(const std::function<void(const std::string&)>& log = {});
+
+}  // namespace fanout::model

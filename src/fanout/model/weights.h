@@ -1,0 +1,81 @@
+// ModelWeights: DeepSeek-V3's tensors bound from a checkpoint through a shard plan.
+//
+// Linear weights stay in the memory-mapped checkpoint (bf16/f16/f32, or fp8 with its
+// weight_scale_inv); norms and the router bias are copied to f32. Every tensor's dtype and shape
+// is checked against the config while binding, so a wrong checkpoint fails at load with the
+// tensor's name, file, and expected vs found values — never mid-forward.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fanout/io/checkpoint.h"
+#include "fanout/io/model_config.h"
+#include "fanout/ops/linear.h"
+
+namespace fanout::model {
+
+// Which part of the model this rank holds. Routed experts are split in contiguous ranges of
+// n_routed_experts / ep_size; tensor parallelism of attention is not implemented yet (tp_size 1).
+struct ShardPlan {
+    int ep_rank = 0, ep_size = 1;
+    int tp_rank = 0, tp_size = 1;
+    int64_t expert_begin(int64_t num_experts) const { return num_experts / ep_size * ep_rank; }
+    int64_t expert_end(int64_t num_experts) const { return num_experts / ep_size * (ep_rank + 1); }
+};
+
+struct MlpWeights {
+    ops::LinearWeight gate, up, down;
+};
+
+struct AttentionWeights {
+    ops::LinearWeight q_a, q_b, q_proj;  // q_a/q_b with q_lora_rank, else q_proj
+    Tensor q_a_norm;                     // [q_lora_rank] f32
+    ops::LinearWeight kv_a;              // kv_a_proj_with_mqa: [kv_lora + rope, hidden]
+    Tensor kv_a_norm;                    // [kv_lora] f32
+    ops::LinearWeight kv_b;              // [H * (nope + v), kv_lora]
+    ops::LinearWeight o;                 // [hidden, H * v]
+};
+
+struct MoeWeights {
+    ops::LinearWeight router;  // mlp.gate: [E, hidden]
+    Tensor bias;               // e_score_correction_bias: [E] f32
+    int64_t expert_begin = 0, expert_end = 0;
+    std::vector<MlpWeights> experts;  // [expert_end - expert_begin]: experts this rank holds
+    std::optional<MlpWeights> shared;
+};
+
+struct LayerWeights {
+    Tensor input_norm, post_norm;  // [hidden] f32
+    AttentionWeights attn;
+    bool is_moe = false;
+    MlpWeights mlp;  // dense layers
+    MoeWeights moe;  // MoE layers
+};
+
+struct MtpWeights {
+    Tensor enorm, hnorm;  // [hidden] f32
+    ops::LinearWeight eh_proj;  // [hidden, 2 * hidden]
+    LayerWeights layer;
+    Tensor head_norm;            // shared_head.norm
+    ops::LinearWeight head;      // shared_head.head, or lm_head when absent
+    Tensor embed;                // the layer's embed_tokens, or the model's when absent
+};
+
+struct ModelWeights {
+    io::Checkpoint checkpoint;  // keeps the mappings alive
+    Tensor embed;               // [vocab, hidden] in the checkpoint's dtype
+    Tensor final_norm;
+    ops::LinearWeight lm_head;
+    std::vector<LayerWeights> layers;
+    std::optional<MtpWeights> mtp;
+};
+
+using LoadProgress = std::function<void(const std::string& what, int64_t done, int64_t total)>;
+
+ModelWeights load_weights(io::Checkpoint checkpoint, const io::ModelConfig& config, const ShardPlan& plan,
+                          const LoadProgress& progress = {});
+
+}  // namespace fanout::model

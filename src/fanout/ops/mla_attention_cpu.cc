@@ -1,0 +1,173 @@
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "fanout/ops/cpu_util.h"
+#include "fanout/ops/mla_attention.h"
+
+namespace fanout::ops {
+namespace {
+
+void check_metadata(const AttentionMetadata& meta, const LatentCache& cache, int64_t T) {
+    FANOUT_CHECK(meta.query_start[0] == 0 && meta.query_start[meta.num_requests] == T,
+                 "attention: query_start spans [{}, {}) but there are {} query tokens", meta.query_start[0],
+                 meta.query_start[meta.num_requests], T);
+    for (int64_t r = 0; r < meta.num_requests; ++r) {
+        const int64_t q0 = meta.query_start[r], q1 = meta.query_start[r + 1], kv = meta.kv_len[r];
+        FANOUT_CHECK(q0 <= q1 && kv >= q1 - q0 && kv <= meta.max_blocks * cache.block_size,
+                     "attention: request {} has {} queries and kv_len {} (cache room {})", r, q1 - q0, kv,
+                     meta.max_blocks * cache.block_size);
+        for (int64_t t = q0; t < q1; ++t)
+            FANOUT_CHECK(meta.positions[t] >= 0 && meta.positions[t] < kv,
+                         "attention: token {} at position {} outside its request's kv_len {}", t, meta.positions[t], kv);
+        for (int64_t b = 0; b < (kv + cache.block_size - 1) / cache.block_size; ++b) {
+            const int32_t block = meta.block_table[r * meta.max_blocks + b];
+            FANOUT_CHECK(block >= 0 && block < cache.num_blocks, "attention: request {} block {} is {} of {}", r, b,
+                         block, cache.num_blocks);
+        }
+    }
+}
+
+int64_t slot_of(const AttentionMetadata& meta, const LatentCache& cache, int64_t r, int64_t pos) {
+    return static_cast<int64_t>(meta.block_table[r * meta.max_blocks + pos / cache.block_size]) * cache.block_size +
+           pos % cache.block_size;
+}
+
+// Softmax over scores[0, n) in place; returns nothing, scores become probabilities.
+void softmax_inplace(float* scores, int64_t n) {
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < n; ++j) mx = std::max(mx, scores[j]);
+    float sum = 0.0f;
+    for (int64_t j = 0; j < n; ++j) {
+        scores[j] = std::exp(scores[j] - mx);
+        sum += scores[j];
+    }
+    const float inv = 1.0f / sum;
+    for (int64_t j = 0; j < n; ++j) scores[j] *= inv;
+}
+
+// Request r's cached entries [kv_len, entry_dim] as f32.
+std::vector<float> gather_entries(const LatentCache& cache, const AttentionMetadata& meta, int64_t r) {
+    const int64_t S = meta.kv_len[r], D = cache.entry_dim;
+    std::vector<float> out(static_cast<size_t>(S * D));
+    for (int64_t j = 0; j < S; ++j) kv_read(cache, slot_of(meta, cache, r, j), out.data() + j * D);
+    return out;
+}
+
+}  // namespace
+
+void kv_read(const LatentCache& cache, int64_t slot, float* out) {
+    const size_t offset = static_cast<size_t>(slot) * static_cast<size_t>(cache.entry_dim);
+    convert_to_f32(static_cast<const char*>(cache.data) + offset * dtype_size(cache.dtype), cache.dtype,
+                   static_cast<size_t>(cache.entry_dim), out);
+}
+
+void kv_append(LatentCache& cache, const Tensor& entries, const int32_t* slots, const Stream& s) {
+    check_tensor(entries, "kv_append entries", DType::kF32, {-1, cache.entry_dim});
+    const int64_t T = entries.dim(0), D = cache.entry_dim;
+    const float* src = entries.data_as<float>();
+    for (int64_t t = 0; t < T; ++t)
+        FANOUT_CHECK(slots[t] >= 0 && slots[t] < cache.num_blocks * cache.block_size,
+                     "kv_append: slot {} of token {} outside the cache's {} slots", slots[t], t,
+                     cache.num_blocks * cache.block_size);
+    parallel_for(s, T, 16, [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) {
+            const size_t offset = static_cast<size_t>(slots[t]) * static_cast<size_t>(D);
+            if (cache.dtype == DType::kF32) {
+                std::copy(src + t * D, src + (t + 1) * D, static_cast<float*>(cache.data) + offset);
+            } else {
+                FANOUT_CHECK(cache.dtype == DType::kBF16, "kv cache dtype {} not supported", dtype_name(cache.dtype));
+                uint16_t* dst = static_cast<uint16_t*>(cache.data) + offset;
+                for (int64_t d = 0; d < D; ++d) dst[d] = f32_to_bf16(src[t * D + d]);
+            }
+        }
+    });
+}
+
+void mla_attention_mha(const Tensor& q, const LinearWeight& kv_b, Fp8Mode mode, const LatentCache& cache,
+                       const AttentionMetadata& meta, int64_t kv_lora, int64_t nope, int64_t v_dim, float scale,
+                       Tensor& out, const Stream& s) {
+    const int64_t T = q.dim(0), H = q.dim(1), qk = q.dim(2), rope = qk - nope, D = cache.entry_dim;
+    check_tensor(out, "mla out", DType::kF32, {T, H, v_dim});
+    FANOUT_CHECK(D == kv_lora + rope && kv_b.in_features == kv_lora && kv_b.out_features == H * (nope + v_dim),
+                 "mla_attention_mha: cache entry {} / kv_b [{}, {}] do not fit H={} nope={} rope={} v={}", D,
+                 kv_b.out_features, kv_b.in_features, H, nope, rope, v_dim);
+    check_metadata(meta, cache, T);
+    const float* qp = q.data_as<float>();
+    float* op = out.data_as<float>();
+    for (int64_t r = 0; r < meta.num_requests; ++r) {
+        const int64_t q0 = meta.query_start[r], q1 = meta.query_start[r + 1], S = meta.kv_len[r];
+        if (q1 == q0) continue;
+        const std::vector<float> entries = gather_entries(cache, meta, r);
+        Tensor latent = Tensor::zeros({S, kv_lora}, DType::kF32);
+        for (int64_t j = 0; j < S; ++j)
+            std::copy_n(entries.data() + j * D, kv_lora, latent.data_as<float>() + j * kv_lora);
+        Tensor kv = Tensor::zeros({S, H * (nope + v_dim)}, DType::kF32);  // [S, H, nope + v]
+        linear(latent, kv_b, kv, mode, s);
+        const float* kvp = kv.data_as<float>();
+        parallel_for(s, (q1 - q0) * H, 4, [&](int64_t i0, int64_t i1) {
+            std::vector<float> scores(static_cast<size_t>(S));
+            for (int64_t i = i0; i < i1; ++i) {
+                const int64_t t = q0 + i / H, h = i % H, visible = meta.positions[t] + 1;
+                const float* qh = qp + (t * H + h) * qk;
+                for (int64_t j = 0; j < visible; ++j) {
+                    const float* k_nope = kvp + (j * H + h) * (nope + v_dim);
+                    const float* k_pe = entries.data() + j * D + kv_lora;
+                    scores[j] = (cpu::dot(qh, k_nope, nope) + cpu::dot(qh + nope, k_pe, rope)) * scale;
+                }
+                softmax_inplace(scores.data(), visible);
+                float* oh = op + (t * H + h) * v_dim;
+                std::fill(oh, oh + v_dim, 0.0f);
+                for (int64_t j = 0; j < visible; ++j)
+                    cpu::axpy(scores[j], kvp + (j * H + h) * (nope + v_dim) + nope, oh, v_dim);
+            }
+        });
+    }
+}
+
+void mla_attention_absorbed(const Tensor& q, const LinearWeight& kv_b, const LatentCache& cache,
+                            const AttentionMetadata& meta, int64_t kv_lora, int64_t nope, int64_t v_dim,
+                            float scale, Tensor& out, const Stream& s) {
+    const int64_t T = q.dim(0), H = q.dim(1), qk = q.dim(2), rope = qk - nope, D = cache.entry_dim;
+    check_tensor(out, "mla out", DType::kF32, {T, H, v_dim});
+    FANOUT_CHECK(D == kv_lora + rope && kv_b.in_features == kv_lora && kv_b.out_features == H * (nope + v_dim),
+                 "mla_attention_absorbed: cache entry {} / kv_b [{}, {}] do not fit H={} nope={} rope={} v={}", D,
+                 kv_b.out_features, kv_b.in_features, H, nope, rope, v_dim);
+    check_metadata(meta, cache, T);
+    if (T == 0) return;
+    std::vector<std::vector<float>> entries(static_cast<size_t>(meta.num_requests));
+    for (int64_t r = 0; r < meta.num_requests; ++r)
+        if (meta.query_start[r + 1] > meta.query_start[r]) entries[r] = gather_entries(cache, meta, r);
+    const float* qp = q.data_as<float>();
+    float* op = out.data_as<float>();
+    parallel_for(s, H, 1, [&](int64_t h0, int64_t h1) {
+        std::vector<float> w_uk(static_cast<size_t>(nope * kv_lora)), w_uv(static_cast<size_t>(v_dim * kv_lora));
+        std::vector<float> q_lat(static_cast<size_t>(kv_lora)), o_lat(static_cast<size_t>(kv_lora)), scores;
+        for (int64_t h = h0; h < h1; ++h) {
+            for (int64_t d = 0; d < nope; ++d) kv_b.row_f32(h * (nope + v_dim) + d, w_uk.data() + d * kv_lora);
+            for (int64_t d = 0; d < v_dim; ++d)
+                kv_b.row_f32(h * (nope + v_dim) + nope + d, w_uv.data() + d * kv_lora);
+            for (int64_t r = 0; r < meta.num_requests; ++r) {
+                const float* e = entries[r].data();
+                for (int64_t t = meta.query_start[r]; t < meta.query_start[r + 1]; ++t) {
+                    const float* qh = qp + (t * H + h) * qk;
+                    std::fill(q_lat.begin(), q_lat.end(), 0.0f);
+                    for (int64_t d = 0; d < nope; ++d) cpu::axpy(qh[d], w_uk.data() + d * kv_lora, q_lat.data(), kv_lora);
+                    const int64_t visible = meta.positions[t] + 1;
+                    scores.resize(static_cast<size_t>(visible));
+                    for (int64_t j = 0; j < visible; ++j)
+                        scores[j] = (cpu::dot(q_lat.data(), e + j * D, kv_lora) +
+                                     cpu::dot(qh + nope, e + j * D + kv_lora, rope)) * scale;
+                    softmax_inplace(scores.data(), visible);
+                    std::fill(o_lat.begin(), o_lat.end(), 0.0f);
+                    for (int64_t j = 0; j < visible; ++j) cpu::axpy(scores[j], e + j * D, o_lat.data(), kv_lora);
+                    float* oh = op + (t * H + h) * v_dim;
+                    for (int64_t d = 0; d < v_dim; ++d) oh[d] = cpu::dot(w_uv.data() + d * kv_lora, o_lat.data(), kv_lora);
+                }
+            }
+        }
+    });
+}
+
+}  // namespace fanout::ops

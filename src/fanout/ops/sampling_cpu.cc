@@ -1,0 +1,68 @@
+#include <algorithm>
+#include <cmath>
+
+#include "fanout/core/error.h"
+#include "fanout/ops/sampling.h"
+
+namespace fanout::ops {
+
+void validate_sampling_params(const SamplingParams& p) {
+    FANOUT_CHECK(std::isfinite(p.temperature) && p.temperature >= 0.0f,
+                 "temperature must be a finite number >= 0, got {}", p.temperature);
+    FANOUT_CHECK(p.top_k >= 0, "top_k must be >= 0 (0 = off), got {}", p.top_k);
+    FANOUT_CHECK(std::isfinite(p.top_p) && p.top_p > 0.0f && p.top_p <= 1.0f, "top_p must be in (0, 1], got {}",
+                 p.top_p);
+}
+
+int32_t argmax(const float* logits, int64_t n) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; ++i)
+        if (logits[i] > logits[best]) best = i;
+    return static_cast<int32_t>(best);
+}
+
+Sampler::Sampler(const SamplingParams& p) : params_(p), rng_(p.seed) { validate_sampling_params(p); }
+
+int32_t Sampler::sample(const float* logits, int64_t vocab) {
+    FANOUT_CHECK(vocab > 0, "sample: empty logits");
+    if (params_.temperature == 0.0f) return argmax(logits, vocab);
+    auto& v = scratch_;
+    v.resize(static_cast<size_t>(vocab));
+    for (int64_t i = 0; i < vocab; ++i) v[i] = {logits[i] / params_.temperature, static_cast<int32_t>(i)};
+    const auto by_logit = [](const auto& a, const auto& b) {
+        return a.first > b.first || (a.first == b.first && a.second < b.second);
+    };
+    size_t keep = v.size();
+    if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < keep) {
+        keep = static_cast<size_t>(params_.top_k);
+        std::partial_sort(v.begin(), v.begin() + keep, v.end(), by_logit);
+    } else {
+        std::sort(v.begin(), v.end(), by_logit);
+    }
+    const float max_logit = v[0].first;
+    double total = 0.0;
+    for (size_t i = 0; i < keep; ++i) {
+        v[i].first = std::exp(v[i].first - max_logit);  // now an unnormalized probability
+        total += v[i].first;
+    }
+    if (params_.top_p < 1.0f) {
+        double cum = 0.0;
+        size_t n = 0;
+        while (n < keep) {
+            cum += v[n].first;
+            ++n;
+            if (cum >= params_.top_p * total) break;
+        }
+        keep = n;
+        total = cum;
+    }
+    const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53 * total;
+    double cum = 0.0;
+    for (size_t i = 0; i < keep; ++i) {
+        cum += v[i].first;
+        if (u < cum) return v[i].second;
+    }
+    return v[keep - 1].second;
+}
+
+}  // namespace fanout::ops
