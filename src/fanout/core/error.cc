@@ -9,4 +9,9 @@ void throw_error(const char* file, int line, const std::string& message) {
     throw Error(fmt::format("{} ({}:{})", message, base ? base + 1 : file, line));
 }
 
+void throw_api_error(const char* file, int line, const char* library, const char* statement, int code,
+                     const char* message) {
+    throw_error(file, line, fmt::format("{} call `{}` failed: {} ({})", library, statement, message, code));
+}
+
 }  // namespace fanout

@@ -19,6 +19,9 @@ public:
 };
 
 [[noreturn]] void throw_error(const char* file, int line, const std::string& message);
+// A failed library call (CUDA, NCCL, ...): names the library, the statement and its message.
+[[noreturn]] void throw_api_error(const char* file, int line, const char* library, const char* statement, int code,
+                                  const char* message);
 
 }  // namespace fanout
 

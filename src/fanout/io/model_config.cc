@@ -96,7 +96,8 @@ void parse_rope(const json& j, const std::string& where, ModelConfig& c) {
                                                   : c.max_position_embeddings;
     y.beta_fast = r.number("beta_fast", 32.0);
     y.beta_slow = r.number("beta_slow", 1.0);
-    y.mscale = r.number("mscale", 1.0);
+    y.mscale = r.number("mscale", 0.0);
+    y.attention_factor = r.number("attention_factor", 0.0);
     y.mscale_all_dim = r.number("mscale_all_dim", 0.0);
     y.truncate = r.boolean("truncate", true);
     c.yarn = y;
@@ -142,6 +143,7 @@ double ModelConfig::softmax_scale() const {
 
 double ModelConfig::rope_attention_factor() const {
     if (!yarn) return 1.0;
+    if (yarn->attention_factor > 0.0) return yarn->attention_factor;
     if (yarn->mscale != 0.0 && yarn->mscale_all_dim != 0.0)
         return yarn_get_mscale(yarn->factor, yarn->mscale) / yarn_get_mscale(yarn->factor, yarn->mscale_all_dim);
     return yarn_get_mscale(yarn->factor, 1.0);

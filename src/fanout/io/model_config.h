@@ -20,8 +20,9 @@ struct YarnConfig {
     int64_t original_max_position_embeddings = 4096;
     double beta_fast = 32.0;
     double beta_slow = 1.0;
-    double mscale = 1.0;
-    double mscale_all_dim = 0.0;
+    double mscale = 0.0;          // 0: absent (HF then scales cos/sin by mscale(factor, 1))
+    double mscale_all_dim = 0.0;  // 0: absent
+    double attention_factor = 0.0;  // > 0: given explicitly, overrides the mscale ratio
     bool truncate = true;
 };
 

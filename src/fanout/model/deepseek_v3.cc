@@ -27,6 +27,9 @@ ops::RopeParams rope_params(const io::ModelConfig& c) {
     return p;
 }
 
+// HF and DeepSeek build q_a_layernorm and kv_a_layernorm with the default eps, not rms_norm_eps.
+constexpr float kLatentNormEps = 1e-6f;
+
 Tensor f32(int64_t rows, int64_t cols) { return Tensor::zeros({rows, cols}, DType::kF32); }
 
 void add_inplace(Tensor& dst, const Tensor& src) {
@@ -132,7 +135,7 @@ void DeepseekV3::stage_attn_in(const LayerWeights& w, int64_t layer, LayerState&
     if (c.q_lora_rank > 0) {
         Tensor qa = f32(T, c.q_lora_rank);
         ops::linear(x, a.q_a, qa, opts.fp8_mode, s);
-        ops::rms_norm(qa, a.q_a_norm, static_cast<float>(c.rms_norm_eps), qa, s);
+        ops::rms_norm(qa, a.q_a_norm, kLatentNormEps, qa, s);
         ops::linear(qa, a.q_b, q2d, opts.fp8_mode, s);
     } else {
         ops::linear(x, a.q_proj, q2d, opts.fp8_mode, s);
@@ -146,7 +149,7 @@ void DeepseekV3::stage_attn_in(const LayerWeights& w, int64_t layer, LayerState&
     for (int64_t t = 0; t < T; ++t)
         std::memcpy(latent.data_as<float>() + t * kv_lora, entry.data_as<float>() + t * (kv_lora + rope),
                     static_cast<size_t>(kv_lora) * sizeof(float));
-    ops::rms_norm(latent, a.kv_a_norm, static_cast<float>(c.rms_norm_eps), latent, s);
+    ops::rms_norm(latent, a.kv_a_norm, kLatentNormEps, latent, s);
     for (int64_t t = 0; t < T; ++t)
         std::memcpy(entry.data_as<float>() + t * (kv_lora + rope), latent.data_as<float>() + t * kv_lora,
                     static_cast<size_t>(kv_lora) * sizeof(float));

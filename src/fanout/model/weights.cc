@@ -110,7 +110,9 @@ ModelWeights load_weights(io::Checkpoint checkpoint, const io::ModelConfig& c, c
         w.layers.push_back(load_layer(ck, l, c, plan));
         if (progress) progress(fmt::format("layer {}", l), l + 2, total);
     }
-    if (c.num_nextn_predict_layers > 0) {
+    // HF writes num_nextn_predict_layers: 1 by default without MTP tensors; such a model has no MTP head.
+    const std::string mtp_probe = fmt::format("model.layers.{}.eh_proj.weight", c.num_hidden_layers);
+    if (c.num_nextn_predict_layers > 0 && ck.has(mtp_probe)) {
         const int64_t l = c.num_hidden_layers;
         const std::string p = fmt::format("model.layers.{}.", l);
         MtpWeights m;

@@ -1,0 +1,20 @@
+// FANOUT_CUDA_CHECK: wraps a CUDA runtime call; a failure throws fanout::Error naming the
+// statement and CUDA's message. Include only from .cu files and CUDA-aware tests.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "fanout/core/error.h"
+
+// NOTE: the message is formatted in error.cc, not here: fmt's compile-time format checks do not
+// build under nvcc.
+#define FANOUT_CUDA_CHECK(stmt)                                                                             \
+    do {                                                                                                    \
+        const cudaError_t fanout_err_ = (stmt);                                                             \
+        if (fanout_err_ != cudaSuccess) [[unlikely]]                                                        \
+            ::fanout::throw_api_error(__FILE__, __LINE__, "CUDA", #stmt, static_cast<int>(fanout_err_),     \
+                                      cudaGetErrorString(fanout_err_));                                     \
+    } while (0)
+
+// After a kernel launch: launch-configuration errors surface here.
+#define FANOUT_CUDA_CHECK_LAUNCH(name) FANOUT_CUDA_CHECK(cudaGetLastError())

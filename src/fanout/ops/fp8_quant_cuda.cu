@@ -1,0 +1,49 @@
+// act_quant on the GPU: one warp per 1×128 block, each lane 4 values; amax by warp shuffle,
+// scale = max(amax, 1e-4) / 448, values converted with round-to-nearest-even and saturation
+// (the CPU reference's rule).
+#include <cuda_fp8.h>
+
+#include "fanout/core/cuda_check.h"
+#include "fanout/ops/fp8_quant.h"
+
+namespace fanout::ops {
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+
+__global__ void act_quant_kernel(const float* __restrict__ x, uint8_t* __restrict__ q, float* __restrict__ scales,
+                                 int M, int K, int num_kblocks) {
+    const int warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (warp >= M * num_kblocks) return;
+    const int m = warp / num_kblocks, b = warp % num_kblocks;
+    const size_t base = static_cast<size_t>(m) * K + static_cast<size_t>(b) * kFp8Block;
+    float v[4];
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int k = b * static_cast<int>(kFp8Block) + lane + 32 * i;
+        v[i] = k < K ? x[base + lane + 32 * i] : 0.0f;
+        amax = fmaxf(amax, fabsf(v[i]));
+    }
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float scale = fmaxf(amax, kActQuantMinAmax) / kFp8E4M3Max;
+    if (lane == 0) scales[static_cast<size_t>(m) * num_kblocks + b] = scale;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int k = b * static_cast<int>(kFp8Block) + lane + 32 * i;
+        if (k < K) q[base + lane + 32 * i] = __nv_cvt_float_to_fp8(v[i] / scale, __NV_SATFINITE, __NV_E4M3);
+    }
+}
+
+}  // namespace
+
+void launch_act_quant(const float* x, uint8_t* q, float* scales, int M, int K, void* cuda_stream) {
+    const int nb = static_cast<int>(ceil_div(K, kFp8Block));
+    const int warps = M * nb;
+    if (warps == 0) return;
+    act_quant_kernel<<<(warps + kWarpsPerBlock - 1) / kWarpsPerBlock, 32 * kWarpsPerBlock, 0,
+                       static_cast<cudaStream_t>(cuda_stream)>>>(x, q, scales, M, K, nb);
+    FANOUT_CUDA_CHECK_LAUNCH("act_quant_kernel");
+}
+
+}  // namespace fanout::ops

@@ -1,0 +1,112 @@
+// MLA: the MHA form and the absorbed form against a dense reference, over a paged cache with
+// scattered blocks, several requests, chunked queries and both cache dtypes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "fanout/ops/mla_attention.h"
+#include "test_util.h"
+
+namespace fanout::ops {
+namespace {
+
+struct Shapes {
+    int64_t H = 3, nope = 10, rope = 6, v = 7, kv_lora = 20, block = 4, num_blocks = 16;
+    std::vector<int32_t> kv_len = {9, 1, 6};   // tokens in cache per request
+    std::vector<int32_t> q_len = {3, 1, 6};    // this step's queries (the last q_len positions)
+};
+
+TEST(MlaAttention, BothFormsMatchDenseReference) {
+    for (DType cache_dtype : {DType::kF32, DType::kBF16}) {
+        Shapes c;
+        const int64_t D = c.kv_lora + c.rope, R = 3;
+        // Block tables: scattered, non-contiguous blocks.
+        const int64_t max_blocks = 3;
+        std::vector<int32_t> table = {7, 2, 11, /**/ 5, -1, -1, /**/ 0, 14, -1};
+        std::vector<int32_t> query_start = {0}, positions;
+        for (int64_t r = 0; r < R; ++r) {
+            query_start.push_back(query_start.back() + c.q_len[r]);
+            for (int32_t p = c.kv_len[r] - c.q_len[r]; p < c.kv_len[r]; ++p) positions.push_back(p);
+        }
+        const int64_t T = query_start.back();
+        std::vector<uint8_t> storage(size_t(c.num_blocks * c.block * D) * dtype_size(cache_dtype));
+        LatentCache cache{storage.data(), cache_dtype, c.num_blocks, c.block, D};
+        // Fill each request's entries through kv_append.
+        std::vector<std::vector<float>> entries(R);
+        for (int64_t r = 0; r < R; ++r) {
+            Tensor e = fanout::testing::random_tensor({c.kv_len[r], D}, 100 + r);
+            std::vector<int32_t> slots;
+            for (int32_t p = 0; p < c.kv_len[r]; ++p) slots.push_back(table[r * max_blocks + p / c.block] * c.block + p % c.block);
+            kv_append(cache, e, slots.data(), Stream{});
+            entries[r].resize(size_t(c.kv_len[r] * D));
+            for (int64_t i = 0; i < c.kv_len[r] * D; ++i)
+                entries[r][i] = cache_dtype == DType::kBF16 ? round_to_bf16(e.data_as<float>()[i]) : e.data_as<float>()[i];
+        }
+        Tensor q = fanout::testing::random_tensor({T, c.H, c.nope + c.rope}, 200);
+        const auto w = fanout::testing::random_floats(size_t(c.H * (c.nope + c.v) * c.kv_lora), 201, 0.3f);
+        LinearWeight kv_b{DType::kF32, w.data(), c.H * (c.nope + c.v), c.kv_lora, nullptr};
+        AttentionMetadata meta{R, query_start.data(), c.kv_len.data(), table.data(), max_blocks, positions.data()};
+        const float scale = 0.37f;
+
+        // Dense reference in double.
+        std::vector<float> ref(size_t(T * c.H * c.v));
+        for (int64_t r = 0; r < R; ++r)
+            for (int64_t t = query_start[r]; t < query_start[r + 1]; ++t)
+                for (int64_t h = 0; h < c.H; ++h) {
+                    const float* qh = q.data_as<float>() + (t * c.H + h) * (c.nope + c.rope);
+                    const int64_t S = positions[t] + 1;
+                    std::vector<double> s(S), kn(c.nope), vv(c.v);
+                    double mx = -1e300;
+                    for (int64_t j = 0; j < S; ++j) {
+                        const float* e = entries[r].data() + j * D;
+                        double acc = 0;
+                        for (int64_t d = 0; d < c.nope; ++d) {
+                            double k = 0;
+                            for (int64_t l = 0; l < c.kv_lora; ++l) k += double(w[(h * (c.nope + c.v) + d) * c.kv_lora + l]) * e[l];
+                            acc += qh[d] * k;
+                        }
+                        for (int64_t d = 0; d < c.rope; ++d) acc += double(qh[c.nope + d]) * e[c.kv_lora + d];
+                        s[j] = acc * scale;
+                        mx = std::max(mx, s[j]);
+                    }
+                    double sum = 0;
+                    for (auto& x : s) sum += (x = std::exp(x - mx));
+                    for (int64_t d = 0; d < c.v; ++d) {
+                        double o = 0;
+                        for (int64_t j = 0; j < S; ++j) {
+                            double val = 0;
+                            for (int64_t l = 0; l < c.kv_lora; ++l)
+                                val += double(w[(h * (c.nope + c.v) + c.nope + d) * c.kv_lora + l]) * entries[r][j * D + l];
+                            o += s[j] / sum * val;
+                        }
+                        ref[(t * c.H + h) * c.v + d] = float(o);
+                    }
+                }
+        Tensor mha = Tensor::zeros({T, c.H, c.v}, DType::kF32), absorbed = Tensor::zeros({T, c.H, c.v}, DType::kF32);
+        fanout::testing::poison(mha);
+        fanout::testing::poison(absorbed);
+        ThreadPool pool(2);
+        mla_attention_mha(q, kv_b, Fp8Mode::kDequant, cache, meta, c.kv_lora, c.nope, c.v, scale, mha, Stream{&pool});
+        mla_attention_absorbed(q, kv_b, cache, meta, c.kv_lora, c.nope, c.v, scale, absorbed, Stream{&pool});
+        EXPECT_LT(fanout::testing::rel_error(mha.data_as<float>(), ref.data(), ref.size()), 1e-5);
+        EXPECT_LT(fanout::testing::rel_error(absorbed.data_as<float>(), ref.data(), ref.size()), 1e-5);
+    }
+}
+
+TEST(MlaAttention, RejectsInconsistentMetadata) {
+    std::vector<float> storage(4 * 4 * 8);
+    LatentCache cache{storage.data(), DType::kF32, 4, 4, 8};
+    std::vector<float> w(2 * 4 * 6);
+    LinearWeight kv_b{DType::kF32, w.data(), 2 * 4, 6, nullptr};
+    Tensor q = Tensor::zeros({2, 2, 4}, DType::kF32), out = Tensor::zeros({2, 2, 2}, DType::kF32);
+    std::vector<int32_t> qs = {0, 2}, table = {0, 9}, pos = {0, 5};
+    std::vector<int32_t> kv_len = {2};
+    AttentionMetadata bad_pos{1, qs.data(), kv_len.data(), table.data(), 2, pos.data()};
+    EXPECT_THROW(mla_attention_absorbed(q, kv_b, cache, bad_pos, 6, 2, 2, 1.0f, out, Stream{}), Error);
+    kv_len = {6};
+    AttentionMetadata bad_block{1, qs.data(), kv_len.data(), table.data(), 2, pos.data()};
+    EXPECT_THROW(mla_attention_mha(q, kv_b, Fp8Mode::kDequant, cache, bad_block, 6, 2, 2, 1.0f, out, Stream{}), Error);
+}
+
+}  // namespace
+}  // namespace fanout::ops

@@ -1,0 +1,66 @@
+// Helpers shared by the tests: random data (never zeros), relative error, temp folders.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+#include <unistd.h>
+
+#include "fanout/core/tensor.h"
+
+namespace fanout::testing {
+
+// Uniform in [-scale, scale) from a fixed seed.
+inline std::vector<float> random_floats(size_t n, uint64_t seed, float scale = 1.0f) {
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<float> dist(-scale, scale);
+    std::vector<float> v(n);
+    for (auto& x : v) x = dist(rng);
+    return v;
+}
+
+inline Tensor random_tensor(Shape shape, uint64_t seed, float scale = 1.0f) {
+    Tensor t = Tensor::zeros(shape, DType::kF32);
+    const auto v = random_floats(static_cast<size_t>(t.numel()), seed, scale);
+    std::copy(v.begin(), v.end(), t.data_as<float>());
+    return t;
+}
+
+// Fills a tensor with NaN so unwritten outputs show.
+inline void poison(Tensor& t) {
+    float* p = t.data_as<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] = std::nanf("");
+}
+
+// ||a - b|| / ||b||, and NaN anywhere gives infinity.
+inline double rel_error(const float* a, const float* b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; ++i) {
+        if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return INFINITY;
+        num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+        den += double(b[i]) * b[i];
+    }
+    return std::sqrt(num / std::max(den, 1e-300));
+}
+
+inline double max_abs_diff(const float* a, const float* b, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; ++i) {
+        if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return INFINITY;
+        m = std::max(m, std::fabs(double(a[i]) - b[i]));
+    }
+    return m;
+}
+
+// A fresh, empty folder under the build tree's temp area.
+inline std::string temp_dir(const std::string& name) {
+    const auto dir = std::filesystem::temp_directory_path() / ("fanout_test_" + name + "_" + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    return dir.string();
+}
+
+}  // namespace fanout::testing
