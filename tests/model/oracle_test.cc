@@ -15,9 +15,16 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// The committed fixtures, or FANOUT_ORACLE_DIR (scripts/gpu_check.sh points it at fixtures
+// freshly made by transformers on the GPU machine).
+fs::path oracle_dir() {
+    if (const char* d = std::getenv("FANOUT_ORACLE_DIR"); d && *d) return d;
+    return fs::path(FANOUT_SOURCE_DIR) / "tests/fixtures/oracle";
+}
+
 std::vector<std::string> fixture_names() {
     std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(fs::path(FANOUT_SOURCE_DIR) / "tests/fixtures/oracle"))
+    for (const auto& e : fs::directory_iterator(oracle_dir()))
         if (fs::exists(e.path() / "oracle.json")) names.push_back(e.path().filename().string());
     std::sort(names.begin(), names.end());
     return names;
@@ -31,7 +38,7 @@ struct Fixture {
 
 Fixture load_fixture(const std::string& name) {
     Fixture f;
-    f.dir = (fs::path(FANOUT_SOURCE_DIR) / "tests/fixtures/oracle" / name).string();
+    f.dir = (oracle_dir() / name).string();
     std::ifstream j(f.dir + "/oracle.json");
     f.oracle = nlohmann::json::parse(j);
     std::ifstream l(f.dir + "/logits.f32", std::ios::binary);

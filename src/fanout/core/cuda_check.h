@@ -4,7 +4,7 @@
 
 #include <cuda_runtime.h>
 
-#include "fanout/core/error.h"
+#include "fanout/core/api_error.h"
 
 // NOTE: the message is formatted in error.cc, not here: fmt's compile-time format checks do not
 // build under nvcc.

@@ -11,6 +11,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "fanout/core/api_error.h"
+
 namespace fanout {
 
 class Error : public std::runtime_error {
@@ -19,9 +21,6 @@ public:
 };
 
 [[noreturn]] void throw_error(const char* file, int line, const std::string& message);
-// A failed library call (CUDA, NCCL, ...): names the library, the statement and its message.
-[[noreturn]] void throw_api_error(const char* file, int line, const char* library, const char* statement, int code,
-                                  const char* message);
 
 }  // namespace fanout
 

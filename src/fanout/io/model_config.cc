@@ -232,6 +232,8 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
 }
 
 ModelConfig load_model_config(const std::string& model_dir) {
+    FANOUT_CHECK(std::filesystem::is_directory(model_dir), "model folder '{}' does not exist or is not a folder",
+                 model_dir);
     const std::string path = (std::filesystem::path(model_dir) / "config.json").string();
     std::ifstream in(path);
     FANOUT_CHECK(in.good(), "cannot read {}: no config.json in the model folder", path);

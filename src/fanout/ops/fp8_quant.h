@@ -10,11 +10,9 @@
 
 #include "fanout/core/tensor.h"
 #include "fanout/core/thread_pool.h"
+#include "fanout/ops/fp8_constants.h"
 
 namespace fanout::ops {
-
-constexpr int64_t kFp8Block = 128;
-constexpr float kActQuantMinAmax = 1e-4f;
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

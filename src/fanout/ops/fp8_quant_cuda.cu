@@ -3,8 +3,9 @@
 // (the CPU reference's rule).
 #include <cuda_fp8.h>
 
+// Only fmt-free headers here: fmt does not compile under nvcc.
 #include "fanout/core/cuda_check.h"
-#include "fanout/ops/fp8_quant.h"
+#include "fanout/ops/fp8_constants.h"
 
 namespace fanout::ops {
 namespace {
@@ -38,7 +39,7 @@ __global__ void act_quant_kernel(const float* __restrict__ x, uint8_t* __restric
 }  // namespace
 
 void launch_act_quant(const float* x, uint8_t* q, float* scales, int M, int K, void* cuda_stream) {
-    const int nb = static_cast<int>(ceil_div(K, kFp8Block));
+    const int nb = (K + static_cast<int>(kFp8Block) - 1) / static_cast<int>(kFp8Block);
     const int warps = M * nb;
     if (warps == 0) return;
     act_quant_kernel<<<(warps + kWarpsPerBlock - 1) / kWarpsPerBlock, 32 * kWarpsPerBlock, 0,

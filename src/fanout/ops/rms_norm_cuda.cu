@@ -1,6 +1,6 @@
 // rms_norm on the GPU: one block per row; the sum of squares is reduced with warp shuffles.
+// Only fmt-free headers here: fmt does not compile under nvcc.
 #include "fanout/core/cuda_check.h"
-#include "fanout/ops/rms_norm.h"
 
 namespace fanout::ops {
 namespace {

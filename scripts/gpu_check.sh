@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (the device tool), over binaries built on the CPU machine:
+#   scripts/gpu_check.sh BUILD_DIR
+# BUILD_DIR is a CUDA build (scripts/build.sh with nvcc present) carried along with .carry/lib
+# (the shared libraries the GPU machine lacks: libfmt). It runs the gpu-labelled tests, the CPU
+# tests, the HF oracle afresh (fixtures regenerated there by transformers, then compared), and the
+# CPU benchmark; logs and JSON go to $OUT.
+set -uo pipefail
+build=${1:-build-cuda}
+out=${OUT:-/tmp/gpu_check_out}
+mkdir -p "$out"
+export LD_LIBRARY_PATH=$PWD/.carry/lib:${LD_LIBRARY_PATH:-}
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 FANOUT_CACHE=/tmp/fanout-cache
+status=0
+run() {  # run NAME CMD...: logs to $out/NAME.log, records pass/fail
+    echo "=== $1"
+    if "${@:2}" > "$out/$1.log" 2>&1; then echo "PASS $1"; else echo "FAIL $1 (rc $?)"; tail -20 "$out/$1.log"; status=1; fi
+}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+run ops_cuda_test "$build/tests/ops/ops_cuda_test"
+for t in ops/ops_test model/model_test kv/kv_test model/oracle_test; do run "$(basename $t)" "$build/tests/$t"; done
+grep -h "dlogit\|w8a8" "$out/oracle_test.log" "$out/model_test.log" | head -20
+# The oracle afresh: transformers on this machine makes the fixtures, fanout is compared to them.
+if run make_oracle python3 scripts/make_oracle_fixtures.py --out /tmp/oracle_fresh; then
+    FANOUT_ORACLE_DIR=/tmp/oracle_fresh run oracle_fresh "$build/tests/model/oracle_test"
+    grep -h "dlogit" "$out/oracle_fresh.log" | head -20
+fi
+run bench_tiny "$build/bench/cpu_forward_bench" --model tiny --prompt-len 128 --decode-steps 16 \
+    --json "$out/cpu_forward_tiny.json"
+tail -8 "$out/bench_tiny.log"
+exit $status

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# End-to-end checks of the fanout CLI. Usage: cli_test.sh FANOUT_BINARY WORK_DIR
+# Each check prints one line; the script ends with 'N passed, N failed' and exits non-zero on
+# any failure.
+set -u
+fanout=$1
+work=$2
+rm -rf "$work" && mkdir -p "$work"
+passed=0 failed=0
+
+ok() { echo "PASS $1"; passed=$((passed + 1)); }
+bad() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
+
+# expect_ok NAME REGEX CMD...: exit 0 and stdout matching REGEX.
+expect_ok() {
+    local name=$1 regex=$2; shift 2
+    local out
+    if out=$("$@" 2>"$work/stderr"); then
+        if [[ $out =~ $regex ]]; then ok "$name"; else bad "$name" "stdout '$out' does not match /$regex/"; fi
+    else
+        bad "$name" "exit $? ($(tail -1 "$work/stderr"))"
+    fi
+}
+
+# expect_error NAME MESSAGE CMD...: exit 2 and MESSAGE on stderr.
+expect_error() {
+    local name=$1 msg=$2; shift 2
+    "$@" >/dev/null 2>"$work/stderr"
+    local rc=$?
+    if [[ $rc -ne 2 && $rc -ne 106 && $rc -ne 105 && $rc -ne 109 ]]; then bad "$name" "exit $rc, expected an error exit"; return; fi
+    if grep -qF -- "$msg" "$work/stderr"; then ok "$name"; else bad "$name" "stderr lacks '$msg': $(cat "$work/stderr")"; fi
+}
+
+ids16='^[0-9]+(,[0-9]+){15}$'
+expect_ok "generate on the embedded tiny model" "$ids16" \
+    "$fanout" generate --model tiny --prompt-ids 0,100,200,300 --max-tokens 16 --ignore-eos
+expect_ok "generate is deterministic when sampling with a seed" "$ids16" \
+    "$fanout" generate --model tiny --prompt-ids 5,6,7 --max-tokens 16 --temperature 0.8 --top-p 0.9 --top-k 50 --seed 3 --ignore-eos
+a=$("$fanout" generate --model tiny --prompt-ids 5,6,7 --max-tokens 8 --temperature 0.8 --seed 3 --ignore-eos 2>/dev/null)
+b=$("$fanout" generate --model tiny --prompt-ids 5,6,7 --max-tokens 8 --temperature 0.8 --seed 3 --ignore-eos 2>/dev/null)
+c=$("$fanout" generate --model tiny --prompt-ids 5,6,7 --max-tokens 8 --temperature 0.8 --seed 4 --ignore-eos 2>/dev/null)
+[[ -n $a && $a == "$b" && $a != "$c" ]] && ok "same seed same tokens, other seed other tokens" || bad "seeded sampling" "$a | $b | $c"
+
+"$fanout" score --model tiny --token-ids 1,2,3,4,5 --output "$work/logits.f32" 2>"$work/stderr"
+size=$(stat -c %s "$work/logits.f32" 2>/dev/null || echo 0)
+[[ $size -eq $((5 * 129280 * 4)) ]] && ok "score writes [T, vocab] float32" || bad "score" "size $size"
+
+"$fanout" make-model --preset tiny --layers 2 --dtype fp8 --seed 7 --out "$work/fp8" 2>"$work/stderr" \
+    && ok "make-model fp8" || bad "make-model fp8" "$(tail -1 "$work/stderr")"
+grep -q '"quant_method": "fp8"' "$work/fp8/config.json" && ok "fp8 config has quantization_config" \
+    || bad "fp8 config" "no quantization_config"
+expect_ok "generate on fp8 weights, dequantized" '^[0-9]+(,[0-9]+){3}$' \
+    "$fanout" generate --model "$work/fp8" --prompt-ids 9,8,7 --max-tokens 4 --ignore-eos
+expect_ok "generate on fp8 weights, w8a8" '^[0-9]+(,[0-9]+){3}$' \
+    "$fanout" generate --model "$work/fp8" --prompt-ids 9,8,7 --max-tokens 4 --ignore-eos --fp8-mode w8a8 --kv-dtype bf16
+"$fanout" make-model --preset tiny --layers 1 --shard-gb 0.05 --out "$work/sharded" 2>/dev/null
+[[ -f $work/sharded/model.safetensors.index.json ]] && ok "make-model shards large checkpoints" \
+    || bad "sharding" "no index"
+expect_ok "generate on a sharded checkpoint" '^[0-9]+(,[0-9]+){1}$' \
+    "$fanout" generate --model "$work/sharded" --prompt-ids 1,2 --max-tokens 2 --ignore-eos
+
+# Bad input: a clear error, never a crash.
+expect_error "token id past the vocabulary" "prompt token 129280 (index 1) is outside the vocabulary [0, 129280)" \
+    "$fanout" generate --model tiny --prompt-ids 5,129280 --max-tokens 2
+expect_error "token id that is not a number" "--prompt-ids: 'x7' (entry 1) is not a token id" \
+    "$fanout" generate --model tiny --prompt-ids 5,x7 --max-tokens 2
+expect_error "empty entry in the id list" "--token-ids: '' (entry 2) is not a token id" \
+    "$fanout" score --model tiny --token-ids 1,2,,3 --output "$work/x.f32"
+expect_error "text prompt before the tokenizer exists" "--prompt takes text, which needs the DeepSeek-V3 tokenizer" \
+    "$fanout" generate --model tiny --prompt "hello" --max-tokens 2
+expect_error "negative temperature" "temperature must be a finite number >= 0" \
+    "$fanout" generate --model tiny --prompt-ids 1 --temperature -1
+expect_error "top-p out of range" "top_p must be in (0, 1]" \
+    "$fanout" generate --model tiny --prompt-ids 1 --top-p 1.5
+expect_error "missing model folder" "model folder '$work/nope' does not exist" \
+    "$fanout" generate --model "$work/nope" --prompt-ids 1
+mkdir -p "$work/trunc" && cp "$work/sharded/config.json" "$work/trunc/"
+head -c 4000000 "$work/fp8/model.safetensors" > "$work/trunc/model.safetensors"
+cp "$work/fp8/config.json" "$work/trunc/config.json"
+expect_error "truncated safetensors" "out of range" \
+    "$fanout" generate --model "$work/trunc" --prompt-ids 1
+mkdir -p "$work/badcfg" && cp "$work/fp8/model.safetensors" "$work/badcfg/"
+sed 's/"scoring_func": "sigmoid"/"scoring_func": "softmax"/' "$work/fp8/config.json" > "$work/badcfg/config.json"
+expect_error "unsupported config value" "field 'scoring_func' is 'softmax'" \
+    "$fanout" generate --model "$work/badcfg" --prompt-ids 1
+expect_error "make-model without --layers for full-layers" "full-layers needs --layers N" \
+    "$fanout" make-model --preset full-layers --out "$work/full"
+
+echo "$passed passed, $failed failed"
+[[ $failed -eq 0 ]]
