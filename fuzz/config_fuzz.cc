@@ -16,7 +16,8 @@ namespace {
 [[noreturn]] void invariant_broken() { __builtin_trap(); }
 
 void check_round_trip(const fanout::io::ModelConfig& c) {
-    const fanout::io::ModelConfig back = fanout::io::parse_model_config(fanout::io::model_config_to_json(c), "round-trip");
+    const fanout::io::ModelConfig back =
+        fanout::io::parse_model_config(fanout::io::model_config_to_json(c), "round-trip");
     if (back.hidden_size != c.hidden_size || back.num_hidden_layers != c.num_hidden_layers ||
         back.vocab_size != c.vocab_size || back.n_routed_experts != c.n_routed_experts ||
         back.num_experts_per_tok != c.num_experts_per_tok || back.q_lora_rank != c.q_lora_rank ||

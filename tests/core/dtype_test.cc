@@ -72,9 +72,7 @@ TEST(DTypeTest, UnknownNamesAreRejected) {
     }
 }
 
-TEST(DTypeTest, InvalidEnumValueThrows) {
-    EXPECT_THROW(dtype_size(static_cast<DType>(99)), Error);
-}
+TEST(DTypeTest, InvalidEnumValueThrows) { EXPECT_THROW(dtype_size(static_cast<DType>(99)), Error); }
 
 // ---------------------------------------------------------------------------------------------
 // fp8 e4m3fn
@@ -83,9 +81,9 @@ TEST(Fp8E4M3Test, DecodesKnownCodes) {
     EXPECT_EQ(fp8e4m3_to_f32(0x00), 0.0f);
     EXPECT_TRUE(std::signbit(fp8e4m3_to_f32(0x80)));
     EXPECT_EQ(fp8e4m3_to_f32(0x80), 0.0f);
-    EXPECT_EQ(fp8e4m3_to_f32(0x01), std::ldexp(1.0f, -9));    // smallest subnormal
+    EXPECT_EQ(fp8e4m3_to_f32(0x01), std::ldexp(1.0f, -9));      // smallest subnormal
     EXPECT_EQ(fp8e4m3_to_f32(0x07), 7 * std::ldexp(1.0f, -9));  // largest subnormal
-    EXPECT_EQ(fp8e4m3_to_f32(0x08), std::ldexp(1.0f, -6));    // smallest normal
+    EXPECT_EQ(fp8e4m3_to_f32(0x08), std::ldexp(1.0f, -6));      // smallest normal
     EXPECT_EQ(fp8e4m3_to_f32(0x38), 1.0f);
     EXPECT_EQ(fp8e4m3_to_f32(0x39), 1.125f);
     EXPECT_EQ(fp8e4m3_to_f32(0x40), 2.0f);
@@ -104,8 +102,10 @@ TEST(Fp8E4M3Test, OnlyTwoCodesAreNaNAndNoneInfinite) {
     for (int code = 0; code < 256; ++code) {
         const float v = fp8e4m3_to_f32(static_cast<uint8_t>(code));
         EXPECT_FALSE(std::isinf(v)) << "code " << code;
-        if (std::isnan(v)) ++num_nan;
-        else EXPECT_LE(std::fabs(v), 448.0f) << "code " << code;
+        if (std::isnan(v))
+            ++num_nan;
+        else
+            EXPECT_LE(std::fabs(v), 448.0f) << "code " << code;
     }
     EXPECT_EQ(num_nan, 2);
 }
@@ -203,7 +203,7 @@ TEST(BF16Test, KnownValues) {
 }
 
 TEST(BF16Test, TiesRoundToEven) {
-    const float ulp = std::ldexp(1.0f, -7);  // bf16 spacing in [1, 2)
+    const float ulp = std::ldexp(1.0f, -7);              // bf16 spacing in [1, 2)
     EXPECT_EQ(f32_to_bf16(1.0f + ulp / 2), 0x3f80);      // 1.0 (even) vs 1 + ulp: stays 1.0
     EXPECT_EQ(f32_to_bf16(1.0f + 3 * ulp / 2), 0x3f82);  // 1 + ulp (odd) vs 1 + 2ulp (even): up
     EXPECT_EQ(f32_to_bf16(std::nextafter(1.0f + ulp / 2, 2.0f)), 0x3f81);
@@ -245,7 +245,7 @@ TEST(BF16Test, EveryNonNaNCodeRoundTripsAndNaNStaysNaN) {
 TEST(F16Test, KnownValues) {
     EXPECT_EQ(f32_to_f16(1.0f), 0x3c00);
     EXPECT_EQ(f32_to_f16(-2.0f), 0xc000);
-    EXPECT_EQ(f32_to_f16(65504.0f), 0x7bff);  // largest finite
+    EXPECT_EQ(f32_to_f16(65504.0f), 0x7bff);               // largest finite
     EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -14)), 0x0400);  // smallest normal
     EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal
     EXPECT_EQ(f32_to_f16(-0.0f), 0x8000);
@@ -260,8 +260,8 @@ TEST(F16Test, RoundingTiesAndOverflow) {
     const float ulp = std::ldexp(1.0f, -10);
     EXPECT_EQ(f32_to_f16(1.0f + ulp / 2), 0x3c00);
     EXPECT_EQ(f32_to_f16(1.0f + 3 * ulp / 2), 0x3c02);
-    EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -25)), 0x0000);      // tie between 0 and 2^-24
-    EXPECT_EQ(f32_to_f16(3 * std::ldexp(1.0f, -25)), 0x0002);  // tie between 1 and 2 units
+    EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -25)), 0x0000);                        // tie between 0 and 2^-24
+    EXPECT_EQ(f32_to_f16(3 * std::ldexp(1.0f, -25)), 0x0002);                    // tie between 1 and 2 units
     EXPECT_EQ(f32_to_f16(std::nextafter(std::ldexp(1.0f, -14), 0.0f)), 0x0400);  // rounds up to normal
     EXPECT_EQ(f32_to_f16(65519.0f), 0x7bff);
     EXPECT_EQ(f32_to_f16(65520.0f), 0x7c00);  // tie between 65504 and 65536: even is infinity

@@ -61,7 +61,7 @@ TEST(TensorTest, ZerosOfNoElementsAndScalars) {
     EXPECT_EQ(scalar.ndim(), 0);
     EXPECT_EQ(scalar.numel(), 1);
     EXPECT_EQ(scalar.data_as<double>()[0], 0.0);
-    EXPECT_FALSE(Tensor().defined() && Tensor().numel() != 0);
+    EXPECT_FALSE(Tensor().defined()) << "a default Tensor has no memory";
 }
 
 TEST(TensorTest, ZerosRejectsNegativeExtent) {
@@ -122,9 +122,9 @@ TEST(TensorTest, ReshapeRejectsOtherElementCount) {
     EXPECT_THROW(t.reshape({0}), Error);
 }
 
-// LIBRARY BUG (reported): Tensor::reshape checks only the product of the extents, so two negative
+// Regression (was a bug): Tensor::reshape checks only the product of the extents, so two negative
 // extents whose product matches are accepted. Enable once reshape rejects negative extents.
-TEST(TensorTest, DISABLED_ReshapeRejectsNegativeExtents) {
+TEST(TensorTest, ReshapeRejectsNegativeExtents) {
     Tensor t = Tensor::zeros({2, 3}, DType::kF32);
     EXPECT_THROW(t.reshape({-2, -3}), Error);
     Tensor empty = Tensor::zeros({0, 3}, DType::kF32);
@@ -189,9 +189,9 @@ TEST(TensorTest, CheckTensorNamesTensorAndExpectedAndFound) {
     EXPECT_THAT(msg, HasSubstr("[2, 3]"));
     EXPECT_THAT(msg, HasSubstr("[3, 2]"));
 
-    EXPECT_THROW(check_tensor(t, "w", DType::kBF16, {2}), Error);         // fewer dims
-    EXPECT_THROW(check_tensor(t, "w", DType::kBF16, {2, 3, 1}), Error);   // more dims
-    EXPECT_THROW(check_tensor(t, "w", DType::kBF16, {-1, 4}), Error);     // wildcard does not hide a mismatch
+    EXPECT_THROW(check_tensor(t, "w", DType::kBF16, {2}), Error);        // fewer dims
+    EXPECT_THROW(check_tensor(t, "w", DType::kBF16, {2, 3, 1}), Error);  // more dims
+    EXPECT_THROW(check_tensor(t, "w", DType::kBF16, {-1, 4}), Error);    // wildcard does not hide a mismatch
 }
 
 }  // namespace

@@ -23,7 +23,7 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 class CheckpointTest : public ::testing::Test {
-protected:
+  protected:
     void SetUp() override {
         dir_ = fanout::testing::temp_dir(::testing::UnitTest::GetInstance()->current_test_info()->name());
     }
@@ -52,8 +52,8 @@ protected:
 
     // Two shards: a.w and a.b in the first, c.w in the second.
     void write_two_shards() {
-        write_shard("model-00001-of-00002.safetensors",
-                    {{"a.w", DType::kF32, {2, 3}}, {"a.b", DType::kBF16, {3}}}, 1.0f);
+        write_shard("model-00001-of-00002.safetensors", {{"a.w", DType::kF32, {2, 3}}, {"a.b", DType::kBF16, {3}}},
+                    1.0f);
         write_shard("model-00002-of-00002.safetensors", {{"c.w", DType::kF32, {4}}}, 10.0f);
         write_index(R"({"a.w": "model-00001-of-00002.safetensors", "a.b": "model-00001-of-00002.safetensors",
                         "c.w": "model-00002-of-00002.safetensors"})");
@@ -122,8 +122,8 @@ TEST_F(CheckpointTest, IndexNamesMissingShard) {
 
 TEST_F(CheckpointTest, WeightMapPathsOutsideTheFolderAreRejected) {
     write_shard("model-00001-of-00001.safetensors", {{"a.w", DType::kF32, {2}}}, 1.0f);
-    for (const std::string bad : {"../model-00001-of-00001.safetensors", "sub/model.safetensors",
-                                  "/etc/passwd", "..", ".", ""}) {
+    for (const std::string bad :
+         {"../model-00001-of-00001.safetensors", "sub/model.safetensors", "/etc/passwd", "..", ".", ""}) {
         SCOPED_TRACE(bad);
         write_index(R"({"a.w": ")" + bad + R"("})");
         const std::string msg = error_of([&] { Checkpoint::open(dir_); });
@@ -170,9 +170,7 @@ TEST_F(CheckpointTest, MissingTensorNamesTensorAndFolder) {
     for (auto lookup : {+[](const Checkpoint& c) { c.get("model.layers.0.mlp.gate.weight"); },
                         +[](const Checkpoint& c) { c.entry("model.layers.0.mlp.gate.weight"); },
                         +[](const Checkpoint& c) { c.file_of("model.layers.0.mlp.gate.weight"); },
-                        +[](const Checkpoint& c) {
-                            c.get("model.layers.0.mlp.gate.weight", {DType::kF32}, {1});
-                        }}) {
+                        +[](const Checkpoint& c) { c.get("model.layers.0.mlp.gate.weight", {DType::kF32}, {1}); }}) {
         const std::string msg = error_of([&] { lookup(ck); });
         EXPECT_THAT(msg, HasSubstr("'model.layers.0.mlp.gate.weight'"));
         EXPECT_THAT(msg, HasSubstr(dir_));

@@ -47,6 +47,7 @@ int64_t Tensor::dim(int i) const {
 }
 
 Tensor Tensor::reshape(Shape shape) const {
+    for (int64_t d : shape) FANOUT_CHECK(d >= 0, "reshape {} -> {}: negative extent", shape_str(shape_), shape_str(shape));
     FANOUT_CHECK(shape_numel(shape) == numel(), "reshape {} -> {}: element counts differ", shape_str(shape_),
                  shape_str(shape));
     Tensor t = *this;

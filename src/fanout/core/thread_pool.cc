@@ -49,7 +49,8 @@ void ThreadPool::worker_loop(int index) {
 void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
     if (n <= 0) return;
     grain = std::max<int64_t>(grain, 1);
-    const int64_t max_chunks = std::min<int64_t>(num_threads(), (n + grain - 1) / grain);
+    // At most one chunk per thread, and every chunk but the last at least `grain` items.
+    const int64_t max_chunks = std::min<int64_t>(num_threads(), n / grain);
     if (max_chunks <= 1) {
         fn(0, n);
         return;

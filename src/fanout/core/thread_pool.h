@@ -2,7 +2,8 @@
 //
 // parallel_for splits [0, n) into contiguous chunks, one per thread at most, and runs them on the
 // workers and the calling thread; it returns when all chunks are done. An exception thrown by a
-// chunk is rethrown in the caller. The pool is passed to ops explicitly (inside a Stream), never
+// chunk is rethrown in the caller. Not reentrant: a chunk must not call parallel_for on the same
+// pool (ops parallelize one loop level each). The pool is passed to ops explicitly (inside a Stream), never
 // reached through a global.
 #pragma once
 

@@ -5,13 +5,18 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <type_traits>
 
 #include "fanout/core/error.h"
+#include "fanout/io/json_util.h"
 
 namespace fanout::io {
 namespace {
 
 using nlohmann::json;
+
+// No DeepSeek-V3 size comes near 2^31; bounding them keeps every product of sizes in int64.
+constexpr int64_t kMaxExtent = int64_t{1} << 31;
 
 // Reads one field with its type checked; `where` names the file in errors.
 class FieldReader {
@@ -20,20 +25,24 @@ public:
 
     int64_t integer(const char* key) const {
         const json& v = require(key);
-        FANOUT_CHECK(v.is_number_integer(), "{}: field '{}' must be an integer, found {}", where_, key, v.dump());
+        FANOUT_CHECK(v.is_number_integer(), "{}: field '{}' must be an integer, found {}", where_, key, describe_json(v));
+        FANOUT_CHECK(!v.is_number_unsigned() || v.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX),
+                     "{}: field '{}' is {}, past the 64-bit integer range", where_, key, describe_json(v));
         return v.get<int64_t>();
     }
     int64_t integer(const char* key, int64_t fallback) const {
         return has(key) ? integer(key) : fallback;
     }
-    int64_t positive(const char* key) const {
-        const int64_t v = integer(key);
-        FANOUT_CHECK(v > 0, "{}: field '{}' must be positive, found {}", where_, key, v);
-        return v;
+    // A size: in [1, kMaxExtent].
+    int64_t positive(const char* key) const { return integer_in(key, 1, kMaxExtent); }
+    int64_t integer_in(const char* key, int64_t lo, int64_t hi) const { return in_range(key, integer(key), lo, hi); }
+    double number_in(const char* key, double lo, double hi) const { return in_range(key, number(key), lo, hi); }
+    double number_in(const char* key, double lo, double hi, double fallback) const {
+        return has(key) ? number_in(key, lo, hi) : fallback;
     }
     double number(const char* key) const {
         const json& v = require(key);
-        FANOUT_CHECK(v.is_number(), "{}: field '{}' must be a number, found {}", where_, key, v.dump());
+        FANOUT_CHECK(v.is_number(), "{}: field '{}' must be a number, found {}", where_, key, describe_json(v));
         const double d = v.get<double>();
         FANOUT_CHECK(std::isfinite(d), "{}: field '{}' must be finite", where_, key);
         return d;
@@ -42,13 +51,13 @@ public:
     bool boolean(const char* key, bool fallback) const {
         if (!has(key)) return fallback;
         const json& v = j_.at(key);
-        FANOUT_CHECK(v.is_boolean(), "{}: field '{}' must be true or false, found {}", where_, key, v.dump());
+        FANOUT_CHECK(v.is_boolean(), "{}: field '{}' must be true or false, found {}", where_, key, describe_json(v));
         return v.get<bool>();
     }
     std::string string(const char* key, const std::string& fallback) const {
         if (!has(key)) return fallback;
         const json& v = j_.at(key);
-        FANOUT_CHECK(v.is_string(), "{}: field '{}' must be a string, found {}", where_, key, v.dump());
+        FANOUT_CHECK(v.is_string(), "{}: field '{}' must be a string, found {}", where_, key, describe_json(v));
         return v.get<std::string>();
     }
     // Present and not null.
@@ -56,6 +65,16 @@ public:
     const std::string& where() const { return where_; }
 
 private:
+    template <typename T>
+    T in_range(const char* key, T v, T lo, T hi) const {
+        if (v < lo) {
+            if (lo == T(1) && std::is_integral_v<T>) FANOUT_FAIL("{}: field '{}' must be positive, found {}", where_, key, v);
+            FANOUT_FAIL("{}: field '{}' must be >= {}, found {}", where_, key, lo, v);
+        }
+        FANOUT_CHECK(v <= hi, "{}: field '{}' is {}, past the supported maximum {}", where_, key, v, hi);
+        return v;
+    }
+
     const json& require(const char* key) const {
         FANOUT_CHECK(j_.contains(key) && !j_.at(key).is_null(), "{}: required field '{}' is missing", where_, key);
         return j_.at(key);
@@ -80,25 +99,24 @@ void parse_rope(const json& j, const std::string& where, ModelConfig& c) {
     else if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) key = "rope_scaling";
     if (!key) return;
     const json& rp = j[key];
-    FANOUT_CHECK(rp.is_object(), "{}: field '{}' must be an object, found {}", where, key, rp.dump());
+    FANOUT_CHECK(rp.is_object(), "{}: field '{}' must be an object, found {}", where, key, describe_json(rp));
     const std::string sub = where + ": " + key;
     FieldReader r(rp, sub);
-    if (r.has("rope_theta")) c.rope_theta = r.number("rope_theta");
+    if (r.has("rope_theta")) c.rope_theta = r.number_in("rope_theta", 1.0, 1e12, 0.0);
     std::string type = r.string("rope_type", r.string("type", "default"));
     if (type == "default") return;
     FANOUT_CHECK(type == "yarn", "{}: rope type '{}' is not supported; fanout implements 'default' and 'yarn'",
                  sub, type);
     YarnConfig y;
-    y.factor = r.number("factor");
-    FANOUT_CHECK(y.factor >= 1.0, "{}: field 'factor' must be >= 1, found {}", sub, y.factor);
+    y.factor = r.number_in("factor", 1.0, 1e6);
     y.original_max_position_embeddings =
         r.has("original_max_position_embeddings") ? r.positive("original_max_position_embeddings")
                                                   : c.max_position_embeddings;
-    y.beta_fast = r.number("beta_fast", 32.0);
-    y.beta_slow = r.number("beta_slow", 1.0);
-    y.mscale = r.number("mscale", 0.0);
-    y.attention_factor = r.number("attention_factor", 0.0);
-    y.mscale_all_dim = r.number("mscale_all_dim", 0.0);
+    y.beta_fast = r.number_in("beta_fast", 1e-6, 1e6, 32.0);
+    y.beta_slow = r.number_in("beta_slow", 1e-6, 1e6, 1.0);
+    y.mscale = r.number_in("mscale", 0.0, 100.0, 0.0);
+    y.attention_factor = r.number_in("attention_factor", 0.0, 100.0, 0.0);
+    y.mscale_all_dim = r.number_in("mscale_all_dim", 0.0, 100.0, 0.0);
     y.truncate = r.boolean("truncate", true);
     c.yarn = y;
 }
@@ -116,7 +134,7 @@ void parse_quantization(const json& j, const std::string& where, ModelConfig& c)
     if (q.contains("weight_block_size")) {
         const json& b = q["weight_block_size"];
         FANOUT_CHECK(b.is_array() && b.size() == 2 && b[0].is_number_integer() && b[1].is_number_integer(),
-                     "{}: weight_block_size must be [rows, cols], found {}", sub, b.dump());
+                     "{}: weight_block_size must be [rows, cols], found {}", sub, describe_json(b));
         f.block_n = b[0].get<int64_t>();
         f.block_k = b[1].get<int64_t>();
     }
@@ -175,12 +193,12 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
     c.v_head_dim = r.positive("v_head_dim");
     c.q_lora_rank = r.has("q_lora_rank") ? r.positive("q_lora_rank") : 0;
     c.max_position_embeddings = r.positive("max_position_embeddings");
-    c.rms_norm_eps = r.number("rms_norm_eps", 1e-6);
-    c.rope_theta = r.number("rope_theta", 10000.0);
+    c.rms_norm_eps = r.number_in("rms_norm_eps", 0.0, 1.0, 1e-6);
+    c.rope_theta = r.number_in("rope_theta", 1.0, 1e12, 10000.0);
     c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
-    c.num_nextn_predict_layers = r.integer("num_nextn_predict_layers", 0);
-    c.first_k_dense_replace = r.integer("first_k_dense_replace", 0);
-    c.n_routed_experts = r.integer("n_routed_experts", 0);
+    c.num_nextn_predict_layers = r.has("num_nextn_predict_layers") ? r.integer("num_nextn_predict_layers") : 0;
+    c.first_k_dense_replace = r.has("first_k_dense_replace") ? r.integer_in("first_k_dense_replace", 0, kMaxExtent) : 0;
+    c.n_routed_experts = r.has("n_routed_experts") ? r.integer_in("n_routed_experts", 0, 1 << 20) : 0;
     FANOUT_CHECK(c.num_nextn_predict_layers >= 0 && c.num_nextn_predict_layers <= 1,
                  "{}: num_nextn_predict_layers is {}; fanout implements 0 or 1", label, c.num_nextn_predict_layers);
     FANOUT_CHECK(c.first_k_dense_replace >= 0, "{}: first_k_dense_replace must be >= 0, found {}", label,
@@ -193,15 +211,15 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
                  r.integer("moe_layer_freq", 1));
     if (c.n_routed_experts > 0) {
         c.moe_intermediate_size = r.positive("moe_intermediate_size");
-        c.n_shared_experts = r.integer("n_shared_experts", 0);
+        c.n_shared_experts = r.has("n_shared_experts") ? r.integer_in("n_shared_experts", 0, 1 << 10) : 0;
         c.num_experts_per_tok = r.positive("num_experts_per_tok");
-        c.n_group = r.integer("n_group", 1);
+        c.n_group = r.integer("n_group", 1);  // range-checked against the expert count below
         c.topk_group = r.integer("topk_group", 1);
         c.norm_topk_prob = r.boolean("norm_topk_prob", true);
-        c.routed_scaling_factor = r.number("routed_scaling_factor", 1.0);
+        c.routed_scaling_factor = r.number_in("routed_scaling_factor", 0.0, 1e6, 1.0);
         FANOUT_CHECK(c.n_shared_experts >= 0, "{}: n_shared_experts must be >= 0, found {}", label,
                      c.n_shared_experts);
-        FANOUT_CHECK(c.n_group > 0 && c.n_routed_experts % c.n_group == 0,
+        FANOUT_CHECK(c.n_group > 0 && c.n_group <= c.n_routed_experts && c.n_routed_experts % c.n_group == 0,
                      "{}: n_routed_experts={} must be a multiple of n_group={}", label, c.n_routed_experts,
                      c.n_group);
         FANOUT_CHECK(c.topk_group > 0 && c.topk_group <= c.n_group, "{}: topk_group={} must be in [1, n_group={}]",
@@ -216,7 +234,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
     }
     parse_rope(j, label, c);
     parse_quantization(j, label, c);
-    if (r.has("bos_token_id")) c.bos_token_id = r.integer("bos_token_id");
+    if (r.has("bos_token_id")) c.bos_token_id = r.integer_in("bos_token_id", 0, c.vocab_size - 1);
     if (r.has("eos_token_id")) {
         const json& e = j["eos_token_id"];
         if (e.is_array()) {
@@ -276,13 +294,17 @@ std::string model_config_to_json(const ModelConfig& c) {
     j["rope_theta"] = c.rope_theta;
     j["rope_interleave"] = true;
     if (c.yarn) {
-        j["rope_scaling"] = {{"type", "yarn"},
-                             {"factor", c.yarn->factor},
-                             {"original_max_position_embeddings", c.yarn->original_max_position_embeddings},
-                             {"beta_fast", c.yarn->beta_fast},
-                             {"beta_slow", c.yarn->beta_slow},
-                             {"mscale", c.yarn->mscale},
-                             {"mscale_all_dim", c.yarn->mscale_all_dim}};
+        nlohmann::ordered_json y = {{"type", "yarn"},
+                                    {"factor", c.yarn->factor},
+                                    {"original_max_position_embeddings", c.yarn->original_max_position_embeddings},
+                                    {"beta_fast", c.yarn->beta_fast},
+                                    {"beta_slow", c.yarn->beta_slow}};
+        // 0 means absent for these (HF treats a missing key differently from a given one).
+        if (c.yarn->mscale != 0.0) y["mscale"] = c.yarn->mscale;
+        if (c.yarn->mscale_all_dim != 0.0) y["mscale_all_dim"] = c.yarn->mscale_all_dim;
+        if (c.yarn->attention_factor > 0.0) y["attention_factor"] = c.yarn->attention_factor;
+        if (!c.yarn->truncate) y["truncate"] = false;
+        j["rope_scaling"] = y;
     } else {
         j["rope_scaling"] = nullptr;
     }

@@ -5,10 +5,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
+
+#include "fanout/io/json_util.h"
 
 namespace fanout::io {
 namespace {
@@ -101,19 +104,20 @@ SafetensorsFile SafetensorsFile::parse(std::shared_ptr<MappedFile> file, const u
         for (const auto& d : *sh) {
             FANOUT_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0),
                          "{}: tensor '{}': shape entries must be non-negative integers, found {}", label, name,
-                         d.dump());
+                         describe_json(d));
             const uint64_t extent = d.get<uint64_t>();
             FANOUT_CHECK(extent == 0 || numel <= std::numeric_limits<uint32_t>::max() * uint64_t{16} / extent,
-                         "{}: tensor '{}': shape {} is too large", label, name, sh->dump());
+                         "{}: tensor '{}': shape {} is too large", label, name, describe_json(*sh));
             numel *= extent;
             e.shape.push_back(static_cast<int64_t>(extent));
         }
         for (const auto& o : *off)
             FANOUT_CHECK(o.is_number_unsigned() || (o.is_number_integer() && o.get<int64_t>() >= 0),
                          "{}: tensor '{}': data_offsets must be non-negative integers, found {}", label, name,
-                         off->dump());
+                         describe_json(*off));
         const uint64_t begin = (*off)[0].get<uint64_t>(), end = (*off)[1].get<uint64_t>();
-        FANOUT_CHECK(begin <= end && end <= data_size,
+        FANOUT_CHECK(begin <= end, "{}: tensor '{}': data_offsets [{}, {}] begin past end", label, name, begin, end);
+        FANOUT_CHECK(end <= data_size,
                      "{}: tensor '{}': data_offsets [{}, {}] out of range for {} data bytes (file truncated?)",
                      label, name, begin, end, data_size);
         const uint64_t expected = numel * dtype_size(e.dtype);
@@ -147,28 +151,30 @@ std::vector<std::string> SafetensorsFile::names() const {
 
 SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<TensorSpec> specs,
                                      const std::map<std::string, std::string>& metadata)
-    : path_(path), specs_(std::move(specs)) {
+    : path_(path) {
+    std::stable_sort(specs.begin(), specs.end(),
+                     [](const TensorSpec& a, const TensorSpec& b) { return dtype_size(a.dtype) > dtype_size(b.dtype); });
     nlohmann::ordered_json header = nlohmann::ordered_json::object();
     if (!metadata.empty()) header["__metadata__"] = metadata;
     size_t offset = 0;
-    for (const auto& s : specs_) {
+    for (const auto& s : specs) {
         const size_t n = static_cast<size_t>(shape_numel(s.shape)) * dtype_size(s.dtype);
         FANOUT_CHECK(!header.contains(s.name), "{}: tensor '{}' listed twice", path, s.name);
         header[s.name] = {{"dtype", std::string(dtype_name(s.dtype))},
                           {"shape", s.shape},
                           {"data_offsets", {offset, offset + n}}};
-        sizes_.push_back(n);
+        slots_[s.name] = Slot{offset, n, 0};
         offset += n;
     }
     std::string text = header.dump();
     text.append((8 - text.size() % 8) % 8, ' ');  // data starts 8-byte aligned
+    for (auto& [name, slot] : slots_) slot.offset += 8 + text.size();
     file_ = std::fopen(path.c_str(), "wb");
     FANOUT_CHECK(file_ != nullptr, "cannot create {}: {}", path, std::strerror(errno));
     uint8_t len[8];
     for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
     FANOUT_CHECK(std::fwrite(len, 1, 8, file_) == 8 && std::fwrite(text.data(), 1, text.size(), file_) == text.size(),
                  "write to {} failed: {}", path, std::strerror(errno));
-    while (current_ < specs_.size() && sizes_[current_] == 0) ++current_;
 }
 
 SafetensorsWriter::~SafetensorsWriter() {
@@ -176,23 +182,23 @@ SafetensorsWriter::~SafetensorsWriter() {
 }
 
 void SafetensorsWriter::write(const std::string& name, const void* data, size_t nbytes) {
-    FANOUT_CHECK(current_ < specs_.size(), "{}: write of '{}' after all tensors were written", path_, name);
-    FANOUT_CHECK(specs_[current_].name == name, "{}: expected data for '{}' next, got '{}'", path_,
-                 specs_[current_].name, name);
-    FANOUT_CHECK(written_in_current_ + nbytes <= sizes_[current_], "{}: tensor '{}' takes {} bytes, got {}", path_,
-                 name, sizes_[current_], written_in_current_ + nbytes);
-    FANOUT_CHECK(std::fwrite(data, 1, nbytes, file_) == nbytes, "write to {} failed: {}", path_,
-                 std::strerror(errno));
-    written_in_current_ += nbytes;
-    while (current_ < specs_.size() && written_in_current_ == sizes_[current_]) {
-        ++current_;
-        written_in_current_ = 0;
-    }
+    FANOUT_CHECK(file_ != nullptr, "{}: write of '{}' after finish()", path_, name);
+    const auto it = slots_.find(name);
+    FANOUT_CHECK(it != slots_.end(), "{}: '{}' is not one of the file's tensors", path_, name);
+    Slot& slot = it->second;
+    FANOUT_CHECK(slot.written + nbytes <= slot.size, "{}: tensor '{}' takes {} bytes, got {}", path_, name, slot.size,
+                 slot.written + nbytes);
+    if (nbytes == 0) return;
+    FANOUT_CHECK(::fseeko(file_, static_cast<off_t>(slot.offset + slot.written), SEEK_SET) == 0 &&
+                     std::fwrite(data, 1, nbytes, file_) == nbytes,
+                 "write to {} failed: {}", path_, std::strerror(errno));
+    slot.written += nbytes;
 }
 
 void SafetensorsWriter::finish() {
-    FANOUT_CHECK(current_ == specs_.size(), "{}: tensor '{}' was not written", path_,
-                 current_ < specs_.size() ? specs_[current_].name : "");
+    for (const auto& [name, slot] : slots_)
+        FANOUT_CHECK(slot.written == slot.size, "{}: tensor '{}' got {} of its {} bytes", path_, name, slot.written,
+                     slot.size);
     const int rc = std::fclose(file_);
     file_ = nullptr;
     FANOUT_CHECK(rc == 0, "closing {} failed: {}", path_, std::strerror(errno));

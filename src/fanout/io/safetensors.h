@@ -72,23 +72,26 @@ struct TensorSpec {
     Shape shape;
 };
 
-// Writes a safetensors file whose tensors are known up front and whose data arrives tensor by
-// tensor, in the order given, so files larger than memory can be written.
+// Writes a safetensors file whose tensors are known up front and whose data arrives in pieces,
+// so files larger than memory can be written. The data section is laid out by element size,
+// largest first (as the reference writer does), so every tensor is aligned to its dtype; pieces of
+// a tensor are appended in order, and tensors may be written in any order.
 class SafetensorsWriter {
 public:
     SafetensorsWriter(const std::string& path, std::vector<TensorSpec> specs,
                       const std::map<std::string, std::string>& metadata = {});
     ~SafetensorsWriter();
-    // Appends `nbytes` bytes of the next tensor (several calls may make up one tensor).
+    // Appends `nbytes` bytes to tensor `name` (several calls may make up one tensor).
     void write(const std::string& name, const void* data, size_t nbytes);
     // Checks that every tensor was written in full and closes the file.
     void finish();
 
 private:
+    struct Slot {
+        size_t offset = 0, size = 0, written = 0;  // offset from the start of the file
+    };
     std::string path_;
-    std::vector<TensorSpec> specs_;
-    std::vector<size_t> sizes_;
-    size_t current_ = 0, written_in_current_ = 0;
+    std::map<std::string, Slot> slots_;
     std::FILE* file_ = nullptr;
 };
 

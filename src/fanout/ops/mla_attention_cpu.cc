@@ -29,6 +29,18 @@ void check_metadata(const AttentionMetadata& meta, const LatentCache& cache, int
     }
 }
 
+void check_attention_args(const Tensor& q, const LinearWeight& kv_b, const LatentCache& cache,
+                          const AttentionMetadata& meta, int64_t kv_lora, int64_t nope, int64_t v_dim, const Tensor& out) {
+    check_tensor(q, "mla q", DType::kF32, {-1, -1, -1});
+    const int64_t T = q.dim(0), H = q.dim(1), rope = q.dim(2) - nope;
+    check_tensor(out, "mla out", DType::kF32, {T, H, v_dim});
+    FANOUT_CHECK(rope > 0 && cache.entry_dim == kv_lora + rope && kv_b.in_features == kv_lora &&
+                     kv_b.out_features == H * (nope + v_dim),
+                 "mla attention: cache entry {} / kv_b [{}, {}] do not fit H={} nope={} rope={} v={}", cache.entry_dim,
+                 kv_b.out_features, kv_b.in_features, H, nope, rope, v_dim);
+    check_metadata(meta, cache, T);
+}
+
 int64_t slot_of(const AttentionMetadata& meta, const LatentCache& cache, int64_t r, int64_t pos) {
     return static_cast<int64_t>(meta.block_table[r * meta.max_blocks + pos / cache.block_size]) * cache.block_size +
            pos % cache.block_size;
@@ -88,12 +100,8 @@ void kv_append(LatentCache& cache, const Tensor& entries, const int32_t* slots, 
 void mla_attention_mha(const Tensor& q, const LinearWeight& kv_b, Fp8Mode mode, const LatentCache& cache,
                        const AttentionMetadata& meta, int64_t kv_lora, int64_t nope, int64_t v_dim, float scale,
                        Tensor& out, const Stream& s) {
+    check_attention_args(q, kv_b, cache, meta, kv_lora, nope, v_dim, out);
     const int64_t T = q.dim(0), H = q.dim(1), qk = q.dim(2), rope = qk - nope, D = cache.entry_dim;
-    check_tensor(out, "mla out", DType::kF32, {T, H, v_dim});
-    FANOUT_CHECK(D == kv_lora + rope && kv_b.in_features == kv_lora && kv_b.out_features == H * (nope + v_dim),
-                 "mla_attention_mha: cache entry {} / kv_b [{}, {}] do not fit H={} nope={} rope={} v={}", D,
-                 kv_b.out_features, kv_b.in_features, H, nope, rope, v_dim);
-    check_metadata(meta, cache, T);
     const float* qp = q.data_as<float>();
     float* op = out.data_as<float>();
     for (int64_t r = 0; r < meta.num_requests; ++r) {
@@ -129,12 +137,8 @@ void mla_attention_mha(const Tensor& q, const LinearWeight& kv_b, Fp8Mode mode, 
 void mla_attention_absorbed(const Tensor& q, const LinearWeight& kv_b, const LatentCache& cache,
                             const AttentionMetadata& meta, int64_t kv_lora, int64_t nope, int64_t v_dim,
                             float scale, Tensor& out, const Stream& s) {
+    check_attention_args(q, kv_b, cache, meta, kv_lora, nope, v_dim, out);
     const int64_t T = q.dim(0), H = q.dim(1), qk = q.dim(2), rope = qk - nope, D = cache.entry_dim;
-    check_tensor(out, "mla out", DType::kF32, {T, H, v_dim});
-    FANOUT_CHECK(D == kv_lora + rope && kv_b.in_features == kv_lora && kv_b.out_features == H * (nope + v_dim),
-                 "mla_attention_absorbed: cache entry {} / kv_b [{}, {}] do not fit H={} nope={} rope={} v={}", D,
-                 kv_b.out_features, kv_b.in_features, H, nope, rope, v_dim);
-    check_metadata(meta, cache, T);
     if (T == 0) return;
     std::vector<std::vector<float>> entries(static_cast<size_t>(meta.num_requests));
     for (int64_t r = 0; r < meta.num_requests; ++r)
