@@ -47,8 +47,11 @@ void weight_quant_block(const float* w, int64_t N, int64_t K, uint8_t* q, float*
 void weight_dequant_row(const uint8_t* q, const float* scale_inv, int64_t N, int64_t K, int64_t n, float* out) {
     const int64_t nbk = ceil_div(K, kFp8Block);
     const float* srow = scale_inv + (n / kFp8Block) * nbk;
-    const uint8_t* qrow = q + n * K;
-    for (int64_t k = 0; k < K; ++k) out[k] = fp8e4m3_to_f32(qrow[k]) * srow[k / kFp8Block];
+    convert_to_f32(q + n * K, DType::kFP8E4M3, static_cast<size_t>(K), out);
+    for (int64_t b = 0; b * kFp8Block < K; ++b) {
+        const float scale = srow[b];
+        for (int64_t k = b * kFp8Block; k < std::min(K, (b + 1) * kFp8Block); ++k) out[k] *= scale;
+    }
 }
 
 }  // namespace fanout::ops

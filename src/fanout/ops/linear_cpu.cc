@@ -26,7 +26,12 @@ void linear_f32(const float* x, const LinearWeight& w, float* y, int64_t M, cons
         std::vector<float> row(static_cast<size_t>(K));
         for (int64_t n = n0; n < n1; ++n) {
             w.row_f32(n, row.data());
-            for (int64_t m = 0; m < M; ++m) y[m * N + n] = cpu::dot(x + m * K, row.data(), K);
+            int64_t m = 0;
+            for (float out[4]; m + 4 <= M; m += 4) {
+                cpu::dot4(x + m * K, K, row.data(), K, out);
+                for (int r = 0; r < 4; ++r) y[(m + r) * N + n] = out[r];
+            }
+            for (; m < M; ++m) y[m * N + n] = cpu::dot(x + m * K, row.data(), K);
         }
     });
 }

@@ -101,7 +101,7 @@ void mla_attention_mha(const Tensor& q, const LinearWeight& kv_b, Fp8Mode mode, 
                        const AttentionMetadata& meta, int64_t kv_lora, int64_t nope, int64_t v_dim, float scale,
                        Tensor& out, const Stream& s) {
     check_attention_args(q, kv_b, cache, meta, kv_lora, nope, v_dim, out);
-    const int64_t T = q.dim(0), H = q.dim(1), qk = q.dim(2), rope = qk - nope, D = cache.entry_dim;
+    const int64_t H = q.dim(1), qk = q.dim(2), rope = qk - nope, D = cache.entry_dim;
     const float* qp = q.data_as<float>();
     float* op = out.data_as<float>();
     for (int64_t r = 0; r < meta.num_requests; ++r) {
@@ -138,8 +138,8 @@ void mla_attention_absorbed(const Tensor& q, const LinearWeight& kv_b, const Lat
                             const AttentionMetadata& meta, int64_t kv_lora, int64_t nope, int64_t v_dim,
                             float scale, Tensor& out, const Stream& s) {
     check_attention_args(q, kv_b, cache, meta, kv_lora, nope, v_dim, out);
-    const int64_t T = q.dim(0), H = q.dim(1), qk = q.dim(2), rope = qk - nope, D = cache.entry_dim;
-    if (T == 0) return;
+    const int64_t H = q.dim(1), qk = q.dim(2), rope = qk - nope, D = cache.entry_dim;
+    if (q.dim(0) == 0) return;
     std::vector<std::vector<float>> entries(static_cast<size_t>(meta.num_requests));
     for (int64_t r = 0; r < meta.num_requests; ++r)
         if (meta.query_start[r + 1] > meta.query_start[r]) entries[r] = gather_entries(cache, meta, r);
