@@ -144,11 +144,18 @@ int main(int argc, char** argv) {
             for (int64_t i = 0; i < prompt_len; ++i) p.push_back(static_cast<int32_t>((i * 7919 + b * 31) % m->config().vocab_size));
             prompts.push_back(p);
         }
-        // Prefill request 0 (timed), the others untimed.
+        // Warm-up, then prefill request 0 (timed), the others untimed.
         m->forward(model::StepBatchBuilder(cache).add(std::span(prompts[0]).first(8), 0, seqs[0]).build(), cache, opts, s);  // warm-up
-        auto t = clock_type::now();
-        m->forward(model::StepBatchBuilder(cache).add(prompts[0], 0, seqs[0]).build(), cache, opts, s);
-        const double prefill_s = seconds_since(t);
+        // Prefill request 0 three times (rewriting the same cache slots); the median counts.
+        std::vector<double> prefill_runs;
+        clock_type::time_point t;
+        for (int rep = 0; rep < 3; ++rep) {
+            t = clock_type::now();
+            m->forward(model::StepBatchBuilder(cache).add(prompts[0], 0, seqs[0]).build(), cache, opts, s);
+            prefill_runs.push_back(seconds_since(t));
+        }
+        std::sort(prefill_runs.begin(), prefill_runs.end());
+        const double prefill_s = prefill_runs[1];
         for (int64_t b = 1; b < batch; ++b)
             m->forward(model::StepBatchBuilder(cache).add(prompts[b], 0, seqs[b]).build(), cache, opts, s);
         // Decode: `batch` requests, one token each per step.
