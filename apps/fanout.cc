@@ -60,7 +60,7 @@ std::unique_ptr<model::DeepseekV3> load_model(const ModelArgs& a) {
     if (dir == "tiny") dir = model::ensure_tiny_model([](const std::string& m) { std::fprintf(stderr, "%s\n", m.c_str()); });
     const auto t0 = std::chrono::steady_clock::now();
     auto m = model::DeepseekV3::load(dir, {}, [](const std::string& what, int64_t done, int64_t total) {
-        if (total >= 8) std::fprintf(stderr, "\rloading %s (%lld/%lld)   ", what.c_str(), (long long)done, (long long)total);
+        std::fprintf(stderr, "\rloading %s (%lld/%lld)        ", what.c_str(), (long long)done, (long long)total);
     });
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::fprintf(stderr, "\rloaded %s: %lld layers%s, %s weights, in %.2f s\n", dir.c_str(),

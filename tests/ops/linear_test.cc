@@ -67,7 +67,9 @@ TEST_P(LinearShapes, Fp8DequantExactAndW8A8Close) {
     // Quantizing activations to e4m3 (3 mantissa bits) costs a few percent at most.
     const double e = rel_error(y8.data_as<float>(), ref.data(), ref.size());
     std::printf("[%d x %d x %d] w8a8 vs dequantized relative error %.4f\n", M, N, K, e);
-    if (K > 1) EXPECT_GT(e, 0.0) << "w8a8 must actually quantize the activations";
+    if (K > 1) {
+        EXPECT_GT(e, 0.0) << "w8a8 must actually quantize the activations";
+    }
     EXPECT_LT(e, 0.06) << "w8a8 vs dequantized";
 }
 

@@ -309,7 +309,7 @@ std::string model_config_to_json(const ModelConfig& c) {
         j["rope_scaling"] = nullptr;
     }
     j["tie_word_embeddings"] = c.tie_word_embeddings;
-    j["bos_token_id"] = c.bos_token_id;
+    j["bos_token_id"] = c.bos_token_id >= 0 ? json(c.bos_token_id) : json(nullptr);
     j["eos_token_id"] = c.eos_token_ids.size() == 1 ? json(c.eos_token_ids[0]) : json(c.eos_token_ids);
     j["torch_dtype"] = "bfloat16";
     if (c.fp8) {

@@ -85,7 +85,10 @@ DeepseekV3::DeepseekV3(io::ModelConfig config, ModelWeights weights)
 std::unique_ptr<DeepseekV3> DeepseekV3::load(const std::string& dir, const ShardPlan& plan,
                                              const LoadProgress& progress) {
     io::ModelConfig config = io::load_model_config(dir);
-    ModelWeights w = load_weights(io::Checkpoint::open(dir), config, plan, progress);
+    io::Checkpoint::Progress on_shard;
+    if (progress)
+        on_shard = [progress](int i, int n, const std::string&) { progress(fmt::format("shard {}/{}", i + 1, n), i + 1, n); };
+    ModelWeights w = load_weights(io::Checkpoint::open(dir, on_shard), config, plan, progress);
     return std::make_unique<DeepseekV3>(std::move(config), std::move(w));
 }
 
