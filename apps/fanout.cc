@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <unistd.h>
 
 #include "fanout/model/generate.h"
 #include "fanout/model/synthetic.h"
@@ -59,12 +60,16 @@ std::unique_ptr<model::DeepseekV3> load_model(const ModelArgs& a) {
     std::string dir = a.model;
     if (dir == "tiny") dir = model::ensure_tiny_model([](const std::string& m) { std::fprintf(stderr, "%s\n", m.c_str()); });
     const auto t0 = std::chrono::steady_clock::now();
-    auto m = model::DeepseekV3::load(dir, {}, [](const std::string& what, int64_t done, int64_t total) {
-        std::fprintf(stderr, "\rloading %s (%lld/%lld)        ", what.c_str(), (long long)done, (long long)total);
-    });
+    // Progress on a terminal only: one line rewritten in place.
+    model::LoadProgress progress;
+    if (::isatty(STDERR_FILENO))
+        progress = [](const std::string& what, int64_t done, int64_t total) {
+            std::fprintf(stderr, "\rloading %s (%lld/%lld)\033[K", what.c_str(), (long long)done, (long long)total);
+        };
+    auto m = model::DeepseekV3::load(dir, {}, progress);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::fprintf(stderr, "\rloaded %s: %lld layers%s, %s weights, in %.2f s\n", dir.c_str(),
-                 (long long)m->config().num_hidden_layers, m->weights().mtp ? " + MTP" : "",
+    std::fprintf(stderr, "%sloaded %s: %lld layers%s, %s weights, in %.2f s\n", progress ? "\r\033[K" : "",
+                 dir.c_str(), (long long)m->config().num_hidden_layers, m->weights().mtp ? " + MTP" : "",
                  m->config().fp8 ? "fp8" : "bf16", secs);
     return m;
 }

@@ -25,7 +25,13 @@ if run make_oracle python3 scripts/make_oracle_fixtures.py --out /tmp/oracle_fre
     FANOUT_ORACLE_DIR=/tmp/oracle_fresh run oracle_fresh "$build/tests/model/oracle_test"
     grep -h "dlogit" "$out/oracle_fresh.log" | head -20
 fi
-run bench_tiny "$build/bench/cpu_forward_bench" --model tiny --prompt-len 128 --decode-steps 16 \
+run bench_tiny "$build/bench/cpu_forward_bench" --model tiny --prompt-len 128 --decode-steps 32 \
     --json "$out/cpu_forward_tiny.json"
-tail -8 "$out/bench_tiny.log"
+tail -6 "$out/bench_tiny.log"
+if [[ ${FULL_LAYERS:-0} == 1 ]]; then  # the 2-layer V3-width fp8 model: 31 GB on disk, ~3 min to write
+    run make_full2 "$build/apps/fanout" make-model --preset full-layers --layers 2 --dtype fp8 --out /tmp/full2_fp8
+    run bench_full2 "$build/bench/cpu_forward_bench" --model /tmp/full2_fp8 --prompt-len 32 --decode-steps 8 \
+        --json "$out/cpu_forward_full2_fp8.json"
+    tail -6 "$out/bench_full2.log"
+fi
 exit $status
