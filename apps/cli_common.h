@@ -1,0 +1,40 @@
+// Pieces shared by the fanout subcommands: id-list parsing, model and tokenizer resolution.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fanout/io/tokenizer.h"
+#include "fanout/kv/paged_kv_cache.h"
+#include "fanout/model/deepseek_v3.h"
+
+namespace fanout::cli {
+
+// "3,17,5" -> ids; errors name the flag and the bad entry.
+std::vector<int32_t> parse_ids(const std::string& text, const char* flag);
+
+struct ModelArgs {
+    std::string model = "tiny";
+    std::string fp8_mode = "dequant";
+    std::string kv_dtype = "f32";
+    int threads = 0;
+};
+
+void add_model_flag(CLI::App* cmd, std::string& model);
+void add_model_args(CLI::App* cmd, ModelArgs& a);
+// 'tiny' -> the embedded model's folder (made on first use); anything else as given.
+std::string resolve_model_dir(const std::string& model);
+std::unique_ptr<model::DeepseekV3> load_model(const ModelArgs& a);
+model::ForwardOptions forward_options(const ModelArgs& a);
+kv::PagedKvCache make_cache(const model::DeepseekV3& m, int64_t tokens, const ModelArgs& a);
+// The model folder's tokenizer; the error says how to get one for synthetic models.
+io::Tokenizer load_tokenizer(const std::string& model_dir);
+
+// Registration of each subcommand (apps/cmd_*.cc).
+void add_model_commands(CLI::App& app);  // make-model, generate, score
+void add_tokenize_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
+
+}  // namespace fanout::cli
