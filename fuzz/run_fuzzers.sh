@@ -19,16 +19,18 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 CC=clang CXX=clang++ cmake -S "$root" -B "$build_dir" -G Ninja -DFANOUT_WITH_CUDA=OFF \
     -DFANOUT_BUILD_FUZZERS=ON -DFANOUT_BUILD_TESTS=OFF -DFANOUT_BUILD_BENCH=OFF >/dev/null
-ninja -C "$build_dir" safetensors_fuzz config_fuzz
+ninja -C "$build_dir" safetensors_fuzz config_fuzz tokenizer_fuzz
 
 failed=()
-for name in safetensors config; do
+for name in safetensors config tokenizer; do
     work="$build_dir/fuzz-work/$name"
+    rm -rf "$work/artifacts"
     mkdir -p "$work/corpus" "$work/artifacts"
     echo "=== ${name}_fuzz: ${seconds}s ==="
+    dict=""; [[ -f $root/fuzz/$name.dict ]] && dict=$root/fuzz/$name.dict
     # The first corpus folder receives new inputs; the seeds folder is only read.
     if ! "$build_dir/fuzz/${name}_fuzz" "$work/corpus" "$root/fuzz/corpus/$name" \
-        -dict="$root/fuzz/$name.dict" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+        ${dict:+-dict="$dict"} -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
         -artifact_prefix="$work/artifacts/" -print_final_stats=1 2>"$work/log"; then
         failed+=("$name")
     fi

