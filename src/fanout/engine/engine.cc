@@ -1,0 +1,284 @@
+#include "fanout/engine/engine.h"
+
+#include <algorithm>
+
+namespace fanout::engine {
+
+using clock_type = std::chrono::steady_clock;
+
+DeepseekRunner::DeepseekRunner(std::unique_ptr<model::DeepseekV3> model, model::ForwardOptions opts, int threads,
+                               DType kv_dtype)
+    : model_(std::move(model)), opts_(opts), pool_(threads), kv_dtype_(kv_dtype) {}
+
+kv::KvCacheConfig DeepseekRunner::kv_cache_config(int64_t num_blocks) const {
+    return model_->kv_cache_config(num_blocks, kv_dtype_);
+}
+
+Tensor DeepseekRunner::forward(const model::StepBatch& batch, kv::PagedKvCache& cache) {
+    return model_->forward(batch, cache, opts_, Stream{&pool_}).logits;
+}
+
+void EngineStats::Histogram::observe(double seconds) {
+    int b = 0;
+    while (b < kNumBuckets && seconds > kBuckets[b]) ++b;
+    ++counts[b];
+    sum += seconds;
+    ++count;
+}
+
+bool RequestHandle::next(RequestEvent* ev, std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!cv_.wait_for(lock, timeout, [&] { return !events_.empty(); })) return false;
+    *ev = std::move(events_.front());
+    events_.pop_front();
+    return true;
+}
+
+void RequestHandle::push(RequestEvent ev) {
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        events_.push_back(std::move(ev));
+    }
+    cv_.notify_one();
+}
+
+// A request in flight: its sequence, sampler, detokenizer and stop-string state.
+struct Engine::Active {
+    std::shared_ptr<Sequence> seq;
+    std::shared_ptr<RequestHandle> handle;
+    RequestParams params;
+    std::optional<ops::Sampler> sampler;
+    std::optional<io::IncrementalDecoder> decoder;
+    std::string text;      // decoded output so far
+    size_t emitted = 0;    // bytes of `text` already sent
+    size_t hold = 0;       // bytes held back so a stop string is never sent in part
+    clock_type::time_point submitted, last_token;
+    bool first_token = true;
+};
+
+Engine::Engine(std::unique_ptr<ModelRunner> runner, const io::Tokenizer* tokenizer, const EngineConfig& config)
+    : runner_(std::move(runner)),
+      tokenizer_(tokenizer),
+      config_(config),
+      cache_(runner_->kv_cache_config(config.num_kv_blocks)),
+      prefix_(cache_.allocator(), cache_.config().block_size),
+      scheduler_(config.scheduler, prefix_),
+      max_context_(std::min<int64_t>(runner_->max_context(), config.num_kv_blocks * cache_.config().block_size)),
+      eos_(runner_->eos_ids()) {
+    stats_.kv_blocks_total = config.num_kv_blocks;
+}
+
+Engine::~Engine() { stop(); }
+
+std::shared_ptr<RequestHandle> Engine::submit(RequestParams p) {
+    const int64_t P = static_cast<int64_t>(p.prompt.size());
+    FANOUT_CHECK(P > 0, "the prompt is empty");
+    FANOUT_CHECK(p.max_tokens >= 1, "max_tokens must be >= 1, got {}", p.max_tokens);
+    FANOUT_CHECK(P + p.max_tokens <= max_context_,
+                 "prompt ({} tokens) + max_tokens ({}) exceeds the context of {} tokens", P, p.max_tokens,
+                 max_context_);
+    const int64_t V = runner_->vocab_size();
+    for (int64_t i = 0; i < P; ++i)
+        FANOUT_CHECK(p.prompt[i] >= 0 && p.prompt[i] < V, "prompt token {} (index {}) is outside the vocabulary [0, {})",
+                     p.prompt[i], i, V);
+    FANOUT_CHECK(p.stop.empty() || tokenizer_, "stop strings need a tokenizer");
+    for (const auto& s : p.stop) FANOUT_CHECK(!s.empty(), "stop strings must not be empty");
+    auto a = std::make_unique<Active>();
+    a->sampler.emplace(p.sampling);  // validates the sampling parameters
+    if (tokenizer_) a->decoder.emplace(*tokenizer_, p.skip_special_tokens);
+    for (const auto& s : p.stop) a->hold = std::max(a->hold, s.size() - 1);
+    a->seq = std::make_shared<Sequence>();
+    a->seq->tokens = p.prompt;
+    a->seq->prompt_len = P;
+    a->seq->max_tokens = p.max_tokens;
+    a->handle = std::make_shared<RequestHandle>();
+    a->params = std::move(p);
+    a->submitted = clock_type::now();
+    auto handle = a->handle;
+    {
+        std::lock_guard<std::mutex> lock(incoming_mutex_);
+        handle->id_ = a->seq->id = next_id_++;
+        incoming_.push_back(std::move(a));
+    }
+    {
+        std::lock_guard<std::mutex> lock(stats_mutex_);
+        ++stats_.requests_received;
+        stats_.prompt_tokens += P;
+    }
+    incoming_cv_.notify_one();
+    return handle;
+}
+
+void Engine::admit_incoming() {
+    std::vector<std::unique_ptr<Active>> batch;
+    {
+        std::lock_guard<std::mutex> lock(incoming_mutex_);
+        batch.swap(incoming_);
+    }
+    for (auto& a : batch) {
+        scheduler_.add(a->seq);
+        active_[a->seq->id] = std::move(a);
+    }
+}
+
+void Engine::reap_cancelled() {
+    std::vector<int64_t> gone;
+    for (auto& [id, a] : active_)
+        if (a->handle->cancelled()) gone.push_back(id);
+    for (int64_t id : gone) {
+        finish(*active_[id], "abort");
+        std::lock_guard<std::mutex> lock(stats_mutex_);
+        ++stats_.requests_aborted;
+    }
+}
+
+void Engine::emit(Active& a, std::string text, std::vector<int32_t> tokens, bool finished, const std::string& reason) {
+    RequestEvent ev;
+    ev.text = std::move(text);
+    ev.tokens = std::move(tokens);
+    ev.finished = finished;
+    ev.finish_reason = reason;
+    ev.prompt_tokens = a.seq->prompt_len;
+    ev.completion_tokens = a.seq->num_generated();
+    ev.cached_tokens = a.seq->prefix_hit_tokens;
+    a.handle->push(std::move(ev));
+}
+
+void Engine::finish(Active& a, const std::string& reason, std::vector<int32_t> tokens) {
+    std::string rest;
+    if (a.decoder && reason != "abort") {
+        a.text += a.decoder->flush();
+        rest = a.text.substr(std::min(a.emitted, a.text.size()));
+    }
+    const double e2e = std::chrono::duration<double>(clock_type::now() - a.submitted).count();
+    scheduler_.finish(a.seq.get());
+    emit(a, std::move(rest), std::move(tokens), true, reason);
+    {
+        std::lock_guard<std::mutex> lock(stats_mutex_);
+        ++stats_.requests_finished;
+        stats_.cached_prompt_tokens += a.seq->prefix_hit_tokens;
+        stats_.e2e.observe(e2e);
+    }
+    active_.erase(a.seq->id);
+}
+
+// A new token: stop conditions first, then the text it adds (minus what a stop string may claim).
+void Engine::postprocess(Active& a, int32_t token) {
+    Sequence& seq = *a.seq;
+    seq.tokens.push_back(token);
+    const auto now = clock_type::now();
+    {
+        std::lock_guard<std::mutex> lock(stats_mutex_);
+        ++stats_.generation_tokens;
+        if (a.first_token) stats_.ttft.observe(std::chrono::duration<double>(now - a.submitted).count());
+        else stats_.itl.observe(std::chrono::duration<double>(now - a.last_token).count());
+    }
+    a.first_token = false;
+    a.last_token = now;
+    const bool eos = !a.params.ignore_eos && std::find(eos_.begin(), eos_.end(), token) != eos_.end();
+    if (a.decoder && !eos) {
+        const size_t before = a.text.size();
+        a.text += a.decoder->push(token);
+        for (const auto& s : a.params.stop) {
+            const size_t from = before >= s.size() ? before - s.size() + 1 : 0;
+            const size_t at = a.text.find(s, std::min(from, a.text.size()));
+            if (at != std::string::npos) {
+                a.text.resize(at);
+                emit(a, a.text.substr(std::min(a.emitted, at)), {}, false, "");
+                a.emitted = a.text.size();
+                a.decoder.reset();  // nothing after the stop string is sent
+                finish(a, "stop", {token});
+                return;
+            }
+        }
+    }
+    if (eos) return finish(a, "stop", {token});
+    if (seq.num_generated() >= seq.max_tokens) return finish(a, "length", {token});
+    std::string out;
+    if (a.decoder && a.text.size() > a.emitted + a.hold) {
+        size_t end = a.text.size() - a.hold;
+        while (end > a.emitted && (static_cast<uint8_t>(a.text[end]) & 0xc0) == 0x80) --end;  // whole characters
+        out = a.text.substr(a.emitted, end - a.emitted);
+        a.emitted = end;
+    }
+    emit(a, std::move(out), {token}, false, "");
+}
+
+bool Engine::step() {
+    admit_incoming();
+    reap_cancelled();
+    const std::vector<ScheduledSeq> work = scheduler_.schedule();
+    if (work.empty()) {
+        publish_gauges();
+        return false;
+    }
+    model::StepBatchBuilder builder(cache_);
+    for (const auto& s : work) {
+        kv::SequenceBlocks blocks{s.seq->blocks, s.start + s.num_tokens};
+        builder.add(std::span(s.seq->tokens).subspan(static_cast<size_t>(s.start), static_cast<size_t>(s.num_tokens)),
+                    s.start, blocks,
+                    s.wants_logits ? model::StepBatchBuilder::Logits::kLast : model::StepBatchBuilder::Logits::kNone);
+    }
+    const Tensor logits = runner_->forward(builder.build(), cache_);
+    scheduler_.commit(work);
+    const int64_t V = runner_->vocab_size();
+    int64_t row = 0;
+    for (const auto& s : work) {
+        if (!s.wants_logits) continue;
+        Active& a = *active_.at(s.seq->id);
+        postprocess(a, a.sampler->sample(logits.data_as<float>() + row * V, V));
+        ++row;
+    }
+    publish_gauges();
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    ++stats_.steps;
+    return true;
+}
+
+// Gauges are copied under the stats lock by the engine thread, so stats() never reads the
+// scheduler while it changes.
+void Engine::publish_gauges() {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    stats_.waiting = scheduler_.num_waiting();
+    stats_.running = scheduler_.num_running();
+    stats_.preemptions = scheduler_.total_preemptions();
+    stats_.kv_blocks_used = prefix_.num_used_blocks();
+    stats_.kv_blocks_cached = prefix_.num_cached_blocks();
+}
+
+void Engine::start() {
+    if (thread_.joinable()) return;
+    stopping_ = false;
+    thread_ = std::thread([this] {
+        while (!stopping_) {
+            bool did = false;
+            try {
+                did = step();
+            } catch (const std::exception& e) {
+                // A failed step fails the requests in it, never the server.
+                std::fprintf(stderr, "engine: step failed: %s\n", e.what());
+                std::vector<int64_t> ids;
+                for (auto& [id, a] : active_) ids.push_back(id);
+                for (int64_t id : ids) finish(*active_[id], "abort");
+            }
+            if (!did) {
+                std::unique_lock<std::mutex> lock(incoming_mutex_);
+                incoming_cv_.wait_for(lock, std::chrono::milliseconds(active_.empty() ? 50 : 1),
+                                      [&] { return stopping_ || !incoming_.empty(); });
+            }
+        }
+    });
+}
+
+void Engine::stop() {
+    stopping_ = true;
+    incoming_cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+}
+
+EngineStats Engine::stats() const {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    return stats_;
+}
+
+}  // namespace fanout::engine

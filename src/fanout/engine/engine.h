@@ -1,0 +1,167 @@
+// Engine: one model instance serving many requests with continuous batching.
+//
+// A step reads as one sentence: schedule → forward → sample → postprocess. The scheduler picks
+// the work (chunked prefill mixed with decode under a token budget, prefix-cache reuse,
+// preemption by recompute); the ModelRunner runs one batched forward; each sequence samples with
+// its own parameters; postprocessing detokenizes incrementally, applies stop strings, EOS and
+// max_tokens, and streams events to the request's handle. The step can be clocked from outside
+// (step()), or by the engine's own thread (start()), which is how `fanout serve` runs it.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "fanout/engine/scheduler.h"
+#include "fanout/io/tokenizer.h"
+#include "fanout/kv/paged_kv_cache.h"
+#include "fanout/model/deepseek_v3.h"
+#include "fanout/ops/sampling.h"
+
+namespace fanout::engine {
+
+// What runs a batched forward step: the real model, or a fake in tests.
+class ModelRunner {
+public:
+    virtual ~ModelRunner() = default;
+    virtual int64_t vocab_size() const = 0;
+    virtual int64_t max_context() const = 0;
+    virtual std::vector<int64_t> eos_ids() const = 0;
+    virtual kv::KvCacheConfig kv_cache_config(int64_t num_blocks) const = 0;
+    // Logits [batch.logit_rows.size(), vocab] f32.
+    virtual Tensor forward(const model::StepBatch& batch, kv::PagedKvCache& cache) = 0;
+};
+
+// DeepseekV3 on the CPU path.
+class DeepseekRunner : public ModelRunner {
+public:
+    DeepseekRunner(std::unique_ptr<model::DeepseekV3> model, model::ForwardOptions opts, int threads,
+                   DType kv_dtype = DType::kF32);
+    int64_t vocab_size() const override { return model_->config().vocab_size; }
+    int64_t max_context() const override { return model_->config().max_position_embeddings; }
+    std::vector<int64_t> eos_ids() const override { return model_->config().eos_token_ids; }
+    kv::KvCacheConfig kv_cache_config(int64_t num_blocks) const override;
+    Tensor forward(const model::StepBatch& batch, kv::PagedKvCache& cache) override;
+
+private:
+    std::unique_ptr<model::DeepseekV3> model_;
+    model::ForwardOptions opts_;
+    ThreadPool pool_;
+    DType kv_dtype_;
+};
+
+struct RequestParams {
+    std::vector<int32_t> prompt;
+    int64_t max_tokens = 16;
+    ops::SamplingParams sampling;
+    std::vector<std::string> stop;  // stop strings: output ends before the first match
+    bool ignore_eos = false;
+    bool skip_special_tokens = true;
+};
+
+// One increment of a request's output. The last event has finished = true.
+struct RequestEvent {
+    std::string text;              // new text (valid UTF-8)
+    std::vector<int32_t> tokens;   // new token ids
+    bool finished = false;
+    std::string finish_reason;     // "stop", "length", "abort"
+    int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+};
+
+// The consumer's end of a request: events in order, and cancellation.
+class RequestHandle {
+public:
+    // Waits for the next event; false on timeout.
+    bool next(RequestEvent* ev, std::chrono::milliseconds timeout);
+    void cancel() { cancelled_ = true; }
+    bool cancelled() const { return cancelled_; }
+    int64_t id() const { return id_; }
+
+private:
+    friend class Engine;
+    void push(RequestEvent ev);
+    int64_t id_ = 0;
+    std::atomic<bool> cancelled_{false};
+    std::mutex mutex_;
+    std::condition_variable cv_;
+    std::deque<RequestEvent> events_;
+};
+
+struct EngineConfig {
+    SchedulerConfig scheduler;
+    int64_t num_kv_blocks = 256;
+};
+
+// Counters and latency histograms for /metrics.
+struct EngineStats {
+    int64_t requests_received = 0, requests_finished = 0, requests_aborted = 0;
+    int64_t prompt_tokens = 0, generation_tokens = 0, cached_prompt_tokens = 0, steps = 0, preemptions = 0;
+    int64_t waiting = 0, running = 0;
+    int64_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_cached = 0;
+    static constexpr double kBuckets[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
+    static constexpr int kNumBuckets = sizeof(kBuckets) / sizeof(double);
+    struct Histogram {
+        int64_t counts[kNumBuckets + 1] = {};  // the last bucket is +Inf
+        double sum = 0;
+        int64_t count = 0;
+        void observe(double seconds);
+    };
+    Histogram ttft, itl, e2e;
+};
+
+class Engine {
+public:
+    // `tokenizer` may be null (then outputs carry ids only and stop strings are not allowed).
+    Engine(std::unique_ptr<ModelRunner> runner, const io::Tokenizer* tokenizer, const EngineConfig& config);
+    ~Engine();
+
+    // Validates and queues a request; throws Error naming what is wrong (prompt too long, ...).
+    std::shared_ptr<RequestHandle> submit(RequestParams params);
+    // One step; false when there was nothing to do.
+    bool step();
+    // Runs steps on a thread of its own until stop().
+    void start();
+    void stop();
+
+    EngineStats stats() const;
+    int64_t max_context() const { return max_context_; }
+
+private:
+    struct Active;
+    void admit_incoming();
+    void reap_cancelled();
+    void publish_gauges();
+    void postprocess(Active& a, int32_t token);
+    void finish(Active& a, const std::string& reason, std::vector<int32_t> tokens = {});
+    void emit(Active& a, std::string text, std::vector<int32_t> tokens, bool finished, const std::string& reason);
+
+    std::unique_ptr<ModelRunner> runner_;
+    const io::Tokenizer* tokenizer_;
+    EngineConfig config_;
+    kv::PagedKvCache cache_;
+    kv::PrefixCache prefix_;
+    Scheduler scheduler_;
+    int64_t max_context_;
+    std::vector<int64_t> eos_;
+
+    std::unordered_map<int64_t, std::unique_ptr<Active>> active_;
+    std::mutex incoming_mutex_;
+    std::condition_variable incoming_cv_;
+    std::vector<std::unique_ptr<Active>> incoming_;
+    int64_t next_id_ = 1;
+
+    mutable std::mutex stats_mutex_;
+    EngineStats stats_;
+    std::thread thread_;
+    std::atomic<bool> stopping_{false};
+};
+
+}  // namespace fanout::engine

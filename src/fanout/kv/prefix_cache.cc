@@ -1,0 +1,126 @@
+#include "fanout/kv/prefix_cache.h"
+
+#include <algorithm>
+#include <functional>
+
+#include "fanout/core/error.h"
+
+namespace fanout::kv {
+
+struct PrefixCache::Node {
+    std::vector<int32_t> tokens;  // this block's tokens (empty for the root)
+    int32_t block = -1;
+    Node* parent = nullptr;
+    uint64_t last_used = 0;
+    std::unordered_multimap<uint64_t, std::unique_ptr<Node>> children;  // by hash of the child's tokens
+};
+
+namespace {
+
+uint64_t hash_tokens(std::span<const int32_t> t) {
+    uint64_t h = 1469598103934665603ull;
+    for (int32_t v : t) h = (h ^ static_cast<uint32_t>(v)) * 1099511628211ull;
+    return h;
+}
+
+}  // namespace
+
+PrefixCache::PrefixCache(BlockAllocator& allocator, int64_t block_size)
+    : allocator_(allocator), block_size_(block_size), root_(std::make_unique<Node>()),
+      refs_(static_cast<size_t>(allocator.num_blocks()), 0) {
+    FANOUT_CHECK(block_size > 0, "prefix cache: block_size {} must be positive", block_size);
+}
+
+PrefixCache::~PrefixCache() = default;
+
+PrefixCache::Node* PrefixCache::find_child(Node* parent, std::span<const int32_t> block_tokens) const {
+    const auto range = parent->children.equal_range(hash_tokens(block_tokens));
+    for (auto it = range.first; it != range.second; ++it)
+        if (std::equal(it->second->tokens.begin(), it->second->tokens.end(), block_tokens.begin(), block_tokens.end()))
+            return it->second.get();
+    return nullptr;
+}
+
+std::vector<int32_t> PrefixCache::acquire_prefix(std::span<const int32_t> tokens, int64_t max_blocks) {
+    std::vector<int32_t> out;
+    Node* node = root_.get();
+    const int64_t full = std::min<int64_t>(max_blocks, static_cast<int64_t>(tokens.size()) / block_size_);
+    ++clock_;
+    for (int64_t b = 0; b < full; ++b) {
+        Node* child = find_child(node, tokens.subspan(b * block_size_, block_size_));
+        if (!child) break;
+        if (refs_[child->block]++ == 0) --num_evictable_;
+        child->last_used = clock_;
+        out.push_back(child->block);
+        node = child;
+    }
+    return out;
+}
+
+void PrefixCache::evict(int64_t n) {
+    // Least recently used leaves with no references first; evicting a leaf may expose its parent.
+    while (n > 0) {
+        Node* victim = nullptr;
+        for (const auto& [block, node] : nodes_)
+            if (refs_[block] == 0 && node->children.empty() && (!victim || node->last_used < victim->last_used))
+                victim = node;
+        if (!victim) return;
+        const int32_t block = victim->block;
+        Node* parent = victim->parent;
+        const auto range = parent->children.equal_range(hash_tokens(victim->tokens));
+        for (auto it = range.first; it != range.second; ++it)
+            if (it->second.get() == victim) {
+                parent->children.erase(it);
+                break;
+            }
+        nodes_.erase(block);
+        --num_evictable_;
+        allocator_.release({block});
+        --n;
+    }
+}
+
+std::vector<int32_t> PrefixCache::allocate(int64_t n) {
+    if (allocator_.num_free() < n) evict(n - allocator_.num_free());
+    std::vector<int32_t> blocks = allocator_.allocate(n);  // throws, naming the shortfall
+    for (int32_t b : blocks) refs_[b] = 1;
+    return blocks;
+}
+
+void PrefixCache::insert(std::span<const int32_t> tokens, const std::vector<int32_t>& blocks) {
+    const int64_t full = std::min<int64_t>(static_cast<int64_t>(blocks.size()),
+                                           static_cast<int64_t>(tokens.size()) / block_size_);
+    Node* node = root_.get();
+    ++clock_;
+    for (int64_t b = 0; b < full; ++b) {
+        const auto block_tokens = tokens.subspan(b * block_size_, block_size_);
+        Node* child = find_child(node, block_tokens);
+        if (!child) {
+            if (nodes_.count(blocks[b])) return;  // this block is cached under another path: stop here
+            auto n = std::make_unique<Node>();
+            n->tokens.assign(block_tokens.begin(), block_tokens.end());
+            n->block = blocks[b];
+            n->parent = node;
+            child = n.get();
+            node->children.emplace(hash_tokens(block_tokens), std::move(n));
+            nodes_[blocks[b]] = child;
+            if (refs_[blocks[b]] == 0) ++num_evictable_;
+        }
+        child->last_used = clock_;
+        node = child;
+    }
+}
+
+void PrefixCache::unref(int32_t block) {
+    FANOUT_CHECK(block >= 0 && block < static_cast<int32_t>(refs_.size()) && refs_[block] > 0,
+                 "prefix cache: releasing block {} that holds no reference", block);
+    if (--refs_[block] > 0) return;
+    if (nodes_.count(block)) ++num_evictable_;
+    else allocator_.release({block});
+}
+
+void PrefixCache::release(const std::vector<int32_t>& blocks) {
+    for (int32_t b : blocks) unref(b);
+}
+
+}  // namespace fanout::kv

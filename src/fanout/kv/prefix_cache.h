@@ -1,0 +1,63 @@
+// PrefixCache: KV blocks shared between requests by their token content.
+//
+// Every full block a sequence computes is entered in a radix tree whose edges are whole blocks of
+// tokens (a node's path from the root is the exact token prefix its KV was computed from). A new
+// request walks the tree with its prompt and reuses the longest chain of cached blocks, skipping
+// their prefill. Blocks are reference-counted: a block in use by any sequence is never evicted;
+// cached blocks nobody uses stay in the tree until the allocator runs dry, then the least recently
+// used leaves are evicted first. Plain data, no tensors: the scheduler owns one and tests drive it
+// directly.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "fanout/kv/paged_kv_cache.h"
+
+namespace fanout::kv {
+
+class PrefixCache {
+public:
+    PrefixCache(BlockAllocator& allocator, int64_t block_size);
+    ~PrefixCache();
+
+    // The longest cached prefix of `tokens`, at most `max_blocks` blocks: their ids, each with a
+    // reference taken for the caller.
+    std::vector<int32_t> acquire_prefix(std::span<const int32_t> tokens, int64_t max_blocks);
+    // n fresh blocks (evicting unused cached blocks when the allocator is short), referenced once.
+    // Throws Error when even eviction cannot find n blocks; can_allocate() says in advance.
+    std::vector<int32_t> allocate(int64_t n);
+    bool can_allocate(int64_t n) const { return allocator_.num_free() + num_evictable_ >= n; }
+    // Records that blocks[i] holds tokens[i*bs, (i+1)*bs) for every full block, extending the tree
+    // (blocks already entered are skipped; a block whose content is cached under another id stays
+    // private and is freed on release).
+    void insert(std::span<const int32_t> tokens, const std::vector<int32_t>& blocks);
+    // Drops the caller's references; blocks nobody references go back to the allocator unless the
+    // tree holds them.
+    void release(const std::vector<int32_t>& blocks);
+
+    int64_t num_cached_blocks() const { return static_cast<int64_t>(nodes_.size()); }
+    int64_t num_evictable() const { return num_evictable_; }
+    int64_t block_size() const { return block_size_; }
+    // Blocks in use or cached: the allocator's view of "not free".
+    int64_t num_used_blocks() const { return allocator_.num_blocks() - allocator_.num_free(); }
+
+private:
+    struct Node;
+    Node* find_child(Node* parent, std::span<const int32_t> block_tokens) const;
+    void evict(int64_t n);
+    void unref(int32_t block);
+
+    BlockAllocator& allocator_;
+    int64_t block_size_;
+    std::unique_ptr<Node> root_;
+    std::unordered_map<int32_t, Node*> nodes_;  // cached block id -> its node
+    std::vector<int32_t> refs_;                 // per block id
+    int64_t num_evictable_ = 0;                 // cached blocks with no references
+    uint64_t clock_ = 0;
+};
+
+}  // namespace fanout::kv

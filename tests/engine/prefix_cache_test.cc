@@ -1,0 +1,76 @@
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "fanout/core/error.h"
+#include "fanout/kv/prefix_cache.h"
+
+namespace fanout::kv {
+namespace {
+
+std::vector<int32_t> seq(int n, int start = 0) {
+    std::vector<int32_t> v(n);
+    std::iota(v.begin(), v.end(), start);
+    return v;
+}
+
+TEST(PrefixCache, ReusesTheLongestCachedChainOfWholeBlocks) {
+    BlockAllocator alloc(8);
+    PrefixCache pc(alloc, 4);
+    const auto a = seq(10);  // 2 full blocks + 2 tokens
+    auto blocks = pc.allocate(3);
+    pc.insert(a, blocks);
+    EXPECT_EQ(pc.num_cached_blocks(), 2);  // the partial third block is not cached
+    std::vector<int32_t> b = seq(9);
+    b[6] = 99;  // differs in the second block
+    const auto hit = pc.acquire_prefix(b, 10);
+    ASSERT_EQ(hit.size(), 1u);
+    EXPECT_EQ(hit[0], blocks[0]);
+    const auto hit2 = pc.acquire_prefix(seq(12), 10);
+    EXPECT_EQ(hit2, (std::vector<int32_t>{blocks[0], blocks[1]}));
+    EXPECT_EQ(pc.acquire_prefix(seq(12), 1).size(), 1u);  // max_blocks caps it
+    pc.release(blocks);
+    pc.release(hit);
+    pc.release(hit2);
+    pc.release({blocks[0]});
+    EXPECT_EQ(pc.num_evictable(), 2);
+    EXPECT_EQ(alloc.num_free(), 6);  // the uncached third block went back; the cached two stay held
+    EXPECT_THROW(pc.release({blocks[0]}), Error);  // no reference left
+}
+
+TEST(PrefixCache, EvictsLeastRecentlyUsedLeavesWhenTheAllocatorRunsDry) {
+    BlockAllocator alloc(4);
+    PrefixCache pc(alloc, 2);
+    auto x = pc.allocate(2);
+    pc.insert(seq(4, 0), x);  // chain x0 -> x1
+    auto y = pc.allocate(2);
+    pc.insert(seq(4, 100), y);  // chain y0 -> y1
+    pc.release(x);
+    pc.release(y);
+    pc.release(pc.acquire_prefix(seq(4, 0), 2));  // x used more recently than y
+    EXPECT_TRUE(pc.can_allocate(4));
+    EXPECT_FALSE(pc.can_allocate(5));
+    auto z = pc.allocate(2);  // evicts y's chain, leaf first
+    EXPECT_EQ(pc.acquire_prefix(seq(4, 100), 2).size(), 0u);
+    const auto xs = pc.acquire_prefix(seq(4, 0), 2);
+    EXPECT_EQ(xs.size(), 2u);
+    EXPECT_THROW(pc.allocate(1), Error);  // everything is referenced now
+    pc.release(xs);
+    pc.release(z);
+}
+
+TEST(PrefixCache, DuplicateContentStaysPrivateAndIsFreed) {
+    BlockAllocator alloc(4);
+    PrefixCache pc(alloc, 2);
+    auto a = pc.allocate(1), b = pc.allocate(1);
+    pc.insert(seq(2), a);
+    pc.insert(seq(2), b);  // same content, computed twice
+    EXPECT_EQ(pc.num_cached_blocks(), 1);
+    pc.release(b);
+    EXPECT_EQ(alloc.num_free(), 3);
+    pc.release(a);
+    EXPECT_EQ(pc.num_evictable(), 1);
+}
+
+}  // namespace
+}  // namespace fanout::kv
