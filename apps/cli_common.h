@@ -36,5 +36,6 @@ io::Tokenizer load_tokenizer(const std::string& model_dir);
 void add_model_commands(CLI::App& app);  // make-model, generate, score
 void add_tokenize_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
+void add_serve_command(CLI::App& app);
 
 }  // namespace fanout::cli

@@ -3,7 +3,8 @@
 //   generate    continue a prompt with one model instance on the CPU
 //   score       write the logits of a token sequence (raw little-endian float32 [T, vocab])
 //   tokenize    text, JSON strings or chat messages to token ids (and ids back to text)
-//   bench       benchmarks (tokenizer)
+//   serve       one engine instance behind the OpenAI-compatible HTTP API
+//   bench       benchmarks (tokenizer, serve)
 // Errors end with "error: ..." on stderr and exit code 2.
 #include <cstdio>
 
@@ -14,6 +15,7 @@ int main(int argc, char** argv) {
     app.require_subcommand(1);
     fanout::cli::add_model_commands(app);
     fanout::cli::add_tokenize_command(app);
+    fanout::cli::add_serve_command(app);
     fanout::cli::add_bench_command(app);
     try {
         app.parse(argc, argv);

@@ -41,26 +41,26 @@ double seconds_between(clock_type::time_point a, clock_type::time_point b) {
 // Common English words; prompts are drawn from them so that any tokenizer sees ordinary text at
 // roughly one token per word.
 constexpr const char* kWords[] = {
-    "the",    "of",      "and",     "to",     "in",      "is",      "you",    "that",   "it",      "he",
-    "was",    "for",     "on",      "are",    "as",      "with",    "his",    "they",   "at",      "be",
-    "this",   "have",    "from",    "or",     "one",     "had",     "by",     "word",   "but",     "not",
-    "what",   "all",     "were",    "we",     "when",    "your",    "can",    "said",   "there",   "use",
-    "an",     "each",    "which",   "she",    "do",      "how",     "their",  "if",     "will",    "up",
-    "other",  "about",   "out",     "many",   "then",    "them",    "these",  "so",     "some",    "her",
-    "would",  "make",    "like",    "him",    "into",    "time",    "has",    "look",   "two",     "more",
-    "write",  "go",      "see",     "number", "no",      "way",     "could",  "people", "my",      "than",
-    "first",  "water",   "been",    "call",   "who",     "oil",     "its",    "now",    "find",    "long",
-    "down",   "day",     "did",     "get",    "come",    "made",    "may",    "part",   "over",    "new",
-    "sound",  "take",    "only",    "little", "work",    "know",    "place",  "year",   "live",    "me",
-    "back",   "give",    "most",    "very",   "after",   "thing",   "our",    "just",   "name",    "good",
-    "sentence", "man",   "think",   "say",    "great",   "where",   "help",   "through", "much",   "before",
-    "line",   "right",   "too",     "mean",   "old",     "any",     "same",   "tell",   "boy",     "follow",
-    "came",   "want",    "show",    "also",   "around",  "form",    "three",  "small",  "set",     "put",
-    "end",    "does",    "another", "well",   "large",   "must",    "big",    "even",   "such",    "because",
-    "turn",   "here",    "why",     "ask",    "went",    "men",     "read",   "need",   "land",    "different",
-    "home",   "us",      "move",    "try",    "kind",    "hand",    "picture", "again", "change",  "off",
-    "play",   "spell",   "air",     "away",   "animal",  "house",   "point",  "page",   "letter",  "mother",
-    "answer", "found",   "study",   "still",  "learn",   "should",  "world",  "high",   "every",   "near",
+    "the",      "of",    "and",     "to",     "in",     "is",     "you",     "that",    "it",     "he",
+    "was",      "for",   "on",      "are",    "as",     "with",   "his",     "they",    "at",     "be",
+    "this",     "have",  "from",    "or",     "one",    "had",    "by",      "word",    "but",    "not",
+    "what",     "all",   "were",    "we",     "when",   "your",   "can",     "said",    "there",  "use",
+    "an",       "each",  "which",   "she",    "do",     "how",    "their",   "if",      "will",   "up",
+    "other",    "about", "out",     "many",   "then",   "them",   "these",   "so",      "some",   "her",
+    "would",    "make",  "like",    "him",    "into",   "time",   "has",     "look",    "two",    "more",
+    "write",    "go",    "see",     "number", "no",     "way",    "could",   "people",  "my",     "than",
+    "first",    "water", "been",    "call",   "who",    "oil",    "its",     "now",     "find",   "long",
+    "down",     "day",   "did",     "get",    "come",   "made",   "may",     "part",    "over",   "new",
+    "sound",    "take",  "only",    "little", "work",   "know",   "place",   "year",    "live",   "me",
+    "back",     "give",  "most",    "very",   "after",  "thing",  "our",     "just",    "name",   "good",
+    "sentence", "man",   "think",   "say",    "great",  "where",  "help",    "through", "much",   "before",
+    "line",     "right", "too",     "mean",   "old",    "any",    "same",    "tell",    "boy",    "follow",
+    "came",     "want",  "show",    "also",   "around", "form",   "three",   "small",   "set",    "put",
+    "end",      "does",  "another", "well",   "large",  "must",   "big",     "even",    "such",   "because",
+    "turn",     "here",  "why",     "ask",    "went",   "men",    "read",    "need",    "land",   "different",
+    "home",     "us",    "move",    "try",    "kind",   "hand",   "picture", "again",   "change", "off",
+    "play",     "spell", "air",     "away",   "animal", "house",  "point",   "page",    "letter", "mother",
+    "answer",   "found", "study",   "still",  "learn",  "should", "world",   "high",    "every",  "near",
 };
 constexpr int kNumWords = sizeof(kWords) / sizeof(kWords[0]);
 
@@ -118,8 +118,10 @@ json request_body(const ServeBenchOptions& o, const std::string& model, const Re
                  {"temperature", 0.0},
                  {"stream", true},
                  {"stream_options", {{"include_usage", true}}}};
-    if (o.endpoint == "chat") body["messages"] = json::array({{{"role", "user"}, {"content", s.prompt}}});
-    else body["prompt"] = s.prompt;
+    if (o.endpoint == "chat")
+        body["messages"] = json::array({{{"role", "user"}, {"content", s.prompt}}});
+    else
+        body["prompt"] = s.prompt;
     if (o.ignore_eos) body["ignore_eos"] = true;
     return body;
 }
@@ -147,9 +149,9 @@ Target parse_base_url(const std::string& url) {
 struct RequestResult {
     bool ok = false;
     std::string error;
-    double start_s = 0;    // send time, from the benchmark start
-    double end_s = 0;      // last byte, from the benchmark start
-    double latency_s = 0;  // end_s - start_s
+    double start_s = 0;           // send time, from the benchmark start
+    double end_s = 0;             // last byte, from the benchmark start
+    double latency_s = 0;         // end_s - start_s
     std::vector<double> chunk_s;  // arrival of each chunk that carried text, from the send time
     int64_t prompt_tokens = -1, completion_tokens = -1, cached_tokens = -1;  // -1: not in usage
     double ttft_s() const { return chunk_s.empty() ? 0 : chunk_s.front(); }
@@ -167,7 +169,7 @@ struct RequestResult {
 // `data:` line holds one JSON chunk; `data: [DONE]` ends the stream; comments, `event:` and blank
 // lines are skipped. Bytes may arrive split anywhere, including inside a line.
 class SseStream {
-public:
+  public:
     SseStream(bool chat, RequestResult& r) : chat_(chat), r_(r) {}
 
     // Consumes bytes received `t_s` seconds after the send. False (with error() set) on bad data.
@@ -192,7 +194,7 @@ public:
 
     const std::string& error() const { return error_; }
 
-private:
+  private:
     bool on_line(std::string_view line, double t_s) {
         if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
         if (done_ || !line.starts_with("data:")) return true;
@@ -267,9 +269,8 @@ RequestResult send_one(const Target& target, const std::string& path, const std:
     req.path = path;
     req.body = body;
     // NOTE: identity encoding, or a compressing server would hold chunks back in its encoder.
-    req.headers = {{"Content-Type", "application/json"},
-                   {"Accept", "text/event-stream"},
-                   {"Accept-Encoding", "identity"}};
+    req.headers = {
+        {"Content-Type", "application/json"}, {"Accept", "text/event-stream"}, {"Accept-Encoding", "identity"}};
     int status = 0;
     std::string error_body;
     bool timed_out = false;
@@ -363,7 +364,9 @@ Dist distribution_ms(std::vector<double> v_s) {
     return d;
 }
 
-json to_json(const Dist& d) { return {{"mean", d.mean}, {"p50", d.p50}, {"p90", d.p90}, {"p99", d.p99}, {"count", d.count}}; }
+json to_json(const Dist& d) {
+    return {{"mean", d.mean}, {"p50", d.p50}, {"p90", d.p90}, {"p99", d.p99}, {"count", d.count}};
+}
 
 json to_json(const ServeBenchOptions& o) {
     return {{"base_url", o.base_url},
@@ -474,7 +477,8 @@ void print_report(const ServeBenchOptions& o, const json& j) {
     };
     fmt::print("{:<24} {} / {}\n", "requests ok / failed", j["requests_ok"].get<int64_t>(),
                j["requests_failed"].get<int64_t>());
-    if (j["requests_failed"].get<int64_t>() > 0) fmt::print("{:<24} {}\n", "first error", j["first_error"].get<std::string>());
+    if (j["requests_failed"].get<int64_t>() > 0)
+        fmt::print("{:<24} {}\n", "first error", j["first_error"].get<std::string>());
     fmt::print("{:<24} {:.2f} s\n", "duration", num("duration_s"));
     fmt::print("{:<24} {:.2f} req/s\n", "request throughput", num("request_throughput"));
     fmt::print("{:<24} {:.1f} tok/s ({} tokens)\n", "output throughput", num("output_throughput"),
@@ -491,8 +495,13 @@ void print_report(const ServeBenchOptions& o, const json& j) {
     if (const int64_t n = j["requests_without_usage"].get<int64_t>(); n > 0) {
         fmt::print("{:<24} {} requests sent no usage; their tokens are counted as text chunks\n", "note", n);
     }
+    if (j["requests_ok"].get<int64_t>() == 0) {
+        fmt::print("no request succeeded: no latencies to show\n");
+        return;
+    }
     fmt::print("{:<10} {:>10} {:>10} {:>10} {:>10}\n", "ms", "mean", "p50", "p90", "p99");
-    for (const auto& [name, key] : {std::pair{"TTFT", "ttft_ms"}, {"TPOT", "tpot_ms"}, {"ITL", "itl_ms"}, {"E2E", "e2e_ms"}}) {
+    for (const auto& [name, key] :
+         {std::pair{"TTFT", "ttft_ms"}, {"TPOT", "tpot_ms"}, {"ITL", "itl_ms"}, {"E2E", "e2e_ms"}}) {
         const json& d = j[key];
         fmt::print("{:<10} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f}\n", name, d["mean"].get<double>(),
                    d["p50"].get<double>(), d["p90"].get<double>(), d["p99"].get<double>());
@@ -544,7 +553,7 @@ int run_serve_bench(const ServeBenchOptions& opts) {
     std::vector<std::thread> threads;
     threads.reserve(o.num_requests);
     // Finished threads are joined as the run goes, so a long run does not hold thousands of stacks.
-    std::unique_ptr<std::atomic<bool>[]> finished(new std::atomic<bool>[o.num_requests]{});
+    std::unique_ptr<std::atomic<bool>[]> finished(new std::atomic<bool>[o.num_requests] {});
     size_t num_joined = 0;
 
     const auto bench_start = clock_type::now();

@@ -1,0 +1,77 @@
+// serve: one engine instance behind the OpenAI-compatible HTTP API, until SIGINT / SIGTERM.
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "cli_common.h"
+#include "fanout/engine/engine.h"
+#include "fanout/serve/openai_server.h"
+
+namespace fanout::cli {
+namespace {
+
+std::atomic<bool> g_stop{false};
+extern "C" void on_signal(int) { g_stop = true; }
+
+struct ServeArgs {
+    ModelArgs model;
+    serve::ServerConfig server;
+    engine::SchedulerConfig scheduler;
+    double kv_memory_gb = 1.0;
+};
+
+void run_serve(ServeArgs& a) {
+    const std::string dir = resolve_model_dir(a.model.model);
+    const io::Tokenizer tokenizer = load_tokenizer(dir);
+    if (a.server.model_name.empty())
+        a.server.model_name = a.model.model == "tiny" ? "tiny" : std::filesystem::path(dir).filename().string();
+    auto runner = std::make_unique<engine::DeepseekRunner>(load_model(a.model), forward_options(a.model),
+                                                           a.model.threads,
+                                                           a.model.kv_dtype == "bf16" ? DType::kBF16 : DType::kF32);
+    const kv::KvCacheConfig one = runner->kv_cache_config(1);
+    const double block_bytes = static_cast<double>(one.num_layers * one.block_size * one.entry_dim) * dtype_size(one.dtype);
+    engine::EngineConfig ec;
+    ec.scheduler = a.scheduler;
+    ec.num_kv_blocks = std::max<int64_t>(4, static_cast<int64_t>(a.kv_memory_gb * 1e9 / block_bytes));
+    engine::Engine engine(std::move(runner), &tokenizer, ec);
+    serve::OpenAIServer server(engine, tokenizer, a.server);
+    const int port = server.bind();
+    engine.start();
+    std::signal(SIGINT, on_signal);
+    std::signal(SIGTERM, on_signal);
+    std::thread watcher([&] {
+        while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        server.stop();
+    });
+    std::fprintf(stderr, "fanout serve: listening on http://%s:%d (model '%s', %lld KV blocks = %lld tokens)\n",
+                 a.server.host.c_str(), port, a.server.model_name.c_str(), (long long)ec.num_kv_blocks,
+                 (long long)(ec.num_kv_blocks * one.block_size));
+    server.serve();
+    g_stop = true;
+    watcher.join();
+    engine.stop();
+    std::fprintf(stderr, "fanout serve: stopped\n");
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app) {
+    auto a = std::make_shared<ServeArgs>();
+    a->server.model_name.clear();
+    auto* cmd = app.add_subcommand("serve", "serve the OpenAI-compatible API (chat and completions, streaming)");
+    add_model_args(cmd, a->model);
+    cmd->add_option("--host", a->server.host, "address to listen on")->capture_default_str();
+    cmd->add_option("--port", a->server.port, "port (0 = any free one, printed at start)")->capture_default_str();
+    cmd->add_option("--served-model-name", a->server.model_name, "the 'model' clients send (default: tiny or the folder name)");
+    cmd->add_option("--max-num-seqs", a->scheduler.max_num_seqs, "sequences in the running batch")->capture_default_str();
+    cmd->add_option("--max-batched-tokens", a->scheduler.max_batched_tokens, "tokens per step")->capture_default_str();
+    cmd->add_option("--prefill-chunk", a->scheduler.prefill_chunk, "prompt tokens of one sequence per step")
+        ->capture_default_str();
+    cmd->add_option("--kv-memory-gb", a->kv_memory_gb, "memory for the paged KV cache")->capture_default_str();
+    cmd->add_option("--max-in-flight", a->server.max_in_flight, "concurrent requests before 429")->capture_default_str();
+    cmd->callback([a] { run_serve(*a); });
+}
+
+}  // namespace fanout::cli
