@@ -40,9 +40,12 @@ json error_body(const ApiError& e) {
               {"code", e.code.empty() ? json(nullptr) : json(e.code)}}}};
 }
 
+// Response bodies never fail to serialize: invalid UTF-8 (e.g. echoed from a bad request) is replaced.
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
 void send_error(httplib::Response& res, const ApiError& e) {
     res.status = e.status;
-    res.set_content(error_body(e).dump(), "application/json");
+    res.set_content(dump(error_body(e)), "application/json");
 }
 
 int64_t unix_now() {
@@ -280,7 +283,7 @@ struct OpenAIServer::Impl {
                            {"model", config.model_name},
                            {"choices", json::array({choice})},
                            {"usage", usage_json(ev)}};
-        res.set_content(body.dump(), "application/json");
+        res.set_content(dump(body), "application/json");
     }
 
     void stream_response(httplib::Response& res, std::shared_ptr<engine::RequestHandle> h, const std::string& id,
@@ -304,7 +307,7 @@ struct OpenAIServer::Impl {
             "text/event-stream",
             [=, this](size_t, httplib::DataSink& sink) {
                 const auto send = [&](const json& j) {
-                    const std::string s = "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+                    const std::string s = "data: " + dump(j) + "\n\n";
                     return sink.write(s.data(), s.size());
                 };
                 if (*done) return false;
@@ -406,8 +409,8 @@ struct OpenAIServer::Impl {
             const std::string msg = res.status == 404   ? fmt::format("no route {} {}", req.method, req.path)
                                     : res.status == 413 ? "the request body is too large"
                                                         : fmt::format("HTTP {}", res.status);
-            res.set_content(error_body({res.status, msg, res.status >= 500 ? "server_error" : "invalid_request_error",
-                                        "", ""}).dump(),
+            res.set_content(dump(error_body({res.status, msg, res.status >= 500 ? "server_error" : "invalid_request_error",
+                                             "", ""})),
                             "application/json");
         });
         http.set_exception_handler([](const auto&, auto& res, std::exception_ptr ep) {
@@ -419,7 +422,7 @@ struct OpenAIServer::Impl {
             } catch (...) {
             }
             res.status = 500;
-            res.set_content(error_body({500, msg, "server_error", "", ""}).dump(), "application/json");
+            res.set_content(dump(error_body({500, msg, "server_error", "", ""})), "application/json");
         });
     }
 };
