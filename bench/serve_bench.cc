@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 #include <httplib.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <atomic>
@@ -155,7 +156,7 @@ struct RequestResult {
     std::vector<double> chunk_s;  // arrival of each chunk that carried text, from the send time
     int64_t prompt_tokens = -1, completion_tokens = -1, cached_tokens = -1;  // -1: not in usage
     double ttft_s() const { return chunk_s.empty() ? 0 : chunk_s.front(); }
-    // Tokens after the first, per second of decode; < 0 when there is at most one token.
+    // Seconds per output token after the first; < 0 when there is at most one token.
     double tpot_s() const {
         const int64_t n = output_tokens();
         return n > 1 ? (latency_s - ttft_s()) / static_cast<double>(n - 1) : -1;
@@ -268,7 +269,8 @@ RequestResult send_one(const Target& target, const std::string& path, const std:
     req.method = "POST";
     req.path = path;
     req.body = body;
-    // NOTE: identity encoding, or a compressing server would hold chunks back in its encoder.
+    // NOTE: identity said outright (httplib sends no Accept-Encoding): a server or proxy that
+    // compressed the stream would hold chunks back in its encoder and blur every timestamp.
     req.headers = {
         {"Content-Type", "application/json"}, {"Accept", "text/event-stream"}, {"Accept-Encoding", "identity"}};
     int status = 0;
@@ -285,7 +287,7 @@ RequestResult send_one(const Target& target, const std::string& path, const std:
     req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
         const double t_s = seconds_between(t0, clock_type::now());
         if (status != 200) {
-            error_body.append(data, std::min(n, 300 - std::min<size_t>(300, error_body.size())));
+            if (error_body.size() < 300) error_body.append(data, std::min(n, 300 - error_body.size()));
             return true;
         }
         if (t_s > timeout_s) {
@@ -318,10 +320,10 @@ RequestResult send_one(const Target& target, const std::string& path, const std:
     return r;
 }
 
-// GET /v1/models and take the first id.
+// GET /v1/models and take the first id; its timeout is timeout_s kept within [10, 60] s.
 std::string discover_model(const Target& target, double timeout_s) {
     httplib::Client cli(target.origin);
-    const auto timeout_us = std::chrono::microseconds(static_cast<int64_t>(std::min(timeout_s, 60.0) * 1e6));
+    const auto timeout_us = std::chrono::microseconds(static_cast<int64_t>(std::clamp(timeout_s, 10.0, 60.0) * 1e6));
     cli.set_connection_timeout(timeout_us);
     cli.set_read_timeout(timeout_us);
     const std::string path = target.prefix + "/v1/models";
@@ -525,6 +527,23 @@ void check_options(const ServeBenchOptions& o) {
     FANOUT_CHECK(o.timeout_s > 0, "timeout_s={} must be > 0", o.timeout_s);
 }
 
+// Each request in flight holds a socket: raise the soft open-file limit (often 1024) toward the
+// hard one when the run could need more.
+void ensure_fd_limit(int max_in_flight) {
+    rlimit lim{};
+    if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
+    const rlim_t want = static_cast<rlim_t>(max_in_flight) + 64;
+    if (lim.rlim_cur >= want) return;
+    lim.rlim_cur = std::min(want, lim.rlim_max);
+    ::setrlimit(RLIMIT_NOFILE, &lim);
+    if (lim.rlim_cur < want) {
+        fmt::print(
+            "warning: open-file limit {} < {} requests in flight; expect connection failures "
+            "(lower --max-concurrency)\n",
+            lim.rlim_cur, max_in_flight);
+    }
+}
+
 }  // namespace
 
 int run_serve_bench(const ServeBenchOptions& opts) {
@@ -549,6 +568,7 @@ int run_serve_bench(const ServeBenchOptions& opts) {
     std::exponential_distribution<double> gap(o.request_rate > 0 ? o.request_rate : 1.0);
     const int num_slots = o.max_concurrency > 0 ? std::min(o.max_concurrency, o.num_requests) : o.num_requests;
     std::counting_semaphore<> slots(num_slots);
+    ensure_fd_limit(num_slots);
     std::vector<RequestResult> results(o.num_requests);
     std::vector<std::thread> threads;
     threads.reserve(o.num_requests);

@@ -1,8 +1,11 @@
 #include "fake_openai_server.h"
 
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <chrono>
 #include <sstream>
+#include <stdexcept>
 
 namespace fanout::testing {
 namespace {
@@ -43,6 +46,11 @@ std::string error_json(const std::string& message) {
 
 }  // namespace
 
+void BacklogServer::set_listen_backlog(int backlog) {
+    const int rc = ::listen(svr_sock_, backlog);
+    if (rc != 0) throw std::runtime_error("listen() to raise the backlog failed");
+}
+
 FakeOpenAIServer::FakeOpenAIServer(FakeServerOptions opts) : opts_(opts) {
     const int num_threads = opts_.num_threads;
     server_.new_task_queue = [num_threads] { return new httplib::ThreadPool(num_threads); };
@@ -56,6 +64,8 @@ FakeOpenAIServer::FakeOpenAIServer(FakeServerOptions opts) : opts_(opts) {
     server_.Post("/v1/completions",
                  [this](const httplib::Request& req, httplib::Response& res) { handle_completion(false, req, res); });
     port_ = server_.bind_to_any_port("127.0.0.1");
+    if (port_ < 0) throw std::runtime_error("fake server: cannot bind a port");
+    server_.set_listen_backlog(1024);
     thread_ = std::thread([this] { server_.listen_after_bind(); });
     while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }

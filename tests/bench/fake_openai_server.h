@@ -28,6 +28,14 @@ struct FakeServerOptions {
     int num_threads = 64;      // server workers: the most requests streamed at once
 };
 
+// httplib::Server with a listen backlog beyond the 5 that Debian's libcpp-httplib was compiled
+// with (CPPHTTPLIB_LISTEN_BACKLOG): with 5, a burst of connects loses SYNs and the kernel's 1 s
+// SYN retransmit shows up in the client's TTFT.
+class BacklogServer : public httplib::Server {
+  public:
+    void set_listen_backlog(int backlog);  // after bind_to_any_port; Linux lets listen() run again
+};
+
 class FakeOpenAIServer {
   public:
     explicit FakeOpenAIServer(FakeServerOptions opts = {});
@@ -50,7 +58,7 @@ class FakeOpenAIServer {
     int64_t record_prompt(const nlohmann::json& body, const std::vector<std::string>& words, int64_t* arrival);
 
     FakeServerOptions opts_;
-    httplib::Server server_;
+    BacklogServer server_;
     std::thread thread_;
     int port_ = -1;
     mutable std::mutex mutex_;

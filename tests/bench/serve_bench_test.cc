@@ -5,7 +5,9 @@
 #include "serve_bench.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -26,17 +28,19 @@ struct BenchRun {
 };
 
 BenchRun run_bench(ServeBenchOptions o) {
-    o.json_out = ::testing::TempDir() + "serve_bench_" +
+    o.json_out = ::testing::TempDir() + "serve_bench_" + std::to_string(::getpid()) + "_" +
                  ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".json";
     BenchRun run;
     run.rc = run_serve_bench(o);
     std::ifstream in(o.json_out);
     EXPECT_TRUE(in.good()) << o.json_out;
     run.report = json::parse(in);
+    in.close();
+    std::remove(o.json_out.c_str());
     return run;
 }
 
-// Checks every successful request against the fake's timetable: `tokens` text chunks, the first
+// Checks every successful request against the fake's timetable: max_tokens text chunks, the first
 // >= 20 ms after the send, 5 ms apart.
 void expect_timing_consistent(const json& r) {
     EXPECT_GE(r["ttft_ms"]["p50"].get<double>(), 20.0);
@@ -91,6 +95,23 @@ TEST(ServeBench, FixedConcurrencyChat) {
         ASSERT_EQ(b["messages"].size(), 1u);
         EXPECT_EQ(b["messages"][0]["role"], "user");
     }
+}
+
+TEST(ServeBench, UnlimitedConcurrencyBurst) {
+    FakeOpenAIServer server;
+    ServeBenchOptions o;
+    o.base_url = server.base_url();
+    o.num_requests = 64;
+    o.output_len = 5;
+    const BenchRun run = run_bench(o);
+    const json& r = run.report;
+    EXPECT_EQ(run.rc, 0);
+    EXPECT_EQ(r["requests_ok"].get<int>(), 64);
+    expect_timing_consistent(r);
+    // All 64 at once: no request waits for another (a lost SYN would add a 1 s retransmit).
+    EXPECT_GE(server.max_in_flight(), 16);
+    EXPECT_LT(r["ttft_ms"]["p99"].get<double>(), 500.0);
+    EXPECT_LT(r["duration_s"].get<double>(), 1.0);
 }
 
 TEST(ServeBench, PoissonCompletionsWithLengthRanges) {
