@@ -1,5 +1,6 @@
-// bench: `fanout bench tokenizer` (more benchmarks join as their subsystems land).
+// bench: `fanout bench tokenizer`, `fanout bench serve` (more join as their subsystems land).
 #include "cli_common.h"
+#include "serve_bench.h"
 #include "tokenizer_bench.h"
 
 namespace fanout::cli {
@@ -22,6 +23,33 @@ void add_bench_command(CLI::App& app) {
         o->tokenizer_dir = resolve_model_dir(*model);
         load_tokenizer(o->tokenizer_dir);  // a clear error when the model has none
         if (const int rc = bench::run_tokenizer_bench(*o); rc != 0) FANOUT_FAIL("tokenizer benchmark found mismatches");
+    });
+
+    auto s = std::make_shared<bench::ServeBenchOptions>();
+    s->json_out = "serve_bench.json";
+    auto* serve = bench->add_subcommand("serve", "load-test an OpenAI-compatible server: throughput, TTFT, TPOT, ITL, goodput");
+    serve->add_option("--base-url", s->base_url, "server, http://host:port")->capture_default_str();
+    serve->add_option("--model", s->model, "'model' sent (default: the first of GET /v1/models)");
+    serve->add_option("--endpoint", s->endpoint, "chat or completions")
+        ->check(CLI::IsMember({"chat", "completions"}))
+        ->capture_default_str();
+    serve->add_option("-n,--num-requests", s->num_requests, "requests to send")->capture_default_str();
+    serve->add_option("--request-rate", s->request_rate, "Poisson arrivals per second (0 = all at once)")->capture_default_str();
+    serve->add_option("--max-concurrency", s->max_concurrency, "requests in flight at most (0 = unlimited)")->capture_default_str();
+    serve->add_option("--prompt-len", s->prompt_len, "prompt words per request")->capture_default_str();
+    serve->add_option("--prompt-len-range", s->prompt_len_range, "prompt words vary uniformly by +-this")->capture_default_str();
+    serve->add_option("--output-len", s->output_len, "max_tokens per request")->capture_default_str();
+    serve->add_option("--output-len-range", s->output_len_range, "max_tokens varies uniformly by +-this")->capture_default_str();
+    serve->add_option("--prefix-groups", s->prefix_groups, "shared-prefix groups (0 = none)")->capture_default_str();
+    serve->add_option("--prefix-len", s->prefix_len, "words of each shared prefix, before the prompt words")->capture_default_str();
+    serve->add_option("--slo-ttft-ms", s->slo_ttft_ms, "goodput: TTFT bound (0 = none)")->capture_default_str();
+    serve->add_option("--slo-tpot-ms", s->slo_tpot_ms, "goodput: TPOT bound (0 = none)")->capture_default_str();
+    serve->add_option("--seed", s->seed, "workload seed")->capture_default_str();
+    serve->add_flag("!--no-ignore-eos", s->ignore_eos, "let outputs stop at EOS (default: ignore_eos, run to max_tokens)");
+    serve->add_option("--timeout", s->timeout_s, "seconds per request")->capture_default_str();
+    serve->add_option("--json", s->json_out, "JSON output ('' to skip)")->capture_default_str();
+    serve->callback([s] {
+        if (const int rc = bench::run_serve_bench(*s); rc != 0) FANOUT_FAIL("serve benchmark: some requests failed");
     });
 }
 

@@ -527,16 +527,16 @@ void check_options(const ServeBenchOptions& o) {
     FANOUT_CHECK(o.timeout_s > 0, "timeout_s={} must be > 0", o.timeout_s);
 }
 
-// Each request in flight holds a socket: raise the soft open-file limit (often 1024) toward the
-// hard one when the run could need more.
+// Each request in flight holds a socket: raise the soft open-file limit (often 1024) to the hard
+// one when the run could need more.
 void ensure_fd_limit(int max_in_flight) {
     rlimit lim{};
     if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
     const rlim_t want = static_cast<rlim_t>(max_in_flight) + 64;
     if (lim.rlim_cur >= want) return;
-    lim.rlim_cur = std::min(want, lim.rlim_max);
+    lim.rlim_cur = lim.rlim_max;
     ::setrlimit(RLIMIT_NOFILE, &lim);
-    if (lim.rlim_cur < want) {
+    if (::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < want) {
         fmt::print(
             "warning: open-file limit {} < {} requests in flight; expect connection failures "
             "(lower --max-concurrency)\n",

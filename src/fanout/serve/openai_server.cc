@@ -2,6 +2,8 @@
 
 #include <httplib.h>
 
+#include <sys/socket.h>
+
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -87,6 +89,14 @@ bool bool_field(const json& b, const char* key, bool fallback) {
     return b[key].get<bool>();
 }
 
+// Debian's prebuilt cpp-httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG is fixed in
+// the library), so a burst of connections waits out SYN retries; listening again on the bound
+// socket raises it (Linux allows this).
+class BacklogServer : public httplib::Server {
+public:
+    void raise_backlog(int backlog) { FANOUT_CHECK(::listen(svr_sock_, backlog) == 0, "listen(backlog={}) failed", backlog); }
+};
+
 struct ParsedRequest {
     engine::RequestParams params;
     bool stream = false, include_usage = false;
@@ -98,7 +108,7 @@ struct OpenAIServer::Impl {
     engine::Engine& engine;
     const io::Tokenizer& tokenizer;
     ServerConfig config;
-    httplib::Server http;
+    BacklogServer http;
     std::atomic<int> in_flight{0};
     std::atomic<int64_t> next_id{1};
     std::atomic<int64_t> http_requests{0}, http_errors{0};
@@ -441,6 +451,7 @@ int OpenAIServer::bind() {
                                                     : -1);
     FANOUT_CHECK(port > 0, "cannot listen on {}:{} (in use, or not an address of this machine)", impl_->config.host,
                  impl_->config.port);
+    impl_->http.raise_backlog(1024);
     return port;
 }
 
