@@ -69,6 +69,7 @@ void add_serve_command(CLI::App& app) {
     cmd->add_option("--max-batched-tokens", a->scheduler.max_batched_tokens, "tokens per step")->capture_default_str();
     cmd->add_option("--prefill-chunk", a->scheduler.prefill_chunk, "prompt tokens of one sequence per step")
         ->capture_default_str();
+    cmd->add_flag("!--no-prefix-cache", a->scheduler.enable_prefix_cache, "do not share KV blocks between requests");
     cmd->add_option("--kv-memory-gb", a->kv_memory_gb, "memory for the paged KV cache")->capture_default_str();
     cmd->add_option("--max-in-flight", a->server.max_in_flight, "concurrent requests before 429")->capture_default_str();
     cmd->callback([a] { run_serve(*a); });

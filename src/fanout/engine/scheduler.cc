@@ -66,7 +66,7 @@ std::vector<ScheduledSeq> Scheduler::schedule() {
     // 2. Waiting sequences, first come first served (no skipping ahead of one that cannot fit).
     while (!waiting_.empty() && budget > 0 && static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
         Sequence* seq = waiting_.front().get();
-        if (seq->blocks.empty() && seq->num_computed == 0) {
+        if (config_.enable_prefix_cache && seq->blocks.empty() && seq->num_computed == 0) {
             // Reuse the longest cached prefix; keep at least the last token to compute (its logits).
             const int64_t max_blocks = (seq->total_len() - 1) / cache_.block_size();
             seq->blocks = cache_.acquire_prefix(seq->tokens, max_blocks);
@@ -100,7 +100,7 @@ void Scheduler::commit(const std::vector<ScheduledSeq>& step) {
         Sequence* seq = s.seq;
         seq->num_computed = s.start + s.num_tokens;
         const int64_t full = seq->num_computed / bs;
-        if (full > seq->num_inserted_blocks) {
+        if (config_.enable_prefix_cache && full > seq->num_inserted_blocks) {
             cache_.insert(std::span(seq->tokens).first(static_cast<size_t>(full * bs)), seq->blocks);
             seq->num_inserted_blocks = full;
         }

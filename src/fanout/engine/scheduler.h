@@ -41,6 +41,7 @@ struct SchedulerConfig {
     int64_t max_num_seqs = 64;
     int64_t max_batched_tokens = 2048;
     int64_t prefill_chunk = 512;  // most prompt tokens of one sequence in one step
+    bool enable_prefix_cache = true;
 };
 
 // One sequence's share of a step: tokens [start, start + num_tokens) of seq->tokens.
