@@ -34,6 +34,21 @@ for await (const chunk of stream) {
 check("chat stream: same text as non-streaming", text === full.choices[0].message.content, `${JSON.stringify(text)} vs ${JSON.stringify(full.choices[0].message.content)}`);
 check("chat stream: role, finish_reason and usage", role === "assistant" && finish === "length" && usage?.completion_tokens === 12, JSON.stringify({ role, finish, usage }));
 
+// Stop strings: the greedy text cut before the first occurrence, finish_reason "stop", streamed or not.
+{
+  const whole = full.choices[0].message.content;
+  const cut = Math.max(1, Math.floor(whole.length / 2));
+  const stopStr = whole.slice(cut, cut + 2);
+  const expect = whole.slice(0, whole.indexOf(stopStr));
+  const r = await client.chat.completions.create({ model: "tiny", messages, max_tokens: 12, temperature: 0, ignore_eos: true, stop: [stopStr] });
+  check("stop string: output ends before it", r.choices[0].message.content === expect && r.choices[0].finish_reason === "stop",
+    `${JSON.stringify(r.choices[0].message.content)} vs ${JSON.stringify(expect)} (stop ${JSON.stringify(stopStr)})`);
+  const rs = await client.chat.completions.create({ model: "tiny", messages, max_tokens: 12, temperature: 0, ignore_eos: true, stop: stopStr, stream: true });
+  let st = "", sf = null;
+  for await (const chunk of rs) for (const c of chunk.choices) { st += c.delta?.content ?? ""; if (c.finish_reason) sf = c.finish_reason; }
+  check("stop string: streamed output never shows it", st === expect && sf === "stop", JSON.stringify(st));
+}
+
 // Completions, both ways; a second identical prompt hits the prefix cache.
 const prompt = "The quick brown fox jumps over the lazy dog. ".repeat(12);
 const c1 = await client.completions.create({ model: "tiny", prompt, max_tokens: 6, temperature: 0, ignore_eos: true });
