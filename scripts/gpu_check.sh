@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the device tool), over binaries built on the CPU machine:
 #   scripts/gpu_check.sh BUILD_DIR
-# BUILD_DIR is a CUDA build (scripts/build.sh with nvcc present) carried along with .carry/lib
-# (the shared libraries the GPU machine lacks: libfmt). It runs the gpu-labelled tests, the CPU
+# BUILD_DIR is a CUDA build carried along with .carry/lib (scripts/prepare_carry.sh makes both)
 # tests, the HF oracle afresh (fixtures regenerated there by transformers, then compared), and the
 # CPU benchmark; logs and JSON go to $OUT.
 set -uo pipefail

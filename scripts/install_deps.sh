@@ -4,7 +4,7 @@
 # /usr/local/cuda when present and builds the CUDA targets, otherwise the CPU path only.
 set -euo pipefail
 packages=(
-  build-essential cmake ninja-build pkg-config git clang
+  build-essential cmake ninja-build pkg-config git clang curl
   nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
   libgtest-dev libgmock-dev libbenchmark-dev libpcre2-dev libcpp-httplib-dev libssl-dev zlib1g-dev libbrotli-dev
 )

@@ -9,6 +9,9 @@
 #include <vector>
 #include <unistd.h>
 
+#include <gtest/gtest.h>
+
+#include "fanout/core/error.h"
 #include "fanout/core/tensor.h"
 
 namespace fanout::testing {
@@ -61,6 +64,22 @@ inline std::string temp_dir(const std::string& name) {
     std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir);
     return dir.string();
+}
+
+// The message of the fanout::Error that fn throws; fails the test if it throws nothing or
+// something else.
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+    try {
+        fn();
+    } catch (const Error& e) {
+        return e.what();
+    } catch (const std::exception& e) {
+        ADD_FAILURE() << "expected fanout::Error, got another exception: " << e.what();
+        return "";
+    }
+    ADD_FAILURE() << "expected fanout::Error, nothing was thrown";
+    return "";
 }
 
 }  // namespace fanout::testing

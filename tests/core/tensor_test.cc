@@ -1,6 +1,7 @@
 // Tests of fanout::Tensor: allocation, views and their lifetimes, reshape, slice_rows and
 // check_tensor, including the errors each raises and what their messages name.
 #include "fanout/core/tensor.h"
+#include "test_util.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -15,17 +16,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// The message of the fanout::Error that fn throws; fails the test if it throws nothing.
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-    try {
-        fn();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    ADD_FAILURE() << "expected fanout::Error";
-    return "";
-}
+using fanout::testing::error_of;
 
 TEST(ShapeTest, StrAndNumel) {
     EXPECT_EQ(shape_str({}), "[]");

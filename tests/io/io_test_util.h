@@ -2,6 +2,8 @@
 // message of a fanout::Error.
 #pragma once
 
+#include "test_util.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -33,22 +35,6 @@ inline std::string le64(uint64_t v) {
 // A safetensors image: length prefix, the header text as given, then the data bytes.
 inline std::string safetensors_bytes(const std::string& header, const std::string& data = "") {
     return le64(header.size()) + header + data;
-}
-
-// The message of the fanout::Error that fn throws; fails the test if it throws nothing or
-// something else.
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-    try {
-        fn();
-    } catch (const Error& e) {
-        return e.what();
-    } catch (const std::exception& e) {
-        ADD_FAILURE() << "expected fanout::Error, got another exception: " << e.what();
-        return "";
-    }
-    ADD_FAILURE() << "expected fanout::Error, nothing was thrown";
-    return "";
 }
 
 }  // namespace fanout::testing

@@ -9,6 +9,7 @@
 
 #include "fanout/core/error.h"
 #include "fanout/io/tokenizer.h"
+#include "test_util.h"
 
 namespace fanout::io {
 namespace {
@@ -54,15 +55,7 @@ Tokenizer make(const json& j, const json& cfg = json()) {
     return Tokenizer::from_json(j.dump(), cfg.is_null() ? "" : cfg.dump(), "test.json");
 }
 
-std::string error_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    ADD_FAILURE() << "expected fanout::Error";
-    return "";
-}
+using fanout::testing::error_of;
 
 // Reference BPE: repeatedly merge the lowest-rank adjacent pair (leftmost on ties).
 std::vector<std::string> reference_bpe(const std::string& word, const std::vector<std::string>& merges) {
