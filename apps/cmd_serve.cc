@@ -39,6 +39,7 @@ void run_serve(ServeArgs& a) {
     serve::OpenAIServer server(engine, tokenizer, a.server);
     const int port = server.bind();
     engine.start();
+    std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error return, not process death
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);
     std::thread watcher([&] {

@@ -86,6 +86,15 @@ await new Promise(r => setTimeout(r, 1500));
 const metrics = await (await fetch(`${base}/metrics`)).text();
 const aborted = Number((metrics.match(/fanout_requests_aborted_total\{[^}]*\} (\d+)/) || [])[1] || 0);
 check("a disconnected stream is cancelled", aborted >= 1, `aborted=${aborted}`);
+// The same for a non-streaming request abandoned by its client.
+const ctrl2 = new AbortController();
+setTimeout(() => ctrl2.abort(), 500);
+try { await client.chat.completions.create({ model: "tiny", messages, max_tokens: 100000, ignore_eos: true }, { signal: ctrl2.signal }); }
+catch (e) { /* aborted */ }
+await new Promise(r => setTimeout(r, 1500));
+const metrics2 = await (await fetch(`${base}/metrics`)).text();
+const aborted2 = Number((metrics2.match(/fanout_requests_aborted_total\{[^}]*\} (\d+)/) || [])[1] || 0);
+check("an abandoned non-streaming request is cancelled", aborted2 >= aborted + 1, `aborted ${aborted} -> ${aborted2}`);
 const after = await client.chat.completions.create({ model: "tiny", messages, max_tokens: 2 });
 check("the server keeps serving after a disconnect", after.choices[0].message.content !== undefined);
 

@@ -128,11 +128,33 @@ TEST(Engine, RejectsBadRequestsWithClearErrors) {
     p.prompt = {1, 50};
     EXPECT_THROW(engine.submit(p), Error);  // past the vocabulary
     p.prompt = {1};
+    p.max_tokens = INT64_MAX;  // must not overflow the context check
+    EXPECT_THROW(engine.submit(p), Error);
+    p.max_tokens = 4;
     p.sampling.top_p = 2.0f;
     EXPECT_THROW(engine.submit(p), Error);
     p.sampling.top_p = 1.0f;
     p.stop = {"x"};
     EXPECT_THROW(engine.submit(p), Error);  // stop strings need a tokenizer
+}
+
+// Two requests with the same block-aligned prompt: the second recomputes the last block, finds its
+// content cached, and must adopt the cached block (was: a step that threw and aborted everyone).
+TEST(Engine, RecomputedCachedBlocksDoNotStarveTheAllocator) {
+    EngineConfig cfg;
+    cfg.num_kv_blocks = 4;  // 16 token slots, block size 4
+    Engine engine(std::make_unique<FakeRunner>(), nullptr, cfg);
+    RequestParams a, b;
+    a.prompt = b.prompt = {1, 2, 3, 4, 5, 6, 7, 8};
+    a.max_tokens = 1;
+    b.max_tokens = 8;
+    a.ignore_eos = b.ignore_eos = true;
+    auto ha = engine.submit(a);
+    for (int i = 0; i < 3; ++i) engine.step();
+    auto hb = engine.submit(b);
+    for (int i = 0; i < 20; ++i) EXPECT_NO_THROW(engine.step());
+    EXPECT_EQ(drain(*ha), expected(a.prompt, 1, false));
+    EXPECT_EQ(drain(*hb), expected(b.prompt, 8, false));
 }
 
 // The real model: requests with shared prefixes, batched together through a KV cache small enough
@@ -159,7 +181,7 @@ TEST(Engine, BatchedPrefixCachedGreedyOutputsEqualSingleRequestGeneration) {
         want.push_back(model::generate(*alone, cache, r, {}, Stream{&pool}).tokens);
     }
     EngineConfig cfg;
-    cfg.num_kv_blocks = 5;  // 320 slots for 6 x ~85 tokens sharing a 64-token block: preemption, and reuse
+    cfg.num_kv_blocks = 4;  // 256 slots for 6 x ~85 tokens sharing a 64-token block: preemption, and reuse
     cfg.scheduler = {8, 96, 40};
     Engine engine(std::make_unique<DeepseekRunner>(model::DeepseekV3::load(dir), model::ForwardOptions{}, 2), nullptr,
                   cfg);

@@ -59,17 +59,22 @@ TEST(PrefixCache, EvictsLeastRecentlyUsedLeavesWhenTheAllocatorRunsDry) {
     pc.release(z);
 }
 
-TEST(PrefixCache, DuplicateContentStaysPrivateAndIsFreed) {
+TEST(PrefixCache, DuplicateContentAdoptsTheCachedBlock) {
     BlockAllocator alloc(4);
     PrefixCache pc(alloc, 2);
     auto a = pc.allocate(1), b = pc.allocate(1);
+    const int32_t b_own = b[0];
     pc.insert(seq(2), a);
-    pc.insert(seq(2), b);  // same content, computed twice
+    pc.insert(seq(2), b);  // same content, computed twice: b takes a's block, gives its own back
+    EXPECT_EQ(b[0], a[0]);
+    EXPECT_NE(b_own, a[0]);
     EXPECT_EQ(pc.num_cached_blocks(), 1);
-    pc.release(b);
     EXPECT_EQ(alloc.num_free(), 3);
+    pc.release(b);
     pc.release(a);
     EXPECT_EQ(pc.num_evictable(), 1);
+    EXPECT_TRUE(pc.can_allocate(4));
+    EXPECT_EQ(pc.allocate(4).size(), 4u);  // eviction really delivers what can_allocate promised
 }
 
 }  // namespace

@@ -74,7 +74,7 @@ std::shared_ptr<RequestHandle> Engine::submit(RequestParams p) {
     const int64_t P = static_cast<int64_t>(p.prompt.size());
     FANOUT_CHECK(P > 0, "the prompt is empty");
     FANOUT_CHECK(p.max_tokens >= 1, "max_tokens must be >= 1, got {}", p.max_tokens);
-    FANOUT_CHECK(P + p.max_tokens <= max_context_,
+    FANOUT_CHECK(p.max_tokens <= max_context_ - P,  // (not P + max_tokens: that can overflow)
                  "prompt ({} tokens) + max_tokens ({}) exceeds the context of {} tokens", P, p.max_tokens,
                  max_context_);
     const int64_t V = runner_->vocab_size();
@@ -159,7 +159,8 @@ void Engine::finish(Active& a, const std::string& reason, std::vector<int32_t> t
         stats_.cached_prompt_tokens += a.seq->prefix_hit_tokens;
         stats_.e2e.observe(e2e);
     }
-    active_.erase(a.seq->id);
+    const int64_t id = a.seq->id;  // erasing destroys `a`
+    active_.erase(id);
 }
 
 // A new token: stop conditions first, then the text it adds (minus what a stop string may claim).
@@ -179,17 +180,18 @@ void Engine::postprocess(Active& a, int32_t token) {
     if (a.decoder && !eos) {
         const size_t before = a.text.size();
         a.text += a.decoder->push(token);
+        size_t at = std::string::npos;  // the earliest match of any stop string
         for (const auto& s : a.params.stop) {
             const size_t from = before >= s.size() ? before - s.size() + 1 : 0;
-            const size_t at = a.text.find(s, std::min(from, a.text.size()));
-            if (at != std::string::npos) {
-                a.text.resize(at);
-                emit(a, a.text.substr(std::min(a.emitted, at)), {}, false, "");
-                a.emitted = a.text.size();
-                a.decoder.reset();  // nothing after the stop string is sent
-                finish(a, "stop", {token});
-                return;
-            }
+            at = std::min(at, a.text.find(s, std::min(from, a.text.size())));
+        }
+        if (at != std::string::npos) {
+            a.text.resize(at);
+            emit(a, a.text.substr(std::min(a.emitted, at)), {}, false, "");
+            a.emitted = a.text.size();
+            a.decoder.reset();  // nothing after the stop string is sent
+            finish(a, "stop", {token});
+            return;
         }
     }
     if (eos) return finish(a, "stop", {token});
@@ -259,7 +261,9 @@ void Engine::start() {
                 std::fprintf(stderr, "engine: step failed: %s\n", e.what());
                 std::vector<int64_t> ids;
                 for (auto& [id, a] : active_) ids.push_back(id);
-                for (int64_t id : ids) finish(*active_[id], "abort");
+                for (int64_t id : ids) finish(*active_[id], "error");
+                std::lock_guard<std::mutex> lock(stats_mutex_);
+                stats_.requests_failed += static_cast<int64_t>(ids.size());
             }
             if (!did) {
                 std::unique_lock<std::mutex> lock(incoming_mutex_);

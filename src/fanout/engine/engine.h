@@ -72,7 +72,7 @@ struct RequestEvent {
     std::string text;              // new text (valid UTF-8)
     std::vector<int32_t> tokens;   // new token ids
     bool finished = false;
-    std::string finish_reason;     // "stop", "length", "abort"
+    std::string finish_reason;     // "stop", "length"; "abort" (cancelled), "error" (a step failed)
     int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
 };
 
@@ -102,7 +102,7 @@ struct EngineConfig {
 
 // Counters and latency histograms for /metrics.
 struct EngineStats {
-    int64_t requests_received = 0, requests_finished = 0, requests_aborted = 0;
+    int64_t requests_received = 0, requests_finished = 0, requests_aborted = 0, requests_failed = 0;
     int64_t prompt_tokens = 0, generation_tokens = 0, cached_prompt_tokens = 0, steps = 0, preemptions = 0;
     int64_t waiting = 0, running = 0;
     int64_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_cached = 0;

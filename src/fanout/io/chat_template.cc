@@ -24,7 +24,7 @@ std::string content_text(const json& c, const std::string& where) {
     std::string out;
     for (size_t i = 0; i < c.size(); ++i) {
         const json& part = c[i];
-        FANOUT_CHECK(part.is_object() && part.value("type", "") == "text" && part.contains("text") &&
+        FANOUT_CHECK(part.is_object() && part.contains("type") && part["type"] == "text" && part.contains("text") &&
                          part["text"].is_string(),
                      "{}: content[{}] must be {{\"type\": \"text\", \"text\": \"...\"}} (only text parts are supported)",
                      where, i);

@@ -87,7 +87,7 @@ std::vector<int32_t> PrefixCache::allocate(int64_t n) {
     return blocks;
 }
 
-void PrefixCache::insert(std::span<const int32_t> tokens, const std::vector<int32_t>& blocks) {
+void PrefixCache::insert(std::span<const int32_t> tokens, std::vector<int32_t>& blocks) {
     const int64_t full = std::min<int64_t>(static_cast<int64_t>(blocks.size()),
                                            static_cast<int64_t>(tokens.size()) / block_size_);
     Node* node = root_.get();
@@ -105,6 +105,14 @@ void PrefixCache::insert(std::span<const int32_t> tokens, const std::vector<int3
             node->children.emplace(hash_tokens(block_tokens), std::move(n));
             nodes_[blocks[b]] = child;
             if (refs_[blocks[b]] == 0) ++num_evictable_;
+        }
+        if (child->block != blocks[b]) {
+            // The same content is cached under another block (computed twice): the sequence adopts
+            // the cached one and gives its copy back, so it holds every ancestor of its blocks and
+            // an unreferenced node never has a referenced child (what makes eviction complete).
+            if (refs_[child->block]++ == 0) --num_evictable_;
+            unref(blocks[b]);
+            blocks[b] = child->block;
         }
         child->last_used = clock_;
         node = child;

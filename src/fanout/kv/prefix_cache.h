@@ -31,10 +31,10 @@ public:
     // Throws Error when even eviction cannot find n blocks; can_allocate() says in advance.
     std::vector<int32_t> allocate(int64_t n);
     bool can_allocate(int64_t n) const { return allocator_.num_free() + num_evictable_ >= n; }
-    // Records that blocks[i] holds tokens[i*bs, (i+1)*bs) for every full block, extending the tree
-    // (blocks already entered are skipped; a block whose content is cached under another id stays
-    // private and is freed on release).
-    void insert(std::span<const int32_t> tokens, const std::vector<int32_t>& blocks);
+    // Records that blocks[i] holds tokens[i*bs, (i+1)*bs) for every full block, extending the tree.
+    // Where that content is already cached under another id, blocks[i] is replaced by the cached
+    // block (referenced for the caller) and the caller's copy is released.
+    void insert(std::span<const int32_t> tokens, std::vector<int32_t>& blocks);
     // Drops the caller's references; blocks nobody references go back to the allocator unless the
     // tree holds them.
     void release(const std::vector<int32_t>& blocks);

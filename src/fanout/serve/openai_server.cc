@@ -148,7 +148,8 @@ struct OpenAIServer::Impl {
         if (b.contains("tools") && !b["tools"].is_null() && !(b["tools"].is_array() && b["tools"].empty()))
             bad_request("tool calling is not supported yet", "tools");
         if (b.contains("response_format") && !b["response_format"].is_null() &&
-            !(b["response_format"].is_object() && b["response_format"].value("type", "") == "text"))
+            !(b["response_format"].is_object() && b["response_format"].contains("type") &&
+              b["response_format"]["type"] == "text"))
             bad_request("only response_format {\"type\": \"text\"} is supported", "response_format");
         if (b.contains("suffix") && !b["suffix"].is_null()) bad_request("suffix is not supported", "suffix");
         ParsedRequest r;
@@ -164,7 +165,7 @@ struct OpenAIServer::Impl {
         p.skip_special_tokens = bool_field(b, "skip_special_tokens", true);
         const int64_t room = engine.max_context() - prompt_len_hint;
         const char* max_key = b.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-        p.max_tokens = int_field(b, max_key, std::max<int64_t>(room, 1), 1, INT64_MAX);
+        p.max_tokens = int_field(b, max_key, std::max<int64_t>(room, 1), 1, engine.max_context());
         if (b.contains("stop") && !b["stop"].is_null()) {
             const json& s = b["stop"];
             if (s.is_string()) p.stop.push_back(s.get<std::string>());
@@ -258,10 +259,13 @@ struct OpenAIServer::Impl {
             }
             const std::string id = fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", next_id++);
             if (r.stream) stream_response(res, handle, id, chat, r.include_usage, slot);
-            else full_response(res, handle, id, chat);
+            else full_response(res, handle, id, chat, slot);
         } catch (const ApiError& e) {
             ++http_errors;
             send_error(res, e);
+        } catch (const nlohmann::json::exception& e) {  // a field of the wrong JSON type somewhere
+            ++http_errors;
+            send_error(res, {400, fmt::format("malformed request: {}", e.what()), "invalid_request_error", "", ""});
         }
     }
 
@@ -272,28 +276,53 @@ struct OpenAIServer::Impl {
                 {"prompt_tokens_details", {{"cached_tokens", ev.cached_tokens}}}};
     }
 
-    void full_response(httplib::Response& res, const std::shared_ptr<engine::RequestHandle>& h, const std::string& id,
-                       bool chat) {
-        std::string text;
-        engine::RequestEvent ev;
-        for (;;) {
-            if (!h->next(&ev, std::chrono::seconds(3600))) {
-                h->cancel();
-                throw ApiError{500, "the request timed out in the engine", "server_error", "", ""};
-            }
-            text += ev.text;
-            if (ev.finished) break;
-        }
-        json choice = {{"index", 0}, {"finish_reason", ev.finish_reason == "abort" ? "abort" : ev.finish_reason}};
-        if (chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
-        else choice["text"] = text, choice["logprobs"] = nullptr;
-        const json body = {{"id", id},
-                           {"object", chat ? "chat.completion" : "text_completion"},
-                           {"created", unix_now()},
-                           {"model", config.model_name},
-                           {"choices", json::array({choice})},
-                           {"usage", usage_json(ev)}};
-        res.set_content(dump(body), "application/json");
+    // A non-streaming answer is still sent through a content provider, so a client that hangs up
+    // while the request runs is noticed (within ~400 ms) and its request cancelled. The status is
+    // 200 once generation starts; an engine failure after that becomes an error object body.
+    void full_response(httplib::Response& res, std::shared_ptr<engine::RequestHandle> h, const std::string& id,
+                       bool chat, std::shared_ptr<void> slot) {
+        auto text = std::make_shared<std::string>();
+        auto last_write = std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
+        res.set_chunked_content_provider(
+            "application/json",
+            [=, this](size_t, httplib::DataSink& sink) {
+                // A socket the peer closed still looks writable until a write fails, so every
+                // 200 ms a space goes out (JSON allows leading whitespace): the second write after
+                // a hang-up fails and the request is cancelled.
+                const auto now = std::chrono::steady_clock::now();
+                if (now - *last_write > std::chrono::milliseconds(200)) {
+                    *last_write = now;
+                    if (!sink.is_writable() || !sink.write(" ", 1)) {
+                        h->cancel();  // the client went away
+                        return false;
+                    }
+                }
+                engine::RequestEvent ev;
+                if (!h->next(&ev, std::chrono::milliseconds(200))) return true;
+                *text += ev.text;
+                if (!ev.finished) return true;
+                json body;
+                if (ev.finish_reason == "error" || ev.finish_reason == "abort") {
+                    body = error_body({500, "generation failed in the engine; see the server log", "server_error", "", ""});
+                } else {
+                    json choice = {{"index", 0}, {"finish_reason", ev.finish_reason}};
+                    if (chat) choice["message"] = {{"role", "assistant"}, {"content", *text}};
+                    else choice["text"] = *text, choice["logprobs"] = nullptr;
+                    body = {{"id", id},
+                            {"object", chat ? "chat.completion" : "text_completion"},
+                            {"created", unix_now()},
+                            {"model", config.model_name},
+                            {"choices", json::array({choice})},
+                            {"usage", usage_json(ev)}};
+                }
+                const std::string out = dump(body);
+                sink.write(out.data(), out.size());
+                sink.done();
+                return true;
+            },
+            [h, slot](bool success) {
+                if (!success) h->cancel();
+            });
     }
 
     void stream_response(httplib::Response& res, std::shared_ptr<engine::RequestHandle> h, const std::string& id,
@@ -337,6 +366,13 @@ struct OpenAIServer::Impl {
                     h->cancel();
                     return false;
                 }
+                if (ev.finished && (ev.finish_reason == "error" || ev.finish_reason == "abort")) {
+                    // An error event, as OpenAI's API sends one mid-stream; the clients raise it.
+                    send(error_body({500, "generation failed in the engine; see the server log", "server_error", "", ""}));
+                    *done = true;
+                    sink.done();
+                    return true;
+                }
                 if (ev.finished) {
                     send(chunk(chat ? json::object() : json(""), ev.finish_reason));
                     if (include_usage) {
@@ -367,6 +403,7 @@ struct OpenAIServer::Impl {
         metric("fanout_requests_received_total", "counter", "Requests accepted by the engine.", s.requests_received);
         metric("fanout_requests_finished_total", "counter", "Requests finished (any reason).", s.requests_finished);
         metric("fanout_requests_aborted_total", "counter", "Requests cancelled (client gone).", s.requests_aborted);
+        metric("fanout_requests_failed_total", "counter", "Requests failed by an engine error.", s.requests_failed);
         metric("fanout_http_requests_total", "counter", "HTTP requests to the API routes.", http_requests.load());
         metric("fanout_http_errors_total", "counter", "API requests answered with an error.", http_errors.load());
         metric("fanout_prompt_tokens_total", "counter", "Prompt tokens received.", s.prompt_tokens);
@@ -402,7 +439,9 @@ struct OpenAIServer::Impl {
 
     void routes() {
         http.set_payload_max_length(config.max_body_bytes);
-        const int threads = config.http_threads;
+        // Every request in flight can hold a worker (streams do), plus a few for /health and /metrics,
+        // so the 429 limit fires before connections queue silently.
+        const int threads = std::max(config.http_threads, config.max_in_flight + 16);
         http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
         http.Post("/v1/chat/completions", [this](const auto& req, auto& res) { handle(req, res, true); });
         http.Post("/v1/completions", [this](const auto& req, auto& res) { handle(req, res, false); });

@@ -24,7 +24,7 @@ struct ServerConfig {
     std::string model_name = "tiny";
     int max_in_flight = 1024;           // concurrent requests past this get 429
     size_t max_body_bytes = 8u << 20;   // larger bodies get 413
-    int http_threads = 512;             // each streaming response holds one while it runs
+    int http_threads = 64;              // at least max_in_flight + 16 are started: each response holds one
 };
 
 class OpenAIServer {
