@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "fanout/ops/activation.h"
+#include "fanout/ops/grouped_gemm.h"
 #include "fanout/ops/linear.h"
 #include "fanout/ops/moe_router.h"
 #include "fanout/ops/rms_norm.h"
@@ -232,13 +233,20 @@ void DeepseekV3::stage_experts(const LayerWeights& w, LayerState& st, const Stre
         std::memcpy(rows_in.data_as<float>() + row * D, st.normed.data_as<float>() + (i / K) * D,
                     static_cast<size_t>(D) * sizeof(float));
     }
-    st.expert_rows = f32(T * K, D);
-    for (int64_t e = 0; e < E_local; ++e) {
-        if (offset[e + 1] == offset[e]) continue;
-        Tensor x = rows_in.slice_rows(offset[e], offset[e + 1]);
-        Tensor y = st.expert_rows.slice_rows(offset[e], offset[e + 1]);
-        mlp(m.experts[e], x, y, opts, s);
+    // gate, up -> silu(gate) * up -> down, each one grouped GEMM over the experts' row ranges.
+    std::vector<ops::LinearWeight> gate, up, down;
+    for (const MlpWeights& w : m.experts) {
+        gate.push_back(w.gate);
+        up.push_back(w.up);
+        down.push_back(w.down);
     }
+    const int64_t I = config_.moe_intermediate_size;
+    Tensor g = f32(T * K, I), u = f32(T * K, I);
+    ops::grouped_linear_contiguous(rows_in, gate, offset, g, opts.fp8_mode, s);
+    ops::grouped_linear_contiguous(rows_in, up, offset, u, opts.fp8_mode, s);
+    ops::silu_mul(g, u, g, s);
+    st.expert_rows = f32(T * K, D);
+    ops::grouped_linear_contiguous(g, down, offset, st.expert_rows, opts.fp8_mode, s);
 }
 
 void DeepseekV3::stage_combine(const LayerWeights& w, LayerState& st, const Stream& s) const {
