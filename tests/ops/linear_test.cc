@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "fanout/ops/fp8_quant.h"
+#include "fanout/ops/gemm.h"
 #include "fanout/ops/linear.h"
 #include "test_util.h"
 
@@ -106,6 +107,37 @@ TEST(Linear, RejectsMismatchedShapes) {
     LinearWeight f8{DType::kFP8E4M3, wb.data(), 3, 4, nullptr};
     Tensor x4 = Tensor::zeros({2, 4}, DType::kF32);
     EXPECT_THROW(linear(x4, f8, y, Fp8Mode::kDequant, Stream{}), Error);
+}
+
+}  // namespace
+}  // namespace fanout::ops
+
+namespace fanout::ops {
+namespace {
+
+// gemm_fp8_cpu against a double-precision evaluation of the same block-scaled sum.
+TEST(GemmFp8, MatchesBlockScaledSumOnOddShapes) {
+    for (auto [M, N, K] : {std::tuple{1, 1, 1}, {7, 130, 200}, {33, 257, 384}, {5, 64, 129}}) {
+        const int64_t nbk = ceil_div(K, 128);
+        std::vector<uint8_t> x(size_t(M * K)), w(size_t(N * K));
+        const auto xf = fanout::testing::random_floats(x.size(), 31, 400.0f), wf = fanout::testing::random_floats(w.size(), 32, 400.0f);
+        for (size_t i = 0; i < x.size(); ++i) x[i] = f32_to_fp8e4m3(xf[i]);
+        for (size_t i = 0; i < w.size(); ++i) w[i] = f32_to_fp8e4m3(wf[i]);
+        const auto sx = fanout::testing::random_floats(size_t(M * nbk), 33, 0.01f), sw = fanout::testing::random_floats(size_t(ceil_div(N, 128) * nbk), 34, 0.01f);
+        std::vector<float> y(size_t(M * N), NAN);
+        ThreadPool pool(2);
+        gemm_fp8_cpu(x.data(), sx.data(), w.data(), sw.data(), y.data(), M, N, K, Stream{&pool});
+        std::vector<float> ref(y.size());
+        for (int m = 0; m < M; ++m)
+            for (int n = 0; n < N; ++n) {
+                double acc = 0;
+                for (int k = 0; k < K; ++k)
+                    acc += double(fp8e4m3_to_f32(x[m * K + k])) * fp8e4m3_to_f32(w[n * K + k]) * sx[m * nbk + k / 128] *
+                           sw[(n / 128) * nbk + k / 128];
+                ref[m * N + n] = float(acc);
+            }
+        EXPECT_LT(fanout::testing::rel_error(y.data(), ref.data(), y.size()), 1e-5) << M << "x" << N << "x" << K;
+    }
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include "fanout/core/cuda_check.h"
 #include "fanout/ops/fp8_quant.h"
+#include "fanout/ops/gemm.h"
 #include "fanout/ops/rms_norm.h"
 #include "test_util.h"
 
@@ -70,6 +71,47 @@ TEST(ActQuantCuda, MatchesCpuReferenceBitForBit) {
         int64_t mismatches = 0;
         for (int64_t i = 0; i < M * K; ++i) mismatches += gq[i] != q.data_as<uint8_t>()[i];
         EXPECT_EQ(mismatches, 0) << M << "x" << K;
+    }
+}
+
+TEST(GemmFp8Cuda, MatchesCpuReference) {
+    REQUIRE_GPU();
+    ThreadPool pool(0);
+    for (auto [N, K] : {std::pair{128, 128}, {130, 200}, {576, 7168}, {2112, 512}}) {
+        for (int M : {1, 7, 64, 129, 1000}) {
+            const int64_t nbk = ceil_div(K, 128), nbn = ceil_div(N, 128);
+            std::vector<uint8_t> x(size_t(M) * K), w(size_t(N) * K);
+            const auto xf = fanout::testing::random_floats(x.size(), 51 + M, 400.0f);
+            const auto wf = fanout::testing::random_floats(w.size(), 52 + N, 400.0f);
+            for (size_t i = 0; i < x.size(); ++i) x[i] = f32_to_fp8e4m3(xf[i]);
+            for (size_t i = 0; i < w.size(); ++i) w[i] = f32_to_fp8e4m3(wf[i]);
+            auto sx = fanout::testing::random_floats(size_t(M * nbk), 53, 0.01f);
+            auto sw = fanout::testing::random_floats(size_t(nbn * nbk), 54, 0.01f);
+            std::vector<float> ref(size_t(M) * N);
+            gemm_fp8_cpu(x.data(), sx.data(), w.data(), sw.data(), ref.data(), M, N, K, Stream{&pool});
+            DeviceBuffer<uint8_t> dx(x.size()), dw(w.size());
+            DeviceBuffer<float> dsx(sx.size()), dsw(sw.size());
+            DeviceBuffer<uint16_t> dy(ref.size());
+            dx.upload(x.data());
+            dw.upload(w.data());
+            dsx.upload(sx.data());
+            dsw.upload(sw.data());
+            dy.poison();
+            launch_gemm_fp8(dx.ptr, dsx.ptr, dw.ptr, dsw.ptr, dy.ptr, M, N, K, nullptr);
+            FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+            std::vector<uint16_t> got(ref.size());
+            dy.download(got.data());
+            std::vector<float> gotf(got.size());
+            double worst = 0, scale = 0;
+            for (size_t i = 0; i < got.size(); ++i) {
+                gotf[i] = bf16_to_f32(got[i]);
+                scale = std::max(scale, double(std::fabs(ref[i])));
+            }
+            for (size_t i = 0; i < got.size(); ++i)
+                worst = std::max(worst, std::fabs(double(gotf[i]) - ref[i]) - std::fabs(ref[i]) / 128.0);
+            EXPECT_LT(fanout::testing::rel_error(gotf.data(), ref.data(), ref.size()), 5e-3) << M << "x" << N << "x" << K;
+            EXPECT_LE(worst, 1e-5 * scale) << M << "x" << N << "x" << K << ": beyond bf16 rounding";
+        }
     }
 }
 

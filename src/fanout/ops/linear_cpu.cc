@@ -3,6 +3,7 @@
 
 #include "fanout/ops/cpu_util.h"
 #include "fanout/ops/fp8_quant.h"
+#include "fanout/ops/gemm.h"
 #include "fanout/ops/linear.h"
 
 namespace fanout::ops {
@@ -36,31 +37,14 @@ void linear_f32(const float* x, const LinearWeight& w, float* y, int64_t M, cons
     });
 }
 
-// DeepSeek's w8a8: Σ_blocks s_x[m, b] · s_w[n/128, b] · Σ_{k in b} q_x[m, k] · q_w[n, k].
+// DeepSeek's w8a8: x quantized per 1×128 block, then the block-scaled FP8 GEMM.
 void linear_w8a8(const Tensor& x, const LinearWeight& w, float* y, int64_t M, const Stream& s) {
-    const int64_t N = w.out_features, K = w.in_features, nbk = ceil_div(K, kFp8Block);
+    const int64_t K = w.in_features, nbk = ceil_div(K, kFp8Block);
     Tensor xq = Tensor::zeros({M, K}, DType::kFP8E4M3);
     Tensor xs = Tensor::zeros({M, nbk}, DType::kF32);
     act_quant(x, xq, xs, s);
-    std::vector<float> xq_f(static_cast<size_t>(M * K));
-    convert_to_f32(xq.data(), DType::kFP8E4M3, xq_f.size(), xq_f.data());
-    const float* sx = xs.data_as<float>();
-    const auto* wq = static_cast<const uint8_t*>(w.data);
-    parallel_for(s, N, 16, [&](int64_t n0, int64_t n1) {
-        std::vector<float> row(static_cast<size_t>(K));
-        for (int64_t n = n0; n < n1; ++n) {
-            convert_to_f32(wq + n * K, DType::kFP8E4M3, static_cast<size_t>(K), row.data());
-            const float* sw = w.scale_inv + (n / kFp8Block) * nbk;
-            for (int64_t m = 0; m < M; ++m) {
-                float acc = 0.0f;
-                for (int64_t b = 0; b < nbk; ++b) {
-                    const int64_t k0 = b * kFp8Block, len = std::min(kFp8Block, K - k0);
-                    acc += cpu::dot(xq_f.data() + m * K + k0, row.data() + k0, len) * (sx[m * nbk + b] * sw[b]);
-                }
-                y[m * N + n] = acc;
-            }
-        }
-    });
+    gemm_fp8_cpu(xq.data_as<uint8_t>(), xs.data_as<float>(), static_cast<const uint8_t*>(w.data), w.scale_inv, y, M,
+                 w.out_features, K, s);
 }
 
 }  // namespace
