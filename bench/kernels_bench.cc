@@ -1,13 +1,13 @@
-// The cuBLASLt anchor for issue 5's FP8 GEMMs, measured on this GPU in the same run as its
-// ceilings: y[M, N] (bf16) = x[M, K] · W[N, K]ᵀ with e4m3 operands, activation scales per 1×128
+// kernels_bench: fanout's FP8 block-scaled GEMM beside the cuBLASLt anchor (issue 5), measured on
+// this GPU in the same run as its ceilings: y[M, N] (bf16) = x[M, K] · W[N, K]ᵀ with e4m3 operands, activation scales per 1×128
 // (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F) and weight scales per 128×128 (BLK128x128_32F) — the
 // library a user would pick — over the six DeepSeek-V3 shapes of REFERENCE.md §3 at M = 64 … 4096,
 // beside DeepGEMM's figures from REFERENCE.md. Ceilings: a 16-byte-access copy kernel's bandwidth
 // (bytes read + written) and cuBLASLt's tensor-wise FP8 rate on 8192³. Every timing is the best of 5
 // replays of a CUDA graph of 50 calls (as the anchors were taken); operands are random e4m3, the
 // same buffers each call (shapes whose weights fit the 60 MB L2 run cache-warm, as in the anchors).
-// This is a timing harness: it does not check cuBLASLt's numbers (issue 5's tests compare kernels
-// with the CPU reference).
+// fanout's kernel (`launch_gemm_fp8`, the plain SIMT one until the tensor-core kernels land) runs
+// on the same operands. Timing only: the kernels' numbers are checked by ops_cuda_test.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -21,6 +21,7 @@
 #include "fanout/core/cuda_check.h"
 #include "fanout/core/dtype.h"
 #include "fanout/core/error.h"
+#include "fanout/ops/gemm.h"
 
 void launch_copy16(const void* src, void* dst, size_t bytes, cudaStream_t stream);  // copy_kernel.cu
 
@@ -78,6 +79,9 @@ double time_graph_us(cudaStream_t s, int calls, Fn&& fn) {
     cudaEventDestroy(b);
     return best * 1000.0 / calls;
 }
+
+// Fewer graph calls for the slow plain kernel at large M (its time is in milliseconds there).
+int own_calls(int64_t m) { return m >= 1024 ? 3 : 20; }
 
 void* device_random_fp8(size_t n, uint64_t seed) {
     std::vector<uint8_t> h(n);
@@ -150,7 +154,7 @@ struct Fp8Gemm {
 }  // namespace
 
 int main(int argc, char** argv) {
-    const std::string json_out = argc > 1 ? argv[1] : "cublaslt_fp8_anchor.json";
+    const std::string json_out = argc > 1 ? argv[1] : "kernels_bench.json";
     try {
         cudaStream_t s;
         FANOUT_CUDA_CHECK(cudaStreamCreate(&s));
@@ -192,9 +196,9 @@ int main(int argc, char** argv) {
                     bw_gbs, peak_tflops);
 
         nlohmann::json rows = nlohmann::json::array();
-        std::printf("%-16s %5s %10s %9s %9s %8s %8s %10s %8s\n", "shape", "M", "cuBLASLt", "TFLOP/s", "GB/s", "%mem", "%fp8",
-                    "DeepGEMM", "floor");
-        double sums[5] = {}, dg_sums[5] = {}, floor_sums[5] = {};
+        std::printf("%-16s %5s %10s %9s %9s %8s %8s %10s %8s %12s\n", "shape", "M", "cuBLASLt", "TFLOP/s", "GB/s", "%mem",
+                    "%fp8", "DeepGEMM", "floor", "fanout");
+        double sums[5] = {}, dg_sums[5] = {}, floor_sums[5] = {}, own_sums[5] = {};
         for (const Shape& sh : kShapes) {
             void* w = device_random_fp8(size_t(sh.n * sh.k), 3);
             float* sw = device_scales(size_t((sh.n + 127) / 128 + 4) * size_t((sh.k + 127) / 128 + 4));
@@ -207,16 +211,22 @@ int main(int argc, char** argv) {
                 Fp8Gemm g(lt, M, sh.n, sh.k, true, sw, sx, wsize);
                 double us = -1;
                 if (g.ok) us = time_graph_us(s, 50, [&] { g.run(lt, w, x, y, ws, wsize, s); });
+                const double own_us = time_graph_us(s, own_calls(M), [&] {
+                    fanout::ops::launch_gemm_fp8(static_cast<const uint8_t*>(x), sx, static_cast<const uint8_t*>(w), sw,
+                                                 static_cast<uint16_t*>(y), int(M), int(sh.n), int(sh.k), s);
+                });
                 const double flops = 2.0 * M * sh.n * sh.k, bytes = double(M * sh.k + sh.n * sh.k + 2 * M * sh.n);
                 const double floor_us = std::max(bytes / (bw_gbs * 1e3), flops / (peak_tflops * 1e6));
-                std::printf("%-16s %5lld %8.1f us %9.1f %9.0f %7.0f%% %7.0f%% %8.1f us %6.1f us%s\n", sh.name,
+                std::printf("%-16s %5lld %8.1f us %9.1f %9.0f %7.0f%% %7.0f%% %8.1f us %6.1f us %9.1f us%s\n", sh.name,
                             (long long)M, us, flops / us / 1e6, bytes / us / 1e3, 100 * bytes / (bw_gbs * 1e3) / us,
-                            100 * flops / (peak_tflops * 1e6) / us, sh.deepgemm_us[mi], floor_us,
+                            100 * flops / (peak_tflops * 1e6) / us, sh.deepgemm_us[mi], floor_us, own_us,
                             g.ok ? "" : "  (no blockwise algorithm)");
                 rows.push_back({{"shape", sh.name}, {"N", sh.n}, {"K", sh.k}, {"M", M}, {"cublaslt_us", us},
                                 {"tflops", flops / us / 1e6}, {"gbs", bytes / us / 1e3},
-                                {"roofline_floor_us", floor_us}, {"deepgemm_us_reference_md", sh.deepgemm_us[mi]}});
+                                {"roofline_floor_us", floor_us}, {"deepgemm_us_reference_md", sh.deepgemm_us[mi]},
+                                {"fanout_gemm_fp8_us", own_us}});
                 sums[mi] += us;
+                own_sums[mi] += own_us;
                 dg_sums[mi] += sh.deepgemm_us[mi];
                 floor_sums[mi] += floor_us;
                 cudaFree(x);
@@ -228,10 +238,10 @@ int main(int argc, char** argv) {
         }
         std::printf("\nsum over the six shapes: ");
         for (int mi = 0; mi < 5; ++mi)
-            std::printf("M=%lld cuBLASLt %.1f / DeepGEMM %.1f / floor %.1f us; ", (long long)kMs[mi], sums[mi], dg_sums[mi],
-                        floor_sums[mi]);
+            std::printf("M=%lld cuBLASLt %.1f / DeepGEMM %.1f / floor %.1f / fanout %.1f us; ", (long long)kMs[mi],
+                        sums[mi], dg_sums[mi], floor_sums[mi], own_sums[mi]);
         std::printf("\n");
-        nlohmann::json out = {{"benchmark", "cublaslt_fp8_blockwise_anchor"},
+        nlohmann::json out = {{"benchmark", "kernels_fp8_gemm"},
                               {"gpu", prop.name},
                               {"copy_gbs", bw_gbs},
                               {"fp8_tensorwise_tflops", peak_tflops},
