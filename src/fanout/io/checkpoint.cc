@@ -1,5 +1,7 @@
 #include "fanout/io/checkpoint.h"
 
+#include "fanout/io/json_util.h"
+
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -16,13 +18,7 @@ Checkpoint Checkpoint::open(const std::string& dir, Progress progress) {
     const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
     const fs::path single_path = fs::path(dir) / "model.safetensors";
     if (fs::exists(index_path)) {
-        std::ifstream in(index_path);
-        nlohmann::json index;
-        try {
-            index = nlohmann::json::parse(in);
-        } catch (const nlohmann::json::exception& e) {
-            FANOUT_FAIL("{}: not valid JSON: {}", index_path.string(), e.what());
-        }
+        const nlohmann::json index = parse_json(read_text_file(index_path.string()), index_path.string());
         FANOUT_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
                      "{}: missing object field 'weight_map'", index_path.string());
         std::map<std::string, int> file_index;

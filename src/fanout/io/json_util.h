@@ -1,9 +1,14 @@
 // Helpers for validating JSON inputs (safetensors headers, config.json).
 #pragma once
 
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "fanout/core/error.h"
 
 namespace fanout::io {
 
@@ -31,6 +36,24 @@ inline std::string describe_json(const nlohmann::json& v) {
     std::string s = v.dump();
     if (s.size() > 80) s = s.substr(0, 77) + "...";
     return s;
+}
+
+// Parses JSON text; malformed text is an Error "<label>: not valid JSON: <why>".
+inline nlohmann::json parse_json(std::string_view text, const std::string& label) {
+    try {
+        return nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+        FANOUT_FAIL("{}: not valid JSON: {}", label, e.what());
+    }
+}
+
+// A whole file as bytes; an unreadable one is an Error naming it.
+inline std::string read_text_file(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    FANOUT_CHECK(in.good(), "cannot read {}", path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
 }
 
 }  // namespace fanout::io

@@ -168,12 +168,7 @@ double ModelConfig::rope_attention_factor() const {
 }
 
 ModelConfig parse_model_config(const std::string& json_text, const std::string& label) {
-    json j;
-    try {
-        j = json::parse(json_text);
-    } catch (const json::exception& e) {
-        FANOUT_FAIL("{}: not valid JSON: {}", label, e.what());
-    }
+    const json j = parse_json(json_text, label);
     FANOUT_CHECK(j.is_object(), "{}: must be a JSON object", label);
     FieldReader r(j, label);
     expect_value(r, "model_type", "", {"deepseek_v3"});
@@ -253,11 +248,8 @@ ModelConfig load_model_config(const std::string& model_dir) {
     FANOUT_CHECK(std::filesystem::is_directory(model_dir), "model folder '{}' does not exist or is not a folder",
                  model_dir);
     const std::string path = (std::filesystem::path(model_dir) / "config.json").string();
-    std::ifstream in(path);
-    FANOUT_CHECK(in.good(), "cannot read {}: no config.json in the model folder", path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return parse_model_config(ss.str(), path);
+    FANOUT_CHECK(std::filesystem::is_regular_file(path), "cannot read {}: no config.json in the model folder", path);
+    return parse_model_config(read_text_file(path), path);
 }
 
 std::string model_config_to_json(const ModelConfig& c) {

@@ -208,14 +208,6 @@ struct AddedToken {
     bool special, lstrip, rstrip, single_word, normalized;
 };
 
-std::string read_file(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    FANOUT_CHECK(in.good(), "cannot read {}", path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
-
 const json& field(const json& j, const char* key, const std::string& where) {
     FANOUT_CHECK(j.is_object() && j.contains(key), "{}: missing field '{}'", where, key);
     return j.at(key);
@@ -300,12 +292,7 @@ Tokenizer Tokenizer::from_json(const std::string& tokenizer_json, const std::str
                                const std::string& label) {
     auto t = std::make_unique<Impl>();
     t->label = label;
-    json j;
-    try {
-        j = json::parse(tokenizer_json);
-    } catch (const json::exception& e) {
-        FANOUT_FAIL("{}: not valid JSON: {}", label, e.what());
-    }
+    const json j = parse_json(tokenizer_json, label);
     FANOUT_CHECK(j.is_object(), "{}: must be a JSON object", label);
     // The model: byte-level BPE.
     const json& model = field(j, "model", label);
@@ -396,12 +383,7 @@ Tokenizer Tokenizer::from_json(const std::string& tokenizer_json, const std::str
                      string_field(j["decoder"], "type", label + ": decoder"));
     // tokenizer_config.json: BOS / EOS, whether to add them, and the chat template.
     if (!config_json.empty()) {
-        json cfg;
-        try {
-            cfg = json::parse(config_json);
-        } catch (const json::exception& e) {
-            FANOUT_FAIL("tokenizer_config.json beside {}: not valid JSON: {}", label, e.what());
-        }
+        const json cfg = parse_json(config_json, "tokenizer_config.json beside " + label);
         FANOUT_CHECK(cfg.is_object(), "tokenizer_config.json beside {}: must be a JSON object", label);
         t->bos_token = config_token(cfg, "bos_token");
         t->eos_token = config_token(cfg, "eos_token");
@@ -424,7 +406,7 @@ Tokenizer Tokenizer::load(const std::string& dir) {
     namespace fs = std::filesystem;
     const fs::path tj = fs::path(dir) / "tokenizer.json", tc = fs::path(dir) / "tokenizer_config.json";
     FANOUT_CHECK(fs::exists(tj), "no tokenizer.json in '{}'", dir);
-    return from_json(read_file(tj.string()), fs::exists(tc) ? read_file(tc.string()) : "", tj.string());
+    return from_json(read_text_file(tj.string()), fs::exists(tc) ? read_text_file(tc.string()) : "", tj.string());
 }
 
 // BPE over one pre-tokenized piece: its bytes' tokens, merged pair by pair in rank order.
