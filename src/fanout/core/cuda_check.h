@@ -4,6 +4,8 @@
 
 #include <cuda_runtime.h>
 
+#include <string>
+
 #include "fanout/core/api_error.h"
 
 // NOTE: the message is formatted in error.cc, not here: fmt's compile-time format checks do not
@@ -18,3 +20,11 @@
 
 // After a kernel launch: launch-configuration errors surface here.
 #define FANOUT_CUDA_CHECK_LAUNCH(name) FANOUT_CUDA_CHECK(cudaGetLastError())
+
+// An argument check in a CUDA translation unit: throws fanout::Error with the message (a
+// std::string or C string) when the condition is false.
+#define FANOUT_DEVICE_REQUIRE(cond, message)                                                                \
+    do {                                                                                                    \
+        if (!(cond)) [[unlikely]]                                                                           \
+            ::fanout::throw_message(__FILE__, __LINE__, std::string(message).c_str());                      \
+    } while (0)

@@ -14,4 +14,6 @@ void throw_api_error(const char* file, int line, const char* library, const char
     throw_error(file, line, fmt::format("{} call `{}` failed: {} ({})", library, statement, message, code));
 }
 
+void throw_message(const char* file, int line, const char* message) { throw_error(file, line, message); }
+
 }  // namespace fanout

@@ -28,6 +28,8 @@ void weight_dequant_row(const uint8_t* q, const float* scale_inv, int64_t N, int
 #ifdef FANOUT_WITH_CUDA
 // The same as act_quant on the device. x: [M, K] f32; q: [M, K] fp8; scales: [M, ceil(K/128)] f32.
 void launch_act_quant(const float* x, uint8_t* q, float* scales, int M, int K, void* cuda_stream);
+// The same from bf16 activations (uint16_t storage): the quantization in front of every FP8 GEMM.
+void launch_act_quant_bf16(const uint16_t* x, uint8_t* q, float* scales, int M, int K, void* cuda_stream);
 #endif
 
 }  // namespace fanout::ops

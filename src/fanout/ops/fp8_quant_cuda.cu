@@ -1,6 +1,7 @@
 // act_quant on the GPU: one warp per 1×128 block, each lane 4 values; amax by warp shuffle,
 // scale = max(amax, 1e-4) / 448, values converted with round-to-nearest-even and saturation
 // (the CPU reference's rule).
+#include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
 // Only fmt-free headers here: fmt does not compile under nvcc.
@@ -12,7 +13,11 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 
-__global__ void act_quant_kernel(const float* __restrict__ x, uint8_t* __restrict__ q, float* __restrict__ scales,
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__global__ void act_quant_kernel(const T* __restrict__ x, uint8_t* __restrict__ q, float* __restrict__ scales,
                                  int M, int K, int num_kblocks) {
     const int warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (warp >= M * num_kblocks) return;
@@ -23,7 +28,7 @@ __global__ void act_quant_kernel(const float* __restrict__ x, uint8_t* __restric
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int k = b * static_cast<int>(kFp8Block) + lane + 32 * i;
-        v[i] = k < K ? x[base + lane + 32 * i] : 0.0f;
+        v[i] = k < K ? to_f32(x[base + lane + 32 * i]) : 0.0f;
         amax = fmaxf(amax, fabsf(v[i]));
     }
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
@@ -36,15 +41,24 @@ __global__ void act_quant_kernel(const float* __restrict__ x, uint8_t* __restric
     }
 }
 
-}  // namespace
-
-void launch_act_quant(const float* x, uint8_t* q, float* scales, int M, int K, void* cuda_stream) {
+template <typename T>
+void launch(const T* x, uint8_t* q, float* scales, int M, int K, void* cuda_stream) {
     const int nb = (K + static_cast<int>(kFp8Block) - 1) / static_cast<int>(kFp8Block);
     const int warps = M * nb;
     if (warps == 0) return;
     act_quant_kernel<<<(warps + kWarpsPerBlock - 1) / kWarpsPerBlock, 32 * kWarpsPerBlock, 0,
                        static_cast<cudaStream_t>(cuda_stream)>>>(x, q, scales, M, K, nb);
     FANOUT_CUDA_CHECK_LAUNCH("act_quant_kernel");
+}
+
+}  // namespace
+
+void launch_act_quant(const float* x, uint8_t* q, float* scales, int M, int K, void* cuda_stream) {
+    launch(x, q, scales, M, K, cuda_stream);
+}
+
+void launch_act_quant_bf16(const uint16_t* x, uint8_t* q, float* scales, int M, int K, void* cuda_stream) {
+    launch(reinterpret_cast<const __nv_bfloat16*>(x), q, scales, M, K, cuda_stream);
 }
 
 }  // namespace fanout::ops

@@ -3,12 +3,17 @@
 // x is e4m3 with one f32 scale per 1×128 block of a row (act_quant); W is e4m3 with one f32 scale
 // per 128×128 block (weight_scale_inv; partial blocks at the edges). Each 128-wide slice of K is
 // accumulated in f32 and then promoted: y += partial · sx[m, kb] · sw[n / 128, kb]. The output is
-// bf16 (the GPU kernel) or f32 (the CPU reference).
+// bf16 (the GPU kernels, optionally plus a bf16 residual) or f32 (the CPU reference).
 //
-// The CUDA kernel here is the first, plain one (SIMT tiles through shared memory): correct on any
-// shape, and the baseline that issue 5's wgmma / TMA kernels replace and are tested like.
+// On the GPU (sm_90a): a persistent, warp-specialized kernel — one producer warpgroup feeding
+// TMA tile loads through an mbarrier ring, one or two consumer warpgroups issuing FP8 wgmma and
+// promoting each K block in registers — with split-K for shapes that have too few output tiles
+// to fill the GPU (gemm_fp8_sm90.cu). The tile shape and split come from a table measured on
+// H200 (`pick_gemm_config`, docs/PERF.md). K must be a multiple of 16 (TMA's row-stride rule);
+// other K run on the plain SIMT kernel, which stays as the fallback.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "fanout/core/thread_pool.h"
@@ -19,10 +24,52 @@ namespace fanout::ops {
 void gemm_fp8_cpu(const uint8_t* x, const float* sx, const uint8_t* w, const float* sw, float* y, int64_t M,
                   int64_t N, int64_t K, const Stream& s);
 
+// The tile shape of one launch: block_m ∈ {64, 128} rows (one consumer warpgroup per 64),
+// block_n ∈ {64, 128} columns, K split `splits` ways. block_m = 0 asks for the measured table.
+struct GemmConfig {
+    int block_m = 0;
+    int block_n = 0;
+    int splits = 1;
+};
+
+// The measured choice for a dense shape on a GPU with `num_sms` multiprocessors; splits > 1 only
+// when `split_k_allowed` (a GemmWorkspace is at hand).
+GemmConfig pick_gemm_config(int M, int N, int K, int num_sms, bool split_k_allowed);
+
 #ifdef FANOUT_WITH_CUDA
-// The same on the device, y in bf16 (uint16_t storage).
+// Device scratch for split-K: f32 partial tiles and one arrival counter per output tile. The
+// kernel leaves every counter at zero, so one workspace serves any sequence of GEMMs on one
+// stream (CUDA graphs included); GEMMs running concurrently need one workspace each.
+class GemmWorkspace {
+public:
+    explicit GemmWorkspace(size_t partial_bytes = size_t{32} << 20, int num_counters = 1 << 14);
+    ~GemmWorkspace();
+    GemmWorkspace(const GemmWorkspace&) = delete;
+    GemmWorkspace& operator=(const GemmWorkspace&) = delete;
+
+    float* partials = nullptr;
+    size_t partial_floats = 0;
+    int* counters = nullptr;
+    int num_counters = 0;
+};
+
+// y (bf16, uint16_t storage) = x · Wᵀ (+ residual, same shape, may alias y). `cfg` overrides the
+// table (benchmarks); split-K needs `workspace`.
 void launch_gemm_fp8(const uint8_t* x, const float* sx, const uint8_t* w, const float* sw, uint16_t* y, int M, int N,
-                     int K, void* cuda_stream);
+                     int K, void* cuda_stream, const uint16_t* residual = nullptr, GemmWorkspace* workspace = nullptr,
+                     GemmConfig cfg = {});
+
+// The plain SIMT kernel (no tensor cores): any K; the fallback and the baseline.
+void launch_gemm_fp8_simt(const uint8_t* x, const float* sx, const uint8_t* w, const float* sw, uint16_t* y, int M,
+                          int N, int K, void* cuda_stream);
+
+// BF16 checkpoints: y[M, N] = x[M, K] · W[N, K]ᵀ (+ residual), all bf16, f32 accumulation, through
+// cuBLASLt (one handle, workspace and algorithm cache per host thread).
+void launch_gemm_bf16(const uint16_t* x, const uint16_t* w, uint16_t* y, int M, int N, int K, void* cuda_stream,
+                      const uint16_t* residual = nullptr);
+
+// The multiprocessor count of the current device (cached).
+int device_sm_count();
 #endif
 
 }  // namespace fanout::ops

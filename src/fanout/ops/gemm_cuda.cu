@@ -1,13 +1,14 @@
 // The plain FP8 block-scaled GEMM: a 64×64 output tile per block of 256 threads, each thread
 // 4×4 outputs; x and W tiles of one 128-wide K block staged in shared memory as bytes, widened to
 // f32 at use, accumulated per K block and promoted with the two scales. Partial tiles and partial
-// K blocks are zero-padded. Correct on any shape; fast it is not (no tensor cores) — issue 5's
-// kernels replace it. Only fmt-free headers here.
+// K blocks are zero-padded. Correct on any shape; fast it is not (no tensor cores): the fallback
+// for K that TMA cannot describe and the baseline of gemm_fp8_sm90.cu. Only fmt-free headers here.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
 #include "fanout/core/cuda_check.h"
 #include "fanout/ops/fp8_constants.h"
+#include "fanout/ops/gemm.h"
 
 namespace fanout::ops {
 namespace {
@@ -74,7 +75,7 @@ __global__ void __launch_bounds__(kThreads) gemm_fp8_simt(const uint8_t* __restr
 
 }  // namespace
 
-void launch_gemm_fp8(const uint8_t* x, const float* sx, const uint8_t* w, const float* sw, uint16_t* y, int M, int N,
+void launch_gemm_fp8_simt(const uint8_t* x, const float* sx, const uint8_t* w, const float* sw, uint16_t* y, int M, int N,
                      int K, void* cuda_stream) {
     if (M == 0 || N == 0) return;
     const dim3 grid((N + kTile - 1) / kTile, (M + kTile - 1) / kTile);

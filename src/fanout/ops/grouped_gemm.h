@@ -6,6 +6,7 @@
 // * masked (decode, CUDA-graph friendly): x is [E, max_m, K] and only the first counts[e] rows of
 //   expert e are real; rows past the count are left untouched in y.
 // Numerics are linear()'s: bf16/f32 weights in f32, fp8 weights dequantized or w8a8.
+// The FP8 GPU kernels of both layouts are declared in grouped_gemm_cuda.h.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,489 @@
+// The FP8 block-scaled GEMM on Hopper tensor cores, dense and grouped (gemm.h, grouped_gemm.h).
+//
+// One persistent kernel for the three layouts. Each CTA walks output tiles blockIdx.x,
+// blockIdx.x + gridDim.x, ...; its warpgroups have fixed roles:
+//  * warpgroup 0, one thread: the producer. For every 128-wide K block of a tile it waits for a
+//    free stage of the shared-memory ring, then has TMA load the x tile [block_m × 128] and the W
+//    tile [block_n × 128] into it (128-byte swizzle), completing on the stage's `full` mbarrier.
+//  * warpgroups 1..block_m/64: consumers, 64 rows each. Per K block: wait for `full`, four
+//    m64·n·k32 FP8 wgmmas into a fresh f32 partial, wait for them, free the stage, then promote:
+//    acc += partial · sx[row, kb] · sw[n/128, kb] (the scales are loaded before the wait).
+// The ring runs across tiles, so the producer loads the next tile while consumers finish one.
+//
+// Split-K (dense only): tile t's K blocks are cut into `splits` ranges; each CTA stores its f32
+// partial tile to the workspace in fragment order, and the last of the splits to arrive (a
+// counter per tile, reset by that CTA) adds the others in split order and writes bf16 — one
+// kernel, deterministic, no memset.
+//
+// Grouped: the W tile comes from expert e's slice of [E·N, K]; contiguous tiles take e from the
+// 128-row block's entry, masked tiles come from a tile list built in shared memory from the
+// device counts (prefix over experts of ceil(count/block_m)·n_blocks), so empty experts cost a
+// lookup and the grid is the same for every routing.
+// Only fmt-free headers here.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+
+#include <string>
+
+#include "fanout/core/cuda_check.h"
+#include "fanout/ops/fp8_constants.h"
+#include "fanout/ops/gemm.h"
+#include "fanout/ops/grouped_gemm_cuda.h"
+#include "fanout/ops/sm90.cuh"
+
+namespace fanout::ops {
+namespace {
+
+using namespace sm90;
+
+constexpr int kBK = 128;                    // K per stage = one scale block = one 128-byte swizzle row
+constexpr int kMaxExperts = 1024;           // masked layout: experts per launch
+constexpr int kSmemBudget = 200 * 1024;     // the stage ring's share of the 227 KB per block
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+
+enum class Layout { kDense, kContiguous, kMasked };
+
+struct Params {
+    const float* sx;
+    const float* sw;
+    __nv_bfloat16* y;
+    const __nv_bfloat16* residual;  // dense only; may alias y
+    int rows;                       // dense: M; contiguous: rows; masked: max_m
+    int N, K, nkb, n_blocks;
+    int splits, kb_per_split;       // dense split-K
+    float* partials;
+    int* counters;
+    const int32_t* block_expert;    // contiguous
+    const int32_t* counts;          // masked
+    int num_experts;
+};
+
+struct Tile {
+    int a_row;    // first row of the tile in x, sx and y
+    int rows;     // valid rows from a_row (<= 0: nothing to do)
+    int b_row;    // first row of the tile in the stacked W
+    int n0;       // first output column
+    int sw_base;  // index of sw[.., n0 / 128, 0]
+    int kb0, kb1; // K blocks of this tile (split)
+    int id, split;
+};
+
+template <int BM, int BN, Layout L>
+struct Scheduler {
+    const Params& p;
+    const int* prefix;  // masked: tiles before expert e, in shared memory
+    int m_blocks;
+
+    __device__ int total() const {
+        if constexpr (L == Layout::kMasked) return prefix[p.num_experts];
+        else return m_blocks * p.n_blocks * (L == Layout::kDense ? p.splits : 1);
+    }
+
+    __device__ Tile get(int t) const {
+        Tile tile{};
+        const int sw_per_expert = ((p.N + kBK - 1) / kBK) * p.nkb;
+        if constexpr (L == Layout::kMasked) {
+            int lo = 0, hi = p.num_experts - 1;  // the expert e with prefix[e] <= t < prefix[e + 1]
+            while (lo < hi) {
+                const int mid = (lo + hi + 1) / 2;
+                if (prefix[mid] <= t) lo = mid;
+                else hi = mid - 1;
+            }
+            const int e = lo, local = t - prefix[e];
+            const int count = min(max(p.counts[e], 0), p.rows);
+            const int mb = (count + BM - 1) / BM;
+            const int m0 = (local % mb) * BM;
+            tile.n0 = (local / mb) * BN;
+            tile.a_row = e * p.rows + m0;
+            tile.rows = count - m0;
+            tile.b_row = e * p.N + tile.n0;
+            tile.sw_base = e * sw_per_expert + (tile.n0 / kBK) * p.nkb;
+            tile.kb0 = 0;
+            tile.kb1 = p.nkb;
+            tile.id = t;
+        } else {
+            const int m_blk = t % m_blocks, rest = t / m_blocks;
+            const int n_blk = rest % p.n_blocks;
+            tile.n0 = n_blk * BN;
+            tile.a_row = m_blk * BM;
+            tile.id = m_blk + n_blk * m_blocks;
+            if constexpr (L == Layout::kDense) {
+                tile.split = rest / p.n_blocks;
+                tile.rows = p.rows - tile.a_row;
+                tile.b_row = tile.n0;
+                tile.sw_base = (tile.n0 / kBK) * p.nkb;
+                tile.kb0 = tile.split * p.kb_per_split;
+                tile.kb1 = min(p.nkb, tile.kb0 + p.kb_per_split);
+            } else {
+                const int e = p.block_expert[tile.a_row / kBK];
+                const bool real = e >= 0 && e < p.num_experts;
+                tile.rows = real ? min(BM, p.rows - tile.a_row) : 0;
+                tile.b_row = (real ? e : 0) * p.N + tile.n0;
+                tile.sw_base = (real ? e : 0) * sw_per_expert + (tile.n0 / kBK) * p.nkb;
+                tile.kb0 = 0;
+                tile.kb1 = p.nkb;
+            }
+        }
+        return tile;
+    }
+};
+
+__device__ __forceinline__ float bf16_at(const __nv_bfloat16* p, size_t i) { return __bfloat162float(p[i]); }
+
+template <int BM, int BN, int STAGES, Layout L>
+__global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)
+    gemm_fp8_sm90_kernel(const __grid_constant__ CUtensorMap tmap_x, const __grid_constant__ CUtensorMap tmap_w,
+                         const Params p) {
+    constexpr int kConsumers = BM / 64;
+    constexpr int kABytes = BM * kBK, kBBytes = BN * kBK, kStageBytes = kABytes + kBBytes;
+    constexpr int kAcc = BN / 2;  // f32 accumulators per thread (m64 × BN over 128 threads)
+    static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "stages must keep 1024-byte alignment");
+
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+    uint64_t* full = reinterpret_cast<uint64_t*>(smem + STAGES * kStageBytes);
+    uint64_t* empty = full + STAGES;
+    __shared__ int prefix[L == Layout::kMasked ? kMaxExperts + 1 : 1];
+    __shared__ int last_arrival;
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], kConsumers * 4);  // lane 0 of every consumer warp
+        }
+        mbar_fence_init();
+        tma_prefetch_descriptor(&tmap_x);
+        tma_prefetch_descriptor(&tmap_w);
+    }
+    if constexpr (L == Layout::kMasked) {
+        // prefix[e] = Σ_{e' < e} ceil(count/BM) · n_blocks, by warp 0 in chunks of 32 experts.
+        if (threadIdx.x < 32) {
+            int carry = 0;
+            for (int base = 0; base < p.num_experts; base += 32) {
+                const int e = base + static_cast<int>(threadIdx.x);
+                int v = 0;
+                if (e < p.num_experts) v = ((min(max(p.counts[e], 0), p.rows) + BM - 1) / BM) * p.n_blocks;
+#pragma unroll
+                for (int o = 1; o < 32; o <<= 1) {
+                    const int u = __shfl_up_sync(0xffffffffu, v, o);
+                    if (threadIdx.x >= o) v += u;
+                }
+                if (e < p.num_experts) prefix[e + 1] = carry + v;
+                carry += __shfl_sync(0xffffffffu, v, 31);
+            }
+            if (threadIdx.x == 0) prefix[0] = 0;
+        }
+    }
+    __syncthreads();
+
+    const Scheduler<BM, BN, L> sched{p, prefix, (p.rows + BM - 1) / BM};
+    const int total = sched.total();
+    const int wg = threadIdx.x / 128;
+
+    if (wg == 0) {
+        setmaxnreg_dec<kProducerRegs>();
+        if (threadIdx.x == 0) {
+            int s = 0;
+            uint32_t phase = 0;
+            for (int t = blockIdx.x; t < total; t += gridDim.x) {
+                const Tile tile = sched.get(t);
+                if (tile.rows <= 0) continue;
+                for (int kb = tile.kb0; kb < tile.kb1; ++kb) {
+                    mbar_wait(&empty[s], phase ^ 1);
+                    mbar_arrive_expect_tx(&full[s], kStageBytes);
+                    uint8_t* stage = smem + s * kStageBytes;
+                    tma_load_2d(stage, &tmap_x, &full[s], kb * kBK, tile.a_row);
+                    tma_load_2d(stage + kABytes, &tmap_w, &full[s], kb * kBK, tile.b_row);
+                    if (++s == STAGES) s = 0, phase ^= 1;
+                }
+            }
+        }
+        return;
+    }
+
+    setmaxnreg_inc<kConsumerRegs>();
+    const int consumer = wg - 1;
+    const int ctid = threadIdx.x - 128;  // 0 .. 128·kConsumers
+    const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+    const int r_lo = 64 * consumer + 16 * warp + lane / 4;  // this thread's rows in the tile: r_lo, r_lo + 8
+    int s = 0;
+    uint32_t phase = 0;
+    for (int t = blockIdx.x; t < total; t += gridDim.x) {
+        const Tile tile = sched.get(t);
+        if (tile.rows <= 0) continue;
+        float acc[kAcc];
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+        const float* sx_lo = p.sx + static_cast<size_t>(tile.a_row + r_lo) * p.nkb;
+        const float* sx_hi = sx_lo + static_cast<size_t>(8) * p.nkb;
+        const bool lo_ok = r_lo < tile.rows, hi_ok = r_lo + 8 < tile.rows;
+        for (int kb = tile.kb0; kb < tile.kb1; ++kb) {
+            const float sb = __ldg(p.sw + tile.sw_base + kb);
+            const float sa_lo = lo_ok ? __ldg(sx_lo + kb) : 0.0f;
+            const float sa_hi = hi_ok ? __ldg(sx_hi + kb) : 0.0f;
+            mbar_wait(&full[s], phase);
+            const uint8_t* stage = smem + s * kStageBytes;
+            const uint64_t da = desc_k_major_sw128(stage + consumer * 64 * kBK);
+            const uint64_t db = desc_k_major_sw128(stage + kABytes);
+            float part[kAcc];
+            wgmma_fence();
+#pragma unroll
+            for (int k = 0; k < kBK / 32; ++k) Wgmma<BN>::mma(part, da + 2 * k, db + 2 * k, k > 0 ? 1 : 0);
+            wgmma_commit();
+            wgmma_wait_all();
+            fence_regs(part);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[s]);
+            if (++s == STAGES) s = 0, phase ^= 1;
+            const float s_lo = sa_lo * sb, s_hi = sa_hi * sb;
+#pragma unroll
+            for (int j = 0; j < kAcc / 4; ++j) {
+                acc[4 * j + 0] = fmaf(part[4 * j + 0], s_lo, acc[4 * j + 0]);
+                acc[4 * j + 1] = fmaf(part[4 * j + 1], s_lo, acc[4 * j + 1]);
+                acc[4 * j + 2] = fmaf(part[4 * j + 2], s_hi, acc[4 * j + 2]);
+                acc[4 * j + 3] = fmaf(part[4 * j + 3], s_hi, acc[4 * j + 3]);
+            }
+        }
+
+        if constexpr (L == Layout::kDense) {
+            if (p.splits > 1) {
+                constexpr int kThreads = kConsumers * 128;
+                float4* mine = reinterpret_cast<float4*>(p.partials) +
+                               (static_cast<size_t>(tile.id) * p.splits + tile.split) * (kThreads * kAcc / 4);
+#pragma unroll
+                for (int i = 0; i < kAcc / 4; ++i)
+                    mine[i * kThreads + ctid] = make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
+                __threadfence();
+                named_barrier(1, kThreads);
+                if (ctid == 0) {
+                    const int before = atomicAdd(&p.counters[tile.id], 1);
+                    last_arrival = before == p.splits - 1;
+                    if (last_arrival) p.counters[tile.id] = 0;
+                }
+                named_barrier(1, kThreads);
+                if (!last_arrival) continue;
+                __threadfence();
+                const float4* all = reinterpret_cast<const float4*>(p.partials) +
+                                    static_cast<size_t>(tile.id) * p.splits * (kThreads * kAcc / 4);
+#pragma unroll
+                for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+                for (int sp = 0; sp < p.splits; ++sp) {  // in split order: the sum does not depend on arrival
+                    const float4* src = all + static_cast<size_t>(sp) * (kThreads * kAcc / 4);
+#pragma unroll
+                    for (int i = 0; i < kAcc / 4; ++i) {
+                        const float4 v = __ldcg(src + i * kThreads + ctid);
+                        acc[4 * i] += v.x;
+                        acc[4 * i + 1] += v.y;
+                        acc[4 * i + 2] += v.z;
+                        acc[4 * i + 3] += v.w;
+                    }
+                }
+            }
+        }
+
+        // Epilogue: bf16 out (+ residual), straight from the fragment: per 8-column group each
+        // thread holds two adjacent columns of rows r_lo and r_lo + 8.
+        const bool pairs = (p.N % 2) == 0;
+#pragma unroll
+        for (int j = 0; j < kAcc / 4; ++j) {
+            const int col = tile.n0 + 8 * j + 2 * (lane % 4);
+            if (col >= p.N) continue;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = r_lo + 8 * h;
+                if (r >= tile.rows) continue;
+                const size_t idx = static_cast<size_t>(tile.a_row + r) * p.N + col;
+                float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+                const bool two = col + 1 < p.N;
+                if (p.residual != nullptr) {
+                    v0 += bf16_at(p.residual, idx);
+                    if (two) v1 += bf16_at(p.residual, idx + 1);
+                }
+                if (two && pairs) {
+                    *reinterpret_cast<__nv_bfloat162*>(p.y + idx) = __floats2bfloat162_rn(v0, v1);
+                } else {
+                    p.y[idx] = __float2bfloat16(v0);
+                    if (two) p.y[idx + 1] = __float2bfloat16(v1);
+                }
+            }
+        }
+    }
+}
+
+// ---- host side ----
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+        void* f = nullptr;
+        cudaDriverEntryPointQueryResult q{};
+        FANOUT_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q));
+        FANOUT_DEVICE_REQUIRE(q == cudaDriverEntryPointSuccess && f != nullptr,
+                              "the CUDA driver has no cuTensorMapEncodeTiled (TMA needs driver >= 12.0)");
+        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+    }();
+    return fn;
+}
+
+// A [rows, K] e4m3 row-major matrix in boxes of [box_rows × 128] with 128-byte swizzle; reads
+// past the edges fill zeros.
+CUtensorMap tmap_rows_by_k(const uint8_t* base, uint64_t rows, uint64_t K, uint32_t box_rows) {
+    CUtensorMap m;
+    const cuuint64_t dims[2] = {K, rows};
+    const cuuint64_t strides[1] = {K};
+    const cuuint32_t box[2] = {kBK, box_rows};
+    const cuuint32_t elem[2] = {1, 1};
+    const CUresult r = encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(base), dims, strides, box,
+                                   elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        throw_api_error(__FILE__, __LINE__, "CUDA driver", "cuTensorMapEncodeTiled", static_cast<int>(r),
+                        ("rows " + std::to_string(rows) + ", K " + std::to_string(K)).c_str());
+    return m;
+}
+
+template <int BM, int BN>
+constexpr int stages() {
+    return kSmemBudget / ((BM + BN) * kBK) < 16 ? kSmemBudget / ((BM + BN) * kBK) : 16;
+}
+
+template <int BM, int BN, Layout L>
+void launch_config(const CUtensorMap& tx, const CUtensorMap& tw, const Params& p, int grid, cudaStream_t stream) {
+    constexpr int S = stages<BM, BN>();
+    auto* kernel = gemm_fp8_sm90_kernel<BM, BN, S, L>;
+    constexpr int smem = S * (BM + BN) * kBK + 1024 + 2 * S * 8;
+    static const bool attr_set = [&] {
+        FANOUT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        return true;
+    }();
+    (void)attr_set;
+    kernel<<<grid, (BM / 64 + 1) * 128, smem, stream>>>(tx, tw, p);
+    FANOUT_CUDA_CHECK_LAUNCH("gemm_fp8_sm90_kernel");
+}
+
+template <Layout L>
+void launch_layout(const GemmConfig& cfg, const CUtensorMap& tx, const CUtensorMap& tw, const Params& p, int grid,
+                   cudaStream_t stream) {
+    if (cfg.block_m == 64 && cfg.block_n == 64) return launch_config<64, 64, L>(tx, tw, p, grid, stream);
+    if (cfg.block_m == 64 && cfg.block_n == 128) return launch_config<64, 128, L>(tx, tw, p, grid, stream);
+    if (cfg.block_m == 128 && cfg.block_n == 64) return launch_config<128, 64, L>(tx, tw, p, grid, stream);
+    if (cfg.block_m == 128 && cfg.block_n == 128) return launch_config<128, 128, L>(tx, tw, p, grid, stream);
+    FANOUT_DEVICE_REQUIRE(false, "gemm_fp8: no kernel for block_m " + std::to_string(cfg.block_m) + " × block_n " +
+                                     std::to_string(cfg.block_n) + " (have 64|128 × 64|128)");
+}
+
+void check_operands(const void* x, const void* w, int N, int K, const char* what) {
+    FANOUT_DEVICE_REQUIRE(N > 0 && K > 0, std::string(what) + ": N and K must be positive, got N " +
+                                              std::to_string(N) + ", K " + std::to_string(K));
+    FANOUT_DEVICE_REQUIRE(K % 16 == 0, std::string(what) + ": K must be a multiple of 16 for TMA, got " +
+                                           std::to_string(K));
+    FANOUT_DEVICE_REQUIRE(reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0,
+                          std::string(what) + ": x and W must be 16-byte aligned");
+}
+
+Params base_params(const float* sx, const float* sw, uint16_t* y, int rows, int N, int K, int block_n) {
+    Params p{};
+    p.sx = sx;
+    p.sw = sw;
+    p.y = reinterpret_cast<__nv_bfloat16*>(y);
+    p.rows = rows;
+    p.N = N;
+    p.K = K;
+    p.nkb = (K + kBK - 1) / kBK;
+    p.n_blocks = (N + block_n - 1) / block_n;
+    p.splits = 1;
+    p.kb_per_split = p.nkb;
+    return p;
+}
+
+}  // namespace
+
+int device_sm_count() {
+    static const int n = [] {
+        int dev = 0, sms = 0;
+        FANOUT_CUDA_CHECK(cudaGetDevice(&dev));
+        FANOUT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        return sms;
+    }();
+    return n;
+}
+
+GemmWorkspace::GemmWorkspace(size_t partial_bytes, int counters_count)
+    : partial_floats(partial_bytes / sizeof(float)), num_counters(counters_count) {
+    FANOUT_CUDA_CHECK(cudaMalloc(&partials, partial_floats * sizeof(float)));
+    FANOUT_CUDA_CHECK(cudaMalloc(&counters, static_cast<size_t>(num_counters) * sizeof(int)));
+    FANOUT_CUDA_CHECK(cudaMemset(counters, 0, static_cast<size_t>(num_counters) * sizeof(int)));
+}
+
+GemmWorkspace::~GemmWorkspace() {
+    cudaFree(partials);
+    cudaFree(counters);
+}
+
+void launch_gemm_fp8(const uint8_t* x, const float* sx, const uint8_t* w, const float* sw, uint16_t* y, int M, int N,
+                     int K, void* cuda_stream, const uint16_t* residual, GemmWorkspace* workspace, GemmConfig cfg) {
+    if (M <= 0 || N <= 0) return;
+    if (K % 16 != 0) {
+        FANOUT_DEVICE_REQUIRE(residual == nullptr, "gemm_fp8: a residual needs K a multiple of 16");
+        return launch_gemm_fp8_simt(x, sx, w, sw, y, M, N, K, cuda_stream);
+    }
+    check_operands(x, w, N, K, "gemm_fp8");
+    const int sms = device_sm_count();
+    if (cfg.block_m == 0) cfg = pick_gemm_config(M, N, K, sms, workspace != nullptr);
+    Params p = base_params(sx, sw, y, M, N, K, cfg.block_n);
+    p.residual = reinterpret_cast<const __nv_bfloat16*>(residual);
+    const int m_blocks = (M + cfg.block_m - 1) / cfg.block_m, tiles = m_blocks * p.n_blocks;
+    if (cfg.splits > 1) {
+        FANOUT_DEVICE_REQUIRE(workspace != nullptr, "gemm_fp8: split-K needs a GemmWorkspace");
+        p.kb_per_split = (p.nkb + cfg.splits - 1) / cfg.splits;
+        p.splits = (p.nkb + p.kb_per_split - 1) / p.kb_per_split;  // no empty split
+        const size_t need = static_cast<size_t>(tiles) * p.splits * cfg.block_m * cfg.block_n;
+        FANOUT_DEVICE_REQUIRE(need <= workspace->partial_floats && tiles <= workspace->num_counters,
+                              "gemm_fp8: split-K workspace too small (" + std::to_string(need * 4) + " bytes, " +
+                                  std::to_string(tiles) + " counters needed)");
+        p.partials = workspace->partials;
+        p.counters = workspace->counters;
+    }
+    const CUtensorMap tx = tmap_rows_by_k(x, M, K, cfg.block_m);
+    const CUtensorMap tw = tmap_rows_by_k(w, N, K, cfg.block_n);
+    const int grid = std::min(tiles * p.splits, sms);
+    launch_layout<Layout::kDense>(cfg, tx, tw, p, grid, static_cast<cudaStream_t>(cuda_stream));
+}
+
+void launch_grouped_gemm_fp8_contiguous(const uint8_t* x, const float* sx, int rows, const int32_t* block_expert,
+                                        const uint8_t* w, const float* sw, int num_experts, int N, int K,
+                                        uint16_t* y, void* cuda_stream, GemmConfig cfg) {
+    if (rows <= 0) return;
+    check_operands(x, w, N, K, "grouped_gemm_fp8_contiguous");
+    FANOUT_DEVICE_REQUIRE(rows % kBK == 0, "grouped_gemm_fp8_contiguous: rows must be a multiple of 128, got " +
+                                               std::to_string(rows));
+    FANOUT_DEVICE_REQUIRE(num_experts > 0, "grouped_gemm_fp8_contiguous: no experts");
+    if (cfg.block_m == 0) cfg = {128, 128, 1};
+    Params p = base_params(sx, sw, y, rows, N, K, cfg.block_n);
+    p.block_expert = block_expert;
+    p.num_experts = num_experts;
+    const CUtensorMap tx = tmap_rows_by_k(x, rows, K, cfg.block_m);
+    const CUtensorMap tw = tmap_rows_by_k(w, static_cast<uint64_t>(num_experts) * N, K, cfg.block_n);
+    const int tiles = (rows / cfg.block_m) * p.n_blocks;
+    launch_layout<Layout::kContiguous>(cfg, tx, tw, p, std::min(tiles, device_sm_count()),
+                                       static_cast<cudaStream_t>(cuda_stream));
+}
+
+void launch_grouped_gemm_fp8_masked(const uint8_t* x, const float* sx, const int32_t* counts, int num_experts,
+                                    int max_m, const uint8_t* w, const float* sw, int N, int K, uint16_t* y,
+                                    int expected_m, void* cuda_stream, GemmConfig cfg) {
+    if (max_m <= 0 || num_experts <= 0) return;
+    check_operands(x, w, N, K, "grouped_gemm_fp8_masked");
+    FANOUT_DEVICE_REQUIRE(num_experts <= kMaxExperts, "grouped_gemm_fp8_masked: at most " +
+                                                          std::to_string(kMaxExperts) + " experts, got " +
+                                                          std::to_string(num_experts));
+    if (cfg.block_m == 0) cfg = {expected_m <= 64 ? 64 : 128, 128, 1};
+    Params p = base_params(sx, sw, y, max_m, N, K, cfg.block_n);
+    p.counts = counts;
+    p.num_experts = num_experts;
+    const CUtensorMap tx = tmap_rows_by_k(x, static_cast<uint64_t>(num_experts) * max_m, K, cfg.block_m);
+    const CUtensorMap tw = tmap_rows_by_k(w, static_cast<uint64_t>(num_experts) * N, K, cfg.block_n);
+    launch_layout<Layout::kMasked>(cfg, tx, tw, p, device_sm_count(), static_cast<cudaStream_t>(cuda_stream));
+}
+
+}  // namespace fanout::ops

@@ -1,0 +1,36 @@
+// Grouped GEMM for MoE experts on the GPU: the FP8 kernels of the contiguous and masked layouts
+// (grouped_gemm.h has the layouts' CPU references) and the fused expert activation. fmt-free,
+// so CUDA translation units can include it.
+#pragma once
+
+#include <cstdint>
+
+#include "fanout/ops/gemm.h"
+
+namespace fanout::ops {
+
+#ifdef FANOUT_WITH_CUDA
+// The FP8 kernels of the two layouts on the device (gemm_fp8's numerics, bf16 out), the
+// weights of all experts stacked: w [E, N, K] e4m3, sw [E, ceil(N/128), ceil(K/128)].
+//
+// Contiguous: x [rows, K] with rows a multiple of 128 and block_expert[rows / 128] on the device
+// naming the expert of each 128-row block (-1: padding, skipped). y [rows, N].
+void launch_grouped_gemm_fp8_contiguous(const uint8_t* x, const float* sx, int rows, const int32_t* block_expert,
+                                        const uint8_t* w, const float* sw, int num_experts, int N, int K,
+                                        uint16_t* y, void* cuda_stream, GemmConfig cfg = {});
+
+// Masked: x [E, max_m, K], counts[E] on the device (clamped to [0, max_m]); rows past a count are
+// neither read into the result nor written. The grid does not depend on the counts, so the call
+// can be captured once in a CUDA graph and replayed for any routing. `expected_m` (tokens per
+// expert the caller expects) only picks the tile shape.
+void launch_grouped_gemm_fp8_masked(const uint8_t* x, const float* sx, const int32_t* counts, int num_experts,
+                                    int max_m, const uint8_t* w, const float* sw, int N, int K, uint16_t* y,
+                                    int expected_m, void* cuda_stream, GemmConfig cfg = {});
+
+// silu_mul_quant_masked on the device, reading bf16 gate_up [E, max_m, 2I] (the grouped GEMM's
+// output) and the counts on the device: q [E, max_m, I] e4m3, scales [E, max_m, ceil(I/128)].
+void launch_silu_mul_quant_masked(const uint16_t* gate_up, const int32_t* counts, int num_experts, int max_m, int I,
+                                  uint8_t* q, float* scales, void* cuda_stream);
+#endif
+
+}  // namespace fanout::ops
