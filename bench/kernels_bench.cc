@@ -28,12 +28,12 @@ void launch_copy16(const void* src, void* dst, size_t bytes, cudaStream_t stream
 namespace fanout::bench {
 namespace {
 
-#define CUBLAS_CHECK(stmt)                                                                              \
-    do {                                                                                               \
-        const cublasStatus_t st_ = (stmt);                                                             \
-        if (st_ != CUBLAS_STATUS_SUCCESS)                                                              \
-            ::fanout::throw_api_error(__FILE__, __LINE__, "cuBLASLt", #stmt, static_cast<int>(st_),     \
-                                      cublasLtGetStatusString(st_));                                   \
+#define CUBLAS_CHECK(stmt)                                                                          \
+    do {                                                                                            \
+        const cublasStatus_t st_ = (stmt);                                                          \
+        if (st_ != CUBLAS_STATUS_SUCCESS)                                                           \
+            ::fanout::throw_api_error(__FILE__, __LINE__, "cuBLASLt", #stmt, static_cast<int>(st_), \
+                                      cublasLtGetStatusString(st_));                                \
     } while (0)
 
 struct Shape {
@@ -144,8 +144,10 @@ struct CublasFp8 {
         if (blockwise) {
             const cublasLtMatmulMatrixScale_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
             const cublasLtMatmulMatrixScale_t b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof(a_mode)));
-            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof(b_mode)));
+            CUBLAS_CHECK(
+                cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof(a_mode)));
+            CUBLAS_CHECK(
+                cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof(b_mode)));
         }
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)));
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)));
@@ -210,7 +212,8 @@ void measure_ceilings(Context& c) {
     auto unit = random_scales(1, 3);
     CublasFp8 peak(c.lt, big, big, big, false, unit->p, unit->p, c.wsize);
     FANOUT_CHECK(peak.ok, "cuBLASLt has no tensor-wise FP8 algorithm for 8192^3");
-    const double peak_us = time_graph_us(c.stream, 10, [&] { peak.run(c.lt, ba->p, bb->p, bc.p, c.ws->p, c.wsize, c.stream); });
+    const double peak_us =
+        time_graph_us(c.stream, 10, [&] { peak.run(c.lt, ba->p, bb->p, bc.p, c.ws->p, c.wsize, c.stream); });
     c.peak_tflops = 2.0 * big * big * big / peak_us / 1e6;
 }
 
@@ -221,8 +224,8 @@ std::string config_name(const ops::GemmConfig& g) {
 nlohmann::json bench_dense(Context& c, bool sweep) {
     nlohmann::json rows = nlohmann::json::array();
     std::printf("dense FP8 GEMM, y[M,N] = x[M,K]·W[N,K]^T (bf16 out)\n");
-    std::printf("%-15s %5s %9s %-9s %7s %6s %6s %6s %9s %9s %8s%s\n", "shape", "M", "fanout", "tile", "TFLOP/s",
-                "GB/s", "%mem", "%fp8", "cuBLASLt", "DeepGEMM", "floor", sweep ? "  sweep best" : "");
+    std::printf("%-15s %5s %9s %-9s %7s %6s %6s %6s %9s %9s %8s%s\n", "shape", "M", "fanout", "tile", "TFLOP/s", "GB/s",
+                "%mem", "%fp8", "cuBLASLt", "DeepGEMM", "floor", sweep ? "  sweep best" : "");
     double sums[5] = {}, cub_sums[5] = {}, dg_sums[5] = {}, floor_sums[5] = {}, best_sums[5] = {};
     const int sms = ops::device_sm_count();
     for (const Shape& sh : kShapes) {
@@ -235,7 +238,8 @@ nlohmann::json bench_dense(Context& c, bool sweep) {
             DevicePtr<uint16_t> y(size_t(M * sh.n));
             CublasFp8 g(c.lt, M, sh.n, sh.k, true, sw->p, sx->p, c.wsize);
             const double cub_us =
-                g.ok ? time_graph_us(c.stream, 50, [&] { g.run(c.lt, w->p, x->p, y.p, c.ws->p, c.wsize, c.stream); }) : -1;
+                g.ok ? time_graph_us(c.stream, 50, [&] { g.run(c.lt, w->p, x->p, y.p, c.ws->p, c.wsize, c.stream); })
+                     : -1;
             auto run = [&](ops::GemmConfig cfg) {
                 return time_graph_us(c.stream, 50, [&] {
                     ops::launch_gemm_fp8(x->p, sx->p, w->p, sw->p, y.p, int(M), int(sh.n), int(sh.k), c.stream, nullptr,
@@ -246,16 +250,22 @@ nlohmann::json bench_dense(Context& c, bool sweep) {
             const double us = run(table);
             const double flops = 2.0 * M * sh.n * sh.k, bytes = double(M * sh.k + sh.n * sh.k + 2 * M * sh.n);
             const double floor_us = c.floor_us(flops, bytes);
-            nlohmann::json row = {{"shape", sh.name}, {"M", M}, {"N", sh.n}, {"K", sh.k}, {"config", config_name(table)},
-                                  {"fanout", c.figures(us, flops, bytes)}, {"cublaslt_us", cub_us},
-                                  {"deepgemm_us_reference_md", sh.deepgemm_us[mi]}, {"roofline_floor_us", floor_us}};
+            nlohmann::json row = {{"shape", sh.name},
+                                  {"M", M},
+                                  {"N", sh.n},
+                                  {"K", sh.k},
+                                  {"config", config_name(table)},
+                                  {"fanout", c.figures(us, flops, bytes)},
+                                  {"cublaslt_us", cub_us},
+                                  {"deepgemm_us_reference_md", sh.deepgemm_us[mi]},
+                                  {"roofline_floor_us", floor_us}};
             double best_us = us;
             ops::GemmConfig best = table;
             if (sweep) {
                 nlohmann::json all = nlohmann::json::array();
                 const int nkb = int((sh.k + 127) / 128);
                 for (int bm : {64, 128})
-                    for (int bn : {64, 128})
+                    for (int bn : {64, 128, 256})
                         for (int splits : {1, 2, 3, 4, 6, 8, 12, 16}) {
                             if (splits > 1 && nkb / splits < 2) continue;
                             const ops::GemmConfig cfg{bm, bn, splits};
@@ -282,15 +292,19 @@ nlohmann::json bench_dense(Context& c, bool sweep) {
             floor_sums[mi] += floor_us;
         }
     }
-    std::printf("\nsum over the six shapes (µs): M      fanout  cuBLASLt  DeepGEMM   floor%s\n", sweep ? "  sweep-best" : "");
+    std::printf("\nsum over the six shapes (µs): M      fanout  cuBLASLt  DeepGEMM   floor%s\n",
+                sweep ? "  sweep-best" : "");
     nlohmann::json sum_rows = nlohmann::json::array();
     for (int mi = 0; mi < 5; ++mi) {
         std::printf("                             %5lld %8.1f %9.1f %9.1f %7.1f", (long long)kMs[mi], sums[mi],
                     cub_sums[mi], dg_sums[mi], floor_sums[mi]);
         if (sweep) std::printf(" %10.1f", best_sums[mi]);
         std::printf("\n");
-        sum_rows.push_back({{"M", kMs[mi]}, {"fanout_us", sums[mi]}, {"cublaslt_us", cub_sums[mi]},
-                            {"deepgemm_us_reference_md", dg_sums[mi]}, {"roofline_floor_us", floor_sums[mi]},
+        sum_rows.push_back({{"M", kMs[mi]},
+                            {"fanout_us", sums[mi]},
+                            {"cublaslt_us", cub_sums[mi]},
+                            {"deepgemm_us_reference_md", dg_sums[mi]},
+                            {"roofline_floor_us", floor_sums[mi]},
                             {"sweep_best_us", sweep ? best_sums[mi] : -1.0}});
     }
     return {{"rows", rows}, {"sums", sum_rows}};
@@ -320,16 +334,33 @@ nlohmann::json bench_grouped(Context& c) {
             auto x = random_fp8(size_t(E) * max_m * K, 12);
             auto sx = random_scales(size_t(E) * max_m * nbk, 13);
             DevicePtr<uint16_t> y(size_t(E) * max_m * N);
-            const double us = time_graph_us(c.stream, 20, [&] {
-                ops::launch_grouped_gemm_fp8_masked(x->p, sx->p, dcounts.p, E, max_m, w->p, sw->p, int(N), int(K), y.p,
-                                                    expected, c.stream);
-            });
-            // cuBLASLt, one block-scaled GEMM per expert with its count known on the host.
+            auto run = [&](ops::GemmConfig cfg) {
+                return time_graph_us(c.stream, 20, [&] {
+                    ops::launch_grouped_gemm_fp8_masked(x->p, sx->p, dcounts.p, E, max_m, w->p, sw->p, int(N), int(K),
+                                                        y.p, expected, c.stream, cfg);
+                });
+            };
+            const double us = run({});
+            nlohmann::json variants = nlohmann::json::array();
+            std::string best_name = "table";
+            double best_us = us;
+            for (const ops::GemmConfig cfg : {ops::GemmConfig{64, 128, 1}, ops::GemmConfig{128, 128, 1},
+                                              ops::GemmConfig{64, 256, 1}, ops::GemmConfig{128, 256, 1}}) {
+                const double t = run(cfg);
+                variants.push_back({{"config", config_name(cfg)}, {"us", t}});
+                if (t < best_us) best_us = t, best_name = config_name(cfg);
+            }
+            // cuBLASLt, one block-scaled GEMM per expert with its count known on the host, rounded up
+            // to a multiple of 16 rows (cuBLASLt's block-scaled FP8 finds no algorithm otherwise).
             std::vector<std::unique_ptr<CublasFp8>> per;
             bool ok = true;
             for (int e = 0; e < E; ++e) {
-                per.push_back(std::make_unique<CublasFp8>(c.lt, counts[e], N, K, true, sw->p + size_t(e) * nbn * nbk,
+                const int rows = std::min(max_m, (counts[e] + 15) / 16 * 16);
+                per.push_back(std::make_unique<CublasFp8>(c.lt, rows, N, K, true, sw->p + size_t(e) * nbn * nbk,
                                                           sx->p + size_t(e) * max_m * nbk, c.wsize));
+                if (!per.back()->ok)
+                    std::printf("  (cuBLASLt: no block-scaled algorithm for M %d N %lld K %lld)\n", rows, (long long)N,
+                                (long long)K);
                 ok = ok && per.back()->ok;
             }
             const double cub_us = !ok ? -1 : time_graph_us(c.stream, 5, [&] {
@@ -339,14 +370,25 @@ nlohmann::json bench_grouped(Context& c) {
             });
             const double flops = 2.0 * valid * N * K, bytes = double(E * N * K + valid * K + 2 * valid * N);
             const double floor_us = c.floor_us(flops, bytes);
-            std::printf("EP%-3d %4lldx%-4lld %7d %7lld %6.1f us %7.0f %6.0f %5.0f%% %5.0f%% %6.1f us %6.1f us %5.1f us\n",
-                        pt.ep, (long long)N, (long long)K, E, (long long)valid, us, flops / us / 1e6, bytes / us / 1e3,
-                        100 * bytes / (c.bw_gbs * 1e3) / us, 100 * flops / (c.peak_tflops * 1e6) / us, cub_us,
-                        pt.deepgemm_us[si], floor_us);
-            rows.push_back({{"kind", "grouped_masked"}, {"ep", pt.ep}, {"experts", E}, {"expected_m", expected},
-                            {"max_m", max_m}, {"valid_m", valid}, {"N", N}, {"K", K},
-                            {"fanout", c.figures(us, flops, bytes)}, {"cublaslt_per_expert_us", cub_us},
-                            {"deepgemm_us_anchor", pt.deepgemm_us[si]}, {"roofline_floor_us", floor_us}});
+            std::printf(
+                "EP%-3d %4lldx%-4lld %7d %7lld %6.1f us %7.0f %6.0f %5.0f%% %5.0f%% %6.1f us %6.1f us %5.1f us"
+                "   best %s %.1f us\n",
+                pt.ep, (long long)N, (long long)K, E, (long long)valid, us, flops / us / 1e6, bytes / us / 1e3,
+                100 * bytes / (c.bw_gbs * 1e3) / us, 100 * flops / (c.peak_tflops * 1e6) / us, cub_us,
+                pt.deepgemm_us[si], floor_us, best_name.c_str(), best_us);
+            rows.push_back({{"kind", "grouped_masked"},
+                            {"ep", pt.ep},
+                            {"experts", E},
+                            {"expected_m", expected},
+                            {"max_m", max_m},
+                            {"valid_m", valid},
+                            {"N", N},
+                            {"K", K},
+                            {"fanout", c.figures(us, flops, bytes)},
+                            {"cublaslt_per_expert_us", cub_us},
+                            {"deepgemm_us_anchor", pt.deepgemm_us[si]},
+                            {"roofline_floor_us", floor_us},
+                            {"variants", variants}});
             total_us += us;
             total_dg += pt.deepgemm_us[si];
         }
@@ -356,15 +398,21 @@ nlohmann::json bench_grouped(Context& c) {
         DevicePtr<uint8_t> q(size_t(E) * max_m * I);
         DevicePtr<float> s(size_t(E) * max_m * (I / 128));
         const double act_us = time_graph_us(c.stream, 20, [&] {
-            ops::launch_silu_mul_quant_masked(reinterpret_cast<const uint16_t*>(gu->p), dcounts.p, E, max_m, I, q.p, s.p,
-                                              c.stream);
+            ops::launch_silu_mul_quant_masked(reinterpret_cast<const uint16_t*>(gu->p), dcounts.p, E, max_m, I, q.p,
+                                              s.p, c.stream);
         });
         const double act_bytes = double(valid) * (2 * I * 2 + I + (I / 128) * 4);
-        std::printf("EP%-3d silu·mul·quant %lld rows: %.1f us, %.0f GB/s (%.0f%% of copy); GEMMs %.1f us vs DeepGEMM %.1f us\n",
-                    pt.ep, (long long)valid, act_us, act_bytes / act_us / 1e3, 100 * act_bytes / act_us / 1e3 / c.bw_gbs,
-                    total_us, total_dg);
-        rows.push_back({{"kind", "silu_mul_quant_masked"}, {"ep", pt.ep}, {"valid_m", valid}, {"us", act_us},
-                        {"gbs", act_bytes / act_us / 1e3}, {"gemms_us", total_us}, {"gemms_deepgemm_us", total_dg}});
+        std::printf(
+            "EP%-3d silu·mul·quant %lld rows: %.1f us, %.0f GB/s (%.0f%% of copy); GEMMs %.1f us vs DeepGEMM %.1f us\n",
+            pt.ep, (long long)valid, act_us, act_bytes / act_us / 1e3, 100 * act_bytes / act_us / 1e3 / c.bw_gbs,
+            total_us, total_dg);
+        rows.push_back({{"kind", "silu_mul_quant_masked"},
+                        {"ep", pt.ep},
+                        {"valid_m", valid},
+                        {"us", act_us},
+                        {"gbs", act_bytes / act_us / 1e3},
+                        {"gemms_us", total_us},
+                        {"gemms_deepgemm_us", total_dg}});
     }
     return rows;
 }
@@ -381,8 +429,8 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
     measure_ceilings(c);
     std::printf("%s, %d SMs: copy %.0f GB/s (read + write), cuBLASLt tensor-wise FP8 %.0f TFLOP/s (8192^3)\n\n",
                 prop.name, prop.multiProcessorCount, c.bw_gbs, c.peak_tflops);
-    nlohmann::json out = {{"benchmark", "kernels"}, {"gpu", prop.name}, {"copy_gbs", c.bw_gbs},
-                          {"fp8_tensorwise_tflops", c.peak_tflops}};
+    nlohmann::json out = {
+        {"benchmark", "kernels"}, {"gpu", prop.name}, {"copy_gbs", c.bw_gbs}, {"fp8_tensorwise_tflops", c.peak_tflops}};
     if (opts.dense) out["dense"] = bench_dense(c, opts.sweep);
     if (opts.grouped) out["grouped"] = bench_grouped(c);
     if (!opts.json_out.empty()) {

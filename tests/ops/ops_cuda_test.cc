@@ -30,7 +30,9 @@ template <typename T>
 struct DeviceBuffer {
     T* ptr = nullptr;
     size_t n = 0;
-    explicit DeviceBuffer(size_t count) : n(count) { FANOUT_CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(1, n) * sizeof(T))); }
+    explicit DeviceBuffer(size_t count) : n(count) {
+        FANOUT_CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(1, n) * sizeof(T)));
+    }
     ~DeviceBuffer() { cudaFree(ptr); }
     void upload(const T* src) { FANOUT_CUDA_CHECK(cudaMemcpy(ptr, src, n * sizeof(T), cudaMemcpyHostToDevice)); }
     void download(T* dst) const { FANOUT_CUDA_CHECK(cudaMemcpy(dst, ptr, n * sizeof(T), cudaMemcpyDeviceToHost)); }
@@ -127,7 +129,8 @@ void expect_close_bf16(const uint16_t* got, const float* ref, size_t n, const st
     EXPECT_LT(fanout::testing::rel_error(g.data(), ref, n), 5e-3) << what;
     size_t bad = 0, first = n;
     for (size_t i = 0; i < n; ++i) {
-        const bool ok = std::isfinite(g[i]) && std::fabs(double(g[i]) - ref[i]) <= std::fabs(ref[i]) / 128.0 + 1e-3 * scale;
+        const bool ok =
+            std::isfinite(g[i]) && std::fabs(double(g[i]) - ref[i]) <= std::fabs(ref[i]) / 128.0 + 1e-3 * scale;
         if (!ok && bad++ == 0) first = i;
     }
     EXPECT_EQ(bad, 0u) << what << ": first at " << first << " got " << (first < n ? g[first] : 0.f) << " want "
@@ -179,7 +182,7 @@ TEST(GemmFp8Cuda, EveryTileShapeAndSplitAndTheResidual) {
     ThreadPool pool(0);
     GemmWorkspace ws;
     for (int bm : {64, 128})
-        for (int bn : {64, 128})
+        for (int bn : {64, 128, 256})
             for (int splits : {1, 3, 8}) {
                 run_dense(Fp8Operands(129, 200, 1040, 7 + bm + bn + splits), GemmConfig{bm, bn, splits}, &ws,
                           splits == 3, pool);
@@ -192,8 +195,9 @@ TEST(GemmFp8Cuda, SplitKWithoutWorkspaceIsAnError) {
     DeviceBuffer<uint8_t> x(64 * 256), w(128 * 256);
     DeviceBuffer<float> s(64 * 2);
     DeviceBuffer<uint16_t> y(64 * 128);
-    const std::string msg = fanout::testing::error_of(
-        [&] { launch_gemm_fp8(x.ptr, s.ptr, w.ptr, s.ptr, y.ptr, 64, 128, 256, nullptr, nullptr, nullptr, {64, 128, 2}); });
+    const std::string msg = fanout::testing::error_of([&] {
+        launch_gemm_fp8(x.ptr, s.ptr, w.ptr, s.ptr, y.ptr, 64, 128, 256, nullptr, nullptr, nullptr, {64, 128, 2});
+    });
     EXPECT_NE(msg.find("GemmWorkspace"), std::string::npos) << msg;
 }
 
@@ -205,7 +209,7 @@ TEST(GroupedGemmFp8Cuda, ContiguousMatchesCpuReference) {
     const std::vector<int32_t> block_expert = {3, 3, 0, -1, 4, 4, 4, 1, -1};
     const int rows = int(block_expert.size()) * 128;
     const Fp8Operands o(rows, N, K, 71, E);
-    for (GemmConfig cfg : {GemmConfig{}, GemmConfig{64, 64, 1}, GemmConfig{128, 64, 1}}) {
+    for (GemmConfig cfg : {GemmConfig{}, GemmConfig{64, 64, 1}, GemmConfig{128, 64, 1}, GemmConfig{64, 256, 1}}) {
         DeviceFp8 d(o);
         DeviceBuffer<int32_t> dbe(block_expert.size());
         dbe.upload(block_expert.data());
@@ -224,9 +228,9 @@ TEST(GroupedGemmFp8Cuda, ContiguousMatchesCpuReference) {
                 continue;
             }
             o.reference(int64_t(b) * 128, 128, block_expert[b], ref.data(), pool);
-            expect_close_bf16(g, ref.data(), ref.size(), "block " + std::to_string(b) + " cfg " +
-                                                             std::to_string(cfg.block_m) + "x" +
-                                                             std::to_string(cfg.block_n));
+            expect_close_bf16(g, ref.data(), ref.size(),
+                              "block " + std::to_string(b) + " cfg " + std::to_string(cfg.block_m) + "x" +
+                                  std::to_string(cfg.block_n));
         }
     }
 }
@@ -243,12 +247,12 @@ TEST(GroupedGemmFp8Cuda, MaskedMatchesCpuReferenceAndReplaysInAGraph) {
     DeviceBuffer<uint16_t> dy(size_t(E) * max_m * N);
     cudaStream_t stream;
     FANOUT_CUDA_CHECK(cudaStreamCreate(&stream));
-    for (int expected_m : {16, 150}) {
+    for (GemmConfig cfg : {GemmConfig{}, GemmConfig{128, 256, 1}, GemmConfig{64, 64, 1}}) {
         cudaGraph_t graph;
         cudaGraphExec_t exec;
         FANOUT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-        launch_grouped_gemm_fp8_masked(d.x.ptr, d.sx.ptr, dcounts.ptr, E, max_m, d.w.ptr, d.sw.ptr, N, K, dy.ptr,
-                                       expected_m, stream);
+        launch_grouped_gemm_fp8_masked(d.x.ptr, d.sx.ptr, dcounts.ptr, E, max_m, d.w.ptr, d.sw.ptr, N, K, dy.ptr, 64,
+                                       stream, cfg);
         FANOUT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
         FANOUT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
         for (const std::vector<int32_t>& counts :
@@ -280,54 +284,57 @@ TEST(GroupedGemmFp8Cuda, MaskedMatchesCpuReferenceAndReplaysInAGraph) {
 
 TEST(SiluMulQuantCuda, MaskedMatchesCpuReference) {
     REQUIRE_GPU();
-    const int E = 4, max_m = 37, I = 300;
-    const std::vector<int32_t> counts = {0, 37, 5, 1};
-    const auto v = fanout::testing::random_floats(size_t(E) * max_m * 2 * I, 91, 6.0f);
-    std::vector<uint16_t> gu(v.size());
-    Tensor gate_up = Tensor::zeros({E, max_m, 2 * I}, DType::kF32);
-    for (size_t i = 0; i < v.size(); ++i) {
-        gu[i] = f32_to_bf16(v[i]);
-        gate_up.data_as<float>()[i] = bf16_to_f32(gu[i]);
-    }
-    const int64_t nb = ceil_div(I, 128);
-    Tensor q = Tensor::zeros({E, max_m, I}, DType::kFP8E4M3), s = Tensor::zeros({E, max_m, nb}, DType::kF32);
-    silu_mul_quant_masked(gate_up, counts, q, s, Stream{});
-    DeviceBuffer<uint16_t> dgu(gu.size());
-    DeviceBuffer<int32_t> dc(E);
-    DeviceBuffer<uint8_t> dq(size_t(E) * max_m * I);
-    DeviceBuffer<float> ds(size_t(E) * max_m * nb);
-    dgu.upload(gu.data());
-    dc.upload(counts.data());
-    dq.poison();
-    ds.poison();
-    launch_silu_mul_quant_masked(dgu.ptr, dc.ptr, E, max_m, I, dq.ptr, ds.ptr, nullptr);
-    FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<uint8_t> gq(dq.n);
-    std::vector<float> gs(ds.n);
-    dq.download(gq.data());
-    ds.download(gs.data());
-    int64_t checked = 0;
-    for (int e = 0; e < E; ++e)
-        for (int r = 0; r < max_m; ++r) {
-            const size_t row = size_t(e) * max_m + r;
-            for (int64_t b = 0; b < nb; ++b) {
-                const float want = s.data_as<float>()[row * nb + b], have = gs[row * nb + b];
-                if (r >= counts[e]) {
-                    ASSERT_TRUE(std::isnan(have)) << "wrote past count: expert " << e << " row " << r;
-                    continue;
-                }
-                ASSERT_NEAR(have, want, 1e-6 * want) << "scale e " << e << " r " << r << " b " << b;
-            }
-            if (r >= counts[e]) continue;
-            for (int i = 0; i < I; ++i) {  // dequantized values within one e4m3 step (expf may differ in the last ulp)
-                const float sc = s.data_as<float>()[row * nb + i / 128];
-                const float a = fp8e4m3_to_f32(gq[row * I + i]) * sc;
-                const float b = fp8e4m3_to_f32(q.data_as<uint8_t>()[row * I + i]) * sc;
-                ASSERT_LE(std::fabs(a - b), std::fabs(b) / 8 + 1e-6f) << "e " << e << " r " << r << " i " << i;
-                ++checked;
-            }
+    for (const int I : {300, 2048 + 8}) {  // the scalar path, then the 16-byte one with a partial block
+        const int E = 4, max_m = 37;
+        const std::vector<int32_t> counts = {0, 37, 5, 1};
+        const auto v = fanout::testing::random_floats(size_t(E) * max_m * 2 * I, 91, 6.0f);
+        std::vector<uint16_t> gu(v.size());
+        Tensor gate_up = Tensor::zeros({E, max_m, 2 * I}, DType::kF32);
+        for (size_t i = 0; i < v.size(); ++i) {
+            gu[i] = f32_to_bf16(v[i]);
+            gate_up.data_as<float>()[i] = bf16_to_f32(gu[i]);
         }
-    EXPECT_EQ(checked, int64_t(37 + 5 + 1) * I);
+        const int64_t nb = ceil_div(I, 128);
+        Tensor q = Tensor::zeros({E, max_m, I}, DType::kFP8E4M3), s = Tensor::zeros({E, max_m, nb}, DType::kF32);
+        silu_mul_quant_masked(gate_up, counts, q, s, Stream{});
+        DeviceBuffer<uint16_t> dgu(gu.size());
+        DeviceBuffer<int32_t> dc(E);
+        DeviceBuffer<uint8_t> dq(size_t(E) * max_m * I);
+        DeviceBuffer<float> ds(size_t(E) * max_m * nb);
+        dgu.upload(gu.data());
+        dc.upload(counts.data());
+        dq.poison();
+        ds.poison();
+        launch_silu_mul_quant_masked(dgu.ptr, dc.ptr, E, max_m, I, dq.ptr, ds.ptr, nullptr);
+        FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<uint8_t> gq(dq.n);
+        std::vector<float> gs(ds.n);
+        dq.download(gq.data());
+        ds.download(gs.data());
+        int64_t checked = 0;
+        for (int e = 0; e < E; ++e)
+            for (int r = 0; r < max_m; ++r) {
+                const size_t row = size_t(e) * max_m + r;
+                for (int64_t b = 0; b < nb; ++b) {
+                    const float want = s.data_as<float>()[row * nb + b], have = gs[row * nb + b];
+                    if (r >= counts[e]) {
+                        ASSERT_TRUE(std::isnan(have)) << "wrote past count: expert " << e << " row " << r;
+                        continue;
+                    }
+                    ASSERT_NEAR(have, want, 1e-6 * want) << "scale e " << e << " r " << r << " b " << b;
+                }
+                if (r >= counts[e]) continue;
+                for (int i = 0; i < I;
+                     ++i) {  // dequantized values within one e4m3 step (expf may differ in the last ulp)
+                    const float sc = s.data_as<float>()[row * nb + i / 128];
+                    const float a = fp8e4m3_to_f32(gq[row * I + i]) * sc;
+                    const float b = fp8e4m3_to_f32(q.data_as<uint8_t>()[row * I + i]) * sc;
+                    ASSERT_LE(std::fabs(a - b), std::fabs(b) / 8 + 1e-6f) << "e " << e << " r " << r << " i " << i;
+                    ++checked;
+                }
+            }
+        EXPECT_EQ(checked, int64_t(37 + 5 + 1) * I);
+    }
 }
 
 TEST(ActQuantCuda, Bf16InputMatchesCpuReferenceBitForBit) {

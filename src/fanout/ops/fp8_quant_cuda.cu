@@ -17,8 +17,8 @@ __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
 
 template <typename T>
-__global__ void act_quant_kernel(const T* __restrict__ x, uint8_t* __restrict__ q, float* __restrict__ scales,
-                                 int M, int K, int num_kblocks) {
+__global__ void act_quant_kernel(const T* __restrict__ x, uint8_t* __restrict__ q, float* __restrict__ scales, int M,
+                                 int K, int num_kblocks) {
     const int warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (warp >= M * num_kblocks) return;
     const int m = warp / num_kblocks, b = warp % num_kblocks;

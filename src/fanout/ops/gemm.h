@@ -21,11 +21,11 @@
 namespace fanout::ops {
 
 // x: [M, K] fp8; sx: [M, ceil(K/128)]; w: [N, K] fp8; sw: [ceil(N/128), ceil(K/128)]; y: [M, N] f32.
-void gemm_fp8_cpu(const uint8_t* x, const float* sx, const uint8_t* w, const float* sw, float* y, int64_t M,
-                  int64_t N, int64_t K, const Stream& s);
+void gemm_fp8_cpu(const uint8_t* x, const float* sx, const uint8_t* w, const float* sw, float* y, int64_t M, int64_t N,
+                  int64_t K, const Stream& s);
 
 // The tile shape of one launch: block_m ∈ {64, 128} rows (one consumer warpgroup per 64),
-// block_n ∈ {64, 128} columns, K split `splits` ways. block_m = 0 asks for the measured table.
+// block_n ∈ {64, 128, 256} columns, K split `splits` ways. block_m = 0 asks for the measured table.
 struct GemmConfig {
     int block_m = 0;
     int block_n = 0;
@@ -41,7 +41,7 @@ GemmConfig pick_gemm_config(int M, int N, int K, int num_sms, bool split_k_allow
 // kernel leaves every counter at zero, so one workspace serves any sequence of GEMMs on one
 // stream (CUDA graphs included); GEMMs running concurrently need one workspace each.
 class GemmWorkspace {
-public:
+  public:
     explicit GemmWorkspace(size_t partial_bytes = size_t{32} << 20, int num_counters = 1 << 14);
     ~GemmWorkspace();
     GemmWorkspace(const GemmWorkspace&) = delete;

@@ -15,12 +15,12 @@
 namespace fanout::ops {
 namespace {
 
-#define FANOUT_CUBLAS_CHECK(stmt)                                                                      \
-    do {                                                                                               \
-        const cublasStatus_t st_ = (stmt);                                                             \
-        if (st_ != CUBLAS_STATUS_SUCCESS)                                                              \
-            ::fanout::throw_api_error(__FILE__, __LINE__, "cuBLASLt", #stmt, static_cast<int>(st_),     \
-                                      cublasLtGetStatusString(st_));                                   \
+#define FANOUT_CUBLAS_CHECK(stmt)                                                                   \
+    do {                                                                                            \
+        const cublasStatus_t st_ = (stmt);                                                          \
+        if (st_ != CUBLAS_STATUS_SUCCESS)                                                           \
+            ::fanout::throw_api_error(__FILE__, __LINE__, "cuBLASLt", #stmt, static_cast<int>(st_), \
+                                      cublasLtGetStatusString(st_));                                \
     } while (0)
 
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
@@ -70,8 +70,8 @@ struct Context {
         const cublasStatus_t st =
             cublasLtMatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->c, p->c, pref, 1, &result, &found);
         cublasLtMatmulPreferenceDestroy(pref);
-        FANOUT_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0, "cuBLASLt has no BF16 algorithm for M {} N {} K {}",
-                     M, N, K);
+        FANOUT_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0, "cuBLASLt has no BF16 algorithm for M {} N {} K {}", M,
+                     N, K);
         p->algo = result.algo;
         slot = std::move(p);
         return *slot;

@@ -1,19 +1,67 @@
 // The tile table of the FP8 GEMM (gemm.h): which block shape and K split each dense shape runs
-// with. Measured on H200 with `fanout bench kernels --sweep` (docs/PERF.md has the sweep).
+// with. The rows are the fastest configurations of `fanout bench kernels --sweep` on an H200 (132
+// SMs) for DeepSeek-V3's six shapes (docs/PERF.md has the sweep); other shapes take the rule
+// below, which those measurements suggest.
 #include <algorithm>
+#include <array>
 
 #include "fanout/ops/gemm.h"
 
 namespace fanout::ops {
+namespace {
+
+struct Row {
+    int n, k, max_m;  // this row serves shape (n, k) for M <= max_m
+    GemmConfig config;
+};
+
+// clang-format off
+constexpr std::array kTable = {
+    // fused qkv_a 2112 × 7168
+    Row{2112, 7168, 64, {64, 64, 4}},    Row{2112, 7168, 128, {128, 64, 4}},  Row{2112, 7168, 256, {128, 64, 2}},
+    Row{2112, 7168, 1024, {128, 64, 1}}, Row{2112, 7168, 1 << 30, {128, 256, 1}},
+    // q_b 24576 × 1536
+    Row{24576, 1536, 64, {64, 256, 1}},  Row{24576, 1536, 128, {128, 256, 1}}, Row{24576, 1536, 256, {128, 128, 1}},
+    Row{24576, 1536, 1 << 30, {128, 256, 1}},
+    // kv_b 32768 × 512
+    Row{32768, 512, 64, {64, 256, 1}},   Row{32768, 512, 128, {128, 256, 1}}, Row{32768, 512, 1024, {128, 128, 1}},
+    Row{32768, 512, 1 << 30, {128, 256, 1}},
+    // o_proj 7168 × 16384
+    Row{7168, 16384, 64, {64, 256, 3}},  Row{7168, 16384, 128, {128, 128, 2}}, Row{7168, 16384, 256, {128, 256, 2}},
+    Row{7168, 16384, 1 << 30, {128, 256, 1}},
+    // shared experts' gate+up 4096 × 7168
+    Row{4096, 7168, 64, {64, 64, 2}},    Row{4096, 7168, 128, {128, 64, 2}},  Row{4096, 7168, 256, {128, 128, 2}},
+    Row{4096, 7168, 1 << 30, {128, 256, 1}},
+    // shared experts' down 7168 × 2048
+    Row{7168, 2048, 64, {64, 64, 1}},    Row{7168, 2048, 128, {64, 128, 1}},  Row{7168, 2048, 256, {128, 128, 1}},
+    Row{7168, 2048, 1 << 30, {128, 256, 1}},
+};
+// clang-format on
+
+}  // namespace
 
 GemmConfig pick_gemm_config(int M, int N, int K, int num_sms, bool split_k_allowed) {
+    for (const Row& r : kTable)
+        if (r.n == N && r.k == K && M <= r.max_m) {
+            GemmConfig c = r.config;
+            if (!split_k_allowed) c.splits = 1;
+            return c;
+        }
+    // Elsewhere: 64-row tiles only when M fits one; the widest N tile that still gives every
+    // multiprocessor a tile (wider tiles fetch fewer bytes per FLOP, which bounds large M); and
+    // split K while that leaves the GPU under-filled and each split at least 4 K blocks.
     GemmConfig c;
     c.block_m = M <= 64 ? 64 : 128;
-    c.block_n = 128;
-    const int nkb = (K + 127) / 128;
-    const int tiles = ((M + c.block_m - 1) / c.block_m) * ((N + c.block_n - 1) / c.block_n);
-    // Too few tiles to cover the multiprocessors: split K, keeping at least 4 K blocks per split.
-    if (split_k_allowed && 2 * tiles <= num_sms) c.splits = std::max(1, std::min(nkb / 4, num_sms / tiles));
+    const int m_blocks = (M + c.block_m - 1) / c.block_m, nkb = (K + 127) / 128;
+    c.block_n = 64;
+    for (int bn : {256, 128})
+        if (m_blocks * ((N + bn - 1) / bn) >= num_sms) {
+            c.block_n = bn;
+            break;
+        }
+    const int tiles = m_blocks * ((N + c.block_n - 1) / c.block_n);
+    if (split_k_allowed)
+        while (tiles * c.splits * 2 <= num_sms && nkb / (c.splits + 1) >= 4) ++c.splits;
     return c;
 }
 

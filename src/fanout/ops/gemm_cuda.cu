@@ -21,9 +21,9 @@ __device__ __forceinline__ float fp8_to_f32(uint8_t v) {
     return static_cast<float>(f);
 }
 
-__global__ void __launch_bounds__(kThreads) gemm_fp8_simt(const uint8_t* __restrict__ x, const float* __restrict__ sx,
-                                                         const uint8_t* __restrict__ w, const float* __restrict__ sw,
-                                                         __nv_bfloat16* __restrict__ y, int M, int N, int K) {
+__global__ void __launch_bounds__(kThreads)
+    gemm_fp8_simt(const uint8_t* __restrict__ x, const float* __restrict__ sx, const uint8_t* __restrict__ w,
+                  const float* __restrict__ sw, __nv_bfloat16* __restrict__ y, int M, int N, int K) {
     __shared__ uint8_t xs[kTile][kKBlock + 4];
     __shared__ uint8_t ws[kTile][kKBlock + 4];
     const int m0 = blockIdx.y * kTile, n0 = blockIdx.x * kTile;
@@ -75,8 +75,8 @@ __global__ void __launch_bounds__(kThreads) gemm_fp8_simt(const uint8_t* __restr
 
 }  // namespace
 
-void launch_gemm_fp8_simt(const uint8_t* x, const float* sx, const uint8_t* w, const float* sw, uint16_t* y, int M, int N,
-                     int K, void* cuda_stream) {
+void launch_gemm_fp8_simt(const uint8_t* x, const float* sx, const uint8_t* w, const float* sw, uint16_t* y, int M,
+                          int N, int K, void* cuda_stream) {
     if (M == 0 || N == 0) return;
     const dim3 grid((N + kTile - 1) / kTile, (M + kTile - 1) / kTile);
     gemm_fp8_simt<<<grid, kThreads, 0, static_cast<cudaStream_t>(cuda_stream)>>>(

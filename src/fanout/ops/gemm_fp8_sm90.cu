@@ -7,7 +7,9 @@
 //    tile [block_n × 128] into it (128-byte swizzle), completing on the stage's `full` mbarrier.
 //  * warpgroups 1..block_m/64: consumers, 64 rows each. Per K block: wait for `full`, four
 //    m64·n·k32 FP8 wgmmas into a fresh f32 partial, wait for them, free the stage, then promote:
-//    acc += partial · sx[row, kb] · sw[n/128, kb] (the scales are loaded before the wait).
+//    acc += partial · sx[row, kb] · sw[n/128, kb] (the scales are loaded before the wait). A
+//    256-wide tile does this per 128-column half (one scale block each): twice the arithmetic
+//    per byte fetched from L2 of a 128-wide tile, which is what bounds large M.
 // The ring runs across tiles, so the producer loads the next tile while consumers finish one.
 //
 // Split-K (dense only): tile t's K blocks are cut into `splits` ranges; each CTA stores its f32
@@ -37,9 +39,9 @@ namespace {
 
 using namespace sm90;
 
-constexpr int kBK = 128;                    // K per stage = one scale block = one 128-byte swizzle row
-constexpr int kMaxExperts = 1024;           // masked layout: experts per launch
-constexpr int kSmemBudget = 200 * 1024;     // the stage ring's share of the 227 KB per block
+constexpr int kBK = 128;                 // K per stage = one scale block = one 128-byte swizzle row
+constexpr int kMaxExperts = 1024;        // masked layout: experts per launch
+constexpr int kSmemBudget = 200 * 1024;  // the stage ring's share of the 227 KB per block
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 
 enum class Layout { kDense, kContiguous, kMasked };
@@ -51,21 +53,21 @@ struct Params {
     const __nv_bfloat16* residual;  // dense only; may alias y
     int rows;                       // dense: M; contiguous: rows; masked: max_m
     int N, K, nkb, n_blocks;
-    int splits, kb_per_split;       // dense split-K
+    int splits, kb_per_split;  // dense split-K
     float* partials;
     int* counters;
-    const int32_t* block_expert;    // contiguous
-    const int32_t* counts;          // masked
+    const int32_t* block_expert;  // contiguous
+    const int32_t* counts;        // masked
     int num_experts;
 };
 
 struct Tile {
-    int a_row;    // first row of the tile in x, sx and y
-    int rows;     // valid rows from a_row (<= 0: nothing to do)
-    int b_row;    // first row of the tile in the stacked W
-    int n0;       // first output column
-    int sw_base;  // index of sw[.., n0 / 128, 0]
-    int kb0, kb1; // K blocks of this tile (split)
+    int a_row;     // first row of the tile in x, sx and y
+    int rows;      // valid rows from a_row (<= 0: nothing to do)
+    int b_row;     // first row of the tile in the stacked W
+    int n0;        // first output column
+    int sw_base;   // index of sw[.., n0 / 128, 0]
+    int kb0, kb1;  // K blocks of this tile (split)
     int id, split;
 };
 
@@ -76,8 +78,10 @@ struct Scheduler {
     int m_blocks;
 
     __device__ int total() const {
-        if constexpr (L == Layout::kMasked) return prefix[p.num_experts];
-        else return m_blocks * p.n_blocks * (L == Layout::kDense ? p.splits : 1);
+        if constexpr (L == Layout::kMasked)
+            return prefix[p.num_experts];
+        else
+            return m_blocks * p.n_blocks * (L == Layout::kDense ? p.splits : 1);
     }
 
     __device__ Tile get(int t) const {
@@ -87,8 +91,10 @@ struct Scheduler {
             int lo = 0, hi = p.num_experts - 1;  // the expert e with prefix[e] <= t < prefix[e + 1]
             while (lo < hi) {
                 const int mid = (lo + hi + 1) / 2;
-                if (prefix[mid] <= t) lo = mid;
-                else hi = mid - 1;
+                if (prefix[mid] <= t)
+                    lo = mid;
+                else
+                    hi = mid - 1;
             }
             const int e = lo, local = t - prefix[e];
             const int count = min(max(p.counts[e], 0), p.rows);
@@ -138,6 +144,9 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)
     constexpr int kConsumers = BM / 64;
     constexpr int kABytes = BM * kBK, kBBytes = BN * kBK, kStageBytes = kABytes + kBBytes;
     constexpr int kAcc = BN / 2;  // f32 accumulators per thread (m64 × BN over 128 threads)
+    // wgmma width: a 256-wide tile runs as two n128 halves, each promoted before the next, so
+    // the registers hold acc[128] + part[64] instead of two 128-float sets.
+    constexpr int kWN = BN < 128 ? BN : 128, kHalves = BN / kWN, kPart = kWN / 2;
     static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "stages must keep 1024-byte alignment");
 
     extern __shared__ uint8_t smem_raw[];
@@ -147,6 +156,14 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)
     __shared__ int prefix[L == Layout::kMasked ? kMaxExperts + 1 : 1];
     __shared__ int last_arrival;
 
+    const Scheduler<BM, BN, L> sched{p, prefix, (p.rows + BM - 1) / BM};
+
+    // Launched with a programmatic dependency on the previous kernel: everything before
+    // grid_dependency_wait() overlaps its tail. Only the dense producer does work there (it
+    // fetches the weight tiles of its first stages, which no kernel writes); every read of
+    // activations, counts or the workspace and every write comes after the wait.
+    grid_launch_dependents();
+    int prefetched = 0;  // producer: K blocks of its first tile already requested
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(&full[s], 1);
@@ -155,7 +172,21 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)
         mbar_fence_init();
         tma_prefetch_descriptor(&tmap_x);
         tma_prefetch_descriptor(&tmap_w);
+        if constexpr (L == Layout::kDense) {
+            if (static_cast<int>(blockIdx.x) < sched.total()) {
+                const Tile tile = sched.get(blockIdx.x);
+                prefetched = min(STAGES, tile.kb1 - tile.kb0);
+                for (int i = 0; i < prefetched; ++i) {  // fresh stages: no need to wait for `empty`
+                    mbar_arrive_expect_tx(&full[i], kStageBytes);
+                    tma_load_2d(smem + i * kStageBytes + kABytes, &tmap_w, &full[i], (tile.kb0 + i) * kBK, tile.b_row);
+                }
+                grid_dependency_wait();
+                for (int i = 0; i < prefetched; ++i)
+                    tma_load_2d(smem + i * kStageBytes, &tmap_x, &full[i], (tile.kb0 + i) * kBK, tile.a_row);
+            }
+        }
     }
+    grid_dependency_wait();
     if constexpr (L == Layout::kMasked) {
         // prefix[e] = Σ_{e' < e} ceil(count/BM) · n_blocks, by warp 0 in chunks of 32 experts.
         if (threadIdx.x < 32) {
@@ -177,19 +208,18 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)
     }
     __syncthreads();
 
-    const Scheduler<BM, BN, L> sched{p, prefix, (p.rows + BM - 1) / BM};
     const int total = sched.total();
     const int wg = threadIdx.x / 128;
 
     if (wg == 0) {
         setmaxnreg_dec<kProducerRegs>();
         if (threadIdx.x == 0) {
-            int s = 0;
-            uint32_t phase = 0;
+            int s = prefetched % STAGES;
+            uint32_t phase = prefetched == STAGES ? 1 : 0;
             for (int t = blockIdx.x; t < total; t += gridDim.x) {
                 const Tile tile = sched.get(t);
                 if (tile.rows <= 0) continue;
-                for (int kb = tile.kb0; kb < tile.kb1; ++kb) {
+                for (int kb = tile.kb0 + (t == static_cast<int>(blockIdx.x) ? prefetched : 0); kb < tile.kb1; ++kb) {
                     mbar_wait(&empty[s], phase ^ 1);
                     mbar_arrive_expect_tx(&full[s], kStageBytes);
                     uint8_t* stage = smem + s * kStageBytes;
@@ -218,32 +248,51 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)
         const float* sx_lo = p.sx + static_cast<size_t>(tile.a_row + r_lo) * p.nkb;
         const float* sx_hi = sx_lo + static_cast<size_t>(8) * p.nkb;
         const bool lo_ok = r_lo < tile.rows, hi_ok = r_lo + 8 < tile.rows;
+        // The scales of K block kb + 1 are loaded while kb runs: their latency stays off the
+        // promotion's critical path.
+        auto load_scales = [&](int kb, float (&sb)[kHalves], float& lo, float& hi) {
+#pragma unroll
+            for (int h = 0; h < kHalves; ++h)  // a 256-wide tile spans two 128-row weight scale blocks
+                sb[h] = tile.n0 + h * kWN < p.N ? __ldg(p.sw + tile.sw_base + h * p.nkb + kb) : 0.0f;
+            lo = lo_ok ? __ldg(sx_lo + kb) : 0.0f;
+            hi = hi_ok ? __ldg(sx_hi + kb) : 0.0f;
+        };
+        float next_sb[kHalves], next_lo, next_hi;
+        load_scales(tile.kb0, next_sb, next_lo, next_hi);
         for (int kb = tile.kb0; kb < tile.kb1; ++kb) {
-            const float sb = __ldg(p.sw + tile.sw_base + kb);
-            const float sa_lo = lo_ok ? __ldg(sx_lo + kb) : 0.0f;
-            const float sa_hi = hi_ok ? __ldg(sx_hi + kb) : 0.0f;
+            float sb[kHalves];
+#pragma unroll
+            for (int h = 0; h < kHalves; ++h) sb[h] = next_sb[h];
+            const float sa_lo = next_lo, sa_hi = next_hi;
+            if (kb + 1 < tile.kb1) load_scales(kb + 1, next_sb, next_lo, next_hi);
             mbar_wait(&full[s], phase);
             const uint8_t* stage = smem + s * kStageBytes;
             const uint64_t da = desc_k_major_sw128(stage + consumer * 64 * kBK);
-            const uint64_t db = desc_k_major_sw128(stage + kABytes);
-            float part[kAcc];
-            wgmma_fence();
 #pragma unroll
-            for (int k = 0; k < kBK / 32; ++k) Wgmma<BN>::mma(part, da + 2 * k, db + 2 * k, k > 0 ? 1 : 0);
-            wgmma_commit();
-            wgmma_wait_all();
-            fence_regs(part);
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&empty[s]);
-            if (++s == STAGES) s = 0, phase ^= 1;
-            const float s_lo = sa_lo * sb, s_hi = sa_hi * sb;
+            for (int h = 0; h < kHalves; ++h) {
+                const uint64_t db = desc_k_major_sw128(stage + kABytes + h * kWN * kBK);
+                float part[kPart];
+                wgmma_fence();
 #pragma unroll
-            for (int j = 0; j < kAcc / 4; ++j) {
-                acc[4 * j + 0] = fmaf(part[4 * j + 0], s_lo, acc[4 * j + 0]);
-                acc[4 * j + 1] = fmaf(part[4 * j + 1], s_lo, acc[4 * j + 1]);
-                acc[4 * j + 2] = fmaf(part[4 * j + 2], s_hi, acc[4 * j + 2]);
-                acc[4 * j + 3] = fmaf(part[4 * j + 3], s_hi, acc[4 * j + 3]);
+                for (int k = 0; k < kBK / 32; ++k) Wgmma<kWN>::mma(part, da + 2 * k, db + 2 * k, k > 0 ? 1 : 0);
+                wgmma_commit();
+                wgmma_wait_all();
+                fence_regs(part);
+                if (h == kHalves - 1) {  // the stage's last reader: hand it back to the producer
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive(&empty[s]);
+                }
+                const float s_lo = sa_lo * sb[h], s_hi = sa_hi * sb[h];
+                float* a = acc + h * kPart;
+#pragma unroll
+                for (int j = 0; j < kPart / 4; ++j) {
+                    a[4 * j + 0] = fmaf(part[4 * j + 0], s_lo, a[4 * j + 0]);
+                    a[4 * j + 1] = fmaf(part[4 * j + 1], s_lo, a[4 * j + 1]);
+                    a[4 * j + 2] = fmaf(part[4 * j + 2], s_hi, a[4 * j + 2]);
+                    a[4 * j + 3] = fmaf(part[4 * j + 3], s_hi, a[4 * j + 3]);
+                }
             }
+            if (++s == STAGES) s = 0, phase ^= 1;
         }
 
         if constexpr (L == Layout::kDense) {
@@ -357,8 +406,17 @@ void launch_config(const CUtensorMap& tx, const CUtensorMap& tw, const Params& p
         return true;
     }();
     (void)attr_set;
-    kernel<<<grid, (BM / 64 + 1) * 128, smem, stream>>>(tx, tw, p);
-    FANOUT_CUDA_CHECK_LAUNCH("gemm_fp8_sm90_kernel");
+    cudaLaunchConfig_t launch{};
+    launch.gridDim = dim3(grid);
+    launch.blockDim = dim3((BM / 64 + 1) * 128);
+    launch.dynamicSmemBytes = smem;
+    launch.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // see grid_dependency_wait()
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    launch.attrs = attr;
+    launch.numAttrs = 1;
+    FANOUT_CUDA_CHECK(cudaLaunchKernelEx(&launch, kernel, tx, tw, p));
 }
 
 template <Layout L>
@@ -368,15 +426,17 @@ void launch_layout(const GemmConfig& cfg, const CUtensorMap& tx, const CUtensorM
     if (cfg.block_m == 64 && cfg.block_n == 128) return launch_config<64, 128, L>(tx, tw, p, grid, stream);
     if (cfg.block_m == 128 && cfg.block_n == 64) return launch_config<128, 64, L>(tx, tw, p, grid, stream);
     if (cfg.block_m == 128 && cfg.block_n == 128) return launch_config<128, 128, L>(tx, tw, p, grid, stream);
+    if (cfg.block_m == 64 && cfg.block_n == 256) return launch_config<64, 256, L>(tx, tw, p, grid, stream);
+    if (cfg.block_m == 128 && cfg.block_n == 256) return launch_config<128, 256, L>(tx, tw, p, grid, stream);
     FANOUT_DEVICE_REQUIRE(false, "gemm_fp8: no kernel for block_m " + std::to_string(cfg.block_m) + " × block_n " +
-                                     std::to_string(cfg.block_n) + " (have 64|128 × 64|128)");
+                                     std::to_string(cfg.block_n) + " (have 64|128 × 64|128|256)");
 }
 
 void check_operands(const void* x, const void* w, int N, int K, const char* what) {
-    FANOUT_DEVICE_REQUIRE(N > 0 && K > 0, std::string(what) + ": N and K must be positive, got N " +
-                                              std::to_string(N) + ", K " + std::to_string(K));
-    FANOUT_DEVICE_REQUIRE(K % 16 == 0, std::string(what) + ": K must be a multiple of 16 for TMA, got " +
-                                           std::to_string(K));
+    FANOUT_DEVICE_REQUIRE(N > 0 && K > 0, std::string(what) + ": N and K must be positive, got N " + std::to_string(N) +
+                                              ", K " + std::to_string(K));
+    FANOUT_DEVICE_REQUIRE(K % 16 == 0,
+                          std::string(what) + ": K must be a multiple of 16 for TMA, got " + std::to_string(K));
     FANOUT_DEVICE_REQUIRE(reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0,
                           std::string(what) + ": x and W must be 16-byte aligned");
 }
@@ -451,12 +511,12 @@ void launch_gemm_fp8(const uint8_t* x, const float* sx, const uint8_t* w, const 
 }
 
 void launch_grouped_gemm_fp8_contiguous(const uint8_t* x, const float* sx, int rows, const int32_t* block_expert,
-                                        const uint8_t* w, const float* sw, int num_experts, int N, int K,
-                                        uint16_t* y, void* cuda_stream, GemmConfig cfg) {
+                                        const uint8_t* w, const float* sw, int num_experts, int N, int K, uint16_t* y,
+                                        void* cuda_stream, GemmConfig cfg) {
     if (rows <= 0) return;
     check_operands(x, w, N, K, "grouped_gemm_fp8_contiguous");
-    FANOUT_DEVICE_REQUIRE(rows % kBK == 0, "grouped_gemm_fp8_contiguous: rows must be a multiple of 128, got " +
-                                               std::to_string(rows));
+    FANOUT_DEVICE_REQUIRE(rows % kBK == 0,
+                          "grouped_gemm_fp8_contiguous: rows must be a multiple of 128, got " + std::to_string(rows));
     FANOUT_DEVICE_REQUIRE(num_experts > 0, "grouped_gemm_fp8_contiguous: no experts");
     if (cfg.block_m == 0) cfg = {128, 128, 1};
     Params p = base_params(sx, sw, y, rows, N, K, cfg.block_n);

@@ -19,8 +19,8 @@
 namespace fanout::ops {
 
 // x: [offsets[E], K] f32; y: [offsets[E], N] f32; weights[e]: [N, K]; offsets: [E + 1], ascending.
-void grouped_linear_contiguous(const Tensor& x, std::span<const LinearWeight> weights,
-                               std::span<const int64_t> offsets, Tensor& y, Fp8Mode mode, const Stream& s);
+void grouped_linear_contiguous(const Tensor& x, std::span<const LinearWeight> weights, std::span<const int64_t> offsets,
+                               Tensor& y, Fp8Mode mode, const Stream& s);
 
 // x: [E, max_m, K] f32; y: [E, max_m, N] f32; counts: [E], each in [0, max_m].
 void grouped_linear_masked(const Tensor& x, std::span<const LinearWeight> weights, std::span<const int32_t> counts,

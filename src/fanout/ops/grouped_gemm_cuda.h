@@ -16,8 +16,8 @@ namespace fanout::ops {
 // Contiguous: x [rows, K] with rows a multiple of 128 and block_expert[rows / 128] on the device
 // naming the expert of each 128-row block (-1: padding, skipped). y [rows, N].
 void launch_grouped_gemm_fp8_contiguous(const uint8_t* x, const float* sx, int rows, const int32_t* block_expert,
-                                        const uint8_t* w, const float* sw, int num_experts, int N, int K,
-                                        uint16_t* y, void* cuda_stream, GemmConfig cfg = {});
+                                        const uint8_t* w, const float* sw, int num_experts, int N, int K, uint16_t* y,
+                                        void* cuda_stream, GemmConfig cfg = {});
 
 // Masked: x [E, max_m, K], counts[E] on the device (clamped to [0, max_m]); rows past a count are
 // neither read into the result nor written. The grid does not depend on the counts, so the call

@@ -50,7 +50,7 @@ void mla_attention_mha(const Tensor& q, const LinearWeight& kv_b, Fp8Mode mode, 
                        Tensor& out, const Stream& s);
 
 void mla_attention_absorbed(const Tensor& q, const LinearWeight& kv_b, const LatentCache& cache,
-                            const AttentionMetadata& meta, int64_t kv_lora, int64_t nope, int64_t v_dim,
-                            float scale, Tensor& out, const Stream& s);
+                            const AttentionMetadata& meta, int64_t kv_lora, int64_t nope, int64_t v_dim, float scale,
+                            Tensor& out, const Stream& s);
 
 }  // namespace fanout::ops

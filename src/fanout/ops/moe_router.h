@@ -25,7 +25,7 @@ struct RouterParams {
 
 // logits: [T, E] f32; bias: [E] f32 or nullptr; topk_idx: [T, top_k] i32 (by descending choice
 // value); topk_weight: [T, top_k] f32.
-void moe_route(const Tensor& logits, const float* bias, const RouterParams& p, Tensor& topk_idx,
-               Tensor& topk_weight, const Stream& s);
+void moe_route(const Tensor& logits, const float* bias, const RouterParams& p, Tensor& topk_idx, Tensor& topk_weight,
+               const Stream& s);
 
 }  // namespace fanout::ops

@@ -24,13 +24,13 @@ struct SamplingParams {
 void validate_sampling_params(const SamplingParams& p);
 
 class Sampler {
-public:
+  public:
     explicit Sampler(const SamplingParams& p);
     // logits: [vocab] f32.
     int32_t sample(const float* logits, int64_t vocab);
     const SamplingParams& params() const { return params_; }
 
-private:
+  private:
     SamplingParams params_;
     std::mt19937_64 rng_;
     std::vector<std::pair<float, int32_t>> scratch_;
