@@ -217,22 +217,28 @@ void measure_ceilings(Context& c) {
     c.peak_tflops = 2.0 * big * big * big / peak_us / 1e6;
 }
 
+// "128x256/2c2": block_m × block_n, K splits, and the cluster size when it is 2.
 std::string config_name(const ops::GemmConfig& g) {
-    return std::to_string(g.block_m) + "x" + std::to_string(g.block_n) + "/" + std::to_string(g.splits);
+    return std::to_string(g.block_m) + "x" + std::to_string(g.block_n) + "/" + std::to_string(g.splits) +
+           (g.cluster > 1 ? "c" + std::to_string(g.cluster) : "");
 }
 
-nlohmann::json bench_dense(Context& c, bool sweep) {
+nlohmann::json bench_dense(Context& c, const KernelsBenchOptions& opts) {
+    const bool sweep = opts.sweep;
     nlohmann::json rows = nlohmann::json::array();
     std::printf("dense FP8 GEMM, y[M,N] = x[M,K]·W[N,K]^T (bf16 out)\n");
     std::printf("%-15s %5s %9s %-9s %7s %6s %6s %6s %9s %9s %8s%s\n", "shape", "M", "fanout", "tile", "TFLOP/s", "GB/s",
                 "%mem", "%fp8", "cuBLASLt", "DeepGEMM", "floor", sweep ? "  sweep best" : "");
     double sums[5] = {}, cub_sums[5] = {}, dg_sums[5] = {}, floor_sums[5] = {}, best_sums[5] = {};
     const int sms = ops::device_sm_count();
+    const ops::GemmConfig forced = opts.config.empty() ? ops::GemmConfig{} : parse_gemm_config(opts.config);
     for (const Shape& sh : kShapes) {
+        if (!opts.shape.empty() && opts.shape != sh.name) continue;
         auto w = random_fp8(size_t(sh.n * sh.k), 3);
         auto sw = random_scales(size_t((sh.n + 127) / 128) * size_t((sh.k + 127) / 128), 4);
         for (int mi = 0; mi < 5; ++mi) {
             const int64_t M = kMs[mi];
+            if (opts.m != 0 && opts.m != M) continue;
             auto x = random_fp8(size_t(M * sh.k), 5);
             auto sx = random_scales(size_t(M) * size_t((sh.k + 127) / 128), 6);
             DevicePtr<uint16_t> y(size_t(M * sh.n));
@@ -240,14 +246,15 @@ nlohmann::json bench_dense(Context& c, bool sweep) {
             const double cub_us =
                 g.ok ? time_graph_us(c.stream, 50, [&] { g.run(c.lt, w->p, x->p, y.p, c.ws->p, c.wsize, c.stream); })
                      : -1;
-            auto run = [&](ops::GemmConfig cfg) {
-                return time_graph_us(c.stream, 50, [&] {
+            auto run = [&](ops::GemmConfig cfg, int calls) {
+                return time_graph_us(c.stream, calls, [&] {
                     ops::launch_gemm_fp8(x->p, sx->p, w->p, sw->p, y.p, int(M), int(sh.n), int(sh.k), c.stream, nullptr,
                                          &c.gemm_ws, cfg);
                 });
             };
-            const ops::GemmConfig table = ops::pick_gemm_config(int(M), int(sh.n), int(sh.k), sms, true);
-            const double us = run(table);
+            const ops::GemmConfig table =
+                forced.block_m != 0 ? forced : ops::pick_gemm_config(int(M), int(sh.n), int(sh.k), sms, true);
+            const double us = run(table, 50);
             const double flops = 2.0 * M * sh.n * sh.k, bytes = double(M * sh.k + sh.n * sh.k + 2 * M * sh.n);
             const double floor_us = c.floor_us(flops, bytes);
             nlohmann::json row = {{"shape", sh.name},
@@ -264,17 +271,18 @@ nlohmann::json bench_dense(Context& c, bool sweep) {
             if (sweep) {
                 nlohmann::json all = nlohmann::json::array();
                 const int nkb = int((sh.k + 127) / 128);
-                for (int bm : {64, 128})
-                    for (int bn : {64, 128, 256})
-                        for (int splits : {1, 2, 3, 4, 6, 8, 12, 16}) {
-                            if (splits > 1 && nkb / splits < 2) continue;
-                            const ops::GemmConfig cfg{bm, bn, splits};
-                            const size_t tiles = size_t((M + bm - 1) / bm) * size_t((sh.n + bn - 1) / bn);
-                            if (splits > 1 && tiles * splits * bm * bn > c.gemm_ws.partial_floats) continue;
-                            const double t = run(cfg);
-                            all.push_back({{"config", config_name(cfg)}, {"us", t}});
-                            if (t < best_us) best_us = t, best = cfg;
-                        }
+                for (int cluster : {1, 2})
+                    for (int bm : {64, 128})
+                        for (int bn : {64, 128, 256})
+                            for (int splits : {1, 2, 4, 8}) {
+                                if (splits > 1 && nkb / splits < 2) continue;
+                                const ops::GemmConfig cfg{bm, bn, splits, cluster};
+                                const size_t tiles = size_t((M + bm - 1) / bm) * size_t((sh.n + bn - 1) / bn);
+                                if (splits > 1 && tiles * splits * bm * bn > c.gemm_ws.partial_floats) continue;
+                                const double t = run(cfg, 20);
+                                all.push_back({{"config", config_name(cfg)}, {"us", t}});
+                                if (t < best_us) best_us = t, best = cfg;
+                            }
                 row["sweep"] = all;
                 row["sweep_best"] = {{"config", config_name(best)}, {"us", best_us}};
             }
@@ -419,6 +427,20 @@ nlohmann::json bench_grouped(Context& c) {
 
 }  // namespace
 
+ops::GemmConfig parse_gemm_config(const std::string& text) {
+    ops::GemmConfig g;
+    char c = 0;
+    int consumed = 0;
+    const int n = std::sscanf(text.c_str(), "%dx%d/%d%n", &g.block_m, &g.block_n, &g.splits, &consumed);
+    if (n == 3 && consumed < int(text.size())) {
+        const int m = std::sscanf(text.c_str() + consumed, "%c%d", &c, &g.cluster);
+        FANOUT_CHECK(m == 2 && c == 'c', "bad GEMM config '{}': expected BMxBN/SPLITS[cCLUSTER], e.g. 128x256/1c2", text);
+    }
+    FANOUT_CHECK(n == 3 && g.block_m > 0 && g.block_n > 0 && g.splits > 0 && g.cluster > 0,
+                 "bad GEMM config '{}': expected BMxBN/SPLITS[cCLUSTER], e.g. 128x256/1c2", text);
+    return g;
+}
+
 int run_kernels_bench(const KernelsBenchOptions& opts) {
     Context c;
     FANOUT_CUDA_CHECK(cudaStreamCreate(&c.stream));
@@ -431,7 +453,7 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
                 prop.name, prop.multiProcessorCount, c.bw_gbs, c.peak_tflops);
     nlohmann::json out = {
         {"benchmark", "kernels"}, {"gpu", prop.name}, {"copy_gbs", c.bw_gbs}, {"fp8_tensorwise_tflops", c.peak_tflops}};
-    if (opts.dense) out["dense"] = bench_dense(c, opts.sweep);
+    if (opts.dense) out["dense"] = bench_dense(c, opts);
     if (opts.grouped) out["grouped"] = bench_grouped(c);
     if (!opts.json_out.empty()) {
         std::ofstream(opts.json_out) << out.dump(2) << "\n";

@@ -12,6 +12,8 @@
 
 #include <string>
 
+#include "fanout/ops/gemm.h"
+
 namespace fanout::bench {
 
 struct KernelsBenchOptions {
@@ -19,7 +21,13 @@ struct KernelsBenchOptions {
     bool sweep = false;     // time every tile shape and split of the dense GEMM
     bool dense = true;
     bool grouped = true;
+    std::string shape;   // dense: only this shape ("o_proj", ...; "" = all six)
+    int m = 0;           // dense: only this M (0 = all five)
+    std::string config;  // dense: this tile config instead of the table, e.g. "128x256/1" or "128x128/2c2"
 };
+
+// "128x256/2c2" -> {128, 256, 2, 2}; throws fanout::Error naming the text when malformed.
+ops::GemmConfig parse_gemm_config(const std::string& text);
 
 // Prints tables; writes JSON when json_out is set. Returns 0, or throws fanout::Error.
 int run_kernels_bench(const KernelsBenchOptions& opts);

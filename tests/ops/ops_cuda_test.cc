@@ -161,7 +161,8 @@ void run_dense(const Fp8Operands& o, GemmConfig cfg, GemmWorkspace* ws, bool wit
     expect_close_bf16(got.data(), ref.data(), ref.size(),
                       "M " + std::to_string(M) + " N " + std::to_string(N) + " K " + std::to_string(K) + " block " +
                           std::to_string(cfg.block_m) + "x" + std::to_string(cfg.block_n) + " splits " +
-                          std::to_string(cfg.splits) + (with_residual ? " +residual" : ""));
+                          std::to_string(cfg.splits) + " cluster " + std::to_string(cfg.cluster) +
+                          (with_residual ? " +residual" : ""));
 }
 
 TEST(GemmFp8Cuda, MatchesCpuReferenceWithTheMeasuredTable) {
@@ -177,17 +178,20 @@ TEST(GemmFp8Cuda, MatchesCpuReferenceWithTheMeasuredTable) {
     }
 }
 
-TEST(GemmFp8Cuda, EveryTileShapeAndSplitAndTheResidual) {
+TEST(GemmFp8Cuda, EveryTileShapeSplitClusterAndTheResidual) {
     REQUIRE_GPU();
     ThreadPool pool(0);
     GemmWorkspace ws;
-    for (int bm : {64, 128})
-        for (int bn : {64, 128, 256})
-            for (int splits : {1, 3, 8}) {
-                run_dense(Fp8Operands(129, 200, 1040, 7 + bm + bn + splits), GemmConfig{bm, bn, splits}, &ws,
-                          splits == 3, pool);
-                run_dense(Fp8Operands(5, 384, 768, 8 + bm + bn + splits), GemmConfig{bm, bn, splits}, &ws, false, pool);
-            }
+    for (int cluster : {1, 2})
+        for (int bm : {64, 128})
+            for (int bn : {64, 128, 256})
+                for (int splits : {1, 3, 8}) {
+                    const GemmConfig cfg{bm, bn, splits, cluster};
+                    const uint64_t seed = 7 + bm + bn + splits + cluster;
+                    // 129 rows: a partial last tile, and with clusters a pair whose second tile is past M.
+                    run_dense(Fp8Operands(129, 200, 1040, seed), cfg, &ws, splits == 3, pool);
+                    run_dense(Fp8Operands(5, 384, 768, seed + 1), cfg, &ws, false, pool);
+                }
 }
 
 TEST(GemmFp8Cuda, SplitKWithoutWorkspaceIsAnError) {

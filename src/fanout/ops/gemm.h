@@ -25,11 +25,14 @@ void gemm_fp8_cpu(const uint8_t* x, const float* sx, const uint8_t* w, const flo
                   int64_t K, const Stream& s);
 
 // The tile shape of one launch: block_m ∈ {64, 128} rows (one consumer warpgroup per 64),
-// block_n ∈ {64, 128, 256} columns, K split `splits` ways. block_m = 0 asks for the measured table.
+// block_n ∈ {64, 128, 256} columns, K split `splits` ways, and `cluster` CTAs (1 or 2; dense only)
+// that compute tiles stacked along M and fetch their shared W tile once, multicast to both.
+// block_m = 0 asks for the measured table.
 struct GemmConfig {
     int block_m = 0;
     int block_n = 0;
     int splits = 1;
+    int cluster = 1;
 };
 
 // The measured choice for a dense shape on a GPU with `num_sms` multiprocessors; splits > 1 only

@@ -71,20 +71,24 @@ struct Tile {
     int id, split;
 };
 
-template <int BM, int BN, Layout L>
+// Tile t of the launch. With clusters of CL CTAs (dense only) t names CL tiles stacked along M
+// that share their W tile, and `rank` picks one; the last one may lie past M (rows <= 0).
+template <int BM, int BN, Layout L, int CL>
 struct Scheduler {
     const Params& p;
     const int* prefix;  // masked: tiles before expert e, in shared memory
     int m_blocks;
 
+    __device__ int m_units() const { return (m_blocks + CL - 1) / CL; }
+
     __device__ int total() const {
         if constexpr (L == Layout::kMasked)
             return prefix[p.num_experts];
         else
-            return m_blocks * p.n_blocks * (L == Layout::kDense ? p.splits : 1);
+            return m_units() * p.n_blocks * (L == Layout::kDense ? p.splits : 1);
     }
 
-    __device__ Tile get(int t) const {
+    __device__ Tile get(int t, int rank) const {
         Tile tile{};
         const int sw_per_expert = ((p.N + kBK - 1) / kBK) * p.nkb;
         if constexpr (L == Layout::kMasked) {
@@ -109,7 +113,7 @@ struct Scheduler {
             tile.kb1 = p.nkb;
             tile.id = t;
         } else {
-            const int m_blk = t % m_blocks, rest = t / m_blocks;
+            const int m_blk = CL * (t % m_units()) + rank, rest = t / m_units();
             const int n_blk = rest % p.n_blocks;
             tile.n0 = n_blk * BN;
             tile.a_row = m_blk * BM;
@@ -137,7 +141,7 @@ struct Scheduler {
 
 __device__ __forceinline__ float bf16_at(const __nv_bfloat16* p, size_t i) { return __bfloat162float(p[i]); }
 
-template <int BM, int BN, int STAGES, Layout L>
+template <int BM, int BN, int STAGES, Layout L, int CL>
 __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)
     gemm_fp8_sm90_kernel(const __grid_constant__ CUtensorMap tmap_x, const __grid_constant__ CUtensorMap tmap_w,
                          const Params p) {
@@ -156,7 +160,34 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)
     __shared__ int prefix[L == Layout::kMasked ? kMaxExperts + 1 : 1];
     __shared__ int last_arrival;
 
-    const Scheduler<BM, BN, L> sched{p, prefix, (p.rows + BM - 1) / BM};
+    const Scheduler<BM, BN, L, CL> sched{p, prefix, (p.rows + BM - 1) / BM};
+    const int rank = CL > 1 ? static_cast<int>(cluster_rank()) : 0;
+    const int first = blockIdx.x / CL, stride = gridDim.x / CL;  // the cluster's share of the tiles
+    // The W tile of a stage: with clusters each CTA fetches 1/CL of its rows for all of them.
+    auto load_w = [&](int stage, int kb, int b_row) {
+        uint8_t* dst = smem + stage * kStageBytes + kABytes;
+        if constexpr (CL == 1) {
+            tma_load_2d(dst, &tmap_w, &full[stage], kb * kBK, b_row);
+        } else {
+            constexpr int kRows = BN / CL;
+            tma_load_2d_multicast(dst + rank * kRows * kBK, &tmap_w, &full[stage], kb * kBK, b_row + rank * kRows,
+                                  static_cast<uint16_t>((1 << CL) - 1));
+        }
+    };
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], CL * kConsumers * 4);  // lane 0 of every consumer warp of the cluster
+        }
+        mbar_fence_init();
+        tma_prefetch_descriptor(&tmap_x);
+        tma_prefetch_descriptor(&tmap_w);
+    }
+    if constexpr (CL > 1)
+        cluster_sync();  // the peers' barriers exist before anything is multicast to them
+    else
+        __syncthreads();
 
     // Launched with a programmatic dependency on the previous kernel: everything before
     // grid_dependency_wait() overlaps its tail. Only the dense producer does work there (it
@@ -164,26 +195,17 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)
     // activations, counts or the workspace and every write comes after the wait.
     grid_launch_dependents();
     int prefetched = 0;  // producer: K blocks of its first tile already requested
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            mbar_init(&full[s], 1);
-            mbar_init(&empty[s], kConsumers * 4);  // lane 0 of every consumer warp
-        }
-        mbar_fence_init();
-        tma_prefetch_descriptor(&tmap_x);
-        tma_prefetch_descriptor(&tmap_w);
-        if constexpr (L == Layout::kDense) {
-            if (static_cast<int>(blockIdx.x) < sched.total()) {
-                const Tile tile = sched.get(blockIdx.x);
-                prefetched = min(STAGES, tile.kb1 - tile.kb0);
-                for (int i = 0; i < prefetched; ++i) {  // fresh stages: no need to wait for `empty`
-                    mbar_arrive_expect_tx(&full[i], kStageBytes);
-                    tma_load_2d(smem + i * kStageBytes + kABytes, &tmap_w, &full[i], (tile.kb0 + i) * kBK, tile.b_row);
-                }
-                grid_dependency_wait();
-                for (int i = 0; i < prefetched; ++i)
-                    tma_load_2d(smem + i * kStageBytes, &tmap_x, &full[i], (tile.kb0 + i) * kBK, tile.a_row);
+    if constexpr (L == Layout::kDense) {
+        if (threadIdx.x == 0 && first < sched.total()) {
+            const Tile tile = sched.get(first, rank);
+            prefetched = min(STAGES, tile.kb1 - tile.kb0);
+            for (int i = 0; i < prefetched; ++i) {  // fresh stages: no need to wait for `empty`
+                mbar_arrive_expect_tx(&full[i], kStageBytes);
+                load_w(i, tile.kb0 + i, tile.b_row);
             }
+            grid_dependency_wait();
+            for (int i = 0; i < prefetched; ++i)
+                tma_load_2d(smem + i * kStageBytes, &tmap_x, &full[i], (tile.kb0 + i) * kBK, tile.a_row);
         }
     }
     grid_dependency_wait();
@@ -216,19 +238,19 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)
         if (threadIdx.x == 0) {
             int s = prefetched % STAGES;
             uint32_t phase = prefetched == STAGES ? 1 : 0;
-            for (int t = blockIdx.x; t < total; t += gridDim.x) {
-                const Tile tile = sched.get(t);
-                if (tile.rows <= 0) continue;
-                for (int kb = tile.kb0 + (t == static_cast<int>(blockIdx.x) ? prefetched : 0); kb < tile.kb1; ++kb) {
-                    mbar_wait(&empty[s], phase ^ 1);
+            for (int t = first; t < total; t += stride) {
+                const Tile tile = sched.get(t, rank);
+                if (CL == 1 && tile.rows <= 0) continue;
+                for (int kb = tile.kb0 + (t == first ? prefetched : 0); kb < tile.kb1; ++kb) {
+                    mbar_wait(&empty[s], phase ^ 1);  // with clusters: free in every CTA of it
                     mbar_arrive_expect_tx(&full[s], kStageBytes);
-                    uint8_t* stage = smem + s * kStageBytes;
-                    tma_load_2d(stage, &tmap_x, &full[s], kb * kBK, tile.a_row);
-                    tma_load_2d(stage + kABytes, &tmap_w, &full[s], kb * kBK, tile.b_row);
+                    tma_load_2d(smem + s * kStageBytes, &tmap_x, &full[s], kb * kBK, tile.a_row);
+                    load_w(s, kb, tile.b_row);
                     if (++s == STAGES) s = 0, phase ^= 1;
                 }
             }
         }
+        if constexpr (CL > 1) cluster_sync();  // no CTA leaves while a peer may still write to it
         return;
     }
 
@@ -239,9 +261,10 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)
     const int r_lo = 64 * consumer + 16 * warp + lane / 4;  // this thread's rows in the tile: r_lo, r_lo + 8
     int s = 0;
     uint32_t phase = 0;
-    for (int t = blockIdx.x; t < total; t += gridDim.x) {
-        const Tile tile = sched.get(t);
-        if (tile.rows <= 0) continue;
+    for (int t = first; t < total; t += stride) {
+        const Tile tile = sched.get(t, rank);
+        // With clusters a tile past M still runs its pipeline (the peer's W rows come through it).
+        if (CL == 1 && tile.rows <= 0) continue;
         float acc[kAcc];
 #pragma unroll
         for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
@@ -257,43 +280,96 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)
             lo = lo_ok ? __ldg(sx_lo + kb) : 0.0f;
             hi = hi_ok ? __ldg(sx_hi + kb) : 0.0f;
         };
-        float next_sb[kHalves], next_lo, next_hi;
-        load_scales(tile.kb0, next_sb, next_lo, next_hi);
-        for (int kb = tile.kb0; kb < tile.kb1; ++kb) {
-            float sb[kHalves];
-#pragma unroll
-            for (int h = 0; h < kHalves; ++h) sb[h] = next_sb[h];
-            const float sa_lo = next_lo, sa_hi = next_hi;
-            if (kb + 1 < tile.kb1) load_scales(kb + 1, next_sb, next_lo, next_hi);
-            mbar_wait(&full[s], phase);
-            const uint8_t* stage = smem + s * kStageBytes;
+        // Four k32 wgmmas over one stage (columns h·kWN.. of the W tile) into `part`, committed.
+        auto issue = [&](int stage_idx, int h, float (&part)[kPart]) {
+            const uint8_t* stage = smem + stage_idx * kStageBytes;
             const uint64_t da = desc_k_major_sw128(stage + consumer * 64 * kBK);
+            const uint64_t db = desc_k_major_sw128(stage + kABytes + h * kWN * kBK);
+            wgmma_fence();
 #pragma unroll
-            for (int h = 0; h < kHalves; ++h) {
-                const uint64_t db = desc_k_major_sw128(stage + kABytes + h * kWN * kBK);
-                float part[kPart];
-                wgmma_fence();
+            for (int k = 0; k < kBK / 32; ++k) Wgmma<kWN>::mma(part, da + 2 * k, db + 2 * k, k > 0 ? 1 : 0);
+            wgmma_commit();
+        };
+        // The stage's last reader hands it back to the producer(s).
+        auto release = [&](int stage_idx) {
+            __syncwarp();
+            if (lane == 0) {
+                if constexpr (CL == 1) {
+                    mbar_arrive(&empty[stage_idx]);
+                } else {
 #pragma unroll
-                for (int k = 0; k < kBK / 32; ++k) Wgmma<kWN>::mma(part, da + 2 * k, db + 2 * k, k > 0 ? 1 : 0);
-                wgmma_commit();
-                wgmma_wait_all();
-                fence_regs(part);
-                if (h == kHalves - 1) {  // the stage's last reader: hand it back to the producer
-                    __syncwarp();
-                    if (lane == 0) mbar_arrive(&empty[s]);
-                }
-                const float s_lo = sa_lo * sb[h], s_hi = sa_hi * sb[h];
-                float* a = acc + h * kPart;
-#pragma unroll
-                for (int j = 0; j < kPart / 4; ++j) {
-                    a[4 * j + 0] = fmaf(part[4 * j + 0], s_lo, a[4 * j + 0]);
-                    a[4 * j + 1] = fmaf(part[4 * j + 1], s_lo, a[4 * j + 1]);
-                    a[4 * j + 2] = fmaf(part[4 * j + 2], s_hi, a[4 * j + 2]);
-                    a[4 * j + 3] = fmaf(part[4 * j + 3], s_hi, a[4 * j + 3]);
+                    for (int c = 0; c < CL; ++c) mbar_arrive_cluster(&empty[stage_idx], c);
                 }
             }
+        };
+        auto promote = [&](const float (&part)[kPart], float* a, float s_lo, float s_hi) {
+#pragma unroll
+            for (int j = 0; j < kPart / 4; ++j) {
+                a[4 * j + 0] = fmaf(part[4 * j + 0], s_lo, a[4 * j + 0]);
+                a[4 * j + 1] = fmaf(part[4 * j + 1], s_lo, a[4 * j + 1]);
+                a[4 * j + 2] = fmaf(part[4 * j + 2], s_hi, a[4 * j + 2]);
+                a[4 * j + 3] = fmaf(part[4 * j + 3], s_hi, a[4 * j + 3]);
+            }
+        };
+        float next_sb[kHalves], next_lo, next_hi;
+        load_scales(tile.kb0, next_sb, next_lo, next_hi);
+        auto advance = [&] {
             if (++s == STAGES) s = 0, phase ^= 1;
+        };
+        if constexpr (kHalves == 1) {
+            // Two partials: K block kb + 1's wgmmas run while kb's partial is promoted, so the
+            // tensor cores never wait for the promotion.
+            float part0[kPart], part1[kPart];
+            int kb = tile.kb0, s_cur = s;
+            mbar_wait(&full[s], phase);
+            issue(s, 0, part0);
+            advance();
+            auto step = [&](float (&cur)[kPart], float (&nxt)[kPart]) {
+                const bool more = kb + 1 < tile.kb1;
+                const float sb = next_sb[0], lo = next_lo, hi = next_hi;
+                if (more) {
+                    load_scales(kb + 1, next_sb, next_lo, next_hi);
+                    mbar_wait(&full[s], phase);
+                    issue(s, 0, nxt);
+                    wgmma_wait<1>();
+                } else {
+                    wgmma_wait<0>();
+                }
+                fence_regs(cur);
+                release(s_cur);
+                promote(cur, acc, lo * sb, hi * sb);
+                if (more) {
+                    s_cur = s;
+                    advance();
+                }
+                ++kb;
+                return more;
+            };
+            while (step(part0, part1) && step(part1, part0)) {
+            }
+        } else {
+            // 256-wide tiles: the two halves one after the other (two partials of 64 would not
+            // fit beside the 128 accumulators).
+            for (int kb = tile.kb0; kb < tile.kb1; ++kb) {
+                float sb[kHalves];
+#pragma unroll
+                for (int h = 0; h < kHalves; ++h) sb[h] = next_sb[h];
+                const float sa_lo = next_lo, sa_hi = next_hi;
+                if (kb + 1 < tile.kb1) load_scales(kb + 1, next_sb, next_lo, next_hi);
+                mbar_wait(&full[s], phase);
+#pragma unroll
+                for (int h = 0; h < kHalves; ++h) {
+                    float part[kPart];
+                    issue(s, h, part);
+                    wgmma_wait<0>();
+                    fence_regs(part);
+                    if (h == kHalves - 1) release(s);
+                    promote(part, acc + h * kPart, sa_lo * sb[h], sa_hi * sb[h]);
+                }
+                advance();
+            }
         }
+        if (tile.rows <= 0) continue;
 
         if constexpr (L == Layout::kDense) {
             if (p.splits > 1) {
@@ -358,6 +434,7 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)
             }
         }
     }
+    if constexpr (CL > 1) cluster_sync();
 }
 
 // ---- host side ----
@@ -396,38 +473,74 @@ constexpr int stages() {
     return kSmemBudget / ((BM + BN) * kBK) < 16 ? kSmemBudget / ((BM + BN) * kBK) : 16;
 }
 
-template <int BM, int BN, Layout L>
-void launch_config(const CUtensorMap& tx, const CUtensorMap& tw, const Params& p, int grid, cudaStream_t stream) {
+// The operands of one launch: x [x_rows, K] and the stacked W [w_rows, K]; `units` tile units
+// (clusters' worth) to spread over the persistent grid, or 0 when only the device knows (masked).
+struct Operands {
+    const uint8_t* x;
+    uint64_t x_rows;
+    const uint8_t* w;
+    uint64_t w_rows;
+    int units;
+};
+
+template <int BM, int BN, Layout L, int CL>
+void launch_config(const Operands& o, const Params& p, cudaStream_t stream) {
     constexpr int S = stages<BM, BN>();
-    auto* kernel = gemm_fp8_sm90_kernel<BM, BN, S, L>;
+    auto* kernel = gemm_fp8_sm90_kernel<BM, BN, S, L, CL>;
     constexpr int smem = S * (BM + BN) * kBK + 1024 + 2 * S * 8;
-    static const bool attr_set = [&] {
-        FANOUT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        return true;
-    }();
-    (void)attr_set;
     cudaLaunchConfig_t launch{};
-    launch.gridDim = dim3(grid);
     launch.blockDim = dim3((BM / 64 + 1) * 128);
     launch.dynamicSmemBytes = smem;
     launch.stream = stream;
-    cudaLaunchAttribute attr[1];
+    cudaLaunchAttribute attr[2];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // see grid_dependency_wait()
     attr[0].val.programmaticStreamSerializationAllowed = 1;
+    attr[1].id = cudaLaunchAttributeClusterDimension;
+    attr[1].val.clusterDim.x = CL;
+    attr[1].val.clusterDim.y = 1;
+    attr[1].val.clusterDim.z = 1;
     launch.attrs = attr;
-    launch.numAttrs = 1;
+    launch.numAttrs = CL > 1 ? 2 : 1;
+    // How many clusters fit at once (CL > 1: pairs of SMs within a GPC): the persistent grid.
+    static const int max_units = [&] {
+        FANOUT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        if constexpr (CL == 1) {
+            return device_sm_count();
+        } else {
+            FANOUT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 0));
+            launch.gridDim = dim3(CL * (device_sm_count() / CL));
+            int clusters = 0;
+            FANOUT_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch));
+            FANOUT_DEVICE_REQUIRE(clusters > 0, "gemm_fp8: no cluster of " + std::to_string(CL) + " fits this GPU");
+            return clusters;
+        }
+    }();
+    const int units = o.units > 0 ? std::min(o.units, max_units) : max_units;
+    launch.gridDim = dim3(CL * units);
+    const CUtensorMap tx = tmap_rows_by_k(o.x, o.x_rows, p.K, BM);
+    const CUtensorMap tw = tmap_rows_by_k(o.w, o.w_rows, p.K, BN / CL);
     FANOUT_CUDA_CHECK(cudaLaunchKernelEx(&launch, kernel, tx, tw, p));
 }
 
 template <Layout L>
-void launch_layout(const GemmConfig& cfg, const CUtensorMap& tx, const CUtensorMap& tw, const Params& p, int grid,
-                   cudaStream_t stream) {
-    if (cfg.block_m == 64 && cfg.block_n == 64) return launch_config<64, 64, L>(tx, tw, p, grid, stream);
-    if (cfg.block_m == 64 && cfg.block_n == 128) return launch_config<64, 128, L>(tx, tw, p, grid, stream);
-    if (cfg.block_m == 128 && cfg.block_n == 64) return launch_config<128, 64, L>(tx, tw, p, grid, stream);
-    if (cfg.block_m == 128 && cfg.block_n == 128) return launch_config<128, 128, L>(tx, tw, p, grid, stream);
-    if (cfg.block_m == 64 && cfg.block_n == 256) return launch_config<64, 256, L>(tx, tw, p, grid, stream);
-    if (cfg.block_m == 128 && cfg.block_n == 256) return launch_config<128, 256, L>(tx, tw, p, grid, stream);
+void launch_layout(const GemmConfig& cfg, const Operands& o, const Params& p, cudaStream_t stream) {
+    const bool pair = cfg.cluster == 2;
+    FANOUT_DEVICE_REQUIRE(cfg.cluster == 1 || (pair && L == Layout::kDense),
+                          "gemm_fp8: clusters of " + std::to_string(cfg.cluster) +
+                              " (have 1, and 2 for the dense layout)");
+#define FANOUT_GEMM_CASE(bm, bn)                                                                   \
+    if (cfg.block_m == bm && cfg.block_n == bn) {                                                \
+        if constexpr (L == Layout::kDense)                                                       \
+            if (pair) return launch_config<bm, bn, L, 2>(o, p, stream);                          \
+        return launch_config<bm, bn, L, 1>(o, p, stream);                                        \
+    }
+    FANOUT_GEMM_CASE(64, 64)
+    FANOUT_GEMM_CASE(64, 128)
+    FANOUT_GEMM_CASE(64, 256)
+    FANOUT_GEMM_CASE(128, 64)
+    FANOUT_GEMM_CASE(128, 128)
+    FANOUT_GEMM_CASE(128, 256)
+#undef FANOUT_GEMM_CASE
     FANOUT_DEVICE_REQUIRE(false, "gemm_fp8: no kernel for block_m " + std::to_string(cfg.block_m) + " × block_n " +
                                      std::to_string(cfg.block_n) + " (have 64|128 × 64|128|256)");
 }
@@ -504,10 +617,9 @@ void launch_gemm_fp8(const uint8_t* x, const float* sx, const uint8_t* w, const 
         p.partials = workspace->partials;
         p.counters = workspace->counters;
     }
-    const CUtensorMap tx = tmap_rows_by_k(x, M, K, cfg.block_m);
-    const CUtensorMap tw = tmap_rows_by_k(w, N, K, cfg.block_n);
-    const int grid = std::min(tiles * p.splits, sms);
-    launch_layout<Layout::kDense>(cfg, tx, tw, p, grid, static_cast<cudaStream_t>(cuda_stream));
+    const int units = ((m_blocks + cfg.cluster - 1) / cfg.cluster) * p.n_blocks * p.splits;
+    launch_layout<Layout::kDense>(cfg, {x, uint64_t(M), w, uint64_t(N), units}, p,
+                                  static_cast<cudaStream_t>(cuda_stream));
 }
 
 void launch_grouped_gemm_fp8_contiguous(const uint8_t* x, const float* sx, int rows, const int32_t* block_expert,
@@ -518,14 +630,12 @@ void launch_grouped_gemm_fp8_contiguous(const uint8_t* x, const float* sx, int r
     FANOUT_DEVICE_REQUIRE(rows % kBK == 0,
                           "grouped_gemm_fp8_contiguous: rows must be a multiple of 128, got " + std::to_string(rows));
     FANOUT_DEVICE_REQUIRE(num_experts > 0, "grouped_gemm_fp8_contiguous: no experts");
-    if (cfg.block_m == 0) cfg = {128, 128, 1};
+    if (cfg.block_m == 0) cfg = {128, 128, 1, 1};
     Params p = base_params(sx, sw, y, rows, N, K, cfg.block_n);
     p.block_expert = block_expert;
     p.num_experts = num_experts;
-    const CUtensorMap tx = tmap_rows_by_k(x, rows, K, cfg.block_m);
-    const CUtensorMap tw = tmap_rows_by_k(w, static_cast<uint64_t>(num_experts) * N, K, cfg.block_n);
     const int tiles = (rows / cfg.block_m) * p.n_blocks;
-    launch_layout<Layout::kContiguous>(cfg, tx, tw, p, std::min(tiles, device_sm_count()),
+    launch_layout<Layout::kContiguous>(cfg, {x, uint64_t(rows), w, uint64_t(num_experts) * N, tiles}, p,
                                        static_cast<cudaStream_t>(cuda_stream));
 }
 
@@ -537,13 +647,12 @@ void launch_grouped_gemm_fp8_masked(const uint8_t* x, const float* sx, const int
     FANOUT_DEVICE_REQUIRE(num_experts <= kMaxExperts, "grouped_gemm_fp8_masked: at most " +
                                                           std::to_string(kMaxExperts) + " experts, got " +
                                                           std::to_string(num_experts));
-    if (cfg.block_m == 0) cfg = {expected_m <= 64 ? 64 : 128, 128, 1};
+    if (cfg.block_m == 0) cfg = {expected_m <= 64 ? 64 : 128, 128, 1, 1};
     Params p = base_params(sx, sw, y, max_m, N, K, cfg.block_n);
     p.counts = counts;
     p.num_experts = num_experts;
-    const CUtensorMap tx = tmap_rows_by_k(x, static_cast<uint64_t>(num_experts) * max_m, K, cfg.block_m);
-    const CUtensorMap tw = tmap_rows_by_k(w, static_cast<uint64_t>(num_experts) * N, K, cfg.block_n);
-    launch_layout<Layout::kMasked>(cfg, tx, tw, p, device_sm_count(), static_cast<cudaStream_t>(cuda_stream));
+    launch_layout<Layout::kMasked>(cfg, {x, uint64_t(num_experts) * max_m, w, uint64_t(num_experts) * N, 0}, p,
+                                   static_cast<cudaStream_t>(cuda_stream));
 }
 
 }  // namespace fanout::ops
