@@ -29,25 +29,32 @@ void add_bench_command(CLI::App& app) {
 
     auto s = std::make_shared<bench::ServeBenchOptions>();
     s->json_out = "serve_bench.json";
-    auto* serve = bench->add_subcommand("serve", "load-test an OpenAI-compatible server: throughput, TTFT, TPOT, ITL, goodput");
+    auto* serve =
+        bench->add_subcommand("serve", "load-test an OpenAI-compatible server: throughput, TTFT, TPOT, ITL, goodput");
     serve->add_option("--base-url", s->base_url, "server, http://host:port")->capture_default_str();
     serve->add_option("--model", s->model, "'model' sent (default: the first of GET /v1/models)");
     serve->add_option("--endpoint", s->endpoint, "chat or completions")
         ->check(CLI::IsMember({"chat", "completions"}))
         ->capture_default_str();
     serve->add_option("-n,--num-requests", s->num_requests, "requests to send")->capture_default_str();
-    serve->add_option("--request-rate", s->request_rate, "Poisson arrivals per second (0 = all at once)")->capture_default_str();
-    serve->add_option("--max-concurrency", s->max_concurrency, "requests in flight at most (0 = unlimited)")->capture_default_str();
+    serve->add_option("--request-rate", s->request_rate, "Poisson arrivals per second (0 = all at once)")
+        ->capture_default_str();
+    serve->add_option("--max-concurrency", s->max_concurrency, "requests in flight at most (0 = unlimited)")
+        ->capture_default_str();
     serve->add_option("--prompt-len", s->prompt_len, "prompt words per request")->capture_default_str();
-    serve->add_option("--prompt-len-range", s->prompt_len_range, "prompt words vary uniformly by +-this")->capture_default_str();
+    serve->add_option("--prompt-len-range", s->prompt_len_range, "prompt words vary uniformly by +-this")
+        ->capture_default_str();
     serve->add_option("--output-len", s->output_len, "max_tokens per request")->capture_default_str();
-    serve->add_option("--output-len-range", s->output_len_range, "max_tokens varies uniformly by +-this")->capture_default_str();
+    serve->add_option("--output-len-range", s->output_len_range, "max_tokens varies uniformly by +-this")
+        ->capture_default_str();
     serve->add_option("--prefix-groups", s->prefix_groups, "shared-prefix groups (0 = none)")->capture_default_str();
-    serve->add_option("--prefix-len", s->prefix_len, "words of each shared prefix, before the prompt words")->capture_default_str();
+    serve->add_option("--prefix-len", s->prefix_len, "words of each shared prefix, before the prompt words")
+        ->capture_default_str();
     serve->add_option("--slo-ttft-ms", s->slo_ttft_ms, "goodput: TTFT bound (0 = none)")->capture_default_str();
     serve->add_option("--slo-tpot-ms", s->slo_tpot_ms, "goodput: TPOT bound (0 = none)")->capture_default_str();
     serve->add_option("--seed", s->seed, "workload seed")->capture_default_str();
-    serve->add_flag("!--no-ignore-eos", s->ignore_eos, "let outputs stop at EOS (default: ignore_eos, run to max_tokens)");
+    serve->add_flag("!--no-ignore-eos", s->ignore_eos,
+                    "let outputs stop at EOS (default: ignore_eos, run to max_tokens)");
     serve->add_option("--timeout", s->timeout_s, "seconds per request")->capture_default_str();
     serve->add_option("--json", s->json_out, "JSON output ('' to skip)")->capture_default_str();
     serve->callback([s] {
@@ -55,13 +62,16 @@ void add_bench_command(CLI::App& app) {
     });
 
     auto k = std::make_shared<bench::KernelsBenchOptions>();
-    auto* kernels = bench->add_subcommand("kernels", "FP8 GEMM and grouped GEMM kernels beside cuBLASLt, DeepGEMM and the rooflines (GPU)");
+    auto* kernels = bench->add_subcommand(
+        "kernels", "FP8 GEMM and grouped GEMM kernels beside cuBLASLt, DeepGEMM and the rooflines (GPU)");
     kernels->add_flag("--sweep", k->sweep, "also time every tile shape and split of the dense GEMM");
     kernels->add_flag("!--no-dense", k->dense, "skip the dense shapes");
     kernels->add_flag("!--no-grouped", k->grouped, "skip the grouped points");
-    kernels->add_option("--shape", k->shape, "dense: only this shape (fused qkv_a, q_b, kv_b, o_proj, shared gate+up, shared down)");
+    kernels->add_option("--shape", k->shape,
+                        "dense: only this shape (fused qkv_a, q_b, kv_b, o_proj, shared gate+up, shared down)");
     kernels->add_option("--m", k->m, "dense: only this M (64, 128, 256, 1024, 4096)");
-    kernels->add_option("--config", k->config, "dense: this tile config instead of the table, e.g. 128x256/1 or 128x128/2c2");
+    kernels->add_option("--config", k->config,
+                        "dense: this tile config instead of the table, e.g. 128x256/1 or 128x128/2c2");
     kernels->add_option("--json", k->json_out, "JSON output ('' to skip)")->capture_default_str();
     kernels->callback([k] {
 #ifdef FANOUT_WITH_CUDA

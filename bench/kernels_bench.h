@@ -18,7 +18,7 @@ namespace fanout::bench {
 
 struct KernelsBenchOptions {
     std::string json_out = "kernels_bench.json";
-    bool sweep = false;     // time every tile shape and split of the dense GEMM
+    bool sweep = false;  // time every tile shape and split of the dense GEMM
     bool dense = true;
     bool grouped = true;
     std::string shape;   // dense: only this shape ("o_proj", ...; "" = all six)

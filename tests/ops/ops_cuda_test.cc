@@ -191,6 +191,8 @@ TEST(GemmFp8Cuda, EveryTileShapeSplitClusterAndTheResidual) {
                     // 129 rows: a partial last tile, and with clusters a pair whose second tile is past M.
                     run_dense(Fp8Operands(129, 200, 1040, seed), cfg, &ws, splits == 3, pool);
                     run_dense(Fp8Operands(5, 384, 768, seed + 1), cfg, &ws, false, pool);
+                    // N % 8 != 0: every row block stores from registers (no TMA store).
+                    run_dense(Fp8Operands(70, 131, 256, seed + 2), cfg, &ws, splits == 1, pool);
                 }
 }
 
@@ -255,7 +257,7 @@ TEST(GroupedGemmFp8Cuda, MaskedMatchesCpuReferenceAndReplaysInAGraph) {
         cudaGraph_t graph;
         cudaGraphExec_t exec;
         FANOUT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-        launch_grouped_gemm_fp8_masked(d.x.ptr, d.sx.ptr, dcounts.ptr, E, max_m, d.w.ptr, d.sw.ptr, N, K, dy.ptr, 64,
+        launch_grouped_gemm_fp8_masked(d.x.ptr, d.sx.ptr, dcounts.ptr, E, max_m, d.w.ptr, d.sw.ptr, N, K, dy.ptr,
                                        stream, cfg);
         FANOUT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
         FANOUT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));

@@ -18,23 +18,24 @@ struct Row {
 // clang-format off
 constexpr std::array kTable = {
     // fused qkv_a 2112 × 7168
-    Row{2112, 7168, 64, {64, 64, 4}},    Row{2112, 7168, 128, {128, 64, 4}},  Row{2112, 7168, 256, {128, 64, 2}},
-    Row{2112, 7168, 1024, {128, 64, 1}}, Row{2112, 7168, 1 << 30, {128, 256, 1}},
+    Row{2112, 7168, 64, {64, 64, 4, 1}},      Row{2112, 7168, 128, {128, 64, 4, 1}},
+    Row{2112, 7168, 256, {128, 64, 2, 1}},    Row{2112, 7168, 1024, {128, 64, 1, 1}},
+    Row{2112, 7168, 1 << 30, {128, 256, 1, 2}},
     // q_b 24576 × 1536
-    Row{24576, 1536, 64, {64, 256, 1}},  Row{24576, 1536, 128, {128, 256, 1}}, Row{24576, 1536, 256, {128, 128, 1}},
-    Row{24576, 1536, 1 << 30, {128, 256, 1}},
+    Row{24576, 1536, 64, {64, 256, 1, 1}},    Row{24576, 1536, 256, {128, 256, 1, 1}},
+    Row{24576, 1536, 1 << 30, {128, 256, 1, 2}},
     // kv_b 32768 × 512
-    Row{32768, 512, 64, {64, 256, 1}},   Row{32768, 512, 128, {128, 256, 1}}, Row{32768, 512, 1024, {128, 128, 1}},
-    Row{32768, 512, 1 << 30, {128, 256, 1}},
+    Row{32768, 512, 64, {64, 256, 1, 1}},     Row{32768, 512, 1 << 30, {128, 256, 1, 1}},
     // o_proj 7168 × 16384
-    Row{7168, 16384, 64, {64, 256, 3}},  Row{7168, 16384, 128, {128, 128, 2}}, Row{7168, 16384, 256, {128, 256, 2}},
-    Row{7168, 16384, 1 << 30, {128, 256, 1}},
+    Row{7168, 16384, 64, {64, 128, 2, 1}},    Row{7168, 16384, 128, {128, 128, 2, 1}},
+    Row{7168, 16384, 256, {128, 256, 2, 2}},  Row{7168, 16384, 1 << 30, {128, 256, 1, 2}},
     // shared experts' gate+up 4096 × 7168
-    Row{4096, 7168, 64, {64, 64, 2}},    Row{4096, 7168, 128, {128, 64, 2}},  Row{4096, 7168, 256, {128, 128, 2}},
-    Row{4096, 7168, 1 << 30, {128, 256, 1}},
+    Row{4096, 7168, 64, {64, 128, 4, 1}},     Row{4096, 7168, 128, {128, 64, 2, 1}},
+    Row{4096, 7168, 256, {128, 128, 2, 1}},   Row{4096, 7168, 1 << 30, {128, 256, 1, 2}},
     // shared experts' down 7168 × 2048
-    Row{7168, 2048, 64, {64, 64, 1}},    Row{7168, 2048, 128, {64, 128, 1}},  Row{7168, 2048, 256, {128, 128, 1}},
-    Row{7168, 2048, 1 << 30, {128, 256, 1}},
+    Row{7168, 2048, 64, {64, 64, 1, 1}},      Row{7168, 2048, 128, {128, 64, 1, 1}},
+    Row{7168, 2048, 256, {128, 128, 1, 1}},   Row{7168, 2048, 1024, {128, 256, 1, 1}},
+    Row{7168, 2048, 1 << 30, {128, 256, 1, 2}},
 };
 // clang-format on
 
@@ -48,10 +49,12 @@ GemmConfig pick_gemm_config(int M, int N, int K, int num_sms, bool split_k_allow
             return c;
         }
     // Elsewhere: 64-row tiles only when M fits one; the widest N tile that still gives every
-    // multiprocessor a tile (wider tiles fetch fewer bytes per FLOP, which bounds large M); and
-    // split K while that leaves the GPU under-filled and each split at least 4 K blocks.
+    // multiprocessor a tile (wider tiles fetch fewer bytes per FLOP); pairs of CTAs sharing
+    // their W tile from M = 1024 on; and split K while that leaves the GPU under-filled and each
+    // split at least 4 K blocks.
     GemmConfig c;
     c.block_m = M <= 64 ? 64 : 128;
+    c.cluster = M >= 1024 ? 2 : 1;
     const int m_blocks = (M + c.block_m - 1) / c.block_m, nkb = (K + 127) / 128;
     c.block_n = 64;
     for (int bn : {256, 128})

@@ -2,12 +2,15 @@
 //
 // One persistent kernel for the three layouts. Each CTA walks output tiles blockIdx.x,
 // blockIdx.x + gridDim.x, ...; its warpgroups have fixed roles:
-//  * warpgroup 0, one thread: the producer. For every 128-wide K block of a tile it waits for a
+//  * warpgroup 0: the producer, one thread, and the scale loader, one warp (below). For every 128-wide K block of a
+//  tile it waits for a
 //    free stage of the shared-memory ring, then has TMA load the x tile [block_m × 128] and the W
-//    tile [block_n × 128] into it (128-byte swizzle), completing on the stage's `full` mbarrier.
+//    tile [block_n × 128] into it (128-byte swizzle), completing on the stage's `full` mbarrier;
+//    the scale loader puts the stage's sx column and sw values beside it and arrives there too.
 //  * warpgroups 1..block_m/64: consumers, 64 rows each. Per K block: wait for `full`, four
 //    m64·n·k32 FP8 wgmmas into a fresh f32 partial, wait for them, free the stage, then promote:
-//    acc += partial · sx[row, kb] · sw[n/128, kb] (the scales are loaded before the wait). A
+//    acc += partial · sx[row, kb] · sw[n/128, kb]. Tiles up to 128 wide keep two partials, so
+//    K block kb + 1's wgmmas run while kb's partial is promoted. A
 //    256-wide tile does this per 128-column half (one scale block each): twice the arithmetic
 //    per byte fetched from L2 of a 128-wide tile, which is what bounds large M.
 // The ring runs across tiles, so the producer loads the next tile while consumers finish one.
@@ -42,7 +45,10 @@ using namespace sm90;
 constexpr int kBK = 128;                 // K per stage = one scale block = one 128-byte swizzle row
 constexpr int kMaxExperts = 1024;        // masked layout: experts per launch
 constexpr int kSmemBudget = 200 * 1024;  // the stage ring's share of the 227 KB per block
-constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+// Register budget per thread after setmaxnreg: 64K registers per SM over 128 producer-side and
+// 128·consumers threads.
+constexpr int kProducerRegs = 56;
+__host__ __device__ constexpr int consumer_regs(int consumers) { return consumers == 1 ? 232 : 224; }
 
 enum class Layout { kDense, kContiguous, kMasked };
 
@@ -59,6 +65,7 @@ struct Params {
     const int32_t* block_expert;  // contiguous
     const int32_t* counts;        // masked
     int num_experts;
+    bool tma_store;  // the epilogue writes y through TMA (else plain stores)
 };
 
 struct Tile {
@@ -144,9 +151,11 @@ __device__ __forceinline__ float bf16_at(const __nv_bfloat16* p, size_t i) { ret
 template <int BM, int BN, int STAGES, Layout L, int CL>
 __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)
     gemm_fp8_sm90_kernel(const __grid_constant__ CUtensorMap tmap_x, const __grid_constant__ CUtensorMap tmap_w,
-                         const Params p) {
+                         const __grid_constant__ CUtensorMap tmap_y, const Params p) {
     constexpr int kConsumers = BM / 64;
     constexpr int kABytes = BM * kBK, kBBytes = BN * kBK, kStageBytes = kABytes + kBBytes;
+    constexpr int kScaleFloats = BM + 4;  // sx per row, sw per 128 columns (<= 2), padded to 16 bytes
+    constexpr int kEpilogueBytes = 64 * 64 * 2;
     constexpr int kAcc = BN / 2;  // f32 accumulators per thread (m64 × BN over 128 threads)
     // wgmma width: a 256-wide tile runs as two n128 halves, each promoted before the next, so
     // the registers hold acc[128] + part[64] instead of two 128-float sets.
@@ -155,7 +164,11 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)
 
     extern __shared__ uint8_t smem_raw[];
     uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-    uint64_t* full = reinterpret_cast<uint64_t*>(smem + STAGES * kStageBytes);
+    // Per stage: the x and W tiles, then the stage's scales (sx of the tile's rows, sw of its one or
+    // two 128-column blocks), then the ring's barriers.
+    uint8_t* epilogue = smem + STAGES * kStageBytes;  // per consumer warpgroup: one 64×64 bf16 block
+    float* scales = reinterpret_cast<float*>(epilogue + kConsumers * kEpilogueBytes);
+    uint64_t* full = reinterpret_cast<uint64_t*>(scales + STAGES * kScaleFloats);
     uint64_t* empty = full + STAGES;
     __shared__ int prefix[L == Layout::kMasked ? kMaxExperts + 1 : 1];
     __shared__ int last_arrival;
@@ -177,7 +190,7 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
-            mbar_init(&full[s], 1);
+            mbar_init(&full[s], 2);                     // the TMA producer's expect_tx and the scale loader
             mbar_init(&empty[s], CL * kConsumers * 4);  // lane 0 of every consumer warp of the cluster
         }
         mbar_fence_init();
@@ -249,12 +262,40 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)
                     if (++s == STAGES) s = 0, phase ^= 1;
                 }
             }
+        } else if (threadIdx.x / 32 == 1) {
+            // The scale loader (warp 1): each stage's sx column and sw values into shared memory,
+            // STAGES K blocks ahead of the consumers, so their strided loads never stall them.
+            const int lane = threadIdx.x % 32;
+            int s = 0;
+            uint32_t phase = 0;
+            for (int t = first; t < total; t += stride) {
+                const Tile tile = sched.get(t, rank);
+                if (CL == 1 && tile.rows <= 0) continue;
+                for (int kb = tile.kb0; kb < tile.kb1; ++kb) {
+                    float* dst = scales + s * kScaleFloats;
+                    float v[BM / 32], w = 0.0f;
+#pragma unroll
+                    for (int i = 0; i < BM / 32; ++i) {
+                        const int r = lane + 32 * i;
+                        v[i] = r < tile.rows ? __ldg(p.sx + static_cast<size_t>(tile.a_row + r) * p.nkb + kb) : 0.0f;
+                    }
+                    if (lane < kHalves && tile.n0 + lane * kWN < p.N)
+                        w = __ldg(p.sw + tile.sw_base + lane * p.nkb + kb);
+                    mbar_wait(&empty[s], phase ^ 1);
+#pragma unroll
+                    for (int i = 0; i < BM / 32; ++i) dst[lane + 32 * i] = v[i];
+                    if (lane < kHalves) dst[BM + lane] = w;
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive(&full[s]);  // release: the stores above are visible to waiters
+                    if (++s == STAGES) s = 0, phase ^= 1;
+                }
+            }
         }
         if constexpr (CL > 1) cluster_sync();  // no CTA leaves while a peer may still write to it
         return;
     }
 
-    setmaxnreg_inc<kConsumerRegs>();
+    setmaxnreg_inc<consumer_regs(kConsumers)>();
     const int consumer = wg - 1;
     const int ctid = threadIdx.x - 128;  // 0 .. 128·kConsumers
     const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
@@ -268,20 +309,17 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)
         float acc[kAcc];
 #pragma unroll
         for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
-        const float* sx_lo = p.sx + static_cast<size_t>(tile.a_row + r_lo) * p.nkb;
-        const float* sx_hi = sx_lo + static_cast<size_t>(8) * p.nkb;
-        const bool lo_ok = r_lo < tile.rows, hi_ok = r_lo + 8 < tile.rows;
-        // The scales of K block kb + 1 are loaded while kb runs: their latency stays off the
-        // promotion's critical path.
-        auto load_scales = [&](int kb, float (&sb)[kHalves], float& lo, float& hi) {
+        // This thread's row scales and the W block scales of stage `stage_idx` (read before the
+        // stage is released).
+        auto stage_scales = [&](int stage_idx, float(&sb)[kHalves], float& lo, float& hi) {
+            const float* src = scales + stage_idx * kScaleFloats;
+            lo = src[r_lo];
+            hi = src[r_lo + 8];
 #pragma unroll
-            for (int h = 0; h < kHalves; ++h)  // a 256-wide tile spans two 128-row weight scale blocks
-                sb[h] = tile.n0 + h * kWN < p.N ? __ldg(p.sw + tile.sw_base + h * p.nkb + kb) : 0.0f;
-            lo = lo_ok ? __ldg(sx_lo + kb) : 0.0f;
-            hi = hi_ok ? __ldg(sx_hi + kb) : 0.0f;
+            for (int h = 0; h < kHalves; ++h) sb[h] = src[BM + h];
         };
         // Four k32 wgmmas over one stage (columns h·kWN.. of the W tile) into `part`, committed.
-        auto issue = [&](int stage_idx, int h, float (&part)[kPart]) {
+        auto issue = [&](int stage_idx, int h, float(&part)[kPart]) {
             const uint8_t* stage = smem + stage_idx * kStageBytes;
             const uint64_t da = desc_k_major_sw128(stage + consumer * 64 * kBK);
             const uint64_t db = desc_k_major_sw128(stage + kABytes + h * kWN * kBK);
@@ -302,7 +340,7 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)
                 }
             }
         };
-        auto promote = [&](const float (&part)[kPart], float* a, float s_lo, float s_hi) {
+        auto promote = [&](const float(&part)[kPart], float* a, float s_lo, float s_hi) {
 #pragma unroll
             for (int j = 0; j < kPart / 4; ++j) {
                 a[4 * j + 0] = fmaf(part[4 * j + 0], s_lo, a[4 * j + 0]);
@@ -311,8 +349,6 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)
                 a[4 * j + 3] = fmaf(part[4 * j + 3], s_hi, a[4 * j + 3]);
             }
         };
-        float next_sb[kHalves], next_lo, next_hi;
-        load_scales(tile.kb0, next_sb, next_lo, next_hi);
         auto advance = [&] {
             if (++s == STAGES) s = 0, phase ^= 1;
         };
@@ -324,11 +360,9 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)
             mbar_wait(&full[s], phase);
             issue(s, 0, part0);
             advance();
-            auto step = [&](float (&cur)[kPart], float (&nxt)[kPart]) {
+            auto step = [&](float(&cur)[kPart], float(&nxt)[kPart]) {
                 const bool more = kb + 1 < tile.kb1;
-                const float sb = next_sb[0], lo = next_lo, hi = next_hi;
                 if (more) {
-                    load_scales(kb + 1, next_sb, next_lo, next_hi);
                     mbar_wait(&full[s], phase);
                     issue(s, 0, nxt);
                     wgmma_wait<1>();
@@ -336,8 +370,10 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)
                     wgmma_wait<0>();
                 }
                 fence_regs(cur);
+                float sb[1], lo, hi;
+                stage_scales(s_cur, sb, lo, hi);
                 release(s_cur);
-                promote(cur, acc, lo * sb, hi * sb);
+                promote(cur, acc, lo * sb[0], hi * sb[0]);
                 if (more) {
                     s_cur = s;
                     advance();
@@ -351,12 +387,9 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)
             // 256-wide tiles: the two halves one after the other (two partials of 64 would not
             // fit beside the 128 accumulators).
             for (int kb = tile.kb0; kb < tile.kb1; ++kb) {
-                float sb[kHalves];
-#pragma unroll
-                for (int h = 0; h < kHalves; ++h) sb[h] = next_sb[h];
-                const float sa_lo = next_lo, sa_hi = next_hi;
-                if (kb + 1 < tile.kb1) load_scales(kb + 1, next_sb, next_lo, next_hi);
                 mbar_wait(&full[s], phase);
+                float sb[kHalves], sa_lo, sa_hi;
+                stage_scales(s, sb, sa_lo, sa_hi);
 #pragma unroll
                 for (int h = 0; h < kHalves; ++h) {
                     float part[kPart];
@@ -407,8 +440,46 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)
             }
         }
 
-        // Epilogue: bf16 out (+ residual), straight from the fragment: per 8-column group each
-        // thread holds two adjacent columns of rows r_lo and r_lo + 8.
+        // Epilogue: bf16 out (+ residual). Per 8-column group each thread holds two adjacent
+        // columns of rows r_lo and r_lo + 8. A warpgroup whose 64 rows are all valid (and N % 8
+        // == 0) writes them through shared memory in 64-column blocks, laid out in the 128-byte
+        // swizzle of y's tensor map, and TMA stores them (clipping at N); partial row blocks
+        // (M edges, masked counts) store from registers, so no row past them is touched.
+        if (p.tma_store && tile.rows >= 64 * (consumer + 1)) {
+            uint8_t* buf = epilogue + consumer * kEpilogueBytes;
+            const bool leader = warp == 0 && lane == 0;
+            const int wr = 16 * warp + lane / 4;  // row within the warpgroup's 64
+#pragma unroll
+            for (int c = 0; c < BN / 64; ++c) {
+                if (tile.n0 + 64 * c >= p.N) break;
+                if (leader) bulk_wait_read();  // the previous block has left the buffer
+                named_barrier(2 + consumer, 128);
+#pragma unroll
+                for (int jj = 0; jj < 8; ++jj) {
+                    const int j = 8 * c + jj, cc = 8 * jj + 2 * (lane % 4);  // column within the block
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int r = wr + 8 * h;
+                        float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+                        if (p.residual != nullptr && tile.n0 + 64 * c + cc < p.N) {
+                            const size_t idx =
+                                static_cast<size_t>(tile.a_row + r_lo + 8 * h) * p.N + tile.n0 + 64 * c + cc;
+                            v0 += bf16_at(p.residual, idx);
+                            v1 += bf16_at(p.residual, idx + 1);
+                        }
+                        const int off = r * 128 + ((((2 * cc) >> 4) ^ (r & 7)) << 4) + ((2 * cc) & 15);
+                        *reinterpret_cast<__nv_bfloat162*>(buf + off) = __floats2bfloat162_rn(v0, v1);
+                    }
+                }
+                fence_proxy_async();
+                named_barrier(2 + consumer, 128);
+                if (leader) {
+                    tma_store_2d(&tmap_y, buf, tile.n0 + 64 * c, tile.a_row + 64 * consumer);
+                    bulk_commit();
+                }
+            }
+            continue;
+        }
         const bool pairs = (p.N % 2) == 0;
 #pragma unroll
         for (int j = 0; j < kAcc / 4; ++j) {
@@ -434,6 +505,7 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)
             }
         }
     }
+    if (p.tma_store && threadIdx.x % 128 == 0) bulk_wait();  // this warpgroup's stores are done
     if constexpr (CL > 1) cluster_sync();
 }
 
@@ -468,6 +540,22 @@ CUtensorMap tmap_rows_by_k(const uint8_t* base, uint64_t rows, uint64_t K, uint3
     return m;
 }
 
+// y [rows, N] bf16 in 64 × 64 boxes with 128-byte swizzle (the TMA-store epilogue).
+CUtensorMap tmap_y(const void* y, uint64_t rows, uint64_t N) {
+    CUtensorMap m;
+    const cuuint64_t dims[2] = {N, rows};
+    const cuuint64_t strides[1] = {N * 2};
+    const cuuint32_t box[2] = {64, 64};
+    const cuuint32_t elem[2] = {1, 1};
+    const CUresult r = encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(y), dims, strides, box,
+                                   elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                   CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        throw_api_error(__FILE__, __LINE__, "CUDA driver", "cuTensorMapEncodeTiled", static_cast<int>(r),
+                        ("y: rows " + std::to_string(rows) + ", N " + std::to_string(N)).c_str());
+    return m;
+}
+
 template <int BM, int BN>
 constexpr int stages() {
     return kSmemBudget / ((BM + BN) * kBK) < 16 ? kSmemBudget / ((BM + BN) * kBK) : 16;
@@ -487,7 +575,7 @@ template <int BM, int BN, Layout L, int CL>
 void launch_config(const Operands& o, const Params& p, cudaStream_t stream) {
     constexpr int S = stages<BM, BN>();
     auto* kernel = gemm_fp8_sm90_kernel<BM, BN, S, L, CL>;
-    constexpr int smem = S * (BM + BN) * kBK + 1024 + 2 * S * 8;
+    constexpr int smem = S * (BM + BN) * kBK + 1024 + (BM / 64) * 64 * 64 * 2 + S * (BM + 4) * 4 + 2 * S * 8;
     cudaLaunchConfig_t launch{};
     launch.blockDim = dim3((BM / 64 + 1) * 128);
     launch.dynamicSmemBytes = smem;
@@ -519,20 +607,23 @@ void launch_config(const Operands& o, const Params& p, cudaStream_t stream) {
     launch.gridDim = dim3(CL * units);
     const CUtensorMap tx = tmap_rows_by_k(o.x, o.x_rows, p.K, BM);
     const CUtensorMap tw = tmap_rows_by_k(o.w, o.w_rows, p.K, BN / CL);
-    FANOUT_CUDA_CHECK(cudaLaunchKernelEx(&launch, kernel, tx, tw, p));
+    Params q = p;
+    q.tma_store = p.N % 8 == 0 && reinterpret_cast<uintptr_t>(p.y) % 16 == 0;
+    const CUtensorMap ty = q.tma_store ? tmap_y(p.y, o.x_rows, p.N) : tx;
+    FANOUT_CUDA_CHECK(cudaLaunchKernelEx(&launch, kernel, tx, tw, ty, q));
 }
 
 template <Layout L>
 void launch_layout(const GemmConfig& cfg, const Operands& o, const Params& p, cudaStream_t stream) {
     const bool pair = cfg.cluster == 2;
-    FANOUT_DEVICE_REQUIRE(cfg.cluster == 1 || (pair && L == Layout::kDense),
-                          "gemm_fp8: clusters of " + std::to_string(cfg.cluster) +
-                              " (have 1, and 2 for the dense layout)");
-#define FANOUT_GEMM_CASE(bm, bn)                                                                   \
-    if (cfg.block_m == bm && cfg.block_n == bn) {                                                \
-        if constexpr (L == Layout::kDense)                                                       \
-            if (pair) return launch_config<bm, bn, L, 2>(o, p, stream);                          \
-        return launch_config<bm, bn, L, 1>(o, p, stream);                                        \
+    FANOUT_DEVICE_REQUIRE(
+        cfg.cluster == 1 || (pair && L == Layout::kDense),
+        "gemm_fp8: clusters of " + std::to_string(cfg.cluster) + " (have 1, and 2 for the dense layout)");
+#define FANOUT_GEMM_CASE(bm, bn)                                        \
+    if (cfg.block_m == bm && cfg.block_n == bn) {                       \
+        if constexpr (L == Layout::kDense)                              \
+            if (pair) return launch_config<bm, bn, L, 2>(o, p, stream); \
+        return launch_config<bm, bn, L, 1>(o, p, stream);               \
     }
     FANOUT_GEMM_CASE(64, 64)
     FANOUT_GEMM_CASE(64, 128)
@@ -630,7 +721,7 @@ void launch_grouped_gemm_fp8_contiguous(const uint8_t* x, const float* sx, int r
     FANOUT_DEVICE_REQUIRE(rows % kBK == 0,
                           "grouped_gemm_fp8_contiguous: rows must be a multiple of 128, got " + std::to_string(rows));
     FANOUT_DEVICE_REQUIRE(num_experts > 0, "grouped_gemm_fp8_contiguous: no experts");
-    if (cfg.block_m == 0) cfg = {128, 128, 1, 1};
+    if (cfg.block_m == 0) cfg = {128, 256, 1, 1};
     Params p = base_params(sx, sw, y, rows, N, K, cfg.block_n);
     p.block_expert = block_expert;
     p.num_experts = num_experts;
@@ -641,13 +732,13 @@ void launch_grouped_gemm_fp8_contiguous(const uint8_t* x, const float* sx, int r
 
 void launch_grouped_gemm_fp8_masked(const uint8_t* x, const float* sx, const int32_t* counts, int num_experts,
                                     int max_m, const uint8_t* w, const float* sw, int N, int K, uint16_t* y,
-                                    int expected_m, void* cuda_stream, GemmConfig cfg) {
+                                    void* cuda_stream, GemmConfig cfg) {
     if (max_m <= 0 || num_experts <= 0) return;
     check_operands(x, w, N, K, "grouped_gemm_fp8_masked");
     FANOUT_DEVICE_REQUIRE(num_experts <= kMaxExperts, "grouped_gemm_fp8_masked: at most " +
                                                           std::to_string(kMaxExperts) + " experts, got " +
                                                           std::to_string(num_experts));
-    if (cfg.block_m == 0) cfg = {expected_m <= 64 ? 64 : 128, 128, 1, 1};
+    if (cfg.block_m == 0) cfg = {128, 256, 1, 1};  // fastest at every EP8..EP128 point (docs/PERF.md)
     Params p = base_params(sx, sw, y, max_m, N, K, cfg.block_n);
     p.counts = counts;
     p.num_experts = num_experts;
