@@ -190,8 +190,11 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
-            mbar_init(&full[s], 2);                     // the TMA producer's expect_tx and the scale loader
-            mbar_init(&empty[s], CL * kConsumers * 4);  // lane 0 of every consumer warp of the cluster
+            // full: the TMA producer's expect_tx and every lane of the scale loader; empty: every
+            // consumer thread here (each releases its own reads of the stage's scales) and lane 0
+            // of every consumer warp of the peer CTAs.
+            mbar_init(&full[s], 1 + 32);
+            mbar_init(&empty[s], kConsumers * 128 + (CL - 1) * kConsumers * 4);
         }
         mbar_fence_init();
         tma_prefetch_descriptor(&tmap_x);
@@ -285,8 +288,7 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)
 #pragma unroll
                     for (int i = 0; i < BM / 32; ++i) dst[lane + 32 * i] = v[i];
                     if (lane < kHalves) dst[BM + lane] = w;
-                    __syncwarp();
-                    if (lane == 0) mbar_arrive(&full[s]);  // release: the stores above are visible to waiters
+                    mbar_arrive(&full[s]);  // each lane releases its own stores to the waiters
                     if (++s == STAGES) s = 0, phase ^= 1;
                 }
             }
@@ -330,14 +332,12 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)
         };
         // The stage's last reader hands it back to the producer(s).
         auto release = [&](int stage_idx) {
-            __syncwarp();
-            if (lane == 0) {
-                if constexpr (CL == 1) {
-                    mbar_arrive(&empty[stage_idx]);
-                } else {
-#pragma unroll
-                    for (int c = 0; c < CL; ++c) mbar_arrive_cluster(&empty[stage_idx], c);
-                }
+            mbar_arrive(&empty[stage_idx]);
+            if constexpr (CL > 1) {
+                __syncwarp();
+                if (lane == 0)
+                    for (int c = 0; c < CL; ++c)
+                        if (c != rank) mbar_arrive_cluster(&empty[stage_idx], c);
             }
         };
         auto promote = [&](const float(&part)[kPart], float* a, float s_lo, float s_hi) {
