@@ -352,8 +352,9 @@ nlohmann::json bench_grouped(Context& c) {
             nlohmann::json variants = nlohmann::json::array();
             std::string best_name = "table";
             double best_us = us;
-            for (const ops::GemmConfig cfg : {ops::GemmConfig{64, 128, 1}, ops::GemmConfig{128, 128, 1},
-                                              ops::GemmConfig{64, 256, 1}, ops::GemmConfig{128, 256, 1}}) {
+            for (const ops::GemmConfig cfg : {ops::GemmConfig{128, 128, 1}, ops::GemmConfig{64, 256, 1},
+                                              ops::GemmConfig{128, 256, 1}, ops::GemmConfig{128, 128, 1, 2},
+                                              ops::GemmConfig{128, 256, 1, 2}}) {
                 const double t = run(cfg);
                 variants.push_back({{"config", config_name(cfg)}, {"us", t}});
                 if (t < best_us) best_us = t, best_name = config_name(cfg);

@@ -253,7 +253,7 @@ TEST(GroupedGemmFp8Cuda, MaskedMatchesCpuReferenceAndReplaysInAGraph) {
     DeviceBuffer<uint16_t> dy(size_t(E) * max_m * N);
     cudaStream_t stream;
     FANOUT_CUDA_CHECK(cudaStreamCreate(&stream));
-    for (GemmConfig cfg : {GemmConfig{}, GemmConfig{128, 256, 1}, GemmConfig{64, 64, 1}}) {
+    for (GemmConfig cfg : {GemmConfig{}, GemmConfig{128, 128, 1, 2}, GemmConfig{64, 64, 1}, GemmConfig{64, 256, 1, 2}}) {
         cudaGraph_t graph;
         cudaGraphExec_t exec;
         FANOUT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));

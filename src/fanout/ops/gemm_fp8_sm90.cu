@@ -78,8 +78,9 @@ struct Tile {
     int id, split;
 };
 
-// Tile t of the launch. With clusters of CL CTAs (dense only) t names CL tiles stacked along M
-// that share their W tile, and `rank` picks one; the last one may lie past M (rows <= 0).
+// Tile t of the launch. With clusters of CL CTAs (dense and masked) t names CL tiles stacked
+// along M that share their W tile, and `rank` picks one; the last may lie past M or the expert's
+// count (rows <= 0: it runs the pipeline for its peer and writes nothing).
 template <int BM, int BN, Layout L, int CL>
 struct Scheduler {
     const Params& p;
@@ -109,9 +110,9 @@ struct Scheduler {
             }
             const int e = lo, local = t - prefix[e];
             const int count = min(max(p.counts[e], 0), p.rows);
-            const int mb = (count + BM - 1) / BM;
-            const int m0 = (local % mb) * BM;
-            tile.n0 = (local / mb) * BN;
+            const int units = ((count + BM - 1) / BM + CL - 1) / CL;  // row blocks of the expert, CL per unit
+            const int m0 = (CL * (local % units) + rank) * BM;
+            tile.n0 = (local / units) * BN;
             tile.a_row = e * p.rows + m0;
             tile.rows = count - m0;
             tile.b_row = e * p.N + tile.n0;
@@ -232,7 +233,8 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)
             for (int base = 0; base < p.num_experts; base += 32) {
                 const int e = base + static_cast<int>(threadIdx.x);
                 int v = 0;
-                if (e < p.num_experts) v = ((min(max(p.counts[e], 0), p.rows) + BM - 1) / BM) * p.n_blocks;
+                if (e < p.num_experts)
+                    v = (((min(max(p.counts[e], 0), p.rows) + BM - 1) / BM + CL - 1) / CL) * p.n_blocks;
 #pragma unroll
                 for (int o = 1; o < 32; o <<= 1) {
                     const int u = __shfl_up_sync(0xffffffffu, v, o);
@@ -617,11 +619,11 @@ template <Layout L>
 void launch_layout(const GemmConfig& cfg, const Operands& o, const Params& p, cudaStream_t stream) {
     const bool pair = cfg.cluster == 2;
     FANOUT_DEVICE_REQUIRE(
-        cfg.cluster == 1 || (pair && L == Layout::kDense),
-        "gemm_fp8: clusters of " + std::to_string(cfg.cluster) + " (have 1, and 2 for the dense layout)");
+        cfg.cluster == 1 || (pair && L != Layout::kContiguous),
+        "gemm_fp8: clusters of " + std::to_string(cfg.cluster) + " (have 1, and 2 for the dense and masked layouts)");
 #define FANOUT_GEMM_CASE(bm, bn)                                        \
     if (cfg.block_m == bm && cfg.block_n == bn) {                       \
-        if constexpr (L == Layout::kDense)                              \
+        if constexpr (L != Layout::kContiguous)                         \
             if (pair) return launch_config<bm, bn, L, 2>(o, p, stream); \
         return launch_config<bm, bn, L, 1>(o, p, stream);               \
     }

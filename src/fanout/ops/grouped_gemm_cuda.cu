@@ -15,7 +15,7 @@
 namespace fanout::ops {
 namespace {
 
-constexpr int kThreads = 128, kPerThread = 8, kThreadsPerBlock128 = 128 / kPerThread;
+constexpr int kThreads = 256, kPerThread = 8, kThreadsPerBlock128 = 128 / kPerThread;  // one pass over I = 2048
 
 __global__ void __launch_bounds__(kThreads)
     silu_mul_quant_masked_kernel(const __nv_bfloat16* __restrict__ gate_up, const int32_t* __restrict__ counts,
