@@ -4,9 +4,9 @@
 # BUILD_DIR holds a CUDA build's executables, .carry/build as scripts/prepare_carry.sh makes it,
 # carried with .carry/lib (the shared libraries the GPU machine lacks).
 # tests, the HF oracle afresh (fixtures regenerated there by transformers, then compared), and the
-# CPU benchmark; logs and JSON go to $OUT. `kernels` runs only the CUDA kernel tests (once more
-# under compute-sanitizer when SANITIZE=1), the SASS check and `fanout bench kernels`
-# (BENCH_ARGS, e.g. --sweep).
+# CPU benchmark; logs and JSON go to $OUT. Both modes run the CUDA kernel tests (once more under
+# compute-sanitizer memcheck/racecheck/synccheck when SANITIZE=1), the SASS check and `fanout bench
+# kernels` (BENCH_ARGS, e.g. --sweep); `kernels` stops there.
 set -uo pipefail
 build=${1:-.carry/build}
 mode=${2:-all}
@@ -24,19 +24,19 @@ run() {  # run NAME CMD...: logs to $out/NAME.log, records pass/fail
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 run ops_cuda_test "$build/tests/ops/ops_cuda_test"
 tail -3 "$logs/ops_cuda_test.log"
+# The tensor-core path must be there: QGMMA (fp8 wgmma) and UTMALDG (TMA) in the GEMM kernels.
+cuobjdump --dump-sass "$build/tests/ops/ops_cuda_test" > "$logs/sass.txt" 2>&1 &&
+    grep -oE "QGMMA|HGMMA|UTMALDG|USETMAXREG|LDL|STL" "$logs/sass.txt" | sort | uniq -c
+if [[ ${SANITIZE:-0} == 1 ]]; then
+    for tool in memcheck racecheck synccheck; do
+        run "sanitize_$tool" compute-sanitizer --tool $tool --error-exitcode 1 "$build/tests/ops/ops_cuda_test" \
+            --gtest_filter='GemmFp8Cuda.Every*:GroupedGemmFp8Cuda.*:SiluMulQuantCuda.*'
+        tail -3 "$logs/sanitize_$tool.log"
+    done
+fi
+run bench_kernels "$build/apps/fanout" bench kernels ${BENCH_ARGS:-} --json "$out/kernels_bench.json"
+cat "$logs/bench_kernels.log"
 if [[ $mode == kernels ]]; then
-    # The tensor-core path must be there: QGMMA (fp8 wgmma) and UTMALDG (TMA) in the GEMM kernels.
-    cuobjdump --dump-sass "$build/tests/ops/ops_cuda_test" > "$logs/sass.txt" 2>&1 &&
-        grep -oE "QGMMA|HGMMA|UTMALDG|USETMAXREG|LDL|STL" "$logs/sass.txt" | sort | uniq -c
-    if [[ ${SANITIZE:-0} == 1 ]]; then
-        for tool in memcheck racecheck synccheck; do
-            run "sanitize_$tool" compute-sanitizer --tool $tool --error-exitcode 1 "$build/tests/ops/ops_cuda_test" \
-                --gtest_filter='GemmFp8Cuda.Every*:GroupedGemmFp8Cuda.*:SiluMulQuantCuda.*'
-            tail -3 "$logs/sanitize_$tool.log"
-        done
-    fi
-    run bench_kernels "$build/apps/fanout" bench kernels ${BENCH_ARGS:-} --json "$out/kernels_bench.json"
-    cat "$logs/bench_kernels.log"
     tar czf "$out/logs.tgz" -C "$logs" .
     exit $status
 fi

@@ -9,10 +9,8 @@
 //    the scale loader puts the stage's sx column and sw values beside it and arrives there too.
 //  * warpgroups 1..block_m/64: consumers, 64 rows each. Per K block: wait for `full`, four
 //    m64·n·k32 FP8 wgmmas into a fresh f32 partial, wait for them, free the stage, then promote:
-//    acc += partial · sx[row, kb] · sw[n/128, kb]. Tiles up to 128 wide keep two partials, so
-//    K block kb + 1's wgmmas run while kb's partial is promoted. A
-//    256-wide tile does this per 128-column half (one scale block each): twice the arithmetic
-//    per byte fetched from L2 of a 128-wide tile, which is what bounds large M.
+//    acc += partial · sx[row, kb] · sw[n/128, kb]. A 256-wide tile does this per 128-column half
+//    (one scale block each), so registers hold acc[128] + part[64].
 // The ring runs across tiles, so the producer loads the next tile while consumers finish one.
 //
 // Split-K (dense only): tile t's K blocks are cut into `splits` ranges; each CTA stores its f32
@@ -354,55 +352,23 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)
         auto advance = [&] {
             if (++s == STAGES) s = 0, phase ^= 1;
         };
-        if constexpr (kHalves == 1) {
-            // Two partials: K block kb + 1's wgmmas run while kb's partial is promoted, so the
-            // tensor cores never wait for the promotion.
-            float part0[kPart], part1[kPart];
-            int kb = tile.kb0, s_cur = s;
+        // Per K block: each half's wgmmas into a fresh partial, wait, promote. (Keeping two
+        // partials so K block kb + 1's wgmmas overlap kb's promotion made ptxas serialize the
+        // wgmmas (C7518) and measured no faster; the other consumer warpgroup fills the gap.)
+        for (int kb = tile.kb0; kb < tile.kb1; ++kb) {
             mbar_wait(&full[s], phase);
-            issue(s, 0, part0);
-            advance();
-            auto step = [&](float(&cur)[kPart], float(&nxt)[kPart]) {
-                const bool more = kb + 1 < tile.kb1;
-                if (more) {
-                    mbar_wait(&full[s], phase);
-                    issue(s, 0, nxt);
-                    wgmma_wait<1>();
-                } else {
-                    wgmma_wait<0>();
-                }
-                fence_regs(cur);
-                float sb[1], lo, hi;
-                stage_scales(s_cur, sb, lo, hi);
-                release(s_cur);
-                promote(cur, acc, lo * sb[0], hi * sb[0]);
-                if (more) {
-                    s_cur = s;
-                    advance();
-                }
-                ++kb;
-                return more;
-            };
-            while (step(part0, part1) && step(part1, part0)) {
-            }
-        } else {
-            // 256-wide tiles: the two halves one after the other (two partials of 64 would not
-            // fit beside the 128 accumulators).
-            for (int kb = tile.kb0; kb < tile.kb1; ++kb) {
-                mbar_wait(&full[s], phase);
-                float sb[kHalves], sa_lo, sa_hi;
-                stage_scales(s, sb, sa_lo, sa_hi);
+            float sb[kHalves], sa_lo, sa_hi;
+            stage_scales(s, sb, sa_lo, sa_hi);
 #pragma unroll
-                for (int h = 0; h < kHalves; ++h) {
-                    float part[kPart];
-                    issue(s, h, part);
-                    wgmma_wait<0>();
-                    fence_regs(part);
-                    if (h == kHalves - 1) release(s);
-                    promote(part, acc + h * kPart, sa_lo * sb[h], sa_hi * sb[h]);
-                }
-                advance();
+            for (int h = 0; h < kHalves; ++h) {
+                float part[kPart];
+                issue(s, h, part);
+                wgmma_wait<0>();
+                fence_regs(part);
+                if (h == kHalves - 1) release(s);
+                promote(part, acc + h * kPart, sa_lo * sb[h], sa_hi * sb[h]);
             }
+            advance();
         }
         if (tile.rows <= 0) continue;
 

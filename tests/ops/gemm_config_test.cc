@@ -1,0 +1,45 @@
+// The FP8 GEMM's tile table (pick_gemm_config): the measured rows come back for DeepSeek-V3's
+// shapes, split-K only when a workspace exists, and every other shape gets a configuration the
+// kernel has (so a model with other widths never asks for a tile that does not exist).
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "fanout/ops/gemm.h"
+
+namespace fanout::ops {
+namespace {
+
+bool same(const GemmConfig& a, const GemmConfig& b) {
+    return a.block_m == b.block_m && a.block_n == b.block_n && a.splits == b.splits && a.cluster == b.cluster;
+}
+
+TEST(GemmConfig, MeasuredRowsForTheV3Shapes) {
+    EXPECT_TRUE(same(pick_gemm_config(64, 7168, 16384, 132, true), {64, 128, 2, 1}));     // o_proj, decode
+    EXPECT_TRUE(same(pick_gemm_config(4096, 7168, 16384, 132, true), {128, 256, 1, 2}));  // o_proj, prefill
+    EXPECT_TRUE(same(pick_gemm_config(33, 2112, 7168, 132, true), {64, 64, 4, 1}));       // qkv_a, M <= 64
+    EXPECT_TRUE(same(pick_gemm_config(65, 2112, 7168, 132, true), {128, 64, 4, 1}));      // qkv_a, M <= 128
+}
+
+TEST(GemmConfig, NoSplitWithoutAWorkspace) {
+    EXPECT_EQ(pick_gemm_config(64, 2112, 7168, 132, false).splits, 1);
+    EXPECT_EQ(pick_gemm_config(3, 100, 4096, 132, false).splits, 1);
+    EXPECT_GT(pick_gemm_config(3, 100, 4096, 132, true).splits, 1);  // 1 tile on 132 SMs: split K
+}
+
+TEST(GemmConfig, EveryShapeGetsAKernelThatExists) {
+    std::mt19937 rng(5);
+    for (int i = 0; i < 2000; ++i) {
+        const int M = 1 + int(rng() % 9000), N = 1 + int(rng() % 40000), K = 16 * (1 + int(rng() % 1200));
+        const int sms = 1 + int(rng() % 200);
+        const GemmConfig c = pick_gemm_config(M, N, K, sms, rng() % 2 == 0);
+        EXPECT_TRUE(c.block_m == 64 || c.block_m == 128) << M << " " << N << " " << K;
+        EXPECT_TRUE(c.block_n == 64 || c.block_n == 128 || c.block_n == 256) << M << " " << N << " " << K;
+        EXPECT_TRUE(c.cluster == 1 || c.cluster == 2);
+        EXPECT_GE(c.splits, 1);
+        EXPECT_LE(c.splits, (K + 127) / 128) << "more splits than K blocks";
+    }
+}
+
+}  // namespace
+}  // namespace fanout::ops
