@@ -253,11 +253,12 @@ TEST(GroupedGemmFp8Cuda, MaskedMatchesCpuReferenceAndReplaysInAGraph) {
     DeviceBuffer<uint16_t> dy(size_t(E) * max_m * N);
     cudaStream_t stream;
     FANOUT_CUDA_CHECK(cudaStreamCreate(&stream));
-    for (GemmConfig cfg : {GemmConfig{}, GemmConfig{128, 128, 1, 2}, GemmConfig{64, 64, 1}, GemmConfig{64, 256, 1, 2}}) {
+    for (GemmConfig cfg :
+         {GemmConfig{}, GemmConfig{128, 128, 1, 2}, GemmConfig{64, 64, 1}, GemmConfig{64, 256, 1, 2}}) {
         cudaGraph_t graph;
         cudaGraphExec_t exec;
         FANOUT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-        launch_grouped_gemm_fp8_masked(d.x.ptr, d.sx.ptr, dcounts.ptr, E, max_m, d.w.ptr, d.sw.ptr, N, K, dy.ptr,
+        launch_grouped_gemm_fp8_masked(d.x.ptr, d.sx.ptr, dcounts.ptr, E, max_m, d.w.ptr, d.sw.ptr, N, K, dy.ptr, 64,
                                        stream, cfg);
         FANOUT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
         FANOUT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));

@@ -700,13 +700,15 @@ void launch_grouped_gemm_fp8_contiguous(const uint8_t* x, const float* sx, int r
 
 void launch_grouped_gemm_fp8_masked(const uint8_t* x, const float* sx, const int32_t* counts, int num_experts,
                                     int max_m, const uint8_t* w, const float* sw, int N, int K, uint16_t* y,
-                                    void* cuda_stream, GemmConfig cfg) {
+                                    int expected_m, void* cuda_stream, GemmConfig cfg) {
     if (max_m <= 0 || num_experts <= 0) return;
     check_operands(x, w, N, K, "grouped_gemm_fp8_masked");
     FANOUT_DEVICE_REQUIRE(num_experts <= kMaxExperts, "grouped_gemm_fp8_masked: at most " +
                                                           std::to_string(kMaxExperts) + " experts, got " +
                                                           std::to_string(num_experts));
-    if (cfg.block_m == 0) cfg = {128, 256, 1, 1};  // fastest at every EP8..EP128 point (docs/PERF.md)
+    // Measured on H200 at the EP8..EP128 decode points (docs/PERF.md): 256-wide tiles while experts
+    // get up to ~128 tokens (memory-bound), 128-wide beyond (~6% faster at EP32..EP128).
+    if (cfg.block_m == 0) cfg = {128, expected_m <= 128 ? 256 : 128, 1, 1};
     Params p = base_params(sx, sw, y, max_m, N, K, cfg.block_n);
     p.counts = counts;
     p.num_experts = num_experts;

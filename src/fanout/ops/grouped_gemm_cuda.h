@@ -21,11 +21,11 @@ void launch_grouped_gemm_fp8_contiguous(const uint8_t* x, const float* sx, int r
 
 // Masked: x [E, max_m, K], counts[E] on the device (clamped to [0, max_m]); rows past a count are
 // neither read into the result nor written. The grid does not depend on the counts, so the call
-// can be captured once in a CUDA graph and replayed for any routing. The default tile (128×256)
-// was the fastest at every measured decode point, EP8 (~64 tokens per expert) to EP128 (~1200).
+// can be captured once in a CUDA graph and replayed for any routing. `expected_m`, the tokens per
+// expert the caller expects (batch · top-k / experts in the EP group), only picks the tile.
 void launch_grouped_gemm_fp8_masked(const uint8_t* x, const float* sx, const int32_t* counts, int num_experts,
                                     int max_m, const uint8_t* w, const float* sw, int N, int K, uint16_t* y,
-                                    void* cuda_stream, GemmConfig cfg = {});
+                                    int expected_m, void* cuda_stream, GemmConfig cfg = {});
 
 // silu_mul_quant_masked on the device, reading bf16 gate_up [E, max_m, 2I] (the grouped GEMM's
 // output) and the counts on the device: q [E, max_m, I] e4m3, scales [E, max_m, ceil(I/128)].
