@@ -1,22 +1,25 @@
-// The FP8 block-scaled GEMM on Hopper tensor cores, dense and grouped (gemm.h, grouped_gemm.h).
+// The FP8 block-scaled GEMM on Hopper tensor cores, dense and grouped (gemm.h, grouped_gemm_cuda.h).
 //
-// One persistent kernel for the three layouts. Each CTA walks output tiles blockIdx.x,
-// blockIdx.x + gridDim.x, ...; its warpgroups have fixed roles:
-//  * warpgroup 0: the producer, one thread, and the scale loader, one warp (below). For every 128-wide K block of a
-//  tile it waits for a
-//    free stage of the shared-memory ring, then has TMA load the x tile [block_m × 128] and the W
-//    tile [block_n × 128] into it (128-byte swizzle), completing on the stage's `full` mbarrier;
-//    the scale loader puts the stage's sx column and sw values beside it and arrives there too.
-//  * warpgroups 1..block_m/64: consumers, 64 rows each. Per K block: wait for `full`, four
-//    m64·n·k32 FP8 wgmmas into a fresh f32 partial, wait for them, free the stage, then promote:
+// One persistent kernel for the three layouts. Each CTA (or cluster pair) walks output tiles
+// first, first + stride, ...; its warpgroups have fixed roles:
+//  * warpgroup 0 — the producer thread: per 128-wide K block of a tile it waits for a free stage
+//    of the shared-memory ring and has TMA load the x tile [block_m × 128] and the W tile
+//    [block_n × 128] into it (128-byte swizzle), completing on the stage's `full` mbarrier; and
+//    the scale loader warp, which puts the stage's sx column and sw values beside it and arrives
+//    on `full` too.
+//  * warpgroups 1..block_m/64 — consumers, 64 rows each. Per K block: wait for `full`, four
+//    m64·n·k32 FP8 wgmmas into a fresh f32 partial, wait for them, free the stage, promote:
 //    acc += partial · sx[row, kb] · sw[n/128, kb]. A 256-wide tile does this per 128-column half
-//    (one scale block each), so registers hold acc[128] + part[64].
+//    (one weight-scale block each), so registers hold acc[128] + part[64].
 // The ring runs across tiles, so the producer loads the next tile while consumers finish one.
 //
 // Split-K (dense only): tile t's K blocks are cut into `splits` ranges; each CTA stores its f32
 // partial tile to the workspace in fragment order, and the last of the splits to arrive (a
 // counter per tile, reset by that CTA) adds the others in split order and writes bf16 — one
 // kernel, deterministic, no memset.
+//
+// Cluster pairs (dense and masked): two CTAs on tiles stacked along M fetch half of their shared
+// W tile each and multicast it to both.
 //
 // Grouped: the W tile comes from expert e's slice of [E·N, K]; contiguous tiles take e from the
 // 128-row block's entry, masked tiles come from a tile list built in shared memory from the
