@@ -20,6 +20,7 @@
 #include "fanout/core/cuda_check.h"
 #include "fanout/core/dtype.h"
 #include "fanout/core/error.h"
+#include "fanout/ops/cublas_check.h"
 #include "fanout/ops/gemm.h"
 #include "fanout/ops/grouped_gemm_cuda.h"
 
@@ -27,14 +28,6 @@ void launch_copy16(const void* src, void* dst, size_t bytes, cudaStream_t stream
 
 namespace fanout::bench {
 namespace {
-
-#define CUBLAS_CHECK(stmt)                                                                          \
-    do {                                                                                            \
-        const cublasStatus_t st_ = (stmt);                                                          \
-        if (st_ != CUBLAS_STATUS_SUCCESS)                                                           \
-            ::fanout::throw_api_error(__FILE__, __LINE__, "cuBLASLt", #stmt, static_cast<int>(st_), \
-                                      cublasLtGetStatusString(st_));                                \
-    } while (0)
 
 struct Shape {
     int64_t n, k;
@@ -137,27 +130,29 @@ struct CublasFp8 {
 
     CublasFp8(cublasLtHandle_t lt, int64_t m, int64_t n, int64_t k, bool blockwise, const float* sa, const float* sb,
               size_t workspace) {
-        CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        FANOUT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
         const cublasOperation_t t = CUBLAS_OP_T, nt = CUBLAS_OP_N;
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &nt, sizeof(nt)));
+        FANOUT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
+        FANOUT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &nt, sizeof(nt)));
         if (blockwise) {
             const cublasLtMatmulMatrixScale_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
             const cublasLtMatmulMatrixScale_t b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-            CUBLAS_CHECK(
+            FANOUT_CUBLAS_CHECK(
                 cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof(a_mode)));
-            CUBLAS_CHECK(
+            FANOUT_CUBLAS_CHECK(
                 cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof(b_mode)));
         }
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)));
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)));
-        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, k, n, k));
-        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, k, m, k));
-        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, n, m, n));
+        FANOUT_CUBLAS_CHECK(
+            cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)));
+        FANOUT_CUBLAS_CHECK(
+            cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)));
+        FANOUT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, k, n, k));
+        FANOUT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, k, m, k));
+        FANOUT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, n, m, n));
         cublasLtMatmulPreference_t pref;
-        CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
-                                                          sizeof(workspace)));
+        FANOUT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+        FANOUT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                                 &workspace, sizeof(workspace)));
         int found = 0;
         const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 1, &algo, &found);
         ok = st == CUBLAS_STATUS_SUCCESS && found > 0;
@@ -173,7 +168,8 @@ struct CublasFp8 {
     CublasFp8& operator=(const CublasFp8&) = delete;
     void run(cublasLtHandle_t lt, const void* w, const void* x, void* y, void* ws, size_t wsize, cudaStream_t s) {
         const float one = 1.0f, zero = 0.0f;
-        CUBLAS_CHECK(cublasLtMatmul(lt, desc, &one, w, la, x, lb, &zero, y, lc, y, lc, &algo.algo, ws, wsize, s));
+        FANOUT_CUBLAS_CHECK(
+            cublasLtMatmul(lt, desc, &one, w, la, x, lb, &zero, y, lc, y, lc, &algo.algo, ws, wsize, s));
     }
 };
 
@@ -446,7 +442,7 @@ ops::GemmConfig parse_gemm_config(const std::string& text) {
 int run_kernels_bench(const KernelsBenchOptions& opts) {
     Context c;
     FANOUT_CUDA_CHECK(cudaStreamCreate(&c.stream));
-    CUBLAS_CHECK(cublasLtCreate(&c.lt));
+    FANOUT_CUBLAS_CHECK(cublasLtCreate(&c.lt));
     c.ws = std::make_unique<DevicePtr<uint8_t>>(c.wsize);
     cudaDeviceProp prop{};
     FANOUT_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));

@@ -10,18 +10,11 @@
 
 #include "fanout/core/cuda_check.h"
 #include "fanout/core/error.h"
+#include "fanout/ops/cublas_check.h"
 #include "fanout/ops/gemm.h"
 
 namespace fanout::ops {
 namespace {
-
-#define FANOUT_CUBLAS_CHECK(stmt)                                                                   \
-    do {                                                                                            \
-        const cublasStatus_t st_ = (stmt);                                                          \
-        if (st_ != CUBLAS_STATUS_SUCCESS)                                                           \
-            ::fanout::throw_api_error(__FILE__, __LINE__, "cuBLASLt", #stmt, static_cast<int>(st_), \
-                                      cublasLtGetStatusString(st_));                                \
-    } while (0)
 
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 

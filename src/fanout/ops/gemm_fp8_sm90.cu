@@ -355,9 +355,12 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)
         auto advance = [&] {
             if (++s == STAGES) s = 0, phase ^= 1;
         };
-        // Per K block: each half's wgmmas into a fresh partial, wait, promote. (Keeping two
-        // partials so K block kb + 1's wgmmas overlap kb's promotion made ptxas serialize the
-        // wgmmas (C7518) and measured no faster; the other consumer warpgroup fills the gap.)
+        // Per K block: each half's wgmmas into a fresh partial, wait, promote. Keeping two
+        // partials so that block kb + 1's wgmmas overlap kb's promotion was tried twice: with the
+        // issue in a branch ptxas serialized the wgmmas (C7518) and it measured no faster;
+        // branch-free (dummy groups past the end) ptxas serialized them again because registers
+        // of the older group are read while the newer one runs (C7514). The other consumer
+        // warpgroup fills the gap instead.
         for (int kb = tile.kb0; kb < tile.kb1; ++kb) {
             mbar_wait(&full[s], phase);
             float sb[kHalves], sa_lo, sa_hi;
@@ -494,37 +497,35 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
     return fn;
 }
 
-// A [rows, K] e4m3 row-major matrix in boxes of [box_rows × 128] with 128-byte swizzle; reads
-// past the edges fill zeros.
-CUtensorMap tmap_rows_by_k(const uint8_t* base, uint64_t rows, uint64_t K, uint32_t box_rows) {
+// A row-major [rows, cols] matrix of `elem_bytes`-byte elements in boxes of [box_rows × box_cols]
+// with 128-byte swizzle (box_cols · elem_bytes = 128); loads past the edges fill zeros, stores
+// past them are dropped.
+CUtensorMap tmap_2d(CUtensorMapDataType type, int elem_bytes, const void* base, uint64_t rows, uint64_t cols,
+                    uint32_t box_rows, uint32_t box_cols, CUtensorMapL2promotion promotion, const char* what) {
     CUtensorMap m;
-    const cuuint64_t dims[2] = {K, rows};
-    const cuuint64_t strides[1] = {K};
-    const cuuint32_t box[2] = {kBK, box_rows};
+    const cuuint64_t dims[2] = {cols, rows};
+    const cuuint64_t strides[1] = {cols * elem_bytes};
+    const cuuint32_t box[2] = {box_cols, box_rows};
     const cuuint32_t elem[2] = {1, 1};
-    const CUresult r = encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(base), dims, strides, box,
-                                   elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    const CUresult r =
+        encode_fn()(&m, type, 2, const_cast<void*>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                    CU_TENSOR_MAP_SWIZZLE_128B, promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
-        throw_api_error(__FILE__, __LINE__, "CUDA driver", "cuTensorMapEncodeTiled", static_cast<int>(r),
-                        ("rows " + std::to_string(rows) + ", K " + std::to_string(K)).c_str());
+        throw_api_error(
+            __FILE__, __LINE__, "CUDA driver", "cuTensorMapEncodeTiled", static_cast<int>(r),
+            (std::string(what) + ": rows " + std::to_string(rows) + ", columns " + std::to_string(cols)).c_str());
     return m;
 }
 
-// y [rows, N] bf16 in 64 × 64 boxes with 128-byte swizzle (the TMA-store epilogue).
+// x or W: [rows, K] e4m3 in [box_rows × 128] boxes (one K block).
+CUtensorMap tmap_rows_by_k(const uint8_t* base, uint64_t rows, uint64_t K, uint32_t box_rows) {
+    return tmap_2d(CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, base, rows, K, box_rows, kBK, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                   "x or W");
+}
+
+// y [rows, N] bf16 in 64 × 64 boxes (the TMA-store epilogue).
 CUtensorMap tmap_y(const void* y, uint64_t rows, uint64_t N) {
-    CUtensorMap m;
-    const cuuint64_t dims[2] = {N, rows};
-    const cuuint64_t strides[1] = {N * 2};
-    const cuuint32_t box[2] = {64, 64};
-    const cuuint32_t elem[2] = {1, 1};
-    const CUresult r = encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(y), dims, strides, box,
-                                   elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                   CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS)
-        throw_api_error(__FILE__, __LINE__, "CUDA driver", "cuTensorMapEncodeTiled", static_cast<int>(r),
-                        ("y: rows " + std::to_string(rows) + ", N " + std::to_string(N)).c_str());
-    return m;
+    return tmap_2d(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, y, rows, N, 64, 64, CU_TENSOR_MAP_L2_PROMOTION_NONE, "y");
 }
 
 template <int BM, int BN>
