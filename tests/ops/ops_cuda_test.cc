@@ -12,6 +12,7 @@
 #include "fanout/ops/gemm.h"
 #include "fanout/ops/grouped_gemm.h"
 #include "fanout/ops/grouped_gemm_cuda.h"
+#include "fanout/ops/moe_router.h"
 #include "fanout/ops/rms_norm.h"
 #include "test_util.h"
 
@@ -403,6 +404,95 @@ TEST(GemmBf16Cuda, MatchesDoublePrecisionReference) {
         std::vector<float> g(got.size());
         for (size_t i = 0; i < g.size(); ++i) g[i] = bf16_to_f32(got[i]);
         EXPECT_LT(fanout::testing::rel_error(g.data(), ref.data(), ref.size()), 5e-3) << M << "x" << N << "x" << K;
+    }
+}
+
+// DeepSeek-V3's grouped routing with a bias, and Mixtral's (one group, no bias), token by token
+// against the CPU reference: the same experts in the same order, weights to float rounding.
+TEST(MoeRouteCuda, MatchesCpuReference) {
+    REQUIRE_GPU();
+    const RouterParams v3{256, 8, 8, 4, true, 2.5f}, mixtral{8, 2, 1, 1, true, 1.0f}, odd{96, 6, 3, 2, false, 1.0f};
+    for (const RouterParams& p : {v3, mixtral, odd}) {
+        for (int T : {1, 37, 300}) {
+            const int E = p.num_experts, K = p.top_k;
+            Tensor logits = fanout::testing::random_tensor({T, E}, 120 + T + E, 4.0f);
+            const auto bias = fanout::testing::random_floats(size_t(E), 121 + E, 0.5f);
+            const bool with_bias = p.n_group > 1;
+            Tensor idx = Tensor::zeros({T, K}, DType::kI32), wt = Tensor::zeros({T, K}, DType::kF32);
+            moe_route(logits, with_bias ? bias.data() : nullptr, p, idx, wt, Stream{});
+            DeviceBuffer<float> dl(size_t(T) * E), db{size_t(E)}, dw(size_t(T) * K);
+            DeviceBuffer<int> di(size_t(T) * K);
+            dl.upload(logits.data_as<float>());
+            db.upload(bias.data());
+            di.poison();
+            dw.poison();
+            launch_moe_route(dl.ptr, with_bias ? db.ptr : nullptr, p, T, di.ptr, dw.ptr, nullptr);
+            FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+            std::vector<int> gi(di.n);
+            std::vector<float> gw(dw.n);
+            di.download(gi.data());
+            dw.download(gw.data());
+            for (size_t i = 0; i < gi.size(); ++i) {
+                ASSERT_EQ(gi[i], idx.data_as<int32_t>()[i]) << "E " << E << " T " << T << " entry " << i;
+                ASSERT_NEAR(gw[i], wt.data_as<float>()[i], 1e-5f * std::fabs(wt.data_as<float>()[i]) + 1e-7f)
+                    << "E " << E << " T " << T << " entry " << i;
+            }
+        }
+    }
+}
+
+TEST(MoeRouteCuda, RejectsWhatItCannotRoute) {
+    REQUIRE_GPU();
+    const std::string msg = fanout::testing::error_of([] {
+        launch_moe_route(nullptr, nullptr, RouterParams{1024, 8, 8, 4, true, 1.0f}, 1, nullptr, nullptr, nullptr);
+    });
+    EXPECT_NE(msg.find("experts=1024"), std::string::npos) << msg;
+}
+
+// The fused residual add + RMSNorm on bf16 rows against a double-precision reference.
+TEST(RmsNormBf16Cuda, MatchesReferenceWithAndWithoutResidual) {
+    REQUIRE_GPU();
+    for (auto [M, D] : {std::pair{1, 1}, {5, 7}, {33, 576}, {3, 7168}}) {
+        for (bool with_residual : {false, true}) {
+            const auto xf = fanout::testing::random_floats(size_t(M) * D, 130 + D, 3.0f);
+            const auto rf = fanout::testing::random_floats(size_t(M) * D, 131 + D, 3.0f);
+            const auto w = fanout::testing::random_floats(size_t(D), 132 + D, 1.5f);
+            std::vector<uint16_t> x(xf.size()), r(rf.size());
+            for (size_t i = 0; i < x.size(); ++i) x[i] = f32_to_bf16(xf[i]), r[i] = f32_to_bf16(rf[i]);
+            std::vector<float> want_y(x.size()), want_r(x.size());
+            for (int m = 0; m < M; ++m) {
+                double ss = 0;
+                for (int d = 0; d < D; ++d) {
+                    const size_t i = size_t(m) * D + d;
+                    const float z = bf16_to_f32(x[i]) + (with_residual ? bf16_to_f32(r[i]) : 0.0f);
+                    want_r[i] = z;
+                    ss += double(z) * z;
+                }
+                const double inv = 1.0 / std::sqrt(ss / D + 1e-6);
+                for (int d = 0; d < D; ++d) {
+                    const size_t i = size_t(m) * D + d;
+                    want_y[i] = float(want_r[i] * inv * w[d]);
+                }
+            }
+            DeviceBuffer<uint16_t> dx(x.size()), dr(r.size()), dy(x.size());
+            DeviceBuffer<float> dw(w.size());
+            dx.upload(x.data());
+            dr.upload(r.data());
+            dw.upload(w.data());
+            dy.poison();
+            launch_rms_norm_bf16(dx.ptr, with_residual ? dr.ptr : nullptr, dw.ptr, 1e-6f, dy.ptr, M, D, nullptr);
+            FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+            std::vector<uint16_t> gy(x.size()), gr(r.size());
+            dy.download(gy.data());
+            dr.download(gr.data());
+            for (size_t i = 0; i < gy.size(); ++i) {
+                const float y = bf16_to_f32(gy[i]);
+                ASSERT_NEAR(y, want_y[i], std::fabs(want_y[i]) / 128 + 1e-6f) << M << "x" << D << " y " << i;
+                const float res = bf16_to_f32(gr[i]);
+                const float want = with_residual ? round_to_bf16(want_r[i]) : bf16_to_f32(r[i]);
+                ASSERT_EQ(res, want) << M << "x" << D << " residual " << i;
+            }
+        }
     }
 }
 

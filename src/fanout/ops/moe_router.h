@@ -11,17 +11,9 @@
 
 #include "fanout/core/tensor.h"
 #include "fanout/core/thread_pool.h"
+#include "fanout/ops/moe_router_cuda.h"
 
 namespace fanout::ops {
-
-struct RouterParams {
-    int num_experts = 0;
-    int top_k = 0;
-    int n_group = 1;
-    int topk_group = 1;
-    bool norm_topk_prob = true;
-    float routed_scaling_factor = 1.0f;
-};
 
 // logits: [T, E] f32; bias: [E] f32 or nullptr; topk_idx: [T, top_k] i32 (by descending choice
 // value); topk_weight: [T, top_k] f32.

@@ -12,6 +12,12 @@ void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out, const St
 #ifdef FANOUT_WITH_CUDA
 // x, out: [M, D] f32 (may alias); w: [D] f32.
 void launch_rms_norm(const float* x, const float* w, float eps, float* out, int M, int D, void* cuda_stream);
+
+// The layer's pre-norm on bf16 activations (uint16_t storage), fused with the residual add: with
+// `residual`, z = x + residual (f32) is stored back to residual as bf16 and y = z / rms(z) · w;
+// without, y = x / rms(x) · w. x, residual, y: [M, D]; w: [D] f32; y may alias x.
+void launch_rms_norm_bf16(const uint16_t* x, uint16_t* residual, const float* w, float eps, uint16_t* y, int M, int D,
+                          void* cuda_stream);
 #endif
 
 }  // namespace fanout::ops

@@ -1,5 +1,10 @@
 // rms_norm on the GPU: one block per row; the sum of squares is reduced with warp shuffles.
 // Only fmt-free headers here: fmt does not compile under nvcc.
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <string>
+
 #include "fanout/core/cuda_check.h"
 
 namespace fanout::ops {
@@ -25,7 +30,54 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, const float* __rest
     for (int d = threadIdx.x; d < D; d += kThreads) orow[d] = row[d] * inv * w[d];
 }
 
+// bf16 rows with the residual add: z = x (+ residual) kept in shared memory as f32 between the
+// two passes (D <= kMaxD).
+constexpr int kMaxD = 16384;
+
+__global__ void rms_norm_bf16_kernel(const __nv_bfloat16* x, __nv_bfloat16* __restrict__ residual,
+                                     const float* __restrict__ w, float eps, __nv_bfloat16* y, int D) {
+    extern __shared__ float z[];
+    const size_t base = static_cast<size_t>(blockIdx.x) * D;
+    float ss = 0.0f;
+    for (int d = threadIdx.x; d < D; d += kThreads) {
+        float v = __bfloat162float(x[base + d]);
+        if (residual != nullptr) {
+            v += __bfloat162float(residual[base + d]);
+            residual[base + d] = __float2bfloat16(v);
+        }
+        z[d] = v;
+        ss += v * v;
+    }
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    __shared__ float warp_sums[kThreads / 32];
+    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = ss;
+    __syncthreads();
+    float total = 0.0f;
+    for (int i = 0; i < kThreads / 32; ++i) total += warp_sums[i];
+    const float inv = rsqrtf(total / D + eps);
+    // Each element of z was written by the thread that reads it here; y may alias x likewise.
+    for (int d = threadIdx.x; d < D; d += kThreads) y[base + d] = __float2bfloat16(z[d] * inv * w[d]);
+}
+
 }  // namespace
+
+void launch_rms_norm_bf16(const uint16_t* x, uint16_t* residual, const float* w, float eps, uint16_t* y, int M, int D,
+                          void* cuda_stream) {
+    FANOUT_DEVICE_REQUIRE(D > 0 && D <= kMaxD,
+                          "rms_norm_bf16: width " + std::to_string(D) + " outside 1.." + std::to_string(kMaxD));
+    if (M <= 0) return;
+    const size_t smem = static_cast<size_t>(D) * sizeof(float);
+    static const bool attr = [] {
+        FANOUT_CUDA_CHECK(cudaFuncSetAttribute(rms_norm_bf16_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               kMaxD * static_cast<int>(sizeof(float))));
+        return true;
+    }();
+    (void)attr;
+    rms_norm_bf16_kernel<<<M, kThreads, smem, static_cast<cudaStream_t>(cuda_stream)>>>(
+        reinterpret_cast<const __nv_bfloat16*>(x), reinterpret_cast<__nv_bfloat16*>(residual), w, eps,
+        reinterpret_cast<__nv_bfloat16*>(y), D);
+    FANOUT_CUDA_CHECK_LAUNCH("rms_norm_bf16_kernel");
+}
 
 void launch_rms_norm(const float* x, const float* w, float eps, float* out, int M, int D, void* cuda_stream) {
     if (M == 0) return;
