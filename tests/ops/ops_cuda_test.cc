@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <random>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "fanout/ops/gemm.h"
 #include "fanout/ops/grouped_gemm.h"
 #include "fanout/ops/grouped_gemm_cuda.h"
+#include "fanout/ops/moe_permute.h"
 #include "fanout/ops/moe_router.h"
 #include "fanout/ops/rms_norm.h"
 #include "test_util.h"
@@ -492,6 +494,73 @@ TEST(RmsNormBf16Cuda, MatchesReferenceWithAndWithoutResidual) {
                 const float want = with_residual ? round_to_bf16(want_r[i]) : bf16_to_f32(r[i]);
                 ASSERT_EQ(res, want) << M << "x" << D << " residual " << i;
             }
+        }
+    }
+}
+
+// Permute into the masked layout and un-permute, against the CPU reference: rows, scales, counts
+// and slots exactly (stable order, overflow past max_m, non-local experts), the combine to one
+// bf16 rounding.
+TEST(MoePermuteCuda, MatchesCpuReference) {
+    REQUIRE_GPU();
+    std::mt19937 rng(140);
+    for (auto [T, K, D, max_m] : {std::tuple{37, 8, 7168, 6}, {300, 8, 2048, 64}, {5, 2, 200, 3}}) {
+        const int E = 64, begin = 16, local = 32, nb = int(ceil_div(D, 128));
+        std::vector<int32_t> idx(size_t(T) * K);
+        for (auto& v : idx) v = int32_t(rng() % E);
+        std::vector<uint8_t> x(size_t(T) * D);
+        for (auto& v : x) v = uint8_t(rng() % 0x7e);
+        const auto sx = fanout::testing::random_floats(size_t(T) * nb, 141, 1.0f);
+        std::vector<uint8_t> ox(size_t(local) * max_m * D, 0xee);
+        std::vector<float> os(size_t(local) * max_m * nb, -1.0f);
+        std::vector<int32_t> counts(local), slot(idx.size());
+        moe_permute_masked_cpu(x.data(), sx.data(), idx.data(), T, K, D, begin, local, max_m, ox.data(), os.data(),
+                               counts.data(), slot.data());
+        DeviceBuffer<uint8_t> dx(x.size()), dox(ox.size());
+        DeviceBuffer<float> dsx(sx.size()), dos(os.size());
+        DeviceBuffer<int32_t> didx(idx.size()), dcounts(counts.size()), dslot(slot.size());
+        dx.upload(x.data());
+        dsx.upload(sx.data());
+        didx.upload(idx.data());
+        FANOUT_CUDA_CHECK(cudaMemset(dox.ptr, 0xee, dox.n));
+        dos.upload(os.data());
+        dcounts.poison();
+        dslot.poison();
+        launch_moe_permute_masked(dx.ptr, dsx.ptr, didx.ptr, T, K, D, begin, local, max_m, dox.ptr, dos.ptr,
+                                  dcounts.ptr, dslot.ptr, nullptr);
+        FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<uint8_t> gox(ox.size());
+        std::vector<float> gos(os.size());
+        std::vector<int32_t> gcounts(counts.size()), gslot(slot.size());
+        dox.download(gox.data());
+        dos.download(gos.data());
+        dcounts.download(gcounts.data());
+        dslot.download(gslot.data());
+        EXPECT_EQ(gcounts, counts) << T << "x" << D;
+        EXPECT_EQ(gslot, slot) << T << "x" << D;
+        EXPECT_EQ(gox, ox) << T << "x" << D;
+        EXPECT_EQ(gos, os) << T << "x" << D;
+
+        // Combine: expert outputs y for every masked row, weights, and a base (the shared expert).
+        const auto yf = fanout::testing::random_floats(size_t(local) * max_m * D, 142, 2.0f);
+        const auto bf = fanout::testing::random_floats(size_t(T) * D, 143, 2.0f);
+        const auto w = fanout::testing::random_floats(idx.size(), 144, 1.0f);
+        std::vector<uint16_t> y(yf.size()), base(bf.size()), want(bf.size());
+        for (size_t i = 0; i < y.size(); ++i) y[i] = f32_to_bf16(yf[i]);
+        for (size_t i = 0; i < base.size(); ++i) base[i] = f32_to_bf16(bf[i]);
+        moe_unpermute_cpu(y.data(), slot.data(), w.data(), T, K, D, base.data(), want.data());
+        DeviceBuffer<uint16_t> dy(y.size()), dbase(base.size());
+        DeviceBuffer<float> dw(w.size());
+        dy.upload(y.data());
+        dbase.upload(base.data());
+        dw.upload(w.data());
+        launch_moe_unpermute(dy.ptr, dslot.ptr, dw.ptr, T, K, D, dbase.ptr, dbase.ptr, nullptr);  // in place
+        FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<uint16_t> got(base.size());
+        dbase.download(got.data());
+        for (size_t i = 0; i < got.size(); ++i) {
+            const float a = bf16_to_f32(got[i]), b = bf16_to_f32(want[i]);
+            ASSERT_LE(std::fabs(a - b), std::fabs(b) / 128 + 1e-5f) << T << "x" << D << " element " << i;
         }
     }
 }
