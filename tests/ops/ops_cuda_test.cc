@@ -3,6 +3,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <tuple>
@@ -563,6 +565,87 @@ TEST(MoePermuteCuda, MatchesCpuReference) {
             ASSERT_LE(std::fabs(a - b), std::fabs(b) / 128 + 1e-5f) << T << "x" << D << " element " << i;
         }
     }
+}
+
+// The routed experts of one MoE layer composed from the kernels above, as the GPU model will run
+// them: quantize x → permute → grouped gate+up (one GEMM, [gate; up] rows) → silu·mul·quant →
+// grouped down → weighted un-permute onto a base. Against the same chain on the CPU references
+// (bf16 rounding where the GPU stores bf16); FP8 requantization of h can flip a value by one
+// e4m3 step, so the bound is on the relative error of the whole output.
+TEST(MoeExpertsCuda, ComposedChainMatchesCpuChain) {
+    REQUIRE_GPU();
+    ThreadPool pool(0);
+    const int T = 50, D = 384, I = 256, E = 16, K = 4, max_m = T * K;
+    const int nbd = D / 128, nbi = I / 128;
+    std::mt19937 rng(150);
+    // Routing: K distinct experts per token, random weights.
+    std::vector<int32_t> idx(size_t(T) * K);
+    for (int t = 0; t < T; ++t)
+        for (int k = 0; k < K; ++k) {
+            int e;
+            do e = int(rng() % E);
+            while (std::find(idx.begin() + t * K, idx.begin() + t * K + k, e) != idx.begin() + t * K + k);
+            idx[size_t(t) * K + k] = e;
+        }
+    const auto wts = fanout::testing::random_floats(idx.size(), 151, 1.0f);
+    const Fp8Operands w13(1, 2 * I, D, 152, E), w2(1, D, I, 153, E);  // only their w / sw are used
+    const auto xf = fanout::testing::random_floats(size_t(T) * D, 154, 3.0f);
+    const auto bf = fanout::testing::random_floats(size_t(T) * D, 155, 1.0f);
+    std::vector<uint16_t> x(xf.size()), base(bf.size());
+    for (size_t i = 0; i < x.size(); ++i) x[i] = f32_to_bf16(xf[i]), base[i] = f32_to_bf16(bf[i]);
+
+    // CPU chain.
+    Tensor xt = Tensor::zeros({T, D}, DType::kF32), xq = Tensor::zeros({T, D}, DType::kFP8E4M3),
+           xs = Tensor::zeros({T, nbd}, DType::kF32);
+    for (size_t i = 0; i < x.size(); ++i) xt.data_as<float>()[i] = bf16_to_f32(x[i]);
+    act_quant(xt, xq, xs, Stream{});
+    std::vector<float> want(size_t(T) * D);
+    for (size_t i = 0; i < want.size(); ++i) want[i] = bf16_to_f32(base[i]);
+    std::vector<float> gu(2 * I), y(D);
+    for (int t = 0; t < T; ++t)
+        for (int k = 0; k < K; ++k) {
+            const int e = idx[size_t(t) * K + k];
+            gemm_fp8_cpu(xq.data_as<uint8_t>() + size_t(t) * D, xs.data_as<float>() + size_t(t) * nbd,
+                         w13.w.data() + size_t(e) * 2 * I * D, w13.sw.data() + size_t(e) * (2 * I / 128) * nbd,
+                         gu.data(), 1, 2 * I, D, Stream{&pool});
+            Tensor g = Tensor::zeros({1, 1, 2 * I}, DType::kF32), hq = Tensor::zeros({1, 1, I}, DType::kFP8E4M3),
+                   hs = Tensor::zeros({1, 1, nbi}, DType::kF32);
+            for (int i = 0; i < 2 * I; ++i) g.data_as<float>()[i] = round_to_bf16(gu[i]);
+            const std::vector<int32_t> one = {1};
+            silu_mul_quant_masked(g, one, hq, hs, Stream{});
+            gemm_fp8_cpu(hq.data_as<uint8_t>(), hs.data_as<float>(), w2.w.data() + size_t(e) * D * I,
+                         w2.sw.data() + size_t(e) * (D / 128) * nbi, y.data(), 1, D, I, Stream{&pool});
+            for (int d = 0; d < D; ++d) want[size_t(t) * D + d] += wts[size_t(t) * K + k] * round_to_bf16(y[d]);
+        }
+
+    // GPU chain.
+    DeviceBuffer<uint16_t> dx(x.size()), dout(base.size()), dgu(size_t(E) * max_m * 2 * I), dy(size_t(E) * max_m * D);
+    DeviceBuffer<uint8_t> dxq(x.size()), dpx(size_t(E) * max_m * D), dhq(size_t(E) * max_m * I);
+    DeviceBuffer<float> dxs(size_t(T) * nbd), dps(size_t(E) * max_m * nbd), dhs(size_t(E) * max_m * nbi),
+        dw(wts.size());
+    DeviceBuffer<int32_t> didx(idx.size()), dcounts(E), dslot(idx.size());
+    DeviceFp8 d13(w13), d2(w2);
+    dx.upload(x.data());
+    dout.upload(base.data());
+    didx.upload(idx.data());
+    dw.upload(wts.data());
+    launch_act_quant_bf16(dx.ptr, dxq.ptr, dxs.ptr, T, D, nullptr);
+    launch_moe_permute_masked(dxq.ptr, dxs.ptr, didx.ptr, T, K, D, 0, E, max_m, dpx.ptr, dps.ptr, dcounts.ptr,
+                              dslot.ptr, nullptr);
+    launch_grouped_gemm_fp8_masked(dpx.ptr, dps.ptr, dcounts.ptr, E, max_m, d13.w.ptr, d13.sw.ptr, 2 * I, D, dgu.ptr,
+                                   T * K / E, nullptr);
+    launch_silu_mul_quant_masked(dgu.ptr, dcounts.ptr, E, max_m, I, dhq.ptr, dhs.ptr, nullptr);
+    launch_grouped_gemm_fp8_masked(dhq.ptr, dhs.ptr, dcounts.ptr, E, max_m, d2.w.ptr, d2.sw.ptr, D, I, dy.ptr,
+                                   T * K / E, nullptr);
+    launch_moe_unpermute(dy.ptr, dslot.ptr, dw.ptr, T, K, D, dout.ptr, dout.ptr, nullptr);
+    FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<uint16_t> got(base.size());
+    dout.download(got.data());
+    std::vector<float> gotf(got.size());
+    for (size_t i = 0; i < got.size(); ++i) gotf[i] = bf16_to_f32(got[i]);
+    const double err = fanout::testing::rel_error(gotf.data(), want.data(), want.size());
+    std::printf("MoE experts chain: ||gpu - cpu|| / ||cpu|| = %.2e\n", err);
+    EXPECT_LT(err, 2e-2);
 }
 
 }  // namespace
