@@ -49,7 +49,13 @@ constexpr int kSmemBudget = 200 * 1024;  // the stage ring's share of the 227 KB
 // Register budget per thread after setmaxnreg: 64K registers per SM over 128 producer-side and
 // 128·consumers threads.
 constexpr int kProducerRegs = 56;
-__host__ __device__ constexpr int consumer_regs(int consumers) { return consumers == 1 ? 232 : 224; }
+// Small tiles (one consumer warpgroup, at most 128 wide: the decode shapes) run two CTAs per SM,
+// so one streams while the other starts or finishes a tile, and a PDL-launched next GEMM finds
+// room; each then gets half of the registers and of the shared-memory budget.
+__host__ __device__ constexpr int ctas_per_sm(int bm, int bn) { return bm == 64 && bn <= 128 ? 2 : 1; }
+__host__ __device__ constexpr int consumer_regs(int consumers, int ctas) {
+    return ctas == 2 ? 200 : consumers == 1 ? 232 : 224;
+}
 
 enum class Layout { kDense, kContiguous, kMasked };
 
@@ -151,7 +157,7 @@ struct Scheduler {
 __device__ __forceinline__ float bf16_at(const __nv_bfloat16* p, size_t i) { return __bfloat162float(p[i]); }
 
 template <int BM, int BN, int STAGES, Layout L, int CL>
-__global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)
+__global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     gemm_fp8_sm90_kernel(const __grid_constant__ CUtensorMap tmap_x, const __grid_constant__ CUtensorMap tmap_w,
                          const __grid_constant__ CUtensorMap tmap_y, const Params p) {
     constexpr int kConsumers = BM / 64;
@@ -300,7 +306,7 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)
         return;
     }
 
-    setmaxnreg_inc<consumer_regs(kConsumers)>();
+    setmaxnreg_inc<consumer_regs(kConsumers, ctas_per_sm(BM, BN))>();
     const int consumer = wg - 1;
     const int ctid = threadIdx.x - 128;  // 0 .. 128·kConsumers
     const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
@@ -530,7 +536,8 @@ CUtensorMap tmap_y(const void* y, uint64_t rows, uint64_t N) {
 
 template <int BM, int BN>
 constexpr int stages() {
-    return kSmemBudget / ((BM + BN) * kBK) < 16 ? kSmemBudget / ((BM + BN) * kBK) : 16;
+    constexpr int fit = kSmemBudget / ctas_per_sm(BM, BN) / ((BM + BN) * kBK);
+    return fit < 16 ? fit : 16;
 }
 
 // The operands of one launch: x [x_rows, K] and the stacked W [w_rows, K]; `units` tile units
@@ -565,7 +572,10 @@ void launch_config(const Operands& o, const Params& p, cudaStream_t stream) {
     static const int max_units = [&] {
         FANOUT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         if constexpr (CL == 1) {
-            return device_sm_count();
+            int per_sm = 0;
+            FANOUT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, launch.blockDim.x, smem));
+            FANOUT_DEVICE_REQUIRE(per_sm > 0, "gemm_fp8: the kernel does not fit on a multiprocessor");
+            return device_sm_count() * per_sm;
         } else {
             FANOUT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 0));
             launch.gridDim = dim3(CL * (device_sm_count() / CL));
