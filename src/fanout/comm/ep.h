@@ -1,0 +1,85 @@
+// Expert-parallel dispatch / combine: the interface every backend implements (issue 7).
+//
+// An EP group of `world` ranks shares `num_experts` experts, rank r holding the contiguous block
+// [r·E/world, (r+1)·E/world). Each step, every rank dispatches its tokens (T ≤ max_tokens_per_rank,
+// T may be 0) to the ranks that hold their top-k experts, runs its local experts on what it
+// received, and combines: each expert output goes back to its token's rank, which adds the k of
+// them weighted by the routing weights, in the token's original order.
+//
+// The four halves are separate calls so that work can run between send and recv (the seed's
+// dispatch overlap and microbatch schedules need exactly this):
+//   dispatch_send → [shared expert] → dispatch_recv → experts on recv_batch() → combine_send →
+//   [other work] → combine_recv.
+// Every rank makes the same calls in the same order; a rank with no tokens still takes part.
+//
+// Memory: all pointers are in the backend's memory space (host for `local` and `mpi`, device for
+// the GPU backends), and so is the token count, so GPU backends never synchronize with the host
+// and can be captured in a CUDA graph. Receive and return buffers are allocated once, for the
+// configured maximum. The receive side is the masked layout of the grouped GEMM
+// (`launch_grouped_gemm_fp8_masked`): per local expert a count and `max_m` rows, rows in
+// (source rank, token, choice) order. Rows beyond max_m are dropped (and contribute nothing to
+// the combine); with max_m = world · max_tokens_per_rank (the default) nothing can be dropped.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace fanout::comm {
+
+enum class Payload { kFp8, kBf16 };  // what dispatch carries: e4m3 + 1×128 scales, or bf16
+
+struct EpConfig {
+    int rank = 0;
+    int world = 1;
+    int num_experts = 0;
+    int experts_per_token = 0;  // top-k
+    int hidden = 0;
+    int max_tokens_per_rank = 0;
+    Payload payload = Payload::kFp8;
+    int max_m = 0;  // receive rows per local expert; 0: world · max_tokens_per_rank
+
+    int local_experts() const { return num_experts / world; }
+    int expert_begin() const { return rank * local_experts(); }
+    int rows_per_expert() const { return max_m > 0 ? max_m : world * max_tokens_per_rank; }
+    int scale_blocks() const { return (hidden + 127) / 128; }
+    int payload_bytes() const { return payload == Payload::kFp8 ? hidden : 2 * hidden; }
+};
+
+// Throws fanout::Error naming the first bad field (world ≥ 1, 0 ≤ rank < world, experts divisible
+// by world, 1 ≤ top-k ≤ experts, hidden ≥ 1, max tokens ≥ 1).
+void validate(const EpConfig& c);
+
+// This rank's tokens for one step.
+struct DispatchInput {
+    const int32_t* num_tokens;  // T, in backend memory
+    const void* tokens;         // [T, hidden] e4m3 bytes or bf16
+    const float* scales;        // [T, ceil(hidden/128)], fp8 payload only
+    const int32_t* topk_idx;    // [T, top_k], expert ids in [0, num_experts)
+};
+
+// The receive buffers, owned by the backend (valid for its lifetime).
+struct ExpertBatch {
+    const int32_t* counts;  // [local_experts]: rows received per expert (may exceed max_m)
+    const void* tokens;     // [local_experts, max_m, hidden] e4m3 or bf16
+    const float* scales;    // [local_experts, max_m, ceil(hidden/128)], fp8 payload only
+    int max_m;
+};
+
+class ExpertParallel {
+  public:
+    virtual ~ExpertParallel() = default;
+    virtual const EpConfig& config() const = 0;
+
+    virtual void dispatch_send(const DispatchInput& in) = 0;
+    // After it returns, recv_batch() holds this rank's expert inputs for the step.
+    virtual void dispatch_recv() = 0;
+    virtual ExpertBatch recv_batch() const = 0;
+    // expert_out: [local_experts, max_m, hidden] bf16, row for row the outputs of recv_batch().
+    virtual void combine_send(const uint16_t* expert_out) = 0;
+    // out[t] = Σ_k topk_weight[t, k] · (expert output for token t's k-th choice), bf16 [T, hidden],
+    // for this rank's T tokens of the step (the dispatch input's order).
+    virtual void combine_recv(const float* topk_weight, uint16_t* out) = 0;
+};
+
+}  // namespace fanout::comm
