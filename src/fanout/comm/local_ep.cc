@@ -8,19 +8,6 @@
 
 namespace fanout::comm {
 
-void validate(const EpConfig& c) {
-    FANOUT_CHECK(c.world >= 1, "EP config: world must be >= 1, got {}", c.world);
-    FANOUT_CHECK(c.rank >= 0 && c.rank < c.world, "EP config: rank {} outside [0, {})", c.rank, c.world);
-    FANOUT_CHECK(c.num_experts >= c.world && c.num_experts % c.world == 0,
-                 "EP config: {} experts do not divide over {} ranks", c.num_experts, c.world);
-    FANOUT_CHECK(c.experts_per_token >= 1 && c.experts_per_token <= c.num_experts,
-                 "EP config: top-k {} outside [1, {}]", c.experts_per_token, c.num_experts);
-    FANOUT_CHECK(c.hidden >= 1, "EP config: hidden must be >= 1, got {}", c.hidden);
-    FANOUT_CHECK(c.max_tokens_per_rank >= 1, "EP config: max tokens per rank must be >= 1, got {}",
-                 c.max_tokens_per_rank);
-    FANOUT_CHECK(c.max_m >= 0, "EP config: max_m must be >= 0, got {}", c.max_m);
-}
-
 class LocalEndpoint final : public ExpertParallel {
   public:
     LocalEndpoint(LocalFabric& fabric, int rank) : fabric_(fabric), config_(fabric.config_) {
@@ -38,7 +25,8 @@ class LocalEndpoint final : public ExpertParallel {
         const int T = *in.num_tokens, K = config_.experts_per_token, L = config_.local_experts();
         FANOUT_CHECK(T >= 0 && T <= config_.max_tokens_per_rank, "EP dispatch: rank {} has {} tokens, outside [0, {}]",
                      config_.rank, T, config_.max_tokens_per_rank);
-        const size_t pb = static_cast<size_t>(config_.payload_bytes()), nb = static_cast<size_t>(config_.scale_blocks());
+        const size_t pb = static_cast<size_t>(config_.payload_bytes()),
+                     nb = static_cast<size_t>(config_.scale_blocks());
         for (auto& box : fabric_.outbox_[config_.rank]) {
             box.entries.clear();
             box.payload.clear();
@@ -48,8 +36,10 @@ class LocalEndpoint final : public ExpertParallel {
         for (int t = 0; t < T; ++t)
             for (int k = 0; k < K; ++k) {
                 const int e = in.topk_idx[static_cast<size_t>(t) * K + k];
-                FANOUT_CHECK(e >= 0 && e < config_.num_experts, "EP dispatch: rank {} token {} choice {} names expert {} "
-                             "outside [0, {})", config_.rank, t, k, e, config_.num_experts);
+                FANOUT_CHECK(e >= 0 && e < config_.num_experts,
+                             "EP dispatch: rank {} token {} choice {} names expert {} "
+                             "outside [0, {})",
+                             config_.rank, t, k, e, config_.num_experts);
                 LocalFabric::Outbox& box = fabric_.outbox_[config_.rank][e / L];
                 box.entries.push_back({t, k, e % L});
                 box.payload.insert(box.payload.end(), bytes + t * pb, bytes + (t + 1) * pb);
@@ -65,7 +55,8 @@ class LocalEndpoint final : public ExpertParallel {
     void dispatch_recv() override {
         fabric_.barrier_.arrive_and_wait();  // every rank's sends are in the outboxes
         const int M = config_.rows_per_expert();
-        const size_t pb = static_cast<size_t>(config_.payload_bytes()), nb = static_cast<size_t>(config_.scale_blocks());
+        const size_t pb = static_cast<size_t>(config_.payload_bytes()),
+                     nb = static_cast<size_t>(config_.scale_blocks());
         std::fill(counts_.begin(), counts_.end(), 0);
         for (int src = 0; src < config_.world; ++src) {
             const LocalFabric::Outbox& box = fabric_.outbox_[src][config_.rank];

@@ -1,0 +1,135 @@
+// Shared by the EP backend tests: every rank's inputs for a step, generated from one seed so that
+// any rank (thread or process) knows all of them, and one rank's whole step — dispatch, a check of
+// exactly what it received, stand-in experts (a different value per expert, so a row sent to the
+// wrong expert shows), combine, a check of the combined output. Returns "" or the first failure.
+#pragma once
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fanout/comm/ep.h"
+#include "fanout/core/dtype.h"
+
+namespace fanout::comm::testing {
+
+struct RankInput {
+    int T = 0;
+    std::vector<uint8_t> tokens;  // [T, payload_bytes]
+    std::vector<float> scales;    // [T, blocks]
+    std::vector<int32_t> topk;    // [T, K], distinct experts per token
+    std::vector<float> weight;    // [T, K]
+};
+
+inline RankInput make_input(const EpConfig& c, int T, std::mt19937& rng) {
+    RankInput in;
+    in.T = T;
+    const int K = c.experts_per_token;
+    in.tokens.resize(size_t(T) * c.payload_bytes());
+    for (auto& b : in.tokens) b = uint8_t(rng() % 0x78);  // finite e4m3 / small bf16 halves
+    if (c.payload == Payload::kBf16)
+        for (size_t i = 1; i < in.tokens.size(); i += 2) in.tokens[i] = 0x3f;  // bf16 high bytes: values near 1
+    in.scales.resize(size_t(T) * c.scale_blocks());
+    for (auto& s : in.scales) s = float(rng() % 1000) / 997.0f;
+    in.topk.resize(size_t(T) * K);
+    in.weight.resize(size_t(T) * K);
+    for (int t = 0; t < T; ++t)
+        for (int k = 0; k < K; ++k) {
+            int e;
+            bool dup;
+            do {
+                e = int(rng() % c.num_experts);
+                dup = false;
+                for (int j = 0; j < k; ++j) dup |= in.topk[size_t(t) * K + j] == e;
+            } while (dup);
+            in.topk[size_t(t) * K + k] = e;
+            in.weight[size_t(t) * K + k] = float(rng() % 1000) / 1000.0f;
+        }
+    return in;
+}
+
+// The stand-in expert: bf16 of (first payload byte of the row + expert id + column) / 64.
+inline float expert_value(uint8_t first_byte, int expert, int col) {
+    return (float(first_byte) + expert + col) / 64.0f;
+}
+
+// Every rank's inputs for `step`: token counts random in [0, max] and zero for some ranks.
+inline std::vector<RankInput> make_step_inputs(const EpConfig& cfg, int step, std::mt19937& rng) {
+    std::vector<RankInput> inputs;
+    for (int r = 0; r < cfg.world; ++r) {
+        const int T = (r + step) % 3 == 0 ? 0 : int(rng() % (cfg.max_tokens_per_rank + 1));
+        inputs.push_back(make_input(cfg, T, rng));
+    }
+    return inputs;
+}
+
+inline std::string run_rank_step(ExpertParallel& ep, const std::vector<RankInput>& inputs) {
+    const EpConfig& cfg = ep.config();
+    const int r = cfg.rank, W = cfg.world, K = cfg.experts_per_token, H = cfg.hidden, L = cfg.local_experts();
+    const size_t pb = size_t(cfg.payload_bytes()), nb = size_t(cfg.scale_blocks());
+    std::string failure;
+    const RankInput& in = inputs[r];
+    const int32_t T = in.T;
+    ep.dispatch_send({&T, in.tokens.data(), in.scales.data(), in.topk.data()});
+    ep.dispatch_recv();
+    const ExpertBatch b = ep.recv_batch();
+    // Local expert e receives, in (source rank, token, choice) order, every choice naming it.
+    const auto* got = static_cast<const uint8_t*>(b.tokens);
+    std::vector<uint16_t> out_rows(size_t(L) * b.max_m * H);
+    for (int e = 0; e < L; ++e) {
+        const int expert = r * L + e;
+        int row = 0;
+        for (int src = 0; src < W; ++src)
+            for (int t = 0; t < inputs[src].T; ++t)
+                for (int k = 0; k < K; ++k) {
+                    if (inputs[src].topk[size_t(t) * K + k] != expert) continue;
+                    const size_t dst = size_t(e) * b.max_m + row;
+                    if (row < b.max_m && (std::memcmp(got + dst * pb, inputs[src].tokens.data() + t * pb, pb) != 0 ||
+                                          (cfg.payload == Payload::kFp8 &&
+                                           std::memcmp(b.scales + dst * nb, inputs[src].scales.data() + t * nb,
+                                                       nb * sizeof(float)) != 0)))
+                        failure = "rank " + std::to_string(r) + " expert " + std::to_string(expert) + " row " +
+                                  std::to_string(row) + ": wrong payload";
+                    ++row;
+                }
+        if (b.counts[e] != row)
+            failure = "rank " + std::to_string(r) + " expert " + std::to_string(expert) + ": count " +
+                      std::to_string(b.counts[e]) + ", want " + std::to_string(row);
+        for (int i = 0; i < std::min(row, b.max_m); ++i)
+            for (int c = 0; c < H; ++c)
+                out_rows[(size_t(e) * b.max_m + i) * H + c] =
+                    f32_to_bf16(expert_value(got[(size_t(e) * b.max_m + i) * pb], expert, c));
+    }
+    ep.combine_send(out_rows.data());
+    std::vector<uint16_t> out(size_t(T) * H, 0xffff);
+    ep.combine_recv(in.weight.data(), out.data());
+    // This rank's choices that got a row at their expert (its (rank, token, choice)-ordered
+    // position there < max_m); the others were dropped and add nothing.
+    std::vector<int> seen(size_t(cfg.num_experts), 0);
+    std::vector<char> kept(size_t(T) * K, 0);
+    for (int src = 0; src < W; ++src)
+        for (int t = 0; t < inputs[src].T; ++t)
+            for (int k = 0; k < K; ++k) {
+                const int pos = seen[inputs[src].topk[size_t(t) * K + k]]++;
+                if (src == r) kept[size_t(t) * K + k] = pos < b.max_m;
+            }
+    for (int t = 0; t < T && failure.empty(); ++t)
+        for (int c = 0; c < H; ++c) {
+            float want = 0.0f;
+            for (int k = 0; k < K; ++k)
+                if (kept[size_t(t) * K + k])
+                    want += in.weight[size_t(t) * K + k] *
+                            round_to_bf16(expert_value(in.tokens[size_t(t) * pb], in.topk[size_t(t) * K + k], c));
+            const float have = bf16_to_f32(out[size_t(t) * H + c]);
+            if (!(std::fabs(have - want) <= std::fabs(want) / 128 + 1e-6f)) {
+                failure = "rank " + std::to_string(r) + " token " + std::to_string(t) + " col " + std::to_string(c) +
+                          ": combined " + std::to_string(have) + ", want " + std::to_string(want);
+                break;
+            }
+        }
+    return failure;
+}
+
+}  // namespace fanout::comm::testing
