@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "ep_check.h"
 #include "fanout/comm/mpi_ep.h"
@@ -52,6 +53,14 @@ int main(int argc, char** argv) {
             }
             return std::string();
         }();
+        // The unique-id rendezvous over MPI: rank 0's bytes everywhere.
+        std::vector<uint8_t> id(128);
+        for (size_t i = 0; i < id.size(); ++i) id[i] = uint8_t(i * 7 + 1);
+        const auto got = fanout::comm::mpi_broadcast(rank == 0 ? id : std::vector<uint8_t>(3, 0xee), MPI_COMM_WORLD);
+        if (got != id) {
+            std::fprintf(stderr, "FAIL rank %d: mpi_broadcast gave other bytes\n", rank);
+            ++failures;
+        }
         if (msg.find("the communicator rank") == std::string::npos) {
             std::fprintf(stderr, "FAIL: a config for the wrong world size was accepted: '%s'\n", msg.c_str());
             ++failures;

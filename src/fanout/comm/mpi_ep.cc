@@ -229,4 +229,13 @@ std::unique_ptr<ExpertParallel> make_mpi_ep(const EpConfig& config, MPI_Comm com
     return std::make_unique<MpiEp>(config, comm);
 }
 
+std::vector<uint8_t> mpi_broadcast(std::vector<uint8_t> blob, MPI_Comm comm) {
+    uint64_t size = blob.size();
+    FANOUT_MPI_CHECK(MPI_Bcast(&size, 1, MPI_UINT64_T, 0, comm));
+    FANOUT_CHECK(size <= (uint64_t{1} << 30), "mpi_broadcast: rank 0 announced {} bytes", size);
+    blob.resize(static_cast<size_t>(size));
+    FANOUT_MPI_CHECK(MPI_Bcast(blob.data(), static_cast<int>(size), MPI_BYTE, 0, comm));
+    return blob;
+}
+
 }  // namespace fanout::comm

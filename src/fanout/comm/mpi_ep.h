@@ -7,7 +7,9 @@
 
 #include <mpi.h>
 
+#include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "fanout/comm/ep.h"
 
@@ -16,5 +18,9 @@ namespace fanout::comm {
 // `config.rank` and `config.world` must be the rank and size of `comm` (checked); MPI must be
 // initialised. The communicator is borrowed, not freed.
 std::unique_ptr<ExpertParallel> make_mpi_ep(const EpConfig& config, MPI_Comm comm);
+
+// Rank 0's `blob` on every rank of `comm` (size first, then bytes): how NCCL's unique id travels
+// when the launcher is mpirun.
+std::vector<uint8_t> mpi_broadcast(std::vector<uint8_t> blob, MPI_Comm comm);
 
 }  // namespace fanout::comm

@@ -1,0 +1,190 @@
+#include "fanout/comm/bootstrap.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "fanout/core/error.h"
+
+namespace fanout::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The integer in environment variable `name`, or `fallback` when unset.
+int env_int(const char* name, int fallback, bool* found = nullptr) {
+    const char* v = std::getenv(name);
+    if (found) *found = v != nullptr;
+    if (v == nullptr) return fallback;
+    int out = 0;
+    const char* end = v + std::strlen(v);
+    const auto [p, ec] = std::from_chars(v, end, out);
+    FANOUT_CHECK(ec == std::errc() && p == end && end != v, "environment: {}='{}' is not an integer", name, v);
+    return out;
+}
+
+class Socket {
+  public:
+    Socket() = default;
+    explicit Socket(int fd) : fd_(fd) {}
+    Socket(Socket&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+    Socket& operator=(Socket&& o) noexcept {
+        std::swap(fd_, o.fd_);
+        return *this;
+    }
+    ~Socket() {
+        if (fd_ >= 0) ::close(fd_);
+    }
+    int fd() const { return fd_; }
+
+  private:
+    int fd_ = -1;
+};
+
+int remaining_ms(Clock::time_point deadline) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    return left > 0 ? static_cast<int>(left) : 0;
+}
+
+// Waits for `events` on fd until the deadline; false on timeout.
+bool wait_for(int fd, short events, Clock::time_point deadline) {
+    pollfd p{fd, events, 0};
+    for (;;) {
+        const int r = ::poll(&p, 1, remaining_ms(deadline));
+        if (r > 0) return true;
+        if (r == 0) return false;
+        if (errno != EINTR) return false;
+    }
+}
+
+void send_all(int fd, const void* data, size_t n, Clock::time_point deadline, const std::string& what) {
+    const auto* p = static_cast<const uint8_t*>(data);
+    while (n > 0) {
+        FANOUT_CHECK(wait_for(fd, POLLOUT, deadline), "rendezvous: timed out sending {}", what);
+        const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
+        FANOUT_CHECK(w > 0 || errno == EINTR, "rendezvous: sending {} failed: {}", what, std::strerror(errno));
+        if (w > 0) p += w, n -= static_cast<size_t>(w);
+    }
+}
+
+void recv_all(int fd, void* data, size_t n, Clock::time_point deadline, const std::string& what) {
+    auto* p = static_cast<uint8_t*>(data);
+    while (n > 0) {
+        FANOUT_CHECK(wait_for(fd, POLLIN, deadline), "rendezvous: timed out receiving {}", what);
+        const ssize_t r = ::recv(fd, p, n, 0);
+        FANOUT_CHECK(r != 0, "rendezvous: the peer closed the connection while sending {}", what);
+        FANOUT_CHECK(r > 0 || errno == EINTR, "rendezvous: receiving {} failed: {}", what, std::strerror(errno));
+        if (r > 0) p += r, n -= static_cast<size_t>(r);
+    }
+}
+
+sockaddr_in resolve(const std::string& host, int port) {
+    FANOUT_CHECK(port > 0 && port < 65536, "rendezvous: port {} outside 1..65535", port);
+    addrinfo hints{};
+    hints.ai_family = AF_INET;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
+    FANOUT_CHECK(rc == 0 && res != nullptr, "rendezvous: cannot resolve '{}': {}", host, ::gai_strerror(rc));
+    sockaddr_in addr = *reinterpret_cast<const sockaddr_in*>(res->ai_addr);
+    ::freeaddrinfo(res);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    return addr;
+}
+
+}  // namespace
+
+RankInfo rank_info_from_env() {
+    RankInfo info;
+    bool ompi = false, plain = false;
+    info.rank = env_int("OMPI_COMM_WORLD_RANK", 0, &ompi);
+    const char* rank_var = "OMPI_COMM_WORLD_RANK";
+    const char* world_var = "OMPI_COMM_WORLD_SIZE";
+    if (ompi) {
+        info.world = env_int("OMPI_COMM_WORLD_SIZE", 1);
+        info.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0);
+    } else {
+        rank_var = "RANK";
+        world_var = "WORLD_SIZE";
+        info.rank = env_int("RANK", 0, &plain);
+        info.world = env_int("WORLD_SIZE", 1);
+        info.local_rank = env_int("LOCAL_RANK", 0);
+    }
+    FANOUT_CHECK(info.world >= 1, "environment: {}={} must be >= 1", world_var, info.world);
+    FANOUT_CHECK(info.rank >= 0 && info.rank < info.world, "environment: {}={} outside [0, {}={})", rank_var, info.rank,
+                 world_var, info.world);
+    FANOUT_CHECK(info.local_rank >= 0, "environment: local rank {} must be >= 0", info.local_rank);
+    return info;
+}
+
+std::pair<std::string, int> master_address_from_env() {
+    const char* addr = std::getenv("MASTER_ADDR");
+    const int port = env_int("MASTER_PORT", 29500);
+    FANOUT_CHECK(port > 0 && port < 65536, "environment: MASTER_PORT={} outside 1..65535", port);
+    return {addr != nullptr && *addr != '\0' ? addr : "127.0.0.1", port};
+}
+
+std::vector<uint8_t> tcp_broadcast(const RankInfo& me, const std::string& host, int port, std::vector<uint8_t> blob,
+                                   std::chrono::milliseconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    const sockaddr_in addr = resolve(host, port);
+    const std::string where = host + ":" + std::to_string(port);
+    if (me.world == 1) return blob;
+    if (me.rank == 0) {
+        Socket listener(::socket(AF_INET, SOCK_STREAM, 0));
+        FANOUT_CHECK(listener.fd() >= 0, "rendezvous: socket: {}", std::strerror(errno));
+        const int one = 1;
+        ::setsockopt(listener.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+        FANOUT_CHECK(::bind(listener.fd(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0,
+                     "rendezvous: rank 0 cannot listen on {}: {}", where, std::strerror(errno));
+        FANOUT_CHECK(::listen(listener.fd(), me.world) == 0, "rendezvous: listen on {}: {}", where,
+                     std::strerror(errno));
+        const uint64_t size = blob.size();
+        for (int served = 1; served < me.world; ++served) {
+            FANOUT_CHECK(wait_for(listener.fd(), POLLIN, deadline),
+                         "rendezvous: rank 0 on {} heard from {} of {} ranks before the timeout", where, served - 1,
+                         me.world - 1);
+            Socket peer(::accept(listener.fd(), nullptr, nullptr));
+            FANOUT_CHECK(peer.fd() >= 0, "rendezvous: accept on {}: {}", where, std::strerror(errno));
+            int32_t peer_rank = -1;
+            recv_all(peer.fd(), &peer_rank, sizeof(peer_rank), deadline, "a peer's rank");
+            FANOUT_CHECK(peer_rank > 0 && peer_rank < me.world, "rendezvous: a peer on {} says it is rank {} of {}",
+                         where, peer_rank, me.world);
+            const std::string to = "the blob to rank " + std::to_string(peer_rank);
+            send_all(peer.fd(), &size, sizeof(size), deadline, to);
+            send_all(peer.fd(), blob.data(), blob.size(), deadline, to);
+        }
+        return blob;
+    }
+    // Other ranks: connect (rank 0 may not be listening yet), say who we are, read the blob.
+    for (;;) {
+        Socket s(::socket(AF_INET, SOCK_STREAM, 0));
+        FANOUT_CHECK(s.fd() >= 0, "rendezvous: socket: {}", std::strerror(errno));
+        if (::connect(s.fd(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) {
+            const int32_t r = me.rank;
+            send_all(s.fd(), &r, sizeof(r), deadline, "this rank's number to rank 0");
+            uint64_t size = 0;
+            recv_all(s.fd(), &size, sizeof(size), deadline, "the blob's size from rank 0 at " + where);
+            FANOUT_CHECK(size <= (uint64_t{1} << 20), "rendezvous: rank 0 at {} announced {} bytes (at most 1 MiB)",
+                         where, size);
+            std::vector<uint8_t> got(static_cast<size_t>(size));
+            recv_all(s.fd(), got.data(), got.size(), deadline, "the blob from rank 0 at " + where);
+            return got;
+        }
+        FANOUT_CHECK(remaining_ms(deadline) > 0, "rendezvous: rank {} found nobody listening on {} before the timeout",
+                     me.rank, where);
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+}
+
+}  // namespace fanout::comm

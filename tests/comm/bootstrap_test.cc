@@ -1,0 +1,140 @@
+// Bootstrap: rank info from the launcher's environment (OpenMPI's or torchrun-style variables,
+// malformed values named), and the TCP rendezvous among threads standing in for processes —
+// every rank gets rank 0's bytes, and a missing rank 0 or a missing peer is an error naming the
+// address, not a hang.
+#include "fanout/comm/bootstrap.h"
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "test_util.h"
+
+namespace fanout::comm {
+namespace {
+
+// Sets environment variables for one test and restores the prior state.
+class Env {
+  public:
+    void set(const char* name, const char* value) {
+        const char* old = std::getenv(name);
+        saved_.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
+        ::setenv(name, value, 1);
+    }
+    ~Env() {
+        for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
+            if (it->second)
+                ::setenv(it->first.c_str(), it->second->c_str(), 1);
+            else
+                ::unsetenv(it->first.c_str());
+        }
+    }
+
+  private:
+    std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+void clear_launcher_env(Env& env) {
+    for (const char* v : {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "RANK",
+                          "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}) {
+        env.set(v, "");
+        ::unsetenv(v);
+    }
+}
+
+int free_port() {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = 0;
+    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    socklen_t len = sizeof(a);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    ::close(fd);
+    return ntohs(a.sin_port);
+}
+
+TEST(Bootstrap, RankInfoFromTheLaunchersEnvironment) {
+    Env env;
+    clear_launcher_env(env);
+    RankInfo none = rank_info_from_env();
+    EXPECT_EQ(none.rank, 0);
+    EXPECT_EQ(none.world, 1);
+    env.set("RANK", "2");
+    env.set("WORLD_SIZE", "4");
+    env.set("LOCAL_RANK", "1");
+    const RankInfo torchrun = rank_info_from_env();
+    EXPECT_EQ(torchrun.rank, 2);
+    EXPECT_EQ(torchrun.world, 4);
+    EXPECT_EQ(torchrun.local_rank, 1);
+    env.set("OMPI_COMM_WORLD_RANK", "5");  // mpirun's variables win
+    env.set("OMPI_COMM_WORLD_SIZE", "8");
+    env.set("OMPI_COMM_WORLD_LOCAL_RANK", "5");
+    const RankInfo mpi = rank_info_from_env();
+    EXPECT_EQ(mpi.rank, 5);
+    EXPECT_EQ(mpi.world, 8);
+    env.set("OMPI_COMM_WORLD_RANK", "8");
+    EXPECT_NE(testing::error_of([] { rank_info_from_env(); }).find("OMPI_COMM_WORLD_RANK=8 outside [0,"),
+              std::string::npos);
+    env.set("OMPI_COMM_WORLD_RANK", "two");
+    EXPECT_NE(testing::error_of([] { rank_info_from_env(); }).find("OMPI_COMM_WORLD_RANK='two' is not an integer"),
+              std::string::npos);
+}
+
+TEST(Bootstrap, MasterAddressDefaultsAndChecks) {
+    Env env;
+    clear_launcher_env(env);
+    EXPECT_EQ(master_address_from_env(), (std::pair<std::string, int>{"127.0.0.1", 29500}));
+    env.set("MASTER_ADDR", "10.0.0.7");
+    env.set("MASTER_PORT", "1234");
+    EXPECT_EQ(master_address_from_env(), (std::pair<std::string, int>{"10.0.0.7", 1234}));
+    env.set("MASTER_PORT", "70000");
+    EXPECT_NE(testing::error_of([] { master_address_from_env(); }).find("MASTER_PORT=70000"), std::string::npos);
+}
+
+TEST(Bootstrap, TcpBroadcastGivesEveryRankRankZerosBytes) {
+    const int world = 4, port = free_port();
+    std::vector<uint8_t> id(128);
+    for (size_t i = 0; i < id.size(); ++i) id[i] = uint8_t(i * 13 + 5);
+    std::vector<std::vector<uint8_t>> got(world);
+    std::vector<std::string> errors(world);
+    std::vector<std::thread> threads;
+    for (int r = world - 1; r >= 0; --r)  // rank 0 last: the others must wait for it
+        threads.emplace_back([&, r] {
+            try {
+                got[r] = tcp_broadcast({r, world, r}, "127.0.0.1", port, r == 0 ? id : std::vector<uint8_t>{},
+                                       std::chrono::seconds(10));
+            } catch (const std::exception& e) {
+                errors[r] = e.what();
+            }
+        });
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < world; ++r) {
+        EXPECT_EQ(errors[r], "") << "rank " << r;
+        EXPECT_EQ(got[r], id) << "rank " << r;
+    }
+}
+
+TEST(Bootstrap, MissingRanksAreTimeoutsNamingTheAddress) {
+    const int port = free_port();
+    const std::string nobody = testing::error_of([&] {
+        tcp_broadcast({1, 2, 1}, "127.0.0.1", port, {}, std::chrono::milliseconds(200));
+    });
+    EXPECT_NE(nobody.find("rank 1 found nobody listening on 127.0.0.1:" + std::to_string(port)), std::string::npos)
+        << nobody;
+    const std::string lonely = testing::error_of([&] {
+        tcp_broadcast({0, 3, 0}, "127.0.0.1", port, {1, 2, 3}, std::chrono::milliseconds(200));
+    });
+    EXPECT_NE(lonely.find("heard from 0 of 2 ranks"), std::string::npos) << lonely;
+}
+
+}  // namespace
+}  // namespace fanout::comm
