@@ -1,0 +1,34 @@
+// Memory feasibility per GPU for a DeepSeek-V3 deployment (issue 8): the FP8 checkpoint's weights
+// as EP and TP place them, the latent KV cache at 70,272 bytes per token (61 layers × 576 bf16),
+// and a reserve for the CUDA context, activations and EP buffers.
+//
+// Placement (the seed's): each GPU holds 256/EP routed experts of every MoE layer (and of the MTP
+// layer) and a copy of the shared experts; attention runs data-parallel, TP-sharding q_b, kv_b
+// and o_proj by heads while the latent projections (q_a, kv_a) and the KV cache are replicated
+// on each TP rank; the 3 dense layers' MLPs, embeddings and LM head are sharded by TP.
+#pragma once
+
+#include "fanout/plan/hardware.h"
+
+namespace fanout::plan {
+
+struct MemoryPlan {
+    double weights;  // bytes per GPU
+    double kv_per_request;
+    double kv;       // bytes per GPU for the requests it serves
+    double reserve;  // context, activations, communication buffers
+    double total() const { return weights + kv + reserve; }
+};
+
+constexpr double kKvBytesPerToken = 70272.0;
+constexpr double kReserveBytes = 6e9;  // CUDA context + activations + EP buffers (an estimate)
+
+// `requests_per_gpu` requests of `kv_len` tokens each, on a GPU of an EP group of `ep` with
+// attention TP `tp` (a TP group serves tp × requests_per_gpu requests and each rank stores the
+// whole latent KV of them).
+MemoryPlan plan_memory(int ep, int tp, int requests_per_gpu, int kv_len);
+
+// The most requests per GPU that fit `hw` (0 when the weights alone do not).
+int max_requests_per_gpu(const Hardware& hw, int ep, int tp, int kv_len);
+
+}  // namespace fanout::plan
