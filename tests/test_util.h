@@ -1,15 +1,15 @@
 // Helpers shared by the tests: random data (never zeros), relative error, temp folders.
 #pragma once
 
+#include <gtest/gtest.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
-#include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include "fanout/core/error.h"
 #include "fanout/core/tensor.h"
@@ -60,11 +60,22 @@ inline double max_abs_diff(const float* a, const float* b, size_t n) {
 
 // A fresh, empty folder under the build tree's temp area.
 inline std::string temp_dir(const std::string& name) {
-    const auto dir = std::filesystem::temp_directory_path() / ("fanout_test_" + name + "_" + std::to_string(::getpid()));
+    const auto dir =
+        std::filesystem::temp_directory_path() / ("fanout_test_" + name + "_" + std::to_string(::getpid()));
     std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir);
     return dir.string();
 }
+
+// A fixture with a fresh folder per test (dir_), removed afterwards; path(name) is a file in it.
+class TempDirTest : public ::testing::Test {
+  protected:
+    void SetUp() override { dir_ = temp_dir(::testing::UnitTest::GetInstance()->current_test_info()->name()); }
+    void TearDown() override { std::filesystem::remove_all(dir_); }
+    std::string path(const std::string& name) const { return (std::filesystem::path(dir_) / name).string(); }
+
+    std::string dir_;
+};
 
 // The message of the fanout::Error that fn throws; fails the test if it throws nothing or
 // something else.

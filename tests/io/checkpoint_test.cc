@@ -22,15 +22,8 @@ using ::fanout::testing::write_file;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-class CheckpointTest : public ::testing::Test {
+class CheckpointTest : public fanout::testing::TempDirTest {
   protected:
-    void SetUp() override {
-        dir_ = fanout::testing::temp_dir(::testing::UnitTest::GetInstance()->current_test_info()->name());
-    }
-    void TearDown() override { fs::remove_all(dir_); }
-
-    std::string path(const std::string& name) const { return (fs::path(dir_) / name).string(); }
-
     // Writes a safetensors file of f32 tensors; tensor i holds the values base + i * 0.5, ...
     void write_shard(const std::string& file, const std::vector<TensorSpec>& specs, float base) {
         SafetensorsWriter w(path(file), specs, {{"format", "pt"}});
@@ -58,8 +51,6 @@ class CheckpointTest : public ::testing::Test {
         write_index(R"({"a.w": "model-00001-of-00002.safetensors", "a.b": "model-00001-of-00002.safetensors",
                         "c.w": "model-00002-of-00002.safetensors"})");
     }
-
-    std::string dir_;
 };
 
 TEST_F(CheckpointTest, SingleFile) {

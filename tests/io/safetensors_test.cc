@@ -24,15 +24,8 @@ using ::fanout::testing::safetensors_bytes;
 using ::fanout::testing::write_file;
 using ::testing::HasSubstr;
 
-class SafetensorsTest : public ::testing::Test {
+class SafetensorsTest : public fanout::testing::TempDirTest {
   protected:
-    void SetUp() override {
-        dir_ = fanout::testing::temp_dir(::testing::UnitTest::GetInstance()->current_test_info()->name());
-    }
-    void TearDown() override { fs::remove_all(dir_); }
-
-    std::string path(const std::string& name) const { return (fs::path(dir_) / name).string(); }
-
     // Writes `bytes` to a file and returns the message of the Error that opening it raises; also
     // checks that the message names the file.
     std::string open_error(const std::string& bytes, const std::string& name = "bad.safetensors") {
@@ -42,8 +35,6 @@ class SafetensorsTest : public ::testing::Test {
         EXPECT_THAT(msg, HasSubstr(p)) << "the error must name the file";
         return msg;
     }
-
-    std::string dir_;
 };
 
 template <typename T>
@@ -193,7 +184,8 @@ TEST_F(SafetensorsTest, WriterRejectsMisuse) {
     const std::vector<uint8_t> bytes(64, 7);
     {
         SafetensorsWriter w(p, {{"a", DType::kU8, {4}}, {"b", DType::kU8, {2}}});
-        EXPECT_THAT(error_of([&] { w.write("c", bytes.data(), 2); }), HasSubstr("'c' is not one of the file's tensors"));
+        EXPECT_THAT(error_of([&] { w.write("c", bytes.data(), 2); }),
+                    HasSubstr("'c' is not one of the file's tensors"));
         EXPECT_THAT(error_of([&] { w.write("a", bytes.data(), 5); }), HasSubstr("takes 4 bytes"));
         w.write("a", bytes.data(), 4);
         EXPECT_THAT(error_of([&] { w.finish(); }), HasSubstr("tensor 'b' got 0 of its 2 bytes"));

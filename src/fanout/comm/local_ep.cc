@@ -1,30 +1,21 @@
 #include "fanout/comm/local_ep.h"
 
-#include <algorithm>
 #include <cstring>
 
-#include "fanout/core/dtype.h"
+#include "fanout/comm/host_receiver.h"
 #include "fanout/core/error.h"
 
 namespace fanout::comm {
 
 class LocalEndpoint final : public ExpertParallel {
   public:
-    LocalEndpoint(LocalFabric& fabric, int rank) : fabric_(fabric), config_(fabric.config_) {
-        config_.rank = rank;
-        const size_t rows = static_cast<size_t>(config_.local_experts()) * config_.rows_per_expert();
-        counts_.assign(static_cast<size_t>(config_.local_experts()), 0);
-        tokens_.assign(rows * config_.payload_bytes(), 0);
-        if (config_.payload == Payload::kFp8) scales_.assign(rows * config_.scale_blocks(), 0.0f);
-        origin_.assign(rows, Origin{});
-    }
+    LocalEndpoint(LocalFabric& fabric, int rank)
+        : fabric_(fabric), config_(with_rank(fabric.config_, rank)), recv_(config_) {}
 
     const EpConfig& config() const override { return config_; }
 
     void dispatch_send(const DispatchInput& in) override {
-        const int T = *in.num_tokens, K = config_.experts_per_token, L = config_.local_experts();
-        FANOUT_CHECK(T >= 0 && T <= config_.max_tokens_per_rank, "EP dispatch: rank {} has {} tokens, outside [0, {}]",
-                     config_.rank, T, config_.max_tokens_per_rank);
+        const int T = check_dispatch(config_, in), K = config_.experts_per_token, L = config_.local_experts();
         const size_t pb = static_cast<size_t>(config_.payload_bytes()),
                      nb = static_cast<size_t>(config_.scale_blocks());
         for (auto& box : fabric_.outbox_[config_.rank]) {
@@ -36,10 +27,6 @@ class LocalEndpoint final : public ExpertParallel {
         for (int t = 0; t < T; ++t)
             for (int k = 0; k < K; ++k) {
                 const int e = in.topk_idx[static_cast<size_t>(t) * K + k];
-                FANOUT_CHECK(e >= 0 && e < config_.num_experts,
-                             "EP dispatch: rank {} token {} choice {} names expert {} "
-                             "outside [0, {})",
-                             config_.rank, t, k, e, config_.num_experts);
                 LocalFabric::Outbox& box = fabric_.outbox_[config_.rank][e / L];
                 box.entries.push_back({t, k, e % L});
                 box.payload.insert(box.payload.end(), bytes + t * pb, bytes + (t + 1) * pb);
@@ -54,41 +41,30 @@ class LocalEndpoint final : public ExpertParallel {
 
     void dispatch_recv() override {
         fabric_.barrier_.arrive_and_wait();  // every rank's sends are in the outboxes
-        const int M = config_.rows_per_expert();
         const size_t pb = static_cast<size_t>(config_.payload_bytes()),
                      nb = static_cast<size_t>(config_.scale_blocks());
-        std::fill(counts_.begin(), counts_.end(), 0);
+        const bool fp8 = config_.payload == Payload::kFp8;
+        recv_.begin_step();
         for (int src = 0; src < config_.world; ++src) {
             const LocalFabric::Outbox& box = fabric_.outbox_[src][config_.rank];
             for (size_t i = 0; i < box.entries.size(); ++i) {
                 const LocalFabric::Entry& en = box.entries[i];
-                const int row = counts_[en.local_expert]++;
-                if (row >= M) continue;  // dropped: its choice contributes nothing to the combine
-                const size_t r = static_cast<size_t>(en.local_expert) * M + row;
-                std::memcpy(tokens_.data() + r * pb, box.payload.data() + i * pb, pb);
-                if (config_.payload == Payload::kFp8)
-                    std::memcpy(scales_.data() + r * nb, box.scales.data() + i * nb, nb * sizeof(float));
-                origin_[r] = {src, en.src_token, en.choice};
+                recv_.place(en.local_expert, {src, en.src_token, en.choice}, box.payload.data() + i * pb,
+                            fp8 ? box.scales.data() + i * nb : nullptr);
             }
         }
         fabric_.barrier_.arrive_and_wait();  // every rank has read its inboxes: senders may reuse them
     }
 
-    ExpertBatch recv_batch() const override {
-        return {counts_.data(), tokens_.data(), config_.payload == Payload::kFp8 ? scales_.data() : nullptr,
-                config_.rows_per_expert()};
-    }
+    ExpertBatch recv_batch() const override { return recv_.batch(); }
 
     void combine_send(const uint16_t* expert_out) override {
-        const int M = config_.rows_per_expert(), K = config_.experts_per_token, H = config_.hidden;
-        for (int e = 0; e < config_.local_experts(); ++e)
-            for (int row = 0; row < std::min(counts_[e], M); ++row) {
-                const size_t r = static_cast<size_t>(e) * M + row;
-                const Origin& o = origin_[r];
-                const size_t slot = static_cast<size_t>(o.token) * K + o.choice;
-                std::memcpy(fabric_.returned_[o.rank].data() + slot * H, expert_out + r * H, H * sizeof(uint16_t));
-                fabric_.returned_valid_[o.rank][slot] = 1;
-            }
+        const int K = config_.experts_per_token, H = config_.hidden;
+        recv_.for_each_row([&](size_t r, const HostReceiver::Origin& o) {
+            const size_t slot = static_cast<size_t>(o.token) * K + o.choice;
+            std::memcpy(fabric_.returned_[o.rank].data() + slot * H, expert_out + r * H, H * sizeof(uint16_t));
+            fabric_.returned_valid_[o.rank][slot] = 1;
+        });
     }
 
     void combine_recv(const float* topk_weight, uint16_t* out) override {
@@ -96,29 +72,24 @@ class LocalEndpoint final : public ExpertParallel {
         const int K = config_.experts_per_token, H = config_.hidden;
         const std::vector<uint16_t>& ret = fabric_.returned_[config_.rank];
         const std::vector<uint8_t>& valid = fabric_.returned_valid_[config_.rank];
-        std::vector<float> acc(static_cast<size_t>(H));
-        for (int t = 0; t < tokens_this_step_; ++t) {
-            std::fill(acc.begin(), acc.end(), 0.0f);
-            for (int k = 0; k < K; ++k) {
+        combine_rows(
+            tokens_this_step_, K, H, topk_weight,
+            [&](int t, int k) -> const uint16_t* {
                 const size_t slot = static_cast<size_t>(t) * K + k;
-                if (!valid[slot]) continue;
-                const float w = topk_weight[slot];
-                for (int d = 0; d < H; ++d) acc[d] += w * bf16_to_f32(ret[slot * H + d]);
-            }
-            for (int d = 0; d < H; ++d) out[static_cast<size_t>(t) * H + d] = f32_to_bf16(acc[d]);
-        }
+                return valid[slot] ? ret.data() + slot * H : nullptr;
+            },
+            out);
     }
 
   private:
-    struct Origin {
-        int rank = 0, token = 0, choice = 0;
-    };
+    static EpConfig with_rank(EpConfig c, int rank) {
+        c.rank = rank;
+        return c;
+    }
+
     LocalFabric& fabric_;
     EpConfig config_;
-    std::vector<int32_t> counts_;
-    std::vector<uint8_t> tokens_;
-    std::vector<float> scales_;
-    std::vector<Origin> origin_;  // per receive row: where its token came from
+    HostReceiver recv_;
     int tokens_this_step_ = 0;
 };
 

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "fanout/comm/host_receiver.h"
 #include "fanout/core/api_error.h"
 #include "fanout/core/dtype.h"
 #include "fanout/core/error.h"
@@ -41,7 +42,7 @@ int sum(const std::vector<int>& v) {
 
 class MpiEp final : public ExpertParallel {
   public:
-    MpiEp(const EpConfig& config, MPI_Comm comm) : config_(config), comm_(comm) {
+    MpiEp(const EpConfig& config, MPI_Comm comm) : config_(config), comm_(comm), recv_(config) {
         validate(config_);
         int rank = 0, size = 0;
         FANOUT_MPI_CHECK(MPI_Comm_rank(comm_, &rank));
@@ -49,11 +50,6 @@ class MpiEp final : public ExpertParallel {
         FANOUT_CHECK(rank == config_.rank && size == config_.world,
                      "EP mpi: config says rank {} of {}, the communicator rank {} of {}", config_.rank, config_.world,
                      rank, size);
-        const size_t rows = static_cast<size_t>(config_.local_experts()) * config_.rows_per_expert();
-        counts_.assign(static_cast<size_t>(config_.local_experts()), 0);
-        tokens_.assign(rows * config_.payload_bytes(), 0);
-        if (config_.payload == Payload::kFp8) scales_.assign(rows * config_.scale_blocks(), 0.0f);
-        origin_.assign(rows, Origin{});
         pending_.reserve(kMaxPending);  // posted requests' count arrays must not move
     }
 
@@ -61,20 +57,14 @@ class MpiEp final : public ExpertParallel {
 
     void dispatch_send(const DispatchInput& in) override {
         const int W = config_.world, K = config_.experts_per_token, L = config_.local_experts();
-        const int T = *in.num_tokens;
-        FANOUT_CHECK(T >= 0 && T <= config_.max_tokens_per_rank, "EP dispatch: rank {} has {} tokens, outside [0, {}]",
-                     config_.rank, T, config_.max_tokens_per_rank);
+        const int T = check_dispatch(config_, in);
         const int pb = config_.payload_bytes(), nb = config_.scale_blocks();
         const bool fp8 = config_.payload == Payload::kFp8;
         // Pack per destination, in (token, choice) order.
         std::vector<std::vector<int>> dest(static_cast<size_t>(W));  // entry indices t·K + k
         for (int t = 0; t < T; ++t)
             for (int k = 0; k < K; ++k) {
-                const int e = in.topk_idx[static_cast<size_t>(t) * K + k];
-                FANOUT_CHECK(e >= 0 && e < config_.num_experts,
-                             "EP dispatch: rank {} token {} choice {} names expert {} outside [0, {})", config_.rank, t,
-                             k, e, config_.num_experts);
-                dest[e / L].push_back(t * K + k);
+                dest[in.topk_idx[static_cast<size_t>(t) * K + k] / L].push_back(t * K + k);
             }
         send_n_.assign(W, 0);
         for (int d = 0; d < W; ++d) send_n_[d] = static_cast<int>(dest[d].size());
@@ -108,36 +98,26 @@ class MpiEp final : public ExpertParallel {
 
     void dispatch_recv() override {
         wait_all();
-        const int M = config_.rows_per_expert(), pb = config_.payload_bytes(), nb = config_.scale_blocks();
-        std::fill(counts_.begin(), counts_.end(), 0);
+        const size_t pb = static_cast<size_t>(config_.payload_bytes()),
+                     nb = static_cast<size_t>(config_.scale_blocks());
+        const bool fp8 = config_.payload == Payload::kFp8;
+        recv_.begin_step();
         const std::vector<int> offset = prefix(recv_n_);
         for (int src = 0; src < config_.world; ++src)
             for (int j = 0; j < recv_n_[src]; ++j) {
                 const size_t i = static_cast<size_t>(offset[src] + j);
-                const int e = recv_meta_[i * 3 + 2];
-                const int row = counts_[e]++;
-                if (row >= M) continue;  // dropped: its choice contributes nothing to the combine
-                const size_t r = static_cast<size_t>(e) * M + row;
-                std::memcpy(tokens_.data() + r * pb, recv_payload_.data() + i * pb, pb);
-                if (config_.payload == Payload::kFp8)
-                    std::memcpy(scales_.data() + r * nb, recv_scales_.data() + i * nb, static_cast<size_t>(nb) * 4);
-                origin_[r] = {src, recv_meta_[i * 3], recv_meta_[i * 3 + 1]};
+                recv_.place(recv_meta_[i * 3 + 2], {src, recv_meta_[i * 3], recv_meta_[i * 3 + 1]},
+                            recv_payload_.data() + i * pb, fp8 ? recv_scales_.data() + i * nb : nullptr);
             }
     }
 
-    ExpertBatch recv_batch() const override {
-        return {counts_.data(), tokens_.data(), config_.payload == Payload::kFp8 ? scales_.data() : nullptr,
-                config_.rows_per_expert()};
-    }
+    ExpertBatch recv_batch() const override { return recv_.batch(); }
 
     void combine_send(const uint16_t* expert_out) override {
-        const int W = config_.world, M = config_.rows_per_expert(), H = config_.hidden;
-        std::vector<std::vector<size_t>> back(static_cast<size_t>(W));  // receive rows per source rank
-        for (int e = 0; e < config_.local_experts(); ++e)
-            for (int row = 0; row < std::min(counts_[e], M); ++row) {
-                const size_t r = static_cast<size_t>(e) * M + row;
-                back[origin_[r].rank].push_back(r);
-            }
+        const int W = config_.world, H = config_.hidden;
+        // Receive rows grouped by the rank their token came from.
+        std::vector<std::vector<std::pair<size_t, HostReceiver::Origin>>> back(static_cast<size_t>(W));
+        recv_.for_each_row([&](size_t r, const HostReceiver::Origin& o) { back[o.rank].push_back({r, o}); });
         send_n_.assign(W, 0);
         for (int s = 0; s < W; ++s) send_n_[s] = static_cast<int>(back[s].size());
         const int total = sum(send_n_);
@@ -145,9 +125,9 @@ class MpiEp final : public ExpertParallel {
         send_rows_.resize(static_cast<size_t>(total) * H);
         size_t i = 0;
         for (int s = 0; s < W; ++s)
-            for (size_t r : back[s]) {
-                send_meta_[i * 2] = origin_[r].token;
-                send_meta_[i * 2 + 1] = origin_[r].choice;
+            for (const auto& [r, o] : back[s]) {
+                send_meta_[i * 2] = o.token;
+                send_meta_[i * 2 + 1] = o.choice;
                 std::memcpy(send_rows_.data() + i * H, expert_out + r * H, static_cast<size_t>(H) * 2);
                 ++i;
             }
@@ -167,23 +147,16 @@ class MpiEp final : public ExpertParallel {
         std::vector<int> where(static_cast<size_t>(T) * K, -1);
         for (size_t i = 0; i < recv_meta_.size() / 2; ++i)
             where[static_cast<size_t>(recv_meta_[i * 2]) * K + recv_meta_[i * 2 + 1]] = static_cast<int>(i);
-        std::vector<float> acc(static_cast<size_t>(H));
-        for (int t = 0; t < T; ++t) {
-            std::fill(acc.begin(), acc.end(), 0.0f);
-            for (int k = 0; k < K; ++k) {
+        combine_rows(
+            T, K, H, topk_weight,
+            [&](int t, int k) -> const uint16_t* {
                 const int i = where[static_cast<size_t>(t) * K + k];
-                if (i < 0) continue;
-                const float w = topk_weight[static_cast<size_t>(t) * K + k];
-                for (int d = 0; d < H; ++d) acc[d] += w * bf16_to_f32(recv_rows_[static_cast<size_t>(i) * H + d]);
-            }
-            for (int d = 0; d < H; ++d) out[static_cast<size_t>(t) * H + d] = f32_to_bf16(acc[d]);
-        }
+                return i < 0 ? nullptr : recv_rows_.data() + static_cast<size_t>(i) * H;
+            },
+            out);
     }
 
   private:
-    struct Origin {
-        int rank = 0, token = 0, choice = 0;
-    };
     static constexpr size_t kMaxPending = 3;  // meta, payload, scales
 
     // Posts an all-to-all-v of `unit` elements per entry.
@@ -210,10 +183,7 @@ class MpiEp final : public ExpertParallel {
 
     EpConfig config_;
     MPI_Comm comm_;
-    std::vector<int32_t> counts_;
-    std::vector<uint8_t> tokens_;
-    std::vector<float> scales_;
-    std::vector<Origin> origin_;
+    HostReceiver recv_;
     int tokens_this_step_ = 0;
     std::vector<int> send_n_, recv_n_;
     std::vector<int> send_meta_, recv_meta_;

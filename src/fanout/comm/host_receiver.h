@@ -1,0 +1,69 @@
+// What the host-memory EP backends (`local`, `mpi`) share: checking a dispatch input, the receive
+// side (the masked layout filled in arrival order, with each row's origin) and the weighted
+// combine at the tokens' rank. Internal to comm/.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "fanout/comm/ep.h"
+#include "fanout/core/dtype.h"
+
+namespace fanout::comm {
+
+// The token count of `in`, after checking it and every expert id; throws fanout::Error naming the
+// rank, token and choice at fault.
+int check_dispatch(const EpConfig& c, const DispatchInput& in);
+
+class HostReceiver {
+  public:
+    struct Origin {
+        int rank = 0, token = 0, choice = 0;
+    };
+
+    explicit HostReceiver(const EpConfig& c);
+
+    void begin_step();  // no rows yet
+    // One received (token, choice) for local expert `e`; rows past max_m are counted, not stored
+    // (they add nothing to the combine). scales: null for a bf16 payload.
+    void place(int e, Origin from, const uint8_t* payload, const float* scales);
+    ExpertBatch batch() const;
+
+    // fn(row index in the masked layout, origin) for every stored row.
+    template <typename Fn>
+    void for_each_row(Fn&& fn) const {
+        const int M = config_.rows_per_expert();
+        for (int e = 0; e < config_.local_experts(); ++e)
+            for (int row = 0; row < counts_[e] && row < M; ++row) {
+                const size_t r = static_cast<size_t>(e) * M + row;
+                fn(r, origin_[r]);
+            }
+    }
+
+  private:
+    EpConfig config_;
+    std::vector<int32_t> counts_;
+    std::vector<uint8_t> tokens_;
+    std::vector<float> scales_;
+    std::vector<Origin> origin_;  // per stored row: where its token came from
+};
+
+// out[t] = Σ_k weight[t, k] · returned(t, k) in f32, written as bf16 [T, H]; returned(t, k) is the
+// expert output row that came back for token t's k-th choice, or nullptr when it was dropped.
+template <typename RowOf>
+void combine_rows(int T, int K, int H, const float* weight, RowOf&& returned, uint16_t* out) {
+    std::vector<float> acc(static_cast<size_t>(H));
+    for (int t = 0; t < T; ++t) {
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int k = 0; k < K; ++k) {
+            const uint16_t* row = returned(t, k);
+            if (row == nullptr) continue;
+            const float w = weight[static_cast<size_t>(t) * K + k];
+            for (int d = 0; d < H; ++d) acc[d] += w * bf16_to_f32(row[d]);
+        }
+        for (int d = 0; d < H; ++d) out[static_cast<size_t>(t) * H + d] = f32_to_bf16(acc[d]);
+    }
+}
+
+}  // namespace fanout::comm
