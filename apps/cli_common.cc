@@ -44,6 +44,9 @@ void add_model_args(CLI::App* cmd, ModelArgs& a) {
         ->check(CLI::IsMember({"f32", "bf16"}))
         ->capture_default_str();
     cmd->add_option("--threads", a.threads, "CPU threads (0 = all cores)");
+    cmd->add_option("--device", a.device, "'cpu' (reference path) or 'cuda' (the GPU runner, one GPU)")
+        ->check(CLI::IsMember({"cpu", "cuda"}))
+        ->capture_default_str();
 }
 
 std::string resolve_model_dir(const std::string& model) {

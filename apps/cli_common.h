@@ -19,6 +19,7 @@ struct ModelArgs {
     std::string model = "tiny";
     std::string fp8_mode = "dequant";
     std::string kv_dtype = "f32";
+    std::string device = "cpu";  // "cuda": the GPU runner (generate, score)
     int threads = 0;
 };
 
@@ -37,5 +38,6 @@ void add_model_commands(CLI::App& app);  // make-model, generate, score
 void add_tokenize_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
+void add_plan_command(CLI::App& app);  // plan sweep|recommend|layer|profile
 
 }  // namespace fanout::cli

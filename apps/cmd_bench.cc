@@ -1,7 +1,9 @@
-// bench: `fanout bench tokenizer`, `fanout bench serve`, `fanout bench kernels` (more join as their
-// subsystems land).
+// bench: `fanout bench tokenizer`, `fanout bench serve`, and on CUDA builds `fanout bench kernels`,
+// `fanout bench mla`, `fanout bench layer`.
 #include "cli_common.h"
 #include "kernels_bench.h"
+#include "layer_bench.h"
+#include "mla_bench.h"
 #include "serve_bench.h"
 #include "tokenizer_bench.h"
 
@@ -78,6 +80,38 @@ void add_bench_command(CLI::App& app) {
         bench::run_kernels_bench(*k);
 #else
         FANOUT_FAIL("`fanout bench kernels` needs a CUDA build: this fanout was configured without nvcc");
+#endif
+    });
+
+    auto a = std::make_shared<bench::MlaBenchOptions>();
+    auto* mla = bench->add_subcommand("mla", "MLA decode attention (absorbed form, paged cache) beside the bf16 peak (GPU)");
+    mla->add_option("--batches", a->batches, "requests per step")->capture_default_str();
+    mla->add_option("--query-len", a->query_len, "query tokens per request")->capture_default_str();
+    mla->add_option("--kv-len", a->kv_len, "cached positions per request")->capture_default_str();
+    mla->add_option("--heads", a->heads, "query heads (128 at TP1)")->capture_default_str();
+    mla->add_option("--json", a->json_out, "JSON output ('' to skip)")->capture_default_str();
+    mla->callback([a] {
+#ifdef FANOUT_WITH_CUDA
+        bench::run_mla_bench(*a);
+#else
+        FANOUT_FAIL("`fanout bench mla` needs a CUDA build: this fanout was configured without nvcc");
+#endif
+    });
+
+    auto l = std::make_shared<bench::LayerBenchOptions>();
+    auto* layer = bench->add_subcommand(
+        "layer", "one V3 layer (dense and MoE at emulated EP8..EP128), kernel by kernel beside the roofline (GPU)");
+    layer->add_option("--batches", l->batches, "requests per GPU")->capture_default_str();
+    layer->add_option("--eps", l->eps, "EP sizes to emulate (256 / EP local experts)")->capture_default_str();
+    layer->add_option("--query-len", l->query_len, "query tokens per request")->capture_default_str();
+    layer->add_option("--kv-len", l->kv_len, "cached positions per request")->capture_default_str();
+    layer->add_option("--replays", l->replays, "timed graph replays per point")->capture_default_str();
+    layer->add_option("--json", l->json_out, "JSON output ('' to skip)")->capture_default_str();
+    layer->callback([l] {
+#ifdef FANOUT_WITH_CUDA
+        bench::run_layer_bench(*l);
+#else
+        FANOUT_FAIL("`fanout bench layer` needs a CUDA build: this fanout was configured without nvcc");
 #endif
     });
 }

@@ -6,9 +6,29 @@
 #include "fanout/io/chat_template.h"
 #include "fanout/model/generate.h"
 #include "fanout/model/synthetic.h"
+#ifdef FANOUT_WITH_CUDA
+#include "fanout/model/deepseek_v3_cuda.h"
+#endif
 
 namespace fanout::cli {
 namespace {
+
+#ifdef FANOUT_WITH_CUDA
+// The GPU runner for one request of up to `context` tokens, taking `step_tokens` per step.
+std::unique_ptr<model::CudaModel> make_cuda_model(const model::DeepseekV3& m, int64_t context, int64_t step_tokens) {
+    model::CudaModelOptions o;
+    o.max_requests = 1;
+    o.max_context = context;
+    o.max_step_tokens = step_tokens;
+    return std::make_unique<model::CudaModel>(m, o);
+}
+#endif
+
+void require_cuda_build(const ModelArgs& a) {
+#ifndef FANOUT_WITH_CUDA
+    FANOUT_CHECK(a.device != "cuda", "--device cuda: this fanout was built without CUDA (no nvcc at configure time)");
+#endif
+}
 
 struct MakeModelArgs {
     std::string preset = "tiny", dtype = "bf16", out;
@@ -57,9 +77,10 @@ void run_generate(GenerateArgs& a, bool have_ids, bool have_text) {
     } else {
         a.req.prompt = parse_ids(a.prompt_ids, "--prompt-ids");
     }
+    require_cuda_build(a.model);
     auto m = load_model(a.model);
     ThreadPool pool(a.model.threads);
-    kv::PagedKvCache cache = make_cache(*m, static_cast<int64_t>(a.req.prompt.size()) + a.req.max_tokens, a.model);
+    const int64_t context = static_cast<int64_t>(a.req.prompt.size()) + a.req.max_tokens;
     std::optional<io::IncrementalDecoder> stream;
     if (tokenizer) stream.emplace(*tokenizer, /*skip_special_tokens=*/true);
     const auto on_token = [&](int32_t id) {
@@ -68,7 +89,17 @@ void run_generate(GenerateArgs& a, bool have_ids, bool have_text) {
         std::fwrite(piece.data(), 1, piece.size(), stdout);
         std::fflush(stdout);
     };
-    auto res = model::generate(*m, cache, a.req, forward_options(a.model), Stream{&pool}, on_token);
+    model::GenerateResult res;
+    if (a.model.device == "cuda") {
+#ifdef FANOUT_WITH_CUDA
+        auto gpu = make_cuda_model(*m, context, std::min<int64_t>(a.req.prefill_chunk, 256));
+        kv::PagedKvCache blocks = gpu->make_block_allocator();
+        res = model::generate_cuda(*gpu, blocks, a.req, on_token);
+#endif
+    } else {
+        kv::PagedKvCache cache = make_cache(*m, context, a.model);
+        res = model::generate(*m, cache, a.req, forward_options(a.model), Stream{&pool}, on_token);
+    }
     if (stream) {
         std::printf("%s\n", stream->flush().c_str());
     } else {
@@ -76,11 +107,12 @@ void run_generate(GenerateArgs& a, bool have_ids, bool have_text) {
         for (size_t i = 0; i < res.tokens.size(); ++i) ids += (i ? "," : "") + std::to_string(res.tokens[i]);
         std::printf("%s\n", ids.c_str());
     }
+    const std::string where = a.model.device == "cuda" ? std::string("cuda") : fmt::format("{} threads", pool.num_threads());
     std::fprintf(stderr,
-                 "finish_reason=%s prompt_tokens=%lld generated=%zu prefill %.1f tok/s, decode %.1f tok/s (%d threads)\n",
+                 "finish_reason=%s prompt_tokens=%lld generated=%zu prefill %.1f tok/s, decode %.1f tok/s (%s)\n",
                  res.finish_reason.c_str(), (long long)res.prompt_tokens, res.tokens.size(),
                  res.prompt_tokens / std::max(res.prefill_seconds, 1e-9),
-                 (res.tokens.size() - 1) / std::max(res.decode_seconds, 1e-9), pool.num_threads());
+                 (res.tokens.size() - 1) / std::max(res.decode_seconds, 1e-9), where.c_str());
 }
 
 struct ScoreArgs {
@@ -90,19 +122,35 @@ struct ScoreArgs {
 
 void run_score(const ScoreArgs& a) {
     const std::vector<int32_t> ids = parse_ids(a.token_ids, "--token-ids");
+    require_cuda_build(a.model);
     auto m = load_model(a.model);
     const int64_t T = static_cast<int64_t>(ids.size());
     FANOUT_CHECK(T <= m->config().max_position_embeddings, "{} tokens exceed max_position_embeddings {}", T,
                  m->config().max_position_embeddings);
-    ThreadPool pool(a.model.threads);
-    kv::PagedKvCache cache = make_cache(*m, T, a.model);
-    kv::SequenceBlocks seq;
-    cache.reserve(seq, T);
-    auto batch = model::StepBatchBuilder(cache).add(ids, 0, seq, model::StepBatchBuilder::Logits::kAll).build();
-    auto res = m->forward(batch, cache, forward_options(a.model), Stream{&pool});
+    for (int64_t t = 0; t < T; ++t)
+        FANOUT_CHECK(ids[t] >= 0 && ids[t] < m->config().vocab_size,
+                     "token id {} at index {} is outside the vocabulary [0, {})", ids[t], t, m->config().vocab_size);
+    Tensor logits;
+    if (a.model.device == "cuda") {
+#ifdef FANOUT_WITH_CUDA
+        auto gpu = make_cuda_model(*m, T, T);
+        kv::PagedKvCache blocks = gpu->make_block_allocator();
+        kv::SequenceBlocks seq;
+        blocks.reserve(seq, T);
+        auto batch = model::StepBatchBuilder(blocks).add(ids, 0, seq, model::StepBatchBuilder::Logits::kAll).build();
+        logits = gpu->forward_logits(batch);
+#endif
+    } else {
+        ThreadPool pool(a.model.threads);
+        kv::PagedKvCache cache = make_cache(*m, T, a.model);
+        kv::SequenceBlocks seq;
+        cache.reserve(seq, T);
+        auto batch = model::StepBatchBuilder(cache).add(ids, 0, seq, model::StepBatchBuilder::Logits::kAll).build();
+        logits = m->forward(batch, cache, forward_options(a.model), Stream{&pool}).logits;
+    }
     std::ofstream f(a.output, std::ios::binary);
     FANOUT_CHECK(f.good(), "cannot create {}", a.output);
-    f.write(static_cast<const char*>(res.logits.data()), static_cast<std::streamsize>(res.logits.nbytes()));
+    f.write(static_cast<const char*>(logits.data()), static_cast<std::streamsize>(logits.nbytes()));
     FANOUT_CHECK(f.good(), "writing {} failed", a.output);
     std::fprintf(stderr, "wrote logits [%lld, %lld] to %s\n", (long long)T, (long long)m->config().vocab_size,
                  a.output.c_str());

@@ -5,6 +5,7 @@
 //   tokenize    text, JSON strings or chat messages to token ids (and ids back to text)
 //   serve       one engine instance behind the OpenAI-compatible HTTP API
 //   bench       benchmarks (tokenizer, serve)
+//   plan        deployment planner: sweep (Pareto figure), recommend, layer breakdown, profile
 // Errors end with "error: ..." on stderr and exit code 2.
 #include <cstdio>
 
@@ -17,6 +18,7 @@ int main(int argc, char** argv) {
     fanout::cli::add_tokenize_command(app);
     fanout::cli::add_serve_command(app);
     fanout::cli::add_bench_command(app);
+    fanout::cli::add_plan_command(app);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

@@ -439,6 +439,27 @@ ops::GemmConfig parse_gemm_config(const std::string& text) {
     return g;
 }
 
+GpuCeilings measure_gpu_ceilings() {
+    Context c;
+    FANOUT_CUDA_CHECK(cudaStreamCreate(&c.stream));
+    FANOUT_CUBLAS_CHECK(cublasLtCreate(&c.lt));
+    c.ws = std::make_unique<DevicePtr<uint8_t>>(c.wsize);
+    measure_ceilings(c);
+    GpuCeilings g;
+    g.copy_gbs = c.bw_gbs;
+    g.fp8_tflops = c.peak_tflops;
+    // The bf16 tensor-core rate through the BF16 GEMM the model uses (cuBLASLt), 8192³.
+    const int64_t big = 8192;
+    DevicePtr<uint16_t> a(size_t(big * big)), b(size_t(big * big)), y(size_t(big * big));
+    FANOUT_CUDA_CHECK(cudaMemset(a.p, 0x3c, size_t(big * big) * 2));
+    FANOUT_CUDA_CHECK(cudaMemset(b.p, 0x3c, size_t(big * big) * 2));
+    const double us = time_graph_us(c.stream, 5, [&] { ops::launch_gemm_bf16(a.p, b.p, y.p, big, big, big, c.stream); });
+    g.bf16_tflops = 2.0 * big * big * big / us / 1e6;
+    cublasLtDestroy(c.lt);
+    cudaStreamDestroy(c.stream);
+    return g;
+}
+
 int run_kernels_bench(const KernelsBenchOptions& opts) {
     Context c;
     FANOUT_CUDA_CHECK(cudaStreamCreate(&c.stream));

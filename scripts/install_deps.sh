@@ -7,7 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git clang curl
   nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
   libgtest-dev libgmock-dev libbenchmark-dev libpcre2-dev libcpp-httplib-dev libssl-dev zlib1g-dev libbrotli-dev
-  libopenmpi-dev openmpi-bin
+  libopenmpi-dev openmpi-bin gnuplot-nox
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -30,8 +30,8 @@ void BlockAllocator::release(const std::vector<int32_t>& blocks) {
 }
 
 PagedKvCache::PagedKvCache(const KvCacheConfig& config) : config_(config), allocator_(config.num_blocks) {
-    FANOUT_CHECK(config.num_layers > 0 && config.entry_dim > 0 && config.block_size > 0,
-                 "kv cache: layers={} entry_dim={} block_size={} must be positive", config.num_layers,
+    FANOUT_CHECK(config.num_layers >= 0 && config.entry_dim > 0 && config.block_size > 0,
+                 "kv cache: layers={} entry_dim={} block_size={} must be positive (layers may be 0)", config.num_layers,
                  config.entry_dim, config.block_size);
     FANOUT_CHECK(config.dtype == DType::kF32 || config.dtype == DType::kBF16, "kv cache: dtype {} not supported",
                  dtype_name(config.dtype));

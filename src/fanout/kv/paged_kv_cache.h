@@ -31,7 +31,7 @@ private:
 };
 
 struct KvCacheConfig {
-    int64_t num_layers = 0;
+    int64_t num_layers = 0;  // 0: blocks only, the entries live elsewhere (the GPU runner's device cache)
     int64_t entry_dim = 0;
     int64_t block_size = kDefaultBlockSize;
     int64_t num_blocks = 0;

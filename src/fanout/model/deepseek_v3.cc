@@ -12,22 +12,6 @@
 namespace fanout::model {
 namespace {
 
-ops::RopeParams rope_params(const io::ModelConfig& c) {
-    ops::RopeParams p;
-    p.dim = c.qk_rope_head_dim;
-    p.theta = c.rope_theta;
-    p.attention_factor = c.rope_attention_factor();
-    if (c.yarn) {
-        p.yarn = true;
-        p.factor = c.yarn->factor;
-        p.original_max_position = c.yarn->original_max_position_embeddings;
-        p.beta_fast = c.yarn->beta_fast;
-        p.beta_slow = c.yarn->beta_slow;
-        p.truncate = c.yarn->truncate;
-    }
-    return p;
-}
-
 // HF and DeepSeek build q_a_layernorm and kv_a_layernorm with the default eps, not rms_norm_eps.
 constexpr float kLatentNormEps = 1e-6f;
 
@@ -40,6 +24,22 @@ void add_inplace(Tensor& dst, const Tensor& src) {
 }
 
 }  // namespace
+
+ops::RopeTable rope_table(const io::ModelConfig& c) {
+    ops::RopeParams p;
+    p.dim = c.qk_rope_head_dim;
+    p.theta = c.rope_theta;
+    p.attention_factor = c.rope_attention_factor();
+    if (c.yarn) {
+        p.yarn = true;
+        p.factor = c.yarn->factor;
+        p.original_max_position = c.yarn->original_max_position_embeddings;
+        p.beta_fast = c.yarn->beta_fast;
+        p.beta_slow = c.yarn->beta_slow;
+        p.truncate = c.yarn->truncate;
+    }
+    return ops::make_rope_table(p);
+}
 
 int64_t StepBatch::max_query_len() const {
     int64_t m = 0;
@@ -81,7 +81,7 @@ StepBatch StepBatchBuilder::build() {
 }
 
 DeepseekV3::DeepseekV3(io::ModelConfig config, ModelWeights weights)
-    : config_(std::move(config)), weights_(std::move(weights)), rope_(ops::make_rope_table(rope_params(config_))) {}
+    : config_(std::move(config)), weights_(std::move(weights)), rope_(rope_table(config_)) {}
 
 std::unique_ptr<DeepseekV3> DeepseekV3::load(const std::string& dir, const ShardPlan& plan,
                                              const LoadProgress& progress) {

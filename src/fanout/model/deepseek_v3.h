@@ -36,6 +36,9 @@ struct ForwardOptions {
     AttentionForm attention = AttentionForm::kAuto;
 };
 
+// RoPE's frequencies for a config (YaRN included).
+ops::RopeTable rope_table(const io::ModelConfig& c);
+
 // One step's requests, flattened. Build it with StepBatchBuilder.
 struct StepBatch {
     std::vector<int32_t> tokens;       // [T]
@@ -89,6 +92,7 @@ public:
 
     const io::ModelConfig& config() const { return config_; }
     const ModelWeights& weights() const { return weights_; }
+    const ops::RopeTable& rope() const { return rope_; }
     // Cache layers: the decoder layers, then the MTP layer if any.
     kv::KvCacheConfig kv_cache_config(int64_t num_blocks, DType dtype = DType::kF32) const;
 

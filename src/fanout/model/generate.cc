@@ -7,7 +7,15 @@ namespace fanout::model {
 
 GenerateResult generate(const DeepseekV3& model, kv::PagedKvCache& cache, const GenerateRequest& req,
                         const ForwardOptions& opts, const Stream& s, const std::function<void(int32_t)>& on_token) {
-    const io::ModelConfig& c = model.config();
+    const SampleStep step = [&](const StepBatch& batch, ops::Sampler& sampler) {
+        auto out = model.forward(batch, cache, opts, s);
+        return batch.logit_rows.empty() ? -1 : sampler.sample(out.logits.data_as<float>(), model.config().vocab_size);
+    };
+    return generate_loop(model.config(), cache, req, step, on_token);
+}
+
+GenerateResult generate_loop(const io::ModelConfig& c, kv::PagedKvCache& cache, const GenerateRequest& req,
+                             const SampleStep& step, const std::function<void(int32_t)>& on_token) {
     const int64_t P = static_cast<int64_t>(req.prompt.size());
     FANOUT_CHECK(P > 0, "the prompt is empty: give at least one token");
     FANOUT_CHECK(req.max_tokens >= 1, "max_tokens must be >= 1, got {}", req.max_tokens);
@@ -35,8 +43,8 @@ GenerateResult generate(const DeepseekV3& model, kv::PagedKvCache& cache, const 
                                   .add(std::span(req.prompt).subspan(start, n), start, seq,
                                        start + n == P ? StepBatchBuilder::Logits::kLast : StepBatchBuilder::Logits::kNone)
                                   .build();
-            auto out = model.forward(batch, cache, opts, s);
-            if (start + n == P) next = sampler.sample(out.logits.data_as<float>(), c.vocab_size);
+            const int32_t token = step(batch, sampler);
+            if (start + n == P) next = token;
         }
         res.prefill_seconds = std::chrono::duration<double>(clock::now() - t0).count();
         t0 = clock::now();
@@ -55,8 +63,7 @@ GenerateResult generate(const DeepseekV3& model, kv::PagedKvCache& cache, const 
             }
             const int32_t tok[1] = {next};
             StepBatch batch = StepBatchBuilder(cache).add(tok, P + i, seq).build();
-            auto out = model.forward(batch, cache, opts, s);
-            next = sampler.sample(out.logits.data_as<float>(), c.vocab_size);
+            next = step(batch, sampler);
         }
     } catch (...) {
         cache.release(seq);

@@ -32,4 +32,11 @@ GenerateResult generate(const DeepseekV3& model, kv::PagedKvCache& cache, const 
                         const ForwardOptions& opts, const Stream& s,
                         const std::function<void(int32_t)>& on_token = {});
 
+// The loop behind generate() and generate_cuda(): `step` runs one StepBatch (built on `cache`'s
+// blocks) and returns the token sampled from its logit row with `sampler`, or -1 when the batch
+// asks for no logits (a prefill chunk before the last).
+using SampleStep = std::function<int32_t(const StepBatch&, ops::Sampler&)>;
+GenerateResult generate_loop(const io::ModelConfig& config, kv::PagedKvCache& cache, const GenerateRequest& req,
+                             const SampleStep& step, const std::function<void(int32_t)>& on_token = {});
+
 }  // namespace fanout::model

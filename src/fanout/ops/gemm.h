@@ -71,6 +71,8 @@ void launch_gemm_fp8_simt(const uint8_t* x, const float* sx, const uint8_t* w, c
 // cuBLASLt (one handle, workspace and algorithm cache per host thread).
 void launch_gemm_bf16(const uint16_t* x, const uint16_t* w, uint16_t* y, int M, int N, int K, void* cuda_stream,
                       const uint16_t* residual = nullptr);
+// The same with an f32 result (the MoE router's logits, which the routing compares in f32).
+void launch_gemm_bf16_f32(const uint16_t* x, const uint16_t* w, float* y, int M, int N, int K, void* cuda_stream);
 
 // The multiprocessor count of the current device (cached).
 int device_sm_count();

@@ -33,7 +33,7 @@ struct Plan {
 struct Context {
     cublasLtHandle_t handle = nullptr;
     void* workspace = nullptr;
-    std::map<std::tuple<int, int, int>, std::unique_ptr<Plan>> plans;
+    std::map<std::tuple<int, int, int, bool>, std::unique_ptr<Plan>> plans;
     Context() {
         FANOUT_CUBLAS_CHECK(cublasLtCreate(&handle));
         FANOUT_CUDA_CHECK(cudaMalloc(&workspace, kWorkspaceBytes));
@@ -44,8 +44,9 @@ struct Context {
         cublasLtDestroy(handle);
     }
 
-    const Plan& plan(int M, int N, int K) {
-        auto& slot = plans[{M, N, K}];
+    // f32_out: D in f32 (the router's logits), else bf16.
+    const Plan& plan(int M, int N, int K, bool f32_out) {
+        auto& slot = plans[{M, N, K, f32_out}];
         if (slot) return *slot;
         auto p = std::make_unique<Plan>();
         FANOUT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -53,7 +54,7 @@ struct Context {
         FANOUT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
         FANOUT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, K, N, K));
         FANOUT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, K, M, K));
-        FANOUT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_16BF, N, M, N));
+        FANOUT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, f32_out ? CUDA_R_32F : CUDA_R_16BF, N, M, N));
         cublasLtMatmulPreference_t pref;
         FANOUT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
         FANOUT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -78,12 +79,22 @@ void launch_gemm_bf16(const uint16_t* x, const uint16_t* w, uint16_t* y, int M, 
     FANOUT_CHECK(M >= 0 && N > 0 && K > 0, "gemm_bf16: bad shape M {} N {} K {}", M, N, K);
     if (M == 0) return;
     thread_local Context ctx;
-    const Plan& p = ctx.plan(M, N, K);
+    const Plan& p = ctx.plan(M, N, K, false);
     const float one = 1.0f, zero = 0.0f;
     const void* c = residual != nullptr ? static_cast<const void*>(residual) : static_cast<const void*>(y);
     FANOUT_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, p.desc, &one, w, p.a, x, p.b, residual != nullptr ? &one : &zero, c,
                                        p.c, y, p.c, &p.algo, ctx.workspace, kWorkspaceBytes,
                                        static_cast<cudaStream_t>(cuda_stream)));
+}
+
+void launch_gemm_bf16_f32(const uint16_t* x, const uint16_t* w, float* y, int M, int N, int K, void* cuda_stream) {
+    FANOUT_CHECK(M >= 0 && N > 0 && K > 0, "gemm_bf16_f32: bad shape M {} N {} K {}", M, N, K);
+    if (M == 0) return;
+    thread_local Context ctx;
+    const Plan& p = ctx.plan(M, N, K, true);
+    const float one = 1.0f, zero = 0.0f;
+    FANOUT_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, p.desc, &one, w, p.a, x, p.b, &zero, y, p.c, y, p.c, &p.algo,
+                                       ctx.workspace, kWorkspaceBytes, static_cast<cudaStream_t>(cuda_stream)));
 }
 
 }  // namespace fanout::ops

@@ -49,8 +49,22 @@ void mla_attention_mha(const Tensor& q, const LinearWeight& kv_b, Fp8Mode mode, 
                        const AttentionMetadata& meta, int64_t kv_lora, int64_t nope, int64_t v_dim, float scale,
                        Tensor& out, const Stream& s);
 
+// q: [T, H, nope + rope] f32 as for the MHA form; out: [T, H, v] f32. Computes q_lat = W_UK[h]ᵀ q_nope, runs
+// mla_latent_attention_cpu, and applies W_UV[h].
 void mla_attention_absorbed(const Tensor& q, const LinearWeight& kv_b, const LatentCache& cache,
                             const AttentionMetadata& meta, int64_t kv_lora, int64_t nope, int64_t v_dim, float scale,
                             Tensor& out, const Stream& s);
+
+// The latent core of the absorbed form (and the reference of the CUDA kernels in
+// mla_attention_cuda.h): for query token t of request r and head h,
+//   score(j) = scale · (q_lat[t, h] · c_kv[j] + q_pe[t, h] · k_pe[j])  for cached positions j ≤ positions[t],
+//   out[t, h, :] = Σ_j softmax(score)(j) · c_kv[j]                      (kv_lora values),
+// in f32 (a bf16 cache is widened as it is read). q_lat[t, h, :] lies at
+// q_lat + t * q_lat_stride_t + h * q_lat_stride_h (kv_lora contiguous values), q_pe likewise
+// (rope = cache.entry_dim - kv_lora values); out: [T, H, kv_lora] f32, contiguous.
+void mla_latent_attention_cpu(const float* q_lat, int64_t q_lat_stride_t, int64_t q_lat_stride_h, const float* q_pe,
+                              int64_t q_pe_stride_t, int64_t q_pe_stride_h, const LatentCache& cache,
+                              const AttentionMetadata& meta, int64_t num_tokens, int64_t num_heads, int64_t kv_lora,
+                              float scale, float* out, const Stream& s);
 
 }  // namespace fanout::ops

@@ -134,41 +134,73 @@ void mla_attention_mha(const Tensor& q, const LinearWeight& kv_b, Fp8Mode mode, 
     }
 }
 
+void mla_latent_attention_cpu(const float* q_lat, int64_t q_lat_stride_t, int64_t q_lat_stride_h, const float* q_pe,
+                              int64_t q_pe_stride_t, int64_t q_pe_stride_h, const LatentCache& cache,
+                              const AttentionMetadata& meta, int64_t num_tokens, int64_t num_heads, int64_t kv_lora,
+                              float scale, float* out, const Stream& s) {
+    const int64_t T = num_tokens, H = num_heads, D = cache.entry_dim, rope = D - kv_lora;
+    FANOUT_CHECK(kv_lora > 0 && rope > 0 && H > 0, "mla latent attention: kv_lora {} and cache entry {} (H={})",
+                 kv_lora, D, H);
+    check_metadata(meta, cache, T);
+    if (T == 0) return;
+    std::vector<std::vector<float>> entries(static_cast<size_t>(meta.num_requests));
+    std::vector<int64_t> request_of(static_cast<size_t>(T));
+    for (int64_t r = 0; r < meta.num_requests; ++r) {
+        if (meta.query_start[r + 1] > meta.query_start[r]) entries[r] = gather_entries(cache, meta, r);
+        for (int64_t t = meta.query_start[r]; t < meta.query_start[r + 1]; ++t) request_of[t] = r;
+    }
+    parallel_for(s, T * H, 4, [&](int64_t i0, int64_t i1) {
+        std::vector<float> scores;
+        for (int64_t i = i0; i < i1; ++i) {
+            const int64_t t = i / H, h = i % H, visible = meta.positions[t] + 1;
+            const float* ql = q_lat + t * q_lat_stride_t + h * q_lat_stride_h;
+            const float* qr = q_pe + t * q_pe_stride_t + h * q_pe_stride_h;
+            const float* e = entries[request_of[t]].data();
+            scores.resize(static_cast<size_t>(visible));
+            for (int64_t j = 0; j < visible; ++j)
+                scores[j] = (cpu::dot(ql, e + j * D, kv_lora) + cpu::dot(qr, e + j * D + kv_lora, rope)) * scale;
+            softmax_inplace(scores.data(), visible);
+            float* o = out + i * kv_lora;
+            std::fill(o, o + kv_lora, 0.0f);
+            for (int64_t j = 0; j < visible; ++j) cpu::axpy(scores[j], e + j * D, o, kv_lora);
+        }
+    });
+}
+
 void mla_attention_absorbed(const Tensor& q, const LinearWeight& kv_b, const LatentCache& cache,
                             const AttentionMetadata& meta, int64_t kv_lora, int64_t nope, int64_t v_dim,
                             float scale, Tensor& out, const Stream& s) {
     check_attention_args(q, kv_b, cache, meta, kv_lora, nope, v_dim, out);
-    const int64_t H = q.dim(1), qk = q.dim(2), rope = qk - nope, D = cache.entry_dim;
-    if (q.dim(0) == 0) return;
-    std::vector<std::vector<float>> entries(static_cast<size_t>(meta.num_requests));
-    for (int64_t r = 0; r < meta.num_requests; ++r)
-        if (meta.query_start[r + 1] > meta.query_start[r]) entries[r] = gather_entries(cache, meta, r);
+    const int64_t T = q.dim(0), H = q.dim(1), qk = q.dim(2);
+    if (T == 0) return;
     const float* qp = q.data_as<float>();
     float* op = out.data_as<float>();
+    // q_lat[t, h] = W_UK[h]ᵀ q_nope[t, h]: [T, H, kv_lora].
+    std::vector<float> q_lat(static_cast<size_t>(T * H * kv_lora)), o_lat(q_lat.size());
     parallel_for(s, H, 1, [&](int64_t h0, int64_t h1) {
-        std::vector<float> w_uk(static_cast<size_t>(nope * kv_lora)), w_uv(static_cast<size_t>(v_dim * kv_lora));
-        std::vector<float> q_lat(static_cast<size_t>(kv_lora)), o_lat(static_cast<size_t>(kv_lora)), scores;
+        std::vector<float> w_uk(static_cast<size_t>(nope * kv_lora));
         for (int64_t h = h0; h < h1; ++h) {
             for (int64_t d = 0; d < nope; ++d) kv_b.row_f32(h * (nope + v_dim) + d, w_uk.data() + d * kv_lora);
+            for (int64_t t = 0; t < T; ++t) {
+                const float* qh = qp + (t * H + h) * qk;
+                float* ql = q_lat.data() + (t * H + h) * kv_lora;
+                std::fill(ql, ql + kv_lora, 0.0f);
+                for (int64_t d = 0; d < nope; ++d) cpu::axpy(qh[d], w_uk.data() + d * kv_lora, ql, kv_lora);
+            }
+        }
+    });
+    mla_latent_attention_cpu(q_lat.data(), H * kv_lora, kv_lora, qp + nope, H * qk, qk, cache, meta, T, H, kv_lora,
+                             scale, o_lat.data(), s);
+    // out[t, h] = W_UV[h] o_lat[t, h].
+    parallel_for(s, H, 1, [&](int64_t h0, int64_t h1) {
+        std::vector<float> w_uv(static_cast<size_t>(v_dim * kv_lora));
+        for (int64_t h = h0; h < h1; ++h) {
             for (int64_t d = 0; d < v_dim; ++d)
                 kv_b.row_f32(h * (nope + v_dim) + nope + d, w_uv.data() + d * kv_lora);
-            for (int64_t r = 0; r < meta.num_requests; ++r) {
-                const float* e = entries[r].data();
-                for (int64_t t = meta.query_start[r]; t < meta.query_start[r + 1]; ++t) {
-                    const float* qh = qp + (t * H + h) * qk;
-                    std::fill(q_lat.begin(), q_lat.end(), 0.0f);
-                    for (int64_t d = 0; d < nope; ++d) cpu::axpy(qh[d], w_uk.data() + d * kv_lora, q_lat.data(), kv_lora);
-                    const int64_t visible = meta.positions[t] + 1;
-                    scores.resize(static_cast<size_t>(visible));
-                    for (int64_t j = 0; j < visible; ++j)
-                        scores[j] = (cpu::dot(q_lat.data(), e + j * D, kv_lora) +
-                                     cpu::dot(qh + nope, e + j * D + kv_lora, rope)) * scale;
-                    softmax_inplace(scores.data(), visible);
-                    std::fill(o_lat.begin(), o_lat.end(), 0.0f);
-                    for (int64_t j = 0; j < visible; ++j) cpu::axpy(scores[j], e + j * D, o_lat.data(), kv_lora);
-                    float* oh = op + (t * H + h) * v_dim;
-                    for (int64_t d = 0; d < v_dim; ++d) oh[d] = cpu::dot(w_uv.data() + d * kv_lora, o_lat.data(), kv_lora);
-                }
+            for (int64_t t = 0; t < T; ++t) {
+                const float* ol = o_lat.data() + (t * H + h) * kv_lora;
+                float* oh = op + (t * H + h) * v_dim;
+                for (int64_t d = 0; d < v_dim; ++d) oh[d] = cpu::dot(w_uv.data() + d * kv_lora, ol, kv_lora);
             }
         }
     });

@@ -31,6 +31,10 @@ void moe_unpermute_cpu(const uint16_t* y, const int32_t* slot, const float* weig
 void launch_moe_permute_masked(const uint8_t* x, const float* sx, const int32_t* topk_idx, int T, int K, int D,
                                int expert_begin, int num_local, int max_m, uint8_t* out_x, float* out_s,
                                int32_t* counts, int32_t* slot, void* cuda_stream);
+// bf16 rows (bf16 checkpoints' experts): the same order, counts and slots, without scales.
+void launch_moe_permute_masked_bf16(const uint16_t* x, const int32_t* topk_idx, int T, int K, int D, int expert_begin,
+                                    int num_local, int max_m, uint16_t* out_x, int32_t* counts, int32_t* slot,
+                                    void* cuda_stream);
 void launch_moe_unpermute(const uint16_t* y, const int32_t* slot, const float* weight, int T, int K, int D,
                           const uint16_t* base, uint16_t* out, void* cuda_stream);
 #endif

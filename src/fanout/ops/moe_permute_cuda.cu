@@ -63,7 +63,8 @@ __global__ void __launch_bounds__(kThreads)
         } else {
             for (int c = threadIdx.x; c < D; c += kThreads) out_x[dst * D + c] = x[src * D + c];
         }
-        for (int b = threadIdx.x; b < nb; b += kThreads) out_s[dst * nb + b] = sx[src * nb + b];
+        if (sx != nullptr)
+            for (int b = threadIdx.x; b < nb; b += kThreads) out_s[dst * nb + b] = sx[src * nb + b];
     }
 }
 
@@ -100,6 +101,14 @@ void launch_moe_permute_masked(const uint8_t* x, const float* sx, const int32_t*
     moe_permute_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(cuda_stream)>>>(
         x, sx, topk_idx, T, K, D, expert_begin, num_local, max_m, out_x, out_s, counts, slot);
     FANOUT_CUDA_CHECK_LAUNCH("moe_permute_kernel");
+}
+
+void launch_moe_permute_masked_bf16(const uint16_t* x, const int32_t* topk_idx, int T, int K, int D, int expert_begin,
+                                    int num_local, int max_m, uint16_t* out_x, int32_t* counts, int32_t* slot,
+                                    void* cuda_stream) {
+    // The kernel moves bytes: a bf16 row is 2·D of them, and there are no scales.
+    launch_moe_permute_masked(reinterpret_cast<const uint8_t*>(x), nullptr, topk_idx, T, K, 2 * D, expert_begin,
+                              num_local, max_m, reinterpret_cast<uint8_t*>(out_x), nullptr, counts, slot, cuda_stream);
 }
 
 void launch_moe_unpermute(const uint16_t* y, const int32_t* slot, const float* weight, int T, int K, int D,

@@ -18,6 +18,10 @@ void launch_rms_norm(const float* x, const float* w, float eps, float* out, int 
 // without, y = x / rms(x) · w. x, residual, y: [M, D]; w: [D] f32; y may alias x.
 void launch_rms_norm_bf16(const uint16_t* x, uint16_t* residual, const float* w, float eps, uint16_t* y, int M, int D,
                           void* cuda_stream);
+// The same over rows `x_stride` / `y_stride` elements apart (a slice of a wider GEMM output); the
+// residual, when given, is [M, D] contiguous.
+void launch_rms_norm_bf16_strided(const uint16_t* x, int64_t x_stride, uint16_t* residual, const float* w, float eps,
+                                  uint16_t* y, int64_t y_stride, int M, int D, void* cuda_stream);
 #endif
 
 }  // namespace fanout::ops

@@ -39,13 +39,15 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, const float* __rest
 // two passes (D <= kMaxD).
 constexpr int kMaxD = 16384;
 
-__global__ void rms_norm_bf16_kernel(const __nv_bfloat16* x, __nv_bfloat16* __restrict__ residual,
-                                     const float* __restrict__ w, float eps, __nv_bfloat16* y, int D) {
+__global__ void rms_norm_bf16_kernel(const __nv_bfloat16* x, int64_t x_stride, __nv_bfloat16* __restrict__ residual,
+                                     const float* __restrict__ w, float eps, __nv_bfloat16* y, int64_t y_stride,
+                                     int D) {
     extern __shared__ float z[];
     const size_t base = static_cast<size_t>(blockIdx.x) * D;
+    const size_t xbase = static_cast<size_t>(blockIdx.x) * x_stride, ybase = static_cast<size_t>(blockIdx.x) * y_stride;
     float ss = 0.0f;
     for (int d = threadIdx.x; d < D; d += kThreads) {
-        float v = __bfloat162float(x[base + d]);
+        float v = __bfloat162float(x[xbase + d]);
         if (residual != nullptr) {
             v += __bfloat162float(residual[base + d]);
             residual[base + d] = __float2bfloat16(v);
@@ -55,13 +57,21 @@ __global__ void rms_norm_bf16_kernel(const __nv_bfloat16* x, __nv_bfloat16* __re
     }
     const float inv = rsqrtf(block_sum(ss) / D + eps);
     // Each element of z was written by the thread that reads it here; y may alias x likewise.
-    for (int d = threadIdx.x; d < D; d += kThreads) y[base + d] = __float2bfloat16(z[d] * inv * w[d]);
+    for (int d = threadIdx.x; d < D; d += kThreads) y[ybase + d] = __float2bfloat16(z[d] * inv * w[d]);
 }
 
 }  // namespace
 
+void launch_rms_norm_bf16_strided(const uint16_t* x, int64_t x_stride, uint16_t* residual, const float* w, float eps,
+                                  uint16_t* y, int64_t y_stride, int M, int D, void* cuda_stream);
+
 void launch_rms_norm_bf16(const uint16_t* x, uint16_t* residual, const float* w, float eps, uint16_t* y, int M, int D,
                           void* cuda_stream) {
+    launch_rms_norm_bf16_strided(x, D, residual, w, eps, y, D, M, D, cuda_stream);
+}
+
+void launch_rms_norm_bf16_strided(const uint16_t* x, int64_t x_stride, uint16_t* residual, const float* w, float eps,
+                                  uint16_t* y, int64_t y_stride, int M, int D, void* cuda_stream) {
     FANOUT_DEVICE_REQUIRE(D > 0 && D <= kMaxD,
                           "rms_norm_bf16: width " + std::to_string(D) + " outside 1.." + std::to_string(kMaxD));
     if (M <= 0) return;
@@ -73,8 +83,8 @@ void launch_rms_norm_bf16(const uint16_t* x, uint16_t* residual, const float* w,
     }();
     (void)attr;
     rms_norm_bf16_kernel<<<M, kThreads, smem, static_cast<cudaStream_t>(cuda_stream)>>>(
-        reinterpret_cast<const __nv_bfloat16*>(x), reinterpret_cast<__nv_bfloat16*>(residual), w, eps,
-        reinterpret_cast<__nv_bfloat16*>(y), D);
+        reinterpret_cast<const __nv_bfloat16*>(x), x_stride, reinterpret_cast<__nv_bfloat16*>(residual), w, eps,
+        reinterpret_cast<__nv_bfloat16*>(y), y_stride, D);
     FANOUT_CUDA_CHECK_LAUNCH("rms_norm_bf16_kernel");
 }
 

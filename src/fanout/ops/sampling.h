@@ -23,11 +23,20 @@ struct SamplingParams {
 // Throws Error for out-of-range parameters (negative temperature, top_p outside (0, 1], ...).
 void validate_sampling_params(const SamplingParams& p);
 
+// The rule above for one row of logits given the uniform draw u in [0, 1) (unused when greedy):
+// the kept tokens in (logit descending, id ascending) order, the first whose running probability
+// exceeds u · (kept total). The GPU sampler (sampling_cuda.h) computes the same function.
+int32_t sample_with_uniform(const float* logits, int64_t vocab, const SamplingParams& p, double u,
+                            std::vector<std::pair<float, int32_t>>& scratch);
+
 class Sampler {
   public:
     explicit Sampler(const SamplingParams& p);
     // logits: [vocab] f32.
     int32_t sample(const float* logits, int64_t vocab);
+    // The next draw of this request's generator — one per sampled token, none when greedy — so a
+    // GPU step can sample with the same draws the CPU would use.
+    double next_uniform();
     const SamplingParams& params() const { return params_; }
 
   private:

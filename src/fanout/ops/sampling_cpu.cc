@@ -23,18 +23,27 @@ int32_t argmax(const float* logits, int64_t n) {
 
 Sampler::Sampler(const SamplingParams& p) : params_(p), rng_(p.seed) { validate_sampling_params(p); }
 
+double Sampler::next_uniform() {
+    if (params_.temperature == 0.0f) return 0.0;
+    return static_cast<double>(rng_() >> 11) * 0x1.0p-53;
+}
+
 int32_t Sampler::sample(const float* logits, int64_t vocab) {
+    return sample_with_uniform(logits, vocab, params_, next_uniform(), scratch_);
+}
+
+int32_t sample_with_uniform(const float* logits, int64_t vocab, const SamplingParams& params, double uniform,
+                            std::vector<std::pair<float, int32_t>>& v) {
     FANOUT_CHECK(vocab > 0, "sample: empty logits");
-    if (params_.temperature == 0.0f) return argmax(logits, vocab);
-    auto& v = scratch_;
+    if (params.temperature == 0.0f) return argmax(logits, vocab);
     v.resize(static_cast<size_t>(vocab));
-    for (int64_t i = 0; i < vocab; ++i) v[i] = {logits[i] / params_.temperature, static_cast<int32_t>(i)};
+    for (int64_t i = 0; i < vocab; ++i) v[i] = {logits[i] / params.temperature, static_cast<int32_t>(i)};
     const auto by_logit = [](const auto& a, const auto& b) {
         return a.first > b.first || (a.first == b.first && a.second < b.second);
     };
     size_t keep = v.size();
-    if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < keep) {
-        keep = static_cast<size_t>(params_.top_k);
+    if (params.top_k > 0 && static_cast<size_t>(params.top_k) < keep) {
+        keep = static_cast<size_t>(params.top_k);
         std::partial_sort(v.begin(), v.begin() + keep, v.end(), by_logit);
     } else {
         std::sort(v.begin(), v.end(), by_logit);
@@ -45,18 +54,18 @@ int32_t Sampler::sample(const float* logits, int64_t vocab) {
         v[i].first = std::exp(v[i].first - max_logit);  // now an unnormalized probability
         total += v[i].first;
     }
-    if (params_.top_p < 1.0f) {
+    if (params.top_p < 1.0f) {
         double cum = 0.0;
         size_t n = 0;
         while (n < keep) {
             cum += v[n].first;
             ++n;
-            if (cum >= params_.top_p * total) break;
+            if (cum >= params.top_p * total) break;
         }
         keep = n;
         total = cum;
     }
-    const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53 * total;
+    const double u = uniform * total;
     double cum = 0.0;
     for (size_t i = 0; i < keep; ++i) {
         cum += v[i].first;

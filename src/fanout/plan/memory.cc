@@ -46,4 +46,19 @@ int max_requests_per_gpu(const Hardware& hw, int ep, int tp, int kv_len) {
     return static_cast<int>(free / (tp * empty.kv_per_request));
 }
 
+MemoryPlan plan_memory_instance(int ep, int tp, double batch, int kv_len) {
+    FANOUT_CHECK(batch >= 0, "plan: negative batch {}", batch);
+    MemoryPlan p = plan_memory(ep, tp, 0, kv_len);
+    p.kv = batch * p.kv_per_request;
+    return p;
+}
+
+int max_batch_per_instance(const Hardware& hw, int ep, int tp, int kv_len) {
+    const MemoryPlan empty = plan_memory(ep, tp, 0, kv_len);
+    const double free = hw.hbm_bytes - empty.total();
+    if (free <= 0) return 0;
+    if (kv_len == 0) return 1 << 20;
+    return static_cast<int>(free / empty.kv_per_request);
+}
+
 }  // namespace fanout::plan

@@ -31,4 +31,9 @@ MemoryPlan plan_memory(int ep, int tp, int requests_per_gpu, int kv_len);
 // The most requests per GPU that fit `hw` (0 when the weights alone do not).
 int max_requests_per_gpu(const Hardware& hw, int ep, int tp, int kv_len);
 
+// The same per engine instance (DP group): `batch` requests of an instance whose `tp` ranks each
+// store the whole latent KV of them (the cost model's unit, cost_model.h).
+MemoryPlan plan_memory_instance(int ep, int tp, double batch, int kv_len);
+int max_batch_per_instance(const Hardware& hw, int ep, int tp, int kv_len);
+
 }  // namespace fanout::plan

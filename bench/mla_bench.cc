@@ -1,0 +1,179 @@
+// `fanout bench mla`: see mla_bench.h. Each figure is the best of 5 replays of a CUDA graph of
+// `calls` back-to-back launches (a captured graph is how the model runner calls the kernel). The
+// cache holds random bf16 values (never zeros); each request owns its own blocks, in order.
+#include "mla_bench.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <fstream>
+#include <random>
+#include <vector>
+
+#include "fanout/core/cuda_check.h"
+#include "fanout/core/dtype.h"
+#include "fanout/ops/gemm.h"
+#include "fanout/ops/mla_attention_cuda.h"
+
+namespace fanout::bench {
+namespace {
+
+template <typename Fn>
+double time_graph_us(cudaStream_t s, int calls, Fn&& fn) {
+    for (int i = 0; i < 3; ++i) fn();  // warm-up (and first-call setup outside the graph)
+    FANOUT_CUDA_CHECK(cudaStreamSynchronize(s));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    FANOUT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < calls; ++i) fn();
+    FANOUT_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+    FANOUT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    FANOUT_CUDA_CHECK(cudaGraphLaunch(exec, s));  // one untimed replay
+    cudaEvent_t a, b;
+    FANOUT_CUDA_CHECK(cudaEventCreate(&a));
+    FANOUT_CUDA_CHECK(cudaEventCreate(&b));
+    float best = 1e30f;
+    for (int r = 0; r < 5; ++r) {
+        FANOUT_CUDA_CHECK(cudaEventRecord(a, s));
+        FANOUT_CUDA_CHECK(cudaGraphLaunch(exec, s));
+        FANOUT_CUDA_CHECK(cudaEventRecord(b, s));
+        FANOUT_CUDA_CHECK(cudaEventSynchronize(b));
+        float ms = 0;
+        FANOUT_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+        best = std::min(best, ms);
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return best * 1000.0 / calls;
+}
+
+template <typename T>
+struct DevicePtr {
+    T* p = nullptr;
+    explicit DevicePtr(size_t n) { FANOUT_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T))); }
+    ~DevicePtr() { cudaFree(p); }
+    DevicePtr(const DevicePtr&) = delete;
+    DevicePtr& operator=(const DevicePtr&) = delete;
+};
+
+// n random bf16 values in [-scale, scale) (never zero): a 16 MB random piece repeated.
+void fill_random_bf16(uint16_t* dst, size_t n, uint64_t seed, float scale) {
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<float> dist(0.05f * scale, scale);
+    std::vector<uint16_t> piece(std::min(n, size_t{8} << 20));
+    for (auto& v : piece) v = f32_to_bf16((rng() & 1) ? dist(rng) : -dist(rng));
+    for (size_t off = 0; off < n; off += piece.size()) {
+        const size_t len = std::min(piece.size(), n - off);
+        FANOUT_CUDA_CHECK(cudaMemcpy(dst + off, piece.data(), len * sizeof(uint16_t), cudaMemcpyHostToDevice));
+    }
+}
+
+double measure_bf16_peak_tflops(cudaStream_t stream) {
+    const int n = 8192;
+    DevicePtr<uint16_t> a(size_t(n) * n), b(size_t(n) * n), c(size_t(n) * n);
+    fill_random_bf16(a.p, size_t(n) * n, 1, 1.0f);
+    fill_random_bf16(b.p, size_t(n) * n, 2, 1.0f);
+    const double us = time_graph_us(stream, 10, [&] { ops::launch_gemm_bf16(a.p, b.p, c.p, n, n, n, stream); });
+    return 2.0 * n * n * double(n) / us / 1e6;
+}
+
+}  // namespace
+
+nlohmann::json run_mla_bench_point(int batch, int query_len, int kv_len, int heads, int calls, double peak_tflops,
+                                   FILE* table_out) {
+    constexpr int kLora = 512, kRope = 64, kBlock = 64, kEntry = kLora + kRope;
+    const int T = batch * query_len, blocks_per_req = (kv_len + kBlock - 1) / kBlock;
+    std::vector<int32_t> query_start(batch + 1), kv(batch, kv_len), positions(T), table(size_t(batch) * blocks_per_req);
+    for (int r = 0; r < batch; ++r) {
+        query_start[r + 1] = (r + 1) * query_len;
+        for (int i = 0; i < query_len; ++i) positions[r * query_len + i] = kv_len - query_len + i;
+        for (int b = 0; b < blocks_per_req; ++b) table[size_t(r) * blocks_per_req + b] = r * blocks_per_req + b;
+    }
+    DevicePtr<int32_t> d_qs(query_start.size()), d_kv(kv.size()), d_pos(positions.size()), d_table(table.size());
+    FANOUT_CUDA_CHECK(cudaMemcpy(d_qs.p, query_start.data(), query_start.size() * 4, cudaMemcpyHostToDevice));
+    FANOUT_CUDA_CHECK(cudaMemcpy(d_kv.p, kv.data(), kv.size() * 4, cudaMemcpyHostToDevice));
+    FANOUT_CUDA_CHECK(cudaMemcpy(d_pos.p, positions.data(), positions.size() * 4, cudaMemcpyHostToDevice));
+    FANOUT_CUDA_CHECK(cudaMemcpy(d_table.p, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+    const size_t cache_elems = size_t(batch) * blocks_per_req * kBlock * kEntry;
+    DevicePtr<uint16_t> cache(cache_elems), q_lat(size_t(T) * heads * kLora), q_pe(size_t(T) * heads * kRope),
+        out(size_t(T) * heads * kLora);
+    fill_random_bf16(cache.p, cache_elems, 3, 1.0f);
+    fill_random_bf16(q_lat.p, size_t(T) * heads * kLora, 4, 1.0f);
+    fill_random_bf16(q_pe.p, size_t(T) * heads * kRope, 5, 1.0f);
+
+    ops::MlaAttentionParams p;
+    p.num_tokens = T;
+    p.num_requests = batch;
+    p.num_heads = heads;
+    p.kv_lora = kLora;
+    p.rope_dim = kRope;
+    p.block_size = kBlock;
+    p.max_blocks = blocks_per_req;
+    p.max_query_len = query_len;
+    p.scale = 1.0f / 13.856f;  // 1/√192
+    p.query_start = d_qs.p;
+    p.kv_len = d_kv.p;
+    p.positions = d_pos.p;
+    p.block_table = d_table.p;
+    p.cache = cache.p;
+    p.q_lat = q_lat.p, p.q_lat_stride_t = int64_t(heads) * kLora, p.q_lat_stride_h = kLora;
+    p.q_pe = q_pe.p, p.q_pe_stride_t = int64_t(heads) * kRope, p.q_pe_stride_h = kRope;
+    p.out = out.p, p.out_stride_t = int64_t(heads) * kLora, p.out_stride_h = kLora;
+
+    ops::MlaWorkspace ws;
+    cudaStream_t stream;
+    FANOUT_CUDA_CHECK(cudaStreamCreate(&stream));
+    const double us = time_graph_us(stream, calls, [&] { ops::launch_mla_attention(p, &ws, stream); });
+    FANOUT_CUDA_CHECK(cudaStreamDestroy(stream));
+
+    // The count: every query row against all kv_len positions, 2·(576 + 512) flops each.
+    const double flops = 2.0 * T * heads * double(kv_len) * (kEntry + kLora);
+    const double bytes = double(batch) * kv_len * kEntry * 2;  // the cache, read once from HBM at best
+    const double tflops = flops / us / 1e6, gbs = bytes / us / 1e3;
+    const char* kernel = ops::mla_attention_kernel_for(p) == ops::MlaKernel::kTensorCore ? "tensor-core" : "generic";
+    if (table_out)
+        std::fprintf(table_out, "%6d %5d %6d %5d  %-11s %9.1f %8.1f %7.0f %7.0f%%\n", batch, query_len, kv_len, heads,
+                     kernel, us, tflops, gbs, peak_tflops > 0 ? 100 * tflops / peak_tflops : 0.0);
+    return {{"batch", batch},       {"query_len", query_len},
+            {"kv_len", kv_len},     {"heads", heads},
+            {"kernel", kernel},     {"us", us},
+            {"gflop", flops / 1e9}, {"tflops", tflops},
+            {"cache_gbs", gbs},     {"pct_bf16_peak", peak_tflops > 0 ? 100 * tflops / peak_tflops : 0.0}};
+}
+
+nlohmann::json run_mla_bench(const MlaBenchOptions& opts, FILE* table_out) {
+    cudaDeviceProp prop{};
+    int dev = 0;
+    FANOUT_CUDA_CHECK(cudaGetDevice(&dev));
+    FANOUT_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+    cudaStream_t stream;
+    FANOUT_CUDA_CHECK(cudaStreamCreate(&stream));
+    const double peak = measure_bf16_peak_tflops(stream);
+    FANOUT_CUDA_CHECK(cudaStreamDestroy(stream));
+    if (table_out) {
+        std::fprintf(table_out, "%s, %d SMs: bf16 GEMM ceiling (cuBLASLt 8192^3) %.0f TFLOP/s\n", prop.name,
+                     prop.multiProcessorCount, peak);
+        std::fprintf(table_out, "MLA absorbed decode attention, kv_lora 512 + rope 64, bf16 cache (block 64)\n");
+        std::fprintf(table_out, "%6s %5s %6s %5s  %-11s %9s %8s %7s %8s\n", "batch", "query", "kv", "heads", "kernel",
+                     "us", "TFLOP/s", "GB/s", "%bf16");
+    }
+    nlohmann::json rows = nlohmann::json::array();
+    for (int batch : opts.batches)
+        rows.push_back(
+            run_mla_bench_point(batch, opts.query_len, opts.kv_len, opts.heads, opts.calls, peak, table_out));
+    nlohmann::json out = {{"benchmark", "mla"},
+                          {"gpu", prop.name},
+                          {"sms", prop.multiProcessorCount},
+                          {"bf16_gemm_8192_tflops", peak},
+                          {"flashmla_h800_tflops_reference", 660},
+                          {"rows", rows}};
+    if (!opts.json_out.empty()) {
+        std::ofstream(opts.json_out) << out.dump(2) << "\n";
+        if (table_out) std::fprintf(table_out, "wrote %s\n", opts.json_out.c_str());
+    }
+    return out;
+}
+
+}  // namespace fanout::bench

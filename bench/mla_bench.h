@@ -1,0 +1,34 @@
+// `fanout bench mla` (CUDA builds): the absorbed-MLA decode attention kernel
+// (ops/mla_attention_cuda.h) at DeepSeek-V3's widths — kv_lora 512, rope 64, bf16 paged cache of
+// 64-position blocks — beside the bf16 tensor-core ceiling measured in the same run (cuBLASLt
+// through ops::launch_gemm_bf16 on 8192³). The point is batch 128 × query 2 × kv 5000 ×
+// 128 heads: 356 GFLOP counting 2·(576 + 512) flops per (query row, position).
+// Timing only: the kernel's numbers are checked by mla_cuda_test.
+#pragma once
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace fanout::bench {
+
+struct MlaBenchOptions {
+    std::vector<int> batches = {1, 8, 32, 64, 128};  // requests per step
+    int query_len = 2;                               // query tokens per request (decode 1, MTP 2)
+    int kv_len = 5000;                               // cached positions per request
+    int heads = 128;                                 // query heads on this GPU (128 at TP1)
+    int calls = 20;                                  // back-to-back calls per timed graph (best of 5 replays)
+    std::string json_out = "mla_bench.json";         // "" = no file
+};
+
+// One point: µs per call, TFLOP/s, GB/s of cache read; `peak_tflops` (0 = unknown) adds the
+// fraction of the bf16 ceiling. Prints one table row to `table_out` (may be null).
+nlohmann::json run_mla_bench_point(int batch, int query_len, int kv_len, int heads, int calls, double peak_tflops,
+                                   FILE* table_out);
+
+// The bf16 ceiling, then every batch of `opts`; prints the table, writes opts.json_out when set,
+// and returns the JSON (every figure).
+nlohmann::json run_mla_bench(const MlaBenchOptions& opts, FILE* table_out = stdout);
+
+}  // namespace fanout::bench

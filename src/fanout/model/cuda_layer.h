@@ -1,0 +1,142 @@
+// One DeepSeek-V3 decoder layer on the GPU: its weights in device memory and the kernel sequence
+// that runs it over a step. CudaModel (deepseek_v3_cuda.h) runs every layer of a checkpoint with
+// it; `fanout bench layer` runs one layer of random weights at V3's real widths with it, timing
+// each kernel — so the benchmark measures exactly the code that serves.
+//
+// The sequence (the seed's stages, DESIGN §4):
+//   attention in:  input norm · fused q_a|kv_a GEMM · q_a norm · q_b GEMM · q split + RoPE ·
+//                  kv norm + RoPE + cache append
+//   attention out: k_b batched GEMM (absorbs W_UK into q) · MLA over the cache · v_b batched GEMM ·
+//                  heads→tokens · o_proj GEMM (+ residual) · post norm · router GEMM (f32) · top-k
+//   shared:        gate|up GEMM · silu·mul(·quant) · down GEMM (+ residual) — the dense MLP in dense layers
+//   experts:       quant · permute into the masked layout · grouped gate|up · silu·mul·quant ·
+//                  grouped down · weighted un-permute into the residual
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "fanout/core/cuda_check.h"
+#include "fanout/core/error.h"
+#include "fanout/io/model_config.h"
+#include "fanout/model/weights.h"
+#include "fanout/ops/gemm.h"
+#include "fanout/ops/mla_attention_cuda.h"
+#include "fanout/ops/rope.h"
+
+namespace fanout::model {
+
+template <typename T>
+class DeviceArray {
+  public:
+    DeviceArray() = default;
+    explicit DeviceArray(size_t n) : n_(n) { FANOUT_CUDA_CHECK(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T))); }
+    DeviceArray(const T* host, size_t n) : DeviceArray(n) { upload(host, n); }
+    ~DeviceArray() {
+        if (p_) cudaFree(p_);
+    }
+    DeviceArray(DeviceArray&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(o.n_) {}
+    DeviceArray& operator=(DeviceArray&& o) noexcept {
+        std::swap(p_, o.p_);
+        std::swap(n_, o.n_);
+        return *this;
+    }
+    T* get() const { return p_; }
+    size_t size() const { return n_; }
+    void upload(const T* host, size_t n, cudaStream_t s = nullptr) {
+        FANOUT_CHECK(n <= n_, "device upload of {} elements into {}", n, n_);
+        FANOUT_CUDA_CHECK(cudaMemcpyAsync(p_, host, n * sizeof(T), cudaMemcpyHostToDevice, s));
+    }
+
+  private:
+    T* p_ = nullptr;
+    size_t n_ = 0;
+};
+
+// A projection as the GPU runs it, [batch, N, K]: FP8 with 128×128 block scales, or bf16.
+struct DeviceWeight {
+    bool fp8 = false;
+    int64_t batch = 1, N = 0, K = 0;
+    DeviceArray<uint8_t> q;      // fp8 [batch, N, K]
+    DeviceArray<float> scale;    // fp8 [batch, ceil(N/128), ceil(K/128)]
+    DeviceArray<uint16_t> bf16;  // bf16 [batch, N, K]
+};
+
+struct DeviceLayer {
+    DeviceArray<float> input_norm, post_norm, q_a_norm, kv_a_norm;
+    DeviceWeight qkv_a;  // [q_lora + kv_lora + rope, D], or kv_a alone without q_lora
+    DeviceWeight q_b;    // q_b, or q_proj without q_lora
+    DeviceWeight k_b;    // [H][kv_lora][nope]: W_UK[h]ᵀ, the absorbed form's query projection
+    DeviceWeight v_b;    // [H][v][kv_lora]
+    DeviceWeight o;
+    bool moe = false;
+    bool has_mlp = false;
+    DeviceWeight gate_up, down;  // the dense MLP, or the shared expert
+    DeviceArray<uint16_t> router;  // [E, D] bf16
+    DeviceArray<float> router_bias;
+    bool has_bias = false;
+    DeviceWeight experts_gate_up, experts_down;  // [E_local][2I][D], [E_local][D][I]
+};
+
+std::vector<float> to_f32(const Tensor& t);
+DeviceArray<float> upload_f32(const Tensor& t);
+DeviceArray<uint16_t> upload_bf16(const ops::LinearWeight& w);  // dequantized when fp8
+
+// A checkpoint layer rearranged for the GPU (fused and per-head weights; see deepseek_v3_cuda.h).
+DeviceLayer upload_layer(const io::ModelConfig& c, const LayerWeights& w);
+// A layer of random FP8 weights at config c's widths holding `num_local_experts` routed experts
+// (the benchmark's one rank of EP-N), generated on the device.
+DeviceLayer random_layer(const io::ModelConfig& c, bool moe, int64_t num_local_experts, uint64_t seed);
+
+// A step as one layer reads it: device pointers to the step's metadata (see MlaAttentionParams).
+struct LayerStep {
+    int T = 0, R = 0, max_q = 1;
+    const int32_t* positions = nullptr;
+    const int32_t* slots = nullptr;
+    const int32_t* query_start = nullptr;
+    const int32_t* kv_len = nullptr;
+    const int32_t* block_table = nullptr;
+    int max_blocks = 0;
+};
+
+// The benchmark's stand-in for dispatch: the grouped GEMMs run on `counts` rows per local expert
+// (what EP-N's dispatch would deliver) instead of the local permute's output.
+struct ExpertEmulation {
+    const int32_t* counts = nullptr;  // [num_local] on the device
+    int max_m = 0;
+    int expected_m = 0;
+};
+
+// Called after each kernel (group) with its name — the benchmark records an event there.
+using KernelMark = std::function<void(const char* name)>;
+
+class CudaLayerExec {
+  public:
+    // Buffers for steps of up to max_tokens tokens; `num_local_experts` routed experts per layer.
+    CudaLayerExec(const io::ModelConfig& c, const ops::RopeTable& rope, int64_t max_tokens, int64_t num_local_experts,
+                  int64_t max_emulated_m, cudaStream_t stream);
+    ~CudaLayerExec();
+    // hidden [T, D] bf16 (the residual stream) is updated in place; cache is this layer's.
+    void run(const DeviceLayer& w, const LayerStep& step, uint16_t* hidden, uint16_t* cache,
+             const KernelMark& mark = {}, const ExpertEmulation* emulate = nullptr);
+
+  private:
+    struct Buffers;
+    void linear(const DeviceWeight& w, const uint16_t* x, int M, uint16_t* y, const uint16_t* residual = nullptr);
+    void batched(const DeviceWeight& w, const uint16_t* x, const int32_t* counts, int max_m, uint16_t* y,
+                 int expected_m, const uint8_t* xq = nullptr, const float* xs = nullptr);
+    void mlp(const DeviceWeight& gu, const DeviceWeight& down, int T, uint16_t* hidden, const KernelMark& mark);
+
+    io::ModelConfig c_;
+    int64_t num_local_ = 0;
+    float rope_factor_ = 1.0f;
+    cudaStream_t stream_ = nullptr;
+    std::unique_ptr<Buffers> b_;
+};
+
+}  // namespace fanout::model

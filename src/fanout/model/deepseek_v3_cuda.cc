@@ -1,0 +1,313 @@
+#include "fanout/model/deepseek_v3_cuda.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <tuple>
+
+#include "fanout/core/cuda_check.h"
+#include "fanout/model/cuda_layer.h"
+#include "fanout/ops/fp8_quant.h"
+#include "fanout/ops/gemm.h"
+#include "fanout/ops/model_glue_cuda.h"
+#include "fanout/ops/rms_norm.h"
+
+namespace fanout::model {
+namespace {
+
+// Decode (1) and MTP verification (2 with one draft token, up to 4) steps replay graphs; prefill
+// chunks, whose lengths vary, run eagerly.
+constexpr int64_t kMaxGraphQueryLen = 4;
+
+int64_t next_pow2(int64_t n) {
+    int64_t b = 1;
+    while (b < n) b *= 2;
+    return b;
+}
+
+}  // namespace
+
+struct CudaModel::Impl {
+    io::ModelConfig c;
+    CudaModelOptions opts;
+    cudaStream_t stream = nullptr;
+    int64_t max_blocks_per_request = 0, num_blocks = 0, pad_block = 0;
+
+    // Weights.
+    DeviceArray<uint16_t> embed, lm_head;
+    DeviceArray<float> final_norm;
+    std::vector<DeviceLayer> layers;
+    DeviceArray<uint16_t> cache;  // [layers, num_blocks + 1, block, entry]; the last block is the padding scratch
+
+    // Step inputs at fixed addresses (what a captured graph reads).
+    DeviceArray<int32_t> tokens, positions, slots, query_start, kv_len, block_table, logit_rows, out_tokens;
+    DeviceArray<ops::SamplingRow> sampling;
+    DeviceArray<uint16_t> hidden, rows, rows_normed;
+    DeviceArray<float> logits;
+    std::unique_ptr<CudaLayerExec> exec;
+
+    struct Graph {
+        cudaGraphExec_t exec = nullptr;
+    };
+    std::map<std::tuple<int64_t, int64_t, bool>, Graph> graphs;  // (q, requests, sampled) -> graph
+
+    ~Impl() {
+        for (auto& [k, g] : graphs)
+            if (g.exec) cudaGraphExecDestroy(g.exec);
+        exec.reset();
+        if (stream) cudaStreamDestroy(stream);
+    }
+
+    size_t cache_layer_elems() const {
+        return static_cast<size_t>((num_blocks + 1) * kv::kDefaultBlockSize * c.kv_entry_dim());
+    }
+
+    // The whole step on the stream: embedding, layers, final norm and lm_head over the logit rows,
+    // then sampling when `sample`.
+    void run(int T, int R, int max_q, int rows_n, bool sample) {
+        const int D = static_cast<int>(c.hidden_size), Vocab = static_cast<int>(c.vocab_size);
+        ops::launch_embed_bf16(embed.get(), tokens.get(), T, D, hidden.get(), stream);
+        LayerStep st;
+        st.T = T;
+        st.R = R;
+        st.max_q = max_q;
+        st.positions = positions.get();
+        st.slots = slots.get();
+        st.query_start = query_start.get();
+        st.kv_len = kv_len.get();
+        st.block_table = block_table.get();
+        st.max_blocks = static_cast<int>(max_blocks_per_request);
+        for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+            exec->run(layers[static_cast<size_t>(l)], st, hidden.get(),
+                      cache.get() + static_cast<size_t>(l) * cache_layer_elems());
+        ops::launch_embed_bf16(hidden.get(), logit_rows.get(), rows_n, D, rows.get(), stream);  // a row gather
+        ops::launch_rms_norm_bf16(rows.get(), nullptr, final_norm.get(), static_cast<float>(c.rms_norm_eps),
+                                  rows_normed.get(), rows_n, D, stream);
+        ops::launch_gemm_bf16_f32(rows_normed.get(), lm_head.get(), logits.get(), rows_n, Vocab, D, stream);
+        if (sample) ops::launch_sample(logits.get(), rows_n, Vocab, sampling.get(), out_tokens.get(), stream);
+    }
+};
+
+CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts) : impl_(std::make_unique<Impl>()) {
+    Impl& m = *impl_;
+    m.c = model.config();
+    m.opts = opts;
+    const io::ModelConfig& c = m.c;
+    FANOUT_CHECK(opts.max_step_tokens >= 1 && opts.max_requests >= 1 && opts.max_context >= 1,
+                 "CudaModel: max_step_tokens {}, max_requests {}, max_context {} must be positive", opts.max_step_tokens,
+                 opts.max_requests, opts.max_context);
+    FANOUT_CHECK(model.weights().layers.empty() || c.n_routed_experts == 0 ||
+                     std::all_of(model.weights().layers.begin(), model.weights().layers.end(),
+                                 [&](const LayerWeights& l) {
+                                     return !l.is_moe || static_cast<int64_t>(l.moe.experts.size()) == c.n_routed_experts;
+                                 }),
+                 "the GPU runner holds every expert on one GPU (EP1); this model was loaded with an EP shard plan");
+    int device_count = 0;
+    FANOUT_CHECK(cudaGetDeviceCount(&device_count) == cudaSuccess && device_count > 0,
+                 "--device cuda: no CUDA device is visible");
+    FANOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
+    const int64_t block = kv::kDefaultBlockSize;
+    m.max_blocks_per_request = ops::ceil_div(opts.max_context, block);
+    m.num_blocks = opts.num_kv_blocks > 0 ? opts.num_kv_blocks : opts.max_requests * m.max_blocks_per_request;
+    m.pad_block = m.num_blocks;
+
+    const ModelWeights& w = model.weights();
+    {
+        const auto e = to_f32(w.embed);
+        std::vector<uint16_t> h(e.size());
+        for (size_t i = 0; i < e.size(); ++i) h[i] = f32_to_bf16(e[i]);
+        m.embed = DeviceArray<uint16_t>(h.data(), h.size());
+    }
+    m.lm_head = upload_bf16(w.lm_head);
+    m.final_norm = upload_f32(w.final_norm);
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) m.layers.push_back(upload_layer(c, w.layers[l]));
+    m.cache = DeviceArray<uint16_t>(static_cast<size_t>(c.num_hidden_layers) * m.cache_layer_elems());
+    FANOUT_CUDA_CHECK(cudaMemset(m.cache.get(), 0, m.cache.size() * sizeof(uint16_t)));
+
+    const size_t T = static_cast<size_t>(opts.max_step_tokens), R = static_cast<size_t>(opts.max_requests);
+    const size_t D = static_cast<size_t>(c.hidden_size);
+    m.tokens = DeviceArray<int32_t>(T);
+    m.positions = DeviceArray<int32_t>(T);
+    m.slots = DeviceArray<int32_t>(T);
+    m.query_start = DeviceArray<int32_t>(R + 1);
+    m.kv_len = DeviceArray<int32_t>(R);
+    m.block_table = DeviceArray<int32_t>(R * static_cast<size_t>(m.max_blocks_per_request));
+    m.logit_rows = DeviceArray<int32_t>(T);
+    m.out_tokens = DeviceArray<int32_t>(T);
+    m.sampling = DeviceArray<ops::SamplingRow>(T);
+    m.hidden = DeviceArray<uint16_t>(T * D);
+    m.rows = DeviceArray<uint16_t>(T * D);
+    m.rows_normed = DeviceArray<uint16_t>(T * D);
+    m.logits = DeviceArray<float>(T * static_cast<size_t>(c.vocab_size));
+    m.exec = std::make_unique<CudaLayerExec>(c, model.rope(), opts.max_step_tokens, c.n_routed_experts, 0, m.stream);
+    FANOUT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+}
+
+CudaModel::~CudaModel() = default;
+
+const io::ModelConfig& CudaModel::config() const { return impl_->c; }
+const CudaModelOptions& CudaModel::options() const { return impl_->opts; }
+int64_t CudaModel::graphs_captured() const { return static_cast<int64_t>(impl_->graphs.size()); }
+
+kv::PagedKvCache CudaModel::make_block_allocator() const {
+    kv::KvCacheConfig k;
+    k.num_layers = 0;
+    k.entry_dim = impl_->c.kv_entry_dim();
+    k.num_blocks = impl_->num_blocks;
+    k.dtype = DType::kBF16;
+    return kv::PagedKvCache(k);
+}
+
+namespace {
+
+// The step's host arrays as the device reads them, padded to `R_pad` requests of `q` tokens when
+// replaying a graph (padding requests write the scratch block).
+struct HostStep {
+    std::vector<int32_t> tokens, positions, slots, query_start, kv_len, block_table, logit_rows;
+    int T = 0, R = 0, max_q = 0;
+};
+
+}  // namespace
+
+std::vector<int32_t> CudaModel::forward_sample(const StepBatch& batch, std::span<const ops::SamplingRow> sampling) {
+    Impl& m = *impl_;
+    const io::ModelConfig& c = m.c;
+    const int64_t T = batch.num_tokens(), R = batch.num_requests(), rows_n = static_cast<int64_t>(batch.logit_rows.size());
+    FANOUT_CHECK(T >= 1 && T <= m.opts.max_step_tokens, "GPU step: {} tokens; this runner takes 1..{} per step", T,
+                 m.opts.max_step_tokens);
+    FANOUT_CHECK(R >= 1 && R <= m.opts.max_requests, "GPU step: {} requests; this runner takes 1..{}", R,
+                 m.opts.max_requests);
+    FANOUT_CHECK(batch.max_blocks <= m.max_blocks_per_request,
+                 "GPU step: a request spans {} cache blocks; max_context {} allows {}", batch.max_blocks,
+                 m.opts.max_context, m.max_blocks_per_request);
+    FANOUT_CHECK(sampling.empty() || static_cast<int64_t>(sampling.size()) == rows_n,
+                 "GPU step: {} sampling rows for {} logit rows", sampling.size(), rows_n);
+    for (int64_t t = 0; t < T; ++t) {
+        FANOUT_CHECK(batch.tokens[t] >= 0 && batch.tokens[t] < c.vocab_size,
+                     "token id {} at index {} is outside the vocabulary [0, {})", batch.tokens[t], t, c.vocab_size);
+        FANOUT_CHECK(batch.slots[t] >= 0 && batch.slots[t] < m.num_blocks * kv::kDefaultBlockSize,
+                     "token {} has cache slot {} outside the device cache's {} blocks", t, batch.slots[t], m.num_blocks);
+    }
+    for (int32_t r : batch.logit_rows)
+        FANOUT_CHECK(r >= 0 && r < T, "logit row {} outside the step's {} tokens", r, T);
+    for (int64_t r = 0; r < R; ++r)
+        FANOUT_CHECK(batch.kv_len[r] >= 1 && batch.kv_len[r] <= m.opts.max_context,
+                     "request {} has {} cached tokens; max_context is {}", r, batch.kv_len[r], m.opts.max_context);
+
+    // Graphs serve steps whose requests all have the same query length and one logit row each.
+    const int64_t q = batch.query_start[1] - batch.query_start[0];
+    bool uniform = rows_n == R && !sampling.empty();
+    for (int64_t r = 0; r < R && uniform; ++r)
+        uniform = batch.query_start[r + 1] - batch.query_start[r] == q && batch.logit_rows[r] == batch.query_start[r + 1] - 1;
+    const int64_t R_pad = next_pow2(R);
+    const bool graph = m.opts.cuda_graphs && uniform && q <= kMaxGraphQueryLen && R_pad * q <= m.opts.max_step_tokens &&
+                       R_pad <= m.opts.max_requests;
+
+    HostStep h;
+    h.R = static_cast<int>(graph ? R_pad : R);
+    h.T = static_cast<int>(graph ? R_pad * q : T);
+    h.max_q = static_cast<int>(graph ? q : batch.max_query_len());
+    h.tokens = batch.tokens;
+    h.positions = batch.positions;
+    h.slots = batch.slots;
+    h.query_start = batch.query_start;
+    h.kv_len = batch.kv_len;
+    h.logit_rows = batch.logit_rows;
+    const int64_t W = m.max_blocks_per_request;
+    h.block_table.assign(static_cast<size_t>(h.R * W), static_cast<int32_t>(m.pad_block));
+    for (int64_t r = 0; r < R; ++r)
+        for (int64_t b = 0; b < batch.max_blocks; ++b) {
+            const int32_t id = batch.block_table[r * batch.max_blocks + b];
+            if (id >= 0) h.block_table[static_cast<size_t>(r * W + b)] = id;
+        }
+    std::vector<ops::SamplingRow> srows(sampling.begin(), sampling.end());
+    for (int64_t r = R; r < h.R; ++r) {  // padding requests: q tokens at positions 0.., in the scratch block
+        for (int64_t i = 0; i < q; ++i) {
+            h.tokens.push_back(0);
+            h.positions.push_back(static_cast<int32_t>(i));
+            h.slots.push_back(static_cast<int32_t>(m.pad_block * kv::kDefaultBlockSize + i));
+        }
+        h.query_start.push_back(static_cast<int32_t>((r + 1) * q));
+        h.kv_len.push_back(static_cast<int32_t>(q));
+        h.logit_rows.push_back(static_cast<int32_t>((r + 1) * q - 1));
+        srows.push_back({});
+    }
+    const int rows_step = static_cast<int>(h.logit_rows.size());
+    m.tokens.upload(h.tokens.data(), h.tokens.size(), m.stream);
+    m.positions.upload(h.positions.data(), h.positions.size(), m.stream);
+    m.slots.upload(h.slots.data(), h.slots.size(), m.stream);
+    m.query_start.upload(h.query_start.data(), h.query_start.size(), m.stream);
+    m.kv_len.upload(h.kv_len.data(), h.kv_len.size(), m.stream);
+    m.block_table.upload(h.block_table.data(), h.block_table.size(), m.stream);
+    m.logit_rows.upload(h.logit_rows.data(), h.logit_rows.size(), m.stream);
+    if (!srows.empty()) m.sampling.upload(srows.data(), srows.size(), m.stream);
+    const bool sample = !sampling.empty();
+
+    if (graph) {
+        auto& g = m.graphs[{q, R_pad, sample}];
+        if (g.exec == nullptr) {
+            // One eager run first: cuBLASLt plans and workspaces are created outside the capture.
+            m.run(h.T, h.R, h.max_q, rows_step, sample);
+            FANOUT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+            cudaGraph_t g0 = nullptr;
+            FANOUT_CUDA_CHECK(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal));
+            try {
+                m.run(h.T, h.R, h.max_q, rows_step, sample);
+            } catch (...) {
+                cudaStreamEndCapture(m.stream, &g0);
+                if (g0) cudaGraphDestroy(g0);
+                throw;
+            }
+            FANOUT_CUDA_CHECK(cudaStreamEndCapture(m.stream, &g0));
+            FANOUT_CUDA_CHECK(cudaGraphInstantiate(&g.exec, g0, 0));
+            cudaGraphDestroy(g0);
+            // The eager run above already did this step's work; replaying it again rewrites the
+            // same cache entries with the same values, and keeps the path below uniform.
+        }
+        FANOUT_CUDA_CHECK(cudaGraphLaunch(g.exec, m.stream));
+    } else {
+        m.run(h.T, h.R, h.max_q, rows_step, sample);
+    }
+    std::vector<int32_t> out;
+    if (sample) {
+        out.resize(static_cast<size_t>(rows_step));
+        FANOUT_CUDA_CHECK(cudaMemcpyAsync(out.data(), m.out_tokens.get(), out.size() * sizeof(int32_t),
+                                          cudaMemcpyDeviceToHost, m.stream));
+    }
+    FANOUT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+    out.resize(static_cast<size_t>(std::min<int64_t>(rows_n, static_cast<int64_t>(out.size()))));
+    return out;
+}
+
+Tensor CudaModel::forward_logits(const StepBatch& batch) {
+    forward_sample(batch, {});
+    Impl& m = *impl_;
+    const int64_t rows_n = static_cast<int64_t>(batch.logit_rows.size());
+    Tensor out = Tensor::zeros({rows_n, m.c.vocab_size}, DType::kF32);
+    FANOUT_CUDA_CHECK(cudaMemcpy(out.data(), m.logits.get(), out.nbytes(), cudaMemcpyDeviceToHost));
+    return out;
+}
+
+GenerateResult generate_cuda(CudaModel& model, kv::PagedKvCache& blocks, const GenerateRequest& req,
+                             const std::function<void(int32_t)>& on_token) {
+    GenerateRequest r = req;
+    r.prefill_chunk = std::min(r.prefill_chunk, model.options().max_step_tokens);
+    const int64_t total = static_cast<int64_t>(req.prompt.size()) + req.max_tokens;
+    FANOUT_CHECK(total <= model.options().max_context,
+                 "prompt ({} tokens) + max_tokens ({}) exceeds the GPU runner's max_context {}", req.prompt.size(),
+                 req.max_tokens, model.options().max_context);
+    const SampleStep step = [&](const StepBatch& batch, ops::Sampler& sampler) -> int32_t {
+        if (batch.logit_rows.empty()) {
+            model.forward_sample(batch, {});
+            return -1;
+        }
+        const ops::SamplingParams& p = sampler.params();
+        const ops::SamplingRow row{p.temperature, p.top_k, p.top_p, sampler.next_uniform()};
+        return model.forward_sample(batch, std::span(&row, 1)).at(0);
+    };
+    return generate_loop(model.config(), blocks, r, step, on_token);
+}
+
+}  // namespace fanout::model

@@ -1,0 +1,74 @@
+// The GPU model runner: DeepSeek-V3's forward pass on one GPU (EP1), over a paged latent KV cache
+// in device memory, with sampling on the device and CUDA graphs for decode steps.
+//
+// Weights come from a loaded DeepseekV3 (its checks and shard plan) and are rearranged once for
+// the GPU: q_a and kv_a as one GEMM, each MLP's gate and up as one, kv_b split into the per-head
+// k_b (transposed for the absorbed form) and v_b batched GEMMs, experts stacked for the grouped
+// GEMM. FP8 checkpoints run every projection as DeepSeek's FP8 W8A8 (block-quantized weights,
+// activations quantized per 1×128 on the fly); bf16/f32 checkpoints run in bf16 with f32
+// accumulation. Activations between kernels are bf16; the router's logits and the final logits f32.
+//
+// Attention is the absorbed MLA form for every step (decode, MTP verification and prefill chunks,
+// with the causal mask), so the cache is read, never expanded.
+//
+// CUDA graphs: a step whose requests all have the same query length q ≤ 4 (decode: 1; MTP: 2) is
+// padded to the next bucket of requests (1, 2, 4, 8, …, max_requests) with dummy requests that
+// write a scratch cache block, and replays that bucket's graph, captured on first use. Everything
+// the graph reads (tokens, positions, slots, block tables, kv lengths, sampling rows) sits at
+// fixed device addresses refreshed before each replay; MoE expert counts are computed on the
+// device, so one graph serves any routing. Other steps (prefill) run eagerly.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "fanout/model/deepseek_v3.h"
+#include "fanout/model/generate.h"
+#include "fanout/ops/sampling_cuda.h"
+
+namespace fanout::model {
+
+struct CudaModelOptions {
+    int64_t max_step_tokens = 256;  // query tokens in one step (generate_cuda splits prefill into chunks of this)
+    int64_t max_requests = 64;      // requests in one step
+    int64_t max_context = 4096;     // tokens of one request (prompt + generated)
+    int64_t num_kv_blocks = 0;      // device cache blocks; 0: max_requests × max_context / block_size
+    bool cuda_graphs = true;
+};
+
+class CudaModel {
+  public:
+    // Uploads `model`'s weights and allocates the cache and step buffers on the current device.
+    // The DeepseekV3 may be destroyed afterwards.
+    CudaModel(const DeepseekV3& model, const CudaModelOptions& opts = {});
+    ~CudaModel();
+    CudaModel(const CudaModel&) = delete;
+    CudaModel& operator=(const CudaModel&) = delete;
+
+    const io::ModelConfig& config() const;
+    const CudaModelOptions& options() const;
+    // A host block allocator with the device cache's geometry (it holds no entries): build
+    // StepBatches with it, as with the CPU model's cache.
+    kv::PagedKvCache make_block_allocator() const;
+
+    // One step: appends the step's entries to the device cache and returns the logits of
+    // batch.logit_rows as f32 [rows, vocab] on the host.
+    Tensor forward_logits(const StepBatch& batch);
+    // One step sampled on the device: one token per logit row (`rows` has one entry per logit row).
+    std::vector<int32_t> forward_sample(const StepBatch& batch, std::span<const ops::SamplingRow> rows);
+
+    int64_t graphs_captured() const;
+
+  private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+// generate() (generate.h) on the GPU runner: the same request checks, chunked prefill, and the
+// same tokens for the same seed (each sampled token takes its request generator's next draw).
+GenerateResult generate_cuda(CudaModel& model, kv::PagedKvCache& blocks, const GenerateRequest& req,
+                             const std::function<void(int32_t)>& on_token = {});
+
+}  // namespace fanout::model

@@ -1,0 +1,244 @@
+// The GPU model runner's small kernels (model_glue_cuda.h). Only fmt-free headers here.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <string>
+
+#include "fanout/core/cuda_check.h"
+#include "fanout/ops/model_glue_cuda.h"
+
+namespace fanout::ops {
+namespace {
+
+using bf16 = __nv_bfloat16;
+constexpr int kThreads = 256;
+
+cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+__global__ void embed_kernel(const bf16* __restrict__ table, const int32_t* __restrict__ tokens, int D,
+                             bf16* __restrict__ out) {
+    const size_t t = blockIdx.x;
+    const bf16* src = table + static_cast<size_t>(tokens[t]) * D;
+    for (int d = threadIdx.x; d < D; d += kThreads) out[t * D + d] = src[d];
+}
+
+// Rotates the interleaved pair (a, b) at pair index i by pos · inv_freq[i], as rope_apply does.
+__device__ inline void rope_pair(float& a, float& b, float pos, int i, const RopeDevice& r) {
+    float s, c;
+    sincosf(pos * r.inv_freq[i], &s, &c);
+    c *= r.attention_factor;
+    s *= r.attention_factor;
+    const float x = a * c - b * s, y = b * c + a * s;
+    a = x;
+    b = y;
+}
+
+// One block per token: every head's nope part to the head-major buffer, the rope part rotated.
+__global__ void mla_q_split_kernel(const bf16* __restrict__ q, int T, int H, int nope, const int32_t* __restrict__ positions,
+                                   RopeDevice rope, bf16* __restrict__ q_nope_hm, bf16* __restrict__ q_pe) {
+    const int t = blockIdx.x, width = nope + rope.dim, half = rope.dim / 2;
+    const float pos = static_cast<float>(positions[t]);
+    const bf16* row = q + static_cast<size_t>(t) * H * width;
+    for (int i = threadIdx.x; i < H * nope; i += kThreads) {
+        const int h = i / nope, d = i % nope;
+        q_nope_hm[(static_cast<size_t>(h) * T + t) * nope + d] = row[h * width + d];
+    }
+    for (int i = threadIdx.x; i < H * half; i += kThreads) {
+        const int h = i / half, p = i % half;
+        const bf16* src = row + h * width + nope + 2 * p;
+        float a = __bfloat162float(src[0]), b = __bfloat162float(src[1]);
+        rope_pair(a, b, pos, p, rope);
+        bf16* dst = q_pe + (static_cast<size_t>(t) * H + h) * rope.dim + 2 * p;
+        dst[0] = __float2bfloat16(a);
+        dst[1] = __float2bfloat16(b);
+    }
+}
+
+__device__ float block_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __shared__ float warp_sums[kThreads / 32];
+    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
+    __syncthreads();
+    float total = 0.0f;
+    for (int i = 0; i < kThreads / 32; ++i) total += warp_sums[i];
+    return total;
+}
+
+// One block per token: the latent's sum of squares, then the normalized latent and the roped k_pe
+// written straight into the token's cache slot.
+__global__ void mla_kv_append_kernel(const bf16* __restrict__ kv_a, int64_t row_stride, int kv_lora,
+                                     const float* __restrict__ norm_w, float eps, const int32_t* __restrict__ positions,
+                                     RopeDevice rope, const int32_t* __restrict__ slots, bf16* __restrict__ cache) {
+    const int t = blockIdx.x;
+    const bf16* row = kv_a + static_cast<size_t>(t) * row_stride;
+    float ss = 0.0f;
+    for (int d = threadIdx.x; d < kv_lora; d += kThreads) {
+        const float v = __bfloat162float(row[d]);
+        ss += v * v;
+    }
+    const float inv = rsqrtf(block_sum(ss) / kv_lora + eps);
+    bf16* entry = cache + static_cast<size_t>(slots[t]) * (kv_lora + rope.dim);
+    for (int d = threadIdx.x; d < kv_lora; d += kThreads)
+        entry[d] = __float2bfloat16(__bfloat162float(row[d]) * inv * norm_w[d]);
+    const float pos = static_cast<float>(positions[t]);
+    for (int p = threadIdx.x; p < rope.dim / 2; p += kThreads) {
+        float a = __bfloat162float(row[kv_lora + 2 * p]), b = __bfloat162float(row[kv_lora + 2 * p + 1]);
+        rope_pair(a, b, pos, p, rope);
+        entry[kv_lora + 2 * p] = __float2bfloat16(a);
+        entry[kv_lora + 2 * p + 1] = __float2bfloat16(b);
+    }
+}
+
+__global__ void heads_to_tokens_kernel(const bf16* __restrict__ x, int H, int T, int V, bf16* __restrict__ y) {
+    const int t = blockIdx.x;
+    for (int i = threadIdx.x; i < H * V; i += kThreads) {
+        const int h = i / V, v = i % V;
+        y[static_cast<size_t>(t) * H * V + i] = x[(static_cast<size_t>(h) * T + t) * V + v];
+    }
+}
+
+__global__ void silu_mul_kernel(const bf16* __restrict__ gate_up, int I, bf16* __restrict__ out) {
+    const size_t r = blockIdx.x;
+    for (int i = threadIdx.x; i < I; i += kThreads) {
+        const float g = __bfloat162float(gate_up[r * 2 * I + i]), u = __bfloat162float(gate_up[r * 2 * I + I + i]);
+        out[r * I + i] = __float2bfloat16(g / (1.0f + __expf(-g)) * u);
+    }
+}
+
+// 16×16 output tile per block, K in shared-memory slices of 16.
+constexpr int kTile = 16;
+
+__global__ void batched_gemm_bf16_kernel(BatchedGemmBf16 g) {
+    __shared__ float xs[kTile][kTile + 1], ws[kTile][kTile + 1];
+    const int b = blockIdx.z, m = blockIdx.y * kTile + threadIdx.y, n = blockIdx.x * kTile + threadIdx.x;
+    const int rows = g.counts != nullptr ? min(max(g.counts[b], 0), g.M) : g.M;
+    if (blockIdx.y * kTile >= rows) return;  // the whole block is past the count
+    const bf16* x = reinterpret_cast<const bf16*>(g.x) + b * g.x_batch_stride;
+    const bf16* w = reinterpret_cast<const bf16*>(g.w) + static_cast<size_t>(b) * g.N * g.K;
+    const int wn = blockIdx.x * kTile + threadIdx.y;  // the W row this thread loads
+    float acc = 0.0f;
+    for (int k0 = 0; k0 < g.K; k0 += kTile) {
+        const int k = k0 + threadIdx.x;
+        xs[threadIdx.y][threadIdx.x] = m < rows && k < g.K ? __bfloat162float(x[m * g.x_row_stride + k]) : 0.0f;
+        ws[threadIdx.y][threadIdx.x] = wn < g.N && k < g.K ? __bfloat162float(w[static_cast<size_t>(wn) * g.K + k]) : 0.0f;
+        __syncthreads();
+        for (int i = 0; i < kTile; ++i) acc += xs[threadIdx.y][i] * ws[threadIdx.x][i];
+        __syncthreads();
+    }
+    if (m >= rows || n >= g.N) return;
+    const size_t o = (static_cast<size_t>(b) * g.M + m) * g.N + n;
+    if (g.y_f32 != nullptr) {
+        g.y_f32[o] = acc;
+    } else {
+        reinterpret_cast<bf16*>(g.y)[o] = __float2bfloat16(acc);
+    }
+}
+
+__global__ void fill_kernel(int32_t* p, int n, int32_t v) {
+    const int i = blockIdx.x * kThreads + threadIdx.x;
+    if (i < n) p[i] = v;
+}
+
+__device__ inline uint64_t mix(uint64_t x) {  // splitmix64's finalizer
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+__device__ inline float unit(uint64_t h) { return static_cast<float>(h >> 40) * 0x1.0p-24f; }
+
+enum class Fill { kFp8, kF32, kBf16 };
+
+__global__ void random_kernel(void* p, size_t n, Fill kind, float a, float b, uint64_t seed) {
+    for (size_t i = blockIdx.x * size_t(kThreads) + threadIdx.x; i < n; i += size_t(gridDim.x) * kThreads) {
+        const uint64_t h = mix(seed * 0x100000001b3ull ^ i);
+        if (kind == Fill::kFp8) {
+            const uint32_t sign = (h & 1) << 7, exponent = 3 + (h >> 1) % 8, mantissa = (h >> 4) & 7;
+            static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(sign | exponent << 3 | mantissa);
+        } else if (kind == Fill::kF32) {
+            static_cast<float*>(p)[i] = a + (b - a) * unit(h);
+        } else {
+            static_cast<bf16*>(p)[i] = __float2bfloat16(a * (2.0f * unit(h) - 1.0f));
+        }
+    }
+}
+
+void random_fill(void* p, size_t n, Fill kind, float a, float b, uint64_t seed, void* s) {
+    if (n == 0) return;
+    const size_t blocks = std::min<size_t>((n + kThreads - 1) / kThreads, 4096);
+    random_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, as_stream(s)>>>(p, n, kind, a, b, seed);
+    FANOUT_CUDA_CHECK_LAUNCH("random_kernel");
+}
+
+}  // namespace
+
+void launch_random_fp8(uint8_t* p, size_t n, uint64_t seed, void* s) { random_fill(p, n, Fill::kFp8, 0, 0, seed, s); }
+void launch_random_f32(float* p, size_t n, float lo, float hi, uint64_t seed, void* s) {
+    random_fill(p, n, Fill::kF32, lo, hi, seed, s);
+}
+void launch_random_bf16(uint16_t* p, size_t n, float scale, uint64_t seed, void* s) {
+    random_fill(p, n, Fill::kBf16, scale, 0, seed, s);
+}
+
+void launch_embed_bf16(const uint16_t* table, const int32_t* tokens, int T, int D, uint16_t* out, void* cuda_stream) {
+    if (T <= 0) return;
+    embed_kernel<<<T, kThreads, 0, as_stream(cuda_stream)>>>(reinterpret_cast<const bf16*>(table), tokens, D,
+                                                             reinterpret_cast<bf16*>(out));
+    FANOUT_CUDA_CHECK_LAUNCH("embed_kernel");
+}
+
+void launch_mla_q_split(const uint16_t* q, int T, int H, int nope, const int32_t* positions, RopeDevice rope,
+                        uint16_t* q_nope_hm, uint16_t* q_pe, void* cuda_stream) {
+    FANOUT_DEVICE_REQUIRE(rope.dim % 2 == 0, "mla_q_split: the rope width must be even, got " + std::to_string(rope.dim));
+    if (T <= 0) return;
+    mla_q_split_kernel<<<T, kThreads, 0, as_stream(cuda_stream)>>>(reinterpret_cast<const bf16*>(q), T, H, nope,
+                                                                   positions, rope, reinterpret_cast<bf16*>(q_nope_hm),
+                                                                   reinterpret_cast<bf16*>(q_pe));
+    FANOUT_CUDA_CHECK_LAUNCH("mla_q_split_kernel");
+}
+
+void launch_mla_kv_append(const uint16_t* kv_a, int64_t row_stride, int T, int kv_lora, const float* norm_w, float eps,
+                          const int32_t* positions, RopeDevice rope, const int32_t* slots, uint16_t* cache,
+                          void* cuda_stream) {
+    FANOUT_DEVICE_REQUIRE(rope.dim % 2 == 0 && row_stride >= kv_lora + rope.dim,
+                          "mla_kv_append: rope width " + std::to_string(rope.dim) + ", row stride " +
+                              std::to_string(row_stride) + " for a " + std::to_string(kv_lora) + "-wide latent");
+    if (T <= 0) return;
+    mla_kv_append_kernel<<<T, kThreads, 0, as_stream(cuda_stream)>>>(reinterpret_cast<const bf16*>(kv_a), row_stride,
+                                                                     kv_lora, norm_w, eps, positions, rope, slots,
+                                                                     reinterpret_cast<bf16*>(cache));
+    FANOUT_CUDA_CHECK_LAUNCH("mla_kv_append_kernel");
+}
+
+void launch_heads_to_tokens(const uint16_t* x, int H, int T, int V, uint16_t* y, void* cuda_stream) {
+    if (T <= 0) return;
+    heads_to_tokens_kernel<<<T, kThreads, 0, as_stream(cuda_stream)>>>(reinterpret_cast<const bf16*>(x), H, T, V,
+                                                                       reinterpret_cast<bf16*>(y));
+    FANOUT_CUDA_CHECK_LAUNCH("heads_to_tokens_kernel");
+}
+
+void launch_silu_mul_bf16(const uint16_t* gate_up, int R, int I, uint16_t* out, void* cuda_stream) {
+    if (R <= 0) return;
+    silu_mul_kernel<<<R, kThreads, 0, as_stream(cuda_stream)>>>(reinterpret_cast<const bf16*>(gate_up), I,
+                                                                reinterpret_cast<bf16*>(out));
+    FANOUT_CUDA_CHECK_LAUNCH("silu_mul_kernel");
+}
+
+void launch_batched_gemm_bf16(const BatchedGemmBf16& g, void* cuda_stream) {
+    FANOUT_DEVICE_REQUIRE(g.batch > 0 && g.M >= 0 && g.N > 0 && g.K > 0 && (g.y != nullptr) != (g.y_f32 != nullptr),
+                          "batched_gemm_bf16: batch " + std::to_string(g.batch) + " M " + std::to_string(g.M) + " N " +
+                              std::to_string(g.N) + " K " + std::to_string(g.K) + ", exactly one output");
+    if (g.M == 0) return;
+    const dim3 grid((g.N + kTile - 1) / kTile, (g.M + kTile - 1) / kTile, g.batch), block(kTile, kTile);
+    batched_gemm_bf16_kernel<<<grid, block, 0, as_stream(cuda_stream)>>>(g);
+    FANOUT_CUDA_CHECK_LAUNCH("batched_gemm_bf16_kernel");
+}
+
+void launch_fill_i32(int32_t* p, int n, int32_t value, void* cuda_stream) {
+    if (n <= 0) return;
+    fill_kernel<<<(n + kThreads - 1) / kThreads, kThreads, 0, as_stream(cuda_stream)>>>(p, n, value);
+    FANOUT_CUDA_CHECK_LAUNCH("fill_kernel");
+}
+
+}  // namespace fanout::ops

@@ -1,0 +1,71 @@
+// The small kernels the GPU model runner strings between its GEMMs: the embedding lookup, MLA's
+// input side (q split into the k_b GEMM's head-major input and the roped q_pe; the kv latent's
+// norm, RoPE and cache append in one kernel), the head-major ↔ token-major transposes, silu·mul on
+// bf16, and the plain batched bf16 GEMM that bf16 checkpoints use for per-head and per-expert
+// products. Every kernel has its CPU counterpart in the model's CPU path (rms_norm, rope_apply,
+// kv_append, silu_mul, linear); tests/ops/glue_cuda_test.cc compares them.
+//
+// bf16 values are passed as uint16_t storage; fmt-free, so CUDA translation units can include it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace fanout::ops {
+
+#ifdef FANOUT_WITH_CUDA
+
+// out[t] = table[tokens[t]] (bf16 rows of width D). Token ids are checked on the host before upload.
+void launch_embed_bf16(const uint16_t* table, const int32_t* tokens, int T, int D, uint16_t* out, void* cuda_stream);
+
+// RoPE's frequencies on the device (ops::RopeTable): inv_freq [rope / 2] f32 and YaRN's attention factor.
+struct RopeDevice {
+    const float* inv_freq = nullptr;
+    int dim = 0;
+    float attention_factor = 1.0f;
+};
+
+// q: [T, H, nope + rope] bf16 (q_b's output) -> q_nope_hm: [H, T, nope] (head-major: the k_b GEMM's
+// input), q_pe: [T, H, rope] rotated by positions[t] (interleaved pairs, as rope_apply).
+void launch_mla_q_split(const uint16_t* q, int T, int H, int nope, const int32_t* positions, RopeDevice rope,
+                        uint16_t* q_nope_hm, uint16_t* q_pe, void* cuda_stream);
+
+// kv_a's rows (stride `row_stride` elements): [latent (kv_lora) | k_pe (rope)] -> the cache entry
+// [rms_norm(latent) · norm_w | rope(k_pe)] written at cache[slots[t]] ([slots, kv_lora + rope] bf16).
+void launch_mla_kv_append(const uint16_t* kv_a, int64_t row_stride, int T, int kv_lora, const float* norm_w, float eps,
+                          const int32_t* positions, RopeDevice rope, const int32_t* slots, uint16_t* cache,
+                          void* cuda_stream);
+
+// x: [H, T, V] -> y: [T, H * V].
+void launch_heads_to_tokens(const uint16_t* x, int H, int T, int V, uint16_t* y, void* cuda_stream);
+
+// gate_up: [R, 2I] bf16 (gate | up) -> out: [R, I] = silu(gate) · up, bf16.
+void launch_silu_mul_bf16(const uint16_t* gate_up, int R, int I, uint16_t* out, void* cuda_stream);
+
+// The batched GEMM of bf16 checkpoints (plain SIMT, f32 accumulation; correctness, not speed):
+// y[b, m, :] = x[b, m, :] · w[b]ᵀ for b < batch, m < counts[b] (every m < M when counts is null; rows
+// past a count are not written). x: rows of K at x + b·x_batch_stride + m·x_row_stride; w: [batch, N, K];
+// y: [batch, M, N] bf16, or f32 when y_f32 is given instead of y.
+struct BatchedGemmBf16 {
+    const uint16_t* x = nullptr;
+    int64_t x_batch_stride = 0, x_row_stride = 0;
+    const uint16_t* w = nullptr;
+    const int32_t* counts = nullptr;
+    int batch = 1, M = 0, N = 0, K = 0;
+    uint16_t* y = nullptr;
+    float* y_f32 = nullptr;
+};
+void launch_batched_gemm_bf16(const BatchedGemmBf16& g, void* cuda_stream);
+
+// p[0..n) = value.
+void launch_fill_i32(int32_t* p, int n, int32_t value, void* cuda_stream);
+
+// Deterministic pseudo-random fills for benchmark weights, a hash of (seed, index): e4m3 values
+// of magnitude 2⁻⁴…2³ with random signs (never NaN); f32 uniform in [lo, hi); bf16 uniform in ±scale.
+void launch_random_fp8(uint8_t* p, size_t n, uint64_t seed, void* cuda_stream);
+void launch_random_f32(float* p, size_t n, float lo, float hi, uint64_t seed, void* cuda_stream);
+void launch_random_bf16(uint16_t* p, size_t n, float scale, uint64_t seed, void* cuda_stream);
+
+#endif
+
+}  // namespace fanout::ops

@@ -1,0 +1,290 @@
+#include "fanout/plan/calibration.h"
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "fanout/core/error.h"
+#include "fanout/plan/v3_shape.h"
+
+namespace fanout::plan {
+namespace {
+
+using nlohmann::json;
+
+// Typed access that names the file and the key path on failure.
+class Reader {
+  public:
+    explicit Reader(std::string file) : file_(std::move(file)) {}
+
+    const json& child(const json& j, const std::string& key, const std::string& where) const {
+        FANOUT_CHECK(j.is_object(), "{}: {} must be a JSON object", file_, where);
+        FANOUT_CHECK(j.contains(key), "{}: {} has no key '{}'", file_, where, key);
+        return j.at(key);
+    }
+    std::optional<double> opt_num(const json& j, const std::string& key, const std::string& where) const {
+        if (!j.is_object() || !j.contains(key) || j.at(key).is_null()) return std::nullopt;
+        FANOUT_CHECK(j.at(key).is_number(), "{}: {}.{} must be a number, got {}", file_, where, key, j.at(key).dump());
+        return j.at(key).get<double>();
+    }
+    double num(const json& j, const std::string& key, const std::string& where) const {
+        const json& v = child(j, key, where);
+        FANOUT_CHECK(v.is_number(), "{}: {}.{} must be a number, got {}", file_, where, key, v.dump());
+        return v.get<double>();
+    }
+    double time(const json& j, const std::string& key, const std::string& where) const {
+        const double us = num(j, key, where);
+        FANOUT_CHECK(std::isfinite(us) && us > 0, "{}: {}.{} = {} must be a positive time in us", file_, where, key,
+                     us);
+        return us;
+    }
+    const json& array(const json& j, const std::string& key, const std::string& where) const {
+        const json& v = child(j, key, where);
+        FANOUT_CHECK(v.is_array(), "{}: {}.{} must be an array", file_, where, key);
+        return v;
+    }
+    const std::string& file() const { return file_; }
+
+  private:
+    std::string file_;
+};
+
+json load(const std::string& path) {
+    std::ifstream f(path);
+    FANOUT_CHECK(f.good(), "plan: cannot read calibration file '{}'", path);
+    try {
+        return json::parse(f);
+    } catch (const json::exception& e) {
+        FANOUT_FAIL("plan: '{}' is not valid JSON: {}", path, e.what());
+    }
+}
+
+void calibrate_kernels(Profile& p, const json& j, const Reader& r, const Hardware& hw,
+                       std::vector<std::string>& notes) {
+    if (j.contains("gpu") && j["gpu"].is_string()) {
+        const std::string gpu = j["gpu"].get<std::string>();
+        const std::string want = hw.name.substr(0, 4);  // "H100" / "H200"
+        if (gpu.find(want) == std::string::npos)
+            notes.push_back(fmt::format("{}: measured on '{}', applied to {} as fractions of its datasheet", r.file(),
+                                        gpu, hw.name));
+    }
+    auto refit = [&](Roofline& target, const std::vector<RooflineSample>& samples, const char* what) {
+        if (samples.size() < 3) {
+            notes.push_back(
+                fmt::format("{}: {} {} points (< 3): {} roofline kept", r.file(), samples.size(), what, what));
+            return;
+        }
+        const RooflineFit fit = fit_roofline(samples, hw.hbm_bw, hw.fp8_flops);
+        target = fit.roofline;
+        target.source = fmt::format("fit on {} ({} {} points, max error {:.0f}%)", r.file(), samples.size(), what,
+                                    100 * fit.max_rel_error);
+        notes.push_back(
+            fmt::format("{}: {} roofline fixed {:.1f} us, {:.0f}% of HBM, {:.0f}% of FP8, p {} (max error "
+                        "{:.0f}%, rms {:.0f}%)",
+                        r.file(), what, target.fixed_us, 100 * target.bw_eff, 100 * target.flop_eff, target.p,
+                        100 * fit.max_rel_error, 100 * fit.rms_rel_error));
+    };
+
+    std::vector<RooflineSample> dense;
+    if (j.contains("dense")) {
+        const json& rows = r.array(r.child(j, "dense", "top level"), "rows", "dense");
+        for (size_t i = 0; i < rows.size(); ++i) {
+            const std::string where = fmt::format("dense.rows[{}]", i);
+            const double n = r.num(rows[i], "N", where), k = r.num(rows[i], "K", where), m = r.num(rows[i], "M", where);
+            const double us = r.time(r.child(rows[i], "fanout", where), "us", where + ".fanout");
+            // The benchmark replays one weight: weights below L2 stay cached there (docs/PERF.md).
+            dense.push_back({gemm_bytes(m, n, k, n * k <= kL2Bytes), 2 * m * n * k, us});
+        }
+        refit(p.gemm, dense, "dense GEMM");
+    } else {
+        notes.push_back(fmt::format("{}: no 'dense' section: GEMM roofline kept", r.file()));
+    }
+
+    std::vector<RooflineSample> grouped;
+    double ew_bw_sum = 0;
+    int ew_n = 0;
+    if (j.contains("grouped")) {
+        const json& rows = r.array(j, "grouped", "top level");
+        for (size_t i = 0; i < rows.size(); ++i) {
+            const std::string where = fmt::format("grouped[{}]", i);
+            const json& row = rows[i];
+            FANOUT_CHECK(row.is_object() && row.contains("kind") && row["kind"].is_string(),
+                         "{}: {} needs a string 'kind'", r.file(), where);
+            const std::string kind = row["kind"].get<std::string>();
+            if (kind == "grouped_masked") {
+                const double n = r.num(row, "N", where), k = r.num(row, "K", where);
+                const double experts = r.num(row, "experts", where), tokens = r.num(row, "valid_m", where);
+                const double us = r.time(r.child(row, "fanout", where), "us", where + ".fanout");
+                grouped.push_back({grouped_gemm_bytes(experts, tokens, n, k), 2 * tokens * n * k, us});
+            } else if (kind == "silu_mul_quant_masked") {
+                const double tokens = r.num(row, "valid_m", where), us = r.time(row, "us", where);
+                // Same accounting as the cost model's grouped_silu_quant: 5 bytes per intermediate value.
+                const double bytes = tokens * v3::kMoeInter * 5;
+                const double t = us - p.elementwise.fixed_us;
+                if (t > 0) {
+                    ew_bw_sum += bytes / (t * 1e-6) / hw.hbm_bw;
+                    ++ew_n;
+                }
+            }
+        }
+        refit(p.grouped, grouped, "grouped GEMM");
+    } else {
+        notes.push_back(fmt::format("{}: no 'grouped' section: grouped GEMM roofline kept", r.file()));
+    }
+    if (ew_n > 0) {
+        p.elementwise.bw_eff = ew_bw_sum / ew_n;
+        p.elementwise.source = fmt::format("silu_mul_quant_masked in {} ({} points)", r.file(), ew_n);
+        notes.push_back(fmt::format("{}: elementwise kernels at {:.0f}% of HBM (fused silu·mul·quant, {} points)",
+                                    r.file(), 100 * p.elementwise.bw_eff, ew_n));
+    }
+}
+
+struct LinkPoint {
+    double bytes, us;
+};
+
+void fit_link(LinkModel& link, const std::vector<LinkPoint>& pts, double bw, const std::string& what,
+              const std::string& file, std::vector<std::string>& notes) {
+    if (pts.empty()) return;
+    double mx = 0, my = 0;
+    for (const auto& q : pts) mx += q.bytes, my += q.us;
+    mx /= pts.size(), my /= pts.size();
+    double sxx = 0, sxy = 0;
+    for (const auto& q : pts) sxx += (q.bytes - mx) * (q.bytes - mx), sxy += (q.bytes - mx) * (q.us - my);
+    if (pts.size() >= 2 && sxx > 0) {
+        const double slope = sxy / sxx;  // us per byte
+        FANOUT_CHECK(slope > 0, "{}: {} times do not grow with the bytes sent; cannot fit a bandwidth", file, what);
+        link.latency_us = std::max(0.0, my - slope * mx);
+        link.eff = 1e6 / (slope * bw);
+    } else {
+        const auto& q = pts.front();
+        FANOUT_CHECK(q.us > link.latency_us && q.bytes > 0,
+                     "{}: {} point ({} us) is not above the latency ({} us); cannot set a bandwidth", file, what, q.us,
+                     link.latency_us);
+        link.eff = q.bytes / ((q.us - link.latency_us) * 1e-6) / bw;
+    }
+    link.source = fmt::format("{} ({} points)", file, pts.size());
+    notes.push_back(
+        fmt::format("{}: {} latency {:.1f} us, {:.0f}% of the link", file, what, link.latency_us, 100 * link.eff));
+}
+
+void calibrate_comm(Profile& p, const json& j, const Reader& r, const Hardware& hw, std::vector<std::string>& notes) {
+    const json& pts = r.array(j, "points", "top level");
+    std::map<std::string, std::vector<LinkPoint>> by;  // "nvlink dispatch" -> points
+    for (size_t i = 0; i < pts.size(); ++i) {
+        const std::string where = fmt::format("points[{}]", i);
+        const double ep = r.num(pts[i], "ep", where), tokens = r.num(pts[i], "tokens_per_rank", where);
+        FANOUT_CHECK(ep >= 2 && tokens >= 0, "{}: {} needs ep >= 2 and tokens_per_rank >= 0", r.file(), where);
+        std::string link = ep <= hw.gpus_per_node ? "nvlink" : "ib";
+        if (pts[i].contains("link")) {
+            FANOUT_CHECK(pts[i]["link"].is_string(), "{}: {}.link must be a string", r.file(), where);
+            link = pts[i]["link"].get<std::string>();
+            FANOUT_CHECK(link == "nvlink" || link == "ib", "{}: {}.link '{}' must be nvlink or ib", r.file(), where,
+                         link);
+        }
+        const double per_node = std::min<double>(ep, hw.gpus_per_node);
+        const double frac = link == "nvlink" ? (per_node - 1) / ep : (ep - per_node) / ep;
+        const double copies = tokens * r.opt_num(pts[i], "topk", where).value_or(v3::kTopK) * frac;
+        const double hidden = r.opt_num(pts[i], "hidden", where).value_or(v3::kHidden);
+        if (auto us = r.opt_num(pts[i], "dispatch_us", where)) {
+            FANOUT_CHECK(*us > 0, "{}: {}.dispatch_us must be positive", r.file(), where);
+            by[link + " dispatch"].push_back({copies * (hidden + 4 * hidden / 128), *us});
+        }
+        if (auto us = r.opt_num(pts[i], "combine_us", where)) {
+            FANOUT_CHECK(*us > 0, "{}: {}.combine_us must be positive", r.file(), where);
+            by[link + " combine"].push_back({copies * 2 * hidden, *us});
+        }
+    }
+    fit_link(p.dispatch_nvlink, by["nvlink dispatch"], hw.nvlink_bw, "NVLink dispatch", r.file(), notes);
+    fit_link(p.combine_nvlink, by["nvlink combine"], hw.nvlink_bw, "NVLink combine", r.file(), notes);
+    fit_link(p.dispatch_ib, by["ib dispatch"], hw.ib_bw, "IB dispatch", r.file(), notes);
+    fit_link(p.combine_ib, by["ib combine"], hw.ib_bw, "IB combine", r.file(), notes);
+}
+
+void calibrate_layer(Profile& p, const std::string& file, const Hardware& hw, std::vector<std::string>& notes) {
+    std::map<std::string, std::pair<double, int>> log_ratio;  // name -> (Σ log(measured/predicted), n)
+    Profile unscaled = p;
+    unscaled.kernel_scale.clear();
+    for (const auto& m : read_layer_bench(file)) {
+        const double batch = m.d.schedule == Schedule::kMicroBatch ? m.d.batch / 2.0 : m.d.batch;
+        for (const auto& k : layer_kernels(m.d, hw, unscaled, batch)) {
+            const auto it = m.kernels.find(k.name);
+            if (it == m.kernels.end() || k.us <= 0) continue;
+            auto& acc = log_ratio[k.name];
+            acc.first += std::log(it->second / k.us);
+            acc.second += 1;
+        }
+    }
+    if (log_ratio.empty()) notes.push_back(fmt::format("{}: no kernel the model names; layer factors unchanged", file));
+    for (const auto& [name, acc] : log_ratio) {
+        p.kernel_scale[name] = std::exp(acc.first / acc.second);
+        notes.push_back(fmt::format("{}: {} × {:.2f} (measured / roofline, {} points)", file, name,
+                                    p.kernel_scale[name], acc.second));
+    }
+}
+
+}  // namespace
+
+std::vector<LayerMeasurement> read_layer_bench(const std::string& path) {
+    const json j = load(path);
+    const Reader r(path);
+    FANOUT_CHECK(j.is_object() && j.value("benchmark", "") == "layer",
+                 "{}: not a `bench layer` JSON ('benchmark' must be "
+                 "\"layer\")",
+                 path);
+    std::vector<LayerMeasurement> out;
+    const json& pts = r.array(j, "points", "top level");
+    for (size_t i = 0; i < pts.size(); ++i) {
+        const std::string where = fmt::format("points[{}]", i);
+        const json& q = pts[i];
+        LayerMeasurement m;
+        m.d.ep = int(r.opt_num(q, "ep", where).value_or(1));
+        m.d.tp = int(r.opt_num(q, "tp", where).value_or(1));
+        m.d.batch = int(r.num(q, "batch", where));
+        m.d.draft_tokens = int(r.opt_num(q, "query_len", where).value_or(2)) - 1;
+        m.d.kv_len = int(r.opt_num(q, "kv_len", where).value_or(5000));
+        m.d.schedule = Schedule::kNoOverlap;
+        if (q.contains("schedule")) {
+            FANOUT_CHECK(q["schedule"].is_string(), "{}: {}.schedule must be a string", path, where);
+            m.d.schedule = parse_schedule(q["schedule"].get<std::string>());
+        }
+        if (q.contains("total_us")) m.total_us = r.time(q, "total_us", where);
+        if (q.contains("kernels")) {
+            const json& ks = q["kernels"];
+            FANOUT_CHECK(ks.is_object(), "{}: {}.kernels must be an object of name: us", path, where);
+            for (const auto& [name, v] : ks.items()) m.kernels[name] = r.time(ks, name, where + ".kernels");
+        }
+        FANOUT_CHECK(std::isfinite(m.total_us) || !m.kernels.empty(), "{}: {} has neither total_us nor kernels", path,
+                     where);
+        out.push_back(std::move(m));
+    }
+    return out;
+}
+
+Profile calibrate(const Profile& base, const std::vector<std::string>& files, const Hardware& hw,
+                  std::vector<std::string>* notes) {
+    Profile p = base;
+    std::vector<std::string> out;
+    for (const auto& file : files) {
+        const json j = load(file);
+        const Reader r(file);
+        FANOUT_CHECK(j.is_object() && j.contains("benchmark") && j["benchmark"].is_string(),
+                     "{}: no string 'benchmark' key (expected \"kernels\", \"layer\" or \"comm\")", file);
+        const std::string kind = j["benchmark"].get<std::string>();
+        if (kind == "kernels")
+            calibrate_kernels(p, j, r, hw, out);
+        else if (kind == "comm")
+            calibrate_comm(p, j, r, hw, out);
+        else if (kind == "layer")
+            calibrate_layer(p, file, hw, out);
+        else
+            FANOUT_FAIL("{}: benchmark '{}' cannot calibrate the planner (expected kernels, layer or comm)", file,
+                        kind);
+    }
+    p.notes.insert(p.notes.end(), out.begin(), out.end());
+    if (notes) notes->insert(notes->end(), out.begin(), out.end());
+    return p;
+}
+
+}  // namespace fanout::plan

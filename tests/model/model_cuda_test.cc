@@ -1,0 +1,317 @@
+// The GPU model runner against the CPU model. Labelled `gpu`; without a GPU each test reports
+// itself skipped.
+//
+// Tolerance. The runner keeps activations in bf16 between kernels (the CPU path keeps f32), so
+// logits differ by bf16 rounding carried through the layers: 0.4% per rounding, a few dozen
+// roundings in a row. Measured: the CPU model with its residual stream, layer inputs and MoE
+// outputs rounded to bf16 (a scratch experiment, docs/PERF.md) differs from itself in f32 by a
+// median 0.6% of the largest |logit|; the GPU, with more rounding points (q, the latent cache,
+// q_lat, o_lat), by 1.3–1.5%. On top of that, random tiny models have MoE routing near-ties (the
+// fixtures record gaps down to 3e-4 between the k-th and (k+1)-th expert score, oracle.json
+// router_min_gaps): there bf16 noise flips an expert and moves that token — and, through
+// attention, later ones — by O(1), for the CPU's own bf16 emulation as well (direct_q: max
+// |Δlogit| 1.6). Hence two kinds of test:
+//  * strict, on models whose routing is pinned (each layer's correction bias spaced wider than
+//    the scores' range, so the same experts win for every input): every position within 4% of the
+//    largest |logit|, the median within 1.5%, and greedy / seeded sampling give the CPU's tokens
+//    wherever the CPU's choice is not within that error of a tie;
+//  * statistical, on the HF oracle fixtures as they are: the median within 2% and 85% of positions
+//    within 3% (a wrong kernel moves every position, a routing flip a few).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "fanout/model/deepseek_v3_cuda.h"
+#include "fanout/model/synthetic.h"
+#include "fanout/ops/fp8_quant.h"
+#include "test_util.h"
+
+namespace fanout::model {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool have_gpu() {
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+#define REQUIRE_GPU() \
+    if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
+
+fs::path oracle_dir() { return fs::path(FANOUT_SOURCE_DIR) / "tests/fixtures/oracle"; }
+
+std::vector<std::string> fixture_names() {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(oracle_dir()))
+        if (fs::exists(e.path() / "oracle.json")) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+}
+
+std::vector<int32_t> input_ids(const std::string& dir) {
+    std::ifstream j(dir + "/oracle.json");
+    return nlohmann::json::parse(j)["input_ids"].get<std::vector<int32_t>>();
+}
+
+// CPU logits of every position, one full-sequence step.
+Tensor cpu_logits(const DeepseekV3& m, const std::vector<int32_t>& ids, ops::Fp8Mode mode) {
+    const int64_t T = static_cast<int64_t>(ids.size());
+    kv::PagedKvCache cache(m.kv_cache_config(ops::ceil_div(T, 64) + 1));
+    kv::SequenceBlocks seq;
+    cache.reserve(seq, T);
+    ForwardOptions o;
+    o.fp8_mode = mode;
+    ThreadPool pool(2);
+    auto batch = StepBatchBuilder(cache).add(ids, 0, seq, StepBatchBuilder::Logits::kAll).build();
+    return m.forward(batch, cache, o, Stream{&pool}).logits;
+}
+
+double max_abs(const Tensor& t) {
+    double m = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::abs(double(t.data_as<float>()[i])));
+    return m;
+}
+
+// Per-position max |Δlogit| of got [T, V] against ref [T, V].
+std::vector<double> position_diffs(const float* got, const float* ref, int64_t T, int64_t V) {
+    std::vector<double> d;
+    for (int64_t t = 0; t < T; ++t) d.push_back(fanout::testing::max_abs_diff(got + t * V, ref + t * V, size_t(V)));
+    return d;
+}
+
+// The bound on the per-position differences (see the file comment): the median position within
+// 1.5% of the largest |logit| and 90% of positions within 3%. A routing decision that flips under
+// bf16 rounding (two experts' scores within ~1e-3) moves that token — and, through attention, a
+// few later ones — by O(1); a wrong kernel moves every position.
+struct Bounds {
+    double median, per_position, fraction;  // median and per-position bounds (× max |logit|), positions within it
+};
+constexpr Bounds kPinned{0.015, 0.04, 1.0}, kOracle{0.02, 0.03, 0.85};
+
+void expect_close(const std::vector<double>& diffs, double max_logit, const Bounds& b, const std::string& what) {
+    std::vector<double> s = diffs;
+    std::sort(s.begin(), s.end());
+    const double median = s[s.size() / 2];
+    const size_t within = std::count_if(s.begin(), s.end(), [&](double d) { return d <= b.per_position * max_logit; });
+    std::printf("%s: |dlogit| median %.3g, max %.3g, %zu/%zu positions within %.0f%% of max |logit| %.3g\n",
+                what.c_str(), median, s.back(), within, s.size(), 100 * b.per_position, max_logit);
+    EXPECT_LE(median, b.median * max_logit) << what;
+    EXPECT_GE(static_cast<double>(within), b.fraction * static_cast<double>(s.size())) << what;
+}
+
+// Spaces each MoE layer's correction bias by 2 (sigmoid scores lie in (0, 1)), so the experts with
+// the largest bias win for every token: routing cannot flip under rounding. Writes the loaded
+// weights in place (the bias is an f32 copy, not the checkpoint's mapping).
+void pin_routing(const DeepseekV3& m) {
+    for (const LayerWeights& l : m.weights().layers) {
+        if (!l.is_moe || !l.moe.bias.defined() || l.moe.bias.numel() == 0) continue;
+        float* b = l.moe.bias.data_as<float>();
+        for (int64_t e = 0; e < l.moe.bias.numel(); ++e) b[e] = 2.0f * static_cast<float>((e * 7) % l.moe.bias.numel());
+    }
+}
+
+// Full-sequence logits (a prefill step) and token-by-token decode on the GPU, against the CPU.
+void check_logits(const DeepseekV3& m, const std::vector<int32_t>& ids, ops::Fp8Mode mode, const Bounds& bounds,
+                  const std::string& what) {
+    const int64_t T = static_cast<int64_t>(ids.size()), V = m.config().vocab_size;
+    const Tensor ref = cpu_logits(m, ids, mode);
+    CudaModelOptions o;
+    o.max_requests = 2;
+    o.max_context = 256;
+    o.max_step_tokens = T;
+    CudaModel gpu(m, o);
+    kv::PagedKvCache blocks = gpu.make_block_allocator();
+    {
+        kv::SequenceBlocks seq;
+        blocks.reserve(seq, T);
+        auto batch = StepBatchBuilder(blocks).add(ids, 0, seq, StepBatchBuilder::Logits::kAll).build();
+        const Tensor got = gpu.forward_logits(batch);
+        expect_close(position_diffs(got.data_as<float>(), ref.data_as<float>(), T, V), max_abs(ref), bounds, what + " prefill");
+        blocks.release(seq);
+    }
+    kv::SequenceBlocks seq;
+    blocks.reserve(seq, T);
+    std::vector<float> got(static_cast<size_t>(T * V));
+    for (int64_t t = 0; t < T; ++t) {
+        auto batch = StepBatchBuilder(blocks).add(std::span(ids).subspan(t, 1), t, seq).build();
+        const Tensor step = gpu.forward_logits(batch);
+        std::copy(step.data_as<float>(), step.data_as<float>() + V, got.begin() + t * V);
+    }
+    expect_close(position_diffs(got.data(), ref.data_as<float>(), T, V), max_abs(ref), bounds, what + " decode");
+}
+
+class OracleCuda : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(OracleCuda, LogitsMatchCpu) {
+    REQUIRE_GPU();
+    const std::string dir = (oracle_dir() / GetParam()).string();
+    auto m = DeepseekV3::load(dir);
+    check_logits(*m, input_ids(dir), ops::Fp8Mode::kDequant, kOracle, GetParam());
+}
+
+// Greedy and seeded sampling through generate_cuda: graphs on and off give the same tokens, and
+// they follow the CPU's until a step where a small perturbation of the CPU's own logits explains
+// the difference (see the file comment): for greedy, the CPU's top-2 margin there is within the
+// pinned bound (4% of the largest |logit|); for sampling, the GPU's token is one the CPU rule picks
+// for a draw within ±0.05 of the step's draw. Past the first divergence the sequences differ in
+// context, so nothing further is compared.
+void check_generate(const DeepseekV3& model, const std::vector<int32_t>& ids, const std::string& name) {
+    const DeepseekV3* m = &model;
+    const int64_t V = m->config().vocab_size;
+    for (const ops::SamplingParams sp : {ops::SamplingParams{}, ops::SamplingParams{0.8f, 40, 0.9f, 7}}) {
+        GenerateRequest req;
+        req.prompt.assign(ids.begin(), ids.begin() + 16);
+        req.max_tokens = 24;
+        req.ignore_eos = true;
+        req.sampling = sp;
+        kv::PagedKvCache cache(m->kv_cache_config(2));
+        ThreadPool pool(2);
+        const auto cpu = generate(*m, cache, req, {}, Stream{&pool});
+        std::vector<std::vector<int32_t>> runs;
+        for (bool graphs : {false, true}) {
+            CudaModelOptions o;
+            o.max_requests = 1;
+            o.max_context = 64;
+            o.max_step_tokens = 16;
+            o.cuda_graphs = graphs;
+            CudaModel gpu(*m, o);
+            kv::PagedKvCache blocks = gpu.make_block_allocator();
+            runs.push_back(generate_cuda(gpu, blocks, req).tokens);
+            EXPECT_EQ(gpu.graphs_captured(), graphs ? 1 : 0);
+        }
+        const std::string what = name + (sp.temperature == 0 ? " greedy" : " sampled");
+        EXPECT_EQ(runs[0], runs[1]) << what << ": graph replay changed the tokens";
+        const auto& gpu = runs[1];
+        ASSERT_EQ(gpu.size(), cpu.tokens.size()) << what;
+        size_t i = 0;
+        while (i < gpu.size() && gpu[i] == cpu.tokens[i]) ++i;
+        std::printf("%s: GPU follows the CPU for %zu of %zu tokens\n", what.c_str(), i, gpu.size());
+        if (i == gpu.size()) continue;
+        std::vector<int32_t> seq = req.prompt;
+        seq.insert(seq.end(), cpu.tokens.begin(), cpu.tokens.begin() + i);
+        const Tensor logits = cpu_logits(*m, seq, ops::Fp8Mode::kDequant);
+        const float* row = logits.data_as<float>() + (static_cast<int64_t>(seq.size()) - 1) * V;
+        if (sp.temperature == 0) {
+            std::vector<float> sorted(row, row + V);
+            std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+            EXPECT_LE(sorted[0] - sorted[1], kPinned.per_position * max_abs(logits))
+                << what << ": token " << i << " differs where the CPU's top-2 margin is " << sorted[0] - sorted[1];
+        } else {
+            ops::Sampler draws(sp);
+            double u = 0;
+            for (size_t k = 0; k <= i; ++k) u = draws.next_uniform();
+            std::vector<std::pair<float, int32_t>> scratch;
+            bool explained = false;
+            for (double du = -0.05; du <= 0.05 && !explained; du += 0.0005)
+                explained = ops::sample_with_uniform(row, V, sp, std::clamp(u + du, 0.0, 0.999999), scratch) == gpu[i];
+            EXPECT_TRUE(explained) << what << ": token " << i << " (" << gpu[i] << ", CPU " << cpu.tokens[i]
+                                   << ") is not a pick of the CPU rule near u = " << u;
+        }
+    }
+}
+
+
+TEST(TinyBf16Cuda, LogitsAndGenerateMatchCpuWithRoutingPinned) {
+    REQUIRE_GPU();
+    const std::string dir = fanout::testing::temp_dir("tiny_bf16");
+    write_synthetic_model(dir, preset_config("tiny", 3), {});
+    auto m = DeepseekV3::load(dir);
+    pin_routing(*m);
+    std::vector<int32_t> ids;
+    for (int i = 0; i < 70; ++i) ids.push_back((i * 7919 + 13) % 129280);
+    check_logits(*m, ids, ops::Fp8Mode::kDequant, kPinned, "tiny bf16 (routing pinned)");
+    check_generate(*m, ids, "tiny bf16 (routing pinned)");
+}
+
+// The fixtures as HF made them: generation is reported (how far the GPU follows the CPU), the
+// graph replay must not change tokens.
+TEST_P(OracleCuda, GenerateIsDeterministicAcrossGraphs) {
+    REQUIRE_GPU();
+    const std::string dir = (oracle_dir() / GetParam()).string();
+    auto m = DeepseekV3::load(dir);
+    const auto ids = input_ids(dir);
+    GenerateRequest req;
+    req.prompt.assign(ids.begin(), ids.begin() + 16);
+    req.max_tokens = 24;
+    req.ignore_eos = true;
+    kv::PagedKvCache cache(m->kv_cache_config(2));
+    ThreadPool pool(2);
+    const auto cpu = generate(*m, cache, req, {}, Stream{&pool});
+    std::vector<std::vector<int32_t>> runs;
+    for (bool graphs : {false, true}) {
+        CudaModelOptions o;
+        o.max_requests = 1;
+        o.max_context = 64;
+        o.max_step_tokens = 16;
+        o.cuda_graphs = graphs;
+        CudaModel gpu(*m, o);
+        kv::PagedKvCache blocks = gpu.make_block_allocator();
+        runs.push_back(generate_cuda(gpu, blocks, req).tokens);
+    }
+    EXPECT_EQ(runs[0], runs[1]) << GetParam() << ": graph replay changed the tokens";
+    size_t i = 0;
+    while (i < runs[1].size() && runs[1][i] == cpu.tokens[i]) ++i;
+    std::printf("%s greedy: GPU follows the CPU for %zu of %zu tokens\n", GetParam().c_str(), i, runs[1].size());
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, OracleCuda, ::testing::ValuesIn(fixture_names()),
+                         [](const auto& info) { return info.param; });
+
+// The embedded tiny model with FP8 weights (partial 128-blocks at every edge), routing pinned,
+// against the CPU's W8A8 path, which quantizes activations like the GPU GEMMs.
+TEST(TinyFp8Cuda, LogitsMatchCpuW8A8) {
+    REQUIRE_GPU();
+    const std::string dir = fanout::testing::temp_dir("tiny_fp8");
+    io::ModelConfig c = preset_config("tiny", 2);
+    c.fp8 = io::Fp8QuantConfig{};
+    write_synthetic_model(dir, c, {});
+    auto m = DeepseekV3::load(dir);
+    std::vector<int32_t> ids;
+    for (int i = 0; i < 70; ++i) ids.push_back((i * 7919 + 13) % 129280);
+    pin_routing(*m);
+    check_logits(*m, ids, ops::Fp8Mode::kW8A8, kPinned, "tiny fp8 (routing pinned)");
+}
+
+// Several requests of different lengths in one step, and bad steps rejected with a message.
+TEST(CudaModel, BatchedDecodeMatchesSingleRequests) {
+    REQUIRE_GPU();
+    const std::string dir = (oracle_dir() / fixture_names().front()).string();
+    auto m = DeepseekV3::load(dir);
+    const auto ids = input_ids(dir);
+    CudaModelOptions o;
+    o.max_requests = 4;
+    o.max_context = 128;
+    o.max_step_tokens = 64;
+    CudaModel gpu(*m, o);
+    kv::PagedKvCache blocks = gpu.make_block_allocator();
+    // Three requests with prompts of 5, 17 and 30 tokens, then one decode step for all three.
+    std::vector<kv::SequenceBlocks> seqs(3);
+    const int lens[3] = {5, 17, 30};
+    for (int r = 0; r < 3; ++r) {
+        blocks.reserve(seqs[r], lens[r] + 1);
+        auto b = StepBatchBuilder(blocks).add(std::span(ids).subspan(0, lens[r]), 0, seqs[r]).build();
+        gpu.forward_logits(b);
+    }
+    StepBatchBuilder sb(blocks);
+    for (int r = 0; r < 3; ++r) sb.add(std::span(ids).subspan(lens[r], 1), lens[r], seqs[r]);
+    const Tensor got = gpu.forward_logits(sb.build());
+    const int64_t V = m->config().vocab_size;
+    for (int r = 0; r < 3; ++r) {
+        const Tensor ref = cpu_logits(*m, std::vector<int32_t>(ids.begin(), ids.begin() + lens[r] + 1), ops::Fp8Mode::kDequant);
+        const double diff = fanout::testing::max_abs_diff(got.data_as<float>() + r * V, ref.data_as<float>() + lens[r] * V, size_t(V));
+        EXPECT_LE(diff, 0.03 * max_abs(ref)) << "request " << r;  // three positions: no routing-flip allowance
+    }
+    kv::SequenceBlocks s;
+    blocks.reserve(s, 2);
+    const int32_t bad[1] = {static_cast<int32_t>(V)};
+    auto b = StepBatchBuilder(blocks).add(bad, 0, s).build();
+    const std::string err = fanout::testing::error_of([&] { gpu.forward_logits(b); });
+    EXPECT_NE(err.find("outside the vocabulary"), std::string::npos) << err;
+}
+
+}  // namespace
+}  // namespace fanout::model

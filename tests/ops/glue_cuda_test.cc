@@ -1,0 +1,366 @@
+// The GPU model runner's small kernels (model_glue_cuda.h), the device sampler (sampling_cuda.h),
+// the bf16 permute and the f32-output BF16 GEMM, each against its CPU counterpart on random
+// odd-shaped input with poisoned outputs. Labelled `gpu`; skipped without a GPU.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "fanout/core/cuda_check.h"
+#include "fanout/ops/activation.h"
+#include "fanout/ops/gemm.h"
+#include "fanout/ops/mla_attention.h"
+#include "fanout/ops/model_glue_cuda.h"
+#include "fanout/ops/moe_permute.h"
+#include "fanout/ops/rms_norm.h"
+#include "fanout/ops/rope.h"
+#include "fanout/ops/sampling.h"
+#include "fanout/ops/sampling_cuda.h"
+#include "test_util.h"
+
+namespace fanout::ops {
+namespace {
+
+bool have_gpu() {
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+#define REQUIRE_GPU() \
+    if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
+
+template <typename T>
+struct Dev {
+    T* ptr = nullptr;
+    size_t n = 0;
+    explicit Dev(size_t count) : n(count) { FANOUT_CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(1, n) * sizeof(T))); }
+    explicit Dev(const std::vector<T>& v) : Dev(v.size()) {
+        FANOUT_CUDA_CHECK(cudaMemcpy(ptr, v.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+    }
+    ~Dev() { cudaFree(ptr); }
+    std::vector<T> get() const {
+        FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<T> v(n);
+        FANOUT_CUDA_CHECK(cudaMemcpy(v.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
+        return v;
+    }
+    void poison() { FANOUT_CUDA_CHECK(cudaMemset(ptr, 0xff, n * sizeof(T))); }
+};
+
+// Random values rounded to bf16: the bf16 bits, and the same values as f32.
+struct Bf16Data {
+    std::vector<uint16_t> bits;
+    std::vector<float> f32;
+};
+Bf16Data random_bf16(size_t n, uint32_t seed, float scale = 1.0f) {
+    const auto f = fanout::testing::random_floats(n, seed, scale);
+    Bf16Data d;
+    for (float v : f) {
+        d.bits.push_back(f32_to_bf16(v));
+        d.f32.push_back(bf16_to_f32(d.bits.back()));
+    }
+    return d;
+}
+
+std::vector<float> to_f32(const std::vector<uint16_t>& b) {
+    std::vector<float> f;
+    for (uint16_t v : b) f.push_back(bf16_to_f32(v));
+    return f;
+}
+
+double rel(const std::vector<float>& got, const std::vector<float>& ref) {
+    return fanout::testing::rel_error(got.data(), ref.data(), ref.size());
+}
+
+RopeTable yarn_table(int64_t dim) {
+    RopeParams p;
+    p.dim = dim;
+    p.yarn = true;
+    p.factor = 40;
+    p.attention_factor = 1.3;
+    return make_rope_table(p);
+}
+
+TEST(GlueCuda, EmbedGathersRows) {
+    REQUIRE_GPU();
+    const int V = 37, D = 129, T = 11;
+    auto table = random_bf16(size_t(V) * D, 1);
+    std::vector<int32_t> tok;
+    for (int t = 0; t < T; ++t) tok.push_back((t * 13 + 5) % V);
+    Dev<uint16_t> dt(table.bits), out(size_t(T) * D);
+    Dev<int32_t> dtok(tok);
+    out.poison();
+    launch_embed_bf16(dt.ptr, dtok.ptr, T, D, out.ptr, nullptr);
+    const auto got = out.get();
+    for (int t = 0; t < T; ++t)
+        for (int d = 0; d < D; ++d) ASSERT_EQ(got[t * D + d], table.bits[tok[t] * D + d]) << t << "," << d;
+}
+
+// q split: the nope part moved head-major, the rope part rotated like rope_apply.
+TEST(GlueCuda, QSplitMatchesRopeApply) {
+    REQUIRE_GPU();
+    const int T = 9, H = 5, nope = 24, rope = 16;
+    auto q = random_bf16(size_t(T) * H * (nope + rope), 2);
+    std::vector<int32_t> pos;
+    for (int t = 0; t < T; ++t) pos.push_back(t * 977 + 3);
+    const RopeTable tab = yarn_table(rope);
+    Tensor ref = Tensor::zeros({T, H, nope + rope}, DType::kF32);
+    std::copy(q.f32.begin(), q.f32.end(), ref.data_as<float>());
+    rope_apply(ref, nope, pos.data(), tab, Stream{});
+    Dev<uint16_t> dq(q.bits), nope_hm(size_t(H) * T * nope), pe(size_t(T) * H * rope);
+    Dev<int32_t> dpos(pos);
+    Dev<float> freq(tab.inv_freq);
+    nope_hm.poison();
+    pe.poison();
+    launch_mla_q_split(dq.ptr, T, H, nope, dpos.ptr, {freq.ptr, rope, tab.attention_factor}, nope_hm.ptr, pe.ptr, nullptr);
+    const auto n = nope_hm.get();
+    const auto p = to_f32(pe.get());
+    std::vector<float> ref_pe;
+    for (int t = 0; t < T; ++t)
+        for (int h = 0; h < H; ++h) {
+            for (int d = 0; d < nope; ++d) ASSERT_EQ(n[(h * T + t) * nope + d], q.bits[(t * H + h) * (nope + rope) + d]);
+            for (int d = 0; d < rope; ++d) ref_pe.push_back(ref.data_as<float>()[(t * H + h) * (nope + rope) + nope + d]);
+        }
+    EXPECT_LT(rel(p, ref_pe), 1e-2);
+}
+
+// kv append: the latent normalized, k_pe rotated, written at the slots (other slots untouched).
+TEST(GlueCuda, KvAppendMatchesCpuChain) {
+    REQUIRE_GPU();
+    const int T = 7, C = 40, rope = 8, stride = 3 + C + rope + 5;
+    auto rows = random_bf16(size_t(T) * stride, 3, 3.0f);
+    auto w = fanout::testing::random_floats(C, 4);
+    std::vector<int32_t> pos, slots;
+    for (int t = 0; t < T; ++t) {
+        pos.push_back(100 + t * 31);
+        slots.push_back(64 * (t % 3) + 5 * t + 1);
+    }
+    const RopeTable tab = yarn_table(rope);
+    Tensor lat = Tensor::zeros({T, C}, DType::kF32), entry = Tensor::zeros({T, 1, C + rope}, DType::kF32);
+    for (int t = 0; t < T; ++t)
+        for (int d = 0; d < C + rope; ++d) {
+            const float v = rows.f32[t * stride + 3 + d];
+            if (d < C) lat.data_as<float>()[t * C + d] = v;
+            entry.data_as<float>()[t * (C + rope) + d] = v;
+        }
+    Tensor wt = Tensor::zeros({C}, DType::kF32);
+    std::copy(w.begin(), w.end(), wt.data_as<float>());
+    rms_norm(lat, wt, 1e-6f, lat, Stream{});
+    for (int t = 0; t < T; ++t)
+        std::copy(lat.data_as<float>() + t * C, lat.data_as<float>() + (t + 1) * C, entry.data_as<float>() + t * (C + rope));
+    rope_apply(entry, C, pos.data(), tab, Stream{});
+    const size_t cache_n = size_t(3 * 64) * (C + rope);
+    Dev<uint16_t> drows(rows.bits), cache(cache_n);
+    Dev<float> dw(w), freq(tab.inv_freq);
+    Dev<int32_t> dpos(pos), dslots(slots);
+    cache.poison();
+    launch_mla_kv_append(drows.ptr + 3, stride, T, C, dw.ptr, 1e-6f, dpos.ptr, {freq.ptr, rope, tab.attention_factor},
+                         dslots.ptr, cache.ptr, nullptr);
+    const auto got = cache.get();
+    std::vector<float> g, r;
+    std::vector<bool> written(cache_n / (C + rope), false);
+    for (int t = 0; t < T; ++t) {
+        written[slots[t]] = true;
+        for (int d = 0; d < C + rope; ++d) {
+            g.push_back(bf16_to_f32(got[size_t(slots[t]) * (C + rope) + d]));
+            r.push_back(entry.data_as<float>()[t * (C + rope) + d]);
+        }
+    }
+    EXPECT_LT(rel(g, r), 1e-2);
+    for (size_t s = 0; s < written.size(); ++s)
+        if (!written[s]) ASSERT_EQ(got[s * (C + rope)], 0xffff) << "slot " << s << " was written";
+}
+
+TEST(GlueCuda, HeadsToTokensAndSiluMul) {
+    REQUIRE_GPU();
+    const int H = 3, T = 5, V = 17;
+    auto x = random_bf16(size_t(H) * T * V, 5);
+    Dev<uint16_t> dx(x.bits), y(size_t(T) * H * V);
+    y.poison();
+    launch_heads_to_tokens(dx.ptr, H, T, V, y.ptr, nullptr);
+    const auto got = y.get();
+    for (int h = 0; h < H; ++h)
+        for (int t = 0; t < T; ++t)
+            for (int v = 0; v < V; ++v) ASSERT_EQ(got[(t * H + h) * V + v], x.bits[(h * T + t) * V + v]);
+
+    const int R = 6, I = 45;
+    auto gu = random_bf16(size_t(R) * 2 * I, 6, 3.0f);
+    Tensor g = Tensor::zeros({R, I}, DType::kF32), u = Tensor::zeros({R, I}, DType::kF32), o = Tensor::zeros({R, I}, DType::kF32);
+    for (int r = 0; r < R; ++r)
+        for (int i = 0; i < I; ++i) {
+            g.data_as<float>()[r * I + i] = gu.f32[r * 2 * I + i];
+            u.data_as<float>()[r * I + i] = gu.f32[r * 2 * I + I + i];
+        }
+    silu_mul(g, u, o, Stream{});
+    Dev<uint16_t> dgu(gu.bits), out(size_t(R) * I);
+    out.poison();
+    launch_silu_mul_bf16(dgu.ptr, R, I, out.ptr, nullptr);
+    EXPECT_LT(rel(to_f32(out.get()), std::vector<float>(o.data_as<float>(), o.data_as<float>() + R * I)), 1e-2);
+}
+
+// y[b, m] = x[b, m] · w[b]ᵀ for m < counts[b]; rows past a count stay poisoned. Also f32 output.
+TEST(GlueCuda, BatchedGemmBf16MatchesCpu) {
+    REQUIRE_GPU();
+    const int B = 3, M = 21, N = 35, K = 50;
+    const std::vector<int32_t> counts = {21, 0, 9};
+    auto x = random_bf16(size_t(B) * M * K, 7), w = random_bf16(size_t(B) * N * K, 8);
+    Dev<uint16_t> dx(x.bits), dw(w.bits), y(size_t(B) * M * N);
+    Dev<float> yf(size_t(B) * M * N);
+    Dev<int32_t> dc(counts);
+    y.poison();
+    yf.poison();
+    BatchedGemmBf16 g;
+    g.x = dx.ptr;
+    g.x_batch_stride = int64_t(M) * K;
+    g.x_row_stride = K;
+    g.w = dw.ptr;
+    g.counts = dc.ptr;
+    g.batch = B;
+    g.M = M;
+    g.N = N;
+    g.K = K;
+    g.y = y.ptr;
+    launch_batched_gemm_bf16(g, nullptr);
+    g.y = nullptr;
+    g.y_f32 = yf.ptr;
+    g.counts = nullptr;
+    launch_batched_gemm_bf16(g, nullptr);
+    const auto got = y.get();
+    const auto gotf = yf.get();
+    std::vector<float> gv, rv, gf, rf;
+    for (int b = 0; b < B; ++b)
+        for (int m = 0; m < M; ++m)
+            for (int n = 0; n < N; ++n) {
+                double acc = 0;
+                for (int k = 0; k < K; ++k) acc += double(x.f32[(b * M + m) * K + k]) * w.f32[(b * N + n) * K + k];
+                const size_t o = (size_t(b) * M + m) * N + n;
+                gf.push_back(gotf[o]);
+                rf.push_back(float(acc));
+                if (m < counts[b]) {
+                    gv.push_back(bf16_to_f32(got[o]));
+                    rv.push_back(float(acc));
+                } else {
+                    ASSERT_EQ(got[o], 0xffff) << "row past the count written: b " << b << " m " << m;
+                }
+            }
+    EXPECT_LT(rel(gv, rv), 1e-2);
+    EXPECT_LT(rel(gf, rf), 1e-5);
+}
+
+TEST(GlueCuda, GemmBf16F32OutMatchesCpu) {
+    REQUIRE_GPU();
+    const int M = 13, N = 72, K = 256;
+    auto x = random_bf16(size_t(M) * K, 9), w = random_bf16(size_t(N) * K, 10);
+    Dev<uint16_t> dx(x.bits), dw(w.bits);
+    Dev<float> y(size_t(M) * N);
+    y.poison();
+    launch_gemm_bf16_f32(dx.ptr, dw.ptr, y.ptr, M, N, K, nullptr);
+    std::vector<float> ref;
+    for (int m = 0; m < M; ++m)
+        for (int n = 0; n < N; ++n) {
+            double acc = 0;
+            for (int k = 0; k < K; ++k) acc += double(x.f32[m * K + k]) * w.f32[n * K + k];
+            ref.push_back(float(acc));
+        }
+    EXPECT_LT(rel(y.get(), ref), 1e-5);
+}
+
+// The bf16 permute: the FP8 permute's order, counts and slots, on 2-byte rows without scales.
+TEST(GlueCuda, PermuteBf16MatchesCpuOrder) {
+    REQUIRE_GPU();
+    const int T = 29, K = 3, D = 40, E = 6, max_m = 20;
+    auto x = random_bf16(size_t(T) * D, 11);
+    std::vector<int32_t> idx;
+    std::mt19937 rng(3);
+    for (int t = 0; t < T; ++t) {
+        std::vector<int32_t> all = {0, 1, 2, 3, 4, 5, 6, 7};
+        std::shuffle(all.begin(), all.end(), rng);
+        for (int k = 0; k < K; ++k) idx.push_back(all[k]);  // 6, 7: experts of another rank
+    }
+    // Reference order: the CPU permute on a byte view of the rows (2 bytes per value, no scales).
+    std::vector<uint8_t> bytes(reinterpret_cast<const uint8_t*>(x.bits.data()),
+                               reinterpret_cast<const uint8_t*>(x.bits.data()) + x.bits.size() * 2);
+    std::vector<uint8_t> ref_x(size_t(E) * max_m * 2 * D);
+    std::vector<float> sx(size_t(T) * 1, 1.0f), ref_s(size_t(E) * max_m);
+    std::vector<int32_t> ref_counts(E), ref_slot(size_t(T) * K);
+    moe_permute_masked_cpu(bytes.data(), sx.data(), idx.data(), T, K, 2 * D, 0, E, max_m, ref_x.data(), ref_s.data(),
+                           ref_counts.data(), ref_slot.data());
+    Dev<uint16_t> dx(x.bits), out(size_t(E) * max_m * D);
+    Dev<int32_t> didx(idx), counts(E), slot(size_t(T) * K);
+    out.poison();
+    counts.poison();
+    slot.poison();
+    launch_moe_permute_masked_bf16(dx.ptr, didx.ptr, T, K, D, 0, E, max_m, out.ptr, counts.ptr, slot.ptr, nullptr);
+    EXPECT_EQ(counts.get(), ref_counts);
+    EXPECT_EQ(slot.get(), ref_slot);
+    const auto got = out.get();
+    for (int e = 0; e < E; ++e)
+        for (int r = 0; r < std::min(ref_counts[e], max_m); ++r)
+            for (int d = 0; d < D; ++d) {
+                const size_t o = (size_t(e) * max_m + r) * D + d;
+                uint16_t ref;
+                std::memcpy(&ref, ref_x.data() + o * 2, 2);
+                ASSERT_EQ(got[o], ref) << e << "," << r << "," << d;
+            }
+}
+
+// The device sampler picks what sample_with_uniform picks, row by row, for greedy, temperature,
+// top-k, top-p and their mixes, over the real vocabulary size with many draws.
+TEST(SamplingCuda, MatchesCpuRule) {
+    REQUIRE_GPU();
+    const int V = 129280;
+    std::vector<SamplingRow> rows;
+    const SamplingRow kinds[] = {{0.0f, 0, 1.0f, 0}, {1.0f, 0, 1.0f, 0}, {0.7f, 50, 1.0f, 0}, {1.3f, 0, 0.9f, 0},
+                                 {0.9f, 20, 0.5f, 0}, {1.0f, 1, 1.0f, 0},  {2.0f, 1000, 0.95f, 0}};
+    std::mt19937_64 rng(5);
+    for (int i = 0; i < 70; ++i) {
+        SamplingRow r = kinds[i % 7];
+        r.uniform = static_cast<double>(rng() >> 11) * 0x1.0p-53;
+        rows.push_back(r);
+    }
+    const int R = static_cast<int>(rows.size());
+    std::vector<float> logits = fanout::testing::random_floats(size_t(R) * V, 12, 6.0f);
+    for (int r = 0; r < R; ++r) logits[size_t(r) * V + (r * 7919) % V] = 30.0f;  // a clear favourite in each row
+    for (int r = 0; r < R; r += 5) logits[size_t(r) * V + 17] = 30.0f;            // and a tie in some
+    Dev<float> dl(logits);
+    Dev<SamplingRow> dp(rows);
+    Dev<int32_t> out(R);
+    out.poison();
+    launch_sample(dl.ptr, R, V, dp.ptr, out.ptr, nullptr);
+    const auto got = out.get();
+    std::vector<std::pair<float, int32_t>> scratch;
+    int differ = 0;
+    for (int r = 0; r < R; ++r) {
+        SamplingParams p{rows[r].temperature, rows[r].top_k, rows[r].top_p, 0};
+        const int32_t ref = sample_with_uniform(logits.data() + size_t(r) * V, V, p, rows[r].uniform, scratch);
+        if (got[r] != ref) {
+            ++differ;
+            ADD_FAILURE() << "row " << r << " (T " << p.temperature << " top_k " << p.top_k << " top_p " << p.top_p
+                          << " u " << rows[r].uniform << "): gpu " << got[r] << " cpu " << ref;
+        }
+    }
+    EXPECT_EQ(differ, 0);
+}
+
+// Flat logits: every token has the same probability, so the pick is a direct function of u —
+// the tie resolution in id order is what is tested.
+TEST(SamplingCuda, FlatLogitsPickByIdOrder) {
+    REQUIRE_GPU();
+    const int V = 1000;
+    std::vector<SamplingRow> rows;
+    for (int i = 0; i < 16; ++i) rows.push_back({1.0f, i % 2 ? 100 : 0, 1.0f, (i + 0.5) / 16.0});
+    std::vector<float> logits(size_t(rows.size()) * V, 0.25f);
+    Dev<float> dl(logits);
+    Dev<SamplingRow> dp(rows);
+    Dev<int32_t> out(rows.size());
+    launch_sample(dl.ptr, int(rows.size()), V, dp.ptr, out.ptr, nullptr);
+    const auto got = out.get();
+    std::vector<std::pair<float, int32_t>> scratch;
+    for (size_t r = 0; r < rows.size(); ++r) {
+        SamplingParams p{rows[r].temperature, rows[r].top_k, rows[r].top_p, 0};
+        EXPECT_EQ(got[r], sample_with_uniform(logits.data() + r * V, V, p, rows[r].uniform, scratch)) << r;
+    }
+}
+
+}  // namespace
+}  // namespace fanout::ops
