@@ -3,7 +3,7 @@
 //   fanout plan recommend  the best layout for a GPU count and an output-speed floor, and runners-up
 //   fanout plan layer      one MoE layer's per-kernel breakdown (beside a `bench layer` JSON)
 //   fanout plan profile    the efficiency profile in use (defaults or calibrated) and its sources
-// Every subcommand takes --calibrate FILE (repeatable): `fanout bench kernels|layer|comm` JSON.
+// Every subcommand takes --calibrate FILE (repeatable): `fanout bench kernels|mla|layer|comm` JSON.
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -25,7 +25,7 @@ struct CommonArgs {
 };
 
 void add_common(CLI::App* cmd, CommonArgs& a) {
-    cmd->add_option("--calibrate", a.calibrate, "benchmark JSON (bench kernels|layer|comm); repeatable")
+    cmd->add_option("--calibrate", a.calibrate, "benchmark JSON (bench kernels|mla|layer|comm); repeatable")
         ->check(CLI::ExistingFile);
     cmd->add_option("--kv-len", a.kv_len, "context tokens per request")->capture_default_str();
     cmd->add_option("--draft-tokens", a.draft_tokens, "MTP draft tokens per step (query length - 1)")
@@ -100,6 +100,7 @@ void run_recommend_cmd(const plan::RecommendOptions& o, const CommonArgs& c) {
 
 struct LayerArgs {
     int ep = 128, tp = 1, batch = 128;
+    bool dense = false;
     std::string hardware = "h100";
     std::string schedule = "all";
     std::string measured;
@@ -116,6 +117,26 @@ void print_seed_row(const plan::Deployment& d, const plan::Hardware& hw, int kv,
     }
 }
 
+bool same_point(const plan::LayerMeasurement& m, const plan::Deployment& d, bool dense) {
+    return m.dense == dense && (dense || m.d.ep == d.ep) && m.d.tp == d.tp && m.d.batch == d.batch &&
+           m.d.query_len() == d.query_len() && m.d.kv_len == d.kv_len;
+}
+
+// Every measured point beside the model: the compute-only layer where the point has no
+// communication, else the layer under the point's schedule.
+void print_measured_points(const std::vector<plan::LayerMeasurement>& measured, const plan::Hardware& hw,
+                           const plan::Profile& prof) {
+    std::printf("\nall measured points (model: %s)\n", "compute-only sum where communication is not included");
+    std::printf("%-6s %5s %6s %10s %10s %8s\n", "layer", "EP", "batch", "model us", "measured", "model/m");
+    for (const auto& m : measured) {
+        if (std::isnan(m.total_us)) continue;
+        const double model = m.comm_included ? plan::moe_layer_time(m.d, hw, prof).total_us
+                                             : plan::layer_compute_us(m.d, hw, prof, m.dense);
+        std::printf("%-6s %5s %6d %10.1f %10.1f %8.2f\n", m.dense ? "dense" : "moe",
+                    m.dense ? "-" : std::to_string(m.d.ep).c_str(), m.d.batch, model, m.total_us, model / m.total_us);
+    }
+}
+
 void run_layer_cmd(const LayerArgs& a, const CommonArgs& c) {
     const plan::Hardware hw = plan::hardware_preset(a.hardware);
     const plan::Profile prof = profile_for(c, hw);
@@ -128,26 +149,48 @@ void run_layer_cmd(const LayerArgs& a, const CommonArgs& c) {
         schedules = {plan::parse_schedule(a.schedule)};
     plan::Deployment d{a.ep, a.tp, a.batch, c.kv_len, c.draft_tokens, c.acceptance, plan::Schedule::kNoOverlap};
     plan::validate(d, hw);
-    std::printf("one MoE layer, %s, EP%d DP%d TP%d, batch %d per instance, query %d, KV %d\n\n", hw.name.c_str(), d.ep,
-                d.dp(), d.tp, d.batch, d.query_len(), d.kv_len);
+    const std::string where = a.dense ? fmt::format("TP{}", d.tp) : fmt::format("EP{} DP{} TP{}", d.ep, d.dp(), d.tp);
+    std::printf("one %s layer, %s, %s, batch %d per instance, query %d, KV %d\n\n", a.dense ? "dense" : "MoE",
+                hw.name.c_str(), where.c_str(), d.batch, d.query_len(), d.kv_len);
     const plan::LayerMeasurement* match = nullptr;
     for (const auto& m : measured)
-        if (m.d.ep == d.ep && m.d.tp == d.tp && m.d.batch == d.batch && m.d.query_len() == d.query_len() &&
-            m.d.kv_len == d.kv_len && m.d.schedule == plan::Schedule::kNoOverlap)
-            match = &m;
+        if (same_point(m, d, a.dense) && m.d.schedule == plan::Schedule::kNoOverlap) match = &m;
     std::printf("%-26s %5s %-11s %9s %9s %8s %10s %10s\n", "kernel (full batch)", "stage", "kind", "MB", "GFLOP",
                 "bound", "model us", "measured");
-    for (const auto& k : plan::layer_kernels(d, hw, prof, d.batch)) {
+    double model_sum = 0, measured_sum = 0;
+    for (const auto& k : plan::layer_kernels(d, hw, prof, d.batch, a.dense)) {
         std::string meas = "-";
         if (match)
-            if (auto it = match->kernels.find(k.name); it != match->kernels.end())
-                meas = fmt::format("{:.1f}", it->second);
+            if (auto it = match->kernels.find(k.name); it != match->kernels.end()) {
+                meas = fmt::format("{:.1f} ({:+.0f}%)", it->second, 100 * (k.us / it->second - 1));
+                measured_sum += it->second;
+            }
+        if (k.kind != "comm") model_sum += k.us;
         const char* bound = k.kind == "comm" ? "link"
                             : k.flops / k.bytes > (k.kind == "attention" ? hw.bf16_flops : hw.fp8_flops) / hw.hbm_bw
                                 ? "compute"
                                 : "memory";
-        std::printf("%-26s %5d %-11s %9.1f %9.2f %8s %10.1f %10s\n", k.name.c_str(), k.stage, k.kind.c_str(),
+        std::printf("%-26s %5d %-11s %9.1f %9.2f %8s %10.1f %16s\n", k.name.c_str(), k.stage, k.kind.c_str(),
                     k.bytes / 1e6, k.flops / 1e9, bound, k.us, meas.c_str());
+    }
+    if (match) {
+        for (const auto& [name, us] : match->kernels) {
+            bool known = false;
+            for (const auto& k : plan::layer_kernels(d, hw, prof, d.batch, a.dense)) known |= k.name == name;
+            if (!known) std::printf("%-26s (measured, not in the model) %.1f\n", name.c_str(), us);
+        }
+        std::printf("%-26s %55.1f %16.1f  (per-kernel rows, events between kernels included)\n",
+                    "sum without communication", model_sum, measured_sum);
+        if (!std::isnan(match->total_us))
+            std::printf("%-26s %55s %16.1f  (model %+.0f%%)%s\n", "measured total_us", "", match->total_us,
+                        100 * (model_sum / match->total_us - 1),
+                        std::isnan(match->marked_total_us)
+                            ? ""
+                            : fmt::format("; with events {:.1f}", match->marked_total_us).c_str());
+    }
+    if (a.dense) {
+        if (!measured.empty()) print_measured_points(measured, hw, prof);
+        return;
     }
     std::printf("\n%-18s %9s %9s %9s %10s %9s %9s %10s\n", "schedule", "total us", "dispatch", "combine", "GroupGEMM",
                 "GEMMs", "attention", "measured");
@@ -157,14 +200,14 @@ void run_layer_cmd(const LayerArgs& a, const CommonArgs& c) {
         const auto lt = plan::moe_layer_time(d, hw, prof);
         std::string meas = "-";
         for (const auto& m : measured)
-            if (m.d.ep == d.ep && m.d.tp == d.tp && m.d.batch == d.batch && m.d.query_len() == d.query_len() &&
-                m.d.kv_len == d.kv_len && m.d.schedule == s && !std::isnan(m.total_us))
+            if (same_point(m, d, false) && m.comm_included && m.d.schedule == s && !std::isnan(m.total_us))
                 meas = fmt::format("{:.1f} ({:+.0f}%)", m.total_us, 100 * (lt.total_us / m.total_us - 1));
         std::printf("%-18s %9.0f %9.0f %9.0f %10.0f %9.0f %9.0f %10s\n", plan::schedule_name(s), lt.total_us,
                     lt.dispatch_us, lt.combine_us, lt.grouped_gemm_us, lt.gemm_us, lt.attention_us, meas.c_str());
         print_seed_row(d, hw, c.kv_len, lt);
     }
     std::printf("\n(dispatch/combine: the time not hidden behind compute under that schedule)\n");
+    if (!measured.empty()) print_measured_points(measured, hw, prof);
 }
 
 void run_profile_cmd(const std::string& hardware, const CommonArgs& c) {
@@ -191,7 +234,9 @@ void run_profile_cmd(const std::string& hardware, const CommonArgs& c) {
     link("dispatch IB", p.dispatch_ib);
     link("combine IB", p.combine_ib);
     link("TP collective", p.tp_collective);
-    for (const auto& [name, f] : p.kernel_scale) std::printf("layer factor %-24s x %.2f\n", name.c_str(), f);
+    for (const auto& q : p.attention_curve)
+        std::printf("attention curve: %6.0f query rows -> %4.1f%% of the BF16 peak\n", q.rows, 100 * q.eff);
+    for (const auto& [name, us] : p.kernel_extra_us) std::printf("kernel extra %-24s %+6.1f us\n", name.c_str(), us);
 }
 
 }  // namespace
@@ -248,6 +293,7 @@ void add_plan_command(CLI::App& app) {
         ->capture_default_str();
     layer->add_option("--measured", la->measured, "a `bench layer` JSON to print beside the model")
         ->check(CLI::ExistingFile);
+    layer->add_flag("--dense", la->dense, "a dense layer (the first 3) instead of a MoE one");
     add_common(layer, *lc);
     layer->callback([la, lc] { run_layer_cmd(*la, *lc); });
 

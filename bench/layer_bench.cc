@@ -71,72 +71,81 @@ std::map<std::string, Cost> layer_costs(const io::ModelConfig& c, double R, doub
 
 struct Timing {
     std::vector<std::string> names;
-    std::vector<double> us;  // per kernel, averaged over replays
-    double total_us = 0;
+    std::vector<double> us;  // per kernel, averaged over replays (with events between kernels)
+    double total_us = 0;         // the layer without events between its kernels
+    double marked_total_us = 0;  // the layer with them
 };
 
-// Captures one layer step as a graph with an event after each kernel, replays it, and averages
-// the gaps between events. hidden is restored from `pristine` before each replay (outside the timing).
+// Captures one layer step as a graph, replays it and averages: once plain (the layer's time), once
+// with an event after each kernel (the breakdown; the event nodes add a little time of their own,
+// so the kernels' sum exceeds the plain total). hidden is restored from `pristine` before each
+// replay, outside the timed span.
 Timing time_layer(CudaLayerExec& exec, const model::DeviceLayer& w, const model::LayerStep& st, uint16_t* hidden,
                   const uint16_t* pristine, size_t hidden_elems, uint16_t* cache, const model::ExpertEmulation* emu,
                   int replays, cudaStream_t s) {
-    std::vector<cudaEvent_t> events;
     Timing t;
-    const auto new_event = [&] {
-        cudaEvent_t e;
-        FANOUT_CUDA_CHECK(cudaEventCreate(&e));
-        events.push_back(e);
-        FANOUT_CUDA_CHECK(cudaEventRecordWithFlags(e, s, cudaEventRecordExternal));
-    };
-    const auto run = [&](bool marked) {
+    const auto timed = [&](bool marked) {
+        std::vector<cudaEvent_t> events;
+        std::vector<std::string> names;
+        const auto new_event = [&] {
+            cudaEvent_t e;
+            FANOUT_CUDA_CHECK(cudaEventCreate(&e));
+            events.push_back(e);
+            FANOUT_CUDA_CHECK(cudaEventRecordWithFlags(e, s, cudaEventRecordExternal));
+        };
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        FANOUT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
         FANOUT_CUDA_CHECK(cudaMemcpyAsync(hidden, pristine, hidden_elems * 2, cudaMemcpyDeviceToDevice, s));
-        if (marked) new_event();
+        new_event();
         exec.run(w, st, hidden, cache,
                  marked ? model::KernelMark([&](const char* name) {
-                     t.names.emplace_back(name);
+                     names.emplace_back(name);
                      new_event();
                  })
                         : model::KernelMark{},
                  emu);
-    };
-    run(false);  // plans, attributes and workspaces outside the capture
-    FANOUT_CUDA_CHECK(cudaStreamSynchronize(s));
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    FANOUT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    run(true);
-    FANOUT_CUDA_CHECK(cudaStreamEndCapture(s, &g));
-    FANOUT_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-    t.us.assign(t.names.size(), 0.0);
-    for (int r = 0; r < replays + 2; ++r) {
-        FANOUT_CUDA_CHECK(cudaGraphLaunch(ge, s));
-        FANOUT_CUDA_CHECK(cudaStreamSynchronize(s));
-        if (r < 2) continue;  // warm-up
-        float total = 0;
-        FANOUT_CUDA_CHECK(cudaEventElapsedTime(&total, events.front(), events.back()));
-        t.total_us += total * 1000.0 / replays;
-        for (size_t i = 0; i < t.names.size(); ++i) {
+        if (!marked) new_event();
+        FANOUT_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+        FANOUT_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+        std::vector<double> us(names.size(), 0.0);
+        double total = 0;
+        for (int r = 0; r < replays + 2; ++r) {
+            FANOUT_CUDA_CHECK(cudaGraphLaunch(ge, s));
+            FANOUT_CUDA_CHECK(cudaStreamSynchronize(s));
+            if (r < 2) continue;  // warm-up
             float ms = 0;
-            FANOUT_CUDA_CHECK(cudaEventElapsedTime(&ms, events[i], events[i + 1]));
-            t.us[i] += ms * 1000.0 / replays;
+            FANOUT_CUDA_CHECK(cudaEventElapsedTime(&ms, events.front(), events.back()));
+            total += ms * 1000.0 / replays;
+            for (size_t i = 0; i < names.size(); ++i) {
+                FANOUT_CUDA_CHECK(cudaEventElapsedTime(&ms, events[i], events[i + 1]));
+                us[i] += ms * 1000.0 / replays;
+            }
         }
-    }
-    cudaGraphExecDestroy(ge);
-    cudaGraphDestroy(g);
-    for (cudaEvent_t e : events) cudaEventDestroy(e);
-    // A kernel marked twice (the dense MLP's silu variants) is summed under one name.
-    Timing merged;
-    merged.total_us = t.total_us;
-    for (size_t i = 0; i < t.names.size(); ++i) {
-        auto it = std::find(merged.names.begin(), merged.names.end(), t.names[i]);
-        if (it == merged.names.end()) {
-            merged.names.push_back(t.names[i]);
-            merged.us.push_back(t.us[i]);
-        } else {
-            merged.us[it - merged.names.begin()] += t.us[i];
+        cudaGraphExecDestroy(ge);
+        cudaGraphDestroy(g);
+        for (cudaEvent_t e : events) cudaEventDestroy(e);
+        if (!marked) {
+            t.total_us = total;
+            return;
         }
-    }
-    return merged;
+        // A name marked twice is summed under one name.
+        for (size_t i = 0; i < names.size(); ++i) {
+            auto it = std::find(t.names.begin(), t.names.end(), names[i]);
+            if (it == t.names.end()) {
+                t.names.push_back(names[i]);
+                t.us.push_back(us[i]);
+            } else {
+                t.us[it - t.names.begin()] += us[i];
+            }
+        }
+        t.marked_total_us = total;
+    };
+    exec.run(w, st, hidden, cache, {}, emu);  // plans, attributes and workspaces outside the capture
+    FANOUT_CUDA_CHECK(cudaStreamSynchronize(s));
+    timed(false);
+    timed(true);
+    return t;
 }
 
 }  // namespace
@@ -222,7 +231,9 @@ int run_layer_bench(const LayerBenchOptions& opts) {
             }
             std::printf("\n");
         }
-        std::printf("%-24s", "layer total");
+        std::printf("%-24s", "sum (events between)");
+        for (const auto& [b, t] : rows) std::printf(" %8.1f %6s", t.marked_total_us, "");
+        std::printf("\n%-24s", "layer total");
         for (const auto& [b, t] : rows) std::printf(" %8.1f %6s", t.total_us, "");
         std::printf("\n");
     };
@@ -258,7 +269,7 @@ int run_layer_bench(const LayerBenchOptions& opts) {
             points.push_back({{"ep", moe ? ep : 0}, {"layer", moe ? "moe" : "dense"}, {"tp", 1}, {"batch", b},
                               {"query_len", q}, {"kv_len", opts.kv_len}, {"schedule", "no_overlap"},
                               {"communication", "not included"}, {"tokens_per_expert", m}, {"local_experts", local},
-                              {"total_us", t.total_us}, {"grouped_gemm_us", grouped}, {"kernels", kernels},
+                              {"total_us", t.total_us}, {"marked_total_us", t.marked_total_us}, {"grouped_gemm_us", grouped}, {"kernels", kernels},
                               {"floors_us", floors}});
             rows.emplace_back(b, std::move(t));
         }

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the device tool), over binaries built on the CPU machine:
-#   scripts/gpu_check.sh BUILD_DIR [all|kernels]
+#   scripts/gpu_check.sh BUILD_DIR [all|kernels|model]
 # BUILD_DIR holds a CUDA build's executables, .carry/build as scripts/prepare_carry.sh makes it,
 # carried with .carry/lib (the shared libraries the GPU machine lacks).
 # tests, the HF oracle afresh (fixtures regenerated there by transformers, then compared), and the
 # CPU benchmark; logs and JSON go to $OUT. Both modes run the CUDA kernel tests (once more under
 # compute-sanitizer memcheck/racecheck/synccheck when SANITIZE=1), the SASS check and `fanout bench
-# kernels` (BENCH_ARGS, e.g. --sweep); `kernels` stops there.
+# kernels` (BENCH_ARGS, e.g. --sweep); `kernels` stops there. `model` runs the GPU model runner's
+# tests (glue kernels, MLA, sampling, the model against the CPU path; sanitized when SANITIZE=1)
+# and `fanout bench mla` and `fanout bench layer`; `all` runs everything.
 set -uo pipefail
 build=${1:-.carry/build}
 mode=${2:-all}
@@ -22,6 +24,28 @@ run() {  # run NAME CMD...: logs to $out/NAME.log, records pass/fail
     if "${@:2}" > "$logs/$1.log" 2>&1; then echo "PASS $1"; else echo "FAIL $1 (rc $?)"; tail -20 "$logs/$1.log"; status=1; fi
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+if [[ $mode == model || $mode == all ]]; then
+    for t in ops/glue_cuda_test ops/mla_cuda_test model/model_cuda_test; do
+        run "$(basename $t)" "$build/tests/$t"
+        tail -3 "$logs/$(basename $t).log"
+    done
+    grep -h "dlogit\|follows" "$logs/model_cuda_test.log" | head -30
+    if [[ ${SANITIZE:-0} == 1 ]]; then
+        for tool in memcheck racecheck; do
+            run "sanitize_model_$tool" compute-sanitizer --tool $tool --error-exitcode 1 "$build/tests/ops/glue_cuda_test"
+            run "sanitize_mla_$tool" compute-sanitizer --tool $tool --error-exitcode 1 "$build/tests/ops/mla_cuda_test"
+        done
+    fi
+    run bench_mla "$build/apps/fanout" bench mla --json "$out/mla_bench.json"
+    cat "$logs/bench_mla.log"
+    run bench_layer "$build/apps/fanout" bench layer --json "$out/layer_bench.json"
+    cp "$logs/bench_layer.log" "$out/layer_bench.txt"
+    tail -12 "$logs/bench_layer.log"
+    if [[ $mode == model ]]; then
+        tar czf "$out/logs.tgz" -C "$logs" .
+        exit $status
+    fi
+fi
 run ops_cuda_test "$build/tests/ops/ops_cuda_test"
 tail -3 "$logs/ops_cuda_test.log"
 # The tensor-core path must be there: QGMMA (fp8 wgmma) and UTMALDG (TMA) in the GEMM kernels.

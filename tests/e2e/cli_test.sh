@@ -41,6 +41,19 @@ b=$("$fanout" generate --model tiny --prompt-ids 5,6,7 --max-tokens 8 --temperat
 c=$("$fanout" generate --model tiny --prompt-ids 5,6,7 --max-tokens 8 --temperature 0.8 --seed 4 --ignore-eos 2>/dev/null)
 [[ -n $a && $a == "$b" && $a != "$c" ]] && ok "same seed same tokens, other seed other tokens" || bad "seeded sampling" "$a | $b | $c"
 
+# The GPU runner: on a GPU it generates; without one (CI) it says why, whichever way fanout was built.
+if nvidia-smi -L >/dev/null 2>&1; then
+    expect_ok "generate --device cuda on the embedded tiny model" "$ids16" \
+        "$fanout" generate --model tiny --device cuda --prompt-ids 0,100,200,300 --max-tokens 16 --ignore-eos
+else
+    "$fanout" generate --model tiny --device cuda --prompt-ids 1,2 --max-tokens 2 >/dev/null 2>"$work/stderr"
+    rc=$?
+    if [[ $rc -eq 2 ]] && grep -qE "no CUDA device|built without CUDA" "$work/stderr"; then
+        ok "generate --device cuda without a GPU is a clear error"
+    else
+        bad "generate --device cuda without a GPU" "exit $rc: $(cat "$work/stderr")"
+    fi
+fi
 "$fanout" score --model tiny --token-ids 1,2,3,4,5 --output "$work/logits.f32" 2>"$work/stderr"
 size=$(stat -c %s "$work/logits.f32" 2>/dev/null || echo 0)
 [[ $size -eq $((5 * 129280 * 4)) ]] && ok "score writes [T, vocab] float32" || bad "score" "size $size"

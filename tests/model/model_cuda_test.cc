@@ -87,19 +87,22 @@ std::vector<double> position_diffs(const float* got, const float* ref, int64_t T
 // 1.5% of the largest |logit| and 90% of positions within 3%. A routing decision that flips under
 // bf16 rounding (two experts' scores within ~1e-3) moves that token — and, through attention, a
 // few later ones — by O(1); a wrong kernel moves every position.
+// Bounds on per-position max |Δlogit|: on the median, and on a fraction of the positions. Either
+// relative to the largest |logit| of the reference (bf16 models) or absolute (FP8, see there).
 struct Bounds {
-    double median, per_position, fraction;  // median and per-position bounds (× max |logit|), positions within it
+    double median, per_position, fraction;
+    bool relative = true;
 };
 constexpr Bounds kPinned{0.015, 0.04, 1.0}, kOracle{0.02, 0.03, 0.85};
 
 void expect_close(const std::vector<double>& diffs, double max_logit, const Bounds& b, const std::string& what) {
     std::vector<double> s = diffs;
     std::sort(s.begin(), s.end());
-    const double median = s[s.size() / 2];
-    const size_t within = std::count_if(s.begin(), s.end(), [&](double d) { return d <= b.per_position * max_logit; });
-    std::printf("%s: |dlogit| median %.3g, max %.3g, %zu/%zu positions within %.0f%% of max |logit| %.3g\n",
-                what.c_str(), median, s.back(), within, s.size(), 100 * b.per_position, max_logit);
-    EXPECT_LE(median, b.median * max_logit) << what;
+    const double median = s[s.size() / 2], scale = b.relative ? max_logit : 1.0;
+    const size_t within = std::count_if(s.begin(), s.end(), [&](double d) { return d <= b.per_position * scale; });
+    std::printf("%s: |dlogit| median %.3g (bound %.3g), max %.3g, %zu/%zu positions within %.3g; max |logit| %.3g\n",
+                what.c_str(), median, b.median * scale, s.back(), within, s.size(), b.per_position * scale, max_logit);
+    EXPECT_LE(median, b.median * scale) << what;
     EXPECT_GE(static_cast<double>(within), b.fraction * static_cast<double>(s.size())) << what;
 }
 
@@ -154,11 +157,10 @@ TEST_P(OracleCuda, LogitsMatchCpu) {
 }
 
 // Greedy and seeded sampling through generate_cuda: graphs on and off give the same tokens, and
-// they follow the CPU's until a step where a small perturbation of the CPU's own logits explains
-// the difference (see the file comment): for greedy, the CPU's top-2 margin there is within the
-// pinned bound (4% of the largest |logit|); for sampling, the GPU's token is one the CPU rule picks
-// for a draw within ±0.05 of the step's draw. Past the first divergence the sequences differ in
-// context, so nothing further is compared.
+// greedy follows the CPU's until a step where the CPU's top-2 margin is within the pinned bound
+// (4% of the largest |logit|), the logits' own error (past it the contexts differ, so nothing
+// further is compared). Sampled runs report how far they follow the CPU (a 1% logit difference
+// moves the sampling CDF by more than rounding) and check the sampler exactly (below).
 void check_generate(const DeepseekV3& model, const std::vector<int32_t>& ids, const std::string& name) {
     const DeepseekV3* m = &model;
     const int64_t V = m->config().vocab_size;
@@ -195,25 +197,37 @@ void check_generate(const DeepseekV3& model, const std::vector<int32_t>& ids, co
         seq.insert(seq.end(), cpu.tokens.begin(), cpu.tokens.begin() + i);
         const Tensor logits = cpu_logits(*m, seq, ops::Fp8Mode::kDequant);
         const float* row = logits.data_as<float>() + (static_cast<int64_t>(seq.size()) - 1) * V;
-        if (sp.temperature == 0) {
+        if (sp.temperature == 0) {  // sampled: reported only
             std::vector<float> sorted(row, row + V);
             std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
             EXPECT_LE(sorted[0] - sorted[1], kPinned.per_position * max_abs(logits))
                 << what << ": token " << i << " differs where the CPU's top-2 margin is " << sorted[0] - sorted[1];
-        } else {
-            ops::Sampler draws(sp);
-            double u = 0;
-            for (size_t k = 0; k <= i; ++k) u = draws.next_uniform();
-            std::vector<std::pair<float, int32_t>> scratch;
-            bool explained = false;
-            for (double du = -0.05; du <= 0.05 && !explained; du += 0.0005)
-                explained = ops::sample_with_uniform(row, V, sp, std::clamp(u + du, 0.0, 0.999999), scratch) == gpu[i];
-            EXPECT_TRUE(explained) << what << ": token " << i << " (" << gpu[i] << ", CPU " << cpu.tokens[i]
-                                   << ") is not a pick of the CPU rule near u = " << u;
         }
     }
+    // Sampling: the device sampler inside the runner picks, from the runner's own logits, what the
+    // CPU rule picks with the request generator's first draw. The prefill step is replayed with
+    // the same batch shape (same kernels, deterministic), so the logits are the ones it sampled from.
+    const ops::SamplingParams sp{0.8f, 40, 0.9f, 7};
+    GenerateRequest req;
+    req.prompt.assign(ids.begin(), ids.begin() + 16);
+    req.max_tokens = 1;
+    req.ignore_eos = true;
+    req.sampling = sp;
+    CudaModelOptions o;
+    o.max_requests = 1;
+    o.max_context = 64;
+    o.max_step_tokens = 16;
+    CudaModel gpu(*m, o);
+    kv::PagedKvCache blocks = gpu.make_block_allocator();
+    const int32_t sampled = generate_cuda(gpu, blocks, req).tokens.at(0);
+    kv::SequenceBlocks seq;
+    blocks.reserve(seq, 16);
+    const Tensor logits = gpu.forward_logits(StepBatchBuilder(blocks).add(req.prompt, 0, seq).build());
+    std::vector<std::pair<float, int32_t>> scratch;
+    ops::Sampler draws(sp);
+    EXPECT_EQ(sampled, ops::sample_with_uniform(logits.data_as<float>(), V, sp, draws.next_uniform(), scratch))
+        << name << ": the device sampler disagrees with the CPU rule on the runner's own logits";
 }
-
 
 TEST(TinyBf16Cuda, LogitsAndGenerateMatchCpuWithRoutingPinned) {
     REQUIRE_GPU();
@@ -262,7 +276,11 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, OracleCuda, ::testing::ValuesIn(fixture_names
                          [](const auto& info) { return info.param; });
 
 // The embedded tiny model with FP8 weights (partial 128-blocks at every edge), routing pinned,
-// against the CPU's W8A8 path, which quantizes activations like the GPU GEMMs.
+// against the CPU's W8A8 path, which quantizes activations like the GPU GEMMs. FP8 rounding
+// amplifies small input differences (an input off by a bf16 ulp lands on the other side of an
+// e4m3 rounding boundary ~7% of the time, and that element moves by an e4m3 step, 6%), so the
+// bound is the quantization's own effect, measured here: the GPU may differ from the CPU's W8A8
+// logits by at most 1.5× what W8A8 differs from the exact (dequantized) weights on the CPU.
 TEST(TinyFp8Cuda, LogitsMatchCpuW8A8) {
     REQUIRE_GPU();
     const std::string dir = fanout::testing::temp_dir("tiny_fp8");
@@ -270,10 +288,17 @@ TEST(TinyFp8Cuda, LogitsMatchCpuW8A8) {
     c.fp8 = io::Fp8QuantConfig{};
     write_synthetic_model(dir, c, {});
     auto m = DeepseekV3::load(dir);
+    pin_routing(*m);
     std::vector<int32_t> ids;
     for (int i = 0; i < 70; ++i) ids.push_back((i * 7919 + 13) % 129280);
-    pin_routing(*m);
-    check_logits(*m, ids, ops::Fp8Mode::kW8A8, kPinned, "tiny fp8 (routing pinned)");
+    const int64_t T = static_cast<int64_t>(ids.size()), V = m->config().vocab_size;
+    const Tensor w8a8 = cpu_logits(*m, ids, ops::Fp8Mode::kW8A8), exact = cpu_logits(*m, ids, ops::Fp8Mode::kDequant);
+    std::vector<double> noise = position_diffs(w8a8.data_as<float>(), exact.data_as<float>(), T, V);
+    std::sort(noise.begin(), noise.end());
+    std::printf("tiny fp8: CPU W8A8 vs exact weights: |dlogit| median %.3g, max %.3g\n", noise[noise.size() / 2],
+                noise.back());
+    const Bounds b{1.5 * noise[noise.size() / 2], 1.5 * noise.back(), 1.0, false};
+    check_logits(*m, ids, ops::Fp8Mode::kW8A8, b, "tiny fp8 (routing pinned)");
 }
 
 // Several requests of different lengths in one step, and bad steps rejected with a message.

@@ -174,8 +174,10 @@ TEST(GemmFp8Cuda, MatchesCpuReferenceWithTheMeasuredTable) {
     REQUIRE_GPU();
     ThreadPool pool(0);
     GemmWorkspace ws;
-    // (130, 200): K not a multiple of 16 runs on the SIMT fallback; the others on wgmma.
-    for (auto [N, K] : {std::pair{128, 128}, {130, 200}, {200, 144}, {576, 7168}, {2112, 512}, {7168, 2048}}) {
+    // (130, 200): K not a multiple of 16 runs on the SIMT fallback; the others on wgmma. K below
+    // one 128-block (32, 64, 96): the tiny models' projections.
+    for (auto [N, K] : {std::pair{128, 128}, {130, 200}, {200, 144}, {576, 7168}, {2112, 512}, {7168, 2048},
+                        {176, 256}, {192, 96}, {256, 64}, {64, 32}}) {
         for (int M : {1, 7, 64, 129, 1000, 4096}) {
             if (int64_t(M) * N * K > int64_t(4096) * 2112 * 512) continue;  // keep the CPU reference quick
             run_dense(Fp8Operands(M, N, K, 51 + M + N), GemmConfig{}, &ws, false, pool);
@@ -292,6 +294,35 @@ TEST(GroupedGemmFp8Cuda, MaskedMatchesCpuReferenceAndReplaysInAGraph) {
         cudaGraphDestroy(graph);
     }
     cudaStreamDestroy(stream);
+}
+
+// The small widths of tiny models and per-head batched GEMMs: K below one 128-block (32, 64, 96)
+// and N below one tile — k_b (N = kv_lora, K = nope), v_b (N = v, K = kv_lora), expert down.
+TEST(GroupedGemmFp8Cuda, MaskedSmallWidths) {
+    REQUIRE_GPU();
+    ThreadPool pool(0);
+    for (auto [E, max_m, N, K] : {std::tuple{4, 70, 64, 32}, {4, 70, 32, 64}, {16, 9, 256, 96}, {16, 9, 192, 256}}) {
+        const Fp8Operands o(int64_t(E) * max_m, N, K, 91 + K, E);
+        DeviceFp8 d(o);
+        std::vector<int32_t> counts;
+        for (int e = 0; e < E; ++e) counts.push_back((e * 37 + 5) % (max_m + 1));
+        DeviceBuffer<int32_t> dcounts(E);
+        dcounts.upload(counts.data());
+        DeviceBuffer<uint16_t> dy(size_t(E) * max_m * N);
+        dy.poison();
+        launch_grouped_gemm_fp8_masked(d.x.ptr, d.sx.ptr, dcounts.ptr, E, max_m, d.w.ptr, d.sw.ptr, N, K, dy.ptr,
+                                       max_m, nullptr);
+        FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<uint16_t> got(size_t(E) * max_m * N);
+        dy.download(got.data());
+        for (int e = 0; e < E; ++e) {
+            if (counts[e] == 0) continue;
+            std::vector<float> ref(size_t(counts[e]) * N);
+            o.reference(int64_t(e) * max_m, counts[e], e, ref.data(), pool);
+            expect_close_bf16(got.data() + size_t(e) * max_m * N, ref.data(), ref.size(),
+                              "N " + std::to_string(N) + " K " + std::to_string(K) + " expert " + std::to_string(e));
+        }
+    }
 }
 
 TEST(SiluMulQuantCuda, MaskedMatchesCpuReference) {

@@ -33,18 +33,22 @@ __device__ inline void rope_pair(float& a, float& b, float pos, int i, const Rop
     b = y;
 }
 
-// One block per token: every head's nope part to the head-major buffer, the rope part rotated.
+// A block per (token, kHeadsPerBlock heads) — decode steps have few tokens, so the heads supply
+// the parallelism: every head's nope part to the head-major buffer, the rope part rotated.
+constexpr int kHeadsPerBlock = 4;
+
 __global__ void mla_q_split_kernel(const bf16* __restrict__ q, int T, int H, int nope, const int32_t* __restrict__ positions,
                                    RopeDevice rope, bf16* __restrict__ q_nope_hm, bf16* __restrict__ q_pe) {
     const int t = blockIdx.x, width = nope + rope.dim, half = rope.dim / 2;
+    const int h0 = blockIdx.y * kHeadsPerBlock, nh = min(kHeadsPerBlock, H - h0);
     const float pos = static_cast<float>(positions[t]);
     const bf16* row = q + static_cast<size_t>(t) * H * width;
-    for (int i = threadIdx.x; i < H * nope; i += kThreads) {
-        const int h = i / nope, d = i % nope;
+    for (int i = threadIdx.x; i < nh * nope; i += kThreads) {
+        const int h = h0 + i / nope, d = i % nope;
         q_nope_hm[(static_cast<size_t>(h) * T + t) * nope + d] = row[h * width + d];
     }
-    for (int i = threadIdx.x; i < H * half; i += kThreads) {
-        const int h = i / half, p = i % half;
+    for (int i = threadIdx.x; i < nh * half; i += kThreads) {
+        const int h = h0 + i / half, p = i % half;
         const bf16* src = row + h * width + nope + 2 * p;
         float a = __bfloat162float(src[0]), b = __bfloat162float(src[1]);
         rope_pair(a, b, pos, p, rope);
@@ -89,9 +93,12 @@ __global__ void mla_kv_append_kernel(const bf16* __restrict__ kv_a, int64_t row_
     }
 }
 
+// A block per (token, kChunk values of its H·V).
+constexpr int kChunk = 1024;
+
 __global__ void heads_to_tokens_kernel(const bf16* __restrict__ x, int H, int T, int V, bf16* __restrict__ y) {
-    const int t = blockIdx.x;
-    for (int i = threadIdx.x; i < H * V; i += kThreads) {
+    const int t = blockIdx.x, end = min(H * V, static_cast<int>(blockIdx.y + 1) * kChunk);
+    for (int i = blockIdx.y * kChunk + threadIdx.x; i < end; i += kThreads) {
         const int h = i / V, v = i % V;
         y[static_cast<size_t>(t) * H * V + i] = x[(static_cast<size_t>(h) * T + t) * V + v];
     }
@@ -192,7 +199,8 @@ void launch_mla_q_split(const uint16_t* q, int T, int H, int nope, const int32_t
                         uint16_t* q_nope_hm, uint16_t* q_pe, void* cuda_stream) {
     FANOUT_DEVICE_REQUIRE(rope.dim % 2 == 0, "mla_q_split: the rope width must be even, got " + std::to_string(rope.dim));
     if (T <= 0) return;
-    mla_q_split_kernel<<<T, kThreads, 0, as_stream(cuda_stream)>>>(reinterpret_cast<const bf16*>(q), T, H, nope,
+    const dim3 grid(T, (H + kHeadsPerBlock - 1) / kHeadsPerBlock);
+    mla_q_split_kernel<<<grid, kThreads, 0, as_stream(cuda_stream)>>>(reinterpret_cast<const bf16*>(q), T, H, nope,
                                                                    positions, rope, reinterpret_cast<bf16*>(q_nope_hm),
                                                                    reinterpret_cast<bf16*>(q_pe));
     FANOUT_CUDA_CHECK_LAUNCH("mla_q_split_kernel");
@@ -213,7 +221,8 @@ void launch_mla_kv_append(const uint16_t* kv_a, int64_t row_stride, int T, int k
 
 void launch_heads_to_tokens(const uint16_t* x, int H, int T, int V, uint16_t* y, void* cuda_stream) {
     if (T <= 0) return;
-    heads_to_tokens_kernel<<<T, kThreads, 0, as_stream(cuda_stream)>>>(reinterpret_cast<const bf16*>(x), H, T, V,
+    const dim3 grid(T, (H * V + kChunk - 1) / kChunk);
+    heads_to_tokens_kernel<<<grid, kThreads, 0, as_stream(cuda_stream)>>>(reinterpret_cast<const bf16*>(x), H, T, V,
                                                                        reinterpret_cast<bf16*>(y));
     FANOUT_CUDA_CHECK_LAUNCH("heads_to_tokens_kernel");
 }

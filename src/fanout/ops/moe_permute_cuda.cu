@@ -2,7 +2,7 @@
 // chunk) scans the T·K choices with a block-wide ballot prefix sum — so each expert's rows come out
 // in (t, k) order, exactly the CPU reference's, with no atomics — keeps the expert's token list in
 // shared memory and copies its share of the rows (16-byte vectors) and scales. Unpermute: a block
-// per token sums its weighted expert rows in f32. Only fmt-free headers here.
+// per (token, 1024-value chunk) sums its weighted expert rows in f32. Only fmt-free headers here.
 #include <cuda_bf16.h>
 
 #include <string>
@@ -15,6 +15,9 @@ namespace fanout::ops {
 namespace {
 
 constexpr int kThreads = 256, kMaxRows = 4096, kRowChunks = 8, kMaxK = 32;
+// Un-permute: a block per (token, chunk of the row), so a decode step of a few tokens still
+// spreads over the GPU.
+constexpr int kUnpermuteChunk = 1024;
 
 __global__ void __launch_bounds__(kThreads)
     moe_permute_kernel(const uint8_t* __restrict__ x, const float* __restrict__ sx, const int32_t* __restrict__ idx,
@@ -80,7 +83,8 @@ __global__ void __launch_bounds__(kThreads)
         w[threadIdx.x] = weight[t * K + threadIdx.x];
     }
     __syncthreads();
-    for (int d = threadIdx.x; d < D; d += kThreads) {
+    const int end = min(D, static_cast<int>(blockIdx.y + 1) * kUnpermuteChunk);
+    for (int d = blockIdx.y * kUnpermuteChunk + threadIdx.x; d < end; d += kThreads) {
         float acc = base != nullptr ? __bfloat162float(base[t * D + d]) : 0.0f;
         for (int k = 0; k < K; ++k)
             if (rows[k] >= 0) acc += w[k] * __bfloat162float(y[static_cast<size_t>(rows[k]) * D + d]);
@@ -116,7 +120,8 @@ void launch_moe_unpermute(const uint16_t* y, const int32_t* slot, const float* w
     FANOUT_DEVICE_REQUIRE(K > 0 && K <= kMaxK && D > 0,
                           "moe_unpermute: K " + std::to_string(K) + " (at most 32), D " + std::to_string(D));
     if (T <= 0) return;
-    moe_unpermute_kernel<<<T, kThreads, 0, static_cast<cudaStream_t>(cuda_stream)>>>(
+    const dim3 grid(T, (D + kUnpermuteChunk - 1) / kUnpermuteChunk);
+    moe_unpermute_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(cuda_stream)>>>(
         reinterpret_cast<const __nv_bfloat16*>(y), slot, weight, K, D, reinterpret_cast<const __nv_bfloat16*>(base),
         reinterpret_cast<__nv_bfloat16*>(out));
     FANOUT_CUDA_CHECK_LAUNCH("moe_unpermute_kernel");

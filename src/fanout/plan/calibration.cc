@@ -1,5 +1,6 @@
 #include "fanout/plan/calibration.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -60,8 +61,7 @@ json load(const std::string& path) {
     }
 }
 
-void calibrate_kernels(Profile& p, const json& j, const Reader& r, const Hardware& hw,
-                       std::vector<std::string>& notes) {
+void note_gpu(const json& j, const Reader& r, const Hardware& hw, std::vector<std::string>& notes) {
     if (j.contains("gpu") && j["gpu"].is_string()) {
         const std::string gpu = j["gpu"].get<std::string>();
         const std::string want = hw.name.substr(0, 4);  // "H100" / "H200"
@@ -69,6 +69,11 @@ void calibrate_kernels(Profile& p, const json& j, const Reader& r, const Hardwar
             notes.push_back(fmt::format("{}: measured on '{}', applied to {} as fractions of its datasheet", r.file(),
                                         gpu, hw.name));
     }
+}
+
+void calibrate_kernels(Profile& p, const json& j, const Reader& r, const Hardware& hw,
+                       std::vector<std::string>& notes) {
+    note_gpu(j, r, hw, notes);
     auto refit = [&](Roofline& target, const std::vector<RooflineSample>& samples, const char* what) {
         if (samples.size() < 3) {
             notes.push_back(
@@ -132,7 +137,20 @@ void calibrate_kernels(Profile& p, const json& j, const Reader& r, const Hardwar
     } else {
         notes.push_back(fmt::format("{}: no 'grouped' section: grouped GEMM roofline kept", r.file()));
     }
-    if (ew_n > 0) {
+    // Elementwise kernels read what the kernel before them just wrote (L2-resident at decode sizes),
+    // so their bandwidth is the measured copy ceiling. The standalone silu·mul·quant rows run on
+    // cold inputs (~19% of HBM); the same kernel inside `bench layer` runs at several times that.
+    if (const auto copy = r.opt_num(j, "copy_gbs", "top level")) {
+        FANOUT_CHECK(*copy > 0, "{}: copy_gbs must be positive", r.file());
+        p.elementwise.bw_eff = *copy * 1e9 / hw.hbm_bw;
+        p.elementwise.source = fmt::format("copy ceiling {:.0f} GB/s in {}", *copy, r.file());
+        notes.push_back(fmt::format("{}: elementwise kernels at the copy ceiling, {:.0f}% of HBM{}", r.file(),
+                                    100 * p.elementwise.bw_eff,
+                                    ew_n > 0 ? fmt::format(" (standalone silu·mul·quant on cold inputs: {:.0f}%, {} "
+                                                           "points, not used)",
+                                                           100 * ew_bw_sum / ew_n, ew_n)
+                                             : std::string()));
+    } else if (ew_n > 0) {
         p.elementwise.bw_eff = ew_bw_sum / ew_n;
         p.elementwise.source = fmt::format("silu_mul_quant_masked in {} ({} points)", r.file(), ew_n);
         notes.push_back(fmt::format("{}: elementwise kernels at {:.0f}% of HBM (fused silu·mul·quant, {} points)",
@@ -202,26 +220,84 @@ void calibrate_comm(Profile& p, const json& j, const Reader& r, const Hardware& 
     fit_link(p.combine_ib, by["ib combine"], hw.ib_bw, "IB combine", r.file(), notes);
 }
 
+void calibrate_mla(Profile& p, const json& j, const Reader& r, const Hardware& hw, std::vector<std::string>& notes) {
+    note_gpu(j, r, hw, notes);
+    const json& rows = r.array(j, "rows", "top level");
+    std::vector<EfficiencyPoint> curve;
+    std::string effs;
+    for (size_t i = 0; i < rows.size(); ++i) {
+        const std::string where = fmt::format("rows[{}]", i);
+        const double batch = r.num(rows[i], "batch", where), query = r.num(rows[i], "query_len", where);
+        const double heads = r.num(rows[i], "heads", where), kv = r.num(rows[i], "kv_len", where);
+        const double us = r.time(rows[i], "us", where);
+        FANOUT_CHECK(batch >= 1 && query >= 1 && heads >= 1 && kv >= 1,
+                     "{}: {} needs positive batch, query_len, heads, kv_len", r.file(), where);
+        // The cost model's accounting: scores over 576 dims, values over 512.
+        const double flops = 2 * batch * query * heads * kv * ((v3::kKvLora + v3::kRope) + v3::kKvLora);
+        curve.push_back({batch * query * heads, flops / (us * 1e-6) / hw.bf16_flops});
+        effs += fmt::format("{}{:.0f}: {:.1f}%", effs.empty() ? "" : ", ", batch, 100 * curve.back().eff);
+    }
+    if (curve.empty()) {
+        notes.push_back(fmt::format("{}: no rows: attention kept", r.file()));
+        return;
+    }
+    std::sort(curve.begin(), curve.end(), [](const auto& a, const auto& b) { return a.rows < b.rows; });
+    p.attention_curve = curve;
+    p.attention.source = fmt::format("measured curve from {} ({} points)", r.file(), curve.size());
+    notes.push_back(fmt::format("{}: attention at a measured share of the BF16 peak, by batch (query {}, {} heads): {}",
+                                r.file(), rows[0].value("query_len", 0), rows[0].value("heads", 0), effs));
+}
+
+// Kernel classes a kernel benchmark runs as the very kernel the layer runs (the grouped GEMM, MLA):
+// the layer calibration leaves them to those benchmarks.
+bool layer_calibrates(const KernelCost& k) { return k.kind != "comm" && k.kind != "grouped" && k.kind != "attention"; }
+
 void calibrate_layer(Profile& p, const std::string& file, const Hardware& hw, std::vector<std::string>& notes) {
-    std::map<std::string, std::pair<double, int>> log_ratio;  // name -> (Σ log(measured/predicted), n)
-    Profile unscaled = p;
-    unscaled.kernel_scale.clear();
-    for (const auto& m : read_layer_bench(file)) {
-        const double batch = m.d.schedule == Schedule::kMicroBatch ? m.d.batch / 2.0 : m.d.batch;
-        for (const auto& k : layer_kernels(m.d, hw, unscaled, batch)) {
+    const auto points = read_layer_bench(file);
+    int min_batch = std::numeric_limits<int>::max();
+    for (const auto& m : points)
+        if (!m.kernels.empty()) min_batch = std::min(min_batch, m.d.batch);
+    if (min_batch == std::numeric_limits<int>::max()) {
+        notes.push_back(fmt::format("{}: no per-kernel times; kernel costs unchanged", file));
+        return;
+    }
+    Profile base = p;
+    base.kernel_extra_us.clear();
+    std::map<std::string, std::pair<double, int>> extra;  // name -> (Σ measured − model, points)
+    double event_sum = 0;
+    int n_points = 0;
+    for (const auto& m : points) {
+        if (m.d.batch != min_batch || m.kernels.empty()) continue;
+        // With "marked_total_us" the per-kernel times carry the events between kernels and
+        // total_us does not: each kernel's share of the difference is taken off, so the model
+        // predicts the layer without events.
+        const double event_us = std::isnan(m.marked_total_us) || std::isnan(m.total_us)
+                                    ? 0.0
+                                    : std::max(0.0, (m.marked_total_us - m.total_us) / m.kernels.size());
+        event_sum += event_us;
+        ++n_points;
+        const double batch = m.d.schedule == Schedule::kMicroBatch ? m.d.batch / 2.0 : m.d.batch;  // rows per half
+        for (const auto& k : layer_kernels(m.d, hw, base, batch, m.dense)) {
             const auto it = m.kernels.find(k.name);
-            if (it == m.kernels.end() || k.us <= 0) continue;
-            auto& acc = log_ratio[k.name];
-            acc.first += std::log(it->second / k.us);
+            if (it == m.kernels.end() || !layer_calibrates(k)) continue;
+            auto& acc = extra[k.name];
+            acc.first += it->second - event_us - k.us;
             acc.second += 1;
         }
     }
-    if (log_ratio.empty()) notes.push_back(fmt::format("{}: no kernel the model names; layer factors unchanged", file));
-    for (const auto& [name, acc] : log_ratio) {
-        p.kernel_scale[name] = std::exp(acc.first / acc.second);
-        notes.push_back(fmt::format("{}: {} × {:.2f} (measured / roofline, {} points)", file, name,
-                                    p.kernel_scale[name], acc.second));
+    if (extra.empty()) notes.push_back(fmt::format("{}: no kernel the model names; kernel costs unchanged", file));
+    std::string list;
+    for (const auto& [name, acc] : extra) {
+        p.kernel_extra_us[name] = acc.first / acc.second;
+        list += fmt::format("{}{} {:+.1f}", list.empty() ? "" : ", ", name, p.kernel_extra_us[name]);
     }
+    if (!extra.empty())
+        notes.push_back(fmt::format(
+            "{}: per-kernel extra us over the kernel model, from the {} batch-{} points only ({}): {}", file, n_points,
+            min_batch,
+            event_sum > 0 ? fmt::format("events between kernels, {:.1f} us each, taken off", event_sum / n_points)
+                          : "no marked_total_us: events between kernels included, as in total_us",
+            list));
 }
 
 }  // namespace
@@ -239,7 +315,12 @@ std::vector<LayerMeasurement> read_layer_bench(const std::string& path) {
         const std::string where = fmt::format("points[{}]", i);
         const json& q = pts[i];
         LayerMeasurement m;
+        const std::string layer = q.contains("layer") && q["layer"].is_string() ? q["layer"].get<std::string>() : "";
         m.d.ep = int(r.opt_num(q, "ep", where).value_or(1));
+        // A dense layer (DeepSeek-V3's first 3) has no experts: "ep" 0 or "layer": "dense".
+        m.dense = layer == "dense" || m.d.ep == 0;
+        if (m.dense) m.d.ep = 1;
+        m.comm_included = !(q.contains("communication") && q["communication"] == "not included");
         m.d.tp = int(r.opt_num(q, "tp", where).value_or(1));
         m.d.batch = int(r.num(q, "batch", where));
         m.d.draft_tokens = int(r.opt_num(q, "query_len", where).value_or(2)) - 1;
@@ -250,10 +331,16 @@ std::vector<LayerMeasurement> read_layer_bench(const std::string& path) {
             m.d.schedule = parse_schedule(q["schedule"].get<std::string>());
         }
         if (q.contains("total_us")) m.total_us = r.time(q, "total_us", where);
+        if (q.contains("marked_total_us")) m.marked_total_us = r.time(q, "marked_total_us", where);
         if (q.contains("kernels")) {
             const json& ks = q["kernels"];
             FANOUT_CHECK(ks.is_object(), "{}: {}.kernels must be an object of name: us", path, where);
-            for (const auto& [name, v] : ks.items()) m.kernels[name] = r.time(ks, name, where + ".kernels");
+            for (const auto& [name, v] : ks.items()) {
+                // The runner names a dense layer's MLP as the shared expert's; the model says dense_*.
+                std::string model_name = name;
+                if (m.dense && name.rfind("shared_", 0) == 0) model_name = "dense_" + name.substr(7);
+                m.kernels[model_name] = r.time(ks, name, where + ".kernels");
+            }
         }
         FANOUT_CHECK(std::isfinite(m.total_us) || !m.kernels.empty(), "{}: {} has neither total_us nor kernels", path,
                      where);
@@ -270,7 +357,7 @@ Profile calibrate(const Profile& base, const std::vector<std::string>& files, co
         const json j = load(file);
         const Reader r(file);
         FANOUT_CHECK(j.is_object() && j.contains("benchmark") && j["benchmark"].is_string(),
-                     "{}: no string 'benchmark' key (expected \"kernels\", \"layer\" or \"comm\")", file);
+                     "{}: no string 'benchmark' key (expected \"kernels\", \"mla\", \"layer\" or \"comm\")", file);
         const std::string kind = j["benchmark"].get<std::string>();
         if (kind == "kernels")
             calibrate_kernels(p, j, r, hw, out);
@@ -278,8 +365,10 @@ Profile calibrate(const Profile& base, const std::vector<std::string>& files, co
             calibrate_comm(p, j, r, hw, out);
         else if (kind == "layer")
             calibrate_layer(p, file, hw, out);
+        else if (kind == "mla")
+            calibrate_mla(p, j, r, hw, out);
         else
-            FANOUT_FAIL("{}: benchmark '{}' cannot calibrate the planner (expected kernels, layer or comm)", file,
+            FANOUT_FAIL("{}: benchmark '{}' cannot calibrate the planner (expected kernels, mla, layer or comm)", file,
                         kind);
     }
     p.notes.insert(p.notes.end(), out.begin(), out.end());

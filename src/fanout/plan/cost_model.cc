@@ -43,7 +43,13 @@ class LayerBuilder {
         const double bytes = requests * kv_len * kKvBytesPerTokenLayer + tokens * heads * (kKvLora + kRope) * 2 +
                              tokens * heads * kKvLora * 2;
         const double flops = 2 * tokens * heads * kv_len * ((kKvLora + kRope) + kKvLora);
-        add("attention", stage, "attention", bytes, flops, prof_.attention, hw_.bf16_flops);
+        if (prof_.attention_curve.empty()) {
+            add("attention", stage, "attention", bytes, flops, prof_.attention, hw_.bf16_flops);
+            return;
+        }
+        const double eff = interpolate_efficiency(prof_.attention_curve, tokens * heads);
+        const double us = std::max(flops / (eff * hw_.bf16_flops), bytes / (prof_.attention.bw_eff * hw_.hbm_bw)) * 1e6;
+        push({"attention", stage, "attention", bytes, flops, us});
     }
     void comm(const std::string& name, int stage, double nvlink_bytes, double ib_bytes, const LinkModel& nv,
               const LinkModel& ib) {
@@ -65,7 +71,8 @@ class LayerBuilder {
         push({name, stage, kind, bytes, flops, r.time_us(bytes, flops, hw_.hbm_bw, rate)});
     }
     void push(KernelCost k) {
-        if (const auto it = prof_.kernel_scale.find(k.name); it != prof_.kernel_scale.end()) k.us *= it->second;
+        if (const auto it = prof_.kernel_extra_us.find(k.name); it != prof_.kernel_extra_us.end() && k.kind != "comm")
+            k.us = std::max(0.0, k.us + it->second);
         kernels_.push_back(std::move(k));
     }
 
@@ -143,6 +150,7 @@ std::vector<KernelCost> layer_kernels(const Deployment& d, const Hardware& hw, c
     // Stage 1.
     b.elementwise("input_norm", 1, tokens * (3 * act + kHidden));   // x, residual in/out, FP8 out
     b.gemm("qkv_a", 1, tokens, kQLora + kKvLora + kRope, kHidden);  // replicated on every TP rank
+    b.elementwise("q_a_norm", 1, tokens * kQLora * 2 * 2);
     b.elementwise("latent_norm_rope_append", 1, tokens * (kQLora + kKvLora + kRope) * 2 * 3);
     b.gemm("q_b", 1, tokens, heads * (kNope + kRope), kQLora);
     b.bmm("bmm_q_absorb", 1, heads, tokens, kKvLora, kNope);
@@ -168,10 +176,12 @@ std::vector<KernelCost> layer_kernels(const Deployment& d, const Hardware& hw, c
     b.gemm_bf16("gate", 2, split, kExperts, kHidden);
     b.elementwise("topk", 2, split * kExperts * 4);
 
-    // Stage 3: dispatch send, shared expert.
+    // Stage 3: permute (FP8 quant of this rank's tokens, its own copies into the expert layout),
+    // dispatch send, shared expert.
     const double copies = split * kTopK;  // token copies this rank sends
     const double ep = d.ep, per_node = std::min<double>(ep, hw.gpus_per_node);
     const double nv_frac = (per_node - 1) / ep, ib_frac = (ep - per_node) / ep;
+    b.elementwise("permute", 3, split * kHidden * 3 + copies / ep * kHidden * 2);
     b.comm("dispatch", 3, copies * nv_frac * kDispatchBytesPerCopy, copies * ib_frac * kDispatchBytesPerCopy,
            prof.dispatch_nvlink, prof.dispatch_ib);
     b.gemm("shared_gate_up", 3, split, 2 * kMoeInter, kHidden);
@@ -190,8 +200,17 @@ std::vector<KernelCost> layer_kernels(const Deployment& d, const Hardware& hw, c
     // Stage 5: combine (BF16 back, weighted sum on arrival).
     b.comm("combine", 5, copies * nv_frac * kCombineBytesPerCopy, copies * ib_frac * kCombineBytesPerCopy,
            prof.combine_nvlink, prof.combine_ib);
+    // Unpermute: the weighted sum of each token's 8 returned BF16 copies onto the residual.
+    b.elementwise("unpermute", 5, copies * act + split * 2 * act);
     if (d.tp > 1) b.comm("tp_all_gather", 5, tp_bytes, 0, prof.tp_collective, prof.tp_collective);
     return b.take();
+}
+
+double layer_compute_us(const Deployment& d, const Hardware& hw, const Profile& prof, bool dense) {
+    double s = 0;
+    for (const auto& k : layer_kernels(d, hw, prof, d.batch, dense))
+        if (k.kind != "comm") s += k.us;
+    return s;
 }
 
 LayerTime moe_layer_time(const Deployment& d, const Hardware& hw, const Profile& prof) {
@@ -202,8 +221,9 @@ LayerTime moe_layer_time(const Deployment& d, const Hardware& hw, const Profile&
     const double dispatch = named_us(ks, "dispatch"), combine = named_us(ks, "combine");
     const double shared =
         named_us(ks, "shared_gate_up") + named_us(ks, "shared_silu_quant") + named_us(ks, "shared_down");
-    // Compute-stream work: stages 1–3 (and the TP all-gather of stage 5) vs stage 4.
-    const double front = sum_us(ks, 1, 3) - dispatch + named_us(ks, "tp_all_gather");
+    // Compute-stream work: stages 1–3 (and the unpermute and TP all-gather of stage 5, which run
+    // after combine, before the next layer's front) vs stage 4.
+    const double front = sum_us(ks, 1, 3) - dispatch + named_us(ks, "unpermute") + named_us(ks, "tp_all_gather");
     const double moe = sum_us(ks, 4, 4);
     const double reps = micro ? 2 : 1;
     lt.grouped_gemm_us = reps * (named_us(ks, "grouped_gate_up") + named_us(ks, "grouped_down"));

@@ -1,11 +1,11 @@
 // The planner's cost model (issue 8): one decode step of DeepSeek-V3 on one GPU of an
 // (EP, DP, TP) deployment, built kernel by kernel from the seed's 5-stage layer.
 //
-//   stage 1  input norm, qkv_a, latent norms + RoPE + KV append, q_b, q-absorb BMM
+//   stage 1  input norm, qkv_a, q_a norm, latent norms + RoPE + KV append, q_b, q-absorb BMM
 //   stage 2  MLA attention, v BMM, o_proj, (TP reduce-scatter), post norm, router gate + top-k
-//   stage 3  dispatch send, shared expert
+//   stage 3  permute (FP8 quant + layout), dispatch send, shared expert
 //   stage 4  dispatch recv, grouped gate/up, silu·mul·quant, grouped down, combine send
-//   stage 5  combine recv, (TP all-gather)
+//   stage 5  combine recv, unpermute (weighted sum of the copies), (TP all-gather)
 //
 // Units: a "batch" is the requests of one engine instance (one DP group of `tp` GPUs), as in the
 // seed's "EP8 DP1 TP8 batch 1: the whole batch has 2 tokens"; at TP1 it is the batch per GPU.
@@ -60,6 +60,10 @@ struct KernelCost {
 // requests per instance (fractional for a microbatch half).
 std::vector<KernelCost> layer_kernels(const Deployment& d, const Hardware& hw, const Profile& prof, double batch,
                                       bool dense = false);
+
+// The layer's kernels without its communication (dispatch, combine, TP collectives), one after
+// another: what `fanout bench layer` measures when a point says "communication": "not included".
+double layer_compute_us(const Deployment& d, const Hardware& hw, const Profile& prof, bool dense = false);
 
 // One MoE layer under the deployment's schedule, with the seed's breakdown columns.
 struct LayerTime {

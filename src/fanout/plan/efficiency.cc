@@ -15,6 +15,17 @@ double Roofline::time_us(double bytes, double flops, double hbm_bw, double flop_
     return fixed_us + bound;
 }
 
+double interpolate_efficiency(const std::vector<EfficiencyPoint>& curve, double rows) {
+    FANOUT_CHECK(!curve.empty(), "plan: interpolating an empty efficiency curve");
+    if (rows <= curve.front().rows) return curve.front().eff;
+    if (rows >= curve.back().rows) return curve.back().eff;
+    size_t i = 1;
+    while (curve[i].rows < rows) ++i;
+    const EfficiencyPoint &a = curve[i - 1], &b = curve[i];
+    const double t = std::log(rows / a.rows) / std::log(b.rows / a.rows);
+    return a.eff + t * (b.eff - a.eff);
+}
+
 double gemm_bytes(double m, double n, double k, bool weights_in_l2) {
     return m * k * v3::kFp8 + (weights_in_l2 ? 0.0 : n * k * v3::kFp8) + 2 * m * n;
 }

@@ -30,6 +30,13 @@ struct Roofline {
     double time_us(double bytes, double flops, double hbm_bw, double flop_rate) const;
 };
 
+struct EfficiencyPoint {
+    double rows = 0;  // the measured kernel's work size (for attention: query rows)
+    double eff = 0;   // fraction of the datasheet rate
+};
+// eff at `rows`: piecewise linear in log(rows) through `curve` (sorted by rows), constant outside.
+double interpolate_efficiency(const std::vector<EfficiencyPoint>& curve, double rows);
+
 struct LinkModel {
     double latency_us = 0;
     double eff = 1;  // fraction of the datasheet link bandwidth
@@ -45,8 +52,15 @@ struct Profile {
     Roofline elementwise;  // norms, RoPE + KV append, activation quant, silu·mul, top-k
     LinkModel dispatch_nvlink, combine_nvlink, dispatch_ib, combine_ib;
     LinkModel tp_collective;  // reduce-scatter / all-gather inside a TP group (NVLink)
-    // Per-kernel factors from a `bench layer` JSON (measured / predicted); 1 where absent.
-    std::map<std::string, double> kernel_scale;
+    // MLA decode measured as a whole kernel (`bench mla`): its fraction of the BF16 datasheet rate
+    // against the query rows it runs (requests × query × heads), interpolated in log(rows) and held
+    // at the ends; the time is max(FLOPs / (eff · rate), bytes / the attention roofline's bandwidth).
+    // Empty: the `attention` roofline.
+    std::vector<EfficiencyPoint> attention_curve;
+    // Per named kernel, µs added to the class model: what our runner's kernel costs beyond what a
+    // kernel benchmark runs (the activation-quant launch before each FP8 GEMM, small kernels'
+    // launch and setup), from a `bench layer` JSON's smallest-batch points (calibration.h).
+    std::map<std::string, double> kernel_extra_us;
     std::vector<std::string> notes;  // where each part came from, for `fanout plan` to print
 };
 
