@@ -1,6 +1,7 @@
 // bench: `fanout bench tokenizer`, `fanout bench serve`, and on CUDA builds `fanout bench kernels`,
-// `fanout bench mla`, `fanout bench layer`.
+// `fanout bench mla`, `fanout bench layer`, `fanout bench comm`.
 #include "cli_common.h"
+#include "comm_bench.h"
 #include "kernels_bench.h"
 #include "layer_bench.h"
 #include "mla_bench.h"
@@ -112,6 +113,24 @@ void add_bench_command(CLI::App& app) {
         bench::run_layer_bench(*l);
 #else
         FANOUT_FAIL("`fanout bench layer` needs a CUDA build: this fanout was configured without nvcc");
+#endif
+    });
+
+    auto m = std::make_shared<bench::CommBenchOptions>();
+    auto* comm = bench->add_subcommand(
+        "comm", "EP dispatch/combine on all visible GPUs beside peer bandwidth, NCCL all-to-all and pplx (GPU)");
+    comm->add_option("--backends", m->backends, "GPU EP backends: nvlink, nccl")->delimiter(',')->capture_default_str();
+    comm->add_option("--tokens", m->tokens, "tokens per rank")->delimiter(',')->capture_default_str();
+    comm->add_option("--hidden", m->hidden, "hidden size")->capture_default_str();
+    comm->add_option("--experts", m->experts, "routed experts")->capture_default_str();
+    comm->add_option("--topk", m->topk, "experts per token")->capture_default_str();
+    comm->add_option("--replays", m->replays, "timed graph replays per figure")->capture_default_str();
+    comm->add_option("--json", m->json_out, "JSON output ('' to skip)")->capture_default_str();
+    comm->callback([m] {
+#ifdef FANOUT_WITH_CUDA
+        bench::run_comm_bench(*m);
+#else
+        FANOUT_FAIL("`fanout bench comm` needs a CUDA build: this fanout was configured without nvcc");
 #endif
     });
 }

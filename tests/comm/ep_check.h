@@ -2,8 +2,11 @@
 // any rank (thread or process) knows all of them, and one rank's whole step — dispatch, a check of
 // exactly what it received, stand-in experts (a different value per expert, so a row sent to the
 // wrong expert shows), combine, a check of the combined output. Returns "" or the first failure.
+// The checks are separate functions on host views (check_received, stand_in_outputs,
+// check_combined) so the GPU backends' test can run the step on the device and check downloads.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -65,19 +68,13 @@ inline std::vector<RankInput> make_step_inputs(const EpConfig& cfg, int step, st
     return inputs;
 }
 
-inline std::string run_rank_step(ExpertParallel& ep, const std::vector<RankInput>& inputs) {
-    const EpConfig& cfg = ep.config();
-    const int r = cfg.rank, W = cfg.world, K = cfg.experts_per_token, H = cfg.hidden, L = cfg.local_experts();
+// What this rank received, in a host view of recv_batch(): local expert e holds, in (source rank,
+// token, choice) order, every choice naming it (the first max_m of them), and counts[e] of them.
+inline std::string check_received(const EpConfig& cfg, const std::vector<RankInput>& inputs, const ExpertBatch& b) {
+    const int r = cfg.rank, W = cfg.world, K = cfg.experts_per_token, L = cfg.local_experts();
     const size_t pb = size_t(cfg.payload_bytes()), nb = size_t(cfg.scale_blocks());
     std::string failure;
-    const RankInput& in = inputs[r];
-    const int32_t T = in.T;
-    ep.dispatch_send({&T, in.tokens.data(), in.scales.data(), in.topk.data()});
-    ep.dispatch_recv();
-    const ExpertBatch b = ep.recv_batch();
-    // Local expert e receives, in (source rank, token, choice) order, every choice naming it.
     const auto* got = static_cast<const uint8_t*>(b.tokens);
-    std::vector<uint16_t> out_rows(size_t(L) * b.max_m * H);
     for (int e = 0; e < L; ++e) {
         const int expert = r * L + e;
         int row = 0;
@@ -97,25 +94,43 @@ inline std::string run_rank_step(ExpertParallel& ep, const std::vector<RankInput
         if (b.counts[e] != row)
             failure = "rank " + std::to_string(r) + " expert " + std::to_string(expert) + ": count " +
                       std::to_string(b.counts[e]) + ", want " + std::to_string(row);
-        for (int i = 0; i < std::min(row, b.max_m); ++i)
+    }
+    return failure;
+}
+
+// The stand-in experts' outputs for a host view of recv_batch(): [local_experts, max_m, hidden]
+// bf16, expert_value of each stored row (min(count, max_m) rows per expert; the rest zero).
+inline std::vector<uint16_t> stand_in_outputs(const EpConfig& cfg, const ExpertBatch& b) {
+    const int H = cfg.hidden, L = cfg.local_experts();
+    const size_t pb = size_t(cfg.payload_bytes());
+    const auto* got = static_cast<const uint8_t*>(b.tokens);
+    std::vector<uint16_t> out_rows(size_t(L) * b.max_m * H);
+    for (int e = 0; e < L; ++e)
+        for (int i = 0; i < std::min(std::max(b.counts[e], 0), b.max_m); ++i)
             for (int c = 0; c < H; ++c)
                 out_rows[(size_t(e) * b.max_m + i) * H + c] =
-                    f32_to_bf16(expert_value(got[(size_t(e) * b.max_m + i) * pb], expert, c));
-    }
-    ep.combine_send(out_rows.data());
-    std::vector<uint16_t> out(size_t(T) * H, 0xffff);
-    ep.combine_recv(in.weight.data(), out.data());
-    // This rank's choices that got a row at their expert (its (rank, token, choice)-ordered
-    // position there < max_m); the others were dropped and add nothing.
+                    f32_to_bf16(expert_value(got[(size_t(e) * b.max_m + i) * pb], cfg.rank * L + e, c));
+    return out_rows;
+}
+
+// This rank's combined output `out` [T, hidden] bf16 after the stand-in experts: the weighted sum
+// over the choices that got a row at their expert (their (rank, token, choice)-ordered position
+// there < max_m); the others were dropped and add nothing.
+inline std::string check_combined(const EpConfig& cfg, const std::vector<RankInput>& inputs, int max_m,
+                                  const uint16_t* out) {
+    const int r = cfg.rank, W = cfg.world, K = cfg.experts_per_token, H = cfg.hidden;
+    const size_t pb = size_t(cfg.payload_bytes());
+    const RankInput& in = inputs[r];
+    const int T = in.T;
     std::vector<int> seen(size_t(cfg.num_experts), 0);
     std::vector<char> kept(size_t(T) * K, 0);
     for (int src = 0; src < W; ++src)
         for (int t = 0; t < inputs[src].T; ++t)
             for (int k = 0; k < K; ++k) {
                 const int pos = seen[inputs[src].topk[size_t(t) * K + k]]++;
-                if (src == r) kept[size_t(t) * K + k] = pos < b.max_m;
+                if (src == r) kept[size_t(t) * K + k] = pos < max_m;
             }
-    for (int t = 0; t < T && failure.empty(); ++t)
+    for (int t = 0; t < T; ++t)
         for (int c = 0; c < H; ++c) {
             float want = 0.0f;
             for (int k = 0; k < K; ++k)
@@ -123,12 +138,27 @@ inline std::string run_rank_step(ExpertParallel& ep, const std::vector<RankInput
                     want += in.weight[size_t(t) * K + k] *
                             round_to_bf16(expert_value(in.tokens[size_t(t) * pb], in.topk[size_t(t) * K + k], c));
             const float have = bf16_to_f32(out[size_t(t) * H + c]);
-            if (!(std::fabs(have - want) <= std::fabs(want) / 128 + 1e-6f)) {
-                failure = "rank " + std::to_string(r) + " token " + std::to_string(t) + " col " + std::to_string(c) +
-                          ": combined " + std::to_string(have) + ", want " + std::to_string(want);
-                break;
-            }
+            if (!(std::fabs(have - want) <= std::fabs(want) / 128 + 1e-6f))
+                return "rank " + std::to_string(r) + " token " + std::to_string(t) + " col " + std::to_string(c) +
+                       ": combined " + std::to_string(have) + ", want " + std::to_string(want);
         }
+    return "";
+}
+
+// One rank's whole step through a host-memory backend (`local`, `mpi`): dispatch, check what it
+// received, stand-in experts, combine, check the combined output.
+inline std::string run_rank_step(ExpertParallel& ep, const std::vector<RankInput>& inputs) {
+    const EpConfig& cfg = ep.config();
+    const RankInput& in = inputs[cfg.rank];
+    const int32_t T = in.T;
+    ep.dispatch_send({&T, in.tokens.data(), in.scales.data(), in.topk.data()});
+    ep.dispatch_recv();
+    const ExpertBatch b = ep.recv_batch();
+    std::string failure = check_received(cfg, inputs, b);
+    ep.combine_send(stand_in_outputs(cfg, b).data());
+    std::vector<uint16_t> out(size_t(T) * cfg.hidden, 0xffff);
+    ep.combine_recv(in.weight.data(), out.data());
+    if (failure.empty()) failure = check_combined(cfg, inputs, b.max_m, out.data());
     return failure;
 }
 

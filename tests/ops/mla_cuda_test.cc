@@ -308,6 +308,10 @@ TEST(MlaCuda, TensorCoreKernelMatchesCpuReference) {
         {"64 splits, most empty", 32, 512, 64, {1, 2}, {70, 3}, false, 64},
         {"peaky scores", 32, 512, 64, {1, 2}, {3000, 700}, false, 0, 64, 8.0f},
         {"heads 64, 4 query tokens, head-major", 64, 512, 64, {4, 4, 4}, {2048, 5, 300}, true},
+        // Many tile pairs in one CTA (mbarrier phases wrap), an odd tile count (the last pair has no
+        // second tile) and a partial last block, unsplit and split into odd/even tile ranges.
+        {"long, odd tiles, no split", 128, 512, 64, {2, 1}, {4999, 4033}, false, 1},
+        {"long, odd tiles, 3 splits", 128, 512, 64, {2, 1}, {4999, 4033}, false, 3},
     };
     for (const Case& c : cases) run_case(c, pool, ws);
     // 24 requests of random lengths at 128 heads: enough CTAs that no split is taken.

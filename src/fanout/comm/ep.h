@@ -80,6 +80,9 @@ class ExpertParallel {
     // out[t] = Σ_k topk_weight[t, k] · (expert output for token t's k-th choice), bf16 [T, hidden],
     // for this rank's T tokens of the step (the dispatch input's order).
     virtual void combine_recv(const float* topk_weight, uint16_t* out) = 0;
+    // GPU backends: after the caller synchronized the stream, throws fanout::Error if a device-side
+    // wait timed out (naming the peer and the phase). Host backends fail inside the calls instead.
+    virtual void raise_if_failed() {}
 };
 
 }  // namespace fanout::comm

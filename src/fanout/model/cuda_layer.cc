@@ -5,6 +5,7 @@
 #include "fanout/kv/paged_kv_cache.h"
 #include "fanout/ops/fp8_quant.h"
 #include "fanout/ops/grouped_gemm_cuda.h"
+#include "fanout/ops/mha_prefill_cuda.h"
 #include "fanout/ops/model_glue_cuda.h"
 #include "fanout/ops/moe_permute.h"
 #include "fanout/ops/moe_router_cuda.h"
@@ -114,6 +115,7 @@ DeviceLayer upload_layer(const io::ModelConfig& c, const LayerWeights& lw) {
     const bool kv_b_fp8 = a.kv_b.dtype == DType::kFP8E4M3;
     d.k_b = upload_weight(kb, H, C, nope, kv_b_fp8 && tma_friendly(C, nope));
     d.v_b = upload_weight(vb, H, v, C, kv_b_fp8 && tma_friendly(v, C));
+    d.kv_b = upload_stacked({&a.kv_b});
     d.o = upload_stacked({&a.o});
     d.moe = lw.is_moe;
     const MlpWeights* mlp = lw.is_moe ? (lw.moe.shared ? &*lw.moe.shared : nullptr) : &lw.mlp;
@@ -183,6 +185,7 @@ DeviceLayer random_layer(const io::ModelConfig& c, bool moe, int64_t num_local_e
     d.q_b = random_weight(1, H * (nope + rope), c.q_lora_rank > 0 ? c.q_lora_rank : D, seed + 20);
     d.k_b = random_weight(H, C, nope, seed + 30);
     d.v_b = random_weight(H, V, C, seed + 40);
+    d.kv_b = random_weight(1, H * (nope + V), C, seed + 45);
     d.o = random_weight(1, D, H * V, seed + 50);
     d.moe = moe;
     d.has_mlp = true;
@@ -214,12 +217,14 @@ struct CudaLayerExec::Buffers {
     ops::GemmWorkspace gemm_ws;
     ops::MlaWorkspace mla_ws;
     DeviceArray<float> inv_freq;
+    DeviceArray<uint16_t> latent, k_pe, kv_expanded;  // MHA-form prefill: [ctx, kv_lora], [ctx, rope], [ctx, H·(nope+v)]
 };
 
 CudaLayerExec::CudaLayerExec(const io::ModelConfig& c, const ops::RopeTable& rope, int64_t max_tokens,
-                             int64_t num_local_experts, int64_t max_emulated_m, cudaStream_t stream)
-    : c_(c), num_local_(num_local_experts), rope_factor_(rope.attention_factor), stream_(stream),
-      b_(std::make_unique<Buffers>()) {
+                             int64_t num_local_experts, int64_t max_emulated_m, int64_t max_prefill_ctx,
+                             cudaStream_t stream)
+    : c_(c), num_local_(num_local_experts), max_prefill_ctx_(max_prefill_ctx), rope_factor_(rope.attention_factor),
+      stream_(stream), b_(std::make_unique<Buffers>()) {
     Buffers& b = *b_;
     const size_t T = static_cast<size_t>(max_tokens), D = static_cast<size_t>(c.hidden_size);
     const size_t H = static_cast<size_t>(c.num_attention_heads), C = static_cast<size_t>(c.kv_lora_rank);
@@ -246,7 +251,13 @@ CudaLayerExec::CudaLayerExec(const io::ModelConfig& c, const ops::RopeTable& rop
     b.gate_up = DeviceArray<uint16_t>(T * 2 * I);
     b.act = DeviceArray<uint16_t>(T * I);
     // The quantized input of any projection (the widest is one of these) or batched GEMM.
-    const size_t xq_n = std::max({T * std::max({D, qkv_w, q_w, H * Vh, I}), H * T * std::max(nope, C)});
+    const size_t P = static_cast<size_t>(std::max<int64_t>(max_prefill_ctx, 0));
+    const size_t xq_n = std::max({T * std::max({D, qkv_w, q_w, H * Vh, I}), H * T * std::max(nope, C), P * C});
+    if (P > 0) {
+        b.latent = DeviceArray<uint16_t>(P * C);
+        b.k_pe = DeviceArray<uint16_t>(P * rp);
+        b.kv_expanded = DeviceArray<uint16_t>(P * H * (nope + Vh));
+    }
     b.xq = DeviceArray<uint8_t>(xq_n);
     b.xs = DeviceArray<float>(xq_n / 16 + H * T * 2);  // one scale per 128 values of a row, rows of ≥ 16
     b.router_logits = DeviceArray<float>(T * E);
@@ -366,43 +377,84 @@ void CudaLayerExec::run(const DeviceLayer& w, const LayerStep& st, uint16_t* hid
     }
     m("q_b");
     const ops::RopeDevice rd{b.inv_freq.get(), rope_dim, rope_factor_};
-    ops::launch_mla_q_split(b.q.get(), T, H, nope, st.positions, rd, b.q_nope.get(), b.q_pe.get(), stream_);
+    const bool mha = st.prefill_ctx > 0;
+    if (mha) {
+        FANOUT_CHECK(st.R == 1 && st.prefill_ctx <= max_prefill_ctx_ && st.prefill_ctx >= T,
+                     "MHA-form prefill: one request with a context of {}..{} tokens, got {} requests, context {}", T,
+                     max_prefill_ctx_, st.R, st.prefill_ctx);
+        ops::launch_rope_q_inplace(b.q.get(), T, H, nope, st.positions, rd, stream_);
+    } else {
+        ops::launch_mla_q_split(b.q.get(), T, H, nope, st.positions, rd, b.q_nope.get(), b.q_pe.get(), stream_);
+    }
     ops::launch_mla_kv_append(kv_a, qkv_width, T, C, w.kv_a_norm.get(), kLatentNormEps, st.positions, rd, st.slots,
                               cache, stream_);
     m("latent_norm_rope_append");
-    // 2. attention.
-    ops::launch_fill_i32(b.fill_t.get(), std::max(H, 1), T, stream_);
-    batched(w.k_b, b.q_nope.get(), b.fill_t.get(), T, b.q_lat.get(), T);
-    m("bmm_q_absorb");
-    ops::MlaAttentionParams p;
-    p.num_tokens = T;
-    p.num_requests = st.R;
-    p.num_heads = H;
-    p.kv_lora = C;
-    p.rope_dim = rope_dim;
-    p.block_size = static_cast<int>(kv::kDefaultBlockSize);
-    p.max_blocks = st.max_blocks;
-    p.max_query_len = st.max_q;
-    p.scale = static_cast<float>(c_.softmax_scale());
-    p.query_start = st.query_start;
-    p.kv_len = st.kv_len;
-    p.positions = st.positions;
-    p.block_table = st.block_table;
-    p.cache = cache;
-    p.q_lat = b.q_lat.get();  // [H, T, C]
-    p.q_lat_stride_t = C;
-    p.q_lat_stride_h = static_cast<int64_t>(T) * C;
-    p.q_pe = b.q_pe.get();  // [T, H, rope]
-    p.q_pe_stride_t = static_cast<int64_t>(H) * rope_dim;
-    p.q_pe_stride_h = rope_dim;
-    p.out = b.o_lat.get();  // [H, T, C]
-    p.out_stride_t = C;
-    p.out_stride_h = static_cast<int64_t>(T) * C;
-    ops::launch_mla_attention(p, &b.mla_ws, stream_);
-    m("attention");
-    batched(w.v_b, b.o_lat.get(), b.fill_t.get(), T, b.attn_hm.get(), T);
-    m("bmm_v");
-    ops::launch_heads_to_tokens(b.attn_hm.get(), H, T, V, b.attn.get(), stream_);
+    if (mha) {
+        // 2. attention, MHA form: the context's latent expanded by kv_b into per-head K and V.
+        const int ctx = st.prefill_ctx;
+        ops::launch_gather_latent(cache, st.block_table, static_cast<int>(kv::kDefaultBlockSize), ctx, C, rope_dim,
+                                  b.latent.get(), b.k_pe.get(), stream_);
+        linear(w.kv_b, b.latent.get(), ctx, b.kv_expanded.get());
+        m("kv_b_expand");
+        ops::MhaPrefillParams p;
+        p.num_tokens = T;
+        p.ctx_len = ctx;
+        p.num_heads = H;
+        p.nope = nope;
+        p.rope = rope_dim;
+        p.v_dim = V;
+        p.scale = static_cast<float>(c_.softmax_scale());
+        p.q = b.q.get();
+        p.q_stride_t = static_cast<int64_t>(H) * (nope + rope_dim);
+        p.q_stride_h = nope + rope_dim;
+        p.k_nope = b.kv_expanded.get();  // [ctx, H, nope + v]: k_nope then v per head
+        p.k_stride_t = static_cast<int64_t>(H) * (nope + V);
+        p.k_stride_h = nope + V;
+        p.k_pe = b.k_pe.get();
+        p.k_pe_stride_t = rope_dim;
+        p.v = b.kv_expanded.get() + nope;
+        p.v_stride_t = p.k_stride_t;
+        p.v_stride_h = p.k_stride_h;
+        p.out = b.attn.get();  // [T, H, v]: o_proj's input as it is
+        p.out_stride_t = static_cast<int64_t>(H) * V;
+        p.out_stride_h = V;
+        ops::launch_mha_prefill(p, stream_);
+        m("attention");
+    } else {
+        // 2. attention, absorbed form: k_b into q, MLA over the cache, v_b out.
+        ops::launch_fill_i32(b.fill_t.get(), std::max(H, 1), T, stream_);
+        batched(w.k_b, b.q_nope.get(), b.fill_t.get(), T, b.q_lat.get(), T);
+        m("bmm_q_absorb");
+        ops::MlaAttentionParams p;
+        p.num_tokens = T;
+        p.num_requests = st.R;
+        p.num_heads = H;
+        p.kv_lora = C;
+        p.rope_dim = rope_dim;
+        p.block_size = static_cast<int>(kv::kDefaultBlockSize);
+        p.max_blocks = st.max_blocks;
+        p.max_query_len = st.max_q;
+        p.scale = static_cast<float>(c_.softmax_scale());
+        p.query_start = st.query_start;
+        p.kv_len = st.kv_len;
+        p.positions = st.positions;
+        p.block_table = st.block_table;
+        p.cache = cache;
+        p.q_lat = b.q_lat.get();  // [H, T, C]
+        p.q_lat_stride_t = C;
+        p.q_lat_stride_h = static_cast<int64_t>(T) * C;
+        p.q_pe = b.q_pe.get();  // [T, H, rope]
+        p.q_pe_stride_t = static_cast<int64_t>(H) * rope_dim;
+        p.q_pe_stride_h = rope_dim;
+        p.out = b.o_lat.get();  // [H, T, C]
+        p.out_stride_t = C;
+        p.out_stride_h = static_cast<int64_t>(T) * C;
+        ops::launch_mla_attention(p, &b.mla_ws, stream_);
+        m("attention");
+        batched(w.v_b, b.o_lat.get(), b.fill_t.get(), T, b.attn_hm.get(), T);
+        m("bmm_v");
+        ops::launch_heads_to_tokens(b.attn_hm.get(), H, T, V, b.attn.get(), stream_);
+    }
     linear(w.o, b.attn.get(), T, hidden, hidden);
     m("o_proj");
     ops::launch_rms_norm_bf16(hidden, nullptr, w.post_norm.get(), eps, b.normed.get(), T, D, stream_);

@@ -73,6 +73,7 @@ struct DeviceLayer {
     DeviceWeight q_b;    // q_b, or q_proj without q_lora
     DeviceWeight k_b;    // [H][kv_lora][nope]: W_UK[h]ᵀ, the absorbed form's query projection
     DeviceWeight v_b;    // [H][v][kv_lora]
+    DeviceWeight kv_b;   // [H · (nope + v), kv_lora]: the MHA form's expansion of the latent (prefill)
     DeviceWeight o;
     bool moe = false;
     bool has_mlp = false;
@@ -102,6 +103,10 @@ struct LayerStep {
     const int32_t* kv_len = nullptr;
     const int32_t* block_table = nullptr;
     int max_blocks = 0;
+    // > 0: a prefill chunk of one request (R = 1) whose context — cached prefix and this chunk —
+    // is this long: attention runs in the MHA form (kv_b expands the latent; one kernel per
+    // request). 0: the absorbed form (decode, MTP verification, several requests).
+    int prefill_ctx = 0;
 };
 
 // The benchmark's stand-in for dispatch: the grouped GEMMs run on `counts` rows per local expert
@@ -117,9 +122,10 @@ using KernelMark = std::function<void(const char* name)>;
 
 class CudaLayerExec {
   public:
-    // Buffers for steps of up to max_tokens tokens; `num_local_experts` routed experts per layer.
+    // Buffers for steps of up to max_tokens tokens; `num_local_experts` routed experts per layer;
+    // MHA-form prefill over contexts of up to max_prefill_ctx tokens (0: never).
     CudaLayerExec(const io::ModelConfig& c, const ops::RopeTable& rope, int64_t max_tokens, int64_t num_local_experts,
-                  int64_t max_emulated_m, cudaStream_t stream);
+                  int64_t max_emulated_m, int64_t max_prefill_ctx, cudaStream_t stream);
     ~CudaLayerExec();
     // hidden [T, D] bf16 (the residual stream) is updated in place; cache is this layer's.
     void run(const DeviceLayer& w, const LayerStep& step, uint16_t* hidden, uint16_t* cache,
@@ -133,7 +139,7 @@ class CudaLayerExec {
     void mlp(const DeviceWeight& gu, const DeviceWeight& down, int T, uint16_t* hidden, const KernelMark& mark);
 
     io::ModelConfig c_;
-    int64_t num_local_ = 0;
+    int64_t num_local_ = 0, max_prefill_ctx_ = 0;
     float rope_factor_ = 1.0f;
     cudaStream_t stream_ = nullptr;
     std::unique_ptr<Buffers> b_;

@@ -66,7 +66,8 @@ struct CudaModel::Impl {
 
     // The whole step on the stream: embedding, layers, final norm and lm_head over the logit rows,
     // then sampling when `sample`.
-    void run(int T, int R, int max_q, int rows_n, bool sample) {
+    // prefill_ctx > 0: a one-request prefill chunk over that many context tokens (MHA form).
+    void run(int T, int R, int max_q, int rows_n, bool sample, int prefill_ctx = 0) {
         const int D = static_cast<int>(c.hidden_size), Vocab = static_cast<int>(c.vocab_size);
         ops::launch_embed_bf16(embed.get(), tokens.get(), T, D, hidden.get(), stream);
         LayerStep st;
@@ -79,6 +80,7 @@ struct CudaModel::Impl {
         st.kv_len = kv_len.get();
         st.block_table = block_table.get();
         st.max_blocks = static_cast<int>(max_blocks_per_request);
+        st.prefill_ctx = prefill_ctx;
         for (int64_t l = 0; l < c.num_hidden_layers; ++l)
             exec->run(layers[static_cast<size_t>(l)], st, hidden.get(),
                       cache.get() + static_cast<size_t>(l) * cache_layer_elems());
@@ -141,7 +143,8 @@ CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts) : im
     m.rows = DeviceArray<uint16_t>(T * D);
     m.rows_normed = DeviceArray<uint16_t>(T * D);
     m.logits = DeviceArray<float>(T * static_cast<size_t>(c.vocab_size));
-    m.exec = std::make_unique<CudaLayerExec>(c, model.rope(), opts.max_step_tokens, c.n_routed_experts, 0, m.stream);
+    m.exec = std::make_unique<CudaLayerExec>(c, model.rope(), opts.max_step_tokens, c.n_routed_experts, 0,
+                                             opts.max_context, m.stream);
     FANOUT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
 }
 
@@ -268,7 +271,10 @@ std::vector<int32_t> CudaModel::forward_sample(const StepBatch& batch, std::span
         }
         FANOUT_CUDA_CHECK(cudaGraphLaunch(g.exec, m.stream));
     } else {
-        m.run(h.T, h.R, h.max_q, rows_step, sample);
+        // A prefill chunk of one request runs attention in the MHA form; other eager steps (several
+        // requests, short queries) in the absorbed form.
+        const bool prefill = R == 1 && T > kMaxGraphQueryLen;
+        m.run(h.T, h.R, h.max_q, rows_step, sample, prefill ? batch.kv_len[0] : 0);
     }
     std::vector<int32_t> out;
     if (sample) {

@@ -8,8 +8,10 @@
 // activations quantized per 1×128 on the fly); bf16/f32 checkpoints run in bf16 with f32
 // accumulation. Activations between kernels are bf16; the router's logits and the final logits f32.
 //
-// Attention is the absorbed MLA form for every step (decode, MTP verification and prefill chunks,
-// with the causal mask), so the cache is read, never expanded.
+// Attention: a prefill chunk of one request runs MLA in the MHA form (the context's latent
+// expanded by kv_b into per-head K and V, causal flash attention — fewer FLOPs per score for long
+// prompts); decode, MTP verification and steps of several requests run the absorbed form over the
+// paged cache, which is read, never expanded.
 //
 // CUDA graphs: a step whose requests all have the same query length q ≤ 4 (decode: 1; MTP: 2) is
 // padded to the next bucket of requests (1, 2, 4, 8, …, max_requests) with dummy requests that

@@ -67,4 +67,18 @@ void mla_latent_attention_cpu(const float* q_lat, int64_t q_lat_stride_t, int64_
                               const AttentionMetadata& meta, int64_t num_tokens, int64_t num_heads, int64_t kv_lora,
                               float scale, float* out, const Stream& s);
 
+// The MHA form of one request's prefill chunk over K/V already expanded from the cache (the
+// reference of mha_prefill_cuda.h): for query token i ∈ [0, num_tokens) at position
+// ctx_len − num_tokens + i and head h,
+//   score(j) = scale · (q[i, h, :nope] · k_nope[j, h] + q[i, h, nope:] · k_pe[j])  (keys j ≤ ctx_len − num_tokens + i),
+//   out[i, h, :] = Σ_j softmax(score)(j) · v[j, h]                                 (v_dim values),
+// in f32. q[i, h] (nope + rope contiguous values) lies at q + i * q_stride_t + h * q_stride_h;
+// k_nope[j, h] at k_nope + j * k_stride_t + h * k_stride_h; k_pe[j] (shared by the heads) at
+// k_pe + j * k_pe_stride_t; v[j, h] at v + j * v_stride_t + h * v_stride_h; out: [num_tokens,
+// num_heads, v_dim] f32, contiguous.
+void mha_prefill_cpu(const float* q, int64_t q_stride_t, int64_t q_stride_h, const float* k_nope, int64_t k_stride_t,
+                     int64_t k_stride_h, const float* k_pe, int64_t k_pe_stride_t, const float* v, int64_t v_stride_t,
+                     int64_t v_stride_h, int64_t num_tokens, int64_t ctx_len, int64_t num_heads, int64_t nope,
+                     int64_t rope, int64_t v_dim, float scale, float* out, const Stream& s);
+
 }  // namespace fanout::ops

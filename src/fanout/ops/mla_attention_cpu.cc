@@ -167,6 +167,30 @@ void mla_latent_attention_cpu(const float* q_lat, int64_t q_lat_stride_t, int64_
     });
 }
 
+void mha_prefill_cpu(const float* q, int64_t q_stride_t, int64_t q_stride_h, const float* k_nope, int64_t k_stride_t,
+                     int64_t k_stride_h, const float* k_pe, int64_t k_pe_stride_t, const float* v, int64_t v_stride_t,
+                     int64_t v_stride_h, int64_t num_tokens, int64_t ctx_len, int64_t num_heads, int64_t nope,
+                     int64_t rope, int64_t v_dim, float scale, float* out, const Stream& s) {
+    const int64_t T = num_tokens, H = num_heads, prefix = ctx_len - num_tokens;
+    FANOUT_CHECK(T >= 0 && prefix >= 0 && H > 0 && nope > 0 && rope > 0 && v_dim > 0,
+                 "mha prefill: T={} ctx_len={} H={} nope={} rope={} v_dim={}", T, ctx_len, H, nope, rope, v_dim);
+    parallel_for(s, T * H, 4, [&](int64_t i0, int64_t i1) {
+        std::vector<float> scores(static_cast<size_t>(ctx_len));
+        for (int64_t i = i0; i < i1; ++i) {
+            const int64_t t = i / H, h = i % H, visible = prefix + t + 1;
+            const float* qh = q + t * q_stride_t + h * q_stride_h;
+            for (int64_t j = 0; j < visible; ++j)
+                scores[j] = (cpu::dot(qh, k_nope + j * k_stride_t + h * k_stride_h, nope) +
+                             cpu::dot(qh + nope, k_pe + j * k_pe_stride_t, rope)) *
+                            scale;
+            softmax_inplace(scores.data(), visible);
+            float* o = out + i * v_dim;
+            std::fill(o, o + v_dim, 0.0f);
+            for (int64_t j = 0; j < visible; ++j) cpu::axpy(scores[j], v + j * v_stride_t + h * v_stride_h, o, v_dim);
+        }
+    });
+}
+
 void mla_attention_absorbed(const Tensor& q, const LinearWeight& kv_b, const LatentCache& cache,
                             const AttentionMetadata& meta, int64_t kv_lora, int64_t nope, int64_t v_dim,
                             float scale, Tensor& out, const Stream& s) {

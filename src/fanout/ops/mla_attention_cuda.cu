@@ -2,19 +2,24 @@
 //
 // * mla_fast_kernel (sm_90a, kv_lora 512 / rope 64 / block 64): a CTA owns 64 rows — (token, head)
 //   pairs of one request, row = t_local · H + h — and a contiguous range of kv tiles (64 positions,
-//   exactly one cache block, so a tile is 73,728 contiguous bytes). Two warpgroups:
-//     S = Q·Kᵀ     wgmma m64n32k16 ×36: warpgroup g scores kv columns [32g, 32g + 32) of the tile;
-//     softmax      row maxima exchanged through shared memory, P (bf16) written to shared memory;
-//     O += P·V     wgmma m64n256k16 ×4: warpgroup g owns output columns [256g, 256g + 256).
-//   V is the first 512 columns of the same tile (no second load): S reads it K-major, P·V reads it
-//   N-major through the same 128-byte-swizzled panels. Tiles stream through two buffers by cp.async.
+//   exactly one cache block, so a tile is 73,728 contiguous bytes). Q stays in shared memory; two kv
+//   buffers of one tile each; two warpgroups in FlashMLA's "seesaw" schedule (see the kernel): each
+//   warpgroup scores a full 64×64 S tile of alternating kv tiles with wgmma m64n64k16 and owns half of
+//   the 512 output columns (m64n256k16, its own P from registers, the other's through shared memory
+//   in bf16), so one warpgroup's softmax overlaps the other's tensor-core work. V is the first 512
+//   columns of the same tile (no second load): S reads it K-major, P·V reads it N-major through the
+//   same 128-byte-swizzled panels. Tiles arrive by TMA, one 8 KB panel per box, in two halves per
+//   buffer on their own mbarriers, each reloaded as soon as its last reader is done.
 // * mla_generic_kernel: one CTA per (token, head), f32 throughout; any widths, any block size.
-// * mla_combine_kernel: split-KV partials (o/l and log2-sum-exp per split) → bf16 output.
+// * mla_combine_kernel: split-KV partials (o/l and log2-sum-exp per split) → bf16 output, launched as
+//   a programmatic dependent of the split kernel.
 //
 // Split-KV: the host picks the split count from host values only (CTAs vs SM count, the
 // workspace); each CTA derives its kv range on the device from kv_len/positions, so a captured
 // graph stays valid for any lengths. A split that sees no position of a row writes lse = −inf,
 // which the combine skips.
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -60,18 +65,46 @@ __device__ __forceinline__ void cp_async_wait() {
 // Fast kernel
 // ======================================================================================
 constexpr int kLora = 512, kRope = 64, kDim = kLora + kRope;
-constexpr int kRows = 64;                              // query rows per CTA (wgmma M)
-constexpr int kTile = 64;                              // kv positions per tile = cache block size
-constexpr int kChunks = kDim / 8;                      // 16-byte chunks per entry row: 72
-constexpr int kPanelBytes = kRows * 128;               // one 64-column panel of 64 rows: 8 KB
-constexpr int kTileBytes = kChunks / 8 * kPanelBytes;  // 9 panels: 72 KB (Q and each kv buffer)
-constexpr int kFastThreads = 256;                      // two consumer warpgroups
-constexpr int kFastSmemBytes = 3 * kTileBytes + kPanelBytes + (2 * 64 + 2 * 64 + 64) * 4 + 1024;
+constexpr int kRows = 64;                          // query rows per CTA (wgmma M)
+constexpr int kTile = 64;                          // kv positions per tile = cache block size
+constexpr int kChunks = kDim / 8;                  // 16-byte chunks per entry row: 72
+constexpr int kPanelBytes = kRows * 128;           // one 64-column panel of 64 rows: 8 KB
+constexpr int kPanels = kChunks / 8;               // 9: eight of c_kv (V, and K), one of k_pe
+constexpr int kTileBytes = kPanels * kPanelBytes;  // 72 KB (Q and each kv buffer)
+constexpr int kFastThreads = 256;                  // two consumer warpgroups
+constexpr int kFastSmemBytes = 3 * kTileBytes + (2 * kRows + 2 * kRows + kRows) * 4 + 4 * 8 + 1024;
 static_assert(kFastSmemBytes <= 227 * 1024, "fast MLA kernel's shared memory");
+// Cache rows the TMA descriptor spans (the cache's true size is not a launch parameter): block ids
+// below 2^24, 1.2 TB of one layer's cache.
+constexpr uint64_t kTmapRows = uint64_t{1} << 30;
+
+// Named barriers (0 is __syncthreads): the seesaw hand-offs between the two warpgroups, arrived by
+// one warpgroup (bar.arrive) and waited by the other (bar.sync), and one per warpgroup.
+constexpr int kBarMaxLeft = 1;   // warpgroup 0's running maxima after its tile are in s_m[0]
+constexpr int kBarMaxRight = 2;  // warpgroup 1's after its tile are in s_m[1]
+constexpr int kBarPLeft = 3;     // P of warpgroup 0's tile (rescaled) is in its buffer's k_pe panel
+constexpr int kBarPRight = 4;    // P of warpgroup 1's tile is in its buffer's k_pe panel
+constexpr int kBarOwnWg = 5;     // + warpgroup: its own 128 threads
+
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Two f32 → bf16x2 (round to nearest even), `lo` in the low half.
+__device__ __forceinline__ uint32_t pack_bf16_rn(float lo, float hi) {
+    uint32_t d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+
+template <int R>
+__device__ __forceinline__ void fence_u32(uint32_t (&d)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
 
 // Byte offset of 16-byte chunk c of row r in a [panel][row][128 B] tile with the 128-byte swizzle
-// (chunk index XOR row % 8) that TMA and wgmma use: conflict-free for both the cp.async writes
-// and the tensor cores' reads.
+// (chunk index XOR row % 8) that TMA and wgmma use.
 __device__ __forceinline__ uint32_t swizzled(int r, int c) {
     return uint32_t((c >> 3) * kPanelBytes + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
@@ -84,75 +117,215 @@ __device__ __forceinline__ uint64_t desc_mn_major_sw128(const void* tile) {
            (uint64_t{1} << 62);
 }
 
-// d[64, 32] (+)= a · b, bf16 operands from shared memory (a K-major; b K-major), f32 accumulators.
-__device__ __forceinline__ void wgmma_s(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+// d[64, 64] (+)= a · b, bf16 operands from shared memory (a K-major; b K-major), f32 accumulators.
+__device__ __forceinline__ void wgmma_s(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-        "{"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-        "}, "
-        "%16, %17, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-
-// d[64, 256] (+)= a · b, bf16 operands from shared memory (a K-major; b N-major), f32 accumulators.
-__device__ __forceinline__ void wgmma_pv(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
         "{"
         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
         "}, "
-        "%128, %129, p, 1, 1, 0, 1;\n}\n"
+        "%32, %33, p, 1, 1, 0, 0;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
           "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
           "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
-          "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
-          "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
-          "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]),
-          "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]),
-          "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]),
-          "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]),
-          "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]),
-          "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]),
-          "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]),
-          "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]),
-          "+f"(d[126]), "+f"(d[127])
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
         : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
-// grid (row blocks of max_query_len·H, splits, requests); 256 threads.
+#define FANOUT_MLA_D128                                                                              \
+    "{"                                                                                              \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                         \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "               \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "               \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "               \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "               \
+    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "               \
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "   \
+    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127" \
+    "}, "
+#define FANOUT_MLA_D128_OUT(d)                                                                                       \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),      \
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),       \
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),      \
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),      \
+        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),      \
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),      \
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),      \
+        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]),      \
+        "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]),      \
+        "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]),      \
+        "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]),      \
+        "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]),      \
+        "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), \
+        "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),            \
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]),            \
+        "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]),            \
+        "+f"(d[126]), "+f"(d[127])
+
+// d[64, 256] += a · b, a (P, bf16, K-major) from shared memory, b (V, N-major) from shared memory.
+__device__ __forceinline__ void wgmma_pv(float (&d)[128], uint64_t desc_a, uint64_t desc_b) {
+    asm volatile("{\nwgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " FANOUT_MLA_D128
+                 "%128, %129, 1, 1, 1, 0, 1;\n}\n"
+                 : FANOUT_MLA_D128_OUT(d)
+                 : "l"(desc_a), "l"(desc_b));
+}
+
+// The same with a (P) from registers in the accumulator fragment layout, packed in bf16 pairs.
+__device__ __forceinline__ void wgmma_pv_rs(float (&d)[128], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                            uint64_t desc_b) {
+    asm volatile("{\nwgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " FANOUT_MLA_D128
+                 "{%128, %129, %130, %131}, %132, 1, 1, 1, 1;\n}\n"
+                 : FANOUT_MLA_D128_OUT(d)
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b));
+}
+#undef FANOUT_MLA_D128
+#undef FANOUT_MLA_D128_OUT
+
+// S (+)= Q · Kᵀ over panels [first, first + count) of the 576 dims (4 k-steps of 16 per panel).
+__device__ __forceinline__ void wgmma_s_panels(float (&s)[32], const uint8_t* sq, const uint8_t* kv, int first,
+                                               int count, bool overwrite) {
+#pragma unroll
+    for (int i = 0; i < count; ++i)
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb) {
+            const int off = (first + i) * kPanelBytes + kb * 32;
+            wgmma_s(s, sm90::desc_k_major_sw128(sq + off), sm90::desc_k_major_sw128(kv + off),
+                    overwrite && i == 0 && kb == 0 ? 0 : 1);
+        }
+}
+
+// O[64, 256·half ..) += P[64, 64] · V[64, 256·half ..), P from registers (p[4kk..4kk+3]: k-step kk).
+__device__ __forceinline__ void pv_from_regs(float (&o)[128], const uint32_t (&p)[16], const uint8_t* kv, int half) {
+#pragma unroll
+    for (int kk = 0; kk < kTile / 16; ++kk)
+        wgmma_pv_rs(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
+                    desc_mn_major_sw128(kv + half * 4 * kPanelBytes + kk * 16 * 128));
+}
+
+// The same with P from shared memory (the other warpgroup's, in a buffer's k_pe panel).
+__device__ __forceinline__ void pv_from_smem(float (&o)[128], const uint8_t* sp, const uint8_t* kv, int half) {
+#pragma unroll
+    for (int kk = 0; kk < kTile / 16; ++kk)
+        wgmma_pv(o, sm90::desc_k_major_sw128(sp + kk * 32),
+                 desc_mn_major_sw128(kv + half * 4 * kPanelBytes + kk * 16 * 128));
+}
+
+// Scores of kv tile `tile` to log2 units, −inf at columns a row may not see; row maxima of the
+// thread's two rows (quad-reduced). Fragment: register 4j + i is column 8j + 2·tig + (i & 1), row
+// r0 for i < 2 and r1 otherwise.
+__device__ __forceinline__ void mask_scores(float (&s)[32], int tile, int tig, int lim0, int lim1, float scale_log2,
+                                            float& mx0, float& mx1) {
+    const int col0 = tile * kTile + 2 * tig;
+    mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int col = col0 + 8 * j + i;
+            s[4 * j + i] = col < lim0 ? s[4 * j + i] * scale_log2 : -INFINITY;
+            s[4 * j + 2 + i] = col < lim1 ? s[4 * j + 2 + i] * scale_log2 : -INFINITY;
+            mx0 = fmaxf(mx0, s[4 * j + i]);
+            mx1 = fmaxf(mx1, s[4 * j + 2 + i]);
+        }
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+    }
+}
+
+// A row that has seen nothing yet keeps −inf; subtracting 0 then keeps exp2 at 0, not NaN.
+__device__ __forceinline__ float finite_base(float m) { return m == -INFINITY ? 0.0f : m; }
+
+// s ← 2^(s − base) per row; returns the thread's partial row sums.
+__device__ __forceinline__ void exp_scores(float (&s)[32], float base0, float base1, float& sum0, float& sum1) {
+    sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            s[4 * j + i] = exp2f(s[4 * j + i] - base0);
+            s[4 * j + 2 + i] = exp2f(s[4 * j + 2 + i] - base1);
+            sum0 += s[4 * j + i];
+            sum1 += s[4 * j + 2 + i];
+        }
+}
+
+// P (s · f per row) in bf16 → a K-major [64 rows][64 kv] swizzled panel (the A operand of P·V).
+__device__ __forceinline__ void store_p(uint8_t* sp, const float (&s)[32], int r0, int r1, int tig, float f0,
+                                        float f1) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        *reinterpret_cast<uint32_t*>(sp + r0 * 128 + ((j ^ (r0 & 7)) << 4) + tig * 4) =
+            pack_bf16_rn(s[4 * j] * f0, s[4 * j + 1] * f0);
+        *reinterpret_cast<uint32_t*>(sp + r1 * 128 + ((j ^ (r1 & 7)) << 4) + tig * 4) =
+            pack_bf16_rn(s[4 * j + 2] * f1, s[4 * j + 3] * f1);
+    }
+}
+
+__device__ __forceinline__ void scale_rows(float (&o)[128], float f0, float f1) {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+        o[4 * j] *= f0;
+        o[4 * j + 1] *= f0;
+        o[4 * j + 2] *= f1;
+        o[4 * j + 3] *= f1;
+    }
+}
+
+// Zeros rows [valid, 64) of the eight c_kv panels of a kv buffer (the tile past kv_end: a block
+// holds whatever was there, NaN included, and 0 · NaN would poison P·V). 128 threads.
+__device__ __forceinline__ void zero_tail_rows(uint8_t* kv, int valid, int t128) {
+    for (int i = t128; i < (kTile - valid) * 64; i += 128) {
+        const int row = valid + i / 64, panel = (i / 8) % 8, c = i % 8;
+        *reinterpret_cast<uint4*>(kv + panel * kPanelBytes + row * 128 + c * 16) = make_uint4(0, 0, 0, 0);
+    }
+}
+
+// grid (row blocks of max_query_len·H, splits, requests); 256 threads = two warpgroups.
+//
+// Seesaw schedule (FlashMLA's, see the file comment): tiles go in pairs, A = 2k in buffer 0 and
+// B = 2k + 1 in buffer 1. Warpgroup 0 ("left") holds O[:, 0:256), warpgroup 1 ("right")
+// O[:, 256:512); both track the same running maximum m.
+//   left:  S_A = Q·K_Aᵀ; m_a = max(m, rowmax S_A); P_A = 2^(S_A − m_a); O_L = O_L·2^(m − m_a) + P_A·V_A,L
+//   right: S_B = Q·K_Bᵀ; m_b = max(m_a, rowmax S_B); P_B = 2^(S_B − m_b);
+//          O_R = O_R·2^(m − m_b) + P_B·V_B,R + (P_A·2^(m_a − m_b))·V_A,R
+//   left:  O_L = O_L·2^(m_a − m_b) + P_B·V_B,L;  m = m_b
+// so one warpgroup's softmax runs while the other's wgmma keep the tensor cores busy. P goes to the
+// other warpgroup in bf16 through the k_pe panel of its tile's buffer (dead once S is computed).
+//
+// Loads: TMA, 64 × 64 boxes (one 8 KB panel each) of the cache seen as [rows, 576] bf16. Each buffer
+// has a left and a right part, each on its own mbarrier and issued by one thread of the warpgroup
+// that reads it last: left = c_kv panels 0–3 (+ k_pe of buffer 1, which then holds P_B), right =
+// panels 4–7 (+ k_pe of buffer 0, which then holds P_A). A part is reloaded with tile + 2 as soon
+// as that warpgroup's last wgmma on it completes, and S begins with the part that frees first.
 __global__ void __launch_bounds__(kFastThreads, 1)
-    mla_fast_kernel(const MlaAttentionParams p, int num_splits, float scale_log2, float* part_o, float* part_lse) {
+    mla_fast_kernel(const __grid_constant__ CUtensorMap tmap_cache, const MlaAttentionParams p, int num_splits,
+                    float scale_log2, float* part_o, float* part_lse) {
     extern __shared__ uint8_t smem_raw[];
     uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-    uint8_t* sq = smem;                                         // Q: [64 rows, 576] swizzled
-    uint8_t* skv = smem + kTileBytes;                           // two kv tiles
-    uint8_t* sp = smem + 3 * kTileBytes;                        // P: [64 rows, 64 kv] bf16 swizzled
-    float* s_max = reinterpret_cast<float*>(sp + kPanelBytes);  // [2 warpgroups][64 rows]
-    float* s_sum = s_max + 2 * kRows;                           // [2][64]
-    int* s_limit = reinterpret_cast<int*>(s_sum + 2 * kRows);   // [64] visible positions per row
+    uint8_t* sq = smem;                                             // Q: [64 rows, 576] swizzled
+    uint8_t* skv = smem + kTileBytes;                               // two kv buffers
+    float* s_m = reinterpret_cast<float*>(smem + 3 * kTileBytes);   // [2 warpgroups][64 rows]
+    float* s_sum = s_m + 2 * kRows;                                 // [2][64]
+    int* s_limit = reinterpret_cast<int*>(s_sum + 2 * kRows);       // [64] visible positions per row
+    uint64_t* bars = reinterpret_cast<uint64_t*>(s_limit + kRows);  // [buffer][left, right]
 
-    const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32, tig = lane % 4;
+    // wg through a shuffle: warp-uniform in the compiler's eyes, so the wgmma in its branches are
+    // not serialized.
+    const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0), lane = tid % 32, tig = lane % 4;
     const int split = blockIdx.y, r = blockIdx.z, H = p.num_heads;
     const int q0 = p.query_start[r], num_rows = (p.query_start[r + 1] - q0) * H;
     const int first_row = blockIdx.x * kRows;  // request-local row = t_local * H + h
     if (first_row >= num_rows) return;         // this request has fewer query tokens than max_query_len
     const int total_rows = p.num_tokens * H;   // rows of the split partials
 
+    if (tid == 0) {
+        for (int i = 0; i < 4; ++i) sm90::mbar_init(&bars[i], 1);
+        sm90::mbar_fence_init();
+    }
     if (tid < kRows) {
         const int row = first_row + tid;
         s_limit[tid] = row < num_rows ? min(p.positions[q0 + row / H] + 1, p.kv_len[r]) : 0;
@@ -160,9 +333,12 @@ __global__ void __launch_bounds__(kFastThreads, 1)
     __syncthreads();
     int kv_end = 0;  // the CTA's causal horizon: no row sees position kv_end or later
     for (int i = 0; i < kRows; ++i) kv_end = max(kv_end, s_limit[i]);
+    kv_end = __shfl_sync(0xffffffffu, kv_end, 0);  // warp-uniform for the compiler (as wg)
     const int num_tiles = (kv_end + kTile - 1) / kTile;
     const int per_split = (num_tiles + num_splits - 1) / num_splits;
     const int tile_begin = split * per_split, tile_end = min(num_tiles, tile_begin + per_split);
+    // The tile holding kv_end when it ends inside one (its rows from `tail_valid` on get zeroed).
+    const int tail_tile = kv_end % kTile ? num_tiles - 1 : -1, tail_valid = kv_end % kTile;
 
     // Rows this thread holds in the wgmma fragments (both warpgroups hold all 64 rows).
     const int r0 = (tid % 128) / 32 * 16 + lane / 4, r1 = r0 + 8;
@@ -174,8 +350,27 @@ __global__ void __launch_bounds__(kFastThreads, 1)
         }
         return;
     }
+    const int num_local = tile_end - tile_begin;
 
-    // Q rows (zeros past the request's rows) and the first kv tile: one cp.async group.
+    const int32_t* blocks = p.block_table + int64_t(r) * p.max_blocks;
+    // This warpgroup's part of buffer `buf` ← kv tile `tile` (one thread per warpgroup calls it).
+    auto load_part = [&](int tile, int buf) {
+        uint64_t* bar = &bars[2 * buf + wg];
+        const bool rope = (wg == 0) == (buf == 1);
+        sm90::mbar_arrive_expect_tx(bar, (rope ? 5 : 4) * kPanelBytes);
+        const int row = blocks[tile] * kTile;
+        uint8_t* dst = skv + buf * kTileBytes;
+#pragma unroll
+        for (int i = 4 * wg; i < 4 * wg + 4; ++i)
+            sm90::tma_load_2d(dst + i * kPanelBytes, &tmap_cache, bar, i * 64, row);
+        if (rope) sm90::tma_load_2d(dst + 8 * kPanelBytes, &tmap_cache, bar, 8 * 64, row);
+    };
+    if (tid % 128 == 0) {
+        load_part(tile_begin, 0);
+        if (num_local > 1) load_part(tile_begin + 1, 1);
+    }
+
+    // Q rows (zeros past the request's rows).
     for (int i = tid; i < kRows * kChunks; i += kFastThreads) {
         const int row = i / kChunks, c = i % kChunks, lrow = first_row + row;
         const uint16_t* src = p.q_lat;
@@ -186,133 +381,170 @@ __global__ void __launch_bounds__(kFastThreads, 1)
         }
         cp_async_16(sq + swizzled(row, c), src, lrow < num_rows ? 16 : 0);
     }
-    const int32_t* blocks = p.block_table + int64_t(r) * p.max_blocks;
-    // Rows past kv_end are zero-filled, never read: past kv_len a block holds whatever was there
-    // (NaN included), and 0 · NaN would poison P·V.
-    auto load_tile = [&](int tile, uint8_t* dst) {
-        const uint16_t* base = p.cache + int64_t(blocks[tile]) * (kTile * kDim);
-        const int valid_rows = kv_end - tile * kTile;
-        for (int i = tid; i < kTile * kChunks; i += kFastThreads) {
-            const int row = i / kChunks, c = i % kChunks;
-            cp_async_16(dst + swizzled(row, c), base + i * 8, row < valid_rows ? 16 : 0);
-        }
-    };
-    load_tile(tile_begin, skv);
     cp_async_commit();
+    cp_async_wait<0>();
+    sm90::fence_proxy_async();
+    __syncthreads();
 
-    float o[128], s[16];
+    float o[128], s[32];
+    uint32_t pk[16];  // own P in bf16 pairs: the register A operand of P·V
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 16; ++i) s[i] = 0.0f;
-    // Running maxima (log2 units, scaled) and this thread's partial row sums, for rows r0 and r1.
+    for (int i = 0; i < 32; ++i) s[i] = 0.0f;
+    // Running maxima (log2 units, scaled) and this thread's partial row sums over its own tiles,
+    // for rows r0 and r1.
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
     const int lim0 = s_limit[r0], lim1 = s_limit[r1];
+    uint8_t* const kva = skv;
+    uint8_t* const kvb = skv + kTileBytes;
+    const int num_pairs = (num_local + 1) / 2;
 
-    for (int tile = tile_begin; tile < tile_end; ++tile) {
-        const int buf = (tile - tile_begin) & 1;
-        // The other buffer was last read in the previous iteration, which ended with a barrier.
-        if (tile + 1 < tile_end) load_tile(tile + 1, skv + (buf ^ 1) * kTileBytes);
-        cp_async_commit();
-        cp_async_wait<1>();  // this thread's copies of `tile` (and Q) have landed
-        sm90::fence_proxy_async();
-        __syncthreads();  // ... and everyone's
-        const uint8_t* kv = skv + buf * kTileBytes;
-
-        // S[64, 32] = Q · K[32·wg .. 32·wg + 32)ᵀ over 576 dims (36 k-steps of 16 = 32 bytes).
-        sm90::fence_regs(s);  // last tile's reads of s come before wgmma.fence
-        sm90::wgmma_fence();
-#pragma unroll
-        for (int kd = 0; kd < kDim / 16; ++kd) {
-            const int panel = kd / 4, kbyte = (kd % 4) * 32;
-            const uint64_t da = sm90::desc_k_major_sw128(sq + panel * kPanelBytes + kbyte);
-            const uint64_t db = sm90::desc_k_major_sw128(kv + panel * kPanelBytes + wg * 32 * 128 + kbyte);
-            wgmma_s(s, da, db, kd > 0);
-        }
-        sm90::wgmma_commit();
-        sm90::wgmma_wait<0>();
-        sm90::fence_regs(s);
-
-        // Causal/tail mask and scale. Fragment: register 4j + i is column 8j + 2·tig + (i & 1),
-        // row r0 for i < 2 and r1 otherwise.
-        const int col0 = tile * kTile + wg * 32 + 2 * tig;
-        float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                const int col = col0 + 8 * j + i;
-                s[4 * j + i] = col < lim0 ? s[4 * j + i] * scale_log2 : -INFINITY;
-                s[4 * j + 2 + i] = col < lim1 ? s[4 * j + 2 + i] * scale_log2 : -INFINITY;
-                mx0 = fmaxf(mx0, s[4 * j + i]);
-                mx1 = fmaxf(mx1, s[4 * j + 2 + i]);
+    if (wg == 0) {
+        for (int k = 0; k < num_pairs; ++k) {
+            const int ta = tile_begin + 2 * k;
+            const bool has_b = 2 * k + 1 < num_local;
+            const uint32_t parity = k & 1;
+            // S_A: the left part (freed first) then the right.
+            sm90::mbar_wait(&bars[0], parity);
+            sm90::fence_regs(s);
+            sm90::wgmma_fence();
+            wgmma_s_panels(s, sq, kva, 0, 4, true);
+            sm90::wgmma_commit();
+            if (k > 0) {  // P_B·V_B,L of the last pair has finished: buffer 1's left part is free
+                sm90::wgmma_wait<1>();
+                if (has_b && tid == 0) load_part(ta + 1, 1);
             }
-#pragma unroll
-        for (int off = 1; off < 4; off <<= 1) {
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
-        }
-        if (tig == 0) {
-            s_max[wg * kRows + r0] = mx0;
-            s_max[wg * kRows + r1] = mx1;
-        }
-        __syncthreads();
-        mx0 = fmaxf(mx0, s_max[(wg ^ 1) * kRows + r0]);
-        mx1 = fmaxf(mx1, s_max[(wg ^ 1) * kRows + r1]);
-        const float new0 = fmaxf(m0, mx0), new1 = fmaxf(m1, mx1);
-        // A row that has seen nothing yet keeps −inf; subtracting 0 then keeps exp2 at 0, not NaN.
-        const float base0 = new0 == -INFINITY ? 0.0f : new0, base1 = new1 == -INFINITY ? 0.0f : new1;
-        const float corr0 = exp2f(m0 - base0), corr1 = exp2f(m1 - base1);
-        m0 = new0;
-        m1 = new1;
-        float sum0 = 0.0f, sum1 = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                s[4 * j + i] = exp2f(s[4 * j + i] - base0);
-                s[4 * j + 2 + i] = exp2f(s[4 * j + 2 + i] - base1);
-                sum0 += s[4 * j + i];
-                sum1 += s[4 * j + 2 + i];
+            sm90::mbar_wait(&bars[1], parity);
+            sm90::wgmma_fence();  // (what ptxas would insert after the wait loop anyway)
+            wgmma_s_panels(s, sq, kva, 4, 5, false);
+            sm90::wgmma_commit();
+            sm90::wgmma_wait<0>();
+            sm90::fence_regs(s);
+            if (ta == tail_tile) {
+                zero_tail_rows(kva, tail_valid, tid);
+                sm90::fence_proxy_async();
+                sm90::named_barrier(kBarOwnWg + 0, 128);
             }
-        l0 = l0 * corr0 + sum0;
-        l1 = l1 * corr1 + sum1;
-#pragma unroll
-        for (int j = 0; j < 32; ++j) {
-            o[4 * j] *= corr0;
-            o[4 * j + 1] *= corr0;
-            o[4 * j + 2] *= corr1;
-            o[4 * j + 3] *= corr1;
-        }
-        // P → shared memory as the K-major A operand: columns 32·wg + 8j + 2·tig (+1).
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int chunk = wg * 4 + j;
-            *reinterpret_cast<uint32_t*>(sp + r0 * 128 + ((chunk ^ (r0 & 7)) << 4) + tig * 4) =
-                pack_bf16(s[4 * j], s[4 * j + 1]);
-            *reinterpret_cast<uint32_t*>(sp + r1 * 128 + ((chunk ^ (r1 & 7)) << 4) + tig * 4) =
-                pack_bf16(s[4 * j + 2], s[4 * j + 3]);
-        }
-        sm90::fence_proxy_async();
-        __syncthreads();
 
-        // O[64, 256·wg ..) += P[64, 64] · V[64, 256·wg ..): 4 k-steps of 16 kv rows (2 KB each).
-        // fence_regs first: the rescaled accumulators must be written before wgmma.fence.
-        sm90::fence_regs(o);
-        sm90::wgmma_fence();
+            float mx0, mx1, sum0, sum1;
+            mask_scores(s, ta, tig, lim0, lim1, scale_log2, mx0, mx1);
+            const float ma0 = fmaxf(m0, mx0), ma1 = fmaxf(m1, mx1);
+            const float base0 = finite_base(ma0), base1 = finite_base(ma1);
+            const float corr0 = exp2f(m0 - base0), corr1 = exp2f(m1 - base1);
+            if (tig == 0) s_m[r0] = ma0, s_m[r1] = ma1;
+            named_barrier_arrive(kBarMaxLeft, 256);
+            exp_scores(s, base0, base1, sum0, sum1);
+            l0 = l0 * corr0 + sum0;
+            l1 = l1 * corr1 + sum1;
 #pragma unroll
-        for (int kk = 0; kk < kTile / 16; ++kk) {
-            const uint64_t da = sm90::desc_k_major_sw128(sp + kk * 32);
-            const uint64_t db = desc_mn_major_sw128(kv + wg * 4 * kPanelBytes + kk * 16 * 128);
-            wgmma_pv(o, da, db, 1);
+            for (int i = 0; i < 16; ++i) pk[i] = pack_bf16_rn(s[2 * i], s[2 * i + 1]);
+            scale_rows(o, corr0, corr1);
+            sm90::fence_regs(o);
+            fence_u32(pk);
+            sm90::wgmma_fence();
+            pv_from_regs(o, pk, kva, 0);
+            sm90::wgmma_commit();
+
+            // The right warpgroup's maxima after B: rescale to them, hand P_A over.
+            sm90::named_barrier(kBarMaxRight, 256);
+            const float mb0 = s_m[kRows + r0], mb1 = s_m[kRows + r1];
+            const float f0 = exp2f(ma0 - finite_base(mb0)), f1 = exp2f(ma1 - finite_base(mb1));
+            m0 = mb0, m1 = mb1;
+            l0 *= f0;
+            l1 *= f1;
+            store_p(kva + 8 * kPanelBytes, s, r0, r1, tig, f0, f1);
+            sm90::fence_proxy_async();
+            named_barrier_arrive(kBarPLeft, 256);
+
+            sm90::wgmma_wait<0>();  // P_A·V_A,L done: buffer 0's left part is free
+            sm90::fence_regs(o);
+            fence_u32(pk);
+            if (2 * k + 2 < num_local && tid == 0) load_part(ta + 2, 0);
+            scale_rows(o, f0, f1);
+            if (has_b) {
+                sm90::named_barrier(kBarPRight, 256);
+                sm90::mbar_wait(&bars[2], parity);
+                sm90::fence_regs(o);
+                sm90::wgmma_fence();
+                pv_from_smem(o, kvb + 8 * kPanelBytes, kvb, 0);
+                sm90::wgmma_commit();
+            }
         }
-        sm90::wgmma_commit();
-        sm90::wgmma_wait<0>();
-        sm90::fence_regs(o);
-        __syncthreads();  // both warpgroups are done with this kv buffer and with P
+    } else {
+        for (int k = 0; k < num_pairs; ++k) {
+            const int ta = tile_begin + 2 * k, tb = ta + 1;
+            const bool has_b = 2 * k + 1 < num_local;
+            const uint32_t parity = k & 1;
+            float mx0 = -INFINITY, mx1 = -INFINITY;
+            if (has_b) {  // S_B: the right part (freed first) then the left
+                sm90::mbar_wait(&bars[3], parity);
+                sm90::fence_regs(s);
+                sm90::wgmma_fence();
+                wgmma_s_panels(s, sq, kvb, 4, 4, true);
+                sm90::mbar_wait(&bars[2], parity);
+                sm90::wgmma_fence();
+                wgmma_s_panels(s, sq, kvb, 0, 4, false);
+                wgmma_s_panels(s, sq, kvb, 8, 1, false);
+                sm90::wgmma_commit();
+                sm90::wgmma_wait<0>();
+                sm90::fence_regs(s);
+                if (tb == tail_tile) {
+                    zero_tail_rows(kvb, tail_valid, tid - 128);
+                    sm90::fence_proxy_async();
+                    sm90::named_barrier(kBarOwnWg + 1, 128);
+                }
+                mask_scores(s, tb, tig, lim0, lim1, scale_log2, mx0, mx1);
+            }
+            sm90::named_barrier(kBarMaxLeft, 256);
+            const float ma0 = s_m[r0], ma1 = s_m[r1];
+            const float mb0 = fmaxf(ma0, mx0), mb1 = fmaxf(ma1, mx1);
+            const float base0 = finite_base(mb0), base1 = finite_base(mb1);
+            // O_R and l scale from m to m_b (m ≤ m_a ≤ m_b).
+            const float corr0 = exp2f(m0 - base0), corr1 = exp2f(m1 - base1);
+            if (tig == 0) s_m[kRows + r0] = mb0, s_m[kRows + r1] = mb1;
+            named_barrier_arrive(kBarMaxRight, 256);
+            m0 = mb0, m1 = mb1;
+            l0 *= corr0;
+            l1 *= corr1;
+            scale_rows(o, corr0, corr1);
+            if (has_b) {
+                float sum0, sum1;
+                exp_scores(s, base0, base1, sum0, sum1);
+                l0 += sum0;
+                l1 += sum1;
+#pragma unroll
+                for (int i = 0; i < 16; ++i) pk[i] = pack_bf16_rn(s[2 * i], s[2 * i + 1]);
+                sm90::fence_regs(o);
+                fence_u32(pk);
+                sm90::wgmma_fence();
+                pv_from_regs(o, pk, kvb, 1);
+                sm90::wgmma_commit();
+                store_p(kvb + 8 * kPanelBytes, s, r0, r1, tig, 1.0f, 1.0f);
+                sm90::fence_proxy_async();
+                named_barrier_arrive(kBarPRight, 256);
+            }
+            sm90::named_barrier(kBarPLeft, 256);
+            sm90::mbar_wait(&bars[1], parity);
+            sm90::fence_regs(o);
+            sm90::wgmma_fence();
+            pv_from_smem(o, kva + 8 * kPanelBytes, kva, 1);
+            sm90::wgmma_commit();
+            if (has_b) {  // P_B·V_B,R done: buffer 1's right part is free
+                sm90::wgmma_wait<1>();
+                if (2 * k + 3 < num_local && tid == 128) load_part(tb + 2, 1);
+            }
+            sm90::wgmma_wait<0>();  // (P_A·f)·V_A,R done: buffer 0's right part is free
+            sm90::fence_regs(o);
+            fence_u32(pk);
+            if (2 * k + 2 < num_local && tid == 128) load_part(ta + 2, 0);
+        }
     }
+    sm90::wgmma_wait<0>();
+    sm90::fence_regs(o);
+    sm90::grid_launch_dependents();  // the combine may start launching (it waits for this grid's writes)
 
-    // Row sums: the quad's columns, then the other warpgroup's half.
+    // Row sums: the quad's columns, then the other warpgroup's tiles (both at the final maximum).
 #pragma unroll
     for (int off = 1; off < 4; off <<= 1) {
         l0 += __shfl_xor_sync(0xffffffffu, l0, off);
@@ -460,39 +692,55 @@ __global__ void __launch_bounds__(kGenThreads)
 // ======================================================================================
 // Combine
 // ======================================================================================
-constexpr int kCombineWarps = 8;
+constexpr int kCombineThreads = 128;
 
-// One warp per (token, head) row: out = Σ_s 2^(lse_s − max) · o_s / Σ_s 2^(lse_s − max). Splits
-// with lse = −inf saw nothing of the row; their partial rows were never written and are skipped.
-__global__ void __launch_bounds__(kCombineWarps * 32)
+// grid (T·H rows, column blocks of 128): out = Σ_s 2^(lse_s − max) · o_s / Σ_s 2^(lse_s − max). Splits
+// with lse = −inf saw nothing of the row; their partial rows were never written and are not read. A
+// thread owns one column and reads eight splits' values at once (independent loads). Launched as a
+// programmatic dependent of the split kernel: it waits for that grid's writes before reading.
+__global__ void __launch_bounds__(kCombineThreads)
     mla_combine_kernel(const MlaAttentionParams p, int num_splits, const float* part_o, const float* part_lse) {
-    __shared__ float s_w[kCombineWarps][kMaxSplits];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __shared__ float s_w[kMaxSplits];
+    __shared__ float s_inv;
     const int total_rows = p.num_tokens * p.num_heads, C = p.kv_lora;
-    const int row = blockIdx.x * kCombineWarps + warp;
-    if (row >= total_rows) return;
-    float mx = -INFINITY;
-    for (int s = lane; s < num_splits; s += 32) mx = fmaxf(mx, part_lse[size_t(s) * total_rows + row]);
+    const int row = blockIdx.x, tid = threadIdx.x, d = blockIdx.y * kCombineThreads + tid;
+    sm90::grid_dependency_wait();
+    if (tid < 32) {
+        float lse[kMaxSplits / 32];
+        float mx = -INFINITY;
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    float sum = 0.0f;
-    for (int s = lane; s < num_splits; s += 32) {
-        const float lse = part_lse[size_t(s) * total_rows + row];
-        const float w = lse == -INFINITY ? 0.0f : exp2f(lse - mx);
-        s_w[warp][s] = w;
-        sum += w;
+        for (int i = 0; i < kMaxSplits / 32; ++i) {
+            const int s = tid + 32 * i;
+            lse[i] = s < num_splits ? part_lse[size_t(s) * total_rows + row] : -INFINITY;
+            mx = fmaxf(mx, lse[i]);
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kMaxSplits / 32; ++i) {
+            const float w = lse[i] == -INFINITY ? 0.0f : exp2f(lse[i] - mx);
+            s_w[tid + 32 * i] = w;
+            sum += w;
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+        if (tid == 0) s_inv = 1.0f / sum;
     }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    __syncwarp();
-    const float inv = 1.0f / sum;
+    __syncthreads();
+    const float inv = s_inv;
     const int t = row / p.num_heads, h = row % p.num_heads;
     uint16_t* dst = p.out + int64_t(t) * p.out_stride_t + int64_t(h) * p.out_stride_h;
-    for (int d = lane; d < C; d += 32) {
+    const float* src = part_o + size_t(row) * C;
+    const size_t split_stride = size_t(total_rows) * C;
+    if (d < C) {
         float acc = 0.0f;
-        for (int s = 0; s < num_splits; ++s) {
-            const float w = s_w[warp][s];
-            if (w != 0.0f) acc = fmaf(w, part_o[(size_t(s) * total_rows + row) * C + d], acc);
+        for (int s0 = 0; s0 < num_splits; s0 += 8) {
+            float v[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) v[i] = s_w[s0 + i] != 0.0f ? src[(s0 + i) * split_stride + d] : 0.0f;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc = fmaf(s_w[s0 + i], v[i], acc);
         }
         dst[d] = float_to_bf16(acc * inv);
     }
@@ -534,9 +782,42 @@ int pick_splits(int64_t ctas, const MlaAttentionParams& p, const MlaWorkspace* w
 void launch_combine(const MlaAttentionParams& p, int splits, const float* part_o, const float* part_lse,
                     cudaStream_t stream) {
     const int64_t rows = int64_t(p.num_tokens) * p.num_heads;
-    mla_combine_kernel<<<unsigned((rows + kCombineWarps - 1) / kCombineWarps), kCombineWarps * 32, 0, stream>>>(
-        p, splits, part_o, part_lse);
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(unsigned(rows), unsigned((p.kv_lora + kCombineThreads - 1) / kCombineThreads));
+    cfg.blockDim = dim3(kCombineThreads);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    FANOUT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, mla_combine_kernel, p, splits, part_o, part_lse));
     FANOUT_CUDA_CHECK_LAUNCH("mla_combine_kernel");
+}
+
+// The cache as a [kTmapRows, 576] bf16 matrix in 64 × 64 boxes (one swizzled panel of one block).
+CUtensorMap cache_tensor_map(const uint16_t* cache) {
+    static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+        void* fn = nullptr;
+        cudaDriverEntryPointQueryResult q{};
+        FANOUT_CUDA_CHECK(
+            cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
+        FANOUT_DEVICE_REQUIRE(
+            q == cudaDriverEntryPointSuccess && fn != nullptr,
+            "mla attention: the CUDA driver has no cuTensorMapEncodeTiled (TMA needs driver >= 12.0)");
+        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+    }();
+    CUtensorMap m;
+    const cuuint64_t dims[2] = {kDim, kTmapRows};
+    const cuuint64_t strides[1] = {kDim * sizeof(uint16_t)};
+    const cuuint32_t box[2] = {64, kTile};
+    const cuuint32_t elem[2] = {1, 1};
+    const CUresult r = encode(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(cache), dims, strides, box,
+                              elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    FANOUT_DEVICE_REQUIRE(r == CUDA_SUCCESS, "mla attention: cuTensorMapEncodeTiled failed for the cache (error " +
+                                                 std::to_string(int(r)) + ")");
+    return m;
 }
 
 }  // namespace
@@ -589,8 +870,9 @@ void launch_mla_attention(const MlaAttentionParams& p, MlaWorkspace* workspace, 
     const int splits = pick_splits(row_blocks * p.num_requests, p, workspace, force_splits);
     float* part_o = splits > 1 ? workspace->partials : nullptr;
     float* part_lse = splits > 1 ? part_o + size_t(splits) * p.num_tokens * p.num_heads * kLora : nullptr;
+    const CUtensorMap tmap = cache_tensor_map(p.cache);
     mla_fast_kernel<<<dim3(unsigned(row_blocks), unsigned(splits), unsigned(p.num_requests)), kFastThreads,
-                      kFastSmemBytes, stream>>>(p, splits, p.scale * kLog2e, part_o, part_lse);
+                      kFastSmemBytes, stream>>>(tmap, p, splits, p.scale * kLog2e, part_o, part_lse);
     FANOUT_CUDA_CHECK_LAUNCH("mla_fast_kernel");
     if (splits > 1) launch_combine(p, splits, part_o, part_lse, stream);
 }

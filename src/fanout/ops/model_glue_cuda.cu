@@ -58,6 +58,37 @@ __global__ void mla_q_split_kernel(const bf16* __restrict__ q, int T, int H, int
     }
 }
 
+// A block per (token, kHeadsPerBlock heads): the rope part of each head rotated in place.
+__global__ void rope_q_inplace_kernel(bf16* __restrict__ q, int H, int nope, const int32_t* __restrict__ positions,
+                                      RopeDevice rope) {
+    const int t = blockIdx.x, width = nope + rope.dim, half = rope.dim / 2;
+    const int h0 = blockIdx.y * kHeadsPerBlock, nh = min(kHeadsPerBlock, H - h0);
+    const float pos = static_cast<float>(positions[t]);
+    for (int i = threadIdx.x; i < nh * half; i += kThreads) {
+        bf16* x = q + (static_cast<size_t>(t) * H + h0 + i / half) * width + nope + 2 * (i % half);
+        float a = __bfloat162float(x[0]), b = __bfloat162float(x[1]);
+        rope_pair(a, b, pos, i % half, rope);
+        x[0] = __float2bfloat16(a);
+        x[1] = __float2bfloat16(b);
+    }
+}
+
+// A block per position: its cache entry split into the latent row and the k_pe row.
+__global__ void gather_latent_kernel(const bf16* __restrict__ cache, const int32_t* __restrict__ block_table,
+                                     int block_size, int kv_lora, int rope, bf16* __restrict__ latent,
+                                     bf16* __restrict__ k_pe) {
+    const int j = blockIdx.x, entry = kv_lora + rope;
+    const size_t slot = static_cast<size_t>(block_table[j / block_size]) * block_size + j % block_size;
+    const bf16* src = cache + slot * entry;
+    for (int d = threadIdx.x; d < entry; d += kThreads) {
+        if (d < kv_lora) {
+            latent[static_cast<size_t>(j) * kv_lora + d] = src[d];
+        } else {
+            k_pe[static_cast<size_t>(j) * rope + d - kv_lora] = src[d];
+        }
+    }
+}
+
 __device__ float block_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     __shared__ float warp_sums[kThreads / 32];
@@ -217,6 +248,25 @@ void launch_mla_kv_append(const uint16_t* kv_a, int64_t row_stride, int T, int k
                                                                      kv_lora, norm_w, eps, positions, rope, slots,
                                                                      reinterpret_cast<bf16*>(cache));
     FANOUT_CUDA_CHECK_LAUNCH("mla_kv_append_kernel");
+}
+
+void launch_rope_q_inplace(uint16_t* q, int T, int H, int nope, const int32_t* positions, RopeDevice rope,
+                           void* cuda_stream) {
+    FANOUT_DEVICE_REQUIRE(rope.dim % 2 == 0, "rope_q_inplace: the rope width must be even, got " + std::to_string(rope.dim));
+    if (T <= 0) return;
+    const dim3 grid(T, (H + kHeadsPerBlock - 1) / kHeadsPerBlock);
+    rope_q_inplace_kernel<<<grid, kThreads, 0, as_stream(cuda_stream)>>>(reinterpret_cast<bf16*>(q), H, nope, positions,
+                                                                         rope);
+    FANOUT_CUDA_CHECK_LAUNCH("rope_q_inplace_kernel");
+}
+
+void launch_gather_latent(const uint16_t* cache, const int32_t* block_table, int block_size, int ctx_len, int kv_lora,
+                          int rope, uint16_t* latent, uint16_t* k_pe, void* cuda_stream) {
+    if (ctx_len <= 0) return;
+    gather_latent_kernel<<<ctx_len, kThreads, 0, as_stream(cuda_stream)>>>(
+        reinterpret_cast<const bf16*>(cache), block_table, block_size, kv_lora, rope, reinterpret_cast<bf16*>(latent),
+        reinterpret_cast<bf16*>(k_pe));
+    FANOUT_CUDA_CHECK_LAUNCH("gather_latent_kernel");
 }
 
 void launch_heads_to_tokens(const uint16_t* x, int H, int T, int V, uint16_t* y, void* cuda_stream) {

@@ -36,6 +36,16 @@ void launch_mla_kv_append(const uint16_t* kv_a, int64_t row_stride, int T, int k
                           const int32_t* positions, RopeDevice rope, const int32_t* slots, uint16_t* cache,
                           void* cuda_stream);
 
+// q: [T, H, nope + rope] rotated in place (the rope part of each head), as rope_apply.
+void launch_rope_q_inplace(uint16_t* q, int T, int H, int nope, const int32_t* positions, RopeDevice rope,
+                           void* cuda_stream);
+
+// One request's cached entries, positions 0 … ctx_len − 1, out of the paged cache ([slots, entry]
+// bf16, blocks of `block_size`) into latent: [ctx_len, kv_lora] and k_pe: [ctx_len, rope]
+// (entry = kv_lora + rope). block_table: the request's row of the table, on the device.
+void launch_gather_latent(const uint16_t* cache, const int32_t* block_table, int block_size, int ctx_len, int kv_lora,
+                          int rope, uint16_t* latent, uint16_t* k_pe, void* cuda_stream);
+
 // x: [H, T, V] -> y: [T, H * V].
 void launch_heads_to_tokens(const uint16_t* x, int H, int T, int V, uint16_t* y, void* cuda_stream);
 

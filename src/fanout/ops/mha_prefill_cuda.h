@@ -1,0 +1,59 @@
+// MLA prefill attention in MHA form on the GPU: causal flash attention of one request's chunk of
+// query tokens over K/V that the caller has expanded from the latent cache (kv_b applied to c_kv).
+// `mha_prefill_cpu` (mla_attention.h) is the reference.
+//
+// For query token i ∈ [0, T) (position ctx_len − T + i) and head h:
+//   score(j) = scale · (q[i, h, :nope] · k_nope[j, h] + q[i, h, nope:] · k_pe[j])   (keys j ≤ ctx_len − T + i),
+//   out[i, h, :] = Σ_j softmax(score)(j) · v[j, h]                                  (v_dim values, bf16).
+// k_pe is shared by all heads (MLA's decoupled rope key). The keys are a cached prefix of
+// ctx_len − T positions followed by the chunk itself.
+//
+// Two kernels (mha_prefill_cuda.cu), picked by launch_mha_prefill:
+//  * tensor cores (mma.sync m16n8k16 bf16, FlashAttention-2 style) for DeepSeek-V3's widths —
+//    nope 128, rope 64, v 128 — with 16-byte-aligned pointers and strides that are multiples of 8
+//    elements: a CTA per (64 query rows, head), K/V tiles of 64 keys double-buffered by cp.async,
+//    online softmax in f32, key tiles past the CTA's last query skipped;
+//  * a plain f32 kernel for any other widths (nope + rope ≤ 1024, v_dim ≤ 256, any alignment).
+//
+// Graph-safe: the grid depends only on num_tokens and num_heads. No host synchronization.
+// Not done here: the kv_b expansion of the latent cache, several requests per launch.
+//
+// Fmt-free on purpose: included from .cu files.
+#pragma once
+
+#include <cstdint>
+
+namespace fanout::ops {
+
+struct MhaPrefillParams {
+    int num_tokens = 0;  // T query tokens, all of one request
+    int ctx_len = 0;     // keys (≥ T); query i sits at position ctx_len − T + i
+    int num_heads = 0;   // H (≤ 65535)
+    int nope = 0, rope = 0, v_dim = 0;
+    float scale = 1.0f;  // softmax scale, > 0 (YaRN mscale included)
+
+    // Device pointers, bf16 bits, element strides; the innermost dimension is contiguous.
+    const uint16_t* q = nullptr;  // [T][H][nope + rope], rope part roped
+    int64_t q_stride_t = 0, q_stride_h = 0;
+    const uint16_t* k_nope = nullptr;  // [ctx_len][H][nope]
+    int64_t k_stride_t = 0, k_stride_h = 0;
+    const uint16_t* k_pe = nullptr;  // [ctx_len][rope], shared by the heads, roped
+    int64_t k_pe_stride_t = 0;
+    const uint16_t* v = nullptr;  // [ctx_len][H][v_dim]
+    int64_t v_stride_t = 0, v_stride_h = 0;
+    uint16_t* out = nullptr;  // [T][H][v_dim]
+    int64_t out_stride_t = 0, out_stride_h = 0;
+};
+
+// Which kernel launch_mha_prefill runs for these params (tests and benchmarks report it).
+enum class MhaPrefillKernel { kTensorCore, kGeneric };
+MhaPrefillKernel mha_prefill_kernel_for(const MhaPrefillParams& p);
+
+// Runs the attention on `cuda_stream` (a cudaStream_t; null: the legacy default stream).
+// Throws fanout::Error naming the values on a broken precondition (counts, widths, null pointers).
+void launch_mha_prefill(const MhaPrefillParams& p, void* cuda_stream);
+
+// The generic kernel whatever the widths (tests compare both kernels on DeepSeek-V3's widths).
+void launch_mha_prefill_generic(const MhaPrefillParams& p, void* cuda_stream);
+
+}  // namespace fanout::ops
