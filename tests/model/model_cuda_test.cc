@@ -27,6 +27,8 @@
 #include "fanout/model/deepseek_v3_cuda.h"
 #include "fanout/model/synthetic.h"
 #include "fanout/ops/fp8_quant.h"
+#include "cuda_test_util.h"
+#include "oracle_fixtures.h"
 #include "test_util.h"
 
 namespace fanout::model {
@@ -34,23 +36,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-bool have_gpu() {
-    int n = 0;
-    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
 
-#define REQUIRE_GPU() \
-    if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
-
-fs::path oracle_dir() { return fs::path(FANOUT_SOURCE_DIR) / "tests/fixtures/oracle"; }
-
-std::vector<std::string> fixture_names() {
-    std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(oracle_dir()))
-        if (fs::exists(e.path() / "oracle.json")) names.push_back(e.path().filename().string());
-    std::sort(names.begin(), names.end());
-    return names;
-}
+using fanout::testing::fixture_names;
+using fanout::testing::oracle_dir;
 
 std::vector<int32_t> input_ids(const std::string& dir) {
     std::ifstream j(dir + "/oracle.json");

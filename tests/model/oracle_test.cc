@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fanout/model/generate.h"
+#include "oracle_fixtures.h"
 #include "test_util.h"
 
 namespace fanout::model {
@@ -15,20 +16,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The committed fixtures, or FANOUT_ORACLE_DIR (scripts/gpu_check.sh points it at fixtures
-// freshly made by transformers on the GPU machine).
-fs::path oracle_dir() {
-    if (const char* d = std::getenv("FANOUT_ORACLE_DIR"); d && *d) return d;
-    return fs::path(FANOUT_SOURCE_DIR) / "tests/fixtures/oracle";
-}
-
-std::vector<std::string> fixture_names() {
-    std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(oracle_dir()))
-        if (fs::exists(e.path() / "oracle.json")) names.push_back(e.path().filename().string());
-    std::sort(names.begin(), names.end());
-    return names;
-}
+using fanout::testing::fixture_names;
+using fanout::testing::oracle_dir;
 
 struct Fixture {
     std::string dir;

@@ -16,36 +16,14 @@
 #include "fanout/ops/rope.h"
 #include "fanout/ops/sampling.h"
 #include "fanout/ops/sampling_cuda.h"
+#include "cuda_test_util.h"
 #include "test_util.h"
 
 namespace fanout::ops {
 namespace {
 
-bool have_gpu() {
-    int n = 0;
-    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-#define REQUIRE_GPU() \
-    if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
-
 template <typename T>
-struct Dev {
-    T* ptr = nullptr;
-    size_t n = 0;
-    explicit Dev(size_t count) : n(count) { FANOUT_CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(1, n) * sizeof(T))); }
-    explicit Dev(const std::vector<T>& v) : Dev(v.size()) {
-        FANOUT_CUDA_CHECK(cudaMemcpy(ptr, v.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-    }
-    ~Dev() { cudaFree(ptr); }
-    std::vector<T> get() const {
-        FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
-        std::vector<T> v(n);
-        FANOUT_CUDA_CHECK(cudaMemcpy(v.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
-        return v;
-    }
-    void poison() { FANOUT_CUDA_CHECK(cudaMemset(ptr, 0xff, n * sizeof(T))); }
-};
+using Dev = fanout::testing::DeviceBuffer<T>;
 
 // Random values rounded to bf16: the bf16 bits, and the same values as f32.
 struct Bf16Data {
@@ -91,7 +69,7 @@ TEST(GlueCuda, EmbedGathersRows) {
     Dev<int32_t> dtok(tok);
     out.poison();
     launch_embed_bf16(dt.ptr, dtok.ptr, T, D, out.ptr, nullptr);
-    const auto got = out.get();
+    const auto got = out.download();
     for (int t = 0; t < T; ++t)
         for (int d = 0; d < D; ++d) ASSERT_EQ(got[t * D + d], table.bits[tok[t] * D + d]) << t << "," << d;
 }
@@ -113,8 +91,8 @@ TEST(GlueCuda, QSplitMatchesRopeApply) {
     nope_hm.poison();
     pe.poison();
     launch_mla_q_split(dq.ptr, T, H, nope, dpos.ptr, {freq.ptr, rope, tab.attention_factor}, nope_hm.ptr, pe.ptr, nullptr);
-    const auto n = nope_hm.get();
-    const auto p = to_f32(pe.get());
+    const auto n = nope_hm.download();
+    const auto p = to_f32(pe.download());
     std::vector<float> ref_pe;
     for (int t = 0; t < T; ++t)
         for (int h = 0; h < H; ++h) {
@@ -156,7 +134,7 @@ TEST(GlueCuda, KvAppendMatchesCpuChain) {
     cache.poison();
     launch_mla_kv_append(drows.ptr + 3, stride, T, C, dw.ptr, 1e-6f, dpos.ptr, {freq.ptr, rope, tab.attention_factor},
                          dslots.ptr, cache.ptr, nullptr);
-    const auto got = cache.get();
+    const auto got = cache.download();
     std::vector<float> g, r;
     std::vector<bool> written(cache_n / (C + rope), false);
     for (int t = 0; t < T; ++t) {
@@ -178,7 +156,7 @@ TEST(GlueCuda, HeadsToTokensAndSiluMul) {
     Dev<uint16_t> dx(x.bits), y(size_t(T) * H * V);
     y.poison();
     launch_heads_to_tokens(dx.ptr, H, T, V, y.ptr, nullptr);
-    const auto got = y.get();
+    const auto got = y.download();
     for (int h = 0; h < H; ++h)
         for (int t = 0; t < T; ++t)
             for (int v = 0; v < V; ++v) ASSERT_EQ(got[(t * H + h) * V + v], x.bits[(h * T + t) * V + v]);
@@ -195,7 +173,7 @@ TEST(GlueCuda, HeadsToTokensAndSiluMul) {
     Dev<uint16_t> dgu(gu.bits), out(size_t(R) * I);
     out.poison();
     launch_silu_mul_bf16(dgu.ptr, R, I, out.ptr, nullptr);
-    EXPECT_LT(rel(to_f32(out.get()), std::vector<float>(o.data_as<float>(), o.data_as<float>() + R * I)), 1e-2);
+    EXPECT_LT(rel(to_f32(out.download()), std::vector<float>(o.data_as<float>(), o.data_as<float>() + R * I)), 1e-2);
 }
 
 // y[b, m] = x[b, m] · w[b]ᵀ for m < counts[b]; rows past a count stay poisoned. Also f32 output.
@@ -225,8 +203,8 @@ TEST(GlueCuda, BatchedGemmBf16MatchesCpu) {
     g.y_f32 = yf.ptr;
     g.counts = nullptr;
     launch_batched_gemm_bf16(g, nullptr);
-    const auto got = y.get();
-    const auto gotf = yf.get();
+    const auto got = y.download();
+    const auto gotf = yf.download();
     std::vector<float> gv, rv, gf, rf;
     for (int b = 0; b < B; ++b)
         for (int m = 0; m < M; ++m)
@@ -262,7 +240,7 @@ TEST(GlueCuda, GemmBf16F32OutMatchesCpu) {
             for (int k = 0; k < K; ++k) acc += double(x.f32[m * K + k]) * w.f32[n * K + k];
             ref.push_back(float(acc));
         }
-    EXPECT_LT(rel(y.get(), ref), 1e-5);
+    EXPECT_LT(rel(y.download(), ref), 1e-5);
 }
 
 // The bf16 permute: the FP8 permute's order, counts and slots, on 2-byte rows without scales.
@@ -291,9 +269,9 @@ TEST(GlueCuda, PermuteBf16MatchesCpuOrder) {
     counts.poison();
     slot.poison();
     launch_moe_permute_masked_bf16(dx.ptr, didx.ptr, T, K, D, 0, E, max_m, out.ptr, counts.ptr, slot.ptr, nullptr);
-    EXPECT_EQ(counts.get(), ref_counts);
-    EXPECT_EQ(slot.get(), ref_slot);
-    const auto got = out.get();
+    EXPECT_EQ(counts.download(), ref_counts);
+    EXPECT_EQ(slot.download(), ref_slot);
+    const auto got = out.download();
     for (int e = 0; e < E; ++e)
         for (int r = 0; r < std::min(ref_counts[e], max_m); ++r)
             for (int d = 0; d < D; ++d) {
@@ -327,7 +305,7 @@ TEST(SamplingCuda, MatchesCpuRule) {
     Dev<int32_t> out(R);
     out.poison();
     launch_sample(dl.ptr, R, V, dp.ptr, out.ptr, nullptr);
-    const auto got = out.get();
+    const auto got = out.download();
     std::vector<std::pair<float, int32_t>> scratch;
     int differ = 0;
     for (int r = 0; r < R; ++r) {
@@ -354,7 +332,7 @@ TEST(SamplingCuda, FlatLogitsPickByIdOrder) {
     Dev<SamplingRow> dp(rows);
     Dev<int32_t> out(rows.size());
     launch_sample(dl.ptr, int(rows.size()), V, dp.ptr, out.ptr, nullptr);
-    const auto got = out.get();
+    const auto got = out.download();
     std::vector<std::pair<float, int32_t>> scratch;
     for (size_t r = 0; r < rows.size(); ++r) {
         SamplingParams p{rows[r].temperature, rows[r].top_k, rows[r].top_p, 0};

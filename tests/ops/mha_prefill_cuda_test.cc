@@ -31,40 +31,14 @@
 #include "fanout/core/cuda_check.h"
 #include "fanout/core/dtype.h"
 #include "fanout/ops/mla_attention.h"
+#include "cuda_test_util.h"
 #include "test_util.h"
 
 namespace fanout::ops {
 namespace {
 
-bool have_gpu() {
-    int n = 0;
-    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
+using fanout::testing::DeviceBuffer;
 
-#define REQUIRE_GPU() \
-    if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
-
-template <typename T>
-struct DeviceBuffer {
-    T* ptr = nullptr;
-    size_t n = 0;
-    explicit DeviceBuffer(size_t count) : n(count) {
-        FANOUT_CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(1, n) * sizeof(T)));
-    }
-    ~DeviceBuffer() { cudaFree(ptr); }
-    DeviceBuffer(const DeviceBuffer&) = delete;
-    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-    void upload(const std::vector<T>& src) {
-        ASSERT_EQ(src.size(), n);
-        FANOUT_CUDA_CHECK(cudaMemcpy(ptr, src.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-    }
-    std::vector<T> download() const {
-        std::vector<T> h(n);
-        FANOUT_CUDA_CHECK(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
-        return h;
-    }
-    void poison() { FANOUT_CUDA_CHECK(cudaMemset(ptr, 0xff, n * sizeof(T))); }
-};
 
 constexpr uint16_t kBf16NaN = 0x7fc0;
 constexpr int kNanKeyRows = 64;  // NaN rows after the last key

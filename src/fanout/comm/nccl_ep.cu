@@ -48,17 +48,11 @@
 #include <type_traits>
 
 #include "fanout/comm/ep_gpu.h"
+#include "fanout/comm/nccl_check.h"
 #include "fanout/core/api_error.h"
 #include "fanout/core/cuda_check.h"
 
 // Wraps an NCCL host call: a failure throws fanout::Error naming the statement and NCCL's message.
-#define FANOUT_NCCL_CHECK(stmt)                                                                              \
-    do {                                                                                                     \
-        const ncclResult_t fanout_nccl_err_ = (stmt);                                                        \
-        if (fanout_nccl_err_ != ncclSuccess) [[unlikely]]                                                    \
-            ::fanout::throw_api_error(__FILE__, __LINE__, "NCCL", #stmt, static_cast<int>(fanout_nccl_err_), \
-                                      ncclGetErrorString(fanout_nccl_err_));                                 \
-    } while (0)
 
 namespace fanout::comm {
 namespace {

@@ -39,19 +39,13 @@
 #include <vector>
 
 #include "fanout/comm/ep_gpu.h"
+#include "fanout/comm/nccl_check.h"
 #include "fanout/core/api_error.h"
 #include "fanout/core/cuda_check.h"
 
 namespace fanout::comm {
 namespace {
 
-#define FANOUT_NCCL_CHECK(stmt)                                                                             \
-    do {                                                                                                    \
-        const ncclResult_t fanout_nccl_ = (stmt);                                                           \
-        if (fanout_nccl_ != ncclSuccess) [[unlikely]]                                                       \
-            ::fanout::throw_api_error(__FILE__, __LINE__, "NCCL", #stmt, static_cast<int>(fanout_nccl_),    \
-                                      ncclGetErrorString(fanout_nccl_));                                    \
-    } while (0)
 
 constexpr int kThreads = 256, kWarps = kThreads / 32;
 constexpr int kChunk = 256;     // tokens per route_index block

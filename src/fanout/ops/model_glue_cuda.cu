@@ -5,6 +5,7 @@
 #include <string>
 
 #include "fanout/core/cuda_check.h"
+#include "fanout/ops/block_reduce.cuh"
 #include "fanout/ops/model_glue_cuda.h"
 
 namespace fanout::ops {
@@ -89,16 +90,6 @@ __global__ void gather_latent_kernel(const bf16* __restrict__ cache, const int32
     }
 }
 
-__device__ float block_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    __shared__ float warp_sums[kThreads / 32];
-    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
-    __syncthreads();
-    float total = 0.0f;
-    for (int i = 0; i < kThreads / 32; ++i) total += warp_sums[i];
-    return total;
-}
-
 // One block per token: the latent's sum of squares, then the normalized latent and the roped k_pe
 // written straight into the token's cache slot.
 __global__ void mla_kv_append_kernel(const bf16* __restrict__ kv_a, int64_t row_stride, int kv_lora,
@@ -111,7 +102,7 @@ __global__ void mla_kv_append_kernel(const bf16* __restrict__ kv_a, int64_t row_
         const float v = __bfloat162float(row[d]);
         ss += v * v;
     }
-    const float inv = rsqrtf(block_sum(ss) / kv_lora + eps);
+    const float inv = rsqrtf(block_sum<kThreads>(ss) / kv_lora + eps);
     bf16* entry = cache + static_cast<size_t>(slots[t]) * (kv_lora + rope.dim);
     for (int d = threadIdx.x; d < kv_lora; d += kThreads)
         entry[d] = __float2bfloat16(__bfloat162float(row[d]) * inv * norm_w[d]);

@@ -6,30 +6,20 @@
 #include <string>
 
 #include "fanout/core/cuda_check.h"
+#include "fanout/ops/block_reduce.cuh"
 
 namespace fanout::ops {
 namespace {
 
 constexpr int kThreads = 256;
 
-// The sum of every thread's `v` over the block (each thread gets it): warp shuffles, then the
-// warps' sums through shared memory.
-__device__ float block_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    __shared__ float warp_sums[kThreads / 32];
-    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
-    __syncthreads();
-    float total = 0.0f;
-    for (int i = 0; i < kThreads / 32; ++i) total += warp_sums[i];
-    return total;
-}
 
 __global__ void rms_norm_kernel(const float* __restrict__ x, const float* __restrict__ w, float eps,
                                 float* __restrict__ out, int D) {
     const float* row = x + static_cast<size_t>(blockIdx.x) * D;
     float ss = 0.0f;
     for (int d = threadIdx.x; d < D; d += kThreads) ss += row[d] * row[d];
-    const float inv = rsqrtf(block_sum(ss) / D + eps);
+    const float inv = rsqrtf(block_sum<kThreads>(ss) / D + eps);
     // out may alias x only element-wise (each element is read, then written, by the same thread).
     float* orow = out + static_cast<size_t>(blockIdx.x) * D;
     for (int d = threadIdx.x; d < D; d += kThreads) orow[d] = row[d] * inv * w[d];
@@ -55,7 +45,7 @@ __global__ void rms_norm_bf16_kernel(const __nv_bfloat16* x, int64_t x_stride, _
         z[d] = v;
         ss += v * v;
     }
-    const float inv = rsqrtf(block_sum(ss) / D + eps);
+    const float inv = rsqrtf(block_sum<kThreads>(ss) / D + eps);
     // Each element of z was written by the thread that reads it here; y may alias x likewise.
     for (int d = threadIdx.x; d < D; d += kThreads) y[ybase + d] = __float2bfloat16(z[d] * inv * w[d]);
 }

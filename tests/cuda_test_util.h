@@ -1,0 +1,48 @@
+// Shared by the CUDA tests (label gpu): REQUIRE_GPU() skips a test, reported as skipped, on a
+// machine without a GPU; DeviceBuffer is a test's device memory.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "fanout/core/cuda_check.h"
+
+namespace fanout::testing {
+
+inline bool have_gpu() {
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+#define REQUIRE_GPU() \
+    if (!::fanout::testing::have_gpu()) GTEST_SKIP() << "no CUDA device"
+
+template <typename T>
+struct DeviceBuffer {
+    T* ptr = nullptr;
+    size_t n = 0;
+    explicit DeviceBuffer(size_t count) : n(count) {
+        FANOUT_CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(1, n) * sizeof(T)));
+    }
+    explicit DeviceBuffer(const std::vector<T>& v) : DeviceBuffer(v.size()) { upload(v.data()); }
+    ~DeviceBuffer() { cudaFree(ptr); }
+    DeviceBuffer(const DeviceBuffer&) = delete;
+    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+    void upload(const T* src) { FANOUT_CUDA_CHECK(cudaMemcpy(ptr, src, n * sizeof(T), cudaMemcpyHostToDevice)); }
+    void upload(const std::vector<T>& src) {
+        ASSERT_EQ(src.size(), n);
+        upload(src.data());
+    }
+    void download(T* dst) const { FANOUT_CUDA_CHECK(cudaMemcpy(dst, ptr, n * sizeof(T), cudaMemcpyDeviceToHost)); }
+    std::vector<T> download() const {
+        std::vector<T> h(n);
+        download(h.data());
+        return h;
+    }
+    void poison() { FANOUT_CUDA_CHECK(cudaMemset(ptr, 0xff, n * sizeof(T))); }  // 0xff..: NaN in f32 and bf16
+};
+
+}  // namespace fanout::testing
