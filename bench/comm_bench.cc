@@ -172,7 +172,14 @@ struct Events {
     ~Events() {
         for (auto x : e) cudaEventDestroy(x);
     }
-    void mark(int i, cudaStream_t s) { FANOUT_CUDA_CHECK(cudaEventRecordWithFlags(e[i], s, cudaEventRecordExternal)); }
+    // Inside a capture the event becomes a node of the graph (cudaEventRecordExternal, which is
+    // only valid there); outside, a plain record.
+    void mark(int i, cudaStream_t s) {
+        cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+        FANOUT_CUDA_CHECK(cudaStreamIsCapturing(s, &st));
+        FANOUT_CUDA_CHECK(st == cudaStreamCaptureStatusActive ? cudaEventRecordWithFlags(e[i], s, cudaEventRecordExternal)
+                                                              : cudaEventRecord(e[i], s));
+    }
     std::vector<cudaEvent_t> e;
 };
 
