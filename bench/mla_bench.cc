@@ -6,7 +6,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <fstream>
 #include <random>
 #include <vector>
@@ -126,10 +125,7 @@ nlohmann::json run_mla_bench_point(int batch, int query_len, int kv_len, int hea
     ops::MlaWorkspace ws;
     cudaStream_t stream;
     FANOUT_CUDA_CHECK(cudaStreamCreate(&stream));
-    const char* force_env = std::getenv("FANOUT_MLA_FORCE_SPLITS");  // EXPERIMENT (temporary)
-    const int force_splits = force_env ? std::atoi(force_env) : 0;
-    const double us =
-        time_graph_us(stream, calls, [&] { ops::launch_mla_attention(p, &ws, stream, force_splits); });
+    const double us = time_graph_us(stream, calls, [&] { ops::launch_mla_attention(p, &ws, stream); });
     FANOUT_CUDA_CHECK(cudaStreamDestroy(stream));
 
     // The count: every query row against all kv_len positions, 2·(576 + 512) flops each.

@@ -483,6 +483,42 @@ TEST_P(EpGpu, BadExpertIdIsReportedAfterTheStep) {
     EXPECT_NE(message.find("token 0 choice 1 names an expert outside"), std::string::npos) << message;
 }
 
+// No silent hangs (nvlink): rank 0 dispatches while the others skip the step; its device-side
+// waits give up after timeout_ms and raise_if_failed() names the peer it waited for.
+TEST_P(EpGpu, AMissingPeerIsATimeoutNamingIt) {
+    if (GetParam() != GpuBackend::kNvlink) GTEST_SKIP() << "the nccl backend's waits are NCCL's own";
+    if (world_ < 2) GTEST_SKIP() << "needs a peer to miss (2+ GPUs)";
+    const EpConfig cfg{0, world_, 4 * world_, 2, 64, 4, Payload::kFp8, 0};
+    Group g(world_);
+    std::mt19937 rng(37);
+    std::vector<RankInput> inputs;
+    for (int r = 0; r < world_; ++r) inputs.push_back(testing::make_input(cfg, 3, rng));
+    std::string message;
+    std::barrier done(world_);
+    const auto failures = g.run([&](int r) {
+        EpConfig c = cfg;
+        c.rank = r;
+        GpuEpOptions o;
+        o.timeout_ms = 200;
+        auto ep = make_gpu_ep(GetParam(), c, g.comm(r), g.stream(r), o);  // collective: every rank
+        RankBuffers d(c);
+        if (r == 0) {
+            d.load(inputs[r], g.stream(r));
+            device_step(*ep, d, g.stream(r));
+            FANOUT_CUDA_CHECK(cudaStreamSynchronize(g.stream(r)));
+            try {
+                ep->raise_if_failed();
+            } catch (const Error& e) {
+                message = e.what();
+            }
+        }
+        done.arrive_and_wait();  // no rank frees its window while rank 0's kernels may still store into it
+    });
+    for (const auto& f : failures) EXPECT_TRUE(f.empty()) << f;
+    EXPECT_NE(message.find("timed out in dispatch (waiting for its token counts) waiting for rank 1"), std::string::npos)
+        << "rank 0's error: '" << message << "'";
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, EpGpu, ::testing::Values(GpuBackend::kNvlink, GpuBackend::kNccl),
                          [](const ::testing::TestParamInfo<GpuBackend>& p) {
                              return std::string(gpu_backend_name(p.param));

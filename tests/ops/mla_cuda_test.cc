@@ -312,6 +312,14 @@ TEST(MlaCuda, TensorCoreKernelMatchesCpuReference) {
         // second tile) and a partial last block, unsplit and split into odd/even tile ranges.
         {"long, odd tiles, no split", 128, 512, 64, {2, 1}, {4999, 4033}, false, 1},
         {"long, odd tiles, 3 splits", 128, 512, 64, {2, 1}, {4999, 4033}, false, 3},
+        // The benchmark's small-batch shape: 1, 2 or 3 tiles per split (one pair, or a pair and a lone
+        // tile A), tails in tile A and in tile B.
+        {"q2 kv 5000, 33 splits", 128, 512, 64, {2}, {5000}, false, 33},
+        {"q2 kv 4990 / 4866, 40 splits", 128, 512, 64, {2, 2}, {4990, 4866}, false, 40},
+        // Row blocks in pairs (clusters sharing each load): a pair whose second block has no rows, one
+        // whose blocks end in different tiles (kv 129, q3: horizons 128 and 129), a partial block.
+        {"pairs of row blocks at 32 heads", 32, 512, 64, {4, 2, 3}, {300, 1000, 129}},
+        {"pairs of row blocks at 32 heads, no split", 32, 512, 64, {4, 2, 3}, {300, 1000, 129}, false, 1},
     };
     for (const Case& c : cases) run_case(c, pool, ws);
     // 24 requests of random lengths at 128 heads: enough CTAs that no split is taken.

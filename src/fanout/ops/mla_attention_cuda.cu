@@ -86,102 +86,11 @@ constexpr int kBarPLeft = 3;     // P of warpgroup 0's tile (rescaled) is in its
 constexpr int kBarPRight = 4;    // P of warpgroup 1's tile is in its buffer's k_pe panel
 constexpr int kBarOwnWg = 5;     // + warpgroup: its own 128 threads
 
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
-// Two f32 → bf16x2 (round to nearest even), `lo` in the low half.
-__device__ __forceinline__ uint32_t pack_bf16_rn(float lo, float hi) {
-    uint32_t d;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-    return d;
-}
-
-template <int R>
-__device__ __forceinline__ void fence_u32(uint32_t (&d)[R]) {
-#pragma unroll
-    for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
-}
-
 // Byte offset of 16-byte chunk c of row r in a [panel][row][128 B] tile with the 128-byte swizzle
 // (chunk index XOR row % 8) that TMA and wgmma use.
 __device__ __forceinline__ uint32_t swizzled(int r, int c) {
     return uint32_t((c >> 3) * kPanelBytes + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
-
-// wgmma descriptor of an N-major (MN-major) operand in the same swizzled panels: 64-element
-// column panels `kPanelBytes` apart (leading byte offset), 8-row groups 1024 bytes apart (stride).
-__device__ __forceinline__ uint64_t desc_mn_major_sw128(const void* tile) {
-    const uint64_t addr = sm90::smem_addr(tile);
-    return ((addr & 0x3FFFF) >> 4) | (uint64_t{kPanelBytes >> 4} << 16) | (uint64_t{1024 >> 4} << 32) |
-           (uint64_t{1} << 62);
-}
-
-// d[64, 64] (+)= a · b, bf16 operands from shared memory (a K-major; b K-major), f32 accumulators.
-__device__ __forceinline__ void wgmma_s(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-        "}, "
-        "%32, %33, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-
-#define FANOUT_MLA_D128                                                                              \
-    "{"                                                                                              \
-    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                         \
-    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "               \
-    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "               \
-    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "               \
-    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "               \
-    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "               \
-    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "   \
-    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127" \
-    "}, "
-#define FANOUT_MLA_D128_OUT(d)                                                                                       \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),      \
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),       \
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),      \
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),      \
-        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),      \
-        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),      \
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),      \
-        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]),      \
-        "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]),      \
-        "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]),      \
-        "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]),      \
-        "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]),      \
-        "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), \
-        "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),            \
-        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]),            \
-        "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]),            \
-        "+f"(d[126]), "+f"(d[127])
-
-// d[64, 256] += a · b, a (P, bf16, K-major) from shared memory, b (V, N-major) from shared memory.
-__device__ __forceinline__ void wgmma_pv(float (&d)[128], uint64_t desc_a, uint64_t desc_b) {
-    asm volatile("{\nwgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " FANOUT_MLA_D128
-                 "%128, %129, 1, 1, 1, 0, 1;\n}\n"
-                 : FANOUT_MLA_D128_OUT(d)
-                 : "l"(desc_a), "l"(desc_b));
-}
-
-// The same with a (P) from registers in the accumulator fragment layout, packed in bf16 pairs.
-__device__ __forceinline__ void wgmma_pv_rs(float (&d)[128], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                            uint64_t desc_b) {
-    asm volatile("{\nwgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " FANOUT_MLA_D128
-                 "{%128, %129, %130, %131}, %132, 1, 1, 1, 1;\n}\n"
-                 : FANOUT_MLA_D128_OUT(d)
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b));
-}
-#undef FANOUT_MLA_D128
-#undef FANOUT_MLA_D128_OUT
 
 // S (+)= Q · Kᵀ over panels [first, first + count) of the 576 dims (4 k-steps of 16 per panel).
 __device__ __forceinline__ void wgmma_s_panels(float (&s)[32], const uint8_t* sq, const uint8_t* kv, int first,
@@ -191,7 +100,7 @@ __device__ __forceinline__ void wgmma_s_panels(float (&s)[32], const uint8_t* sq
 #pragma unroll
         for (int kb = 0; kb < 4; ++kb) {
             const int off = (first + i) * kPanelBytes + kb * 32;
-            wgmma_s(s, sm90::desc_k_major_sw128(sq + off), sm90::desc_k_major_sw128(kv + off),
+            sm90::wgmma_s(s, sm90::desc_k_major_sw128(sq + off), sm90::desc_k_major_sw128(kv + off),
                     overwrite && i == 0 && kb == 0 ? 0 : 1);
         }
 }
@@ -200,16 +109,16 @@ __device__ __forceinline__ void wgmma_s_panels(float (&s)[32], const uint8_t* sq
 __device__ __forceinline__ void pv_from_regs(float (&o)[128], const uint32_t (&p)[16], const uint8_t* kv, int half) {
 #pragma unroll
     for (int kk = 0; kk < kTile / 16; ++kk)
-        wgmma_pv_rs(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
-                    desc_mn_major_sw128(kv + half * 4 * kPanelBytes + kk * 16 * 128));
+        sm90::wgmma_pv_rs(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
+                    sm90::desc_mn_major_sw128(kv + half * 4 * kPanelBytes + kk * 16 * 128, kPanelBytes));
 }
 
 // The same with P from shared memory (the other warpgroup's, in a buffer's k_pe panel).
 __device__ __forceinline__ void pv_from_smem(float (&o)[128], const uint8_t* sp, const uint8_t* kv, int half) {
 #pragma unroll
     for (int kk = 0; kk < kTile / 16; ++kk)
-        wgmma_pv(o, sm90::desc_k_major_sw128(sp + kk * 32),
-                 desc_mn_major_sw128(kv + half * 4 * kPanelBytes + kk * 16 * 128));
+        sm90::wgmma_pv(o, sm90::desc_k_major_sw128(sp + kk * 32),
+                 sm90::desc_mn_major_sw128(kv + half * 4 * kPanelBytes + kk * 16 * 128, kPanelBytes));
 }
 
 // Scores of kv tile `tile` to log2 units, −inf at columns a row may not see; row maxima of the
@@ -259,9 +168,9 @@ __device__ __forceinline__ void store_p(uint8_t* sp, const float (&s)[32], int r
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
         *reinterpret_cast<uint32_t*>(sp + r0 * 128 + ((j ^ (r0 & 7)) << 4) + tig * 4) =
-            pack_bf16_rn(s[4 * j] * f0, s[4 * j + 1] * f0);
+            sm90::pack_bf16_rn(s[4 * j] * f0, s[4 * j + 1] * f0);
         *reinterpret_cast<uint32_t*>(sp + r1 * 128 + ((j ^ (r1 & 7)) << 4) + tig * 4) =
-            pack_bf16_rn(s[4 * j + 2] * f1, s[4 * j + 3] * f1);
+            sm90::pack_bf16_rn(s[4 * j + 2] * f1, s[4 * j + 3] * f1);
     }
 }
 
@@ -433,15 +342,15 @@ __global__ void __launch_bounds__(kFastThreads, 1)
             const float base0 = finite_base(ma0), base1 = finite_base(ma1);
             const float corr0 = exp2f(m0 - base0), corr1 = exp2f(m1 - base1);
             if (tig == 0) s_m[r0] = ma0, s_m[r1] = ma1;
-            named_barrier_arrive(kBarMaxLeft, 256);
+            sm90::named_barrier_arrive(kBarMaxLeft, 256);
             exp_scores(s, base0, base1, sum0, sum1);
             l0 = l0 * corr0 + sum0;
             l1 = l1 * corr1 + sum1;
 #pragma unroll
-            for (int i = 0; i < 16; ++i) pk[i] = pack_bf16_rn(s[2 * i], s[2 * i + 1]);
+            for (int i = 0; i < 16; ++i) pk[i] = sm90::pack_bf16_rn(s[2 * i], s[2 * i + 1]);
             scale_rows(o, corr0, corr1);
             sm90::fence_regs(o);
-            fence_u32(pk);
+            sm90::fence_u32(pk);
             sm90::wgmma_fence();
             pv_from_regs(o, pk, kva, 0);
             sm90::wgmma_commit();
@@ -455,11 +364,11 @@ __global__ void __launch_bounds__(kFastThreads, 1)
             l1 *= f1;
             store_p(kva + 8 * kPanelBytes, s, r0, r1, tig, f0, f1);
             sm90::fence_proxy_async();
-            named_barrier_arrive(kBarPLeft, 256);
+            sm90::named_barrier_arrive(kBarPLeft, 256);
 
             sm90::wgmma_wait<0>();  // P_A·V_A,L done: buffer 0's left part is free
             sm90::fence_regs(o);
-            fence_u32(pk);
+            sm90::fence_u32(pk);
             if (2 * k + 2 < num_local && tid == 0) load_part(ta + 2, 0);
             scale_rows(o, f0, f1);
             if (has_b) {
@@ -503,7 +412,7 @@ __global__ void __launch_bounds__(kFastThreads, 1)
             // O_R and l scale from m to m_b (m ≤ m_a ≤ m_b).
             const float corr0 = exp2f(m0 - base0), corr1 = exp2f(m1 - base1);
             if (tig == 0) s_m[kRows + r0] = mb0, s_m[kRows + r1] = mb1;
-            named_barrier_arrive(kBarMaxRight, 256);
+            sm90::named_barrier_arrive(kBarMaxRight, 256);
             m0 = mb0, m1 = mb1;
             l0 *= corr0;
             l1 *= corr1;
@@ -514,15 +423,15 @@ __global__ void __launch_bounds__(kFastThreads, 1)
                 l0 += sum0;
                 l1 += sum1;
 #pragma unroll
-                for (int i = 0; i < 16; ++i) pk[i] = pack_bf16_rn(s[2 * i], s[2 * i + 1]);
+                for (int i = 0; i < 16; ++i) pk[i] = sm90::pack_bf16_rn(s[2 * i], s[2 * i + 1]);
                 sm90::fence_regs(o);
-                fence_u32(pk);
+                sm90::fence_u32(pk);
                 sm90::wgmma_fence();
                 pv_from_regs(o, pk, kvb, 1);
                 sm90::wgmma_commit();
                 store_p(kvb + 8 * kPanelBytes, s, r0, r1, tig, 1.0f, 1.0f);
                 sm90::fence_proxy_async();
-                named_barrier_arrive(kBarPRight, 256);
+                sm90::named_barrier_arrive(kBarPRight, 256);
             }
             sm90::named_barrier(kBarPLeft, 256);
             sm90::mbar_wait(&bars[1], parity);
@@ -536,7 +445,7 @@ __global__ void __launch_bounds__(kFastThreads, 1)
             }
             sm90::wgmma_wait<0>();  // (P_A·f)·V_A,R done: buffer 0's right part is free
             sm90::fence_regs(o);
-            fence_u32(pk);
+            sm90::fence_u32(pk);
             if (2 * k + 2 < num_local && tid == 128) load_part(ta + 2, 0);
         }
     }
