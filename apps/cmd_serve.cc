@@ -7,6 +7,9 @@
 
 #include "cli_common.h"
 #include "fanout/engine/engine.h"
+#ifdef FANOUT_WITH_CUDA
+#include "fanout/engine/cuda_runner.h"
+#endif
 #include "fanout/serve/openai_server.h"
 
 namespace fanout::cli {
@@ -27,14 +30,34 @@ void run_serve(ServeArgs& a) {
     const io::Tokenizer tokenizer = load_tokenizer(dir);
     if (a.server.model_name.empty())
         a.server.model_name = a.model.model == "tiny" ? "tiny" : std::filesystem::path(dir).filename().string();
-    auto runner = std::make_unique<engine::DeepseekRunner>(load_model(a.model), forward_options(a.model),
-                                                           a.model.threads,
-                                                           a.model.kv_dtype == "bf16" ? DType::kBF16 : DType::kF32);
-    const kv::KvCacheConfig one = runner->kv_cache_config(1);
-    const double block_bytes = static_cast<double>(one.num_layers * one.block_size * one.entry_dim) * dtype_size(one.dtype);
     engine::EngineConfig ec;
     ec.scheduler = a.scheduler;
-    ec.num_kv_blocks = std::max<int64_t>(4, static_cast<int64_t>(a.kv_memory_gb * 1e9 / block_bytes));
+    std::unique_ptr<engine::ModelRunner> runner;
+    auto model = load_model(a.model);
+    const io::ModelConfig& c = model->config();
+    if (a.model.device == "cuda") {
+#ifdef FANOUT_WITH_CUDA
+        // The cache on the device, bf16, sized from --kv-memory-gb; the runner's step buffers from
+        // the scheduler's limits.
+        ec.num_kv_blocks = std::max<int64_t>(4, static_cast<int64_t>(a.kv_memory_gb * 1e9 / engine::CudaRunner::block_bytes(c)));
+        model::CudaModelOptions o;
+        o.num_kv_blocks = ec.num_kv_blocks;
+        o.max_requests = a.scheduler.max_num_seqs;
+        o.max_step_tokens = a.scheduler.max_batched_tokens;
+        o.max_context = std::min<int64_t>(c.max_position_embeddings, ec.num_kv_blocks * kv::kDefaultBlockSize);
+        runner = std::make_unique<engine::CudaRunner>(*model, o);
+#else
+        FANOUT_FAIL("--device cuda: this fanout was built without CUDA (no nvcc at configure time)");
+#endif
+    } else {
+        auto cpu = std::make_unique<engine::DeepseekRunner>(std::move(model), forward_options(a.model), a.model.threads,
+                                                            a.model.kv_dtype == "bf16" ? DType::kBF16 : DType::kF32);
+        const kv::KvCacheConfig one = cpu->kv_cache_config(1);
+        const double block_bytes =
+            static_cast<double>(one.num_layers * one.block_size * one.entry_dim) * dtype_size(one.dtype);
+        ec.num_kv_blocks = std::max<int64_t>(4, static_cast<int64_t>(a.kv_memory_gb * 1e9 / block_bytes));
+        runner = std::move(cpu);
+    }
     engine::Engine engine(std::move(runner), &tokenizer, ec);
     serve::OpenAIServer server(engine, tokenizer, a.server);
     const int port = server.bind();
@@ -48,7 +71,7 @@ void run_serve(ServeArgs& a) {
     });
     std::fprintf(stderr, "fanout serve: listening on http://%s:%d (model '%s', %lld KV blocks = %lld tokens)\n",
                  a.server.host.c_str(), port, a.server.model_name.c_str(), (long long)ec.num_kv_blocks,
-                 (long long)(ec.num_kv_blocks * one.block_size));
+                 (long long)(ec.num_kv_blocks * kv::kDefaultBlockSize));
     server.serve();
     g_stop = true;
     watcher.join();

@@ -14,6 +14,11 @@ kv::KvCacheConfig DeepseekRunner::kv_cache_config(int64_t num_blocks) const {
     return model_->kv_cache_config(num_blocks, kv_dtype_);
 }
 
+std::vector<int32_t> ModelRunner::forward_sample(const model::StepBatch&, kv::PagedKvCache&,
+                                                 std::span<const ops::SamplingRow>) {
+    FANOUT_FAIL("this model runner samples on the host (forward_sample is for device runners)");
+}
+
 Tensor DeepseekRunner::forward(const model::StepBatch& batch, kv::PagedKvCache& cache) {
     return model_->forward(batch, cache, opts_, Stream{&pool_}).logits;
 }
@@ -221,15 +226,31 @@ bool Engine::step() {
                     s.start, blocks,
                     s.wants_logits ? model::StepBatchBuilder::Logits::kLast : model::StepBatchBuilder::Logits::kNone);
     }
-    const Tensor logits = runner_->forward(builder.build(), cache_);
-    scheduler_.commit(work);
-    const int64_t V = runner_->vocab_size();
-    int64_t row = 0;
-    for (const auto& s : work) {
-        if (!s.wants_logits) continue;
-        Active& a = *active_.at(s.seq->id);
-        postprocess(a, a.sampler->sample(logits.data_as<float>() + row * V, V));
-        ++row;
+    const model::StepBatch batch = builder.build();
+    if (runner_->samples_on_device()) {
+        std::vector<ops::SamplingRow> rows;
+        for (const auto& s : work) {
+            if (!s.wants_logits) continue;
+            ops::Sampler& sampler = *active_.at(s.seq->id)->sampler;
+            const ops::SamplingParams& p = sampler.params();
+            rows.push_back({p.temperature, p.top_k, p.top_p, sampler.next_uniform()});
+        }
+        const std::vector<int32_t> tokens = runner_->forward_sample(batch, cache_, rows);
+        scheduler_.commit(work);
+        size_t row = 0;
+        for (const auto& s : work)
+            if (s.wants_logits) postprocess(*active_.at(s.seq->id), tokens.at(row++));
+    } else {
+        const Tensor logits = runner_->forward(batch, cache_);
+        scheduler_.commit(work);
+        const int64_t V = runner_->vocab_size();
+        int64_t row = 0;
+        for (const auto& s : work) {
+            if (!s.wants_logits) continue;
+            Active& a = *active_.at(s.seq->id);
+            postprocess(a, a.sampler->sample(logits.data_as<float>() + row * V, V));
+            ++row;
+        }
     }
     publish_gauges();
     std::lock_guard<std::mutex> lock(stats_mutex_);

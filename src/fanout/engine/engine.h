@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -25,6 +26,7 @@
 #include "fanout/kv/paged_kv_cache.h"
 #include "fanout/model/deepseek_v3.h"
 #include "fanout/ops/sampling.h"
+#include "fanout/ops/sampling_cuda.h"
 
 namespace fanout::engine {
 
@@ -38,6 +40,12 @@ public:
     virtual kv::KvCacheConfig kv_cache_config(int64_t num_blocks) const = 0;
     // Logits [batch.logit_rows.size(), vocab] f32.
     virtual Tensor forward(const model::StepBatch& batch, kv::PagedKvCache& cache) = 0;
+    // Runners that sample where the logits are (the GPU) say so and return one token per logit
+    // row, sampled with `rows` (each request's parameters and its generator's next draw), so the
+    // engine gets the tokens its host samplers would have picked without copying the logits out.
+    virtual bool samples_on_device() const { return false; }
+    virtual std::vector<int32_t> forward_sample(const model::StepBatch& batch, kv::PagedKvCache& cache,
+                                                std::span<const ops::SamplingRow> rows);
 };
 
 // DeepseekV3 on the CPU path.

@@ -1,0 +1,36 @@
+// The engine's ModelRunner on one GPU (CUDA builds): the GPU model runner (CudaModel) behind
+// `fanout serve --device cuda`. The KV cache lives on the device; the engine's PagedKvCache only
+// allocates its blocks (num_layers 0). Tokens are sampled on the device (samples_on_device), with
+// each request's own generator draws, so they are the tokens the host samplers would pick from the
+// same logits. Decode steps replay CUDA graphs (deepseek_v3_cuda.h).
+#pragma once
+
+#include <memory>
+
+#include "fanout/engine/engine.h"
+#include "fanout/model/deepseek_v3_cuda.h"
+
+namespace fanout::engine {
+
+class CudaRunner : public ModelRunner {
+public:
+    // opts.num_kv_blocks must be the engine's EngineConfig::num_kv_blocks.
+    CudaRunner(const model::DeepseekV3& model, const model::CudaModelOptions& opts);
+    int64_t vocab_size() const override { return config_.vocab_size; }
+    int64_t max_context() const override { return gpu_->options().max_context; }
+    std::vector<int64_t> eos_ids() const override { return config_.eos_token_ids; }
+    kv::KvCacheConfig kv_cache_config(int64_t num_blocks) const override;
+    Tensor forward(const model::StepBatch& batch, kv::PagedKvCache& cache) override;
+    bool samples_on_device() const override { return true; }
+    std::vector<int32_t> forward_sample(const model::StepBatch& batch, kv::PagedKvCache& cache,
+                                        std::span<const ops::SamplingRow> rows) override;
+
+    // Device bytes of one cache block (every layer), to size the cache from a memory budget.
+    static double block_bytes(const io::ModelConfig& c);
+
+private:
+    io::ModelConfig config_;
+    std::unique_ptr<model::CudaModel> gpu_;
+};
+
+}  // namespace fanout::engine
