@@ -8,6 +8,7 @@
 
 #include "fanout/core/cuda_check.h"
 #include "fanout/ops/activation.h"
+#include "fanout/ops/fp8_quant.h"
 #include "fanout/ops/gemm.h"
 #include "fanout/ops/mla_attention.h"
 #include "fanout/ops/model_glue_cuda.h"
@@ -241,6 +242,27 @@ TEST(GlueCuda, GemmBf16F32OutMatchesCpu) {
             ref.push_back(float(acc));
         }
     EXPECT_LT(rel(y.download(), ref), 1e-5);
+}
+
+// The norm that also quantizes for the next FP8 GEMM gives exactly rms_norm_bf16 then
+// act_quant_bf16 (same bf16 output, same e4m3 bytes and scales), on strided rows.
+TEST(GlueCuda, RmsNormQuantEqualsNormThenActQuant) {
+    REQUIRE_GPU();
+    for (auto [M, D, stride] : {std::tuple{3, 1536, 2112}, {37, 7168, 7168}, {5, 96, 176}, {2, 130, 130}}) {
+        auto x = random_bf16(size_t(M) * stride, 21, 3.0f);
+        auto w = fanout::testing::random_floats(size_t(D), 22);
+        const int nb = (D + 127) / 128;
+        Dev<uint16_t> dx(x.bits), y1(size_t(M) * D), y2(size_t(M) * D);
+        Dev<float> dw(w), s1(size_t(M) * nb), s2(size_t(M) * nb);
+        Dev<uint8_t> q1(size_t(M) * D), q2(size_t(M) * D);
+        for (auto* b : {&q1, &q2}) b->poison();
+        launch_rms_norm_bf16_strided(dx.ptr, stride, nullptr, dw.ptr, 1e-6f, y1.ptr, D, M, D, nullptr);
+        launch_act_quant_bf16(y1.ptr, q1.ptr, s1.ptr, M, D, nullptr);
+        launch_rms_norm_quant_bf16(dx.ptr, stride, nullptr, dw.ptr, 1e-6f, y2.ptr, D, q2.ptr, s2.ptr, M, D, nullptr);
+        EXPECT_EQ(y1.download(), y2.download()) << M << "x" << D;
+        EXPECT_EQ(q1.download(), q2.download()) << M << "x" << D;
+        EXPECT_EQ(s1.download(), s2.download()) << M << "x" << D;
+    }
 }
 
 // The bf16 permute: the FP8 permute's order, counts and slots, on 2-byte rows without scales.

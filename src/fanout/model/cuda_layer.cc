@@ -293,7 +293,8 @@ CudaLayerExec::~CudaLayerExec() = default;
 void CudaLayerExec::linear(const DeviceWeight& w, const uint16_t* x, int M, uint16_t* y, const uint16_t* residual) {
     Buffers& b = *b_;
     if (w.fp8) {
-        ops::launch_act_quant_bf16(x, b.xq.get(), b.xs.get(), M, static_cast<int>(w.K), stream_);
+        // x == nullptr: the input is already quantized in xq / xs (by the norm in front).
+        if (x != nullptr) ops::launch_act_quant_bf16(x, b.xq.get(), b.xs.get(), M, static_cast<int>(w.K), stream_);
         ops::launch_gemm_fp8(b.xq.get(), b.xs.get(), w.q.get(), w.scale.get(), y, M, static_cast<int>(w.N),
                              static_cast<int>(w.K), stream_, residual, &b.gemm_ws);
     } else {
@@ -329,11 +330,11 @@ void CudaLayerExec::batched(const DeviceWeight& w, const uint16_t* x, const int3
     ops::launch_batched_gemm_bf16(g, stream_);
 }
 
-void CudaLayerExec::mlp(const DeviceWeight& gu, const DeviceWeight& down, int T, uint16_t* hidden,
+void CudaLayerExec::mlp(const DeviceWeight& gu, const DeviceWeight& down, int T, uint16_t* hidden, bool prequantized,
                         const KernelMark& mark) {
     Buffers& b = *b_;
     const int I = static_cast<int>(gu.N / 2);
-    linear(gu, b.normed.get(), T, b.gate_up.get());
+    linear(gu, prequantized && gu.fp8 ? nullptr : b.normed.get(), T, b.gate_up.get());
     if (mark) mark("shared_gate_up");
     if (down.fp8) {
         ops::launch_fill_i32(b.fill_t.get(), 1, T, stream_);
@@ -360,20 +361,27 @@ void CudaLayerExec::run(const DeviceLayer& w, const LayerStep& st, uint16_t* hid
     const int C = static_cast<int>(c_.kv_lora_rank), V = static_cast<int>(c_.v_head_dim);
     const int ql = static_cast<int>(c_.q_lora_rank);
     const float eps = static_cast<float>(c_.rms_norm_eps);
+    // A norm in front of FP8 projections also quantizes its output for them (one kernel), and
+    // xq / xs then hold that input until the next quantization.
+    const auto norm = [&](const uint16_t* x, int64_t x_stride, const float* weight, float e, uint16_t* y,
+                          int64_t y_stride, int width, bool quantize) {
+        ops::launch_rms_norm_quant_bf16(x, x_stride, nullptr, weight, e, y, y_stride, quantize ? b.xq.get() : nullptr,
+                                        quantize ? b.xs.get() : nullptr, T, width, stream_);
+    };
     // 1. attention input.
-    ops::launch_rms_norm_bf16(hidden, nullptr, w.input_norm.get(), eps, b.normed.get(), T, D, stream_);
+    const bool in_q = w.qkv_a.fp8;
+    norm(hidden, D, w.input_norm.get(), eps, b.normed.get(), D, D, in_q);
     m("input_norm");
-    linear(w.qkv_a, b.normed.get(), T, b.qkv.get());
+    linear(w.qkv_a, in_q ? nullptr : b.normed.get(), T, b.qkv.get());
     m("qkv_a");
     const int qkv_width = static_cast<int>(w.qkv_a.N);
     const uint16_t* kv_a = b.qkv.get() + std::max(ql, 0);
     if (ql > 0) {
-        ops::launch_rms_norm_bf16_strided(b.qkv.get(), qkv_width, nullptr, w.q_a_norm.get(), kLatentNormEps, b.q_a.get(),
-                                          ql, T, ql, stream_);
+        norm(b.qkv.get(), qkv_width, w.q_a_norm.get(), kLatentNormEps, b.q_a.get(), ql, ql, w.q_b.fp8);
         m("q_a_norm");
-        linear(w.q_b, b.q_a.get(), T, b.q.get());
-    } else {
-        linear(w.q_b, b.normed.get(), T, b.q.get());
+        linear(w.q_b, w.q_b.fp8 ? nullptr : b.q_a.get(), T, b.q.get());
+    } else {  // q_proj reads the input norm's output, still quantized in xq when qkv_a is FP8
+        linear(w.q_b, in_q && w.q_b.fp8 ? nullptr : b.normed.get(), T, b.q.get());
     }
     m("q_b");
     const ops::RopeDevice rd{b.inv_freq.get(), rope_dim, rope_factor_};
@@ -457,12 +465,16 @@ void CudaLayerExec::run(const DeviceLayer& w, const LayerStep& st, uint16_t* hid
     }
     linear(w.o, b.attn.get(), T, hidden, hidden);
     m("o_proj");
-    ops::launch_rms_norm_bf16(hidden, nullptr, w.post_norm.get(), eps, b.normed.get(), T, D, stream_);
+    const bool post_q = (w.has_mlp && w.gate_up.fp8) || (w.moe && w.experts_gate_up.fp8);
+    norm(hidden, D, w.post_norm.get(), eps, b.normed.get(), D, D, post_q);
     m("post_norm");
-    // 3. the dense MLP or the shared expert (added to the residual by its down projection).
-    if (w.has_mlp) mlp(w.gate_up, w.down, T, hidden, mark);
-    if (!w.moe) return;
-    // 4. routed experts.
+    // 3. the dense MLP, added to the residual by its down projection.
+    if (!w.moe) {
+        if (w.has_mlp) mlp(w.gate_up, w.down, T, hidden, post_q, mark);
+        return;
+    }
+    // 4. MoE: router, then the routed experts' permute (the seed's dispatch send), the shared
+    // expert while "dispatch" would be in flight, the grouped GEMMs, the weighted un-permute.
     const int E = static_cast<int>(c_.n_routed_experts), K = static_cast<int>(c_.num_experts_per_tok);
     const int EL = static_cast<int>(w.experts_gate_up.batch), I = static_cast<int>(c_.moe_intermediate_size);
     ops::launch_gemm_bf16_f32(b.normed.get(), w.router.get(), b.router_logits.get(), T, E, D, stream_);
@@ -475,10 +487,11 @@ void CudaLayerExec::run(const DeviceLayer& w, const LayerStep& st, uint16_t* hid
     const int32_t* counts = b.counts.get();
     int max_m = T, expected = std::max(1, T * K / E);
     if (w.experts_gate_up.fp8) {
-        ops::launch_act_quant_bf16(b.normed.get(), b.xq.get(), b.xs.get(), T, D, stream_);
+        // xq / xs hold the post norm's quantized output (post_q).
         ops::launch_moe_permute_masked(b.xq.get(), b.xs.get(), b.topk_idx.get(), T, K, D, 0, EL, T, b.perm_q.get(),
                                        b.perm_s.get(), b.counts.get(), b.slot.get(), stream_);
         m("permute");
+        if (w.has_mlp) mlp(w.gate_up, w.down, T, hidden, post_q, mark);  // the shared expert
         const uint8_t* gx = b.perm_q.get();
         const float* gs = b.perm_s.get();
         if (emulate) {  // the grouped GEMMs take what EP-N's dispatch would deliver instead
@@ -501,6 +514,7 @@ void CudaLayerExec::run(const DeviceLayer& w, const LayerStep& st, uint16_t* hid
         ops::launch_moe_permute_masked_bf16(b.normed.get(), b.topk_idx.get(), T, K, D, 0, EL, T, b.perm_bf16.get(),
                                             b.counts.get(), b.slot.get(), stream_);
         m("permute");
+        if (w.has_mlp) mlp(w.gate_up, w.down, T, hidden, post_q, mark);
         batched(w.experts_gate_up, b.perm_bf16.get(), counts, T, b.expert_gate_up.get(), expected);
         m("grouped_gate_up");
         ops::launch_silu_mul_bf16(b.expert_gate_up.get(), EL * T, I, b.expert_act.get(), stream_);

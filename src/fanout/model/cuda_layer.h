@@ -8,9 +8,11 @@
 //                  kv norm + RoPE + cache append
 //   attention out: k_b batched GEMM (absorbs W_UK into q) · MLA over the cache · v_b batched GEMM ·
 //                  heads→tokens · o_proj GEMM (+ residual) · post norm · router GEMM (f32) · top-k
-//   shared:        gate|up GEMM · silu·mul(·quant) · down GEMM (+ residual) — the dense MLP in dense layers
-//   experts:       quant · permute into the masked layout · grouped gate|up · silu·mul·quant ·
-//                  grouped down · weighted un-permute into the residual
+//   experts:       permute into the masked layout (the post norm quantized it) — then the shared
+//                  expert: gate|up GEMM · silu·mul(·quant) · down GEMM (+ residual), the dense MLP
+//                  in dense layers — grouped gate|up · silu·mul·quant · grouped down · weighted
+//                  un-permute into the residual
+// Norms in front of FP8 projections write the quantized input too (one kernel, no act_quant).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -136,7 +138,9 @@ class CudaLayerExec {
     void linear(const DeviceWeight& w, const uint16_t* x, int M, uint16_t* y, const uint16_t* residual = nullptr);
     void batched(const DeviceWeight& w, const uint16_t* x, const int32_t* counts, int max_m, uint16_t* y,
                  int expected_m, const uint8_t* xq = nullptr, const float* xs = nullptr);
-    void mlp(const DeviceWeight& gu, const DeviceWeight& down, int T, uint16_t* hidden, const KernelMark& mark);
+    // hidden += down(silu(gate) · up) of normed; `prequantized`: xq / xs already hold normed for FP8.
+    void mlp(const DeviceWeight& gu, const DeviceWeight& down, int T, uint16_t* hidden, bool prequantized,
+             const KernelMark& mark);
 
     io::ModelConfig c_;
     int64_t num_local_ = 0, max_prefill_ctx_ = 0;

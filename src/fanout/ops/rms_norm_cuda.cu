@@ -1,12 +1,14 @@
 // rms_norm on the GPU: one block per row; the sum of squares is reduced with warp shuffles.
 // Only fmt-free headers here: fmt does not compile under nvcc.
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 #include <string>
 
 #include "fanout/core/cuda_check.h"
 #include "fanout/ops/block_reduce.cuh"
+#include "fanout/ops/fp8_constants.h"
 
 namespace fanout::ops {
 namespace {
@@ -29,9 +31,11 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, const float* __rest
 // two passes (D <= kMaxD).
 constexpr int kMaxD = 16384;
 
+// With q: the bf16 output also quantized per 1×128 block (act_quant's rule, on the bf16 values, so
+// the result is the one act_quant would give on y) into q [M, D] and scales [M, ceil(D/128)].
 __global__ void rms_norm_bf16_kernel(const __nv_bfloat16* x, int64_t x_stride, __nv_bfloat16* __restrict__ residual,
                                      const float* __restrict__ w, float eps, __nv_bfloat16* y, int64_t y_stride,
-                                     int D) {
+                                     int D, uint8_t* __restrict__ q, float* __restrict__ scales) {
     extern __shared__ float z[];
     const size_t base = static_cast<size_t>(blockIdx.x) * D;
     const size_t xbase = static_cast<size_t>(blockIdx.x) * x_stride, ybase = static_cast<size_t>(blockIdx.x) * y_stride;
@@ -47,13 +51,41 @@ __global__ void rms_norm_bf16_kernel(const __nv_bfloat16* x, int64_t x_stride, _
     }
     const float inv = rsqrtf(block_sum<kThreads>(ss) / D + eps);
     // Each element of z was written by the thread that reads it here; y may alias x likewise.
-    for (int d = threadIdx.x; d < D; d += kThreads) y[ybase + d] = __float2bfloat16(z[d] * inv * w[d]);
+    for (int d = threadIdx.x; d < D; d += kThreads) {
+        const __nv_bfloat16 v = __float2bfloat16(z[d] * inv * w[d]);
+        y[ybase + d] = v;
+        z[d] = __bfloat162float(v);
+    }
+    if (q == nullptr) return;
+    __syncthreads();
+    // A warp per 128-value block: amax, scale, e4m3 with round-to-nearest-even and saturation.
+    const int lane = threadIdx.x % 32, nb = (D + static_cast<int>(kFp8Block) - 1) / static_cast<int>(kFp8Block);
+    for (int b = threadIdx.x / 32; b < nb; b += kThreads / 32) {
+        float v[4], amax = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int d = b * static_cast<int>(kFp8Block) + lane + 32 * i;
+            v[i] = d < D ? z[d] : 0.0f;
+            amax = fmaxf(amax, fabsf(v[i]));
+        }
+        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        const float scale = fmaxf(amax, kActQuantMinAmax) / kFp8E4M3Max;
+        if (lane == 0) scales[static_cast<size_t>(blockIdx.x) * nb + b] = scale;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int d = b * static_cast<int>(kFp8Block) + lane + 32 * i;
+            if (d < D) q[base + d] = __nv_cvt_float_to_fp8(v[i] / scale, __NV_SATFINITE, __NV_E4M3);
+        }
+    }
 }
 
 }  // namespace
 
 void launch_rms_norm_bf16_strided(const uint16_t* x, int64_t x_stride, uint16_t* residual, const float* w, float eps,
                                   uint16_t* y, int64_t y_stride, int M, int D, void* cuda_stream);
+void launch_rms_norm_quant_bf16(const uint16_t* x, int64_t x_stride, uint16_t* residual, const float* w, float eps,
+                                uint16_t* y, int64_t y_stride, uint8_t* q, float* scales, int M, int D,
+                                void* cuda_stream);
 
 void launch_rms_norm_bf16(const uint16_t* x, uint16_t* residual, const float* w, float eps, uint16_t* y, int M, int D,
                           void* cuda_stream) {
@@ -62,6 +94,12 @@ void launch_rms_norm_bf16(const uint16_t* x, uint16_t* residual, const float* w,
 
 void launch_rms_norm_bf16_strided(const uint16_t* x, int64_t x_stride, uint16_t* residual, const float* w, float eps,
                                   uint16_t* y, int64_t y_stride, int M, int D, void* cuda_stream) {
+    launch_rms_norm_quant_bf16(x, x_stride, residual, w, eps, y, y_stride, nullptr, nullptr, M, D, cuda_stream);
+}
+
+void launch_rms_norm_quant_bf16(const uint16_t* x, int64_t x_stride, uint16_t* residual, const float* w, float eps,
+                                uint16_t* y, int64_t y_stride, uint8_t* q, float* scales, int M, int D,
+                                void* cuda_stream) {
     FANOUT_DEVICE_REQUIRE(D > 0 && D <= kMaxD,
                           "rms_norm_bf16: width " + std::to_string(D) + " outside 1.." + std::to_string(kMaxD));
     if (M <= 0) return;
@@ -74,7 +112,7 @@ void launch_rms_norm_bf16_strided(const uint16_t* x, int64_t x_stride, uint16_t*
     (void)attr;
     rms_norm_bf16_kernel<<<M, kThreads, smem, static_cast<cudaStream_t>(cuda_stream)>>>(
         reinterpret_cast<const __nv_bfloat16*>(x), x_stride, reinterpret_cast<__nv_bfloat16*>(residual), w, eps,
-        reinterpret_cast<__nv_bfloat16*>(y), y_stride, D);
+        reinterpret_cast<__nv_bfloat16*>(y), y_stride, D, q, scales);
     FANOUT_CUDA_CHECK_LAUNCH("rms_norm_bf16_kernel");
 }
 
