@@ -5,6 +5,8 @@
 // zeros). Timing only: the kernels' numbers are checked by ops_cuda_test.
 #include "kernels_bench.h"
 
+#include "gpu_timing.h"
+
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -22,6 +24,7 @@
 #include "fanout/core/error.h"
 #include "fanout/ops/cublas_check.h"
 #include "fanout/ops/gemm.h"
+#include "fanout/ops/model_glue_cuda.h"
 #include "fanout/ops/grouped_gemm_cuda.h"
 
 void launch_copy16(const void* src, void* dst, size_t bytes, cudaStream_t stream);  // copy_kernel.cu
@@ -53,45 +56,6 @@ struct GroupedPoint {
 constexpr GroupedPoint kGroupedPoints[5] = {
     {8, {263.22, 144.45}}, {16, {154.62, 87.35}}, {32, {133.71, 68.15}}, {64, {112.96, 63.0}}, {128, {114.46, 63.59}}};
 constexpr int64_t kGroupedShapes[2][2] = {{4096, 7168}, {7168, 2048}};  // (N, K)
-
-template <typename Fn>
-double time_graph_us(cudaStream_t s, int calls, Fn&& fn) {
-    for (int i = 0; i < 3; ++i) fn();
-    FANOUT_CUDA_CHECK(cudaStreamSynchronize(s));
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    FANOUT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    for (int i = 0; i < calls; ++i) fn();
-    FANOUT_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-    FANOUT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    cudaEvent_t a, b;
-    FANOUT_CUDA_CHECK(cudaEventCreate(&a));
-    FANOUT_CUDA_CHECK(cudaEventCreate(&b));
-    float best = 1e30f;
-    for (int r = 0; r < 5; ++r) {
-        FANOUT_CUDA_CHECK(cudaEventRecord(a, s));
-        FANOUT_CUDA_CHECK(cudaGraphLaunch(exec, s));
-        FANOUT_CUDA_CHECK(cudaEventRecord(b, s));
-        FANOUT_CUDA_CHECK(cudaEventSynchronize(b));
-        float ms = 0;
-        FANOUT_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-        best = std::min(best, ms);
-    }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    return best * 1000.0 / calls;
-}
-
-template <typename T>
-struct DevicePtr {
-    T* p = nullptr;
-    explicit DevicePtr(size_t n) { FANOUT_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T))); }
-    ~DevicePtr() { cudaFree(p); }
-    DevicePtr(const DevicePtr&) = delete;
-    DevicePtr& operator=(const DevicePtr&) = delete;
-};
 
 // Random e4m3 bytes generated on the host in 64 MB pieces (a GB of expert weights included).
 std::unique_ptr<DevicePtr<uint8_t>> random_fp8(size_t n, uint64_t seed) {
@@ -451,8 +415,9 @@ GpuCeilings measure_gpu_ceilings() {
     // The bf16 tensor-core rate through the BF16 GEMM the model uses (cuBLASLt), 8192³.
     const int64_t big = 8192;
     DevicePtr<uint16_t> a(size_t(big * big)), b(size_t(big * big)), y(size_t(big * big));
-    FANOUT_CUDA_CHECK(cudaMemset(a.p, 0x3c, size_t(big * big) * 2));
-    FANOUT_CUDA_CHECK(cudaMemset(b.p, 0x3c, size_t(big * big) * 2));
+    // Random operands: constant ones draw less power and clock higher than a real GEMM.
+    ops::launch_random_bf16(a.p, size_t(big * big), 1.0f, 1, c.stream);
+    ops::launch_random_bf16(b.p, size_t(big * big), 1.0f, 2, c.stream);
     const double us = time_graph_us(c.stream, 5, [&] { ops::launch_gemm_bf16(a.p, b.p, y.p, big, big, big, c.stream); });
     g.bf16_tflops = 2.0 * big * big * big / us / 1e6;
     cublasLtDestroy(c.lt);

@@ -3,6 +3,9 @@
 // cache holds random bf16 values (never zeros); each request owns its own blocks, in order.
 #include "mla_bench.h"
 
+#include "gpu_timing.h"
+#include "kernels_bench.h"
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -18,46 +21,6 @@
 namespace fanout::bench {
 namespace {
 
-template <typename Fn>
-double time_graph_us(cudaStream_t s, int calls, Fn&& fn) {
-    for (int i = 0; i < 3; ++i) fn();  // warm-up (and first-call setup outside the graph)
-    FANOUT_CUDA_CHECK(cudaStreamSynchronize(s));
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    FANOUT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < calls; ++i) fn();
-    FANOUT_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-    FANOUT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    FANOUT_CUDA_CHECK(cudaGraphLaunch(exec, s));  // one untimed replay
-    cudaEvent_t a, b;
-    FANOUT_CUDA_CHECK(cudaEventCreate(&a));
-    FANOUT_CUDA_CHECK(cudaEventCreate(&b));
-    float best = 1e30f;
-    for (int r = 0; r < 5; ++r) {
-        FANOUT_CUDA_CHECK(cudaEventRecord(a, s));
-        FANOUT_CUDA_CHECK(cudaGraphLaunch(exec, s));
-        FANOUT_CUDA_CHECK(cudaEventRecord(b, s));
-        FANOUT_CUDA_CHECK(cudaEventSynchronize(b));
-        float ms = 0;
-        FANOUT_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-        best = std::min(best, ms);
-    }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    return best * 1000.0 / calls;
-}
-
-template <typename T>
-struct DevicePtr {
-    T* p = nullptr;
-    explicit DevicePtr(size_t n) { FANOUT_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T))); }
-    ~DevicePtr() { cudaFree(p); }
-    DevicePtr(const DevicePtr&) = delete;
-    DevicePtr& operator=(const DevicePtr&) = delete;
-};
-
 // n random bf16 values in [-scale, scale) (never zero): a 16 MB random piece repeated.
 void fill_random_bf16(uint16_t* dst, size_t n, uint64_t seed, float scale) {
     std::mt19937_64 rng(seed);
@@ -70,14 +33,6 @@ void fill_random_bf16(uint16_t* dst, size_t n, uint64_t seed, float scale) {
     }
 }
 
-double measure_bf16_peak_tflops(cudaStream_t stream) {
-    const int n = 8192;
-    DevicePtr<uint16_t> a(size_t(n) * n), b(size_t(n) * n), c(size_t(n) * n);
-    fill_random_bf16(a.p, size_t(n) * n, 1, 1.0f);
-    fill_random_bf16(b.p, size_t(n) * n, 2, 1.0f);
-    const double us = time_graph_us(stream, 10, [&] { ops::launch_gemm_bf16(a.p, b.p, c.p, n, n, n, stream); });
-    return 2.0 * n * n * double(n) / us / 1e6;
-}
 
 }  // namespace
 
@@ -148,10 +103,7 @@ nlohmann::json run_mla_bench(const MlaBenchOptions& opts, FILE* table_out) {
     int dev = 0;
     FANOUT_CUDA_CHECK(cudaGetDevice(&dev));
     FANOUT_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
-    cudaStream_t stream;
-    FANOUT_CUDA_CHECK(cudaStreamCreate(&stream));
-    const double peak = measure_bf16_peak_tflops(stream);
-    FANOUT_CUDA_CHECK(cudaStreamDestroy(stream));
+    const double peak = measure_gpu_ceilings().bf16_tflops;
     if (table_out) {
         std::fprintf(table_out, "%s, %d SMs: bf16 GEMM ceiling (cuBLASLt 8192^3) %.0f TFLOP/s\n", prop.name,
                      prop.multiProcessorCount, peak);

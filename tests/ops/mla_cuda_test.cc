@@ -27,33 +27,13 @@
 #include "fanout/core/dtype.h"
 #include "fanout/ops/mla_attention.h"
 #include "fanout/ops/mla_attention_cuda.h"
+#include "cuda_test_util.h"
 #include "test_util.h"
 
 namespace fanout::ops {
 namespace {
 
-bool have_gpu() {
-    int n = 0;
-    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-#define REQUIRE_GPU() \
-    if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
-
-template <typename T>
-struct DeviceBuffer {
-    T* ptr = nullptr;
-    size_t n = 0;
-    explicit DeviceBuffer(size_t count) : n(count) {
-        FANOUT_CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(1, n) * sizeof(T)));
-    }
-    ~DeviceBuffer() { cudaFree(ptr); }
-    DeviceBuffer(const DeviceBuffer&) = delete;
-    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-    void upload(const T* src) { FANOUT_CUDA_CHECK(cudaMemcpy(ptr, src, n * sizeof(T), cudaMemcpyHostToDevice)); }
-    void download(T* dst) const { FANOUT_CUDA_CHECK(cudaMemcpy(dst, ptr, n * sizeof(T), cudaMemcpyDeviceToHost)); }
-    void poison() { FANOUT_CUDA_CHECK(cudaMemset(ptr, 0xff, n * sizeof(T))); }
-};
+using fanout::testing::DeviceBuffer;
 
 constexpr uint16_t kBf16NaN = 0x7fc0;
 

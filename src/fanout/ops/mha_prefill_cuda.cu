@@ -22,6 +22,7 @@
 #include <string>
 
 #include "fanout/core/cuda_check.h"
+#include "fanout/ops/bf16_bits.cuh"
 #include "fanout/ops/mha_prefill_cuda.h"
 
 namespace fanout::ops {
@@ -29,14 +30,6 @@ namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
-__device__ __forceinline__ float bf16_to_float(uint16_t v) { return __uint_as_float(uint32_t(v) << 16); }
-
-// Round to nearest even (finite inputs; NaN stays NaN).
-__device__ __forceinline__ uint16_t float_to_bf16(float f) {
-    const uint32_t u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-    return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
 
 // Two f32 → bf16x2 (round to nearest even), `lo` in the low half.
 __device__ __forceinline__ uint32_t pack_bf16_rn(float lo, float hi) {
@@ -307,7 +300,7 @@ __global__ void __launch_bounds__(kGenThreads) mha_generic_kernel(const MhaPrefi
     const int nope = p.nope, qk = p.nope + p.rope, V = p.v_dim;
     float* q = s_q[warp];
     const uint16_t* q_row = p.q + int64_t(t) * p.q_stride_t + int64_t(h) * p.q_stride_h;
-    for (int d = lane; d < qk; d += 32) q[d] = bf16_to_float(q_row[d]);
+    for (int d = lane; d < qk; d += 32) q[d] = bf16_bits_to_float(q_row[d]);
     __syncwarp();
 
     const int visible = p.ctx_len - p.num_tokens + t + 1;
@@ -322,8 +315,8 @@ __global__ void __launch_bounds__(kGenThreads) mha_generic_kernel(const MhaPrefi
             const uint16_t* kn = p.k_nope + int64_t(j) * p.k_stride_t + int64_t(h) * p.k_stride_h;
             const uint16_t* kp = p.k_pe + int64_t(j) * p.k_pe_stride_t;
             float dot = 0.0f;
-            for (int d = 0; d < nope; ++d) dot = fmaf(q[d], bf16_to_float(kn[d]), dot);
-            for (int d = nope; d < qk; ++d) dot = fmaf(q[d], bf16_to_float(kp[d - nope]), dot);
+            for (int d = 0; d < nope; ++d) dot = fmaf(q[d], bf16_bits_to_float(kn[d]), dot);
+            for (int d = nope; d < qk; ++d) dot = fmaf(q[d], bf16_bits_to_float(kp[d - nope]), dot);
             sc = dot * scale_log2;
         }
         float mx = sc;
@@ -342,7 +335,7 @@ __global__ void __launch_bounds__(kGenThreads) mha_generic_kernel(const MhaPrefi
             const uint16_t* v_row = p.v + int64_t(j0 + jj) * p.v_stride_t + int64_t(h) * p.v_stride_h;
 #pragma unroll
             for (int k = 0; k < kGenVPerLane; ++k)
-                if (lane + 32 * k < V) acc[k] = fmaf(w, bf16_to_float(v_row[lane + 32 * k]), acc[k]);
+                if (lane + 32 * k < V) acc[k] = fmaf(w, bf16_bits_to_float(v_row[lane + 32 * k]), acc[k]);
         }
     }
     float l = l_part;
@@ -352,7 +345,7 @@ __global__ void __launch_bounds__(kGenThreads) mha_generic_kernel(const MhaPrefi
     uint16_t* dst = p.out + int64_t(t) * p.out_stride_t + int64_t(h) * p.out_stride_h;
 #pragma unroll
     for (int k = 0; k < kGenVPerLane; ++k)
-        if (lane + 32 * k < V) dst[lane + 32 * k] = float_to_bf16(acc[k] * inv);
+        if (lane + 32 * k < V) dst[lane + 32 * k] = float_to_bf16_bits(acc[k] * inv);
 }
 
 // ======================================================================================

@@ -28,6 +28,7 @@
 #include <string>
 
 #include "fanout/core/cuda_check.h"
+#include "fanout/ops/bf16_bits.cuh"
 #include "fanout/ops/gemm.h"
 #include "fanout/ops/mla_attention_cuda.h"
 #include "fanout/ops/sm90.cuh"
@@ -38,16 +39,8 @@ namespace {
 constexpr int kMaxSplits = 64;
 constexpr float kLog2e = 1.4426950408889634f;
 
-__device__ __forceinline__ float bf16_to_float(uint16_t v) { return __uint_as_float(uint32_t(v) << 16); }
-
-// Round to nearest even (finite inputs; NaN stays NaN).
-__device__ __forceinline__ uint16_t float_to_bf16(float f) {
-    const uint32_t u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-    return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    return uint32_t(float_to_bf16(lo)) | (uint32_t(float_to_bf16(hi)) << 16);
+    return uint32_t(float_to_bf16_bits(lo)) | (uint32_t(float_to_bf16_bits(hi)) << 16);
 }
 
 // ---- cp.async (16 bytes; src_bytes = 0 writes zeros and reads nothing) ----
@@ -544,7 +537,7 @@ __global__ void __launch_bounds__(kGenThreads)
         return;
     }
     for (int d = tid; d < D; d += kGenThreads)
-        sq[d] = bf16_to_float(d < C ? p.q_lat[t * p.q_lat_stride_t + h * p.q_lat_stride_h + d]
+        sq[d] = bf16_bits_to_float(d < C ? p.q_lat[t * p.q_lat_stride_t + h * p.q_lat_stride_h + d]
                                     : p.q_pe[t * p.q_pe_stride_t + h * p.q_pe_stride_h + d - C]);
     __syncthreads();
 
@@ -560,7 +553,7 @@ __global__ void __launch_bounds__(kGenThreads)
             const int64_t entry = (int64_t(blocks[j / bs]) * bs + j % bs) * D;
             s_entry[tid] = entry;
             float dot = 0.0f;
-            for (int d = 0; d < D; ++d) dot = fmaf(sq[d], bf16_to_float(p.cache[entry + d]), dot);
+            for (int d = 0; d < D; ++d) dot = fmaf(sq[d], bf16_bits_to_float(p.cache[entry + d]), dot);
             sc = dot * scale_log2;
         }
         const float m_new = fmaxf(m, block_reduce<true>(sc, scratch));  // finite: position j0 is visible
@@ -576,7 +569,7 @@ __global__ void __launch_bounds__(kGenThreads)
             const int d = tid + k * kGenThreads;
             if (d < C) {
                 float a = acc[k] * corr;
-                for (int jj = 0; jj < n; ++jj) a = fmaf(sp[jj], bf16_to_float(p.cache[s_entry[jj] + d]), a);
+                for (int jj = 0; jj < n; ++jj) a = fmaf(sp[jj], bf16_bits_to_float(p.cache[s_entry[jj] + d]), a);
                 acc[k] = a;
             }
         }
@@ -588,7 +581,7 @@ __global__ void __launch_bounds__(kGenThreads)
         uint16_t* dst = p.out + int64_t(t) * p.out_stride_t + int64_t(h) * p.out_stride_h;
 #pragma unroll
         for (int k = 0; k < kGenAcc; ++k)
-            if (tid + k * kGenThreads < C) dst[tid + k * kGenThreads] = float_to_bf16(acc[k] * inv);
+            if (tid + k * kGenThreads < C) dst[tid + k * kGenThreads] = float_to_bf16_bits(acc[k] * inv);
     } else {
         float* dst = part_o + prow * C;
 #pragma unroll
@@ -651,7 +644,7 @@ __global__ void __launch_bounds__(kCombineThreads)
 #pragma unroll
             for (int i = 0; i < 8; ++i) acc = fmaf(s_w[s0 + i], v[i], acc);
         }
-        dst[d] = float_to_bf16(acc * inv);
+        dst[d] = float_to_bf16_bits(acc * inv);
     }
 }
 

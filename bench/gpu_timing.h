@@ -1,0 +1,56 @@
+// Timing and device memory for the GPU benchmarks (fmt-free is not needed: .cc files only).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+
+#include "fanout/core/cuda_check.h"
+
+namespace fanout::bench {
+
+// µs per call of fn: three eager warm-up calls (first-call setup stays outside the graph), then
+// `calls` back to back captured as one CUDA graph, the best of 5 replays.
+template <typename Fn>
+double time_graph_us(cudaStream_t s, int calls, Fn&& fn) {
+    for (int i = 0; i < 3; ++i) fn();
+    FANOUT_CUDA_CHECK(cudaStreamSynchronize(s));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    FANOUT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    for (int i = 0; i < calls; ++i) fn();
+    FANOUT_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+    FANOUT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    cudaEvent_t a, b;
+    FANOUT_CUDA_CHECK(cudaEventCreate(&a));
+    FANOUT_CUDA_CHECK(cudaEventCreate(&b));
+    float best = 1e30f;
+    for (int r = 0; r < 5; ++r) {
+        FANOUT_CUDA_CHECK(cudaEventRecord(a, s));
+        FANOUT_CUDA_CHECK(cudaGraphLaunch(exec, s));
+        FANOUT_CUDA_CHECK(cudaEventRecord(b, s));
+        FANOUT_CUDA_CHECK(cudaEventSynchronize(b));
+        float ms = 0;
+        FANOUT_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+        best = std::min(best, ms);
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return best * 1000.0 / calls;
+}
+
+// A benchmark's device buffer.
+template <typename T>
+struct DevicePtr {
+    T* p = nullptr;
+    explicit DevicePtr(size_t n) { FANOUT_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T))); }
+    ~DevicePtr() { cudaFree(p); }
+    DevicePtr(const DevicePtr&) = delete;
+    DevicePtr& operator=(const DevicePtr&) = delete;
+};
+
+
+}  // namespace fanout::bench
