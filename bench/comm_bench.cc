@@ -19,6 +19,7 @@
 
 #include "fanout/comm/ep_gpu.h"
 #include "fanout/core/cuda_check.h"
+#include "gpu_timing.h"
 #include "fanout/core/error.h"
 
 namespace fanout::bench {
@@ -478,9 +479,9 @@ void print_point(const nlohmann::json& p, bool pplx_comparable) {
 int run_comm_bench(const CommBenchOptions& o) {
     std::vector<GpuBackend> backends;
     for (const auto& b : o.backends) backends.push_back(comm::gpu_backend_from_name(b));
+    require_gpu("fanout bench comm");
     int W = 0;
     FANOUT_CUDA_CHECK(cudaGetDeviceCount(&W));
-    FANOUT_CHECK(W >= 1, "bench comm: no GPU visible");
     FANOUT_CHECK(o.experts % W == 0 && o.topk >= 1 && o.topk <= o.experts && o.hidden >= 1,
                  "bench comm: {} experts over {} GPUs, top-{}, hidden {}", o.experts, W, o.topk, o.hidden);
     FANOUT_CHECK(!o.tokens.empty() && o.replays >= 1, "bench comm: needs token counts and replays >= 1");

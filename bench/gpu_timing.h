@@ -7,8 +7,15 @@
 #include <cstddef>
 
 #include "fanout/core/cuda_check.h"
+#include "fanout/core/error.h"
 
 namespace fanout::bench {
+
+// A GPU benchmark on a machine without a visible GPU: a clear error instead of CUDA's.
+inline void require_gpu(const char* bench) {
+    int n = 0;
+    FANOUT_CHECK(cudaGetDeviceCount(&n) == cudaSuccess && n > 0, "{} needs a CUDA GPU; none is visible here", bench);
+}
 
 // µs per call of fn: three eager warm-up calls (first-call setup stays outside the graph), then
 // `calls` back to back captured as one CUDA graph, the best of 5 replays.

@@ -426,6 +426,7 @@ GpuCeilings measure_gpu_ceilings() {
 }
 
 int run_kernels_bench(const KernelsBenchOptions& opts) {
+    require_gpu("fanout bench kernels");
     Context c;
     FANOUT_CUDA_CHECK(cudaStreamCreate(&c.stream));
     FANOUT_CUBLAS_CHECK(cublasLtCreate(&c.lt));

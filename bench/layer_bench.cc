@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fanout/core/cuda_check.h"
+#include "gpu_timing.h"
 #include "fanout/model/cuda_layer.h"
 #include "fanout/model/deepseek_v3.h"
 #include "fanout/model/synthetic.h"
@@ -151,6 +152,7 @@ Timing time_layer(CudaLayerExec& exec, const model::DeviceLayer& w, const model:
 }  // namespace
 
 int run_layer_bench(const LayerBenchOptions& opts) {
+    require_gpu("fanout bench layer");
     FANOUT_CHECK(opts.query_len >= 1 && opts.kv_len >= opts.query_len && !opts.batches.empty(),
                  "bench layer: query_len {} and kv_len {} (>= query_len) and at least one batch", opts.query_len,
                  opts.kv_len);

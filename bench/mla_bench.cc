@@ -99,6 +99,7 @@ nlohmann::json run_mla_bench_point(int batch, int query_len, int kv_len, int hea
 }
 
 nlohmann::json run_mla_bench(const MlaBenchOptions& opts, FILE* table_out) {
+    require_gpu("fanout bench mla");
     cudaDeviceProp prop{};
     int dev = 0;
     FANOUT_CUDA_CHECK(cudaGetDevice(&dev));

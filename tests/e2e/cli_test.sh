@@ -53,6 +53,13 @@ else
     else
         bad "generate --device cuda without a GPU" "exit $rc: $(cat "$work/stderr")"
     fi
+    "$fanout" bench layer --batches 1,8 --eps 8 --json '' >/dev/null 2>"$work/stderr"
+    rc=$?
+    if [[ $rc -eq 2 ]] && grep -qE "needs a CUDA GPU|needs a CUDA build" "$work/stderr"; then
+        ok "bench layer without a GPU is a clear error"
+    else
+        bad "bench layer without a GPU" "exit $rc: $(cat "$work/stderr")"
+    fi
 fi
 "$fanout" score --model tiny --token-ids 1,2,3,4,5 --output "$work/logits.f32" 2>"$work/stderr"
 size=$(stat -c %s "$work/logits.f32" 2>/dev/null || echo 0)

@@ -33,12 +33,19 @@ constexpr int kMaxD = 16384;
 
 // With q: the bf16 output also quantized per 1×128 block (act_quant's rule, on the bf16 values, so
 // the result is the one act_quant would give on y) into q [M, D] and scales [M, ceil(D/128)].
+// gridDim.y > 1 (few rows: decode steps) splits each row's output into column chunks of whole
+// 128-blocks, a CTA each; every CTA still reduces the whole row for the norm (x is re-read, which is
+// cheap beside the quantization it spreads). Only without a residual and with y not aliasing x.
 __global__ void rms_norm_bf16_kernel(const __nv_bfloat16* x, int64_t x_stride, __nv_bfloat16* __restrict__ residual,
                                      const float* __restrict__ w, float eps, __nv_bfloat16* y, int64_t y_stride,
                                      int D, uint8_t* __restrict__ q, float* __restrict__ scales) {
     extern __shared__ float z[];
     const size_t base = static_cast<size_t>(blockIdx.x) * D;
     const size_t xbase = static_cast<size_t>(blockIdx.x) * x_stride, ybase = static_cast<size_t>(blockIdx.x) * y_stride;
+    const int nb = (D + static_cast<int>(kFp8Block) - 1) / static_cast<int>(kFp8Block);
+    const int blocks_per_chunk = (nb + static_cast<int>(gridDim.y) - 1) / static_cast<int>(gridDim.y);
+    const int b0 = blockIdx.y * blocks_per_chunk, b1 = min(nb, b0 + blocks_per_chunk);
+    const int c0 = b0 * static_cast<int>(kFp8Block), c1 = min(D, b1 * static_cast<int>(kFp8Block));
     float ss = 0.0f;
     for (int d = threadIdx.x; d < D; d += kThreads) {
         float v = __bfloat162float(x[xbase + d]);
@@ -51,7 +58,7 @@ __global__ void rms_norm_bf16_kernel(const __nv_bfloat16* x, int64_t x_stride, _
     }
     const float inv = rsqrtf(block_sum<kThreads>(ss) / D + eps);
     // Each element of z was written by the thread that reads it here; y may alias x likewise.
-    for (int d = threadIdx.x; d < D; d += kThreads) {
+    for (int d = c0 + static_cast<int>(threadIdx.x); d < c1; d += kThreads) {
         const __nv_bfloat16 v = __float2bfloat16(z[d] * inv * w[d]);
         y[ybase + d] = v;
         z[d] = __bfloat162float(v);
@@ -59,8 +66,8 @@ __global__ void rms_norm_bf16_kernel(const __nv_bfloat16* x, int64_t x_stride, _
     if (q == nullptr) return;
     __syncthreads();
     // A warp per 128-value block: amax, scale, e4m3 with round-to-nearest-even and saturation.
-    const int lane = threadIdx.x % 32, nb = (D + static_cast<int>(kFp8Block) - 1) / static_cast<int>(kFp8Block);
-    for (int b = threadIdx.x / 32; b < nb; b += kThreads / 32) {
+    const int lane = threadIdx.x % 32;
+    for (int b = b0 + static_cast<int>(threadIdx.x) / 32; b < b1; b += kThreads / 32) {
         float v[4], amax = 0.0f;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -110,7 +117,10 @@ void launch_rms_norm_quant_bf16(const uint16_t* x, int64_t x_stride, uint16_t* r
         return true;
     }();
     (void)attr;
-    rms_norm_bf16_kernel<<<M, kThreads, smem, static_cast<cudaStream_t>(cuda_stream)>>>(
+    // Few rows with a quantized output: spread each row over column chunks of 8 blocks (1024 values).
+    const bool split = q != nullptr && residual == nullptr && y != x && M < 32;
+    const dim3 grid(M, split ? (D + 1023) / 1024 : 1);
+    rms_norm_bf16_kernel<<<grid, kThreads, smem, static_cast<cudaStream_t>(cuda_stream)>>>(
         reinterpret_cast<const __nv_bfloat16*>(x), x_stride, reinterpret_cast<__nv_bfloat16*>(residual), w, eps,
         reinterpret_cast<__nv_bfloat16*>(y), y_stride, D, q, scales);
     FANOUT_CUDA_CHECK_LAUNCH("rms_norm_bf16_kernel");
