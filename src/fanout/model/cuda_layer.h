@@ -7,7 +7,9 @@
 //   attention in:  input norm · fused q_a|kv_a GEMM · q_a norm · q_b GEMM · q split + RoPE ·
 //                  kv norm + RoPE + cache append
 //   attention out: k_b batched GEMM (absorbs W_UK into q) · MLA over the cache · v_b batched GEMM ·
-//                  heads→tokens · o_proj GEMM (+ residual) · post norm · router GEMM (f32) · top-k
+//                  heads→tokens — or, for a one-request prefill chunk (LayerStep::prefill_ctx), the
+//                  MHA form: gather the context's latent · kv_b GEMM · causal flash attention —
+//                  then o_proj GEMM (+ residual) · post norm · router GEMM (f32) · top-k
 //   experts:       permute into the masked layout (the post norm quantized it) — then the shared
 //                  expert: gate|up GEMM · silu·mul(·quant) · down GEMM (+ residual), the dense MLP
 //                  in dense layers — grouped gate|up · silu·mul·quant · grouped down · weighted
