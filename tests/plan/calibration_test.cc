@@ -140,6 +140,24 @@ TEST_F(PlanCalibration, CommJsonFitsLatencyAndBandwidth) {
     EXPECT_DOUBLE_EQ(p.dispatch_nvlink.eff, default_profile().dispatch_nvlink.eff);  // no NVLink points
 }
 
+// `fanout bench comm` writes both GPU backends; only the nvlink points fit the NVLink link (the
+// padded nccl baseline would drag the fit), checked on the benchmark's own file shape.
+TEST_F(PlanCalibration, CommJsonFitsNvlinkFromTheNvlinkBackendOnly) {
+    const std::string both = write("comm_both.json", R"({"benchmark": "comm", "points": [
+        {"ep": 2, "tokens_per_rank": 8, "link": "nvlink", "backend": "nvlink", "dispatch_us": 26, "combine_us": 26},
+        {"ep": 2, "tokens_per_rank": 512, "link": "nvlink", "backend": "nvlink", "dispatch_us": 90, "combine_us": 157},
+        {"ep": 2, "tokens_per_rank": 8, "link": "nvlink", "backend": "nccl", "dispatch_us": 400, "combine_us": 500},
+        {"ep": 2, "tokens_per_rank": 512, "link": "nvlink", "backend": "nccl", "dispatch_us": 900, "combine_us": 990}]})");
+    const std::string fast = write("comm_fast.json", R"({"benchmark": "comm", "points": [
+        {"ep": 2, "tokens_per_rank": 8, "link": "nvlink", "dispatch_us": 26, "combine_us": 26},
+        {"ep": 2, "tokens_per_rank": 512, "link": "nvlink", "dispatch_us": 90, "combine_us": 157}]})");
+    const Profile a = calibrate(default_profile(), {both}, h200_sxm(), nullptr);
+    const Profile b = calibrate(default_profile(), {fast}, h200_sxm(), nullptr);
+    EXPECT_DOUBLE_EQ(a.dispatch_nvlink.latency_us, b.dispatch_nvlink.latency_us);
+    EXPECT_DOUBLE_EQ(a.combine_nvlink.eff, b.combine_nvlink.eff);
+    EXPECT_LT(a.dispatch_nvlink.latency_us, 30.0);
+}
+
 TEST_F(PlanCalibration, MalformedFilesAreClearErrors) {
     auto err = [&](const std::string& text) {
         const std::string f = write("bad.json", text);

@@ -192,6 +192,12 @@ void calibrate_comm(Profile& p, const json& j, const Reader& r, const Hardware& 
     std::map<std::string, std::vector<LinkPoint>> by;  // "nvlink dispatch" -> points
     for (size_t i = 0; i < pts.size(); ++i) {
         const std::string where = fmt::format("points[{}]", i);
+        // `fanout bench comm` also times the padded `nccl` backend, the portable baseline; the
+        // planner models the fast path a deployment would run, so only `nvlink` points fit NVLink.
+        if (pts[i].contains("backend")) {
+            FANOUT_CHECK(pts[i]["backend"].is_string(), "{}: {}.backend must be a string", r.file(), where);
+            if (pts[i]["backend"].get<std::string>() != "nvlink") continue;
+        }
         const double ep = r.num(pts[i], "ep", where), tokens = r.num(pts[i], "tokens_per_rank", where);
         FANOUT_CHECK(ep >= 2 && tokens >= 0, "{}: {} needs ep >= 2 and tokens_per_rank >= 0", r.file(), where);
         std::string link = ep <= hw.gpus_per_node ? "nvlink" : "ib";
