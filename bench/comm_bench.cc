@@ -5,22 +5,24 @@
 #include <nccl.h>
 
 #include <algorithm>
-#include <barrier>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <thread>
 #include <vector>
 
 #include "fanout/comm/ep_gpu.h"
+#include "fanout/comm/local_gpus.h"
+#include "fanout/comm/nccl_check.h"
 #include "fanout/core/cuda_check.h"
-#include "gpu_timing.h"
+#include "fanout/core/cuda_graph.h"
 #include "fanout/core/error.h"
+#include "gpu_timing.h"
 
 namespace fanout::bench {
 namespace {
@@ -29,12 +31,6 @@ using comm::EpConfig;
 using comm::ExpertParallel;
 using comm::GpuBackend;
 using comm::Payload;
-
-#define BENCH_NCCL_OK(stmt)                                                              \
-    do {                                                                                 \
-        const ncclResult_t r_ = (stmt);                                                  \
-        FANOUT_CHECK(r_ == ncclSuccess, "{} failed: {}", #stmt, ncclGetErrorString(r_)); \
-    } while (0)
 
 // pplx-kernels on 2×H200, intranode FP8, hidden 7168, top-8 of 256 experts
 // (/work/shared/bench/anchors/pplx_kernels_ep2_h200.txt; REFERENCE.md §3): tokens per rank →
@@ -75,79 +71,14 @@ double mean(const std::vector<double>& v) {
     return v.empty() ? 0 : s / double(v.size());
 }
 
-// The GPUs: a thread, a stream and an NCCL communicator each; run(fn) calls fn(rank) on a thread per
-// rank with its GPU current and rethrows the first rank's failure.
-class Ranks {
-  public:
-    explicit Ranks(int world) : world_(world), barrier_(world), comms_(world), streams_(world) {
-        ncclUniqueId id;
-        BENCH_NCCL_OK(ncclGetUniqueId(&id));
-        run([&](int r) {
-            FANOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&streams_[r], cudaStreamNonBlocking));
-            BENCH_NCCL_OK(ncclCommInitRank(&comms_[r], world_, id, r));
-            for (int p = 0; p < world_; ++p) {
-                int can = 0;
-                if (p == r || cudaDeviceCanAccessPeer(&can, r, p) != cudaSuccess || !can) continue;
-                if (cudaDeviceEnablePeerAccess(p, 0) != cudaSuccess) cudaGetLastError();  // already enabled: fine
-            }
-        });
-    }
-    ~Ranks() {
-        std::vector<std::thread> threads;
-        for (int r = 0; r < world_; ++r)
-            threads.emplace_back([&, r] {
-                cudaSetDevice(r);
-                ncclCommDestroy(comms_[r]);
-                cudaStreamDestroy(streams_[r]);
-            });
-        for (auto& t : threads) t.join();
-    }
-
-    template <typename Fn>
-    void run(Fn&& fn) {
-        std::vector<std::string> failures(world_);
-        std::vector<std::thread> threads;
-        for (int r = 0; r < world_; ++r)
-            threads.emplace_back([&, r] {
-                try {
-                    FANOUT_CUDA_CHECK(cudaSetDevice(r));
-                    fn(r);
-                } catch (const std::exception& e) {
-                    failures[r] = e.what();
-                }
-            });
-        for (auto& t : threads) t.join();
-        for (int r = 0; r < world_; ++r) FANOUT_CHECK(failures[r].empty(), "bench comm, rank {}: {}", r, failures[r]);
-    }
-
-    int world() const { return world_; }
-    ncclComm_t comm(int r) const { return comms_[r]; }
-    cudaStream_t stream(int r) const { return streams_[r]; }
-    void sync() { barrier_.arrive_and_wait(); }
-
-  private:
-    int world_;
-    std::barrier<> barrier_;
-    std::vector<ncclComm_t> comms_;
-    std::vector<cudaStream_t> streams_;
-};
-
-// Captures fn's work on s as a graph.
-template <typename Fn>
-cudaGraphExec_t capture(cudaStream_t s, Fn&& fn) {
-    cudaGraph_t g;
-    cudaGraphExec_t exec;
-    FANOUT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    fn();
-    FANOUT_CUDA_CHECK(cudaStreamEndCapture(s, &g));
-    FANOUT_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
-    FANOUT_CUDA_CHECK(cudaGraphDestroy(g));
-    return exec;
+// fn(rank) on every rank's thread (comm/local_gpus.h); the first rank's failure is rethrown.
+void run_ranks(comm::LocalGpus& ranks, const std::function<void(int)>& fn) {
+    for (const auto& f : ranks.run(fn)) FANOUT_CHECK(f.empty(), "bench comm, {}", f);
 }
 
 // `n` replays of exec, every rank launching together (host barrier after a stream sync); per span
 // between consecutive events of `marks`, the median in µs.
-std::vector<double> replay_spans(Ranks& ranks, cudaStream_t s, cudaGraphExec_t exec,
+std::vector<double> replay_spans(comm::LocalGpus& ranks, cudaStream_t s, cudaGraphExec_t exec,
                                  const std::vector<cudaEvent_t>& marks, int n) {
     std::vector<std::vector<double>> spans(marks.size() - 1);
     for (int i = 0; i < n; ++i) {
@@ -227,20 +158,20 @@ std::vector<std::vector<int64_t>> route_rows(const EpConfig& c, const std::vecto
 
 // Peer copy bandwidth per direction, GB/s: every GPU copies `bytes` into the next GPU's memory at
 // once (cudaMemcpyPeerAsync, peer access enabled where the GPUs allow it); best of 5, mean of ranks.
-double measure_peer_gbs(Ranks& ranks) {
+double measure_peer_gbs(comm::LocalGpus& ranks) {
     const int W = ranks.world();
     if (W < 2) return 0;
     const size_t bytes = size_t(256) << 20;
     std::vector<uint8_t*> dst(W);
     std::vector<double> gbs(W);
     std::vector<DeviceBytes> keep_src(W), keep_dst(W);
-    ranks.run([&](int r) {
+    run_ranks(ranks, [&](int r) {
         keep_src[r] = device_bytes(bytes);
         keep_dst[r] = device_bytes(bytes);
         FANOUT_CUDA_CHECK(cudaMemset(keep_src[r].get(), 1, bytes));
         dst[r] = keep_dst[r].get();
     });
-    ranks.run([&](int r) {
+    run_ranks(ranks, [&](int r) {
         const cudaStream_t s = ranks.stream(r);
         const int peer = (r + 1) % W;
         Events ev(2);
@@ -259,7 +190,7 @@ double measure_peer_gbs(Ranks& ranks) {
         gbs[r] = double(bytes) / (best * 1e6);
         ranks.sync();  // no rank frees its buffer while a peer still writes into it
     });
-    ranks.run([&](int r) {
+    run_ranks(ranks, [&](int r) {
         keep_src[r].reset();
         keep_dst[r].reset();
     });
@@ -272,7 +203,7 @@ struct RankFigures {
     double step = 0, step_pipelined = 0, alltoall_dispatch = 0, alltoall_combine = 0;
 };
 
-nlohmann::json bench_point(Ranks& ranks, GpuBackend backend, const CommBenchOptions& o, int T, double peer_gbs,
+nlohmann::json bench_point(comm::LocalGpus& ranks, GpuBackend backend, const CommBenchOptions& o, int T, double peer_gbs,
                            unsigned seed) {
     const int W = ranks.world();
     EpConfig cfg{0, W, o.experts, o.topk, o.hidden, T, Payload::kFp8, 0};
@@ -299,7 +230,7 @@ nlohmann::json bench_point(Ranks& ranks, GpuBackend backend, const CommBenchOpti
     const size_t a2a_combine = size_t(std::max<int64_t>(max_pair, 1) * row_combine);
 
     std::vector<RankFigures> fig(W);
-    ranks.run([&](int r) {
+    run_ranks(ranks, [&](int r) {
         EpConfig c = cfg;
         c.rank = r;
         const cudaStream_t s = ranks.stream(r);
@@ -338,13 +269,13 @@ nlohmann::json bench_point(Ranks& ranks, GpuBackend backend, const CommBenchOpti
         ep->raise_if_failed();
 
         Events marked(5), plain(2);
-        const cudaGraphExec_t g_marked = capture(s, [&] { step(&marked); });
-        const cudaGraphExec_t g_plain = capture(s, [&] {
+        const cudaGraphExec_t g_marked = capture_graph(s, [&] { step(&marked); });
+        const cudaGraphExec_t g_plain = capture_graph(s, [&] {
             plain.mark(0, s);
             step(nullptr);
             plain.mark(1, s);
         });
-        const cudaGraphExec_t g_bare = capture(s, [&] { step(nullptr); });
+        const cudaGraphExec_t g_bare = capture_graph(s, [&] { step(nullptr); });
         replay_spans(ranks, s, g_marked, marked.e, 3);  // warm-up of the graphs
         const auto m = replay_spans(ranks, s, g_marked, marked.e, o.replays);
         RankFigures& f = fig[r];
@@ -375,10 +306,10 @@ nlohmann::json bench_point(Ranks& ranks, GpuBackend backend, const CommBenchOpti
                  {std::pair{a2a_dispatch, &f.alltoall_dispatch}, std::pair{a2a_combine, &f.alltoall_combine}}) {
                 Events ev(2);
                 const auto a2a = [&] {
-                    BENCH_NCCL_OK(ncclAlltoAll(a_send.get(), a_recv.get(), bytes, ncclUint8, ranks.comm(r), s));
+                    FANOUT_NCCL_CHECK(ncclAlltoAll(a_send.get(), a_recv.get(), bytes, ncclUint8, ranks.comm(r), s));
                 };
                 a2a();
-                const cudaGraphExec_t g = capture(s, [&] {
+                const cudaGraphExec_t g = capture_graph(s, [&] {
                     ev.mark(0, s);
                     a2a();
                     ev.mark(1, s);
@@ -486,11 +417,10 @@ int run_comm_bench(const CommBenchOptions& o) {
                  "bench comm: {} experts over {} GPUs, top-{}, hidden {}", o.experts, W, o.topk, o.hidden);
     FANOUT_CHECK(!o.tokens.empty() && o.replays >= 1, "bench comm: needs token counts and replays >= 1");
     for (int t : o.tokens) FANOUT_CHECK(t >= 1, "bench comm: tokens per rank must be >= 1, got {}", t);
-    setenv("NCCL_NVLS_ENABLE", "0", 0);  // never NVLink multicast (the shared machines forbid it)
 
     cudaDeviceProp prop{};
     FANOUT_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    Ranks ranks(W);
+    comm::LocalGpus ranks(W);
     const double peer_gbs = measure_peer_gbs(ranks);
     std::printf("%d x %s, NCCL %d; peer copy (cudaMemcpyPeerAsync, all GPUs at once): %.0f GB/s per direction\n", W,
                 prop.name, NCCL_VERSION_CODE, peer_gbs);

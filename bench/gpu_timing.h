@@ -7,6 +7,7 @@
 #include <cstddef>
 
 #include "fanout/core/cuda_check.h"
+#include "fanout/core/cuda_graph.h"
 #include "fanout/core/error.h"
 
 namespace fanout::bench {
@@ -23,12 +24,9 @@ template <typename Fn>
 double time_graph_us(cudaStream_t s, int calls, Fn&& fn) {
     for (int i = 0; i < 3; ++i) fn();
     FANOUT_CUDA_CHECK(cudaStreamSynchronize(s));
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    FANOUT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    for (int i = 0; i < calls; ++i) fn();
-    FANOUT_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-    FANOUT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    const cudaGraphExec_t exec = capture_graph(s, [&] {
+        for (int i = 0; i < calls; ++i) fn();
+    });
     cudaEvent_t a, b;
     FANOUT_CUDA_CHECK(cudaEventCreate(&a));
     FANOUT_CUDA_CHECK(cudaEventCreate(&b));
@@ -43,7 +41,6 @@ double time_graph_us(cudaStream_t s, int calls, Fn&& fn) {
         best = std::min(best, ms);
     }
     cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
     cudaEventDestroy(a);
     cudaEventDestroy(b);
     return best * 1000.0 / calls;

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fanout/core/cuda_check.h"
+#include "fanout/core/cuda_graph.h"
 #include "gpu_timing.h"
 #include "fanout/model/cuda_layer.h"
 #include "fanout/model/deepseek_v3.h"
@@ -94,21 +95,18 @@ Timing time_layer(CudaLayerExec& exec, const model::DeviceLayer& w, const model:
             events.push_back(e);
             FANOUT_CUDA_CHECK(cudaEventRecordWithFlags(e, s, cudaEventRecordExternal));
         };
-        cudaGraph_t g;
-        cudaGraphExec_t ge;
-        FANOUT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-        FANOUT_CUDA_CHECK(cudaMemcpyAsync(hidden, pristine, hidden_elems * 2, cudaMemcpyDeviceToDevice, s));
-        new_event();
-        exec.run(w, st, hidden, cache,
-                 marked ? model::KernelMark([&](const char* name) {
-                     names.emplace_back(name);
-                     new_event();
-                 })
-                        : model::KernelMark{},
-                 emu);
-        if (!marked) new_event();
-        FANOUT_CUDA_CHECK(cudaStreamEndCapture(s, &g));
-        FANOUT_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+        const cudaGraphExec_t ge = capture_graph(s, [&] {
+            FANOUT_CUDA_CHECK(cudaMemcpyAsync(hidden, pristine, hidden_elems * 2, cudaMemcpyDeviceToDevice, s));
+            new_event();
+            exec.run(w, st, hidden, cache,
+                     marked ? model::KernelMark([&](const char* name) {
+                         names.emplace_back(name);
+                         new_event();
+                     })
+                            : model::KernelMark{},
+                     emu);
+            if (!marked) new_event();
+        });
         std::vector<double> us(names.size(), 0.0);
         double total = 0;
         for (int r = 0; r < replays + 2; ++r) {
@@ -124,7 +122,6 @@ Timing time_layer(CudaLayerExec& exec, const model::DeviceLayer& w, const model:
             }
         }
         cudaGraphExecDestroy(ge);
-        cudaGraphDestroy(g);
         for (cudaEvent_t e : events) cudaEventDestroy(e);
         if (!marked) {
             t.total_us = total;

@@ -22,11 +22,12 @@
 #include <memory>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "ep_check.h"
+#include "fanout/comm/local_gpus.h"
 #include "fanout/core/cuda_check.h"
+#include "fanout/core/cuda_graph.h"
 #include "fanout/core/error.h"
 
 namespace fanout::comm::testing {
@@ -40,12 +41,6 @@ namespace fanout::comm {
 namespace {
 
 using testing::RankInput;
-
-#define NCCL_OK(stmt)                                                                    \
-    do {                                                                                 \
-        const ncclResult_t r_ = (stmt);                                                  \
-        FANOUT_CHECK(r_ == ncclSuccess, "{} failed: {}", #stmt, ncclGetErrorString(r_)); \
-    } while (0)
 
 int visible_gpus() {
     int n = 0;
@@ -73,53 +68,6 @@ void upload(void* dst, const std::vector<T>& src, cudaStream_t s) {
         FANOUT_CUDA_CHECK(cudaMemcpyAsync(dst, src.data(), src.size() * sizeof(T), cudaMemcpyHostToDevice, s));
 }
 
-// The ranks: one GPU, one stream and one NCCL communicator each. run(fn) calls fn(rank) on a thread
-// per rank with that rank's GPU current and returns the failures ("" where fn returned normally).
-class Group {
-  public:
-    explicit Group(int world) : world_(world), comms_(world), streams_(world) {
-        setenv("NCCL_NVLS_ENABLE", "0", 0);  // never NVLink multicast (the shared machines forbid it)
-        ncclUniqueId id;
-        NCCL_OK(ncclGetUniqueId(&id));
-        const auto failures = run([&](int r) {
-            FANOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&streams_[r], cudaStreamNonBlocking));
-            NCCL_OK(ncclCommInitRank(&comms_[r], world_, id, r));
-        });
-        for (const auto& f : failures) FANOUT_CHECK(f.empty(), "EP GPU test setup: {}", f);
-    }
-    ~Group() {
-        run([&](int r) {
-            if (comms_[r] != nullptr) ncclCommDestroy(comms_[r]);
-            if (streams_[r] != nullptr) cudaStreamDestroy(streams_[r]);
-        });
-    }
-
-    int world() const { return world_; }
-    ncclComm_t comm(int r) const { return comms_[r]; }
-    cudaStream_t stream(int r) const { return streams_[r]; }
-
-    template <typename Fn>
-    std::vector<std::string> run(Fn&& fn) {
-        std::vector<std::string> failures(world_);
-        std::vector<std::thread> threads;
-        for (int r = 0; r < world_; ++r)
-            threads.emplace_back([&, r] {
-                try {
-                    FANOUT_CUDA_CHECK(cudaSetDevice(r));
-                    fn(r);
-                } catch (const std::exception& e) {
-                    failures[r] = "rank " + std::to_string(r) + ": " + e.what();
-                }
-            });
-        for (auto& t : threads) t.join();
-        return failures;
-    }
-
-  private:
-    int world_;
-    std::vector<ncclComm_t> comms_;
-    std::vector<cudaStream_t> streams_;
-};
 
 // Every rank's inputs for `step`: per rank 0 tokens, the maximum, or a random count, in turn.
 std::vector<RankInput> step_inputs(const EpConfig& cfg, int step, std::mt19937& rng) {
@@ -239,18 +187,6 @@ void device_step(ExpertParallel& ep, const RankBuffers& d, cudaStream_t s) {
     ep.combine_recv(d.weights(), d.combined());
 }
 
-template <typename Fn>
-cudaGraphExec_t capture(cudaStream_t s, Fn&& fn) {
-    cudaGraph_t g;
-    cudaGraphExec_t exec;
-    FANOUT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    fn();
-    FANOUT_CUDA_CHECK(cudaStreamEndCapture(s, &g));
-    FANOUT_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
-    FANOUT_CUDA_CHECK(cudaGraphDestroy(g));
-    return exec;
-}
-
 EpConfig with_world(EpConfig c, int world) {
     c.world = world;
     return c;
@@ -266,7 +202,7 @@ class EpGpu : public ::testing::TestWithParam<GpuBackend> {
     // `steps` eager steps of `cfg` (its world replaced by the GPU count) through the same endpoints.
     void run_steps(EpConfig cfg, int steps, unsigned seed) {
         cfg = with_world(cfg, world_);
-        Group g(world_);
+        LocalGpus g(world_);
         std::vector<std::unique_ptr<ExpertParallel>> eps(world_);
         std::vector<std::unique_ptr<RankBuffers>> bufs(world_);
         auto failures = g.run([&](int r) {
@@ -317,7 +253,7 @@ TEST_P(EpGpu, CudaGraphReplaysWithNewCountsAndRouting) {
     for (const EpConfig base : {EpConfig{0, 0, 16 * world_, 8, 256, 32, Payload::kFp8, 0},
                                 EpConfig{0, 0, 4 * world_, 3, 130, 9, Payload::kBf16, 0}}) {
         const EpConfig cfg = with_world(base, world_);
-        Group g(world_);
+        LocalGpus g(world_);
         std::mt19937 rng(23);
         constexpr int kReplays = 4;
         std::vector<std::vector<RankInput>> steps;
@@ -330,7 +266,7 @@ TEST_P(EpGpu, CudaGraphReplaysWithNewCountsAndRouting) {
             auto ep = make_gpu_ep(GetParam(), c, g.comm(r), s);
             RankBuffers d(c);
             wrong[0][r] = eager_step(*ep, d, steps[0], s);  // warm-up (connections, lazy setup), checked
-            const cudaGraphExec_t exec = capture(s, [&] { device_step(*ep, d, s); });
+            const cudaGraphExec_t exec = capture_graph(s, [&] { device_step(*ep, d, s); });
             for (int i = 1; i <= kReplays; ++i) {
                 d.load(steps[i][r], s);
                 FANOUT_CUDA_CHECK(cudaGraphLaunch(exec, s));
@@ -355,7 +291,7 @@ TEST_P(EpGpu, SharedExpertOverlapsDispatch) {
     if (world_ < 2) GTEST_SKIP() << "the overlap needs a peer: 1 GPU visible";
     if (256 % world_ != 0) GTEST_SKIP() << world_ << " GPUs do not divide 256 experts";
     const EpConfig cfg{0, world_, 256, 8, 7168, 512, Payload::kFp8, 0};
-    Group g(world_);
+    LocalGpus g(world_);
     std::mt19937 rng(29);
     std::vector<RankInput> inputs;
     for (int r = 0; r < world_; ++r) inputs.push_back(testing::make_input(cfg, cfg.max_tokens_per_rank, rng));
@@ -395,7 +331,7 @@ TEST_P(EpGpu, SharedExpertOverlapsDispatch) {
         };
         device_step(*ep, d, s);  // warm-up
         FANOUT_CUDA_CHECK(cudaStreamSynchronize(s));
-        const cudaGraphExec_t a = capture(s, [&] {
+        const cudaGraphExec_t a = capture_graph(s, [&] {
             mark(e0);
             ep->dispatch_send(d.input());
             ep->dispatch_recv();
@@ -407,7 +343,7 @@ TEST_P(EpGpu, SharedExpertOverlapsDispatch) {
         constexpr size_t kProbe = size_t(64) << 20;
         DeviceBytes src = device_bytes(size_t(1) << 30), dst = device_bytes(size_t(1) << 30);
         const auto copy_graph = [&](size_t bytes) {
-            return capture(s, [&] {
+            return capture_graph(s, [&] {
                 mark(e0);
                 testing::launch_busy_copy(src.get(), dst.get(), bytes, s);
                 mark(e1);
@@ -418,7 +354,7 @@ TEST_P(EpGpu, SharedExpertOverlapsDispatch) {
         const size_t copy_bytes = std::clamp<size_t>(size_t(double(kProbe) * (a_us / 2) / probe_us) / 16 * 16,
                                                      size_t(1) << 20, size_t(1) << 30);
         const cudaGraphExec_t b = copy_graph(copy_bytes);
-        const cudaGraphExec_t cg = capture(s, [&] {
+        const cudaGraphExec_t cg = capture_graph(s, [&] {
             mark(e0);
             ep->dispatch_send(d.input());
             testing::launch_busy_copy(src.get(), dst.get(), copy_bytes, s);
@@ -458,7 +394,7 @@ TEST_P(EpGpu, SharedExpertOverlapsDispatch) {
 TEST_P(EpGpu, BadExpertIdIsReportedAfterTheStep) {
     if (GetParam() != GpuBackend::kNccl) GTEST_SKIP() << "checked for the nccl backend";
     const EpConfig cfg{0, world_, 4 * world_, 2, 64, 4, Payload::kFp8, 0};
-    Group g(world_);
+    LocalGpus g(world_);
     std::mt19937 rng(31);
     std::vector<RankInput> inputs;
     for (int r = 0; r < world_; ++r) inputs.push_back(testing::make_input(cfg, 3, rng));
@@ -489,7 +425,7 @@ TEST_P(EpGpu, AMissingPeerIsATimeoutNamingIt) {
     if (GetParam() != GpuBackend::kNvlink) GTEST_SKIP() << "the nccl backend's waits are NCCL's own";
     if (world_ < 2) GTEST_SKIP() << "needs a peer to miss (2+ GPUs)";
     const EpConfig cfg{0, world_, 4 * world_, 2, 64, 4, Payload::kFp8, 0};
-    Group g(world_);
+    LocalGpus g(world_);
     std::mt19937 rng(37);
     std::vector<RankInput> inputs;
     for (int r = 0; r < world_; ++r) inputs.push_back(testing::make_input(cfg, 3, rng));

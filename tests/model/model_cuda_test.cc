@@ -20,6 +20,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <array>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -144,6 +145,24 @@ TEST_P(OracleCuda, LogitsMatchCpu) {
     check_logits(*m, input_ids(dir), ops::Fp8Mode::kDequant, kOracle, GetParam());
 }
 
+// generate_cuda for one request on a fresh runner with CUDA graphs off, then on (one decode
+// bucket captured); the two token lists.
+std::array<std::vector<int32_t>, 2> generate_without_and_with_graphs(const DeepseekV3& m, const GenerateRequest& req) {
+    std::array<std::vector<int32_t>, 2> runs;
+    for (bool graphs : {false, true}) {
+        CudaModelOptions o;
+        o.max_requests = 1;
+        o.max_context = 64;
+        o.max_step_tokens = 16;
+        o.cuda_graphs = graphs;
+        CudaModel gpu(m, o);
+        kv::PagedKvCache blocks = gpu.make_block_allocator();
+        runs[graphs] = generate_cuda(gpu, blocks, req).tokens;
+        EXPECT_EQ(gpu.graphs_captured(), graphs ? 1 : 0);
+    }
+    return runs;
+}
+
 // Greedy and seeded sampling through generate_cuda: graphs on and off give the same tokens, and
 // greedy follows the CPU's until a step where the CPU's top-2 margin is within the pinned bound
 // (4% of the largest |logit|), the logits' own error (past it the contexts differ, so nothing
@@ -161,18 +180,7 @@ void check_generate(const DeepseekV3& model, const std::vector<int32_t>& ids, co
         kv::PagedKvCache cache(m->kv_cache_config(2));
         ThreadPool pool(2);
         const auto cpu = generate(*m, cache, req, {}, Stream{&pool});
-        std::vector<std::vector<int32_t>> runs;
-        for (bool graphs : {false, true}) {
-            CudaModelOptions o;
-            o.max_requests = 1;
-            o.max_context = 64;
-            o.max_step_tokens = 16;
-            o.cuda_graphs = graphs;
-            CudaModel gpu(*m, o);
-            kv::PagedKvCache blocks = gpu.make_block_allocator();
-            runs.push_back(generate_cuda(gpu, blocks, req).tokens);
-            EXPECT_EQ(gpu.graphs_captured(), graphs ? 1 : 0);
-        }
+        const auto runs = generate_without_and_with_graphs(*m, req);
         const std::string what = name + (sp.temperature == 0 ? " greedy" : " sampled");
         EXPECT_EQ(runs[0], runs[1]) << what << ": graph replay changed the tokens";
         const auto& gpu = runs[1];
@@ -243,17 +251,7 @@ TEST_P(OracleCuda, GenerateIsDeterministicAcrossGraphs) {
     kv::PagedKvCache cache(m->kv_cache_config(2));
     ThreadPool pool(2);
     const auto cpu = generate(*m, cache, req, {}, Stream{&pool});
-    std::vector<std::vector<int32_t>> runs;
-    for (bool graphs : {false, true}) {
-        CudaModelOptions o;
-        o.max_requests = 1;
-        o.max_context = 64;
-        o.max_step_tokens = 16;
-        o.cuda_graphs = graphs;
-        CudaModel gpu(*m, o);
-        kv::PagedKvCache blocks = gpu.make_block_allocator();
-        runs.push_back(generate_cuda(gpu, blocks, req).tokens);
-    }
+    const auto runs = generate_without_and_with_graphs(*m, req);
     EXPECT_EQ(runs[0], runs[1]) << GetParam() << ": graph replay changed the tokens";
     size_t i = 0;
     while (i < runs[1].size() && runs[1][i] == cpu.tokens[i]) ++i;

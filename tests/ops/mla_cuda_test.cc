@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "fanout/core/cuda_check.h"
+#include "fanout/core/cuda_graph.h"
 #include "fanout/core/dtype.h"
 #include "fanout/ops/mla_attention.h"
 #include "fanout/ops/mla_attention_cuda.h"
@@ -362,12 +363,7 @@ TEST(MlaCuda, GraphReplaysWithNewLengths) {
         const MlaAttentionParams p = dev.params(first);
         cudaStream_t stream;
         FANOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-        cudaGraph_t graph;
-        cudaGraphExec_t exec;
-        FANOUT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-        launch_mla_attention(p, &ws, stream);
-        FANOUT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-        FANOUT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        const cudaGraphExec_t exec = capture_graph(stream, [&] { launch_mla_attention(p, &ws, stream); });
         for (size_t i = 0; i < rounds.size(); ++i) {
             const Problem pb(rounds[i], 100 + i, min_blocks, min_table, T);
             dev.refresh(pb);
@@ -379,7 +375,6 @@ TEST(MlaCuda, GraphReplaysWithNewLengths) {
                                kernel_name(mla_attention_kernel_for(p)));
         }
         cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(graph);
         cudaStreamDestroy(stream);
     }
 }

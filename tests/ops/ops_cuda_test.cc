@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "fanout/core/cuda_check.h"
+#include "fanout/core/cuda_graph.h"
 #include "fanout/ops/fp8_quant.h"
 #include "fanout/ops/gemm.h"
 #include "fanout/ops/grouped_gemm.h"
@@ -245,13 +246,10 @@ TEST(GroupedGemmFp8Cuda, MaskedMatchesCpuReferenceAndReplaysInAGraph) {
     FANOUT_CUDA_CHECK(cudaStreamCreate(&stream));
     for (GemmConfig cfg :
          {GemmConfig{}, GemmConfig{128, 128, 1, 2}, GemmConfig{64, 64, 1}, GemmConfig{64, 256, 1, 2}}) {
-        cudaGraph_t graph;
-        cudaGraphExec_t exec;
-        FANOUT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-        launch_grouped_gemm_fp8_masked(d.x.ptr, d.sx.ptr, dcounts.ptr, E, max_m, d.w.ptr, d.sw.ptr, N, K, dy.ptr, 64,
-                                       stream, cfg);
-        FANOUT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-        FANOUT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        const cudaGraphExec_t exec = capture_graph(stream, [&] {
+            launch_grouped_gemm_fp8_masked(d.x.ptr, d.sx.ptr, dcounts.ptr, E, max_m, d.w.ptr, d.sw.ptr, N, K, dy.ptr, 64,
+                                           stream, cfg);
+        });
         for (const std::vector<int32_t>& counts :
              {std::vector<int32_t>{0, 1, 200, 64, 65, 0}, std::vector<int32_t>{7, 0, 0, 129, 3, 200},
               std::vector<int32_t>{0, 0, 0, 0, 0, 0}}) {
@@ -274,7 +272,6 @@ TEST(GroupedGemmFp8Cuda, MaskedMatchesCpuReferenceAndReplaysInAGraph) {
             }
         }
         cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(graph);
     }
     cudaStreamDestroy(stream);
 }

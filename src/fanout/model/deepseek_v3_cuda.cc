@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "fanout/core/cuda_check.h"
+#include "fanout/core/cuda_graph.h"
 #include "fanout/model/cuda_layer.h"
 #include "fanout/ops/fp8_quant.h"
 #include "fanout/ops/gemm.h"
@@ -254,18 +255,7 @@ std::vector<int32_t> CudaModel::forward_sample(const StepBatch& batch, std::span
             // One eager run first: cuBLASLt plans and workspaces are created outside the capture.
             m.run(h.T, h.R, h.max_q, rows_step, sample);
             FANOUT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
-            cudaGraph_t g0 = nullptr;
-            FANOUT_CUDA_CHECK(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal));
-            try {
-                m.run(h.T, h.R, h.max_q, rows_step, sample);
-            } catch (...) {
-                cudaStreamEndCapture(m.stream, &g0);
-                if (g0) cudaGraphDestroy(g0);
-                throw;
-            }
-            FANOUT_CUDA_CHECK(cudaStreamEndCapture(m.stream, &g0));
-            FANOUT_CUDA_CHECK(cudaGraphInstantiate(&g.exec, g0, 0));
-            cudaGraphDestroy(g0);
+            g.exec = capture_graph(m.stream, [&] { m.run(h.T, h.R, h.max_q, rows_step, sample); });
             // The eager run above already did this step's work; replaying it again rewrites the
             // same cache entries with the same values, and keeps the path below uniform.
         }
