@@ -60,8 +60,24 @@ void add_bench_command(CLI::App& app) {
                     "let outputs stop at EOS (default: ignore_eos, run to max_tokens)");
     serve->add_option("--timeout", s->timeout_s, "seconds per request")->capture_default_str();
     serve->add_option("--json", s->json_out, "JSON output ('' to skip)")->capture_default_str();
-    serve->callback([s] {
-        if (const int rc = bench::run_serve_bench(*s); rc != 0) FANOUT_FAIL("serve benchmark: some requests failed");
+    auto mix = std::make_shared<std::string>();
+    serve->add_option("--mix", *mix,
+                      "kinds of request and their weights: streamed=W,plain=W,cancelled=W,malformed=W "
+                      "(default: streamed only)");
+    serve
+        ->add_option("--slow-clients", s->slow_clients,
+                     "extra connections that send a request head one byte per second for the whole run")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
+    serve
+        ->add_option("--server-pid", s->server_pid,
+                     "sample this process's RSS, threads and open fds from /proc every 0.5 s (0 = no sampling)")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
+    serve->callback([s, mix] {
+        if (!mix->empty()) s->mix = bench::parse_request_mix(*mix);
+        if (const int rc = bench::run_serve_bench(*s); rc != 0)
+            FANOUT_FAIL("serve benchmark: some requests failed (or the sampled server went away)");
     });
 
     auto k = std::make_shared<bench::KernelsBenchOptions>();

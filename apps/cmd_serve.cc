@@ -7,6 +7,7 @@
 
 #include "cli_common.h"
 #include "fanout/engine/engine.h"
+#include "fanout/model/step_cost.h"
 #ifdef FANOUT_WITH_CUDA
 #include "fanout/engine/cuda_runner.h"
 #endif
@@ -23,18 +24,33 @@ struct ServeArgs {
     serve::ServerConfig server;
     engine::SchedulerConfig scheduler;
     double kv_memory_gb = 1.0;
+    double attention_cost = -1;  // < 0: from the model config (model/step_cost.h)
 };
 
 void run_serve(ServeArgs& a) {
     const std::string dir = resolve_model_dir(a.model.model);
     const io::Tokenizer tokenizer = load_tokenizer(dir);
-    if (a.server.model_name.empty())
-        a.server.model_name = a.model.model == "tiny" ? "tiny" : std::filesystem::path(dir).filename().string();
+    if (a.server.model_name.empty()) {
+        // The folder's name, also for "dir/" and "dir/." (whose filename() is empty or ".").
+        std::filesystem::path p = std::filesystem::path(dir).lexically_normal();
+        if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();
+        a.server.model_name = a.model.model == "tiny" ? "tiny" : p.filename().string();
+    }
+    serve::validate_model_name(a.server.model_name);  // before loading: a bad name costs nothing
     engine::EngineConfig ec;
     ec.scheduler = a.scheduler;
     std::unique_ptr<engine::ModelRunner> runner;
     auto model = load_model(a.model);
     const io::ModelConfig& c = model->config();
+    // Steps are budgeted by work, not tokens (a chunk deep in a long prompt costs more than one at
+    // its start), priced at the absorbed form that such small chunks run — and on the CPU path at
+    // what a pair costs there; --attention-cost overrides.
+    const model::StepFlops flops = model::step_flops(c);
+    const double pair_flops = std::max(flops.attention_per_pair, flops.absorbed_attention_per_pair);
+    ec.scheduler.attention_cost_per_pair =
+        a.attention_cost >= 0 ? a.attention_cost
+                              : pair_flops / flops.layers_per_token *
+                                    (a.model.device == "cuda" ? 1.0 : model::kCpuAttentionSlowdown);
     if (a.model.device == "cuda") {
 #ifdef FANOUT_WITH_CUDA
         // The cache on the device, bf16, sized from --kv-memory-gb; the runner's step buffers from
@@ -50,7 +66,9 @@ void run_serve(ServeArgs& a) {
         FANOUT_FAIL("--device cuda: this fanout was built without CUDA (no nvcc at configure time)");
 #endif
     } else {
-        auto cpu = std::make_unique<engine::DeepseekRunner>(std::move(model), forward_options(a.model), a.model.threads,
+        model::ForwardOptions opts = forward_options(a.model);
+        opts.absorbed_max_query = model::absorbed_form_max_query(c);
+        auto cpu = std::make_unique<engine::DeepseekRunner>(std::move(model), opts, a.model.threads,
                                                             a.model.kv_dtype == "bf16" ? DType::kBF16 : DType::kF32);
         const kv::KvCacheConfig one = cpu->kv_cache_config(1);
         const double block_bytes =
@@ -93,9 +111,23 @@ void add_serve_command(CLI::App& app) {
     cmd->add_option("--max-batched-tokens", a->scheduler.max_batched_tokens, "tokens per step")->capture_default_str();
     cmd->add_option("--prefill-chunk", a->scheduler.prefill_chunk, "prompt tokens of one sequence per step")
         ->capture_default_str();
+    cmd->add_option("--attention-cost", a->attention_cost,
+                    "price of one attention pair in tokens' work, for the step budget (default: from the model's "
+                    "FLOPs; 0: budget by tokens alone)");
     cmd->add_flag("!--no-prefix-cache", a->scheduler.enable_prefix_cache, "do not share KV blocks between requests");
     cmd->add_option("--kv-memory-gb", a->kv_memory_gb, "memory for the paged KV cache")->capture_default_str();
     cmd->add_option("--max-in-flight", a->server.max_in_flight, "concurrent requests before 429")->capture_default_str();
+    cmd->add_option("--default-max-tokens", a->server.default_max_tokens,
+                    "max_tokens of a request that names none (capped by the context)")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    cmd->add_option("--allowed-hosts", a->server.allowed_hosts,
+                    "Host names clients may use beyond IP addresses, localhost and --host ('*': any); "
+                    "guards a local server against DNS rebinding")
+        ->delimiter(',');
+    cmd->add_option("--max-connections", a->server.limits.max_connections, "open connections before 503")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
     cmd->callback([a] { run_serve(*a); });
 }
 

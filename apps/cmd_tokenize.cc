@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_common.h"
+#include "fanout/io/json_util.h"
 #include "fanout/io/chat_template.h"
 
 namespace fanout::cli {
@@ -32,12 +33,7 @@ void run_tokenize(const TokenizeArgs& a) {
                 std::cout << ids_json(tok.encode(line, a.add_special)) << '\n';
                 continue;
             }
-            nlohmann::json j;
-            try {
-                j = nlohmann::json::parse(line);
-            } catch (const nlohmann::json::exception& e) {
-                FANOUT_FAIL("not valid JSON: {}", e.what());
-            }
+            const nlohmann::json j = io::parse_json_bounded(line, "");
             if (a.jsonl) {
                 FANOUT_CHECK(j.is_string(), "--jsonl lines must be JSON strings");
                 std::cout << ids_json(tok.encode(j.get<std::string>(), a.add_special)) << '\n';

@@ -3,6 +3,10 @@
 // workload of streamed requests to a URL and reports throughput, TTFT, TPOT, ITL and end-to-end
 // latency percentiles, and goodput under an SLO.
 //
+// For soak runs it can also mix in other kinds of request (plain JSON responses, streams the
+// client abandons after the first chunk, malformed bodies that must get a 4xx), hold slow
+// connections open that trickle a request head, and sample the server process's RSS and threads.
+//
 // It is not a tokenizer-aware benchmark: prompts are counted in words, and token counts come from
 // the server's `usage` chunk (stream_options.include_usage), falling back to one token per
 // content chunk when the server sends no usage.
@@ -12,6 +16,22 @@
 #include <string>
 
 namespace fanout::bench {
+
+// Weights of the kinds of request; each request's kind is decided up front from the seed, the
+// counts following the weights exactly up to rounding (largest remainder), the order shuffled.
+//   streamed:  stream: true (SSE), timed per chunk: TTFT, TPOT, ITL, E2E.
+//   plain:     stream: false, one JSON body: E2E (the time to the whole response).
+//   cancelled: streamed, but the client closes the connection after the first text chunk; ok
+//              when that chunk came.
+//   malformed: a bad body (invalid JSON, a wrong type, an unknown field, 10,000 levels of nesting,
+//              a NUL byte: in turn); ok when answered 4xx with OpenAI's error shape
+//              {"error": {"message": "...", "type": "..."}}.
+struct RequestMix {
+    double streamed = 1, plain = 0, cancelled = 0, malformed = 0;
+    bool only_streamed() const { return plain == 0 && cancelled == 0 && malformed == 0; }
+};
+// "streamed=5,plain=2,cancelled=2,malformed=1"; kinds left out weigh 0. Error when malformed.
+RequestMix parse_request_mix(const std::string& text);
 
 struct ServeBenchOptions {
     std::string base_url = "http://127.0.0.1:8000";  // scheme://host:port[/prefix] (http only)
@@ -34,10 +54,20 @@ struct ServeBenchOptions {
     bool ignore_eos = true;  // sends "ignore_eos": true so outputs run to max_tokens (vLLM/SGLang extension)
     double timeout_s = 600;  // per request, from send to the last byte
     std::string json_out;    // "" = no JSON file
+
+    RequestMix mix;  // default: streamed only (the figures above cover the streamed requests)
+    // Extra connections held for the whole run, each sending a request head one byte per
+    // slow_client_interval_s and never finishing it; reopened when the server drops them.
+    int slow_clients = 0;
+    double slow_client_interval_s = 1.0;
+    // > 0: sample /proc/PID/status (VmRSS, Threads) and /proc/PID/fd every sample_interval_s.
+    int server_pid = 0;
+    double sample_interval_s = 0.5;
 };
 
 // Prints a table; writes JSON (summary, options and one record per request) when json_out is set.
-// Returns 0 when every request succeeded, 1 when any failed (HTTP error, bad SSE, timeout). Throws
+// Returns 0 when every request succeeded, 1 when any failed (HTTP error, bad SSE, timeout, a
+// malformed body not refused as it should be) or the sampled server process went away. Throws
 // fanout::Error for a bad option or when the model cannot be found from GET /v1/models.
 int run_serve_bench(const ServeBenchOptions& opts);
 

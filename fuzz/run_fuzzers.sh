@@ -19,10 +19,10 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 CC=clang CXX=clang++ cmake -S "$root" -B "$build_dir" -G Ninja -DFANOUT_WITH_CUDA=OFF \
     -DFANOUT_BUILD_FUZZERS=ON -DFANOUT_BUILD_TESTS=OFF -DFANOUT_BUILD_BENCH=OFF >/dev/null
-ninja -C "$build_dir" safetensors_fuzz config_fuzz tokenizer_fuzz
+ninja -C "$build_dir" safetensors_fuzz config_fuzz tokenizer_fuzz http_fuzz
 
 failed=()
-for name in safetensors config tokenizer; do
+for name in safetensors config tokenizer http; do
     work="$build_dir/fuzz-work/$name"
     rm -rf "$work/artifacts"
     mkdir -p "$work/corpus" "$work/artifacts"

@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git clang curl
   nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
-  libgtest-dev libgmock-dev libbenchmark-dev libpcre2-dev libcpp-httplib-dev libssl-dev zlib1g-dev libbrotli-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libpcre2-dev libcpp-httplib-dev libboost-dev libssl-dev zlib1g-dev libbrotli-dev
   libopenmpi-dev openmpi-bin gnuplot-nox
 )
 missing=()

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -44,6 +45,51 @@ std::string error_json(const std::string& message) {
     return json{{"error", {{"message", message}, {"type", "fake_error"}}}}.dump();
 }
 
+// The deepest nesting of arrays and objects in `text`, strings skipped.
+int nesting_depth(const std::string& text) {
+    int depth = 0, deepest = 0;
+    bool in_string = false, escaped = false;
+    for (const char c : text) {
+        if (in_string) {
+            if (escaped)
+                escaped = false;
+            else if (c == '\\')
+                escaped = true;
+            else if (c == '"')
+                in_string = false;
+        } else if (c == '"') {
+            in_string = true;
+        } else if (c == '[' || c == '{') {
+            deepest = std::max(deepest, ++depth);
+        } else if (c == ']' || c == '}') {
+            --depth;
+        }
+    }
+    return deepest;
+}
+
+// What is wrong with a completion body, or "" when it is what the benchmark sends.
+std::string body_problem(const std::string& raw, const json& body, bool chat) {
+    if (raw.find('\0') != std::string::npos) return "NUL byte in the body";
+    if (nesting_depth(raw) > 64) return "nested too deep";
+    if (body.is_discarded() || !body.is_object()) return "not a JSON object";
+    static const std::set<std::string> known = {"model",  "messages",       "prompt",     "max_tokens",
+                                                "stream", "stream_options", "ignore_eos", "temperature"};
+    for (const auto& [key, value] : body.items()) {
+        if (!known.contains(key)) return "unknown field '" + key + "'";
+    }
+    if (!body.contains("model") || !body["model"].is_string()) return "model must be a string";
+    if (!body.contains("max_tokens") || !body["max_tokens"].is_number_integer() || body["max_tokens"].get<int>() < 1)
+        return "max_tokens must be an integer >= 1";
+    if (!body.contains("stream") || !body["stream"].is_boolean()) return "stream must be a boolean";
+    if (body.contains("temperature") && !body["temperature"].is_number()) return "temperature must be a number";
+    if (body.contains("ignore_eos") && !body["ignore_eos"].is_boolean()) return "ignore_eos must be a boolean";
+    if (chat ? !body.contains("messages") || !body["messages"].is_array()
+             : !body.contains("prompt") || !body["prompt"].is_string())
+        return chat ? "messages must be an array" : "prompt must be a string";
+    return "";
+}
+
 }  // namespace
 
 void BacklogServer::set_listen_backlog(int backlog) {
@@ -55,6 +101,7 @@ FakeOpenAIServer::FakeOpenAIServer(FakeServerOptions opts) : opts_(opts) {
     const int num_threads = opts_.num_threads;
     server_.new_task_queue = [num_threads] { return new httplib::ThreadPool(num_threads); };
     server_.set_tcp_nodelay(true);
+    server_.set_read_timeout(std::chrono::milliseconds(opts_.read_timeout_ms));
     server_.Get("/v1/models", [](const httplib::Request&, httplib::Response& res) {
         const json models = {{"object", "list"}, {"data", json::array({{{"id", kModel}, {"object", "model"}}})}};
         res.set_content(models.dump(), "application/json");
@@ -95,12 +142,21 @@ int64_t FakeOpenAIServer::record_prompt(const json& body, const std::vector<std:
 
 void FakeOpenAIServer::handle_completion(bool chat, const httplib::Request& req, httplib::Response& res) {
     const json body = json::parse(req.body, nullptr, false);
-    const bool valid = !body.is_discarded() && body.value("stream", false) &&
-                       body.value("stream_options", json::object()).value("include_usage", false) &&
-                       body.value("model", std::string()) == kModel && body.value("max_tokens", 0) >= 1;
+    if (const std::string problem = body_problem(req.body, body, chat); !problem.empty()) {
+        ++refused_;
+        res.status = opts_.malformed_status;
+        if (opts_.malformed_error_shape)
+            res.set_content(error_json(problem), "application/json");
+        else
+            res.set_content(problem, "text/plain");
+        return;
+    }
+    const bool stream = body["stream"].get<bool>();
+    const bool valid = (!stream || body.value("stream_options", json::object()).value("include_usage", false)) &&
+                       body["model"].get<std::string>() == kModel;
     if (!valid) {
         res.status = 400;
-        res.set_content(error_json("need stream, stream_options.include_usage, model and max_tokens"),
+        res.set_content(error_json("need stream_options.include_usage with stream, and model " + std::string(kModel)),
                         "application/json");
         return;
     }
@@ -114,6 +170,27 @@ void FakeOpenAIServer::handle_completion(bool chat, const httplib::Request& req,
     }
     const int num_tokens = body["max_tokens"].get<int>();
     const int64_t num_prompt = static_cast<int64_t>(words.size());
+    if (!stream) {  // the same text and delays, as one body
+        std::this_thread::sleep_for(std::chrono::milliseconds(opts_.ttft_ms + opts_.itl_ms * (num_tokens - 1)));
+        std::string text;
+        for (int t = 0; t < num_tokens; ++t) text += " w" + std::to_string(t);
+        json choice = {{"index", 0}, {"finish_reason", "length"}};
+        if (chat)
+            choice["message"] = {{"role", "assistant"}, {"content", text}};
+        else
+            choice["text"] = text;
+        const json out = {{"id", "fake-1"},
+                          {"object", chat ? "chat.completion" : "text_completion"},
+                          {"model", kModel},
+                          {"choices", json::array({choice})},
+                          {"usage",
+                           {{"prompt_tokens", num_prompt},
+                            {"completion_tokens", num_tokens},
+                            {"total_tokens", num_prompt + num_tokens},
+                            {"prompt_tokens_details", {{"cached_tokens", cached}}}}}};
+        res.set_content(out.dump(), "application/json");
+        return;
+    }
     const int now = ++in_flight_;
     for (int m = max_in_flight_.load(); now > m && !max_in_flight_.compare_exchange_weak(m, now);) {
     }
@@ -124,6 +201,7 @@ void FakeOpenAIServer::handle_completion(bool chat, const httplib::Request& req,
             // client's next request (sent after this one ends) never overlaps it here.
             const auto leave = [this] {
                 --in_flight_;
+                ++cut_streams_;
                 return false;
             };
             const auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
@@ -150,8 +228,11 @@ void FakeOpenAIServer::handle_completion(bool chat, const httplib::Request& req,
                 tail += "data: " + usage.dump() + "\n\n";
             }
             tail += "data: [DONE]\n\n";
-            leave();
-            if (!write(tail)) return false;
+            --in_flight_;
+            if (!write(tail)) {
+                ++cut_streams_;
+                return false;
+            }
             sink.done();
             return true;
         });

@@ -26,7 +26,7 @@ base=http://127.0.0.1:$port
 status() {
     local want=$1 name=$2; shift 2
     local got
-    got=$(curl -s -o "$work/body" -w '%{http_code}' "$@")
+    got=$(curl -s -o "$work/body" -w '%{http_code}' -H content-type:application/json "$@")
     if [[ $got == "$want" ]] && { [[ $want == 2* ]] || grep -q '"error"' "$work/body"; }; then ok "$name ($got)";
     else bad "$name" "status $got, body $(head -c 300 "$work/body")"; fi
 }

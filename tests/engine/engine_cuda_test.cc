@@ -3,6 +3,8 @@
 // skipped without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "../model/oracle_fixtures.h"
 #include "cuda_test_util.h"
 #include "fanout/engine/cuda_runner.h"
@@ -101,6 +103,38 @@ TEST(EngineCuda, BatchedRequestsMatchSingleRequestsAndRepeat) {
         EXPECT_LE(row[0] - row[1], 0.04f * max_abs)
             << "request " << i << " token " << j << " differs where the top-2 margin is " << row[0] - row[1];
     }
+}
+
+// logit_bias on the GPU runner, through the engine: +100 forces a token (greedy and sampled), −100
+// on every token a request produced makes it produce none of them, a request without biases is
+// unchanged, and decode steps whose rows bring more biases than the device array first holds
+// (1024) grow it and recapture their graphs (the forced tokens hold on every step after).
+TEST(EngineCuda, LogitBiasForcesBansAndGrows) {
+    REQUIRE_GPU();
+    const std::string dir = (fanout::testing::oracle_dir() / "dense_only").string();
+    auto m = model::DeepseekV3::load(dir);
+    const int32_t V = static_cast<int32_t>(m->config().vocab_size);
+    const auto before = run_engine(*m, make_requests());
+    auto params = make_requests();
+    params[0].sampling.logit_bias = {{V - 1, 100.0f}};         // greedy, forced to the last id
+    params[1].sampling.logit_bias = {{0, 5.0f}, {7, 100.0f}};  // sampled, forced
+    for (int32_t t : before[2]) params[2].sampling.logit_bias.push_back({t, -100.0f});
+    std::sort(params[2].sampling.logit_bias.begin(), params[2].sampling.logit_bias.end());
+    params[2].sampling.logit_bias.erase(
+        std::unique(params[2].sampling.logit_bias.begin(), params[2].sampling.logit_bias.end(),
+                    [](const auto& x, const auto& y) { return x.first == y.first; }),
+        params[2].sampling.logit_bias.end());
+    for (int i : {3, 5})  // every id, small biases: 2 × V entries in each decode step of all six
+        for (int32_t id = 0; id < V; ++id) params[i].sampling.logit_bias.push_back({id, 0.01f * (id % 7)});
+    size_t entries = 0;
+    for (const auto& p : params) entries += p.sampling.logit_bias.size();
+    ASSERT_GT(entries, 1024u);
+    const auto got = run_engine(*m, params);
+    EXPECT_EQ(got[0], std::vector<int32_t>(got[0].size(), V - 1));
+    EXPECT_EQ(got[1], std::vector<int32_t>(got[1].size(), 7));
+    for (int32_t t : got[2]) EXPECT_EQ(std::count(before[2].begin(), before[2].end(), t), 0) << t;
+    EXPECT_EQ(got[4], before[4]);  // no biases: the same tokens
+    EXPECT_EQ(run_engine(*m, params), got) << "a second engine run gave other tokens";
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // preempted outputs equal single-request generation).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "fanout/engine/engine.h"
@@ -65,10 +66,12 @@ TEST(Engine, ManyConcurrentRequestsUnderPreemptionGetExactOutputs) {
     cfg.num_kv_blocks = 24;  // 96 token slots for 40 requests of up to 30 tokens: constant preemption
     cfg.scheduler = {16, 32, 8};
     Engine engine(std::make_unique<FakeRunner>(), nullptr, cfg);
-    engine.start();
     std::vector<std::shared_ptr<RequestHandle>> handles;
     std::vector<RequestParams> params;
     for (int i = 0; i < 40; ++i) {
+        // Half queued before the engine runs (so preemption happens however fast it drains), half
+        // submitted while it runs.
+        if (i == 20) engine.start();
         RequestParams p;
         for (int k = 0; k < 3 + i % 11; ++k) p.prompt.push_back((i * 13 + k) % 49);
         p.max_tokens = 1 + i % 17;
@@ -158,8 +161,9 @@ TEST(Engine, RecomputedCachedBlocksDoNotStarveTheAllocator) {
 }
 
 // The real model: requests with shared prefixes, batched together through a KV cache small enough
-// to force preemption, give exactly the tokens each gets alone through generate().
-TEST(Engine, BatchedPrefixCachedGreedyOutputsEqualSingleRequestGeneration) {
+// to force preemption, give exactly the tokens each gets alone through generate(). With an
+// attention cost the step budget cuts chunks at other, odd places: the tokens are the same.
+void expect_batched_equal_single(double attention_cost_per_pair) {
     const std::string dir = fanout::testing::temp_dir("engine_model");
     io::ModelConfig c = model::preset_config("tiny", 2);
     c.vocab_size = 1000;
@@ -182,7 +186,7 @@ TEST(Engine, BatchedPrefixCachedGreedyOutputsEqualSingleRequestGeneration) {
     }
     EngineConfig cfg;
     cfg.num_kv_blocks = 4;  // 256 slots for 6 x ~85 tokens sharing a 64-token block: preemption, and reuse
-    cfg.scheduler = {8, 96, 40};
+    cfg.scheduler = {8, 96, 40, true, attention_cost_per_pair};
     Engine engine(std::make_unique<DeepseekRunner>(model::DeepseekV3::load(dir), model::ForwardOptions{}, 2), nullptr,
                   cfg);
     std::vector<std::shared_ptr<RequestHandle>> handles;
@@ -204,6 +208,96 @@ TEST(Engine, BatchedPrefixCachedGreedyOutputsEqualSingleRequestGeneration) {
     EXPECT_GT(cached, 0) << "the shared 64-token prefix should have been reused";
     EXPECT_GT(engine.stats().preemptions, 0);
     std::filesystem::remove_all(dir);
+}
+
+TEST(Engine, BatchedPrefixCachedGreedyOutputsEqualSingleRequestGeneration) { expect_batched_equal_single(0.0); }
+
+// 0.05 token-equivalents a pair: a token at context 80 costs 5, so prefill chunks shrink to a
+// few tokens and mix with decodes differently.
+TEST(Engine, CostBudgetedStepsGiveTheSameOutputs) { expect_batched_equal_single(0.05); }
+
+// The FakeRunner, sampling "on the device": each row rebuilt into SamplingParams from the row and
+// its slice of the step's logit biases, then the host rule — what a GPU runner must compute.
+class FakeDeviceRunner : public FakeRunner {
+public:
+    bool samples_on_device() const override { return true; }
+    std::vector<int32_t> forward_sample(const model::StepBatch& b, kv::PagedKvCache& cache,
+                                        std::span<const ops::SamplingRow> rows,
+                                        std::span<const ops::LogitBias> logit_bias) override {
+        const Tensor logits = forward(b, cache);
+        EXPECT_EQ(rows.size(), b.logit_rows.size());
+        std::vector<int32_t> out;
+        std::vector<std::pair<float, int32_t>> scratch;
+        for (size_t r = 0; r < rows.size(); ++r) {
+            ops::SamplingParams p{rows[r].temperature, rows[r].top_k, rows[r].top_p, 0};
+            for (int32_t j = rows[r].bias_begin; j < rows[r].bias_begin + rows[r].bias_count; ++j)
+                p.logit_bias.push_back({logit_bias[j].id, logit_bias[j].bias});
+            out.push_back(
+                ops::sample_with_uniform(logits.data_as<float>() + r * kVocab, kVocab, p, rows[r].uniform, scratch));
+        }
+        return out;
+    }
+};
+
+std::vector<std::vector<int32_t>> run_all(std::unique_ptr<ModelRunner> runner,
+                                          const std::vector<RequestParams>& params) {
+    EngineConfig cfg;
+    cfg.num_kv_blocks = 64;
+    cfg.scheduler = {8, 16, 4};
+    Engine engine(std::move(runner), nullptr, cfg);
+    std::vector<std::shared_ptr<RequestHandle>> handles;
+    for (const auto& p : params) handles.push_back(engine.submit(p));
+    engine.start();
+    std::vector<std::vector<int32_t>> out;
+    for (auto& h : handles) out.push_back(drain(*h));
+    engine.stop();
+    return out;
+}
+
+// logit_bias through the engine: +100 forces a token, -100 bans the model's pick, and the rows a
+// device-sampling runner gets carry each request's own biases (the same tokens as host sampling).
+TEST(Engine, LogitBiasReachesTheSamplerOnTheHostAndInDeviceRows) {
+    std::vector<RequestParams> params;
+    for (int i = 0; i < 8; ++i) {
+        RequestParams p;
+        p.prompt = {1 + i, 2 + 3 * i, 3};
+        p.max_tokens = 6 + i;
+        p.ignore_eos = true;
+        if (i % 2) p.sampling = {1.0f, i % 3 ? 0 : 10, i % 4 == 1 ? 0.9f : 1.0f, static_cast<uint64_t>(i)};
+        for (int id = i; id < FakeRunner::kVocab; id += 7)
+            p.sampling.logit_bias.push_back({id, 0.5f * (id % 5) - 1.0f});
+        params.push_back(p);
+    }
+    params[0].sampling.logit_bias = {{17, 100.0f}};                          // greedy, forced
+    params[1].sampling.logit_bias = {{3, 2.0f}, {23, 100.0f}, {40, -5.0f}};  // sampled, forced
+    params[2].sampling.logit_bias.clear();
+    const auto host = run_all(std::make_unique<FakeRunner>(), params);
+    EXPECT_EQ(host[0], std::vector<int32_t>(6, 17));
+    EXPECT_EQ(host[1], std::vector<int32_t>(7, 23));
+    EXPECT_EQ(host[2], expected(params[2].prompt, params[2].max_tokens, false));
+    RequestParams banned = params[2];  // -100 on each token the model would pick: it picks id 0 (all tie at 0)
+    for (int32_t t : host[2]) banned.sampling.logit_bias.push_back({t, -100.0f});
+    std::sort(banned.sampling.logit_bias.begin(), banned.sampling.logit_bias.end());
+    banned.sampling.logit_bias.erase(std::unique(banned.sampling.logit_bias.begin(), banned.sampling.logit_bias.end()),
+                                     banned.sampling.logit_bias.end());
+    const auto without = run_all(std::make_unique<FakeRunner>(), {banned});
+    for (int32_t t : without[0]) EXPECT_EQ(std::count(host[2].begin(), host[2].end(), t), 0) << t;
+    EXPECT_EQ(run_all(std::make_unique<FakeDeviceRunner>(), params), host);
+}
+
+TEST(Engine, RejectsLogitBiasOutsideTheVocabulary) {
+    EngineConfig cfg;
+    cfg.num_kv_blocks = 8;
+    Engine engine(std::make_unique<FakeRunner>(), nullptr, cfg);
+    RequestParams p;
+    p.prompt = {1, 2};
+    p.sampling.logit_bias = {{3, 1.0f}, {50, 1.0f}};
+    const std::string msg = fanout::testing::error_of([&] { engine.submit(p); });
+    EXPECT_NE(msg.find("token id 50"), std::string::npos) << msg;
+    p.sampling.logit_bias = {{3, 101.0f}};
+    EXPECT_THROW(engine.submit(p), Error);
+    p.sampling.logit_bias = {{49, -100.0f}};
+    EXPECT_NO_THROW(engine.submit(p));
 }
 
 }  // namespace

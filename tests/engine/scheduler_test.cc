@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <random>
 
 #include "fanout/engine/scheduler.h"
 
@@ -115,6 +116,166 @@ TEST(Scheduler, ReusesCachedPrefixesButAlwaysComputesTheLastToken) {
     sched.add(c);
     w = sched.schedule();
     EXPECT_EQ(c->prefix_hit_tokens, 4);
+}
+
+// The cost of a chunk in closed form is the sum over its tokens, and tokens_within is the
+// largest chunk whose cost fits (checked against a linear search).
+TEST(SchedulerCost, ClosedFormAndLargestFittingChunk) {
+    std::mt19937_64 rng(3);
+    for (const double a : {0.0, 1e-5, 7e-4, 0.01, 0.5}) {
+        for (int trial = 0; trial < 200; ++trial) {
+            const int64_t start = static_cast<int64_t>(rng() % 200000),
+                          max_tokens = 1 + static_cast<int64_t>(rng() % 600);
+            double sum = 0;
+            for (int64_t i = 0; i < max_tokens; ++i) sum += 1.0 + a * static_cast<double>(start + i + 1);
+            EXPECT_NEAR(chunk_cost(a, start, max_tokens), sum, 1e-9 * sum);
+            const double budget = static_cast<double>(rng() % 4096) + 0.25 * static_cast<double>(rng() % 4);
+            int64_t want = 0;
+            while (want < max_tokens && chunk_cost(a, start, want + 1) <= budget) ++want;
+            EXPECT_EQ(tokens_within(a, start, max_tokens, budget), want) << a << " " << start << " " << budget;
+        }
+    }
+    EXPECT_EQ(tokens_within(0.0, 5, 100, 37.0), 37);  // cost 0: a token count
+    EXPECT_EQ(chunk_cost(0.0, 1000, 12), 12.0);
+}
+
+// With attention_cost_per_pair = 0 the budget is a token count, filled to the last token.
+TEST(SchedulerCost, ZeroAttentionCostIsTheTokenBudget) {
+    kv::BlockAllocator alloc(64);
+    kv::PrefixCache pc(alloc, 4);
+    Scheduler sched({8, 10, 6, true, 0.0}, pc);
+    auto a = make_seq(1, 14), b = make_seq(2, 14, 100), c = make_seq(3, 3, 200);
+    sched.add(a);
+    sched.add(b);
+    sched.add(c);
+    auto w = sched.schedule();
+    ASSERT_EQ(w.size(), 2u);  // 6 + 4: c waits
+    EXPECT_EQ(w[0].num_tokens, 6);
+    EXPECT_EQ(w[1].num_tokens, 4);
+    EXPECT_EQ(sched.step_cost(w), 10.0);
+    run(sched, w);
+    w = sched.schedule();  // a's next 6, b's next 4 (the budget, not its chunk), c still waits
+    ASSERT_EQ(w.size(), 2u);
+    EXPECT_EQ(w[0].num_tokens, 6);
+    EXPECT_EQ(w[1].num_tokens, 4);
+    EXPECT_EQ(sched.num_waiting(), 1);
+}
+
+struct LongPromptRun {
+    int64_t steps = 0;
+    int64_t max_context_seen = 0;  // the longest context a chunk of the long prompt started at
+};
+
+// A long prompt (arrived first) prefills beside `num_decoders` short requests that decode forever.
+// Every step: each decoder gets its token, and the step stays within the budget unless it is the
+// single guaranteed token. Returns when the long prompt has its first sample.
+LongPromptRun run_long_prompt(double a, int64_t budget, int64_t chunk, int64_t prompt, int num_decoders) {
+    kv::BlockAllocator alloc(4096);
+    kv::PrefixCache pc(alloc, 16);
+    Scheduler sched({64, budget, chunk, true, a}, pc);
+    auto long_seq = make_seq(1, static_cast<int>(prompt));
+    sched.add(long_seq);
+    std::vector<std::shared_ptr<Sequence>> decoders;
+    for (int i = 0; i < num_decoders; ++i) {
+        decoders.push_back(make_seq(10 + i, 5, 1000000 + 10 * i));
+        decoders.back()->max_tokens = 1 << 30;
+        sched.add(decoders.back());
+    }
+    LongPromptRun r;
+    while (r.steps++ < 100000) {
+        const auto w = sched.schedule();
+        EXPECT_FALSE(w.empty());
+        const bool guaranteed = w.size() == 1 && w[0].num_tokens == 1;
+        EXPECT_TRUE(sched.step_cost(w) <= static_cast<double>(budget) || guaranteed)
+            << "step " << r.steps << " costs " << sched.step_cost(w) << " over " << budget;
+        bool long_done = false;
+        for (const auto& d : decoders) {
+            if (d->num_generated() == 0) continue;  // still in its (first-step) prefill
+            const auto it = std::find_if(w.begin(), w.end(), [&](const ScheduledSeq& s) { return s.seq == d.get(); });
+            EXPECT_TRUE(it != w.end()) << "decoder " << d->id << " skipped at step " << r.steps;
+            if (::testing::Test::HasFailure()) return r;
+        }
+        for (const auto& s : w)
+            if (s.seq == long_seq.get()) {
+                r.max_context_seen = std::max(r.max_context_seen, s.start);
+                long_done = s.wants_logits;
+            }
+        run(sched, w);
+        if (long_done) break;
+    }
+    EXPECT_EQ(long_seq->num_generated(), 1);
+    return r;
+}
+
+TEST(SchedulerCost, DecodersKeepMovingBesideALongPrefillWhichStillFinishes) {
+    // 20k tokens at 1e-3 token-equivalents a pair: 220k token-equivalents in all, a token at the
+    // end of the prompt costs 21.
+    const LongPromptRun r = run_long_prompt(1e-3, 256, 128, 20000, 4);
+    EXPECT_GT(r.max_context_seen, 19000);
+    // The budget is used: about 220k / (256 - the decoders' share) steps, not 20000.
+    EXPECT_LT(r.steps, 1400);
+    EXPECT_GT(r.steps, 860);
+}
+
+TEST(SchedulerCost, ZeroAttentionCostChunksTheLongPromptByTokens) {
+    const LongPromptRun r = run_long_prompt(0.0, 256, 128, 20000, 4);
+    EXPECT_EQ(r.steps, 20000 / 128 + 1);  // 128 a step; the decoders' first step takes 20 + 128 ≤ 256
+}
+
+// Even one token over the budget: the first work of a step still runs, alone.
+TEST(SchedulerCost, GuaranteesOneTokenWhenOneTokenIsOverBudget) {
+    kv::BlockAllocator alloc(256);
+    kv::PrefixCache pc(alloc, 16);
+    Scheduler sched({8, 8, 64, true, 0.01}, pc);  // a token at context 1000 costs 11 > 8
+    auto a = make_seq(1, 2000);
+    sched.add(a);
+    auto w = sched.schedule();  // context 0: 8 token-equivalents hold 7 tokens (7 + 0.01 · 28)
+    ASSERT_EQ(w.size(), 1u);
+    EXPECT_EQ(w[0].num_tokens, 7);
+    int64_t steps = 1;
+    run(sched, w);
+    while (a->num_computed < 1500) {
+        w = sched.schedule();
+        ASSERT_EQ(w.size(), 1u);
+        EXPECT_GE(w[0].num_tokens, 1);
+        EXPECT_TRUE(sched.step_cost(w) <= 8.0 || w[0].num_tokens == 1);
+        run(sched, w);
+        ++steps;
+    }
+    EXPECT_EQ(w[0].num_tokens, 1);  // deep in the prompt: one token a step
+}
+
+// A request arriving while a long prompt is deep in its prefill gets its whole (short) prompt in
+// the next step: a chunk first takes at most prefill_chunk token-equivalents, leaving it room.
+TEST(SchedulerCost, NewRequestIsAdmittedBesideADeepLongPrefill) {
+    kv::BlockAllocator alloc(4096);
+    kv::PrefixCache pc(alloc, 16);
+    const double a = 1e-3;
+    Scheduler sched({64, 1024, 256, true, a}, pc);
+    auto long_seq = make_seq(1, 40000);
+    sched.add(long_seq);
+    while (long_seq->num_computed < 30000) run(sched, sched.schedule());
+    auto w = sched.schedule();  // alone: it grows into the whole budget
+    ASSERT_EQ(w.size(), 1u);
+    EXPECT_GT(sched.step_cost(w), 1024 - 40);
+    EXPECT_LE(sched.step_cost(w), 1024);
+    run(sched, w);
+    auto fresh = make_seq(2, 200, 500000);
+    sched.add(fresh);
+    w = sched.schedule();
+    ASSERT_EQ(w.size(), 2u);
+    EXPECT_EQ(w[1].seq, fresh.get());
+    EXPECT_EQ(w[1].num_tokens, 200);  // cost 200 + 20.1
+    EXPECT_TRUE(w[1].wants_logits);
+    EXPECT_LE(sched.step_cost(w), 1024);
+    EXPECT_GT(sched.step_cost(w), 1024 - 40);  // the long prompt took the rest
+}
+
+TEST(SchedulerCost, RejectsANegativeOrNonFiniteCost) {
+    kv::BlockAllocator alloc(4);
+    kv::PrefixCache pc(alloc, 4);
+    EXPECT_THROW(Scheduler({8, 10, 6, true, -1e-3}, pc), Error);
+    EXPECT_THROW(Scheduler({8, 10, 6, true, NAN}, pc), Error);
 }
 
 }  // namespace

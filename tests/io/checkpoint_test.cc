@@ -193,6 +193,32 @@ TEST_F(CheckpointTest, CheckedGetWrongShape) {
     EXPECT_THAT(msg, HasSubstr("has shape [2, 3], expected [6]"));
 }
 
+TEST_F(CheckpointTest, FifoIndexOrShardIsRefusedWithoutBlocking) {
+    const std::string index = path("model.safetensors.index.json");
+    fanout::testing::make_fifo(index);
+    std::string msg = fanout::testing::error_of_without_blocking([&] { Checkpoint::open(dir_); }, index);
+    EXPECT_THAT(msg, HasSubstr(index + " is not a regular file (a FIFO)"));
+    fs::remove(index);
+
+    write_two_shards();
+    const std::string shard = path("model-00002-of-00002.safetensors");
+    fs::remove(shard);
+    fanout::testing::make_fifo(shard);
+    const Checkpoint ck = Checkpoint::open(dir_);
+    msg = fanout::testing::error_of_without_blocking([&] { ck.get("c.w"); }, shard);
+    EXPECT_THAT(msg, HasSubstr(shard + " is not a regular file (a FIFO)"));
+}
+
+TEST_F(CheckpointTest, FolderInPlaceOfTheFileIsRefused) {
+    fs::create_directories(path("model.safetensors"));
+    EXPECT_THAT(error_of([&] { Checkpoint::open(dir_); }),
+                HasSubstr(path("model.safetensors") + " is not a regular file (a folder)"));
+    fs::remove_all(path("model.safetensors"));
+    fs::create_directories(path("model.safetensors.index.json"));
+    EXPECT_THAT(error_of([&] { Checkpoint::open(dir_); }),
+                HasSubstr(path("model.safetensors.index.json") + " is not a regular file (a folder)"));
+}
+
 TEST_F(CheckpointTest, FolderWithoutSafetensors) {
     write_file(path("config.json"), "{}");
     write_file(path("pytorch_model.bin"), "not ours");

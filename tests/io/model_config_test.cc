@@ -322,8 +322,53 @@ TEST(ModelConfigTest, LoadNamesTheFileInErrors) {
     fs::remove_all(dir);
 }
 
+TEST(ModelConfigTest, ConfigJsonThatIsAFifoOrFolderIsRefused) {
+    const std::string dir = fanout::testing::temp_dir("model_config_fifo");
+    const std::string path = dir + "/config.json";
+    fanout::testing::make_fifo(path);
+    std::string msg = fanout::testing::error_of_without_blocking([&] { load_model_config(dir); }, path);
+    EXPECT_THAT(msg, HasSubstr(path + " is not a regular file (a FIFO)"));
+    fs::remove(path);
+    fs::create_directories(path);
+    msg = error_of([&] { load_model_config(dir); });
+    EXPECT_THAT(msg, HasSubstr(path + " is not a regular file (a folder)"));
+    fs::remove_all(dir);
+}
+
+TEST(ModelConfigTest, SpecialTokenIdsAtTheVocabularyEdgesOrAbsent) {
+    EXPECT_THAT(parse(v3_with("eos_token_id", 129279)).eos_token_ids, ElementsAre(129279));
+    EXPECT_THAT(parse(v3_with("eos_token_id", json::array({0, 129279}))).eos_token_ids, ElementsAre(0, 129279));
+    EXPECT_TRUE(parse(v3_with("eos_token_id", nullptr)).eos_token_ids.empty());
+    EXPECT_EQ(parse(v3_with("bos_token_id", 129279)).bos_token_id, 129279);
+    EXPECT_EQ(parse(v3_with("bos_token_id", nullptr)).bos_token_id, -1);
+    // No eos round-trips as null, not as the [] a config may not hold.
+    ModelConfig c = parse(v3_with("eos_token_id", kRemove));
+    expect_same(parse_model_config(model_config_to_json(c), "round-trip"), c);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Errors: each names the field and the value found.
+
+TEST(ModelConfigErrorTest, SpecialTokenIdsOutsideTheVocabulary) {
+    EXPECT_THAT(parse_error(v3_with("eos_token_id", -1)),
+                HasSubstr("field 'eos_token_id' is -1, outside the vocabulary [0, vocab_size=129280)"));
+    EXPECT_THAT(parse_error(v3_with("eos_token_id", 129280)),
+                HasSubstr("field 'eos_token_id' is 129280, outside the vocabulary [0, vocab_size=129280)"));
+    EXPECT_THAT(parse_error(v3_with("eos_token_id", json(18446744073709551615ull))),
+                HasSubstr("field 'eos_token_id' is 18446744073709551615, outside the vocabulary"));
+    EXPECT_THAT(parse_error(v3_with("eos_token_id", json::array({1, -5}))),
+                HasSubstr("field 'eos_token_id[1]' is -5, outside the vocabulary [0, vocab_size=129280)"));
+    EXPECT_THAT(parse_error(v3_with("eos_token_id", json::array({200000, 1}))),
+                HasSubstr("field 'eos_token_id[0]' is 200000, outside the vocabulary"));
+    EXPECT_THAT(parse_error(v3_with("eos_token_id", json::array())),
+                HasSubstr("field 'eos_token_id' is [], an empty list"));
+    EXPECT_THAT(parse_error(v3_with("bos_token_id", -3)),
+                HasSubstr("field 'bos_token_id' is -3, outside the vocabulary [0, vocab_size=129280)"));
+    EXPECT_THAT(parse_error(v3_with("bos_token_id", 129280)),
+                HasSubstr("field 'bos_token_id' is 129280, outside the vocabulary [0, vocab_size=129280)"));
+    EXPECT_THAT(parse_error(v3_with("bos_token_id", json::array({0}))),
+                HasSubstr("field 'bos_token_id' must be an integer, found [0]"));
+}
 
 TEST(ModelConfigErrorTest, NotJson) {
     for (const char* text : {"", "{", "{\"model_type\": deepseek_v3}", "{} {}"}) {

@@ -233,6 +233,20 @@ TEST_F(SafetensorsTest, DirectoryIsNotAFile) {
     EXPECT_THAT(msg, HasSubstr("not a regular file"));
 }
 
+TEST_F(SafetensorsTest, FifoIsRefusedWithoutBlocking) {
+    const std::string p = path("model.safetensors");
+    fanout::testing::make_fifo(p);
+    const std::string msg = fanout::testing::error_of_without_blocking([&] { SafetensorsFile::open(p); }, p);
+    EXPECT_THAT(msg, HasSubstr(p + " is not a regular file (a FIFO)"));
+}
+
+TEST_F(SafetensorsTest, DeviceIsNotAFile) {
+    const std::string p = path("model.safetensors");
+    fs::create_symlink("/dev/null", p);
+    EXPECT_THAT(error_of([&] { SafetensorsFile::open(p); }),
+                HasSubstr(p + " is not a regular file (a character device)"));
+}
+
 TEST_F(SafetensorsTest, FileShorterThanEightBytes) {
     EXPECT_THAT(open_error(""), HasSubstr("need at least 8"));
     const std::string msg = open_error(std::string("\x02\x00\x00\x00\x00", 5));

@@ -1,10 +1,14 @@
 // Whole-model properties on synthetic checkpoints: incremental decode and chunked prefill equal
 // the full-sequence forward, a mixed batch equals its requests run alone, sharded == single-file,
 // fp8 w8a8 stays close to dequantized fp8, and bad checkpoints / token ids give clear errors.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <limits>
 
 #include "fanout/model/generate.h"
 #include "fanout/model/synthetic.h"
@@ -14,8 +18,11 @@ namespace fanout::model {
 namespace {
 
 namespace fs = std::filesystem;
+using fanout::testing::error_of;
 using fanout::testing::max_abs_diff;
 using fanout::testing::rel_error;
+using ::testing::HasSubstr;
+using ::testing::Not;
 
 io::ModelConfig small_config() {
     io::ModelConfig c = preset_config("tiny");
@@ -24,7 +31,7 @@ io::ModelConfig small_config() {
 }
 
 class ModelTest : public ::testing::Test {
-protected:
+  protected:
     static void SetUpTestSuite() {
         dir_ = new std::string(fanout::testing::temp_dir("model"));
         write_synthetic_model(*dir_ + "/bf16", small_config(), {});
@@ -65,9 +72,68 @@ protected:
         for (int i = 0; i < n; ++i) v.push_back((i * 7919 + seed * 104729) % 1000);
         return v;
     }
+    // Edits one tensor's bytes on the way; returning false drops the tensor.
+    using TensorEdit = std::function<bool(const std::string& name, std::vector<uint8_t>& bytes)>;
+
+    // A copy of the model in folder `from` (under dir_) as the fresh folder `to` (under dir_): with
+    // `config` when given (else the same config.json), each tensor passed through `edit`, and
+    // `extra` tensors (f32 ones) added. Returns the new folder.
+    static std::string copy_model(const std::string& from, const std::string& to,
+                                  const std::optional<io::ModelConfig>& config, const TensorEdit& edit = {},
+                                  const std::vector<std::string>& extra = {}) {
+        const std::string src = *dir_ + "/" + from, dst = *dir_ + "/" + to;
+        fs::remove_all(dst);
+        fs::create_directories(dst);
+        if (config)
+            std::ofstream(dst + "/config.json") << io::model_config_to_json(*config);
+        else
+            fs::copy_file(src + "/config.json", dst + "/config.json");
+        const auto in = io::SafetensorsFile::open(src + "/model.safetensors");
+        std::vector<io::TensorSpec> specs;
+        std::map<std::string, std::vector<uint8_t>> data;
+        for (const auto& name : in.names()) {
+            const Tensor t = in.tensor(name);
+            std::vector<uint8_t> bytes(static_cast<const uint8_t*>(t.data()),
+                                       static_cast<const uint8_t*>(t.data()) + t.nbytes());
+            if (edit && !edit(name, bytes)) continue;
+            specs.push_back({name, t.dtype(), t.shape()});
+            data[name] = std::move(bytes);
+        }
+        for (const auto& name : extra) {
+            specs.push_back({name, DType::kF32, {4}});
+            const float ones[4] = {1, 1, 1, 1};
+            data[name].assign(reinterpret_cast<const uint8_t*>(ones), reinterpret_cast<const uint8_t*>(ones + 4));
+        }
+        io::SafetensorsWriter w(dst + "/model.safetensors", specs, {{"format", "pt"}});
+        for (const auto& [name, bytes] : data) w.write(name, bytes.data(), bytes.size());
+        w.finish();
+        return dst;
+    }
+
+    // An edit that sets element `index` of tensor `name` to the little-endian bytes `value`.
+    static TensorEdit set_element(const std::string& name, int64_t index, const std::string& value) {
+        return [=](const std::string& n, std::vector<uint8_t>& bytes) {
+            if (n == name) {
+                EXPECT_LE((index + 1) * static_cast<int64_t>(value.size()), static_cast<int64_t>(bytes.size())) << n;
+                std::memcpy(bytes.data() + index * static_cast<int64_t>(value.size()), value.data(), value.size());
+            }
+            return true;
+        };
+    }
+
     static std::string* dir_;
 };
 std::string* ModelTest::dir_ = nullptr;
+
+template <typename T>
+std::string le_bytes(T v) {
+    std::string s(sizeof(T), '\0');
+    std::memcpy(s.data(), &v, sizeof(T));
+    return s;
+}
+std::string bf16_bits(uint16_t bits) { return le_bytes(bits); }
+std::string f32_value(float v) { return le_bytes(v); }
+std::string fp8_byte(uint8_t b) { return le_bytes(b); }
 
 TEST_F(ModelTest, IncrementalDecodeAndChunkedPrefillEqualFullSequence) {
     auto m = DeepseekV3::load(*dir_ + "/bf16");
@@ -81,8 +147,9 @@ TEST_F(ModelTest, IncrementalDecodeAndChunkedPrefillEqualFullSequence) {
     std::vector<float> got;
     for (int64_t start = 0; start < T;) {
         const int64_t n = start < 40 ? std::min<int64_t>(13, 40 - start) : 1;
-        auto b = StepBatchBuilder(cache).add(std::span(tokens).subspan(start, n), start, seq,
-                                             StepBatchBuilder::Logits::kAll).build();
+        auto b = StepBatchBuilder(cache)
+                     .add(std::span(tokens).subspan(start, n), start, seq, StepBatchBuilder::Logits::kAll)
+                     .build();
         auto out = m->forward(b, cache, {}, Stream{&pool()});
         got.insert(got.end(), out.logits.data_as<float>(), out.logits.data_as<float>() + out.logits.numel());
         start += n;
@@ -160,9 +227,11 @@ TEST_F(ModelTest, MtpHeadIsConsistentAcrossSteps) {
     kv::PagedKvCache cache(m->kv_cache_config(4));
     kv::SequenceBlocks seq;
     cache.reserve(seq, 11);
-    auto main = m->forward(StepBatchBuilder(cache).add(std::span(t).first(11), 0, seq, StepBatchBuilder::Logits::kAll).build(),
-                           cache, {}, Stream{&pool()});
-    auto mtp_batch = StepBatchBuilder(cache).add(std::span(t).subspan(1, 11), 0, seq, StepBatchBuilder::Logits::kAll).build();
+    auto main =
+        m->forward(StepBatchBuilder(cache).add(std::span(t).first(11), 0, seq, StepBatchBuilder::Logits::kAll).build(),
+                   cache, {}, Stream{&pool()});
+    auto mtp_batch =
+        StepBatchBuilder(cache).add(std::span(t).subspan(1, 11), 0, seq, StepBatchBuilder::Logits::kAll).build();
     auto full = m->forward_mtp(mtp_batch, main.hidden, cache, {}, Stream{&pool()});
     ASSERT_EQ(full.logits.numel(), 11 * V);
     // The same MTP predictions one position at a time, through the MTP layer's own cache.
@@ -190,7 +259,8 @@ TEST_F(ModelTest, BadTokenIdsAndOversizedRequestsAreClearErrors) {
         FAIL();
     } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find("prompt token 1000 (index 1) is outside the vocabulary [0, 1000)"),
-                  std::string::npos) << e.what();
+                  std::string::npos)
+            << e.what();
     }
     req.prompt = {5, -2};
     EXPECT_THROW(generate(*m, cache, req, {}, Stream{}), Error);
@@ -219,8 +289,10 @@ TEST_F(ModelTest, CheckpointThatDisagreesWithConfigNamesTheTensor) {
         FAIL();
     } catch (const Error& e) {
         const std::string msg = e.what();
-        EXPECT_NE(msg.find("model.layers.0.self_attn.kv_a_proj_with_mqa.weight' has shape [80, 256], expected [64, 256]"),
-                  std::string::npos) << msg;
+        EXPECT_NE(
+            msg.find("model.layers.0.self_attn.kv_a_proj_with_mqa.weight' has shape [80, 256], expected [64, 256]"),
+            std::string::npos)
+            << msg;
     }
     c = small_config();
     c.num_hidden_layers = 5;  // layers 3 and 4 are not in the checkpoint... layer 3 is the MTP layer
@@ -231,6 +303,138 @@ TEST_F(ModelTest, CheckpointThatDisagreesWithConfigNamesTheTensor) {
     } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find("model.layers.4."), std::string::npos) << e.what();
     }
+}
+
+// The synthetic checkpoint holds decoder layers 0..2 and the MTP layer at 3.
+TEST_F(ModelTest, CheckpointWithLayersPastTheConfigIsAnError) {
+    io::ModelConfig c = small_config();
+    c.num_hidden_layers = 2;  // layer 2 is a decoder layer in the file, and 3 the MTP layer
+    std::string msg = error_of([&] { DeepseekV3::load(copy_model("bf16", "layers_2", c)); });
+    EXPECT_THAT(msg, HasSubstr("tensor 'model.layers.2."));
+    EXPECT_THAT(msg, HasSubstr("num_hidden_layers=2"));
+    EXPECT_THAT(msg, HasSubstr("no 'model.layers.2.eh_proj.weight'"));
+
+    c.num_hidden_layers = 1;
+    c.num_nextn_predict_layers = 0;
+    msg = error_of([&] { DeepseekV3::load(copy_model("bf16", "layers_1", c)); });
+    EXPECT_THAT(msg, HasSubstr("tensor 'model.layers.1."));
+    EXPECT_THAT(msg, HasSubstr("past the model's layers"));
+    EXPECT_THAT(msg, HasSubstr("num_hidden_layers=1 and num_nextn_predict_layers=0"));
+
+    c = small_config();
+    c.num_nextn_predict_layers = 0;  // the MTP layer's tensors are then past the model
+    msg = error_of([&] { DeepseekV3::load(copy_model("bf16", "no_nextn", c)); });
+    EXPECT_THAT(msg, HasSubstr("tensor 'model.layers.3."));
+    EXPECT_THAT(msg, HasSubstr("num_hidden_layers=3 and num_nextn_predict_layers=0"));
+}
+
+TEST_F(ModelTest, CheckpointWithFewerLayersThanTheConfigIsAnError) {
+    io::ModelConfig c = small_config();
+    c.num_hidden_layers = 4;  // the MTP layer at 3 would be read as a decoder layer
+    std::string msg = error_of([&] { DeepseekV3::load(copy_model("bf16", "layers_4", c)); });
+    EXPECT_THAT(msg, HasSubstr("tensor 'model.layers.3.eh_proj.weight' makes layer 3 an MTP layer"));
+    EXPECT_THAT(msg, HasSubstr("num_hidden_layers=4"));
+    c.num_hidden_layers = 6;  // layer 4 is in no file: a missing tensor
+    msg = error_of([&] { DeepseekV3::load(copy_model("bf16", "layers_6", c)); });
+    EXPECT_THAT(msg, HasSubstr("has no tensor 'model.layers.4."));
+}
+
+TEST_F(ModelTest, MissingRouterBiasIsAnError) {
+    for (const std::string bias :
+         {"model.layers.1.mlp.gate.e_score_correction_bias", "model.layers.3.mlp.gate.e_score_correction_bias"}) {
+        SCOPED_TRACE(bias);
+        const std::string dir = copy_model("bf16", "no_bias", std::nullopt,
+                                           [&](const std::string& n, std::vector<uint8_t>&) { return n != bias; });
+        const std::string msg = error_of([&] { DeepseekV3::load(dir); });
+        EXPECT_THAT(msg, HasSubstr("has no tensor '" + bias + "'"));
+        EXPECT_THAT(msg, HasSubstr("noaux_tc"));
+    }
+}
+
+TEST_F(ModelTest, UnusedTensorsAreAWarningNotAnError) {
+    const std::vector<std::string> extra = {"model.layers.0.self_attn.rotary_emb.inv_freq",
+                                            "model.layers.1.self_attn.rotary_emb.inv_freq",
+                                            "model.layers.2.self_attn.rotary_emb.inv_freq",
+                                            "model.layers.3.self_attn.rotary_emb.inv_freq",
+                                            "model.layers.1.mlp.experts.0.up_proj.bias",
+                                            "extra.a",
+                                            "extra.b"};
+    const std::string dir = copy_model("bf16", "extras", std::nullopt, {}, extra);
+    ::testing::internal::CaptureStderr();
+    std::unique_ptr<DeepseekV3> m;
+    EXPECT_NO_THROW(m = DeepseekV3::load(dir));
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    ASSERT_TRUE(m);
+    EXPECT_EQ(m->weights().unused_tensors.size(), extra.size());
+    // Sorted, the first five named, then a count.
+    EXPECT_THAT(err, HasSubstr("warning: checkpoint '" + dir +
+                               "': 7 tensors the model does not use, ignored: extra.a, "
+                               "extra.b, model.layers.0.self_attn.rotary_emb.inv_freq, "
+                               "model.layers.1.mlp.experts.0.up_proj.bias, "
+                               "model.layers.1.self_attn.rotary_emb.inv_freq and 2 more\n"));
+    EXPECT_THAT(err, Not(HasSubstr("model.layers.3.self_attn")));
+
+    // A checkpoint without extras warns of nothing, and neither does a rank that skips other ranks'
+    // experts (fp8: their weight_scale_inv too).
+    ::testing::internal::CaptureStderr();
+    m = DeepseekV3::load(*dir_ + "/bf16");
+    const ModelWeights w =
+        load_weights(io::Checkpoint::open(*dir_ + "/fp8"), io::load_model_config(*dir_ + "/fp8"), ShardPlan{0, 4});
+    EXPECT_THAT(::testing::internal::GetCapturedStderr(), Not(HasSubstr("warning")));
+    EXPECT_TRUE(m->weights().unused_tensors.empty());
+    EXPECT_TRUE(w.unused_tensors.empty());
+    EXPECT_EQ(w.layers[1].moe.experts.size(), 4u);
+}
+
+TEST_F(ModelTest, NonFiniteWeightsAndBadScalesAreErrorsNamingTheTensorAndElement) {
+    struct Case {
+        const char* model;
+        std::string tensor;
+        int64_t index;
+        std::string value;
+        std::string expected;
+    };
+    const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+    const std::string kScale = "model.layers.0.self_attn.q_a_proj.weight_scale_inv";  // [1, 2]
+    const std::vector<Case> cases = {
+        // bf16 weights in the mapping, [96, 256] and [256, 128]; the whole embedding table.
+        {"bf16", "model.layers.1.mlp.experts.5.up_proj.weight", 777, bf16_bits(0x7fc0),
+         "has NaN at element 777 (row 3, column 9): weights must be finite"},
+        {"bf16", "model.layers.0.self_attn.o_proj.weight", 5, bf16_bits(0xff80),
+         "has -Inf at element 5 (row 0, column 5)"},
+        {"bf16", "model.embed_tokens.weight", 1000 * 256 - 1, bf16_bits(0x7f80),
+         "has +Inf at element 255999 (row 999, column 255)"},
+        {"bf16", "model.layers.3.embed_tokens.weight", 0, bf16_bits(0x7fc1), "has NaN at element 0"},
+        {"bf16", "lm_head.weight", 1000, bf16_bits(0x7f80), "has +Inf at element 1000 (row 3, column 232)"},
+        // Converted to f32 at load: a norm (bf16) and the router bias (f32).
+        {"bf16", "model.layers.2.input_layernorm.weight", 3, bf16_bits(0x7fc0), "has NaN at element 3"},
+        {"bf16", "model.layers.1.mlp.gate.e_score_correction_bias", 2, f32_value(nan), "has NaN at element 2"},
+        // fp8 e4m3fn: NaN is S.1111.111; scales must be finite and not negative.
+        {"fp8", "model.layers.0.self_attn.q_a_proj.weight", 1234, fp8_byte(0x7f),
+         "has NaN (byte 0x7f) at element 1234 (row 4, column 210): weights must be finite"},
+        {"fp8", "model.layers.1.mlp.experts.0.down_proj.weight", 0, fp8_byte(0xff), "has NaN (byte 0xff) at element 0"},
+        {"fp8", kScale, 1, f32_value(-0.5f), "has -0.5 at element 1 (row 0, column 1): fp8 block scales must be finite"},
+        {"fp8", kScale, 1, f32_value(nan), "has NaN at element 1"},
+        {"fp8", kScale, 1, f32_value(inf), "has +Inf at element 1"},
+    };
+    for (const Case& k : cases) {
+        SCOPED_TRACE(k.tensor + " " + k.expected);
+        const std::string dir = copy_model(k.model, "bad_value", std::nullopt, set_element(k.tensor, k.index, k.value));
+        const std::string msg = error_of([&] { DeepseekV3::load(dir); });
+        EXPECT_THAT(msg, HasSubstr(dir + "/model.safetensors: tensor '" + k.tensor + "' " + k.expected));
+    }
+    // Finite extremes, a tiny scale and a zero scale load.
+    const std::string dir =
+        copy_model("fp8", "good_value", std::nullopt, [&](const std::string& n, std::vector<uint8_t>& b) {
+            if (n == kScale) {  // a tiny scale, and a zero one (an all-zero block)
+                set_element(kScale, 0, f32_value(std::numeric_limits<float>::denorm_min()))(n, b);
+                set_element(kScale, 1, f32_value(0.0f))(n, b);
+            }
+            if (n == "model.layers.0.self_attn.q_a_proj.weight") set_element(n, 0, fp8_byte(0x7e))(n, b);  // 448
+            if (n == "model.embed_tokens.weight") set_element(n, 0, bf16_bits(0xff7f))(n, b);  // bf16's lowest
+            return true;
+        });
+    EXPECT_NO_THROW(DeepseekV3::load(dir));
 }
 
 TEST(Synthetic, SameSeedSameBytesOtherSeedOtherBytes) {

@@ -4,6 +4,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <random>
 
 #include "fanout/core/cuda_check.h"
@@ -327,7 +329,7 @@ TEST(SamplingCuda, MatchesCpuRule) {
     Dev<SamplingRow> dp(rows);
     Dev<int32_t> out(R);
     out.poison();
-    launch_sample(dl.ptr, R, V, dp.ptr, out.ptr, nullptr);
+    launch_sample(dl.ptr, R, V, dp.ptr, nullptr, out.ptr, nullptr);
     const auto got = out.download();
     std::vector<std::pair<float, int32_t>> scratch;
     int differ = 0;
@@ -354,12 +356,82 @@ TEST(SamplingCuda, FlatLogitsPickByIdOrder) {
     Dev<float> dl(logits);
     Dev<SamplingRow> dp(rows);
     Dev<int32_t> out(rows.size());
-    launch_sample(dl.ptr, int(rows.size()), V, dp.ptr, out.ptr, nullptr);
+    launch_sample(dl.ptr, int(rows.size()), V, dp.ptr, nullptr, out.ptr, nullptr);
     const auto got = out.download();
     std::vector<std::pair<float, int32_t>> scratch;
     for (size_t r = 0; r < rows.size(); ++r) {
         SamplingParams p{rows[r].temperature, rows[r].top_k, rows[r].top_p, 0};
         EXPECT_EQ(got[r], sample_with_uniform(logits.data() + r * V, V, p, rows[r].uniform, scratch)) << r;
+    }
+}
+
+// logit_bias on the device: random biases (none, a few small ones that reorder close logits,
+// ±100 ones that force or ban, the first and last ids) on odd vocabulary sizes, every kind of
+// parameters; the device picks what sample_with_uniform picks with the same biases, and leaves
+// each row's logits biased in place (logits[id] + bias, bit for bit).
+TEST(SamplingCuda, LogitBiasMatchesCpuRule) {
+    REQUIRE_GPU();
+    const SamplingRow kinds[] = {{0.0f, 0, 1.0f, 0},  {1.0f, 0, 1.0f, 0}, {0.7f, 50, 1.0f, 0},   {1.3f, 0, 0.9f, 0},
+                                 {0.9f, 20, 0.5f, 0}, {1.0f, 1, 1.0f, 0}, {2.0f, 1000, 0.95f, 0}};
+    std::mt19937_64 rng(6);
+    for (const int V : {1, 37, 1001, 32003, 129281}) {
+        std::vector<SamplingRow> rows;
+        std::vector<LogitBias> bias;
+        std::vector<std::vector<std::pair<int32_t, float>>> row_bias;
+        for (int i = 0; i < 42; ++i) {
+            SamplingRow r = kinds[i % 7];
+            r.uniform = static_cast<double>(rng() >> 11) * 0x1.0p-53;
+            std::vector<int32_t> ids;
+            const int count = i % 6 == 0 ? 0 : static_cast<int>(rng() % 3000);
+            for (int k = 0; k < count; ++k) ids.push_back(static_cast<int32_t>(rng() % V));
+            if (i % 5 == 1) ids.push_back(0);
+            if (i % 5 == 2) ids.push_back(V - 1);
+            std::sort(ids.begin(), ids.end());
+            ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+            std::vector<std::pair<int32_t, float>> rb;
+            for (int32_t id : ids) {
+                const int kind = static_cast<int>(rng() % 8);
+                const float b = kind == 0   ? 100.0f
+                                : kind == 1 ? -100.0f
+                                            : std::uniform_real_distribution<float>(-2.0f, 2.0f)(rng);
+                rb.push_back({id, b});
+            }
+            r.bias_begin = static_cast<int32_t>(bias.size());
+            r.bias_count = static_cast<int32_t>(rb.size());
+            for (const auto& [id, b] : rb) bias.push_back({id, b});
+            row_bias.push_back(rb);
+            rows.push_back(r);
+        }
+        const int R = static_cast<int>(rows.size());
+        std::vector<float> logits = fanout::testing::random_floats(size_t(R) * V, 13 + V, 6.0f);
+        for (int r = 0; r < R; r += 3) logits[size_t(r) * V + (r * 7919) % V] = 30.0f;  // a clear favourite
+        Dev<float> dl(logits);
+        Dev<SamplingRow> dp(rows);
+        Dev<LogitBias> db(bias);
+        Dev<int32_t> out(R);
+        out.poison();
+        launch_sample(dl.ptr, R, V, dp.ptr, db.ptr, out.ptr, nullptr);
+        const auto got = out.download();
+        const auto biased = dl.download();
+        std::vector<std::pair<float, int32_t>> scratch;
+        int differ = 0;
+        for (int r = 0; r < R; ++r) {
+            SamplingParams p{rows[r].temperature, rows[r].top_k, rows[r].top_p, 0};
+            p.logit_bias = row_bias[r];
+            const float* row = logits.data() + size_t(r) * V;
+            const int32_t ref = sample_with_uniform(row, V, p, rows[r].uniform, scratch);
+            if (got[r] != ref) {
+                ++differ;
+                ADD_FAILURE() << "V " << V << " row " << r << " (T " << p.temperature << " top_k " << p.top_k
+                              << " top_p " << p.top_p << " u " << rows[r].uniform << ", " << p.logit_bias.size()
+                              << " biases): gpu " << got[r] << " cpu " << ref;
+            }
+            std::vector<float> want(row, row + V);
+            for (const auto& [id, b] : row_bias[r]) want[id] = row[id] + b;
+            ASSERT_EQ(std::memcmp(want.data(), biased.data() + size_t(r) * V, size_t(V) * sizeof(float)), 0)
+                << "V " << V << " row " << r << ": the logits left on the device are not logits + bias";
+        }
+        EXPECT_EQ(differ, 0) << "V " << V;
     }
 }
 

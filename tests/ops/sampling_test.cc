@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
+#include <random>
 
 #include "fanout/ops/sampling.h"
 #include "test_util.h"
@@ -56,6 +58,104 @@ TEST(Sampling, RejectsBadParameters) {
     EXPECT_THROW(Sampler({1.0f, 0, 0.0f, 0}), Error);
     EXPECT_THROW(Sampler({1.0f, 0, 1.5f, 0}), Error);
     EXPECT_THROW(Sampler({NAN, 0, 1.0f, 0}), Error);
+}
+
+// Random biases: `count` distinct ids in [0, vocab) sorted, each bias uniform in [-scale, scale].
+std::vector<std::pair<int32_t, float>> random_bias(std::mt19937_64& rng, int64_t vocab, int count, float scale) {
+    std::vector<int32_t> ids(static_cast<size_t>(vocab));
+    for (int64_t i = 0; i < vocab; ++i) ids[i] = static_cast<int32_t>(i);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    ids.resize(static_cast<size_t>(std::min<int64_t>(count, vocab)));
+    std::sort(ids.begin(), ids.end());
+    std::uniform_real_distribution<float> dist(-scale, scale);
+    std::vector<std::pair<int32_t, float>> bias;
+    for (int32_t id : ids) bias.push_back({id, dist(rng)});
+    return bias;
+}
+
+// The logits with the biases added, as the rule defines them.
+std::vector<float> biased(const std::vector<float>& l, const std::vector<std::pair<int32_t, float>>& bias) {
+    std::vector<float> out = l;
+    for (const auto& [id, b] : bias) out[id] = l[id] + b;
+    return out;
+}
+
+TEST(Sampling, PlusHundredLogitBiasForcesATokenGreedyOrSampled) {
+    const int V = 1001;
+    const auto l = fanout::testing::random_floats(V, 33, 5.0f);
+    const SamplingParams kinds[] = {{0.0f, 0, 1.0f, 1}, {1.0f, 0, 1.0f, 2}, {1.5f, 40, 0.9f, 3}, {0.7f, 1, 1.0f, 4}};
+    for (SamplingParams p : kinds) {
+        p.logit_bias = {{0, -3.0f}, {123, 100.0f}, {1000, 2.0f}};
+        Sampler s(p);
+        for (int i = 0; i < 200; ++i) ASSERT_EQ(s.sample(l.data(), V), 123) << p.temperature;
+    }
+}
+
+TEST(Sampling, MinusHundredLogitBiasRemovesAToken) {
+    const int V = 500;
+    auto l = fanout::testing::random_floats(V, 34, 1.0f);
+    l[0] = 8.0f;    // the favourite by far at id 0 (the first id: the merge's edge),
+    l[499] = 7.0f;  // then the last id
+    SamplingParams greedy;
+    greedy.logit_bias = {{0, -100.0f}};
+    EXPECT_EQ(Sampler(greedy).sample(l.data(), V), 499);
+    greedy.logit_bias = {{0, -100.0f}, {499, -100.0f}};
+    EXPECT_EQ(Sampler(greedy).sample(l.data(), V), argmax(biased(l, greedy.logit_bias).data(), V));
+    SamplingParams hot{1.0f, 0, 1.0f, 9};
+    Sampler plain(hot);
+    int zeros = 0;
+    for (int i = 0; i < 2000; ++i) zeros += plain.sample(l.data(), V) == 0;
+    EXPECT_GT(zeros, 1000);  // without the bias id 0 has most of the mass
+    hot.logit_bias = {{0, -100.0f}};
+    Sampler banned(hot);
+    for (int i = 0; i < 2000; ++i) ASSERT_NE(banned.sample(l.data(), V), 0);
+}
+
+// The rule with biases picks what it picks on a copy of the logits with the biases added, for
+// every kind of parameters and any draw; with no biases (or zero ones) it picks what it picked
+// before logit_bias existed.
+TEST(Sampling, LogitBiasEqualsSamplingTheBiasedLogits) {
+    std::mt19937_64 rng(35);
+    std::vector<std::pair<float, int32_t>> scratch;
+    const SamplingParams kinds[] = {{0.0f, 0, 1.0f, 0},  {1.0f, 0, 1.0f, 0}, {0.7f, 50, 1.0f, 0},  {1.3f, 0, 0.9f, 0},
+                                    {0.9f, 20, 0.5f, 0}, {1.0f, 1, 1.0f, 0}, {2.0f, 300, 0.95f, 0}};
+    for (int trial = 0; trial < 140; ++trial) {
+        const int64_t V = 1 + static_cast<int64_t>(rng() % 3001);
+        const auto l = fanout::testing::random_floats(static_cast<size_t>(V), rng(), 4.0f);
+        SamplingParams p = kinds[trial % 7];
+        p.logit_bias = random_bias(rng, V, static_cast<int>(rng() % 60), trial % 2 ? 100.0f : 3.0f);
+        const auto ref_logits = biased(l, p.logit_bias);
+        SamplingParams plain = p;
+        plain.logit_bias.clear();
+        for (int d = 0; d < 20; ++d) {
+            const double u = static_cast<double>(rng() >> 11) * 0x1.0p-53;
+            ASSERT_EQ(sample_with_uniform(l.data(), V, p, u, scratch),
+                      sample_with_uniform(ref_logits.data(), V, plain, u, scratch))
+                << "trial " << trial << " V " << V;
+        }
+        SamplingParams zero = plain;  // zero biases change nothing
+        for (const auto& [id, b] : p.logit_bias) zero.logit_bias.push_back({id, 0.0f});
+        Sampler a(plain), b(zero);
+        for (int d = 0; d < 20; ++d) ASSERT_EQ(a.sample(l.data(), V), b.sample(l.data(), V));
+    }
+}
+
+TEST(Sampling, RejectsBadLogitBias) {
+    const auto with = [](std::vector<std::pair<int32_t, float>> bias) {
+        SamplingParams p;
+        p.logit_bias = std::move(bias);
+        return p;
+    };
+    EXPECT_NO_THROW(validate_sampling_params(with({{0, -100.0f}, {7, 100.0f}})));
+    EXPECT_THROW(validate_sampling_params(with({{3, 100.5f}})), Error);
+    EXPECT_THROW(validate_sampling_params(with({{3, -101.0f}})), Error);
+    EXPECT_THROW(validate_sampling_params(with({{3, NAN}})), Error);
+    EXPECT_THROW(validate_sampling_params(with({{3, INFINITY}})), Error);
+    EXPECT_THROW(validate_sampling_params(with({{-1, 1.0f}})), Error);
+    EXPECT_THROW(validate_sampling_params(with({{5, 1.0f}, {2, 1.0f}})), Error);  // not sorted
+    EXPECT_THROW(validate_sampling_params(with({{5, 1.0f}, {5, 2.0f}})), Error);  // twice
+    const std::string msg = fanout::testing::error_of([&] { validate_sampling_params(with({{42, 250.0f}})); });
+    EXPECT_NE(msg.find("42"), std::string::npos) << msg;
 }
 
 }  // namespace

@@ -19,8 +19,9 @@ kv::KvCacheConfig CudaRunner::kv_cache_config(int64_t num_blocks) const {
 Tensor CudaRunner::forward(const model::StepBatch& batch, kv::PagedKvCache&) { return gpu_->forward_logits(batch); }
 
 std::vector<int32_t> CudaRunner::forward_sample(const model::StepBatch& batch, kv::PagedKvCache&,
-                                                std::span<const ops::SamplingRow> rows) {
-    return gpu_->forward_sample(batch, rows);
+                                                std::span<const ops::SamplingRow> rows,
+                                                std::span<const ops::LogitBias> logit_bias) {
+    return gpu_->forward_sample(batch, rows, logit_bias);
 }
 
 }  // namespace fanout::engine

@@ -23,7 +23,8 @@ public:
     Tensor forward(const model::StepBatch& batch, kv::PagedKvCache& cache) override;
     bool samples_on_device() const override { return true; }
     std::vector<int32_t> forward_sample(const model::StepBatch& batch, kv::PagedKvCache& cache,
-                                        std::span<const ops::SamplingRow> rows) override;
+                                        std::span<const ops::SamplingRow> rows,
+                                        std::span<const ops::LogitBias> logit_bias) override;
 
     // Device bytes of one cache block (every layer), to size the cache from a memory budget.
     static double block_bytes(const io::ModelConfig& c);

@@ -15,7 +15,7 @@ kv::KvCacheConfig DeepseekRunner::kv_cache_config(int64_t num_blocks) const {
 }
 
 std::vector<int32_t> ModelRunner::forward_sample(const model::StepBatch&, kv::PagedKvCache&,
-                                                 std::span<const ops::SamplingRow>) {
+                                                 std::span<const ops::SamplingRow>, std::span<const ops::LogitBias>) {
     FANOUT_FAIL("this model runner samples on the host (forward_sample is for device runners)");
 }
 
@@ -40,11 +40,24 @@ bool RequestHandle::next(RequestEvent* ev, std::chrono::milliseconds timeout) {
 }
 
 void RequestHandle::push(RequestEvent ev) {
+    std::shared_ptr<std::function<void()>> notify;
     {
         std::lock_guard<std::mutex> lock(mutex_);
         events_.push_back(std::move(ev));
+        notify = notify_;
     }
     cv_.notify_one();
+    if (notify) (*notify)();
+}
+
+void RequestHandle::on_event(std::function<void()> notify) {
+    std::shared_ptr<std::function<void()>> now;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        notify_ = notify ? std::make_shared<std::function<void()>>(std::move(notify)) : nullptr;
+        if (!events_.empty()) now = notify_;
+    }
+    if (now) (*now)();
 }
 
 // A request in flight: its sequence, sampler, detokenizer and stop-string state.
@@ -86,6 +99,8 @@ std::shared_ptr<RequestHandle> Engine::submit(RequestParams p) {
     for (int64_t i = 0; i < P; ++i)
         FANOUT_CHECK(p.prompt[i] >= 0 && p.prompt[i] < V, "prompt token {} (index {}) is outside the vocabulary [0, {})",
                      p.prompt[i], i, V);
+    for (const auto& [id, bias] : p.sampling.logit_bias)
+        FANOUT_CHECK(id >= 0 && id < V, "logit_bias: token id {} is outside the vocabulary [0, {})", id, V);
     FANOUT_CHECK(p.stop.empty() || tokenizer_, "stop strings need a tokenizer");
     for (const auto& s : p.stop) FANOUT_CHECK(!s.empty(), "stop strings must not be empty");
     auto a = std::make_unique<Active>();
@@ -229,13 +244,16 @@ bool Engine::step() {
     const model::StepBatch batch = builder.build();
     if (runner_->samples_on_device()) {
         std::vector<ops::SamplingRow> rows;
+        std::vector<ops::LogitBias> bias;
         for (const auto& s : work) {
             if (!s.wants_logits) continue;
             ops::Sampler& sampler = *active_.at(s.seq->id)->sampler;
             const ops::SamplingParams& p = sampler.params();
-            rows.push_back({p.temperature, p.top_k, p.top_p, sampler.next_uniform()});
+            rows.push_back({p.temperature, p.top_k, p.top_p, sampler.next_uniform(), static_cast<int32_t>(bias.size()),
+                            static_cast<int32_t>(p.logit_bias.size())});
+            for (const auto& [id, b] : p.logit_bias) bias.push_back({id, b});
         }
-        const std::vector<int32_t> tokens = runner_->forward_sample(batch, cache_, rows);
+        const std::vector<int32_t> tokens = runner_->forward_sample(batch, cache_, rows, bias);
         scheduler_.commit(work);
         size_t row = 0;
         for (const auto& s : work)

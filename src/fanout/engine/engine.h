@@ -12,6 +12,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -41,11 +42,13 @@ public:
     // Logits [batch.logit_rows.size(), vocab] f32.
     virtual Tensor forward(const model::StepBatch& batch, kv::PagedKvCache& cache) = 0;
     // Runners that sample where the logits are (the GPU) say so and return one token per logit
-    // row, sampled with `rows` (each request's parameters and its generator's next draw), so the
-    // engine gets the tokens its host samplers would have picked without copying the logits out.
+    // row, sampled with `rows` (each request's parameters and its generator's next draw; a row's
+    // bias_begin/bias_count index `logit_bias`, the step's biases of all rows), so the engine gets
+    // the tokens its host samplers would have picked without copying the logits out.
     virtual bool samples_on_device() const { return false; }
     virtual std::vector<int32_t> forward_sample(const model::StepBatch& batch, kv::PagedKvCache& cache,
-                                                std::span<const ops::SamplingRow> rows);
+                                                std::span<const ops::SamplingRow> rows,
+                                                std::span<const ops::LogitBias> logit_bias);
 };
 
 // DeepseekV3 on the CPU path.
@@ -89,6 +92,9 @@ class RequestHandle {
 public:
     // Waits for the next event; false on timeout.
     bool next(RequestEvent* ev, std::chrono::milliseconds timeout);
+    // `notify` is called (on the engine's thread, without locks held) after each new event, and at
+    // once when events are already waiting, so a consumer need not block in next(); nullptr removes it.
+    void on_event(std::function<void()> notify);
     void cancel() { cancelled_ = true; }
     bool cancelled() const { return cancelled_; }
     int64_t id() const { return id_; }
@@ -101,6 +107,7 @@ private:
     std::mutex mutex_;
     std::condition_variable cv_;
     std::deque<RequestEvent> events_;
+    std::shared_ptr<std::function<void()>> notify_;
 };
 
 struct EngineConfig {
@@ -141,6 +148,7 @@ public:
 
     EngineStats stats() const;
     int64_t max_context() const { return max_context_; }
+    int64_t vocab_size() const { return runner_->vocab_size(); }
 
 private:
     struct Active;

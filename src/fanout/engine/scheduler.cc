@@ -1,15 +1,74 @@
 #include "fanout/engine/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "fanout/core/error.h"
 
 namespace fanout::engine {
 
+double chunk_cost(double attention_cost_per_pair, int64_t start, int64_t num_tokens) {
+    const double n = static_cast<double>(num_tokens), s = static_cast<double>(start);
+    return n + attention_cost_per_pair * (n * s + n * (n + 1) * 0.5);
+}
+
+int64_t tokens_within(double attention_cost_per_pair, int64_t start, int64_t max_tokens, double budget) {
+    const double a = attention_cost_per_pair;
+    if (max_tokens <= 0 || !(budget >= chunk_cost(a, start, 1))) return 0;
+    // chunk_cost(n) = a/2 · n² + b · n with b = 1 + a · (start + 1/2): the positive root of
+    // chunk_cost(n) = budget, written to stay exact (= budget) when a = 0.
+    const double b = 1.0 + a * (static_cast<double>(start) + 0.5);
+    const double root = 2.0 * budget / (b + std::sqrt(b * b + 2.0 * a * budget));
+    int64_t n = std::clamp<int64_t>(static_cast<int64_t>(std::floor(root)), 1, max_tokens);
+    // The root is within rounding of the answer: settle it on the exact cost.
+    while (n < max_tokens && chunk_cost(a, start, n + 1) <= budget) ++n;
+    while (n > 1 && chunk_cost(a, start, n) > budget) --n;
+    return n;
+}
+
 Scheduler::Scheduler(const SchedulerConfig& config, kv::PrefixCache& cache) : config_(config), cache_(cache) {
     FANOUT_CHECK(config.max_num_seqs > 0 && config.max_batched_tokens > 0 && config.prefill_chunk > 0,
                  "scheduler: max_num_seqs={} max_batched_tokens={} prefill_chunk={} must be positive",
                  config.max_num_seqs, config.max_batched_tokens, config.prefill_chunk);
+    FANOUT_CHECK(std::isfinite(config.attention_cost_per_pair) && config.attention_cost_per_pair >= 0.0,
+                 "scheduler: attention_cost_per_pair={} must be a finite number >= 0", config.attention_cost_per_pair);
+}
+
+double Scheduler::step_cost(const std::vector<ScheduledSeq>& step) const {
+    double cost = 0.0;
+    for (const auto& s : step) cost += chunk_cost(config_.attention_cost_per_pair, s.start, s.num_tokens);
+    return cost;
+}
+
+// At most prefill_chunk tokens and prefill_chunk token-equivalents (one token always passes that
+// cap), within the budget; one token regardless when it is the step's first work.
+int64_t Scheduler::first_share(const Sequence& seq, double budget, bool first_of_step) const {
+    const double a = config_.attention_cost_per_pair;
+    const int64_t start = seq.num_computed;
+    const int64_t max_tokens = std::min(seq.total_len() - start, config_.prefill_chunk);
+    const double cap = std::max(static_cast<double>(config_.prefill_chunk), chunk_cost(a, start, 1));
+    const int64_t n = tokens_within(a, start, max_tokens, std::min(budget, cap));
+    return n == 0 && first_of_step ? std::min<int64_t>(1, max_tokens) : n;
+}
+
+void Scheduler::grow_chunks(std::vector<ScheduledSeq>& out, double budget) {
+    const double a = config_.attention_cost_per_pair;
+    if (a == 0.0) return;  // the first pass already took min(remaining, budget, prefill_chunk)
+    const int64_t bs = cache_.block_size();
+    for (auto& s : out) {
+        if (budget <= 0.0) break;
+        Sequence* seq = s.seq;
+        const int64_t max_tokens = std::min(seq->total_len() - s.start, config_.prefill_chunk);
+        if (s.num_tokens >= max_tokens) continue;
+        const double had = chunk_cost(a, s.start, s.num_tokens);
+        int64_t n = tokens_within(a, s.start, max_tokens, budget + had);
+        if (n > s.num_tokens && !ensure_blocks(seq, s.start + n))  // no preemption to grow: keep to the blocks held
+            n = std::min(n, static_cast<int64_t>(seq->blocks.size()) * bs - s.start);
+        if (n <= s.num_tokens) continue;
+        budget -= chunk_cost(a, s.start, n) - had;
+        s.num_tokens = n;
+        s.wants_logits = s.start + n == seq->total_len();
+    }
 }
 
 void Scheduler::add(std::shared_ptr<Sequence> seq) {
@@ -44,12 +103,16 @@ void Scheduler::preempt(Sequence* seq) {
 
 std::vector<ScheduledSeq> Scheduler::schedule() {
     std::vector<ScheduledSeq> out;
-    int64_t budget = config_.max_batched_tokens;
+    const double a = config_.attention_cost_per_pair;
+    double budget = static_cast<double>(config_.max_batched_tokens);
     // 1. Running sequences, oldest first; the youngest give way when blocks run out.
     for (size_t i = 0; i < running_.size() && budget > 0;) {
         Sequence* seq = running_[i].get();
-        const int64_t remaining = seq->total_len() - seq->num_computed;
-        const int64_t n = std::min({remaining, budget, config_.prefill_chunk});
+        const int64_t n = first_share(*seq, budget, out.empty());
+        if (n == 0) {  // does not fit what is left: next step
+            ++i;
+            continue;
+        }
         bool ok = ensure_blocks(seq, seq->num_computed + n);
         while (!ok && running_.back().get() != seq) {
             preempt(running_.back().get());
@@ -60,7 +123,7 @@ std::vector<ScheduledSeq> Scheduler::schedule() {
             continue;
         }
         out.push_back({seq, seq->num_computed, n, seq->num_computed + n == seq->total_len()});
-        budget -= n;
+        budget -= chunk_cost(a, seq->num_computed, n);
         ++i;
     }
     // 2. Waiting sequences, first come first served (no skipping ahead of one that cannot fit).
@@ -74,9 +137,8 @@ std::vector<ScheduledSeq> Scheduler::schedule() {
             seq->num_inserted_blocks = static_cast<int64_t>(seq->blocks.size());
             if (seq->num_preemptions == 0) seq->prefix_hit_tokens = seq->num_computed;
         }
-        const int64_t remaining = seq->total_len() - seq->num_computed;
-        const int64_t n = std::min({remaining, budget, config_.prefill_chunk});
-        if (!ensure_blocks(seq, seq->num_computed + n)) {
+        const int64_t n = first_share(*seq, budget, out.empty());
+        if (n == 0 || !ensure_blocks(seq, seq->num_computed + n)) {
             // A waiting sequence holds no blocks: give the prefix back (it stays cached) and retry later.
             cache_.release(seq->blocks);
             seq->blocks.clear();
@@ -89,8 +151,10 @@ std::vector<ScheduledSeq> Scheduler::schedule() {
         owned->state = SeqState::kRunning;
         running_.push_back(owned);
         out.push_back({seq, seq->num_computed, n, seq->num_computed + n == seq->total_len()});
-        budget -= n;
+        budget -= chunk_cost(a, seq->num_computed, n);
     }
+    // 3. What the budget still holds goes to the chunks that took less than prefill_chunk tokens.
+    grow_chunks(out, budget);
     return out;
 }
 

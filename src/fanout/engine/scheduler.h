@@ -1,12 +1,21 @@
 // Continuous-batching scheduler: which sequences run in the next step, and how many tokens each.
 //
-// Every step has a token budget (max_batched_tokens) and a cap on running sequences. Running
+// Every step has a cost budget (max_batched_tokens) and a cap on running sequences. Running
 // sequences go first, in arrival order: a decoding one takes 1 token, a prefilling one its next
 // chunk. Then waiting sequences are admitted first-come-first-served while budget, the sequence cap
 // and KV blocks allow; an admitted prompt first takes its longest cached prefix from the
 // PrefixCache. When a running sequence needs a block and none can be had, the most recently
 // arrived running sequence is preempted by recompute: its blocks are released and it waits again
 // at the front of the queue, to prefill prompt + output so far. Plain data: no tensors, no model.
+//
+// Cost: tokens [s, s + n) of a sequence cost n + attention_cost_per_pair · Σ_{i<n} (s + i + 1) —
+// one token-equivalent per token plus the attention pairs of a causal chunk at context s — so a
+// chunk deep into a long prompt is shrunk to what the budget holds, and one long prompt cannot
+// stretch every other request's step. A chunk first takes at most prefill_chunk tokens *and*
+// prefill_chunk token-equivalents, so the sequences behind it still find budget; budget left
+// after everyone had a turn then lets the chunks grow back towards prefill_chunk tokens. The first
+// work of a step always gets at least one token, over budget if it must: progress is guaranteed.
+// With attention_cost_per_pair = 0 a cost is a token count and this is the plain token budget.
 #pragma once
 
 #include <cstdint>
@@ -39,10 +48,18 @@ struct Sequence {
 
 struct SchedulerConfig {
     int64_t max_num_seqs = 64;
-    int64_t max_batched_tokens = 2048;
-    int64_t prefill_chunk = 512;  // most prompt tokens of one sequence in one step
+    int64_t max_batched_tokens = 2048;  // the step's budget in token-equivalents (see the top)
+    int64_t prefill_chunk = 512;        // most prompt tokens of one sequence in one step
     bool enable_prefix_cache = true;
+    // One (query, key) attention pair in token-equivalents (model/step_cost.h computes it); 0 =
+    // count tokens only.
+    double attention_cost_per_pair = 0.0;
 };
+
+// The cost of computing tokens [start, start + num_tokens) of one sequence (see the top).
+double chunk_cost(double attention_cost_per_pair, int64_t start, int64_t num_tokens);
+// The most tokens, at most max_tokens, from `start` whose chunk_cost fits in `budget` (0 if none).
+int64_t tokens_within(double attention_cost_per_pair, int64_t start, int64_t max_tokens, double budget);
 
 // One sequence's share of a step: tokens [start, start + num_tokens) of seq->tokens.
 struct ScheduledSeq {
@@ -68,10 +85,16 @@ public:
     int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
     bool idle() const { return waiting_.empty() && running_.empty(); }
     const SchedulerConfig& config() const { return config_; }
+    // The cost of a step, as schedule() counted it against max_batched_tokens.
+    double step_cost(const std::vector<ScheduledSeq>& step) const;
     int64_t total_preemptions() const { return total_preemptions_; }
 
 private:
     bool ensure_blocks(Sequence* seq, int64_t num_tokens);
+    // The tokens seq's next chunk gets from `budget` in the first pass (see the top).
+    int64_t first_share(const Sequence& seq, double budget, bool first_of_step) const;
+    // The last pass: chunks in `out` grow into what the budget still holds.
+    void grow_chunks(std::vector<ScheduledSeq>& out, double budget);
     void preempt(Sequence* seq);
 
     SchedulerConfig config_;

@@ -1,6 +1,12 @@
-// Helpers for validating JSON inputs (safetensors headers, config.json).
+// Helpers for validating JSON inputs (safetensors headers, config.json) and opening input files.
 #pragma once
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -47,13 +53,74 @@ inline nlohmann::json parse_json(std::string_view text, const std::string& label
     }
 }
 
-// A whole file as bytes; an unreadable one is an Error naming it.
+// Parses untrusted JSON text with bounds, before anything walks it: nesting deeper than max_depth
+// is refused during the parse (so no recursive walk — dump, a renderer — can overflow the stack
+// later), and so is a raw NUL byte (nlohmann's parser stops at one and would ignore the rest).
+// Errors: "<label>: ..." naming the problem (no prefix when label is empty).
+inline nlohmann::json parse_json_bounded(std::string_view text, const std::string& label, int max_depth = 64) {
+    const std::string where = label.empty() ? "" : label + ": ";
+    const size_t nul = text.find('\0');
+    FANOUT_CHECK(nul == std::string_view::npos, "{}not valid JSON: a NUL byte at offset {}", where, nul);
+    struct TooDeep {};
+    try {
+        return nlohmann::json::parse(text, [max_depth](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+            if (depth >= max_depth) throw TooDeep{};  // depth counts from 0: max_depth containers fit
+            return true;
+        });
+    } catch (const TooDeep&) {
+        FANOUT_FAIL("{}JSON nested deeper than {} levels", where, max_depth);
+    } catch (const nlohmann::json::exception& e) {
+        FANOUT_FAIL("{}not valid JSON: {}", where, e.what());
+    }
+}
+
+// What a file that is not a regular one is, for an error message.
+inline const char* file_kind(mode_t mode) {
+    if (S_ISDIR(mode)) return "a folder";
+    if (S_ISFIFO(mode)) return "a FIFO";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    if (S_ISSOCK(mode)) return "a socket";
+    return "not a plain file";
+}
+
+// Opens an input file read-only and returns its descriptor; `verb` words the Error when it cannot
+// ("cannot <verb> <path>: <why>"). The path is stat()ed first, symlinks followed, and anything but
+// a regular file is an Error "<path> is not a regular file (a FIFO)": opening a FIFO blocks until
+// some writer comes, and a device or a folder reads forever or not at all. NOTE: O_NONBLOCK and the
+// fstat() after the open close the race where the path is swapped for a FIFO between the two.
+inline int open_regular_file(const std::string& path, std::string_view verb = "open") {
+    struct stat st {};
+    FANOUT_CHECK(::stat(path.c_str(), &st) == 0, "cannot {} {}: {}", verb, path, std::strerror(errno));
+    FANOUT_CHECK(S_ISREG(st.st_mode), "{} is not a regular file ({})", path, file_kind(st.st_mode));
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    FANOUT_CHECK(fd >= 0, "cannot {} {}: {}", verb, path, std::strerror(errno));
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        ::close(fd);
+        FANOUT_FAIL("{} is not a regular file ({})", path, file_kind(st.st_mode));
+    }
+    return fd;
+}
+
+// A whole file as bytes; an unreadable one, or one that is not a regular file, is an Error naming it.
 inline std::string read_text_file(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    FANOUT_CHECK(in.good(), "cannot read {}", path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
+    const int fd = open_regular_file(path, "read");
+    std::string text;
+    char buf[1 << 16];
+    for (;;) {
+        const ssize_t n = ::read(fd, buf, sizeof(buf));
+        if (n > 0) {
+            text.append(buf, static_cast<size_t>(n));
+        } else if (n == 0) {
+            break;
+        } else if (errno != EINTR) {
+            const int err = errno;
+            ::close(fd);
+            FANOUT_FAIL("cannot read {}: {}", path, std::strerror(err));
+        }
+    }
+    ::close(fd);
+    return text;
 }
 
 }  // namespace fanout::io

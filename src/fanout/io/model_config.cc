@@ -20,19 +20,18 @@ constexpr int64_t kMaxExtent = int64_t{1} << 31;
 
 // Reads one field with its type checked; `where` names the file in errors.
 class FieldReader {
-public:
+  public:
     FieldReader(const json& j, std::string where) : j_(j), where_(std::move(where)) {}
 
     int64_t integer(const char* key) const {
         const json& v = require(key);
-        FANOUT_CHECK(v.is_number_integer(), "{}: field '{}' must be an integer, found {}", where_, key, describe_json(v));
+        FANOUT_CHECK(v.is_number_integer(), "{}: field '{}' must be an integer, found {}", where_, key,
+                     describe_json(v));
         FANOUT_CHECK(!v.is_number_unsigned() || v.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX),
                      "{}: field '{}' is {}, past the 64-bit integer range", where_, key, describe_json(v));
         return v.get<int64_t>();
     }
-    int64_t integer(const char* key, int64_t fallback) const {
-        return has(key) ? integer(key) : fallback;
-    }
+    int64_t integer(const char* key, int64_t fallback) const { return has(key) ? integer(key) : fallback; }
     // A size: in [1, kMaxExtent].
     int64_t positive(const char* key) const { return integer_in(key, 1, kMaxExtent); }
     int64_t integer_in(const char* key, int64_t lo, int64_t hi) const { return in_range(key, integer(key), lo, hi); }
@@ -64,11 +63,12 @@ public:
     bool has(const char* key) const { return j_.contains(key) && !j_.at(key).is_null(); }
     const std::string& where() const { return where_; }
 
-private:
+  private:
     template <typename T>
     T in_range(const char* key, T v, T lo, T hi) const {
         if (v < lo) {
-            if (lo == T(1) && std::is_integral_v<T>) FANOUT_FAIL("{}: field '{}' must be positive, found {}", where_, key, v);
+            if (lo == T(1) && std::is_integral_v<T>)
+                FANOUT_FAIL("{}: field '{}' must be positive, found {}", where_, key, v);
             FANOUT_FAIL("{}: field '{}' must be >= {}, found {}", where_, key, lo, v);
         }
         FANOUT_CHECK(v <= hi, "{}: field '{}' is {}, past the supported maximum {}", where_, key, v, hi);
@@ -95,8 +95,10 @@ void expect_value(const FieldReader& r, const char* key, const std::string& fall
 void parse_rope(const json& j, const std::string& where, ModelConfig& c) {
     // transformers 5 spells it rope_parameters (rope_theta may sit inside); 4 spells it rope_scaling.
     const char* key = nullptr;
-    if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) key = "rope_parameters";
-    else if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) key = "rope_scaling";
+    if (j.contains("rope_parameters") && !j["rope_parameters"].is_null())
+        key = "rope_parameters";
+    else if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
+        key = "rope_scaling";
     if (!key) return;
     const json& rp = j[key];
     FANOUT_CHECK(rp.is_object(), "{}: field '{}' must be an object, found {}", where, key, describe_json(rp));
@@ -105,13 +107,13 @@ void parse_rope(const json& j, const std::string& where, ModelConfig& c) {
     if (r.has("rope_theta")) c.rope_theta = r.number_in("rope_theta", 1.0, 1e12, 0.0);
     std::string type = r.string("rope_type", r.string("type", "default"));
     if (type == "default") return;
-    FANOUT_CHECK(type == "yarn", "{}: rope type '{}' is not supported; fanout implements 'default' and 'yarn'",
-                 sub, type);
+    FANOUT_CHECK(type == "yarn", "{}: rope type '{}' is not supported; fanout implements 'default' and 'yarn'", sub,
+                 type);
     YarnConfig y;
     y.factor = r.number_in("factor", 1.0, 1e6);
-    y.original_max_position_embeddings =
-        r.has("original_max_position_embeddings") ? r.positive("original_max_position_embeddings")
-                                                  : c.max_position_embeddings;
+    y.original_max_position_embeddings = r.has("original_max_position_embeddings")
+                                             ? r.positive("original_max_position_embeddings")
+                                             : c.max_position_embeddings;
     y.beta_fast = r.number_in("beta_fast", 1e-6, 1e6, 32.0);
     y.beta_slow = r.number_in("beta_slow", 1e-6, 1e6, 1.0);
     y.mscale = r.number_in("mscale", 0.0, 100.0, 0.0);
@@ -142,6 +144,34 @@ void parse_quantization(const json& j, const std::string& where, ModelConfig& c)
                  "{}: weight_block_size [{}, {}] is not supported; fanout implements [128, 128]", sub, f.block_n,
                  f.block_k);
     c.fp8 = f;
+}
+
+// A token id from `key` (an array entry when `entry` >= 0): an integer in [0, vocab_size).
+int64_t token_id(const json& v, const char* key, int64_t entry, const std::string& where, int64_t vocab_size) {
+    const std::string field = entry >= 0 ? fmt::format("{}[{}]", key, entry) : std::string(key);
+    FANOUT_CHECK(v.is_number_integer(), "{}: field '{}' must be an integer, found {}", where, field, describe_json(v));
+    const bool in_vocab = v.is_number_unsigned() ? v.get<uint64_t>() < static_cast<uint64_t>(vocab_size)
+                                                 : v.get<int64_t>() >= 0 && v.get<int64_t>() < vocab_size;
+    FANOUT_CHECK(in_vocab, "{}: field '{}' is {}, outside the vocabulary [0, vocab_size={})", where, field,
+                 describe_json(v), vocab_size);
+    return v.get<int64_t>();
+}
+
+// bos_token_id (null or absent: none) and eos_token_id (an id, or a non-empty array of ids; null
+// or absent: none), each inside the vocabulary.
+void parse_special_tokens(const json& j, const std::string& where, ModelConfig& c) {
+    if (j.contains("bos_token_id") && !j["bos_token_id"].is_null())
+        c.bos_token_id = token_id(j["bos_token_id"], "bos_token_id", -1, where, c.vocab_size);
+    if (!j.contains("eos_token_id") || j["eos_token_id"].is_null()) return;
+    const json& e = j["eos_token_id"];
+    if (!e.is_array()) {
+        c.eos_token_ids.push_back(token_id(e, "eos_token_id", -1, where, c.vocab_size));
+        return;
+    }
+    FANOUT_CHECK(!e.empty(), "{}: field 'eos_token_id' is [], an empty list; give at least one token id, or null",
+                 where);
+    for (size_t i = 0; i < e.size(); ++i)
+        c.eos_token_ids.push_back(token_id(e[i], "eos_token_id", static_cast<int64_t>(i), where, c.vocab_size));
 }
 
 }  // namespace
@@ -198,8 +228,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
                  "{}: num_nextn_predict_layers is {}; fanout implements 0 or 1", label, c.num_nextn_predict_layers);
     FANOUT_CHECK(c.first_k_dense_replace >= 0, "{}: first_k_dense_replace must be >= 0, found {}", label,
                  c.first_k_dense_replace);
-    FANOUT_CHECK(c.qk_rope_head_dim % 2 == 0, "{}: qk_rope_head_dim must be even, found {}", label,
-                 c.qk_rope_head_dim);
+    FANOUT_CHECK(c.qk_rope_head_dim % 2 == 0, "{}: qk_rope_head_dim must be even, found {}", label, c.qk_rope_head_dim);
     FANOUT_CHECK(r.boolean("rope_interleave", true),
                  "{}: rope_interleave false is not supported; DeepSeek-V3 rotates interleaved pairs", label);
     FANOUT_CHECK(r.integer("moe_layer_freq", 1) == 1, "{}: moe_layer_freq is {}; fanout implements 1", label,
@@ -212,11 +241,9 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
         c.topk_group = r.integer("topk_group", 1);
         c.norm_topk_prob = r.boolean("norm_topk_prob", true);
         c.routed_scaling_factor = r.number_in("routed_scaling_factor", 0.0, 1e6, 1.0);
-        FANOUT_CHECK(c.n_shared_experts >= 0, "{}: n_shared_experts must be >= 0, found {}", label,
-                     c.n_shared_experts);
+        FANOUT_CHECK(c.n_shared_experts >= 0, "{}: n_shared_experts must be >= 0, found {}", label, c.n_shared_experts);
         FANOUT_CHECK(c.n_group > 0 && c.n_group <= c.n_routed_experts && c.n_routed_experts % c.n_group == 0,
-                     "{}: n_routed_experts={} must be a multiple of n_group={}", label, c.n_routed_experts,
-                     c.n_group);
+                     "{}: n_routed_experts={} must be a multiple of n_group={}", label, c.n_routed_experts, c.n_group);
         FANOUT_CHECK(c.topk_group > 0 && c.topk_group <= c.n_group, "{}: topk_group={} must be in [1, n_group={}]",
                      label, c.topk_group, c.n_group);
         const int64_t per_group = c.n_routed_experts / c.n_group;
@@ -229,18 +256,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
     }
     parse_rope(j, label, c);
     parse_quantization(j, label, c);
-    if (r.has("bos_token_id")) c.bos_token_id = r.integer_in("bos_token_id", 0, c.vocab_size - 1);
-    if (r.has("eos_token_id")) {
-        const json& e = j["eos_token_id"];
-        if (e.is_array()) {
-            for (const auto& v : e) {
-                FANOUT_CHECK(v.is_number_integer(), "{}: eos_token_id entries must be integers", label);
-                c.eos_token_ids.push_back(v.get<int64_t>());
-            }
-        } else {
-            c.eos_token_ids.push_back(r.integer("eos_token_id"));
-        }
-    }
+    parse_special_tokens(j, label, c);
     return c;
 }
 
@@ -248,8 +264,8 @@ ModelConfig load_model_config(const std::string& model_dir) {
     FANOUT_CHECK(std::filesystem::is_directory(model_dir), "model folder '{}' does not exist or is not a folder",
                  model_dir);
     const std::string path = (std::filesystem::path(model_dir) / "config.json").string();
-    FANOUT_CHECK(std::filesystem::is_regular_file(path), "cannot read {}: no config.json in the model folder", path);
-    return parse_model_config(read_text_file(path), path);
+    FANOUT_CHECK(std::filesystem::exists(path), "cannot read {}: no config.json in the model folder", path);
+    return parse_model_config(read_text_file(path), path);  // a FIFO, device or folder is refused unopened
 }
 
 std::string model_config_to_json(const ModelConfig& c) {
@@ -302,7 +318,9 @@ std::string model_config_to_json(const ModelConfig& c) {
     }
     j["tie_word_embeddings"] = c.tie_word_embeddings;
     j["bos_token_id"] = c.bos_token_id >= 0 ? json(c.bos_token_id) : json(nullptr);
-    j["eos_token_id"] = c.eos_token_ids.size() == 1 ? json(c.eos_token_ids[0]) : json(c.eos_token_ids);
+    j["eos_token_id"] = c.eos_token_ids.empty()       ? json(nullptr)
+                        : c.eos_token_ids.size() == 1 ? json(c.eos_token_ids[0])
+                                                      : json(c.eos_token_ids);
     j["torch_dtype"] = "bfloat16";
     if (c.fp8) {
         j["quantization_config"] = {{"activation_scheme", "dynamic"},

@@ -20,8 +20,8 @@ struct YarnConfig {
     int64_t original_max_position_embeddings = 4096;
     double beta_fast = 32.0;
     double beta_slow = 1.0;
-    double mscale = 0.0;          // 0: absent (HF then scales cos/sin by mscale(factor, 1))
-    double mscale_all_dim = 0.0;  // 0: absent
+    double mscale = 0.0;            // 0: absent (HF then scales cos/sin by mscale(factor, 1))
+    double mscale_all_dim = 0.0;    // 0: absent
     double attention_factor = 0.0;  // > 0: given explicitly, overrides the mscale ratio
     bool truncate = true;
 };
@@ -57,8 +57,8 @@ struct ModelConfig {
     double rope_theta = 10000.0;
     std::optional<YarnConfig> yarn;
     bool tie_word_embeddings = false;
-    std::vector<int64_t> eos_token_ids;
-    int64_t bos_token_id = -1;
+    std::vector<int64_t> eos_token_ids;  // each in [0, vocab_size); empty: none given
+    int64_t bos_token_id = -1;           // in [0, vocab_size); -1: none given
     std::optional<Fp8QuantConfig> fp8;
 
     int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }

@@ -21,12 +21,13 @@ constexpr size_t kMaxHeaderBytes = 100u << 20;  // the reference implementation'
 }  // namespace
 
 std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    FANOUT_CHECK(fd >= 0, "cannot open {}: {}", path, std::strerror(errno));
+    // A FIFO, a device or a folder is refused before it is opened (open() on a FIFO would block).
+    const int fd = open_regular_file(path);
     struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (::fstat(fd, &st) != 0) {
+        const int err = errno;
         ::close(fd);
-        FANOUT_FAIL("{} is not a regular file", path);
+        FANOUT_FAIL("cannot stat {}: {}", path, std::strerror(err));
     }
     std::shared_ptr<MappedFile> f(new MappedFile());
     f->path_ = path;
@@ -59,14 +60,14 @@ SafetensorsFile SafetensorsFile::parse(std::shared_ptr<MappedFile> file, const u
     st.label_ = label;
     st.file_ = std::move(file);
     st.base_ = data;
-    FANOUT_CHECK(size >= 8, "{}: truncated safetensors file: {} bytes, need at least 8 for the header length",
-                 label, size);
+    FANOUT_CHECK(size >= 8, "{}: truncated safetensors file: {} bytes, need at least 8 for the header length", label,
+                 size);
     uint64_t header_len = 0;
     for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | data[i];
-    FANOUT_CHECK(header_len <= kMaxHeaderBytes, "{}: header length {} exceeds the {}-byte limit", label,
-                 header_len, kMaxHeaderBytes);
-    FANOUT_CHECK(header_len <= size - 8, "{}: truncated: header length {} but only {} bytes follow", label,
-                 header_len, size - 8);
+    FANOUT_CHECK(header_len <= kMaxHeaderBytes, "{}: header length {} exceeds the {}-byte limit", label, header_len,
+                 kMaxHeaderBytes);
+    FANOUT_CHECK(header_len <= size - 8, "{}: truncated: header length {} but only {} bytes follow", label, header_len,
+                 size - 8);
     const size_t data_start = 8 + header_len;
     const size_t data_size = size - data_start;
 
@@ -91,8 +92,7 @@ SafetensorsFile SafetensorsFile::parse(std::shared_ptr<MappedFile> file, const u
         const auto off = value.find("data_offsets");
         FANOUT_CHECK(dt != value.end() && dt->is_string(), "{}: tensor '{}': missing string field 'dtype'", label,
                      name);
-        FANOUT_CHECK(sh != value.end() && sh->is_array(), "{}: tensor '{}': missing array field 'shape'", label,
-                     name);
+        FANOUT_CHECK(sh != value.end() && sh->is_array(), "{}: tensor '{}': missing array field 'shape'", label, name);
         FANOUT_CHECK(off != value.end() && off->is_array() && off->size() == 2,
                      "{}: tensor '{}': 'data_offsets' must be an array of two integers", label, name);
         TensorEntry e;
@@ -118,8 +118,8 @@ SafetensorsFile SafetensorsFile::parse(std::shared_ptr<MappedFile> file, const u
         const uint64_t begin = (*off)[0].get<uint64_t>(), end = (*off)[1].get<uint64_t>();
         FANOUT_CHECK(begin <= end, "{}: tensor '{}': data_offsets [{}, {}] begin past end", label, name, begin, end);
         FANOUT_CHECK(end <= data_size,
-                     "{}: tensor '{}': data_offsets [{}, {}] out of range for {} data bytes (file truncated?)",
-                     label, name, begin, end, data_size);
+                     "{}: tensor '{}': data_offsets [{}, {}] out of range for {} data bytes (file truncated?)", label,
+                     name, begin, end, data_size);
         const uint64_t expected = numel * dtype_size(e.dtype);
         FANOUT_CHECK(end - begin == expected,
                      "{}: tensor '{}': {} bytes in data_offsets but dtype {} and shape {} need {}", label, name,
@@ -152,17 +152,17 @@ std::vector<std::string> SafetensorsFile::names() const {
 SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<TensorSpec> specs,
                                      const std::map<std::string, std::string>& metadata)
     : path_(path) {
-    std::stable_sort(specs.begin(), specs.end(),
-                     [](const TensorSpec& a, const TensorSpec& b) { return dtype_size(a.dtype) > dtype_size(b.dtype); });
+    std::stable_sort(specs.begin(), specs.end(), [](const TensorSpec& a, const TensorSpec& b) {
+        return dtype_size(a.dtype) > dtype_size(b.dtype);
+    });
     nlohmann::ordered_json header = nlohmann::ordered_json::object();
     if (!metadata.empty()) header["__metadata__"] = metadata;
     size_t offset = 0;
     for (const auto& s : specs) {
         const size_t n = static_cast<size_t>(shape_numel(s.shape)) * dtype_size(s.dtype);
         FANOUT_CHECK(!header.contains(s.name), "{}: tensor '{}' listed twice", path, s.name);
-        header[s.name] = {{"dtype", std::string(dtype_name(s.dtype))},
-                          {"shape", s.shape},
-                          {"data_offsets", {offset, offset + n}}};
+        header[s.name] = {
+            {"dtype", std::string(dtype_name(s.dtype))}, {"shape", s.shape}, {"data_offsets", {offset, offset + n}}};
         slots_[s.name] = Slot{offset, n, 0};
         offset += n;
     }

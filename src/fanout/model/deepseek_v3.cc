@@ -174,7 +174,7 @@ void DeepseekV3::stage_attn_out(const LayerWeights& w, int64_t layer, LayerState
     Tensor attn = Tensor::zeros({T, H, c.v_head_dim}, DType::kF32);
     const float scale = static_cast<float>(c.softmax_scale());
     const bool absorbed = opts.attention == AttentionForm::kAbsorbed ||
-                          (opts.attention == AttentionForm::kAuto && batch.max_query_len() <= 1);
+                          (opts.attention == AttentionForm::kAuto && batch.max_query_len() <= opts.absorbed_max_query);
     if (absorbed) {
         ops::mla_attention_absorbed(st.q, w.attn.kv_b, lc, meta, c.kv_lora_rank, c.qk_nope_head_dim, c.v_head_dim,
                                     scale, attn, s);

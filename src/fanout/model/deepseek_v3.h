@@ -28,12 +28,16 @@
 
 namespace fanout::model {
 
-// kAuto: the MHA form when a step has a request with more than one query token, else absorbed.
+// kAuto: the absorbed form when no request in the step has more than absorbed_max_query query
+// tokens (decode: 1), else the MHA form.
 enum class AttentionForm { kAuto, kMha, kAbsorbed };
 
 struct ForwardOptions {
     ops::Fp8Mode fp8_mode = ops::Fp8Mode::kDequant;
     AttentionForm attention = AttentionForm::kAuto;
+    // The server sets model::absorbed_form_max_query (step_cost.h), so small prefill chunks deep in
+    // a long context do not re-expand it each step; 1 keeps prefill in the MHA form.
+    int64_t absorbed_max_query = 1;
 };
 
 // RoPE's frequencies for a config (YaRN included).

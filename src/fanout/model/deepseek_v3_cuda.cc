@@ -21,6 +21,8 @@ namespace {
 // Decode (1) and MTP verification (2 with one draft token, up to 4) steps replay graphs; prefill
 // chunks, whose lengths vary, run eagerly.
 constexpr int64_t kMaxGraphQueryLen = 4;
+// Logit-bias entries the step buffer holds at first (it grows on demand).
+constexpr size_t kInitialLogitBias = 1024;
 
 int64_t next_pow2(int64_t n) {
     int64_t b = 1;
@@ -45,6 +47,7 @@ struct CudaModel::Impl {
     // Step inputs at fixed addresses (what a captured graph reads).
     DeviceArray<int32_t> tokens, positions, slots, query_start, kv_len, block_table, logit_rows, out_tokens;
     DeviceArray<ops::SamplingRow> sampling;
+    DeviceArray<ops::LogitBias> logit_bias;
     DeviceArray<uint16_t> hidden, rows, rows_normed;
     DeviceArray<float> logits;
     std::unique_ptr<CudaLayerExec> exec;
@@ -55,10 +58,15 @@ struct CudaModel::Impl {
     std::map<std::tuple<int64_t, int64_t, bool>, Graph> graphs;  // (q, requests, sampled) -> graph
 
     ~Impl() {
-        for (auto& [k, g] : graphs)
-            if (g.exec) cudaGraphExecDestroy(g.exec);
+        drop_graphs();
         exec.reset();
         if (stream) cudaStreamDestroy(stream);
+    }
+
+    void drop_graphs() {
+        for (auto& [k, g] : graphs)
+            if (g.exec) cudaGraphExecDestroy(g.exec);
+        graphs.clear();
     }
 
     size_t cache_layer_elems() const {
@@ -89,7 +97,8 @@ struct CudaModel::Impl {
         ops::launch_rms_norm_bf16(rows.get(), nullptr, final_norm.get(), static_cast<float>(c.rms_norm_eps),
                                   rows_normed.get(), rows_n, D, stream);
         ops::launch_gemm_bf16_f32(rows_normed.get(), lm_head.get(), logits.get(), rows_n, Vocab, D, stream);
-        if (sample) ops::launch_sample(logits.get(), rows_n, Vocab, sampling.get(), out_tokens.get(), stream);
+        if (sample)
+            ops::launch_sample(logits.get(), rows_n, Vocab, sampling.get(), logit_bias.get(), out_tokens.get(), stream);
     }
 };
 
@@ -140,6 +149,7 @@ CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts) : im
     m.logit_rows = DeviceArray<int32_t>(T);
     m.out_tokens = DeviceArray<int32_t>(T);
     m.sampling = DeviceArray<ops::SamplingRow>(T);
+    m.logit_bias = DeviceArray<ops::LogitBias>(kInitialLogitBias);
     m.hidden = DeviceArray<uint16_t>(T * D);
     m.rows = DeviceArray<uint16_t>(T * D);
     m.rows_normed = DeviceArray<uint16_t>(T * D);
@@ -175,7 +185,8 @@ struct HostStep {
 
 }  // namespace
 
-std::vector<int32_t> CudaModel::forward_sample(const StepBatch& batch, std::span<const ops::SamplingRow> sampling) {
+std::vector<int32_t> CudaModel::forward_sample(const StepBatch& batch, std::span<const ops::SamplingRow> sampling,
+                                               std::span<const ops::LogitBias> logit_bias) {
     Impl& m = *impl_;
     const io::ModelConfig& c = m.c;
     const int64_t T = batch.num_tokens(), R = batch.num_requests(), rows_n = static_cast<int64_t>(batch.logit_rows.size());
@@ -188,6 +199,17 @@ std::vector<int32_t> CudaModel::forward_sample(const StepBatch& batch, std::span
                  m.opts.max_context, m.max_blocks_per_request);
     FANOUT_CHECK(sampling.empty() || static_cast<int64_t>(sampling.size()) == rows_n,
                  "GPU step: {} sampling rows for {} logit rows", sampling.size(), rows_n);
+    for (size_t r = 0; r < sampling.size(); ++r) {
+        const ops::SamplingRow& row = sampling[r];
+        FANOUT_CHECK(row.bias_begin >= 0 && row.bias_count >= 0 &&
+                         static_cast<size_t>(row.bias_begin) + static_cast<size_t>(row.bias_count) <= logit_bias.size(),
+                     "GPU step: sampling row {} has logit-bias entries [{}, +{}) of {}", r, row.bias_begin,
+                     row.bias_count, logit_bias.size());
+        for (int32_t j = row.bias_begin; j < row.bias_begin + row.bias_count; ++j)
+            FANOUT_CHECK(logit_bias[j].id >= 0 && logit_bias[j].id < c.vocab_size,
+                         "GPU step: logit_bias token id {} (row {}) is outside the vocabulary [0, {})",
+                         logit_bias[j].id, r, c.vocab_size);
+    }
     for (int64_t t = 0; t < T; ++t) {
         FANOUT_CHECK(batch.tokens[t] >= 0 && batch.tokens[t] < c.vocab_size,
                      "token id {} at index {} is outside the vocabulary [0, {})", batch.tokens[t], t, c.vocab_size);
@@ -247,6 +269,12 @@ std::vector<int32_t> CudaModel::forward_sample(const StepBatch& batch, std::span
     m.block_table.upload(h.block_table.data(), h.block_table.size(), m.stream);
     m.logit_rows.upload(h.logit_rows.data(), h.logit_rows.size(), m.stream);
     if (!srows.empty()) m.sampling.upload(srows.data(), srows.size(), m.stream);
+    if (logit_bias.size() > m.logit_bias.size()) {
+        // The graphs read the old array's address: drop them with it (the previous step synced the stream).
+        m.drop_graphs();
+        m.logit_bias = DeviceArray<ops::LogitBias>(std::max(logit_bias.size(), 2 * m.logit_bias.size()));
+    }
+    if (!logit_bias.empty()) m.logit_bias.upload(logit_bias.data(), logit_bias.size(), m.stream);
     const bool sample = !sampling.empty();
 
     if (graph) {
@@ -294,14 +322,17 @@ GenerateResult generate_cuda(CudaModel& model, kv::PagedKvCache& blocks, const G
     FANOUT_CHECK(total <= model.options().max_context,
                  "prompt ({} tokens) + max_tokens ({}) exceeds the GPU runner's max_context {}", req.prompt.size(),
                  req.max_tokens, model.options().max_context);
+    std::vector<ops::LogitBias> bias;
+    for (const auto& [id, b] : req.sampling.logit_bias) bias.push_back({id, b});
     const SampleStep step = [&](const StepBatch& batch, ops::Sampler& sampler) -> int32_t {
         if (batch.logit_rows.empty()) {
             model.forward_sample(batch, {});
             return -1;
         }
         const ops::SamplingParams& p = sampler.params();
-        const ops::SamplingRow row{p.temperature, p.top_k, p.top_p, sampler.next_uniform()};
-        return model.forward_sample(batch, std::span(&row, 1)).at(0);
+        ops::SamplingRow row{p.temperature, p.top_k, p.top_p, sampler.next_uniform()};
+        row.bias_count = static_cast<int32_t>(bias.size());  // all of `bias`, from 0
+        return model.forward_sample(batch, std::span(&row, 1), bias).at(0);
     };
     return generate_loop(model.config(), blocks, r, step, on_token);
 }

@@ -18,7 +18,9 @@
 // write a scratch cache block, and replays that bucket's graph, captured on first use. Everything
 // the graph reads (tokens, positions, slots, block tables, kv lengths, sampling rows) sits at
 // fixed device addresses refreshed before each replay; MoE expert counts are computed on the
-// device, so one graph serves any routing. Other steps (prefill) run eagerly.
+// device, so one graph serves any routing. Other steps (prefill) run eagerly. (The logit-bias
+// array grows when a step brings more entries than it holds; the graphs, which captured its old
+// address, are then dropped and captured again.)
 #pragma once
 
 #include <functional>
@@ -58,8 +60,10 @@ class CudaModel {
     // One step: appends the step's entries to the device cache and returns the logits of
     // batch.logit_rows as f32 [rows, vocab] on the host.
     Tensor forward_logits(const StepBatch& batch);
-    // One step sampled on the device: one token per logit row (`rows` has one entry per logit row).
-    std::vector<int32_t> forward_sample(const StepBatch& batch, std::span<const ops::SamplingRow> rows);
+    // One step sampled on the device: one token per logit row (`rows` has one entry per logit row;
+    // its bias_begin/bias_count index `logit_bias`, each id in the vocabulary and once per row).
+    std::vector<int32_t> forward_sample(const StepBatch& batch, std::span<const ops::SamplingRow> rows,
+                                        std::span<const ops::LogitBias> logit_bias = {});
 
     int64_t graphs_captured() const;
 

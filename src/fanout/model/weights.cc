@@ -1,5 +1,15 @@
 #include "fanout/model/weights.h"
 
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <set>
+#include <string_view>
+
+#include "fanout/core/thread_pool.h"
 #include "fanout/ops/fp8_quant.h"
 
 namespace fanout::model {
@@ -10,17 +20,157 @@ using ops::LinearWeight;
 
 constexpr std::initializer_list<DType> kFloatTypes = {DType::kBF16, DType::kF16, DType::kF32};
 
-Tensor load_norm(const Checkpoint& ck, const std::string& name, int64_t dim) {
-    Tensor src = ck.get(name, kFloatTypes, {dim});
-    Tensor out = Tensor::zeros({dim}, DType::kF32);
-    convert_to_f32(src.data(), src.dtype(), static_cast<size_t>(dim), out.data_as<float>());
-    return out;
+// ---------------------------------------------------------------------------------------------
+// Value checks: no NaN or Inf in any weight, and fp8 block scales finite and not negative (a zero
+// scale is an all-zero block, which a quantizer may write).
+
+enum class ValueCheck { kFinite, kNonNegativeScale };
+
+// The first index in [begin, end) whose key(p[i]) >= threshold, or -1. Each block is max-reduced
+// first (which vectorizes), and only a block with a hit is walked again for the index.
+template <typename T, typename Key>
+int64_t first_flagged(const T* p, int64_t begin, int64_t end, T threshold, Key key) {
+    constexpr int64_t kBlock = 4096;
+    for (int64_t b = begin; b < end; b += kBlock) {
+        const int64_t e = std::min(end, b + kBlock);
+        T m = 0;
+        for (int64_t i = b; i < e; ++i) m = std::max<T>(m, key(p[i]));
+        if (m < threshold) continue;
+        for (int64_t i = b; i < e; ++i)
+            if (key(p[i]) >= threshold) return i;
+    }
+    return -1;
 }
 
+// The first element in [begin, end) that is NaN or ±Inf (kFinite), or that is not a finite,
+// non-negative f32 (kNonNegativeScale); -1 when none. Bit tests only: a float is NaN or Inf when its exponent
+// field is all ones; fp8 e4m3fn has no Inf, and S.1111.111 (byte 0x7f / 0xff) is its NaN.
+int64_t first_bad_value(const void* data, DType dtype, ValueCheck check, int64_t begin, int64_t end) {
+    switch (dtype) {
+        case DType::kF32: {
+            const auto* p = static_cast<const uint32_t*>(data);
+            // ±0 (an all-zero block) is kept; bits - 1 puts negatives, NaN and Inf past the largest finite's.
+            if (check == ValueCheck::kNonNegativeScale)
+                return first_flagged<uint32_t>(p, begin, end, 0x7f7fffffu,
+                                               [](uint32_t v) -> uint32_t { return (v << 1) == 0 ? 0u : v - 1u; });
+            return first_flagged<uint32_t>(p, begin, end, 0x7f800000u,
+                                           [](uint32_t v) -> uint32_t { return v & 0x7fffffffu; });
+        }
+        case DType::kBF16:
+            return first_flagged<uint16_t>(static_cast<const uint16_t*>(data), begin, end, 0x7f80,
+                                           [](uint16_t v) -> uint16_t { return v & 0x7fff; });
+        case DType::kF16:
+            return first_flagged<uint16_t>(static_cast<const uint16_t*>(data), begin, end, 0x7c00,
+                                           [](uint16_t v) -> uint16_t { return v & 0x7fff; });
+        case DType::kFP8E4M3:
+            return first_flagged<uint8_t>(static_cast<const uint8_t*>(data), begin, end, 0x7f,
+                                          [](uint8_t v) -> uint8_t { return v & 0x7f; });
+        default:
+            return -1;
+    }
+}
+
+// A weight whose values are checked: one still in the mapping (queued while binding and checked in
+// one pass at the end), or the source of one converted to f32 (checked as it is converted).
+struct ValueScan {
+    std::string name;
+    const void* data = nullptr;
+    DType dtype = DType::kF32;
+    Shape shape;
+    ValueCheck check = ValueCheck::kFinite;
+};
+
+// "<file>: tensor '<name>' has NaN at element 1234 (row 4, column 210) ...".
+[[noreturn]] void fail_bad_value(const Checkpoint& ck, const ValueScan& s, int64_t i) {
+    const float v = load_as_f32(s.data, s.dtype, static_cast<size_t>(i));
+    std::string value = std::isnan(v) ? "NaN" : std::isinf(v) ? (v > 0 ? "+Inf" : "-Inf") : fmt::format("{}", v);
+    if (s.dtype == DType::kFP8E4M3) value += fmt::format(" (byte 0x{:02x})", static_cast<const uint8_t*>(s.data)[i]);
+    std::string where = fmt::format("element {}", i);
+    if (s.shape.size() == 2) where += fmt::format(" (row {}, column {})", i / s.shape[1], i % s.shape[1]);
+    if (s.check == ValueCheck::kNonNegativeScale)
+        FANOUT_FAIL("{}: tensor '{}' has {} at {}: fp8 block scales must be finite and not negative", ck.file_of(s.name),
+                    s.name, value, where);
+    FANOUT_FAIL("{}: tensor '{}' has {} at {}: weights must be finite", ck.file_of(s.name), s.name, value, where);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Binding
+
+// Binds tensors for load_weights: remembers every name the model reads (what is left over is
+// reported as unused), copies small tensors to f32 checking them as they are converted, and queues
+// the weights that stay in the mapping for check_values().
+class Binder {
+  public:
+    explicit Binder(const Checkpoint& ck) : ck_(ck) {}
+    const Checkpoint& checkpoint() const { return ck_; }
+    bool has(const std::string& name) const { return ck_.has(name); }
+
+    // A tensor left in the mapping, of one of `dtypes` and exactly `shape`.
+    Tensor get(const std::string& name, std::initializer_list<DType> dtypes, const Shape& shape,
+               ValueCheck check = ValueCheck::kFinite) {
+        Tensor t = ck_.get(name, dtypes, shape);
+        read_.insert(name);
+        scans_.push_back({name, t.data(), t.dtype(), t.shape(), check});
+        return t;
+    }
+
+    // A [dim] tensor (a norm, the router bias) copied to f32.
+    Tensor get_f32(const std::string& name, int64_t dim) {
+        Tensor src = ck_.get(name, kFloatTypes, {dim});
+        read_.insert(name);
+        Tensor out = Tensor::zeros({dim}, DType::kF32);
+        convert_to_f32(src.data(), src.dtype(), static_cast<size_t>(dim), out.data_as<float>());
+        const int64_t bad = first_bad_value(out.data(), DType::kF32, ValueCheck::kFinite, 0, dim);
+        if (bad >= 0) fail_bad_value(ck_, {name, src.data(), src.dtype(), src.shape()}, bad);
+        return out;
+    }
+
+    // A name the model reads that this rank does not (another rank's expert): not unused.
+    void skip(const std::string& name) { read_.insert(name); }
+
+    // Checks every queued weight in one pass over the mapping, split across threads; the Error
+    // names the first bad element in binding order.
+    void check_values() const {
+        constexpr int64_t kChunk = int64_t{1} << 20;  // elements
+        struct Chunk {
+            size_t scan;
+            int64_t begin, end;
+        };
+        std::vector<Chunk> chunks;
+        for (size_t i = 0; i < scans_.size(); ++i) {
+            const int64_t n = shape_numel(scans_[i].shape);
+            for (int64_t b = 0; b < n; b += kChunk) chunks.push_back({i, b, std::min(n, b + kChunk)});
+        }
+        std::vector<int64_t> first(chunks.size(), -1);
+        ThreadPool pool;
+        pool.parallel_for(static_cast<int64_t>(chunks.size()), 1, [&](int64_t begin, int64_t end) {
+            for (int64_t c = begin; c < end; ++c) {
+                const ValueScan& s = scans_[chunks[c].scan];
+                first[c] = first_bad_value(s.data, s.dtype, s.check, chunks[c].begin, chunks[c].end);
+            }
+        });
+        for (size_t c = 0; c < chunks.size(); ++c)
+            if (first[c] >= 0) fail_bad_value(ck_, scans_[chunks[c].scan], first[c]);
+    }
+
+    // The checkpoint's tensors that nothing read or skipped, sorted.
+    std::vector<std::string> unused() const {
+        std::vector<std::string> out;
+        for (const auto& name : ck_.names())
+            if (read_.count(name) == 0) out.push_back(name);
+        return out;
+    }
+
+  private:
+    const Checkpoint& ck_;
+    std::set<std::string> read_;
+    std::vector<ValueScan> scans_;
+};
+
 // `prefix`.weight [out, in], in a float dtype or fp8 with `prefix`.weight_scale_inv.
-LinearWeight load_linear(const Checkpoint& ck, const std::string& prefix, int64_t out, int64_t in) {
+LinearWeight load_linear(Binder& b, const std::string& prefix, int64_t out, int64_t in) {
     const std::string name = prefix + ".weight";
-    Tensor w = ck.get(name, {DType::kBF16, DType::kF16, DType::kF32, DType::kFP8E4M3}, {out, in});
+    Tensor w = b.get(name, {DType::kBF16, DType::kF16, DType::kF32, DType::kFP8E4M3}, {out, in});
     LinearWeight lw;
     lw.dtype = w.dtype();
     lw.data = w.data();
@@ -28,61 +178,145 @@ LinearWeight load_linear(const Checkpoint& ck, const std::string& prefix, int64_
     lw.in_features = in;
     if (w.dtype() == DType::kFP8E4M3) {
         const std::string sname = prefix + ".weight_scale_inv";
-        FANOUT_CHECK(ck.has(sname), "{}: fp8 tensor '{}' has no '{}' beside it", ck.file_of(name), name, sname);
-        Tensor s = ck.get(sname, {DType::kF32},
-                          {ops::ceil_div(out, ops::kFp8Block), ops::ceil_div(in, ops::kFp8Block)});
+        FANOUT_CHECK(b.has(sname), "{}: fp8 tensor '{}' has no '{}' beside it", b.checkpoint().file_of(name), name,
+                     sname);
+        Tensor s = b.get(sname, {DType::kF32}, {ops::ceil_div(out, ops::kFp8Block), ops::ceil_div(in, ops::kFp8Block)},
+                         ValueCheck::kNonNegativeScale);
         lw.scale_inv = s.data_as<float>();
     }
     return lw;
 }
 
-MlpWeights load_mlp(const Checkpoint& ck, const std::string& prefix, int64_t hidden, int64_t inter) {
-    return {load_linear(ck, prefix + ".gate_proj", inter, hidden), load_linear(ck, prefix + ".up_proj", inter, hidden),
-            load_linear(ck, prefix + ".down_proj", hidden, inter)};
+constexpr const char* kMlpProjections[] = {"gate_proj", "up_proj", "down_proj"};
+
+MlpWeights load_mlp(Binder& b, const std::string& prefix, int64_t hidden, int64_t inter) {
+    return {load_linear(b, prefix + ".gate_proj", inter, hidden), load_linear(b, prefix + ".up_proj", inter, hidden),
+            load_linear(b, prefix + ".down_proj", hidden, inter)};
 }
 
-AttentionWeights load_attention(const Checkpoint& ck, const std::string& p, const io::ModelConfig& c) {
+// What load_mlp would read, for an expert another rank holds.
+void skip_mlp(Binder& b, const std::string& prefix) {
+    for (const char* proj : kMlpProjections) {
+        b.skip(fmt::format("{}.{}.weight", prefix, proj));
+        b.skip(fmt::format("{}.{}.weight_scale_inv", prefix, proj));
+    }
+}
+
+AttentionWeights load_attention(Binder& b, const std::string& p, const io::ModelConfig& c) {
     AttentionWeights a;
     const int64_t H = c.num_attention_heads, D = c.hidden_size;
     if (c.q_lora_rank > 0) {
-        a.q_a = load_linear(ck, p + "q_a_proj", c.q_lora_rank, D);
-        a.q_a_norm = load_norm(ck, p + "q_a_layernorm.weight", c.q_lora_rank);
-        a.q_b = load_linear(ck, p + "q_b_proj", H * c.qk_head_dim(), c.q_lora_rank);
+        a.q_a = load_linear(b, p + "q_a_proj", c.q_lora_rank, D);
+        a.q_a_norm = b.get_f32(p + "q_a_layernorm.weight", c.q_lora_rank);
+        a.q_b = load_linear(b, p + "q_b_proj", H * c.qk_head_dim(), c.q_lora_rank);
     } else {
-        a.q_proj = load_linear(ck, p + "q_proj", H * c.qk_head_dim(), D);
+        a.q_proj = load_linear(b, p + "q_proj", H * c.qk_head_dim(), D);
     }
-    a.kv_a = load_linear(ck, p + "kv_a_proj_with_mqa", c.kv_lora_rank + c.qk_rope_head_dim, D);
-    a.kv_a_norm = load_norm(ck, p + "kv_a_layernorm.weight", c.kv_lora_rank);
-    a.kv_b = load_linear(ck, p + "kv_b_proj", H * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank);
-    a.o = load_linear(ck, p + "o_proj", D, H * c.v_head_dim);
+    a.kv_a = load_linear(b, p + "kv_a_proj_with_mqa", c.kv_lora_rank + c.qk_rope_head_dim, D);
+    a.kv_a_norm = b.get_f32(p + "kv_a_layernorm.weight", c.kv_lora_rank);
+    a.kv_b = load_linear(b, p + "kv_b_proj", H * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank);
+    a.o = load_linear(b, p + "o_proj", D, H * c.v_head_dim);
     return a;
 }
 
-LayerWeights load_layer(const Checkpoint& ck, int64_t layer, const io::ModelConfig& c, const ShardPlan& plan) {
+LayerWeights load_layer(Binder& b, int64_t layer, const io::ModelConfig& c, const ShardPlan& plan) {
     const std::string p = fmt::format("model.layers.{}.", layer);
     LayerWeights lw;
-    lw.input_norm = load_norm(ck, p + "input_layernorm.weight", c.hidden_size);
-    lw.post_norm = load_norm(ck, p + "post_attention_layernorm.weight", c.hidden_size);
-    lw.attn = load_attention(ck, p + "self_attn.", c);
+    lw.input_norm = b.get_f32(p + "input_layernorm.weight", c.hidden_size);
+    lw.post_norm = b.get_f32(p + "post_attention_layernorm.weight", c.hidden_size);
+    lw.attn = load_attention(b, p + "self_attn.", c);
     // The MTP layer (index num_hidden_layers) is always an MoE layer when the model has experts.
     lw.is_moe = c.is_moe_layer(layer);
     if (!lw.is_moe) {
-        lw.mlp = load_mlp(ck, p + "mlp", c.hidden_size, c.intermediate_size);
+        lw.mlp = load_mlp(b, p + "mlp", c.hidden_size, c.intermediate_size);
         return lw;
     }
     const int64_t E = c.n_routed_experts;
     MoeWeights& m = lw.moe;
-    m.router = load_linear(ck, p + "mlp.gate", E, c.hidden_size);
+    m.router = load_linear(b, p + "mlp.gate", E, c.hidden_size);
+    // topk_method noaux_tc (the only one parse_model_config accepts) selects experts by score + this
+    // bias; a checkpoint without it would route differently from the model it was trained as.
     const std::string bias_name = p + "mlp.gate.e_score_correction_bias";
-    m.bias = ck.has(bias_name) ? load_norm(ck, bias_name, E) : Tensor::zeros({E}, DType::kF32);
+    FANOUT_CHECK(b.has(bias_name),
+                 "checkpoint '{}' has no tensor '{}': topk_method 'noaux_tc' routes every MoE layer's tokens with "
+                 "this per-expert bias",
+                 b.checkpoint().dir(), bias_name);
+    m.bias = b.get_f32(bias_name, E);
     m.expert_begin = plan.expert_begin(E);
     m.expert_end = plan.expert_end(E);
-    for (int64_t e = m.expert_begin; e < m.expert_end; ++e)
-        m.experts.push_back(load_mlp(ck, fmt::format("{}mlp.experts.{}", p, e), c.hidden_size,
-                                     c.moe_intermediate_size));
+    for (int64_t e = 0; e < E; ++e) {
+        const std::string prefix = fmt::format("{}mlp.experts.{}", p, e);
+        if (e >= m.expert_begin && e < m.expert_end)
+            m.experts.push_back(load_mlp(b, prefix, c.hidden_size, c.moe_intermediate_size));
+        else
+            skip_mlp(b, prefix);
+    }
     if (c.n_shared_experts > 0)
-        m.shared = load_mlp(ck, p + "mlp.shared_experts", c.hidden_size, c.moe_intermediate_size * c.n_shared_experts);
+        m.shared = load_mlp(b, p + "mlp.shared_experts", c.hidden_size, c.moe_intermediate_size * c.n_shared_experts);
     return lw;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checks of the checkpoint's tensor names against the config
+
+// The layer index of a "model.layers.<i>.<...>" name, or -1 for other names (an index past int64
+// reads as int64's max).
+int64_t layer_of(const std::string& name) {
+    constexpr std::string_view kPrefix = "model.layers.";
+    if (!std::string_view(name).starts_with(kPrefix)) return -1;
+    const char* begin = name.data() + kPrefix.size();
+    const char* end = name.data() + name.size();
+    if (begin == end || !std::isdigit(static_cast<unsigned char>(*begin))) return -1;
+    int64_t layer = 0;
+    const auto [next, ec] = std::from_chars(begin, end, layer);
+    if (ec == std::errc::result_out_of_range) layer = std::numeric_limits<int64_t>::max();
+    const char* after = next;
+    while (after != end && std::isdigit(static_cast<unsigned char>(*after))) ++after;
+    return after != end && *after == '.' ? layer : -1;
+}
+
+// Every "model.layers.<i>." tensor must belong to a layer the model has: a decoder layer below
+// num_hidden_layers, or the MTP layer at num_hidden_layers when the checkpoint has one (its
+// eh_proj). Anything past that means config.json and the checkpoint disagree on the layer count.
+void check_layer_range(const Checkpoint& ck, const io::ModelConfig& c, bool has_mtp) {
+    const int64_t end = c.num_hidden_layers + (has_mtp ? c.num_nextn_predict_layers : 0);
+    for (const auto& name : ck.names()) {
+        const int64_t layer = layer_of(name);
+        if (layer < end) continue;
+        FANOUT_CHECK(layer >= c.num_hidden_layers + c.num_nextn_predict_layers,
+                     "{}: tensor '{}' is of layer {}, where the MTP layer goes (num_hidden_layers={} in config.json), "
+                     "but the checkpoint has no 'model.layers.{}.eh_proj.weight', so it is no MTP layer: does "
+                     "config.json's num_hidden_layers count every decoder layer of the checkpoint?",
+                     ck.file_of(name), name, layer, c.num_hidden_layers, layer);
+        FANOUT_FAIL(
+            "{}: tensor '{}' is of layer {}, past the model's layers: config.json has num_hidden_layers={} "
+            "and num_nextn_predict_layers={} (the MTP layers follow the decoder layers), so the checkpoint "
+            "and config.json disagree on the number of layers",
+            ck.file_of(name), name, layer, c.num_hidden_layers, c.num_nextn_predict_layers);
+    }
+}
+
+// A decoder layer that holds an MTP layer's eh_proj: config.json counts the MTP layer as a decoder layer.
+void check_no_mtp_in_decoder_layers(const Checkpoint& ck, const io::ModelConfig& c) {
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+        const std::string probe = fmt::format("model.layers.{}.eh_proj.weight", l);
+        FANOUT_CHECK(!ck.has(probe),
+                     "{}: tensor '{}' makes layer {} an MTP layer, but config.json's num_hidden_layers={} makes it a "
+                     "decoder layer: the checkpoint has {} decoder layers",
+                     ck.file_of(probe), probe, l, c.num_hidden_layers, l);
+    }
+}
+
+// Tensors nothing reads: a warning (HF checkpoints may carry extras, e.g. rotary inv_freq buffers).
+void warn_unused(const Checkpoint& ck, const std::vector<std::string>& unused) {
+    if (unused.empty()) return;
+    constexpr size_t kShown = 5;
+    const size_t shown = std::min(unused.size(), kShown);
+    std::string list =
+        fmt::format("{}", fmt::join(unused.begin(), unused.begin() + static_cast<std::ptrdiff_t>(shown), ", "));
+    if (unused.size() > shown) list += fmt::format(" and {} more", unused.size() - shown);
+    fmt::print(stderr, "warning: checkpoint '{}': {} tensor{} the model does not use, ignored: {}\n", ck.dir(),
+               unused.size(), unused.size() == 1 ? "" : "s", list);
 }
 
 }  // namespace
@@ -97,38 +331,47 @@ ModelWeights load_weights(io::Checkpoint checkpoint, const io::ModelConfig& c, c
     ModelWeights w;
     w.checkpoint = std::move(checkpoint);
     const Checkpoint& ck = w.checkpoint;
+    // HF writes num_nextn_predict_layers: 1 by default without MTP tensors; such a model has no MTP head.
+    const std::string mtp_probe = fmt::format("model.layers.{}.eh_proj.weight", c.num_hidden_layers);
+    const bool has_mtp = c.num_nextn_predict_layers > 0 && ck.has(mtp_probe);
+    check_layer_range(ck, c, has_mtp);
+
+    Binder b(ck);
     const int64_t total = c.num_hidden_layers + c.num_nextn_predict_layers + 1;
-    w.embed = ck.get("model.embed_tokens.weight", kFloatTypes, {c.vocab_size, c.hidden_size});
-    w.final_norm = load_norm(ck, "model.norm.weight", c.hidden_size);
+    w.embed = b.get("model.embed_tokens.weight", kFloatTypes, {c.vocab_size, c.hidden_size});
+    w.final_norm = b.get_f32("model.norm.weight", c.hidden_size);
     if (ck.has("lm_head.weight") || !c.tie_word_embeddings) {
-        w.lm_head = load_linear(ck, "lm_head", c.vocab_size, c.hidden_size);
+        w.lm_head = load_linear(b, "lm_head", c.vocab_size, c.hidden_size);
     } else {
         w.lm_head = {w.embed.dtype(), w.embed.data(), c.vocab_size, c.hidden_size, nullptr};
     }
     if (progress) progress("embeddings and head", 1, total);
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-        w.layers.push_back(load_layer(ck, l, c, plan));
+        w.layers.push_back(load_layer(b, l, c, plan));
         if (progress) progress(fmt::format("layer {}", l), l + 2, total);
     }
-    // HF writes num_nextn_predict_layers: 1 by default without MTP tensors; such a model has no MTP head.
-    const std::string mtp_probe = fmt::format("model.layers.{}.eh_proj.weight", c.num_hidden_layers);
-    if (c.num_nextn_predict_layers > 0 && ck.has(mtp_probe)) {
+    check_no_mtp_in_decoder_layers(ck, c);
+    if (has_mtp) {
         const int64_t l = c.num_hidden_layers;
         const std::string p = fmt::format("model.layers.{}.", l);
         MtpWeights m;
-        m.enorm = load_norm(ck, p + "enorm.weight", c.hidden_size);
-        m.hnorm = load_norm(ck, p + "hnorm.weight", c.hidden_size);
-        m.eh_proj = load_linear(ck, p + "eh_proj", c.hidden_size, 2 * c.hidden_size);
-        m.layer = load_layer(ck, l, c, plan);
-        m.head_norm = load_norm(ck, p + "shared_head.norm.weight", c.hidden_size);
-        m.head = ck.has(p + "shared_head.head.weight") ? load_linear(ck, p + "shared_head.head", c.vocab_size, c.hidden_size)
-                                                       : w.lm_head;
+        m.enorm = b.get_f32(p + "enorm.weight", c.hidden_size);
+        m.hnorm = b.get_f32(p + "hnorm.weight", c.hidden_size);
+        m.eh_proj = load_linear(b, p + "eh_proj", c.hidden_size, 2 * c.hidden_size);
+        m.layer = load_layer(b, l, c, plan);
+        m.head_norm = b.get_f32(p + "shared_head.norm.weight", c.hidden_size);
+        m.head = ck.has(p + "shared_head.head.weight")
+                     ? load_linear(b, p + "shared_head.head", c.vocab_size, c.hidden_size)
+                     : w.lm_head;
         m.embed = ck.has(p + "embed_tokens.weight")
-                      ? ck.get(p + "embed_tokens.weight", kFloatTypes, {c.vocab_size, c.hidden_size})
+                      ? b.get(p + "embed_tokens.weight", kFloatTypes, {c.vocab_size, c.hidden_size})
                       : w.embed;
         w.mtp = std::move(m);
         if (progress) progress("mtp layer", total, total);
     }
+    w.unused_tensors = b.unused();
+    if (plan.ep_rank == 0) warn_unused(ck, w.unused_tensors);  // every rank sees the same ones
+    b.check_values();
     return w;
 }
 

@@ -2,8 +2,9 @@
 //
 // Linear weights stay in the memory-mapped checkpoint (bf16/f16/f32, or fp8 with its
 // weight_scale_inv); norms and the router bias are copied to f32. Every tensor's dtype and shape
-// is checked against the config while binding, so a wrong checkpoint fails at load with the
-// tensor's name, file, and expected vs found values — never mid-forward.
+// is checked against the config while binding, and every value once bound (one parallel pass over
+// the mapping, bit tests only), so a wrong checkpoint fails at load with the tensor's name, file,
+// and expected vs found values — never mid-forward.
 #pragma once
 
 #include <functional>
@@ -56,12 +57,12 @@ struct LayerWeights {
 };
 
 struct MtpWeights {
-    Tensor enorm, hnorm;  // [hidden] f32
+    Tensor enorm, hnorm;        // [hidden] f32
     ops::LinearWeight eh_proj;  // [hidden, 2 * hidden]
     LayerWeights layer;
-    Tensor head_norm;            // shared_head.norm
-    ops::LinearWeight head;      // shared_head.head, or lm_head when absent
-    Tensor embed;                // the layer's embed_tokens, or the model's when absent
+    Tensor head_norm;        // shared_head.norm
+    ops::LinearWeight head;  // shared_head.head, or lm_head when absent
+    Tensor embed;            // the layer's embed_tokens, or the model's when absent
 };
 
 struct ModelWeights {
@@ -71,10 +72,17 @@ struct ModelWeights {
     ops::LinearWeight lm_head;
     std::vector<LayerWeights> layers;
     std::optional<MtpWeights> mtp;
+    std::vector<std::string> unused_tensors;  // checkpoint tensors the model never reads (warned about)
 };
 
 using LoadProgress = std::function<void(const std::string& what, int64_t done, int64_t total)>;
 
+// Binds every tensor the model reads, and checks the checkpoint against the config: each tensor
+// of a layer past num_hidden_layers + num_nextn_predict_layers (or at the MTP index without the
+// MTP layer's eh_proj) is an Error, as is a missing tensor — e_score_correction_bias of every MoE
+// layer included — or any NaN / Inf in a weight, or an fp8 weight_scale_inv that is not positive
+// and finite (naming the tensor and the first bad element). Tensors the model never reads are a
+// warning on stderr (ep_rank 0 only), listed in ModelWeights::unused_tensors.
 ModelWeights load_weights(io::Checkpoint checkpoint, const io::ModelConfig& config, const ShardPlan& plan,
                           const LoadProgress& progress = {});
 

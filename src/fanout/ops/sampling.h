@@ -1,6 +1,8 @@
 // Token sampling: greedy, temperature, top-k, top-p, with a seeded generator per request.
 //
-// temperature == 0 is greedy (argmax, ties to the lower id). Otherwise logits are divided by the
+// logit_bias (OpenAI's, as vLLM applies it) is added to the logits before anything else: the
+// biased logit of token i is logits[i] + bias, in f32. temperature == 0 is greedy (argmax of the
+// biased logits, ties to the lower id). Otherwise the biased logits are divided by the
 // temperature, restricted to the top_k most likely (0 = all), then to the smallest set whose
 // probability reaches top_p (1 = all), renormalized and sampled. The generator is a 64-bit
 // Mersenne twister drawing doubles from its top 53 bits, so a seed gives the same tokens on
@@ -9,18 +11,27 @@
 
 #include <cstdint>
 #include <random>
+#include <span>
+#include <utility>
 #include <vector>
 
 namespace fanout::ops {
+
+// A bias of at most this magnitude may be added to a token's logit (OpenAI's range).
+constexpr float kMaxLogitBias = 100.0f;
 
 struct SamplingParams {
     float temperature = 0.0f;
     int top_k = 0;
     float top_p = 1.0f;
     uint64_t seed = 0;
+    // (token id, bias in [-100, 100]) sorted by id, each id once. Ids must be in the vocabulary;
+    // that bound is checked where the vocabulary is known (Engine::submit).
+    std::vector<std::pair<int32_t, float>> logit_bias = {};
 };
 
-// Throws Error for out-of-range parameters (negative temperature, top_p outside (0, 1], ...).
+// Throws Error for out-of-range parameters (negative temperature, top_p outside (0, 1], a bias
+// outside [-100, 100], logit_bias ids negative or not strictly ascending, ...).
 void validate_sampling_params(const SamplingParams& p);
 
 // The rule above for one row of logits given the uniform draw u in [0, 1) (unused when greedy):
@@ -46,5 +57,7 @@ class Sampler {
 };
 
 int32_t argmax(const float* logits, int64_t n);
+// argmax of logits + bias (bias: sorted by id; ids >= n are ignored).
+int32_t argmax(const float* logits, int64_t n, std::span<const std::pair<int32_t, float>> bias);
 
 }  // namespace fanout::ops

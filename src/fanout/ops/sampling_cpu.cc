@@ -12,12 +12,43 @@ void validate_sampling_params(const SamplingParams& p) {
     FANOUT_CHECK(p.top_k >= 0, "top_k must be >= 0 (0 = off), got {}", p.top_k);
     FANOUT_CHECK(std::isfinite(p.top_p) && p.top_p > 0.0f && p.top_p <= 1.0f, "top_p must be in (0, 1], got {}",
                  p.top_p);
+    for (size_t i = 0; i < p.logit_bias.size(); ++i) {
+        const auto [id, bias] = p.logit_bias[i];
+        FANOUT_CHECK(id >= 0, "logit_bias: token id {} is negative", id);
+        FANOUT_CHECK(i == 0 || id > p.logit_bias[i - 1].first,
+                     "logit_bias: token ids must be sorted ascending and unique (token id {} after {})", id,
+                     p.logit_bias[i - 1].first);
+        FANOUT_CHECK(std::isfinite(bias) && std::fabs(bias) <= kMaxLogitBias,
+                     "logit_bias: the bias of token id {} must be in [-100, 100], got {}", id, bias);
+    }
 }
 
 int32_t argmax(const float* logits, int64_t n) {
     int64_t best = 0;
     for (int64_t i = 1; i < n; ++i)
         if (logits[i] > logits[best]) best = i;
+    return static_cast<int32_t>(best);
+}
+
+int32_t argmax(const float* logits, int64_t n, std::span<const std::pair<int32_t, float>> bias) {
+    if (bias.empty()) return argmax(logits, n);
+    // The plain argmax between biased ids, then each biased id on its own: no copy of the row.
+    int64_t best = 0;
+    float best_value = bias[0].first == 0 ? logits[0] + bias[0].second : logits[0];
+    int64_t from = 1;
+    const auto consider = [&](int64_t i, float v) {
+        if (v > best_value) {
+            best = i;
+            best_value = v;
+        }
+    };
+    for (const auto& [id, b] : bias) {
+        if (id >= n) break;
+        for (int64_t i = from; i < id; ++i) consider(i, logits[i]);
+        if (id >= from) consider(id, logits[id] + b);
+        from = std::max<int64_t>(from, id + 1);
+    }
+    for (int64_t i = from; i < n; ++i) consider(i, logits[i]);
     return static_cast<int32_t>(best);
 }
 
@@ -35,9 +66,11 @@ int32_t Sampler::sample(const float* logits, int64_t vocab) {
 int32_t sample_with_uniform(const float* logits, int64_t vocab, const SamplingParams& params, double uniform,
                             std::vector<std::pair<float, int32_t>>& v) {
     FANOUT_CHECK(vocab > 0, "sample: empty logits");
-    if (params.temperature == 0.0f) return argmax(logits, vocab);
+    if (params.temperature == 0.0f) return argmax(logits, vocab, params.logit_bias);
     v.resize(static_cast<size_t>(vocab));
     for (int64_t i = 0; i < vocab; ++i) v[i] = {logits[i] / params.temperature, static_cast<int32_t>(i)};
+    for (const auto& [id, b] : params.logit_bias)  // the biased ones again, from logits[id] + bias
+        if (id < vocab) v[id].first = (logits[id] + b) / params.temperature;
     const auto by_logit = [](const auto& a, const auto& b) {
         return a.first > b.first || (a.first == b.first && a.second < b.second);
     };

@@ -7,6 +7,9 @@
 // logits mapped to order-preserving 32-bit keys, the boundary's key is found bit by bit from the
 // top (32 block-wide sums of the weight of keys ≥ a candidate), then the tie at that key is
 // resolved in id order with a block scan. Sums are in f64 like the CPU's.
+//
+// A row's logit_bias is added to its logits in place first (each id once, so the block's threads
+// never write the same element), which gives every later read the CPU's logits[i] + bias.
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
@@ -111,16 +114,25 @@ __device__ Boundary select(const Row& row, const Boundary& set, bool probability
     return b;
 }
 
+// NOTE: logits is written (the biases) and then read by the same block, so it is neither const nor
+// __restrict__: the reads must not go through the read-only cache.
 __global__ void __launch_bounds__(kThreads)
-    sample_kernel(const float* __restrict__ logits, int vocab, const SamplingRow* __restrict__ params,
-                  int32_t* __restrict__ tokens) {
+    sample_kernel(float* logits, int vocab, const SamplingRow* __restrict__ params,
+                  const LogitBias* __restrict__ logit_bias, int32_t* __restrict__ tokens) {
     __shared__ Shared sh;
     __shared__ double bcast;
     __shared__ int found_id;
     __shared__ float best_value;
     __shared__ int best_id;
     const SamplingRow p = params[blockIdx.x];
-    const float* l = logits + static_cast<size_t>(blockIdx.x) * vocab;
+    float* l = logits + static_cast<size_t>(blockIdx.x) * vocab;
+    if (p.bias_count > 0) {
+        for (int j = threadIdx.x; j < p.bias_count; j += kThreads) {
+            const LogitBias e = logit_bias[p.bias_begin + j];
+            if (e.id >= 0 && e.id < vocab) l[e.id] += e.bias;
+        }
+        __syncthreads();  // after this, every thread reads the biased row
+    }
     // The argmax (ties to the lower id): the greedy answer, and the max for the probabilities.
     const bool greedy = p.temperature == 0.0f;
     float bv = -INFINITY;
@@ -192,11 +204,12 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-void launch_sample(const float* logits, int rows, int vocab, const SamplingRow* params, int32_t* tokens,
-                   void* cuda_stream) {
+void launch_sample(float* logits, int rows, int vocab, const SamplingRow* params, const LogitBias* logit_bias,
+                   int32_t* tokens, void* cuda_stream) {
     FANOUT_DEVICE_REQUIRE(vocab > 0, "sample: empty logits (vocab " + std::to_string(vocab) + ")");
     if (rows <= 0) return;
-    sample_kernel<<<rows, kThreads, 0, static_cast<cudaStream_t>(cuda_stream)>>>(logits, vocab, params, tokens);
+    sample_kernel<<<rows, kThreads, 0, static_cast<cudaStream_t>(cuda_stream)>>>(logits, vocab, params, logit_bias,
+                                                                                 tokens);
     FANOUT_CUDA_CHECK_LAUNCH("sample_kernel");
 }
 

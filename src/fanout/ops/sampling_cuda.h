@@ -8,18 +8,31 @@
 
 namespace fanout::ops {
 
+// One entry of a row's logit_bias, as the device reads it.
+struct LogitBias {
+    int32_t id = 0;
+    float bias = 0.0f;
+};
+
 // One row's parameters as the device reads them (SamplingParams without the seed, plus the draw).
+// The row's logit_bias is entries [bias_begin, bias_begin + bias_count) of the step's LogitBias
+// array: a step uploads all its rows' biases as one array, so a graph reads them at fixed addresses.
 struct SamplingRow {
     float temperature = 0.0f;
     int top_k = 0;
     float top_p = 1.0f;
     double uniform = 0.0;
+    int32_t bias_begin = 0;
+    int32_t bias_count = 0;
 };
 
 #ifdef FANOUT_WITH_CUDA
-// logits: [rows, vocab] f32; params: [rows] on the device; tokens: [rows] i32. Graph-safe.
-void launch_sample(const float* logits, int rows, int vocab, const SamplingRow* params, int32_t* tokens,
-                   void* cuda_stream);
+// logits: [rows, vocab] f32; params: [rows] on the device; logit_bias: the entries the rows point
+// at, on the device (may be null when no row has any), each id at most once per row — ids outside
+// [0, vocab) are skipped; tokens: [rows] i32. Each row's biases are added to its logits in place
+// before it is sampled. Graph-safe.
+void launch_sample(float* logits, int rows, int vocab, const SamplingRow* params, const LogitBias* logit_bias,
+                   int32_t* tokens, void* cuda_stream);
 #endif
 
 }  // namespace fanout::ops

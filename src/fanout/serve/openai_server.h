@@ -2,19 +2,22 @@
 //
 // POST /v1/chat/completions and /v1/completions (streaming as server-sent events ending in
 // `data: [DONE]`, or one JSON response), GET /v1/models, /health and /metrics (Prometheus text).
-// Errors use OpenAI's shape {"error": {"message", "type", "param", "code"}} with the right status:
-// 400 for bad requests (invalid JSON, unknown or mistyped fields, prompts past the context), 404 for
-// an unknown model or route, 413 for oversized bodies, 429 when too many requests are in flight.
-// A client that disconnects mid-stream has its request cancelled; nothing one request does stops
-// the server serving the others.
+// The transport (serve/http_server.h) bounds every connection — head and body deadlines, one body
+// limit whatever the framing, Host and Content-Type checks, connections that are not threads — and
+// the protocol (serve/openai_protocol.h) validates each body into engine parameters. Errors use
+// OpenAI's shape {"error": {"message", "type", "param", "code"}}: 400 bad requests, 404 unknown
+// model or route, 405 wrong method, 408/413/415/431 from the transport, 429 when too many requests
+// are in flight. A client that disconnects has its request cancelled at once; nothing one request
+// does stops the server serving the others.
 #pragma once
 
-#include <atomic>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "fanout/engine/engine.h"
 #include "fanout/io/tokenizer.h"
+#include "fanout/serve/http_server.h"
 
 namespace fanout::serve {
 
@@ -22,13 +25,19 @@ struct ServerConfig {
     std::string host = "127.0.0.1";
     int port = 8000;  // 0: any free port
     std::string model_name = "tiny";
-    int max_in_flight = 1024;           // concurrent requests past this get 429
-    size_t max_body_bytes = 8u << 20;   // larger bodies get 413
-    int http_threads = 64;              // at least max_in_flight + 16 are started: each response holds one
+    int max_in_flight = 1024;                // concurrent completion requests past this get 429
+    int64_t default_max_tokens = 4096;       // for requests that name no max_tokens
+    std::vector<std::string> allowed_hosts;  // Host names accepted beyond IP literals, localhost and --host
+    HttpLimits limits;
+    int io_threads = 2;
+    int worker_threads = 4;
 };
 
+// The name clients must send: refused (Error) when empty, too long or holding control characters.
+void validate_model_name(const std::string& name);
+
 class OpenAIServer {
-public:
+  public:
     OpenAIServer(engine::Engine& engine, const io::Tokenizer& tokenizer, const ServerConfig& config);
     ~OpenAIServer();
     // Binds the socket; returns the port (the chosen one when config.port is 0).
@@ -36,8 +45,10 @@ public:
     // Serves until stop(); call after bind().
     void serve();
     void stop();
+    // The route table alone (no sockets), for the protocol fuzzer and tests.
+    const HttpRouter& router() const;
 
-private:
+  private:
     struct Impl;
     std::unique_ptr<Impl> impl_;
 };

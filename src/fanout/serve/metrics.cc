@@ -1,0 +1,68 @@
+#include "fanout/serve/metrics.h"
+
+#include <fmt/format.h>
+
+namespace fanout::serve {
+
+std::string prometheus_label_value(std::string_view v) {
+    std::string out;
+    out.reserve(v.size());
+    for (const char c : v) {
+        if (c == '\\')
+            out += "\\\\";
+        else if (c == '"')
+            out += "\\\"";
+        else if (c == '\n')
+            out += "\\n";
+        else
+            out += c;
+    }
+    return out;
+}
+
+std::string render_metrics(const std::string& model_name, const engine::EngineStats& s, const HttpStats& http) {
+    std::string out;
+    const std::string model = prometheus_label_value(model_name);
+    const std::string label = fmt::format("{{model=\"{}\"}}", model);
+    const auto metric = [&](const char* name, const char* type, const char* help, double v) {
+        out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{}{} {}\n", name, help, name, type, name, label, v);
+    };
+    metric("fanout_requests_received_total", "counter", "Requests accepted by the engine.", s.requests_received);
+    metric("fanout_requests_finished_total", "counter", "Requests finished (any reason).", s.requests_finished);
+    metric("fanout_requests_aborted_total", "counter", "Requests cancelled (client gone).", s.requests_aborted);
+    metric("fanout_requests_failed_total", "counter", "Requests failed by an engine error.", s.requests_failed);
+    metric("fanout_http_requests_total", "counter", "HTTP requests to the API routes.", http.requests);
+    metric("fanout_http_errors_total", "counter", "API requests answered with an error.", http.errors);
+    metric("fanout_prompt_tokens_total", "counter", "Prompt tokens received.", s.prompt_tokens);
+    metric("fanout_generation_tokens_total", "counter", "Tokens generated.", s.generation_tokens);
+    metric("fanout_prefix_cache_hit_tokens_total", "counter", "Prompt tokens served from the prefix cache.",
+           s.cached_prompt_tokens);
+    metric("fanout_prefix_cache_hit_rate", "gauge", "Cached prompt tokens / prompt tokens, finished requests.",
+           s.prompt_tokens ? double(s.cached_prompt_tokens) / s.prompt_tokens : 0.0);
+    metric("fanout_queue_depth", "gauge", "Requests waiting to be scheduled.", s.waiting);
+    metric("fanout_running_sequences", "gauge", "Sequences in the running batch.", s.running);
+    metric("fanout_http_in_flight", "gauge", "HTTP requests being served.", http.in_flight);
+    metric("fanout_http_open_connections", "gauge", "Open client connections.", http.open_connections);
+    metric("fanout_kv_cache_usage", "gauge", "Fraction of KV blocks in use or cached.",
+           s.kv_blocks_total ? double(s.kv_blocks_used) / s.kv_blocks_total : 0.0);
+    metric("fanout_kv_cache_cached_blocks", "gauge", "KV blocks held by the prefix cache.", s.kv_blocks_cached);
+    metric("fanout_preemptions_total", "counter", "Sequences preempted (recompute).", s.preemptions);
+    metric("fanout_engine_steps_total", "counter", "Engine steps run.", s.steps);
+    const auto histogram = [&](const char* name, const char* help, const engine::EngineStats::Histogram& h) {
+        out += fmt::format("# HELP {} {}\n# TYPE {} histogram\n", name, help, name);
+        int64_t cum = 0;
+        for (int i = 0; i < engine::EngineStats::kNumBuckets; ++i) {
+            cum += h.counts[i];
+            out += fmt::format("{}_bucket{{model=\"{}\",le=\"{}\"}} {}\n", name, model,
+                               engine::EngineStats::kBuckets[i], cum);
+        }
+        out += fmt::format("{}_bucket{{model=\"{}\",le=\"+Inf\"}} {}\n", name, model, h.count);
+        out += fmt::format("{}_sum{} {}\n{}_count{} {}\n", name, label, h.sum, name, label, h.count);
+    };
+    histogram("fanout_time_to_first_token_seconds", "Time from request to first token.", s.ttft);
+    histogram("fanout_inter_token_latency_seconds", "Time between a request's tokens.", s.itl);
+    histogram("fanout_e2e_request_latency_seconds", "Time from request to its last token.", s.e2e);
+    return out;
+}
+
+}  // namespace fanout::serve
