@@ -10,9 +10,7 @@ fanout=$1
 work=$2
 root=$(cd "$(dirname "$0")/../.." && pwd)
 rm -rf "$work" && mkdir -p "$work"
-passed=0 failed=0
-ok() { echo "PASS $1"; passed=$((passed + 1)); }
-bad() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
+source "$root/tests/e2e/common.sh"
 t_start=$SECONDS
 
 # 1,100 slow clients need as many descriptors (the server raises its own limit up to the hard one).
@@ -20,29 +18,7 @@ if [[ $(ulimit -n) != unlimited && $(ulimit -n) -lt 4096 ]]; then
     ulimit -n 4096 2>/dev/null || echo "WARN ulimit -n is $(ulimit -n) and cannot be raised to 4096 (hard limit $(ulimit -Hn))"
 fi
 
-servers=()
-cleanup() {
-    for pid in "${servers[@]}"; do kill "$pid" 2>/dev/null; done
-    for pid in "${servers[@]}"; do wait "$pid" 2>/dev/null; done
-}
-trap cleanup EXIT
-
-# start NAME ARGS...: starts a server on a free port; sets $port and $pid (port empty on failure).
-start() {
-    local name=$1; shift
-    "$fanout" serve --port 0 "$@" 2> "$work/$name.log" &
-    pid=$!
-    servers+=("$pid")
-    port=
-    for _ in $(seq 150); do
-        port=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$work/$name.log" 2>/dev/null)
-        [[ -n $port ]] && break
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.2
-    done
-}
-
-start main --model tiny --default-max-tokens 8
+start_server main --model tiny --default-max-tokens 8
 [[ -n $port ]] || { echo "FAIL server did not start: $(cat "$work/main.log")"; echo "0 passed, 1 failed"; exit 1; }
 main_pid=$pid main_port=$port
 
@@ -53,7 +29,7 @@ alt_port=
 if [[ -n $tiny_dir && -f $tiny_dir/config.json ]]; then
     mkdir -p "$work/my-tiny-model"
     for f in "$tiny_dir"/*; do ln -s "$f" "$work/my-tiny-model/"; done
-    start alt --model "$work/my-tiny-model/" --allowed-hosts attacker.example --kv-memory-gb 0.1
+    start_server alt --model "$work/my-tiny-model/" --allowed-hosts attacker.example --kv-memory-gb 0.1
     alt_port=$port
     [[ -n $alt_port ]] || bad "server with --model DIR/ and --allowed-hosts" "did not start: $(tail -3 "$work/alt.log")"
 else
@@ -62,7 +38,7 @@ fi
 
 # A served model name with a quote and a brace: /metrics must escape it.
 evil_name='evil"} 1'
-start evil --model tiny --served-model-name "$evil_name" --kv-memory-gb 0.1
+start_server evil --model tiny --served-model-name "$evil_name" --kv-memory-gb 0.1
 evil_port=$port
 [[ -n $evil_port ]] || bad "server with --served-model-name '$evil_name'" "did not start: $(tail -3 "$work/evil.log")"
 

@@ -7,18 +7,9 @@ fanout=$1
 work=$2
 root=$(cd "$(dirname "$0")/../.." && pwd)
 rm -rf "$work" && mkdir -p "$work"
-passed=0 failed=0
-ok() { echo "PASS $1"; passed=$((passed + 1)); }
-bad() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
+source "$root/tests/e2e/common.sh"
 
-"$fanout" serve --model tiny --port 0 --max-in-flight 400 2> "$work/serve.log" &
-server=$!
-trap 'kill $server 2>/dev/null; wait $server 2>/dev/null' EXIT
-for _ in $(seq 100); do
-    port=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$work/serve.log")
-    [[ -n $port ]] && break
-    sleep 0.2
-done
+start_server serve --model tiny --max-in-flight 400
 [[ -n $port ]] || { echo "FAIL server did not start: $(cat "$work/serve.log")"; echo "0 passed, 1 failed"; exit 1; }
 base=http://127.0.0.1:$port
 
