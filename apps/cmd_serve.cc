@@ -7,6 +7,7 @@
 
 #include "cli_common.h"
 #include "fanout/engine/engine.h"
+#include "fanout/engine/memory_plan.h"
 #include "fanout/model/step_cost.h"
 #ifdef FANOUT_WITH_CUDA
 #include "fanout/engine/cuda_runner.h"
@@ -39,6 +40,20 @@ void run_serve(ServeArgs& a) {
     serve::validate_model_name(a.server.model_name);  // before loading: a bad name costs nothing
     engine::EngineConfig ec;
     ec.scheduler = a.scheduler;
+    if (a.model.device != "cuda") {
+        // The plan before a byte is loaded: what does not fit is refused now (exit 2), naming the flag.
+        const io::ModelConfig pre = io::load_model_config(dir);
+        engine::MemoryRequest mr;
+        mr.where = "this host (MemTotal)";
+        mr.total_bytes = engine::host_memory_bytes();
+        for (const auto& f : std::filesystem::directory_iterator(dir))
+            if (f.path().extension() == ".safetensors") mr.weight_bytes += static_cast<double>(f.file_size());
+        mr.workspace_bytes =
+            engine::cpu_step_workspace_bytes(pre, a.scheduler.max_num_seqs, a.scheduler.max_batched_tokens);
+        mr.kv_block_bytes = engine::kv_block_bytes(pre, true, kv::kDefaultBlockSize, a.model.kv_dtype == "bf16" ? 2 : 4);
+        mr.kv_bytes = a.kv_memory_gb * 1e9;
+        if (mr.total_bytes > 0) std::fprintf(stderr, "%s\n", engine::plan_memory(mr).summary.c_str());
+    }
     std::unique_ptr<engine::ModelRunner> runner;
     auto model = load_model(a.model);
     const io::ModelConfig& c = model->config();

@@ -1,0 +1,88 @@
+#include "fanout/engine/memory_plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "fanout/core/error.h"
+
+namespace fanout::engine {
+namespace {
+
+std::string gb(double bytes) { return fmt::format("{:.2f} GB", bytes / 1e9); }
+
+}  // namespace
+
+MemoryPlan plan_memory(const MemoryRequest& r) {
+    FANOUT_CHECK(r.utilization > 0 && r.utilization <= 1, "the memory utilization must be in (0, 1], got {}",
+                 r.utilization);
+    FANOUT_CHECK(r.kv_block_bytes > 0, "a KV block of {} bytes", r.kv_block_bytes);
+    MemoryPlan p;
+    p.budget_bytes = r.total_bytes * r.utilization;
+    p.fixed_bytes = r.weight_bytes + r.workspace_bytes + r.graph_bytes;
+    const double left = p.budget_bytes - p.fixed_bytes;
+    const double min_kv = static_cast<double>(r.min_kv_blocks) * r.kv_block_bytes;
+    const std::string parts = fmt::format("weights {}, step workspaces {}{}", gb(r.weight_bytes), gb(r.workspace_bytes),
+                                          r.graph_bytes > 0 ? ", CUDA graphs " + gb(r.graph_bytes) : "");
+    if (left < min_kv) {
+        // Name the part that does not fit: the workspaces scale with the flags, the weights do not.
+        const std::string fix = r.workspace_bytes > r.weight_bytes
+                                    ? "lower --max-num-seqs / --max-batched-tokens (the step workspaces grow with them)"
+                                    : "use a machine with more memory or a smaller model";
+        FANOUT_FAIL("this configuration does not fit: {} need {} before any KV cache, but {} has {} × {:.2f} = {}; {}",
+                    parts, gb(p.fixed_bytes), r.where, gb(r.total_bytes), r.utilization, gb(p.budget_bytes), fix);
+    }
+    if (r.kv_bytes) {
+        FANOUT_CHECK(*r.kv_bytes > 0 && std::isfinite(*r.kv_bytes), "--kv-memory-gb must be positive, got {}",
+                     *r.kv_bytes / 1e9);
+        if (*r.kv_bytes > left)
+            FANOUT_FAIL(
+                "--kv-memory-gb {:.2f} does not fit: {} has {} × {:.2f} = {}, of which {} take {}; at most "
+                "--kv-memory-gb {:.2f} fits",
+                *r.kv_bytes / 1e9, r.where, gb(r.total_bytes), r.utilization, gb(p.budget_bytes), parts,
+                gb(p.fixed_bytes), std::floor(left / 1e7) / 100);
+        p.kv_bytes = *r.kv_bytes;
+    } else {
+        p.kv_bytes = left;
+    }
+    p.kv_blocks = std::max<int64_t>(r.min_kv_blocks, static_cast<int64_t>(p.kv_bytes / r.kv_block_bytes));
+    p.summary = fmt::format("memory plan for {}: {} of {} ({:.2f}); {}; KV cache {} = {} blocks", r.where,
+                            gb(p.budget_bytes), gb(r.total_bytes), r.utilization, parts, gb(p.kv_bytes), p.kv_blocks);
+    return p;
+}
+
+double cpu_step_workspace_bytes(const io::ModelConfig& c, int64_t max_num_seqs, int64_t max_batched_tokens) {
+    const double D = static_cast<double>(c.hidden_size), H = static_cast<double>(c.num_attention_heads);
+    const double qk = static_cast<double>(c.qk_nope_head_dim + c.qk_rope_head_dim);
+    const double v = static_cast<double>(c.v_head_dim), nope = static_cast<double>(c.qk_nope_head_dim);
+    const double experts_active = static_cast<double>(c.n_shared_experts + c.num_experts_per_tok);
+    // f32 activations a token holds at once inside a layer (generous: every buffer of a stage).
+    const double per_token = 8 * D + 2 * H * (qk + v) + static_cast<double>(c.kv_entry_dim()) +
+                             static_cast<double>(c.q_lora_rank) + static_cast<double>(c.n_routed_experts) +
+                             3 * std::max(experts_active * static_cast<double>(c.moe_intermediate_size),
+                                          static_cast<double>(c.intermediate_size));
+    const double logits = static_cast<double>(max_num_seqs) * static_cast<double>(c.vocab_size);
+    const double expansion = static_cast<double>(c.max_position_embeddings) * H * (nope + v);
+    return 4.0 * (static_cast<double>(max_batched_tokens) * per_token + logits + expansion);
+}
+
+double kv_block_bytes(const io::ModelConfig& c, bool with_mtp, int64_t block_size, int64_t element_bytes) {
+    const double layers = static_cast<double>(c.num_hidden_layers + (with_mtp ? c.num_nextn_predict_layers : 0));
+    return layers * static_cast<double>(block_size) * static_cast<double>(c.kv_entry_dim()) *
+           static_cast<double>(element_bytes);
+}
+
+double host_memory_bytes() {
+    std::ifstream in("/proc/meminfo");
+    std::string key;
+    double kb = 0;
+    std::string unit;
+    while (in >> key >> kb >> unit)
+        if (key == "MemTotal:") return kb * 1024;
+    return 0;
+}
+
+}  // namespace fanout::engine

@@ -1,0 +1,50 @@
+// Memory planning before anything is loaded (issue 15's first piece; the CPU path today).
+//
+// Weights, step workspaces and CUDA-graph pools are accounted first; the KV cache then takes
+// `--kv-memory-gb` (the CPU path) or, later on the GPU, what is left of a fraction of the device.
+// A configuration that cannot fit is refused before a byte is loaded, with an Error that states
+// what was asked, what fits, and which flag to change — so the CLI exits 2 at once instead of
+// failing minutes into a load. Plain data: no device calls (the caller measures the memory).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "fanout/io/model_config.h"
+
+namespace fanout::engine {
+
+struct MemoryRequest {
+    std::string where;               // "this host (MemTotal)" / "GPU 0"
+    double total_bytes = 0;          // the memory of the device (or host)
+    double utilization = 0.9;        // the fraction fanout may use
+    double weight_bytes = 0;         // checkpoint bytes resident while serving
+    double workspace_bytes = 0;      // step buffers at the configured limits (step_workspace_bytes)
+    double graph_bytes = 0;          // CUDA-graph pools (0 on the CPU path)
+    double kv_block_bytes = 0;       // one KV block, all layers
+    std::optional<double> kv_bytes;  // --kv-memory-gb; unset: what is left
+    int64_t min_kv_blocks = 4;
+};
+
+struct MemoryPlan {
+    int64_t kv_blocks = 0;
+    double kv_bytes = 0, budget_bytes = 0, fixed_bytes = 0;
+    std::string summary;  // one line: the budget and where it goes
+};
+
+// The plan, or an Error naming the flag to change.
+MemoryPlan plan_memory(const MemoryRequest& r);
+
+// The CPU path's step workspace at the scheduler's limits, from the config alone: activations of
+// max_batched_tokens tokens, one f32 logits row per sequence (max_num_seqs), and the MHA form's
+// expansion of the longest context through kv_b (one layer at a time).
+double cpu_step_workspace_bytes(const io::ModelConfig& c, int64_t max_num_seqs, int64_t max_batched_tokens);
+
+// KV bytes per block (all layers, MTP included when present) for an element size.
+double kv_block_bytes(const io::ModelConfig& c, bool with_mtp, int64_t block_size, int64_t element_bytes);
+
+// The host's memory (MemTotal in /proc/meminfo), in bytes; 0 when unknown.
+double host_memory_bytes();
+
+}  // namespace fanout::engine
