@@ -24,7 +24,8 @@ struct ServeArgs {
     ModelArgs model;
     serve::ServerConfig server;
     engine::SchedulerConfig scheduler;
-    double kv_memory_gb = 1.0;
+    double kv_memory_gb = -1;  // <= 0: CPU 1 GB; GPU what the plan leaves
+    double gpu_memory_utilization = 0.9;
     double attention_cost = -1;  // < 0: from the model config (model/step_cost.h)
 };
 
@@ -40,20 +41,43 @@ void run_serve(ServeArgs& a) {
     serve::validate_model_name(a.server.model_name);  // before loading: a bad name costs nothing
     engine::EngineConfig ec;
     ec.scheduler = a.scheduler;
-    if (a.model.device != "cuda") {
-        // The plan before a byte is loaded: what does not fit is refused now (exit 2), naming the flag.
-        const io::ModelConfig pre = io::load_model_config(dir);
-        engine::MemoryRequest mr;
+    // The memory plan before a byte is loaded: what does not fit is refused now (exit 2), naming the
+    // flag. CPU: the KV cache is --kv-memory-gb (default 1) of host memory; GPU: --kv-memory-gb, or
+    // what is left of --gpu-memory-utilization of the device after weights and step buffers.
+    const io::ModelConfig pre = io::load_model_config(dir);
+    engine::MemoryRequest mr;
+    if (a.kv_memory_gb > 0) mr.kv_bytes = a.kv_memory_gb * 1e9;
+#ifdef FANOUT_WITH_CUDA
+    model::CudaModelOptions o;
+    o.max_requests = a.scheduler.max_num_seqs;
+    o.max_step_tokens = a.scheduler.max_batched_tokens;
+    o.max_context = pre.max_position_embeddings;  // the most the KV cache can leave it at
+#endif
+    if (a.model.device == "cuda") {
+#ifdef FANOUT_WITH_CUDA
+        const engine::CudaRunner::DeviceMemory dm = engine::CudaRunner::device_memory();
+        mr.where = fmt::format("GPU {} ({})", dm.device, dm.name);
+        mr.total_bytes = dm.total_bytes;
+        mr.in_use_bytes = dm.total_bytes - dm.free_bytes;
+        mr.utilization = a.gpu_memory_utilization;
+        mr.weight_bytes = engine::checkpoint_weight_bytes(dir, pre);
+        mr.workspace_bytes = static_cast<double>(model::CudaModel::workspace_bytes(pre, o));
+        mr.kv_block_bytes = engine::CudaRunner::block_bytes(pre);
+#else
+        FANOUT_FAIL("--device cuda: this fanout was built without CUDA (no nvcc at configure time)");
+#endif
+    } else {
         mr.where = "this host (MemTotal)";
         mr.total_bytes = engine::host_memory_bytes();
-        for (const auto& f : std::filesystem::directory_iterator(dir))
+        for (const auto& f : std::filesystem::directory_iterator(dir))  // mapped whole
             if (f.path().extension() == ".safetensors") mr.weight_bytes += static_cast<double>(f.file_size());
         mr.workspace_bytes =
             engine::cpu_step_workspace_bytes(pre, a.scheduler.max_num_seqs, a.scheduler.max_batched_tokens);
         mr.kv_block_bytes = engine::kv_block_bytes(pre, true, kv::kDefaultBlockSize, a.model.kv_dtype == "bf16" ? 2 : 4);
-        mr.kv_bytes = a.kv_memory_gb * 1e9;
-        if (mr.total_bytes > 0) std::fprintf(stderr, "%s\n", engine::plan_memory(mr).summary.c_str());
+        if (!mr.kv_bytes) mr.kv_bytes = 1e9;
     }
+    const engine::MemoryPlan plan = mr.total_bytes > 0 ? engine::plan_memory(mr) : engine::MemoryPlan{};
+    if (!plan.summary.empty()) std::fprintf(stderr, "%s\n", plan.summary.c_str());
     std::unique_ptr<engine::ModelRunner> runner;
     auto model = load_model(a.model);
     const io::ModelConfig& c = model->config();
@@ -68,15 +92,17 @@ void run_serve(ServeArgs& a) {
                                     (a.model.device == "cuda" ? 1.0 : model::kCpuAttentionSlowdown);
     if (a.model.device == "cuda") {
 #ifdef FANOUT_WITH_CUDA
-        // The cache on the device, bf16, sized from --kv-memory-gb; the runner's step buffers from
-        // the scheduler's limits.
-        ec.num_kv_blocks = std::max<int64_t>(4, static_cast<int64_t>(a.kv_memory_gb * 1e9 / engine::CudaRunner::block_bytes(c)));
-        model::CudaModelOptions o;
+        // The cache on the device, bf16, as planned; the runner's step buffers from the scheduler's
+        // limits (the plan counted them at the full context: a smaller cache only shrinks them).
+        ec.num_kv_blocks = plan.kv_blocks;
         o.num_kv_blocks = ec.num_kv_blocks;
-        o.max_requests = a.scheduler.max_num_seqs;
-        o.max_step_tokens = a.scheduler.max_batched_tokens;
         o.max_context = std::min<int64_t>(c.max_position_embeddings, ec.num_kv_blocks * kv::kDefaultBlockSize);
+        const double free_before = engine::CudaRunner::device_memory().free_bytes;
         runner = std::make_unique<engine::CudaRunner>(*model, o);
+        std::fprintf(stderr, "GPU memory: %.2f GB allocated at start-up (planned %.2f GB: weights, step buffers, KV)\n",
+                     (free_before - engine::CudaRunner::device_memory().free_bytes) / 1e9,
+                     (mr.weight_bytes + static_cast<double>(model::CudaModel::workspace_bytes(c, o)) +
+                      static_cast<double>(ec.num_kv_blocks) * mr.kv_block_bytes) / 1e9);
 #else
         FANOUT_FAIL("--device cuda: this fanout was built without CUDA (no nvcc at configure time)");
 #endif
@@ -88,7 +114,7 @@ void run_serve(ServeArgs& a) {
         const kv::KvCacheConfig one = cpu->kv_cache_config(1);
         const double block_bytes =
             static_cast<double>(one.num_layers * one.block_size * one.entry_dim) * dtype_size(one.dtype);
-        ec.num_kv_blocks = std::max<int64_t>(4, static_cast<int64_t>(a.kv_memory_gb * 1e9 / block_bytes));
+        ec.num_kv_blocks = std::max<int64_t>(4, static_cast<int64_t>(*mr.kv_bytes / block_bytes));
         runner = std::move(cpu);
     }
     engine::Engine engine(std::move(runner), &tokenizer, ec);
@@ -130,7 +156,12 @@ void add_serve_command(CLI::App& app) {
                     "price of one attention pair in tokens' work, for the step budget (default: from the model's "
                     "FLOPs; 0: budget by tokens alone)");
     cmd->add_flag("!--no-prefix-cache", a->scheduler.enable_prefix_cache, "do not share KV blocks between requests");
-    cmd->add_option("--kv-memory-gb", a->kv_memory_gb, "memory for the paged KV cache")->capture_default_str();
+    cmd->add_option("--kv-memory-gb", a->kv_memory_gb,
+                    "memory for the paged KV cache (default: 1 on the CPU; on a GPU what the memory plan leaves)");
+    cmd->add_option("--gpu-memory-utilization", a->gpu_memory_utilization,
+                    "fraction of the GPU's memory fanout may use (weights, step buffers, KV cache)")
+        ->check(CLI::Range(0.01, 1.0))
+        ->capture_default_str();
     cmd->add_option("--max-in-flight", a->server.max_in_flight, "concurrent requests before 429")->capture_default_str();
     cmd->add_option("--default-max-tokens", a->server.default_max_tokens,
                     "max_tokens of a request that names none (capped by the context)")

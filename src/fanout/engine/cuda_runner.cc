@@ -1,5 +1,9 @@
 #include "fanout/engine/cuda_runner.h"
 
+#include <cuda_runtime.h>
+
+#include "fanout/core/cuda_check.h"
+
 namespace fanout::engine {
 
 CudaRunner::CudaRunner(const model::DeepseekV3& model, const model::CudaModelOptions& opts)
@@ -7,6 +11,21 @@ CudaRunner::CudaRunner(const model::DeepseekV3& model, const model::CudaModelOpt
 
 double CudaRunner::block_bytes(const io::ModelConfig& c) {
     return static_cast<double>(c.num_hidden_layers * kv::kDefaultBlockSize * c.kv_entry_dim()) * dtype_size(DType::kBF16);
+}
+
+CudaRunner::DeviceMemory CudaRunner::device_memory() {
+    int count = 0;
+    FANOUT_CHECK(cudaGetDeviceCount(&count) == cudaSuccess && count > 0, "--device cuda: no CUDA device is visible");
+    DeviceMemory m;
+    FANOUT_CUDA_CHECK(cudaGetDevice(&m.device));
+    cudaDeviceProp prop{};
+    FANOUT_CUDA_CHECK(cudaGetDeviceProperties(&prop, m.device));
+    m.name = prop.name;
+    size_t free_b = 0, total_b = 0;
+    FANOUT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    m.free_bytes = static_cast<double>(free_b);
+    m.total_bytes = static_cast<double>(total_b);
+    return m;
 }
 
 kv::KvCacheConfig CudaRunner::kv_cache_config(int64_t num_blocks) const {

@@ -5,6 +5,8 @@
 // same logits. Decode steps replay CUDA graphs (deepseek_v3_cuda.h).
 #pragma once
 
+#include <string>
+
 #include <memory>
 
 #include "fanout/engine/engine.h"
@@ -28,6 +30,13 @@ public:
 
     // Device bytes of one cache block (every layer), to size the cache from a memory budget.
     static double block_bytes(const io::ModelConfig& c);
+    // The current device's name, free and total memory (bytes), for the memory plan.
+    struct DeviceMemory {
+        std::string name;
+        int device = 0;
+        double free_bytes = 0, total_bytes = 0;
+    };
+    static DeviceMemory device_memory();
 
 private:
     io::ModelConfig config_;

@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
 #include "fanout/core/error.h"
+#include "fanout/io/checkpoint.h"
 
 namespace fanout::engine {
 namespace {
@@ -22,11 +24,12 @@ MemoryPlan plan_memory(const MemoryRequest& r) {
     FANOUT_CHECK(r.kv_block_bytes > 0, "a KV block of {} bytes", r.kv_block_bytes);
     MemoryPlan p;
     p.budget_bytes = r.total_bytes * r.utilization;
-    p.fixed_bytes = r.weight_bytes + r.workspace_bytes + r.graph_bytes;
+    p.fixed_bytes = r.in_use_bytes + r.weight_bytes + r.workspace_bytes + r.graph_bytes;
     const double left = p.budget_bytes - p.fixed_bytes;
     const double min_kv = static_cast<double>(r.min_kv_blocks) * r.kv_block_bytes;
-    const std::string parts = fmt::format("weights {}, step workspaces {}{}", gb(r.weight_bytes), gb(r.workspace_bytes),
-                                          r.graph_bytes > 0 ? ", CUDA graphs " + gb(r.graph_bytes) : "");
+    const std::string parts = fmt::format(
+        "{}weights {}, step workspaces {}{}", r.in_use_bytes > 0 ? "in use already " + gb(r.in_use_bytes) + ", " : "",
+        gb(r.weight_bytes), gb(r.workspace_bytes), r.graph_bytes > 0 ? ", CUDA graphs " + gb(r.graph_bytes) : "");
     if (left < min_kv) {
         // Name the part that does not fit: the workspaces scale with the flags, the weights do not.
         const std::string fix = r.workspace_bytes > r.weight_bytes
@@ -73,6 +76,17 @@ double kv_block_bytes(const io::ModelConfig& c, bool with_mtp, int64_t block_siz
     const double layers = static_cast<double>(c.num_hidden_layers + (with_mtp ? c.num_nextn_predict_layers : 0));
     return layers * static_cast<double>(block_size) * static_cast<double>(c.kv_entry_dim()) *
            static_cast<double>(element_bytes);
+}
+
+double checkpoint_weight_bytes(const std::string& dir, const io::ModelConfig& c) {
+    const io::Checkpoint ck = io::Checkpoint::open(dir);
+    double bytes = 0;
+    for (const auto& name : ck.names()) {
+        if (name.rfind("model.layers.", 0) == 0 && std::atoll(name.c_str() + 13) >= c.num_hidden_layers)
+            continue;  // the MTP layers: not run when serving
+        bytes += static_cast<double>(ck.entry(name).nbytes);
+    }
+    return bytes;
 }
 
 double host_memory_bytes() {

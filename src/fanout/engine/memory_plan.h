@@ -19,6 +19,7 @@ struct MemoryRequest {
     std::string where;               // "this host (MemTotal)" / "GPU 0"
     double total_bytes = 0;          // the memory of the device (or host)
     double utilization = 0.9;        // the fraction fanout may use
+    double in_use_bytes = 0;         // already taken by others (other processes, the CUDA context)
     double weight_bytes = 0;         // checkpoint bytes resident while serving
     double workspace_bytes = 0;      // step buffers at the configured limits (step_workspace_bytes)
     double graph_bytes = 0;          // CUDA-graph pools (0 on the CPU path)
@@ -46,5 +47,9 @@ double kv_block_bytes(const io::ModelConfig& c, bool with_mtp, int64_t block_siz
 
 // The host's memory (MemTotal in /proc/meminfo), in bytes; 0 when unknown.
 double host_memory_bytes();
+
+// Bytes of the checkpoint's tensors in `dir` that a runner holds: all but the MTP layers' (read
+// from the safetensors headers; nothing is loaded).
+double checkpoint_weight_bytes(const std::string& dir, const io::ModelConfig& c);
 
 }  // namespace fanout::engine

@@ -220,12 +220,30 @@ struct CudaLayerExec::Buffers {
     DeviceArray<uint16_t> latent, k_pe, kv_expanded;  // MHA-form prefill: [ctx, kv_lora], [ctx, rope], [ctx, H·(nope+v)]
 };
 
-CudaLayerExec::CudaLayerExec(const io::ModelConfig& c, const ops::RopeTable& rope, int64_t max_tokens,
-                             int64_t num_local_experts, int64_t max_emulated_m, int64_t max_prefill_ctx,
-                             cudaStream_t stream)
-    : c_(c), num_local_(num_local_experts), max_prefill_ctx_(max_prefill_ctx), rope_factor_(rope.attention_factor),
-      stream_(stream), b_(std::make_unique<Buffers>()) {
-    Buffers& b = *b_;
+namespace {
+
+// Element counts of every step buffer for a set of limits: the constructor allocates exactly
+// these, and buffer_bytes() counts them for the memory plan before anything is allocated.
+struct BufferElems {
+    size_t normed, qkv, q_a, q, q_nope, q_pe, q_lat, o_lat, attn_hm, attn, gate_up, act;  // bf16
+    size_t latent, k_pe, kv_expanded;                                                   // bf16, MHA prefill
+    size_t xq, xs, router_logits, topk_idx, topk_weight, counts, fill_t, slot;
+    size_t perm_q, perm_s, expert_act_q, expert_act_s, perm_bf16, expert_act, expert_gate_up, expert_out;
+    size_t emulated_q, emulated_s;
+
+    size_t bytes() const {
+        const size_t bf16 = normed + qkv + q_a + q + q_nope + q_pe + q_lat + o_lat + attn_hm + attn + gate_up + act +
+                            latent + k_pe + kv_expanded + perm_bf16 + expert_act + expert_gate_up + expert_out;
+        const size_t u8 = xq + perm_q + expert_act_q + emulated_q;
+        const size_t f32 = xs + router_logits + topk_weight + perm_s + expert_act_s + emulated_s;
+        const size_t i32 = topk_idx + counts + fill_t + slot;
+        return 2 * bf16 + u8 + 4 * (f32 + i32);
+    }
+};
+
+BufferElems buffer_elems(const io::ModelConfig& c, int64_t max_tokens, int64_t num_local_experts,
+                         int64_t max_emulated_m, int64_t max_prefill_ctx) {
+    BufferElems n{};
     const size_t T = static_cast<size_t>(max_tokens), D = static_cast<size_t>(c.hidden_size);
     const size_t H = static_cast<size_t>(c.num_attention_heads), C = static_cast<size_t>(c.kv_lora_rank);
     const size_t nope = static_cast<size_t>(c.qk_nope_head_dim), rp = static_cast<size_t>(c.qk_rope_head_dim);
@@ -234,52 +252,107 @@ CudaLayerExec::CudaLayerExec(const io::ModelConfig& c, const ops::RopeTable& rop
     const size_t EL = static_cast<size_t>(std::max<int64_t>(num_local_experts, 1));
     const size_t K = static_cast<size_t>(std::max<int64_t>(c.num_experts_per_tok, 1));
     const size_t Ie = static_cast<size_t>(c.moe_intermediate_size);
-    const size_t I = static_cast<size_t>(std::max<int64_t>({c.intermediate_size, c.moe_intermediate_size * c.n_shared_experts, 1}));
+    const size_t I = static_cast<size_t>(
+        std::max<int64_t>({c.intermediate_size, c.moe_intermediate_size * c.n_shared_experts, 1}));
     const size_t qkv_w = ql + C + rp, q_w = H * (nope + rp);
     // Rows per expert in the masked layout: the step's tokens, or the emulated dispatch's count.
     const size_t max_m = std::max(T, static_cast<size_t>(max_emulated_m));
-    b.normed = DeviceArray<uint16_t>(T * D);
-    b.qkv = DeviceArray<uint16_t>(T * qkv_w);
-    b.q_a = DeviceArray<uint16_t>(T * ql);
-    b.q = DeviceArray<uint16_t>(T * q_w);
-    b.q_nope = DeviceArray<uint16_t>(H * T * nope);
-    b.q_pe = DeviceArray<uint16_t>(T * H * rp);
-    b.q_lat = DeviceArray<uint16_t>(H * T * C);
-    b.o_lat = DeviceArray<uint16_t>(H * T * C);
-    b.attn_hm = DeviceArray<uint16_t>(H * T * Vh);
-    b.attn = DeviceArray<uint16_t>(T * H * Vh);
-    b.gate_up = DeviceArray<uint16_t>(T * 2 * I);
-    b.act = DeviceArray<uint16_t>(T * I);
+    n.normed = T * D;
+    n.qkv = T * qkv_w;
+    n.q_a = T * ql;
+    n.q = T * q_w;
+    n.q_nope = H * T * nope;
+    n.q_pe = T * H * rp;
+    n.q_lat = H * T * C;
+    n.o_lat = H * T * C;
+    n.attn_hm = H * T * Vh;
+    n.attn = T * H * Vh;
+    n.gate_up = T * 2 * I;
+    n.act = T * I;
     // The quantized input of any projection (the widest is one of these) or batched GEMM.
     const size_t P = static_cast<size_t>(std::max<int64_t>(max_prefill_ctx, 0));
-    const size_t xq_n = std::max({T * std::max({D, qkv_w, q_w, H * Vh, I}), H * T * std::max(nope, C), P * C});
-    if (P > 0) {
-        b.latent = DeviceArray<uint16_t>(P * C);
-        b.k_pe = DeviceArray<uint16_t>(P * rp);
-        b.kv_expanded = DeviceArray<uint16_t>(P * H * (nope + Vh));
-    }
-    b.xq = DeviceArray<uint8_t>(xq_n);
-    b.xs = DeviceArray<float>(xq_n / 16 + H * T * 2);  // one scale per 128 values of a row, rows of ≥ 16
-    b.router_logits = DeviceArray<float>(T * E);
-    b.topk_idx = DeviceArray<int32_t>(T * K);
-    b.topk_weight = DeviceArray<float>(T * K);
-    b.counts = DeviceArray<int32_t>(EL);
-    b.fill_t = DeviceArray<int32_t>(std::max<size_t>(H, 1));
-    b.slot = DeviceArray<int32_t>(T * K);
+    n.xq = std::max({T * std::max({D, qkv_w, q_w, H * Vh, I}), H * T * std::max(nope, C), P * C});
+    n.latent = P * C;
+    n.k_pe = P * rp;
+    n.kv_expanded = P * H * (nope + Vh);
+    n.xs = n.xq / 16 + H * T * 2;  // one scale per 128 values of a row, rows of ≥ 16
+    n.router_logits = T * E;
+    n.topk_idx = T * K;
+    n.topk_weight = T * K;
+    n.counts = EL;
+    n.fill_t = std::max<size_t>(H, 1);
+    n.slot = T * K;
     if (c.n_routed_experts > 0) {
         const size_t nbD = static_cast<size_t>(ops::ceil_div(static_cast<int64_t>(D), ops::kFp8Block));
         const size_t nbI = static_cast<size_t>(ops::ceil_div(static_cast<int64_t>(Ie), ops::kFp8Block));
-        b.perm_q = DeviceArray<uint8_t>(EL * max_m * D);
-        b.perm_s = DeviceArray<float>(EL * max_m * nbD);
-        b.expert_act_q = DeviceArray<uint8_t>(EL * max_m * Ie);
-        b.expert_act_s = DeviceArray<float>(EL * max_m * nbI);
-        b.perm_bf16 = DeviceArray<uint16_t>(EL * max_m * D);
-        b.expert_act = DeviceArray<uint16_t>(EL * max_m * Ie);
-        b.expert_gate_up = DeviceArray<uint16_t>(EL * max_m * 2 * Ie);
-        b.expert_out = DeviceArray<uint16_t>(EL * max_m * D);
+        n.perm_q = EL * max_m * D;
+        n.perm_s = EL * max_m * nbD;
+        n.expert_act_q = EL * max_m * Ie;
+        n.expert_act_s = EL * max_m * nbI;
+        n.perm_bf16 = EL * max_m * D;
+        n.expert_act = EL * max_m * Ie;
+        n.expert_gate_up = EL * max_m * 2 * Ie;
+        n.expert_out = EL * max_m * D;
+        if (max_emulated_m > 0) {
+            n.emulated_q = EL * max_m * D;
+            n.emulated_s = EL * max_m * nbD;
+        }
+    }
+    return n;
+}
+
+}  // namespace
+
+size_t CudaLayerExec::buffer_bytes(const io::ModelConfig& c, int64_t max_tokens, int64_t num_local_experts,
+                                   int64_t max_emulated_m, int64_t max_prefill_ctx) {
+    return buffer_elems(c, max_tokens, num_local_experts, max_emulated_m, max_prefill_ctx).bytes() +
+           ops::GemmWorkspace::kDefaultBytes;
+}
+
+CudaLayerExec::CudaLayerExec(const io::ModelConfig& c, const ops::RopeTable& rope, int64_t max_tokens,
+                             int64_t num_local_experts, int64_t max_emulated_m, int64_t max_prefill_ctx,
+                             cudaStream_t stream)
+    : c_(c), num_local_(num_local_experts), max_prefill_ctx_(max_prefill_ctx), rope_factor_(rope.attention_factor),
+      stream_(stream), b_(std::make_unique<Buffers>()) {
+    Buffers& b = *b_;
+    const BufferElems n = buffer_elems(c, max_tokens, num_local_experts, max_emulated_m, max_prefill_ctx);
+    b.normed = DeviceArray<uint16_t>(n.normed);
+    b.qkv = DeviceArray<uint16_t>(n.qkv);
+    b.q_a = DeviceArray<uint16_t>(n.q_a);
+    b.q = DeviceArray<uint16_t>(n.q);
+    b.q_nope = DeviceArray<uint16_t>(n.q_nope);
+    b.q_pe = DeviceArray<uint16_t>(n.q_pe);
+    b.q_lat = DeviceArray<uint16_t>(n.q_lat);
+    b.o_lat = DeviceArray<uint16_t>(n.o_lat);
+    b.attn_hm = DeviceArray<uint16_t>(n.attn_hm);
+    b.attn = DeviceArray<uint16_t>(n.attn);
+    b.gate_up = DeviceArray<uint16_t>(n.gate_up);
+    b.act = DeviceArray<uint16_t>(n.act);
+    if (n.latent > 0) {
+        b.latent = DeviceArray<uint16_t>(n.latent);
+        b.k_pe = DeviceArray<uint16_t>(n.k_pe);
+        b.kv_expanded = DeviceArray<uint16_t>(n.kv_expanded);
+    }
+    b.xq = DeviceArray<uint8_t>(n.xq);
+    b.xs = DeviceArray<float>(n.xs);
+    b.router_logits = DeviceArray<float>(n.router_logits);
+    b.topk_idx = DeviceArray<int32_t>(n.topk_idx);
+    b.topk_weight = DeviceArray<float>(n.topk_weight);
+    b.counts = DeviceArray<int32_t>(n.counts);
+    b.fill_t = DeviceArray<int32_t>(n.fill_t);
+    b.slot = DeviceArray<int32_t>(n.slot);
+    if (c.n_routed_experts > 0) {
+        b.perm_q = DeviceArray<uint8_t>(n.perm_q);
+        b.perm_s = DeviceArray<float>(n.perm_s);
+        b.expert_act_q = DeviceArray<uint8_t>(n.expert_act_q);
+        b.expert_act_s = DeviceArray<float>(n.expert_act_s);
+        b.perm_bf16 = DeviceArray<uint16_t>(n.perm_bf16);
+        b.expert_act = DeviceArray<uint16_t>(n.expert_act);
+        b.expert_gate_up = DeviceArray<uint16_t>(n.expert_gate_up);
+        b.expert_out = DeviceArray<uint16_t>(n.expert_out);
         if (max_emulated_m > 0) {  // the emulated dispatch's rows: any finite values do
-            b.emulated_q = DeviceArray<uint8_t>(EL * max_m * D);
-            b.emulated_s = DeviceArray<float>(EL * max_m * nbD);
+            b.emulated_q = DeviceArray<uint8_t>(n.emulated_q);
+            b.emulated_s = DeviceArray<float>(n.emulated_s);
             ops::launch_random_fp8(b.emulated_q.get(), b.emulated_q.size(), 7, stream);
             ops::launch_random_f32(b.emulated_s.get(), b.emulated_s.size(), 0.01f, 0.02f, 8, stream);
         }

@@ -131,6 +131,11 @@ class CudaLayerExec {
     CudaLayerExec(const io::ModelConfig& c, const ops::RopeTable& rope, int64_t max_tokens, int64_t num_local_experts,
                   int64_t max_emulated_m, int64_t max_prefill_ctx, cudaStream_t stream);
     ~CudaLayerExec();
+    // The device bytes the constructor allocates for these limits (its step buffers and GEMM
+    // workspace; the MLA workspace grows on first use and is not counted), so a memory plan can
+    // count them before anything is allocated.
+    static size_t buffer_bytes(const io::ModelConfig& c, int64_t max_tokens, int64_t num_local_experts,
+                               int64_t max_emulated_m, int64_t max_prefill_ctx);
     // hidden [T, D] bf16 (the residual stream) is updated in place; cache is this layer's.
     void run(const DeviceLayer& w, const LayerStep& step, uint16_t* hidden, uint16_t* cache,
              const KernelMark& mark = {}, const ExpertEmulation* emulate = nullptr);

@@ -159,6 +159,17 @@ CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts) : im
     FANOUT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
 }
 
+size_t CudaModel::workspace_bytes(const io::ModelConfig& c, const CudaModelOptions& opts) {
+    // Mirrors the constructor's step arrays; the layer's buffers count themselves.
+    const size_t T = static_cast<size_t>(opts.max_step_tokens), R = static_cast<size_t>(opts.max_requests);
+    const size_t D = static_cast<size_t>(c.hidden_size);
+    const size_t blocks_per_request = static_cast<size_t>(ops::ceil_div(opts.max_context, kv::kDefaultBlockSize));
+    const size_t i32 = 6 * T + (R + 1) + R + R * blocks_per_request;
+    return 4 * i32 + T * sizeof(ops::SamplingRow) + kInitialLogitBias * sizeof(ops::LogitBias) + 3 * T * D * 2 +
+           T * static_cast<size_t>(c.vocab_size) * 4 +
+           CudaLayerExec::buffer_bytes(c, opts.max_step_tokens, c.n_routed_experts, 0, opts.max_context);
+}
+
 CudaModel::~CudaModel() = default;
 
 const io::ModelConfig& CudaModel::config() const { return impl_->c; }

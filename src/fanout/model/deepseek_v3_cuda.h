@@ -47,6 +47,9 @@ class CudaModel {
     // Uploads `model`'s weights and allocates the cache and step buffers on the current device.
     // The DeepseekV3 may be destroyed afterwards.
     CudaModel(const DeepseekV3& model, const CudaModelOptions& opts = {});
+    // Device bytes of the step buffers the constructor allocates for `opts` (everything but the
+    // weights and the KV cache), for the memory plan before loading.
+    static size_t workspace_bytes(const io::ModelConfig& c, const CudaModelOptions& opts);
     ~CudaModel();
     CudaModel(const CudaModel&) = delete;
     CudaModel& operator=(const CudaModel&) = delete;

@@ -46,7 +46,10 @@ GemmConfig pick_gemm_config(int M, int N, int K, int num_sms, bool split_k_allow
 // stream (CUDA graphs included); GEMMs running concurrently need one workspace each.
 class GemmWorkspace {
   public:
-    explicit GemmWorkspace(size_t partial_bytes = size_t{32} << 20, int num_counters = 1 << 14);
+    static constexpr size_t kDefaultPartialBytes = size_t{32} << 20;
+    static constexpr int kDefaultCounters = 1 << 14;
+    static constexpr size_t kDefaultBytes = kDefaultPartialBytes + kDefaultCounters * sizeof(int);
+    explicit GemmWorkspace(size_t partial_bytes = kDefaultPartialBytes, int num_counters = kDefaultCounters);
     ~GemmWorkspace();
     GemmWorkspace(const GemmWorkspace&) = delete;
     GemmWorkspace& operator=(const GemmWorkspace&) = delete;
