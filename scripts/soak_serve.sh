@@ -6,11 +6,16 @@
 #      and is reconnected when the server drops it at its 10 s head deadline) -> p99 beside A;
 #   C. 10,000 mixed requests (streamed=5, plain=2, cancelled=2, malformed=1) with 200 slow clients.
 # Then SIGTERM; the server must exit 0 and its log hold no LeakSanitizer / AddressSanitizer report.
-# The caches that may grow are the configured ones: the paged KV cache (--kv-memory-gb 1, touched
-# as it fills) and the prefix cache inside it.
+# The configured caches are the paged KV cache (--kv-memory-gb 1, resident from the start: ~1.3 GB
+# RSS before the first request) and the prefix cache inside it. RSS rises ~250 MB during A, about
+# the size of ASan's quarantine of freed memory (256 MB by default), so compare phase C's
+# after-warm-up and last samples.
 #
 # Usage: scripts/soak_serve.sh [OUT_DIR]   (default docs/bench/soak: A/B/C JSON and tables, the
 #        server log, summary.txt). Exit status 1 when any request failed or a sanitizer reported.
+# Time: on the 2-vCPU dev machine ASan runs `tiny` ~10x slower than Release (2-4 requests/s at
+#       32 in flight), so the defaults take about an hour (A 7, B 7, C 42 minutes, plus the build);
+#       N_BASE=500 N_MIX=3000 gives a ~20 minute run.
 # Env:   SKIP_BUILD=1 uses build-asan as it is; JOBS (ninja -j, default 1); N_BASE (1000), N_MIX
 #        (10000), SLOW_B (1000), SLOW_C (200), CONCURRENCY (32), PROMPT_LEN (32), OUTPUT_LEN (8).
 set -euo pipefail

@@ -331,8 +331,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
 
     void on_read_error(beast::error_code ec) {
-        if (ec == http::error::end_of_stream || ec == asio::error::eof || ec == asio::error::connection_reset ||
-            ec == asio::error::operation_aborted)
+        // The client went away (also halfway through a head or body): nobody to answer.
+        if (ec == http::error::end_of_stream || ec == http::error::partial_message || ec == asio::error::eof ||
+            ec == asio::error::connection_reset || ec == asio::error::operation_aborted)
             return close();
         // A head or body that did not arrive in time: the stream has closed the socket already.
         if (ec == beast::error::timeout) return close();
