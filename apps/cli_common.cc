@@ -56,18 +56,29 @@ std::string resolve_model_dir(const std::string& model) {
 
 std::unique_ptr<model::DeepseekV3> load_model(const ModelArgs& a) {
     const std::string dir = resolve_model_dir(a.model);
+    double bytes = 0;  // the checkpoint's files, for the rate
+    std::error_code ec;  // a missing folder is the loader's error to name
+    for (const auto& f : std::filesystem::directory_iterator(dir, ec))
+        if (f.path().extension() == ".safetensors") bytes += static_cast<double>(f.file_size(ec));
     const auto t0 = std::chrono::steady_clock::now();
-    // Progress on a terminal only: one line rewritten in place.
-    model::LoadProgress progress;
-    if (::isatty(STDERR_FILENO))
-        progress = [](const std::string& what, int64_t done, int64_t total) {
-            std::fprintf(stderr, "\rloading %s (%lld/%lld)\033[K", what.c_str(), (long long)done, (long long)total);
-        };
+    const auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+    // On a terminal one line rewritten in place; otherwise a plain line at most every 2 s (logs).
+    const bool tty = ::isatty(STDERR_FILENO);
+    double last_line = -1;
+    model::LoadProgress progress = [&](const std::string& what, int64_t done, int64_t total) {
+        const double t = seconds();
+        if (!tty && t - last_line < 2 && done < total) return;
+        last_line = t;
+        const double frac = total > 0 ? static_cast<double>(done) / static_cast<double>(total) : 1.0;
+        const double eta = frac > 0 ? t / frac - t : 0;
+        std::fprintf(stderr, "%sloading %s (%lld/%lld, %.0f%%, %.1f s, ETA %.0f s)%s", tty ? "\r" : "", what.c_str(),
+                     (long long)done, (long long)total, 100 * frac, t, eta, tty ? "\033[K" : "\n");
+    };
     auto m = model::DeepseekV3::load(dir, {}, progress);
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::fprintf(stderr, "%sloaded %s: %lld layers%s, %s weights, in %.2f s\n", progress ? "\r\033[K" : "",
+    const double secs = seconds();
+    std::fprintf(stderr, "%sloaded %s: %lld layers%s, %s weights, %.2f GB in %.2f s (%.2f GB/s)\n", tty ? "\r\033[K" : "",
                  dir.c_str(), (long long)m->config().num_hidden_layers, m->weights().mtp ? " + MTP" : "",
-                 m->config().fp8 ? "fp8" : "bf16", secs);
+                 m->config().fp8 ? "fp8" : "bf16", bytes / 1e9, secs, secs > 0 ? bytes / 1e9 / secs : 0.0);
     return m;
 }
 

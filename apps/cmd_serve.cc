@@ -44,6 +44,13 @@ void run_serve(ServeArgs& a) {
     // The memory plan before a byte is loaded: what does not fit is refused now (exit 2), naming the
     // flag. CPU: the KV cache is --kv-memory-gb (default 1) of host memory; GPU: --kv-memory-gb, or
     // what is left of --gpu-memory-utilization of the device after weights and step buffers.
+    using steady = std::chrono::steady_clock;
+    auto phase_start = steady::now();
+    const auto phase = [&](const char* name) {  // the seconds since the last phase ended, for the breakdown
+        const auto now = steady::now();
+        a.server.startup_seconds.emplace_back(name, std::chrono::duration<double>(now - phase_start).count());
+        phase_start = now;
+    };
     const io::ModelConfig pre = io::load_model_config(dir);
     engine::MemoryRequest mr;
     if (a.kv_memory_gb > 0) mr.kv_bytes = a.kv_memory_gb * 1e9;
@@ -78,8 +85,10 @@ void run_serve(ServeArgs& a) {
     }
     const engine::MemoryPlan plan = mr.total_bytes > 0 ? engine::plan_memory(mr) : engine::MemoryPlan{};
     if (!plan.summary.empty()) std::fprintf(stderr, "%s\n", plan.summary.c_str());
+    phase("plan");
     std::unique_ptr<engine::ModelRunner> runner;
     auto model = load_model(a.model);
+    phase("load");
     const io::ModelConfig& c = model->config();
     // Steps are budgeted by work, not tokens (a chunk deep in a long prompt costs more than one at
     // its start), priced at the absorbed form that such small chunks run — and on the CPU path at
@@ -117,9 +126,18 @@ void run_serve(ServeArgs& a) {
         ec.num_kv_blocks = std::max<int64_t>(4, static_cast<int64_t>(*mr.kv_bytes / block_bytes));
         runner = std::move(cpu);
     }
+    phase(a.model.device == "cuda" ? "device (upload, KV, step buffers)" : "runner");
     engine::Engine engine(std::move(runner), &tokenizer, ec);
+    phase("KV cache and engine");
     serve::OpenAIServer server(engine, tokenizer, a.server);
     const int port = server.bind();
+    std::string breakdown;
+    double total = 0;
+    for (const auto& [name, secs] : a.server.startup_seconds) {
+        breakdown += fmt::format("{}{} {:.2f} s", breakdown.empty() ? "" : ", ", name, secs);
+        total += secs;
+    }
+    std::fprintf(stderr, "start-up: %s; %.2f s in all\n", breakdown.c_str(), total);
     engine.start();
     std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error return, not process death
     std::signal(SIGINT, on_signal);

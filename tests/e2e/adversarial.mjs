@@ -617,7 +617,7 @@ if (env.ADV_EVIL_BASE) {
     const lines = m.text.split("\n").filter((l) => l !== "");
     const stray = lines.filter((l) => !(l.startsWith("#") || l.startsWith("fanout_")));
     c.expect(stray.length === 0, "every line to start with # or fanout_", JSON.stringify(stray.slice(0, 3)));
-    const sample = /^fanout_[a-z0-9_]+(?:\{model="((?:[^"\\\n]|\\["\\n])*)"(?:,le="[^"]*")?\})? (\S+)$/;
+    const sample = /^fanout_[a-z0-9_]+(?:\{model="((?:[^"\\\n]|\\["\\n])*)"(?:,(?:le|phase)="(?:[^"\\\n]|\\["\\n])*")?\})? (\S+)$/;
     const bad = lines.filter((l) => !l.startsWith("#")).filter((l) => {
       const s = sample.exec(l);
       return !s || s[1].replace(/\\(["\\n])/g, (_, ch) => (ch === "n" ? "\n" : ch)) !== evilName || Number.isNaN(Number(s[2]));

@@ -20,7 +20,8 @@ std::string prometheus_label_value(std::string_view v) {
     return out;
 }
 
-std::string render_metrics(const std::string& model_name, const engine::EngineStats& s, const HttpStats& http) {
+std::string render_metrics(const std::string& model_name, const engine::EngineStats& s, const HttpStats& http,
+                           const StartupTimes& startup) {
     std::string out;
     const std::string model = prometheus_label_value(model_name);
     const std::string label = fmt::format("{{model=\"{}\"}}", model);
@@ -59,6 +60,12 @@ std::string render_metrics(const std::string& model_name, const engine::EngineSt
         out += fmt::format("{}_bucket{{model=\"{}\",le=\"+Inf\"}} {}\n", name, model, h.count);
         out += fmt::format("{}_sum{} {}\n{}_count{} {}\n", name, label, h.sum, name, label, h.count);
     };
+    if (!startup.empty()) {
+        out += "# HELP fanout_startup_seconds Seconds each start-up phase took.\n# TYPE fanout_startup_seconds gauge\n";
+        for (const auto& [phase, secs] : startup)
+            out += fmt::format("fanout_startup_seconds{{model=\"{}\",phase=\"{}\"}} {}\n", model,
+                               prometheus_label_value(phase), secs);
+    }
     histogram("fanout_time_to_first_token_seconds", "Time from request to first token.", s.ttft);
     histogram("fanout_inter_token_latency_seconds", "Time between a request's tokens.", s.itl);
     histogram("fanout_e2e_request_latency_seconds", "Time from request to its last token.", s.e2e);

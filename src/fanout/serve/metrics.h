@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "fanout/engine/engine.h"
 
@@ -19,6 +21,10 @@ struct HttpStats {
     int64_t requests = 0, errors = 0, in_flight = 0, open_connections = 0;
 };
 
-std::string render_metrics(const std::string& model_name, const engine::EngineStats& s, const HttpStats& http);
+// Start-up phases and their seconds (plan, load, device, ...), shown as fanout_startup_seconds.
+using StartupTimes = std::vector<std::pair<std::string, double>>;
+
+std::string render_metrics(const std::string& model_name, const engine::EngineStats& s, const HttpStats& http,
+                           const StartupTimes& startup = {});
 
 }  // namespace fanout::serve

@@ -177,7 +177,7 @@ struct OpenAIServer::Impl {
                             http ? http->open_connections() : 0};
                 HttpResponse r;
                 r.content_type = "text/plain; version=0.0.4";
-                r.body = render_metrics(config.model_name, engine.stats(), h);
+                r.body = render_metrics(config.model_name, engine.stats(), h, config.startup_seconds);
                 return r;
             },
             cheap);

@@ -13,6 +13,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fanout/engine/engine.h"
@@ -31,6 +32,7 @@ struct ServerConfig {
     HttpLimits limits;
     int io_threads = 2;
     int worker_threads = 4;
+    std::vector<std::pair<std::string, double>> startup_seconds;  // start-up phases, for /metrics
 };
 
 // The name clients must send: refused (Error) when empty, too long or holding control characters.
