@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <unistd.h>
 
+#include "fanout/engine/memory_plan.h"
 #include "fanout/model/synthetic.h"
 
 namespace fanout::cli {
@@ -56,10 +57,7 @@ std::string resolve_model_dir(const std::string& model) {
 
 std::unique_ptr<model::DeepseekV3> load_model(const ModelArgs& a) {
     const std::string dir = resolve_model_dir(a.model);
-    double bytes = 0;  // the checkpoint's files, for the rate
-    std::error_code ec;  // a missing folder is the loader's error to name
-    for (const auto& f : std::filesystem::directory_iterator(dir, ec))
-        if (f.path().extension() == ".safetensors") bytes += static_cast<double>(f.file_size(ec));
+    const double bytes = engine::checkpoint_file_bytes(dir);  // for the rate
     const auto t0 = std::chrono::steady_clock::now();
     const auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
     // On a terminal one line rewritten in place; otherwise a plain line at most every 2 s (logs).

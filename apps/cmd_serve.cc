@@ -76,8 +76,7 @@ void run_serve(ServeArgs& a) {
     } else {
         mr.where = "this host (MemTotal)";
         mr.total_bytes = engine::host_memory_bytes();
-        for (const auto& f : std::filesystem::directory_iterator(dir))  // mapped whole
-            if (f.path().extension() == ".safetensors") mr.weight_bytes += static_cast<double>(f.file_size());
+        mr.weight_bytes = engine::checkpoint_file_bytes(dir);  // mapped whole
         mr.workspace_bytes =
             engine::cpu_step_workspace_bytes(pre, a.scheduler.max_num_seqs, a.scheduler.max_batched_tokens);
         mr.kv_block_bytes = engine::kv_block_bytes(pre, true, kv::kDefaultBlockSize, a.model.kv_dtype == "bf16" ? 2 : 4);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -76,6 +77,14 @@ double kv_block_bytes(const io::ModelConfig& c, bool with_mtp, int64_t block_siz
     const double layers = static_cast<double>(c.num_hidden_layers + (with_mtp ? c.num_nextn_predict_layers : 0));
     return layers * static_cast<double>(block_size) * static_cast<double>(c.kv_entry_dim()) *
            static_cast<double>(element_bytes);
+}
+
+double checkpoint_file_bytes(const std::string& dir) {
+    std::error_code ec;
+    double bytes = 0;
+    for (const auto& f : std::filesystem::directory_iterator(dir, ec))
+        if (f.path().extension() == ".safetensors") bytes += static_cast<double>(f.file_size(ec));
+    return bytes;
 }
 
 double checkpoint_weight_bytes(const std::string& dir, const io::ModelConfig& c) {

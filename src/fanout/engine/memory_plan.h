@@ -48,6 +48,9 @@ double kv_block_bytes(const io::ModelConfig& c, bool with_mtp, int64_t block_siz
 // The host's memory (MemTotal in /proc/meminfo), in bytes; 0 when unknown.
 double host_memory_bytes();
 
+// Bytes of the `*.safetensors` files in `dir` (0 for a folder that is not there: the loader names it).
+double checkpoint_file_bytes(const std::string& dir);
+
 // Bytes of the checkpoint's tensors in `dir` that a runner holds: all but the MTP layers' (read
 // from the safetensors headers; nothing is loaded).
 double checkpoint_weight_bytes(const std::string& dir, const io::ModelConfig& c);

@@ -18,10 +18,9 @@ using nlohmann::json;
 // fanout::Error messages end with " (file.cc:NN)"; clients get the message alone.
 std::string client_message(std::string m) {
     const size_t open = m.rfind(" (");
-    if (open != std::string::npos && !m.empty() && m.back() == ')' && m.find(".cc:", open) != std::string::npos)
-        m.resize(open);
-    if (open != std::string::npos && !m.empty() && m.back() == ')' && m.find(".h:", open) != std::string::npos)
-        m.resize(open);
+    const bool located = open != std::string::npos && m.back() == ')' &&
+                         (m.find(".cc:", open) != std::string::npos || m.find(".h:", open) != std::string::npos);
+    if (located) m.resize(open);
     return m;
 }
 
