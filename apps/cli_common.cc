@@ -1,10 +1,11 @@
 #include "cli_common.h"
 
+#include <unistd.h>
+
 #include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <unistd.h>
 
 #include "fanout/engine/memory_plan.h"
 #include "fanout/model/synthetic.h"
@@ -37,8 +38,9 @@ void add_model_flag(CLI::App* cmd, std::string& model) {
 
 void add_model_args(CLI::App* cmd, ModelArgs& a) {
     add_model_flag(cmd, a.model);
-    cmd->add_option("--fp8-mode", a.fp8_mode, "fp8 weights: 'dequant' (exact reference) or 'w8a8' (activations "
-                                              "quantized per 1x128, as the GPU GEMMs)")
+    cmd->add_option("--fp8-mode", a.fp8_mode,
+                    "fp8 weights: 'dequant' (exact reference) or 'w8a8' (activations "
+                    "quantized per 1x128, as the GPU GEMMs)")
         ->check(CLI::IsMember({"dequant", "w8a8"}))
         ->capture_default_str();
     cmd->add_option("--kv-dtype", a.kv_dtype, "KV cache element type")
@@ -74,9 +76,10 @@ std::unique_ptr<model::DeepseekV3> load_model(const ModelArgs& a) {
     };
     auto m = model::DeepseekV3::load(dir, {}, progress);
     const double secs = seconds();
-    std::fprintf(stderr, "%sloaded %s: %lld layers%s, %s weights, %.2f GB in %.2f s (%.2f GB/s)\n", tty ? "\r\033[K" : "",
-                 dir.c_str(), (long long)m->config().num_hidden_layers, m->weights().mtp ? " + MTP" : "",
-                 m->config().fp8 ? "fp8" : "bf16", bytes / 1e9, secs, secs > 0 ? bytes / 1e9 / secs : 0.0);
+    std::fprintf(stderr, "%sloaded %s: %lld layers%s, %s weights, %.2f GB in %.2f s (%.2f GB/s)\n",
+                 tty ? "\r\033[K" : "", dir.c_str(), (long long)m->config().num_hidden_layers,
+                 m->weights().mtp ? " + MTP" : "", m->config().fp8 ? "fp8" : "bf16", bytes / 1e9, secs,
+                 secs > 0 ? bytes / 1e9 / secs : 0.0);
     return m;
 }
 

@@ -101,7 +101,8 @@ void add_bench_command(CLI::App& app) {
     });
 
     auto a = std::make_shared<bench::MlaBenchOptions>();
-    auto* mla = bench->add_subcommand("mla", "MLA decode attention (absorbed form, paged cache) beside the bf16 peak (GPU)");
+    auto* mla =
+        bench->add_subcommand("mla", "MLA decode attention (absorbed form, paged cache) beside the bf16 peak (GPU)");
     mla->add_option("--batches", a->batches, "requests per step")->delimiter(',')->capture_default_str();
     mla->add_option("--query-len", a->query_len, "query tokens per request")->capture_default_str();
     mla->add_option("--kv-len", a->kv_len, "cached positions per request")->capture_default_str();
@@ -119,7 +120,9 @@ void add_bench_command(CLI::App& app) {
     auto* layer = bench->add_subcommand(
         "layer", "one V3 layer (dense and MoE at emulated EP8..EP128), kernel by kernel beside the roofline (GPU)");
     layer->add_option("--batches", l->batches, "requests per GPU")->delimiter(',')->capture_default_str();
-    layer->add_option("--eps", l->eps, "EP sizes to emulate (256 / EP local experts)")->delimiter(',')->capture_default_str();
+    layer->add_option("--eps", l->eps, "EP sizes to emulate (256 / EP local experts)")
+        ->delimiter(',')
+        ->capture_default_str();
     layer->add_option("--query-len", l->query_len, "query tokens per request")->capture_default_str();
     layer->add_option("--kv-len", l->kv_len, "cached positions per request")->capture_default_str();
     layer->add_option("--replays", l->replays, "timed graph replays per point")->capture_default_str();

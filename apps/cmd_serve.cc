@@ -79,7 +79,8 @@ void run_serve(ServeArgs& a) {
         mr.weight_bytes = engine::checkpoint_file_bytes(dir);  // mapped whole
         mr.workspace_bytes =
             engine::cpu_step_workspace_bytes(pre, a.scheduler.max_num_seqs, a.scheduler.max_batched_tokens);
-        mr.kv_block_bytes = engine::kv_block_bytes(pre, true, kv::kDefaultBlockSize, a.model.kv_dtype == "bf16" ? 2 : 4);
+        mr.kv_block_bytes =
+            engine::kv_block_bytes(pre, true, kv::kDefaultBlockSize, a.model.kv_dtype == "bf16" ? 2 : 4);
         if (!mr.kv_bytes) mr.kv_bytes = 1e9;
     }
     const engine::MemoryPlan plan = mr.total_bytes > 0 ? engine::plan_memory(mr) : engine::MemoryPlan{};
@@ -95,9 +96,9 @@ void run_serve(ServeArgs& a) {
     const model::StepFlops flops = model::step_flops(c);
     const double pair_flops = std::max(flops.attention_per_pair, flops.absorbed_attention_per_pair);
     ec.scheduler.attention_cost_per_pair =
-        a.attention_cost >= 0 ? a.attention_cost
-                              : pair_flops / flops.layers_per_token *
-                                    (a.model.device == "cuda" ? 1.0 : model::kCpuAttentionSlowdown);
+        a.attention_cost >= 0
+            ? a.attention_cost
+            : pair_flops / flops.layers_per_token * (a.model.device == "cuda" ? 1.0 : model::kCpuAttentionSlowdown);
     if (a.model.device == "cuda") {
 #ifdef FANOUT_WITH_CUDA
         // The cache on the device, bf16, as planned; the runner's step buffers from the scheduler's
@@ -110,7 +111,8 @@ void run_serve(ServeArgs& a) {
         std::fprintf(stderr, "GPU memory: %.2f GB allocated at start-up (planned %.2f GB: weights, step buffers, KV)\n",
                      (free_before - engine::CudaRunner::device_memory().free_bytes) / 1e9,
                      (mr.weight_bytes + static_cast<double>(model::CudaModel::workspace_bytes(c, o)) +
-                      static_cast<double>(ec.num_kv_blocks) * mr.kv_block_bytes) / 1e9);
+                      static_cast<double>(ec.num_kv_blocks) * mr.kv_block_bytes) /
+                         1e9);
 #else
         FANOUT_FAIL("--device cuda: this fanout was built without CUDA (no nvcc at configure time)");
 #endif
@@ -164,8 +166,10 @@ void add_serve_command(CLI::App& app) {
     add_model_args(cmd, a->model);
     cmd->add_option("--host", a->server.host, "address to listen on")->capture_default_str();
     cmd->add_option("--port", a->server.port, "port (0 = any free one, printed at start)")->capture_default_str();
-    cmd->add_option("--served-model-name", a->server.model_name, "the 'model' clients send (default: tiny or the folder name)");
-    cmd->add_option("--max-num-seqs", a->scheduler.max_num_seqs, "sequences in the running batch")->capture_default_str();
+    cmd->add_option("--served-model-name", a->server.model_name,
+                    "the 'model' clients send (default: tiny or the folder name)");
+    cmd->add_option("--max-num-seqs", a->scheduler.max_num_seqs, "sequences in the running batch")
+        ->capture_default_str();
     cmd->add_option("--max-batched-tokens", a->scheduler.max_batched_tokens, "tokens per step")->capture_default_str();
     cmd->add_option("--prefill-chunk", a->scheduler.prefill_chunk, "prompt tokens of one sequence per step")
         ->capture_default_str();
@@ -179,7 +183,8 @@ void add_serve_command(CLI::App& app) {
                     "fraction of the GPU's memory fanout may use (weights, step buffers, KV cache)")
         ->check(CLI::Range(0.01, 1.0))
         ->capture_default_str();
-    cmd->add_option("--max-in-flight", a->server.max_in_flight, "concurrent requests before 429")->capture_default_str();
+    cmd->add_option("--max-in-flight", a->server.max_in_flight, "concurrent requests before 429")
+        ->capture_default_str();
     cmd->add_option("--default-max-tokens", a->server.default_max_tokens,
                     "max_tokens of a request that names none (capped by the context)")
         ->check(CLI::PositiveNumber)

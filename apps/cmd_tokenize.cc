@@ -8,8 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_common.h"
-#include "fanout/io/json_util.h"
 #include "fanout/io/chat_template.h"
+#include "fanout/io/json_util.h"
 
 namespace fanout::cli {
 namespace {
@@ -53,7 +53,8 @@ void run_tokenize(const TokenizeArgs& a) {
                     FANOUT_CHECK(j.contains("messages"), "--chat objects need a 'messages' field");
                     messages = &j["messages"];
                     if (j.contains("add_generation_prompt")) {
-                        FANOUT_CHECK(j["add_generation_prompt"].is_boolean(), "'add_generation_prompt' must be a boolean");
+                        FANOUT_CHECK(j["add_generation_prompt"].is_boolean(),
+                                     "'add_generation_prompt' must be a boolean");
                         gen_prompt = j["add_generation_prompt"].get<bool>();
                     }
                 }

@@ -10,7 +10,8 @@ CudaRunner::CudaRunner(const model::DeepseekV3& model, const model::CudaModelOpt
     : config_(model.config()), gpu_(std::make_unique<model::CudaModel>(model, opts)) {}
 
 double CudaRunner::block_bytes(const io::ModelConfig& c) {
-    return static_cast<double>(c.num_hidden_layers * kv::kDefaultBlockSize * c.kv_entry_dim()) * dtype_size(DType::kBF16);
+    return static_cast<double>(c.num_hidden_layers * kv::kDefaultBlockSize * c.kv_entry_dim()) *
+           dtype_size(DType::kBF16);
 }
 
 CudaRunner::DeviceMemory CudaRunner::device_memory() {

@@ -5,9 +5,8 @@
 // same logits. Decode steps replay CUDA graphs (deepseek_v3_cuda.h).
 #pragma once
 
-#include <string>
-
 #include <memory>
+#include <string>
 
 #include "fanout/engine/engine.h"
 #include "fanout/model/deepseek_v3_cuda.h"
@@ -15,7 +14,7 @@
 namespace fanout::engine {
 
 class CudaRunner : public ModelRunner {
-public:
+  public:
     // opts.num_kv_blocks must be the engine's EngineConfig::num_kv_blocks.
     CudaRunner(const model::DeepseekV3& model, const model::CudaModelOptions& opts);
     int64_t vocab_size() const override { return config_.vocab_size; }
@@ -38,7 +37,7 @@ public:
     };
     static DeviceMemory device_memory();
 
-private:
+  private:
     io::ModelConfig config_;
     std::unique_ptr<model::CudaModel> gpu_;
 };

@@ -67,9 +67,9 @@ struct Engine::Active {
     RequestParams params;
     std::optional<ops::Sampler> sampler;
     std::optional<io::IncrementalDecoder> decoder;
-    std::string text;      // decoded output so far
-    size_t emitted = 0;    // bytes of `text` already sent
-    size_t hold = 0;       // bytes held back so a stop string is never sent in part
+    std::string text;    // decoded output so far
+    size_t emitted = 0;  // bytes of `text` already sent
+    size_t hold = 0;     // bytes held back so a stop string is never sent in part
     clock_type::time_point submitted, last_token;
     bool first_token = true;
 };
@@ -97,8 +97,8 @@ std::shared_ptr<RequestHandle> Engine::submit(RequestParams p) {
                  max_context_);
     const int64_t V = runner_->vocab_size();
     for (int64_t i = 0; i < P; ++i)
-        FANOUT_CHECK(p.prompt[i] >= 0 && p.prompt[i] < V, "prompt token {} (index {}) is outside the vocabulary [0, {})",
-                     p.prompt[i], i, V);
+        FANOUT_CHECK(p.prompt[i] >= 0 && p.prompt[i] < V,
+                     "prompt token {} (index {}) is outside the vocabulary [0, {})", p.prompt[i], i, V);
     for (const auto& [id, bias] : p.sampling.logit_bias)
         FANOUT_CHECK(id >= 0 && id < V, "logit_bias: token id {} is outside the vocabulary [0, {})", id, V);
     FANOUT_CHECK(p.stop.empty() || tokenizer_, "stop strings need a tokenizer");
@@ -191,8 +191,10 @@ void Engine::postprocess(Active& a, int32_t token) {
     {
         std::lock_guard<std::mutex> lock(stats_mutex_);
         ++stats_.generation_tokens;
-        if (a.first_token) stats_.ttft.observe(std::chrono::duration<double>(now - a.submitted).count());
-        else stats_.itl.observe(std::chrono::duration<double>(now - a.last_token).count());
+        if (a.first_token)
+            stats_.ttft.observe(std::chrono::duration<double>(now - a.submitted).count());
+        else
+            stats_.itl.observe(std::chrono::duration<double>(now - a.last_token).count());
     }
     a.first_token = false;
     a.last_token = now;

@@ -33,7 +33,7 @@ namespace fanout::engine {
 
 // What runs a batched forward step: the real model, or a fake in tests.
 class ModelRunner {
-public:
+  public:
     virtual ~ModelRunner() = default;
     virtual int64_t vocab_size() const = 0;
     virtual int64_t max_context() const = 0;
@@ -53,7 +53,7 @@ public:
 
 // DeepseekV3 on the CPU path.
 class DeepseekRunner : public ModelRunner {
-public:
+  public:
     DeepseekRunner(std::unique_ptr<model::DeepseekV3> model, model::ForwardOptions opts, int threads,
                    DType kv_dtype = DType::kF32);
     int64_t vocab_size() const override { return model_->config().vocab_size; }
@@ -62,7 +62,7 @@ public:
     kv::KvCacheConfig kv_cache_config(int64_t num_blocks) const override;
     Tensor forward(const model::StepBatch& batch, kv::PagedKvCache& cache) override;
 
-private:
+  private:
     std::unique_ptr<model::DeepseekV3> model_;
     model::ForwardOptions opts_;
     ThreadPool pool_;
@@ -80,16 +80,16 @@ struct RequestParams {
 
 // One increment of a request's output. The last event has finished = true.
 struct RequestEvent {
-    std::string text;              // new text (valid UTF-8)
-    std::vector<int32_t> tokens;   // new token ids
+    std::string text;             // new text (valid UTF-8)
+    std::vector<int32_t> tokens;  // new token ids
     bool finished = false;
-    std::string finish_reason;     // "stop", "length"; "abort" (cancelled), "error" (a step failed)
+    std::string finish_reason;  // "stop", "length"; "abort" (cancelled), "error" (a step failed)
     int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
 };
 
 // The consumer's end of a request: events in order, and cancellation.
 class RequestHandle {
-public:
+  public:
     // Waits for the next event; false on timeout.
     bool next(RequestEvent* ev, std::chrono::milliseconds timeout);
     // `notify` is called (on the engine's thread, without locks held) after each new event, and at
@@ -99,7 +99,7 @@ public:
     bool cancelled() const { return cancelled_; }
     int64_t id() const { return id_; }
 
-private:
+  private:
     friend class Engine;
     void push(RequestEvent ev);
     int64_t id_ = 0;
@@ -133,7 +133,7 @@ struct EngineStats {
 };
 
 class Engine {
-public:
+  public:
     // `tokenizer` may be null (then outputs carry ids only and stop strings are not allowed).
     Engine(std::unique_ptr<ModelRunner> runner, const io::Tokenizer* tokenizer, const EngineConfig& config);
     ~Engine();
@@ -150,7 +150,7 @@ public:
     int64_t max_context() const { return max_context_; }
     int64_t vocab_size() const { return runner_->vocab_size(); }
 
-private:
+  private:
     struct Active;
     void admit_incoming();
     void reap_cancelled();
