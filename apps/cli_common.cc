@@ -57,31 +57,79 @@ std::string resolve_model_dir(const std::string& model) {
     return model::ensure_tiny_model([](const std::string& m) { std::fprintf(stderr, "%s\n", m.c_str()); });
 }
 
-std::unique_ptr<model::DeepseekV3> load_model(const ModelArgs& a) {
+model::LoadProgress load_progress_printer() {
+    struct State {
+        std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+        bool tty = ::isatty(STDERR_FILENO);
+        double last_line = -1, stage_t0 = 0, stage_bytes0 = 0;
+        std::string stage;
+    };
+    auto st = std::make_shared<State>();
+    // On a terminal one line rewritten in place; otherwise a plain line at most every 2 s (logs).
+    return [st](const model::LoadStatus& s) {
+        const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - st->t0).count();
+        if (s.what != st->stage) {  // rates and ETAs are per stage
+            st->stage = s.what;
+            st->stage_t0 = t;
+            st->stage_bytes0 = s.bytes_done;
+        }
+        const bool done = s.tensors_done >= s.tensors_total && s.bytes_done >= s.bytes_total;
+        if (!st->tty && t - st->last_line < 2 && !done) return;
+        st->last_line = t;
+        std::string line = fmt::format("loading: {} {}/{}", s.what, s.tensors_done, s.tensors_total);
+        if (s.bytes_total > 0) {
+            const double dt = t - st->stage_t0, rate = dt > 0 ? (s.bytes_done - st->stage_bytes0) / dt : 0;
+            const double eta = rate > 0 ? (s.bytes_total - s.bytes_done) / rate : 0;
+            line += fmt::format(", {:.2f}/{:.2f} GB, {:.2f} GB/s, ETA {:.0f} s", s.bytes_done / 1e9, s.bytes_total / 1e9,
+                                rate / 1e9, eta);
+        }
+        line += fmt::format(" [{:.1f} s]", t);
+        std::fprintf(stderr, "%s%s%s", st->tty ? "\r" : "", line.c_str(), st->tty ? "\033[K" : "\n");
+        if (st->tty && done) std::fprintf(stderr, "\r\033[K");
+    };
+}
+
+std::unique_ptr<model::DeepseekV3> load_model(const ModelArgs& a, const model::LoadProgress& progress) {
     const std::string dir = resolve_model_dir(a.model);
     const double bytes = engine::checkpoint_file_bytes(dir);  // for the rate
     const auto t0 = std::chrono::steady_clock::now();
-    const auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
-    // On a terminal one line rewritten in place; otherwise a plain line at most every 2 s (logs).
-    const bool tty = ::isatty(STDERR_FILENO);
-    double last_line = -1;
-    model::LoadProgress progress = [&](const std::string& what, int64_t done, int64_t total) {
-        const double t = seconds();
-        if (!tty && t - last_line < 2 && done < total) return;
-        last_line = t;
-        const double frac = total > 0 ? static_cast<double>(done) / static_cast<double>(total) : 1.0;
-        const double eta = frac > 0 ? t / frac - t : 0;
-        std::fprintf(stderr, "%sloading %s (%lld/%lld, %.0f%%, %.1f s, ETA %.0f s)%s", tty ? "\r" : "", what.c_str(),
-                     (long long)done, (long long)total, 100 * frac, t, eta, tty ? "\033[K" : "\n");
-    };
-    auto m = model::DeepseekV3::load(dir, {}, progress);
-    const double secs = seconds();
-    std::fprintf(stderr, "%sloaded %s: %lld layers%s, %s weights, %.2f GB in %.2f s (%.2f GB/s)\n",
-                 tty ? "\r\033[K" : "", dir.c_str(), (long long)m->config().num_hidden_layers,
-                 m->weights().mtp ? " + MTP" : "", m->config().fp8 ? "fp8" : "bf16", bytes / 1e9, secs,
-                 secs > 0 ? bytes / 1e9 / secs : 0.0);
+    model::LoadOptions opts;
+    opts.progress = progress ? progress : load_progress_printer();
+    // The GPU runner streams every weight to the device and checks the values there, in its
+    // staging buffers; the CPU path checks them over the mapping now.
+    opts.check_values = a.device != "cuda";
+    auto m = model::DeepseekV3::load(dir, {}, opts);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const model::ModelWeights& w = m->weights();
+    if (opts.check_values) {
+        std::fprintf(stderr, "loaded %s: %lld layers%s, %s weights, %.2f GB mapped and checked in %.2f s (%.2f GB/s)\n",
+                     dir.c_str(), (long long)m->config().num_hidden_layers, w.mtp ? " + MTP" : "",
+                     m->config().fp8 ? "fp8" : "bf16", bytes / 1e9, secs, secs > 0 ? bytes / 1e9 / secs : 0.0);
+        print_host_memory("after loading");
+    } else {
+        std::fprintf(stderr, "bound %s: %lld layers%s, %s weights, %zu tensors to stream in %.2f s\n", dir.c_str(),
+                     (long long)m->config().num_hidden_layers, w.mtp ? " + MTP" : "", m->config().fp8 ? "fp8" : "bf16",
+                     w.unchecked.size(), secs);
+    }
     return m;
 }
+
+void print_host_memory(const char* when) {
+    const engine::HostRss r = engine::host_rss();
+    std::fprintf(stderr, "host memory %s: peak RSS %.2f GB; now %.2f GB anonymous, %.2f GB file-backed\n", when,
+                 r.peak_bytes / 1e9, r.anon_bytes / 1e9, r.file_bytes / 1e9);
+}
+
+#ifdef FANOUT_WITH_CUDA
+void print_upload_summary(const model::StreamStats& s) {
+    std::fprintf(stderr,
+                 "weights on the device: %.2f GB, %lld tensors in %.2f s (%.2f GB/s; %d readers, summed: read %.1f s, "
+                 "check/convert %.1f s, waiting for copies %.1f s); %.3f GB rearranged on the host\n",
+                 s.bytes / 1e9, (long long)s.tensors, s.seconds, s.seconds > 0 ? s.bytes / 1e9 / s.seconds : 0.0,
+                 s.readers, s.read_seconds, s.check_seconds, s.copy_wait_seconds, s.host_bytes / 1e9);
+    print_host_memory("after the upload");
+}
+#endif
 
 model::ForwardOptions forward_options(const ModelArgs& a) {
     model::ForwardOptions o;

@@ -9,6 +9,9 @@
 #include "fanout/io/tokenizer.h"
 #include "fanout/kv/paged_kv_cache.h"
 #include "fanout/model/deepseek_v3.h"
+#ifdef FANOUT_WITH_CUDA
+#include "fanout/model/weight_upload.h"
+#endif
 
 namespace fanout::cli {
 
@@ -27,7 +30,18 @@ void add_model_flag(CLI::App* cmd, std::string& model);
 void add_model_args(CLI::App* cmd, ModelArgs& a);
 // 'tiny' -> the embedded model's folder (made on first use); anything else as given.
 std::string resolve_model_dir(const std::string& model);
-std::unique_ptr<model::DeepseekV3> load_model(const ModelArgs& a);
+// Loads (binds and, on the CPU path, checks) the model; --device cuda leaves the value checks to
+// the GPU runner's streaming upload. `progress` defaults to load_progress_printer().
+std::unique_ptr<model::DeepseekV3> load_model(const ModelArgs& a, const model::LoadProgress& progress = {});
+// A progress callback that prints the load on stderr: stage, tensors, GB, GB/s and ETA — one line
+// rewritten in place on a terminal, plain lines every 2 s otherwise.
+model::LoadProgress load_progress_printer();
+// "host memory <when>: peak RSS …; now … anonymous, … file-backed" on stderr.
+void print_host_memory(const char* when);
+#ifdef FANOUT_WITH_CUDA
+// The weight upload's line on stderr: GB, tensors, seconds, GB/s and where the readers' time went.
+void print_upload_summary(const model::StreamStats& s);
+#endif
 model::ForwardOptions forward_options(const ModelArgs& a);
 kv::PagedKvCache make_cache(const model::DeepseekV3& m, int64_t tokens, const ModelArgs& a);
 // The model folder's tokenizer; the error says how to get one for synthetic models.

@@ -69,6 +69,7 @@ void run_serve(ServeArgs& a) {
         mr.utilization = a.gpu_memory_utilization;
         mr.weight_bytes = engine::checkpoint_weight_bytes(dir, pre);
         mr.workspace_bytes = static_cast<double>(model::CudaModel::workspace_bytes(pre, o));
+        mr.graph_bytes = static_cast<double>(model::CudaModel::graph_bytes(pre, o));
         mr.kv_block_bytes = engine::CudaRunner::block_bytes(pre);
 #else
         FANOUT_FAIL("--device cuda: this fanout was built without CUDA (no nvcc at configure time)");
@@ -88,7 +89,7 @@ void run_serve(ServeArgs& a) {
     phase("plan");
     std::unique_ptr<engine::ModelRunner> runner;
     auto model = load_model(a.model);
-    phase("load");
+    phase(a.model.device == "cuda" ? "bind" : "load and check");
     const io::ModelConfig& c = model->config();
     // Steps are budgeted by work, not tokens (a chunk deep in a long prompt costs more than one at
     // its start), priced at the absorbed form that such small chunks run — and on the CPU path at
@@ -107,12 +108,36 @@ void run_serve(ServeArgs& a) {
         o.num_kv_blocks = ec.num_kv_blocks;
         o.max_context = std::min<int64_t>(c.max_position_embeddings, ec.num_kv_blocks * kv::kDefaultBlockSize);
         const double free_before = engine::CudaRunner::device_memory().free_bytes;
-        runner = std::make_unique<engine::CudaRunner>(*model, o);
-        std::fprintf(stderr, "GPU memory: %.2f GB allocated at start-up (planned %.2f GB: weights, step buffers, KV)\n",
-                     (free_before - engine::CudaRunner::device_memory().free_bytes) / 1e9,
-                     (mr.weight_bytes + static_cast<double>(model::CudaModel::workspace_bytes(c, o)) +
+        auto gpu = std::make_unique<engine::CudaRunner>(*model, o, load_progress_printer());
+        const model::StreamStats& up = gpu->model().upload_stats();
+        print_upload_summary(up);
+        const double device_seconds = std::chrono::duration<double>(steady::now() - phase_start).count();
+        a.server.startup_seconds.emplace_back("weights (read, check, upload)", up.seconds);
+        a.server.startup_seconds.emplace_back("KV cache and step buffers", device_seconds - up.seconds);
+        phase_start = steady::now();
+        const double free_loaded = engine::CudaRunner::device_memory().free_bytes;
+        // Every decode bucket's graph now, inside the plan, so no request waits on a capture.
+        double graph_bytes = 0;
+        std::string buckets;
+        for (const auto& g : gpu->model().capture_decode_graphs()) {
+            graph_bytes += g.bytes;
+            buckets += fmt::format("{}{}: {:.0f} MB {:.2f} s", buckets.empty() ? "" : ", ", g.requests, g.bytes / 1e6,
+                                   g.seconds);
+        }
+        if (!buckets.empty())
+            std::fprintf(stderr, "CUDA graphs captured (requests: memory, time): %s; %.2f GB in all\n", buckets.c_str(),
+                         graph_bytes / 1e9);
+        phase("graph capture");
+        const double free_after = engine::CudaRunner::device_memory().free_bytes;
+        std::fprintf(stderr,
+                     "GPU memory at start-up: %.2f GB (planned %.2f GB): weights and step buffers + KV %.2f GB, graphs "
+                     "%.2f GB\n",
+                     (free_before - free_after) / 1e9,
+                     (mr.weight_bytes + static_cast<double>(model::CudaModel::workspace_bytes(c, o)) + mr.graph_bytes +
                       static_cast<double>(ec.num_kv_blocks) * mr.kv_block_bytes) /
-                         1e9);
+                         1e9,
+                     (free_before - free_loaded) / 1e9, (free_loaded - free_after) / 1e9);
+        runner = std::move(gpu);
 #else
         FANOUT_FAIL("--device cuda: this fanout was built without CUDA (no nvcc at configure time)");
 #endif
@@ -127,9 +152,9 @@ void run_serve(ServeArgs& a) {
         ec.num_kv_blocks = std::max<int64_t>(4, static_cast<int64_t>(*mr.kv_bytes / block_bytes));
         runner = std::move(cpu);
     }
-    phase(a.model.device == "cuda" ? "device (upload, KV, step buffers)" : "runner");
+    if (a.model.device != "cuda") phase("runner");
     engine::Engine engine(std::move(runner), &tokenizer, ec);
-    phase("KV cache and engine");
+    phase(a.model.device == "cuda" ? "engine" : "KV cache and engine");
     serve::OpenAIServer server(engine, tokenizer, a.server);
     const int port = server.bind();
     std::string breakdown;

@@ -243,7 +243,12 @@ int run_layer_bench(const LayerBenchOptions& opts) {
         int max_m = 0;
         if (moe) max_m = static_cast<int>(std::ceil(double(max_T) * c.num_experts_per_tok * ep / c.n_routed_experts));
         model::DeviceLayer w = model::random_layer(c, moe, local, 100 + static_cast<uint64_t>(ep));
-        CudaLayerExec exec(c, rope, max_T, local, max_m, 0, s);
+        model::LayerLimits lim;  // decode steps: the masked layout; random weights are FP8
+        lim.max_tokens = max_T;
+        lim.max_masked_tokens = max_T;
+        lim.num_local_experts = local;
+        lim.max_emulated_m = max_m;
+        CudaLayerExec exec(c, rope, lim, s);
         std::vector<std::pair<int, Timing>> rows;
         for (int b : opts.batches) {
             model::LayerStep st = step_for(b);

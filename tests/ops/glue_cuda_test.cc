@@ -268,43 +268,88 @@ TEST(GlueCuda, RmsNormQuantEqualsNormThenActQuant) {
     }
 }
 
-// The bf16 permute: the FP8 permute's order, counts and slots, on 2-byte rows without scales.
+// The bf16 permute: the FP8 permute's order, counts, slots and spill blocks, on 2-byte rows
+// without scales — capped (the hot experts spill), all contiguous, all masked.
 TEST(GlueCuda, PermuteBf16MatchesCpuOrder) {
     REQUIRE_GPU();
-    const int T = 29, K = 3, D = 40, E = 6, max_m = 20;
+    const int T = 29, K = 3, D = 40, E = 6;
     auto x = random_bf16(size_t(T) * D, 11);
     std::vector<int32_t> idx;
     std::mt19937 rng(3);
     for (int t = 0; t < T; ++t) {
         std::vector<int32_t> all = {0, 1, 2, 3, 4, 5, 6, 7};
-        std::shuffle(all.begin(), all.end(), rng);
+        std::shuffle(all.begin() + 1, all.end(), rng);      // expert 0 in every token: it spills
         for (int k = 0; k < K; ++k) idx.push_back(all[k]);  // 6, 7: experts of another rank
     }
-    // Reference order: the CPU permute on a byte view of the rows (2 bytes per value, no scales).
+    // Reference: the CPU permute on a byte view of the rows (2 bytes per value, no scales).
     std::vector<uint8_t> bytes(reinterpret_cast<const uint8_t*>(x.bits.data()),
                                reinterpret_cast<const uint8_t*>(x.bits.data()) + x.bits.size() * 2);
-    std::vector<uint8_t> ref_x(size_t(E) * max_m * 2 * D);
-    std::vector<float> sx(size_t(T) * 1, 1.0f), ref_s(size_t(E) * max_m);
-    std::vector<int32_t> ref_counts(E), ref_slot(size_t(T) * K);
-    moe_permute_masked_cpu(bytes.data(), sx.data(), idx.data(), T, K, 2 * D, 0, E, max_m, ref_x.data(), ref_s.data(),
-                           ref_counts.data(), ref_slot.data());
-    Dev<uint16_t> dx(x.bits), out(size_t(E) * max_m * D);
-    Dev<int32_t> didx(idx), counts(E), slot(size_t(T) * K);
-    out.poison();
-    counts.poison();
-    slot.poison();
-    launch_moe_permute_masked_bf16(dx.ptr, didx.ptr, T, K, D, 0, E, max_m, out.ptr, counts.ptr, slot.ptr, nullptr);
-    EXPECT_EQ(counts.download(), ref_counts);
-    EXPECT_EQ(slot.download(), ref_slot);
-    const auto got = out.download();
-    for (int e = 0; e < E; ++e)
-        for (int r = 0; r < std::min(ref_counts[e], max_m); ++r)
-            for (int d = 0; d < D; ++d) {
-                const size_t o = (size_t(e) * max_m + r) * D + d;
-                uint16_t ref;
-                std::memcpy(&ref, ref_x.data() + o * 2, 2);
-                ASSERT_EQ(got[o], ref) << e << "," << r << "," << d;
+    for (const int cap : {5, 0, T}) {
+        const int spill_rows = int(moe_spill_rows(T, K, E, cap)), rows = E * cap + spill_rows;
+        std::vector<uint8_t> ref_x(size_t(rows) * 2 * D, 0xff);  // the device buffer's poison
+        std::vector<int32_t> ref_counts(E), ref_blocks(size_t(spill_rows / 128)), ref_slot(size_t(T) * K);
+        moe_permute_cpu(bytes.data(), nullptr, idx.data(), T, K, 2 * D, 0, E, cap, spill_rows, ref_x.data(), nullptr,
+                        ref_counts.data(), ref_blocks.data(), ref_slot.data());
+        Dev<uint16_t> dx(x.bits), out(size_t(rows) * D);
+        Dev<int32_t> didx(idx), counts(E), blocks(ref_blocks.size()), slot(size_t(T) * K);
+        out.poison();
+        counts.poison();
+        blocks.poison();
+        slot.poison();
+        launch_moe_permute_bf16(dx.ptr, didx.ptr, T, K, D, 0, E, cap, spill_rows, out.ptr, counts.ptr, blocks.ptr,
+                                slot.ptr, nullptr);
+        EXPECT_EQ(counts.download(), ref_counts) << "cap " << cap;
+        if (!ref_blocks.empty()) {
+            EXPECT_EQ(blocks.download(), ref_blocks) << "cap " << cap;
+        }
+        EXPECT_EQ(slot.download(), ref_slot) << "cap " << cap;
+        EXPECT_EQ(std::count(ref_blocks.begin(), ref_blocks.end(), 0) > 0, cap < T) << "cap " << cap;
+        const auto got = out.download();
+        ASSERT_EQ(std::memcmp(got.data(), ref_x.data(), ref_x.size()), 0) << "cap " << cap;
+    }
+}
+
+// The spill region's 128-row blocks as batches of the bf16 GEMM: batch b on w[block_expert[b]],
+// -1 blocks untouched.
+TEST(GlueCuda, BatchedGemmBf16OverBlocksMatchesCpu) {
+    REQUIRE_GPU();
+    const int E = 3, N = 35, K = 50, M = 128;
+    const std::vector<int32_t> block_expert = {2, -1, 0, 2, -1};
+    const int B = int(block_expert.size());
+    auto x = random_bf16(size_t(B) * M * K, 12), w = random_bf16(size_t(E) * N * K, 13);
+    Dev<uint16_t> dx(x.bits), dw(w.bits), y(size_t(B) * M * N);
+    Dev<int32_t> dbe(block_expert);
+    y.poison();
+    BatchedGemmBf16 g;
+    g.x = dx.ptr;
+    g.x_batch_stride = int64_t(M) * K;
+    g.x_row_stride = K;
+    g.w = dw.ptr;
+    g.block_expert = dbe.ptr;
+    g.batch = B;
+    g.M = M;
+    g.N = N;
+    g.K = K;
+    g.y = y.ptr;
+    launch_batched_gemm_bf16(g, nullptr);
+    const auto got = y.download();
+    std::vector<float> gv, rv;
+    for (int b = 0; b < B; ++b)
+        for (int m = 0; m < M; ++m)
+            for (int n = 0; n < N; ++n) {
+                const size_t o = (size_t(b) * M + m) * N + n;
+                const int e = block_expert[b];
+                if (e < 0) {
+                    ASSERT_EQ(got[o], 0xffff) << "unused block written: b " << b << " m " << m;
+                    continue;
+                }
+                double acc = 0;
+                for (int k = 0; k < K; ++k)
+                    acc += double(x.f32[(size_t(b) * M + m) * K + k]) * w.f32[(size_t(e) * N + n) * K + k];
+                gv.push_back(bf16_to_f32(got[o]));
+                rv.push_back(float(acc));
             }
+    EXPECT_LT(rel(gv, rv), 1e-2);
 }
 
 // The device sampler picks what sample_with_uniform picks, row by row, for greedy, temperature,

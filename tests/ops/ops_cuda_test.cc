@@ -4,7 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <tuple>
@@ -305,58 +308,86 @@ TEST(GroupedGemmFp8Cuda, MaskedSmallWidths) {
     }
 }
 
+// silu·mul·quant on the device against the CPU reference over E groups of max_m rows, the first
+// counts[e] of group e done and the rest left poisoned; `launch` runs the device kernel on the
+// device gate_up, q and scales.
+void check_silu_mul_quant(int E, int max_m, const std::vector<int32_t>& counts, int I,
+                          const std::function<void(const uint16_t*, uint8_t*, float*)>& launch) {
+    const auto v = fanout::testing::random_floats(size_t(E) * max_m * 2 * I, 91, 6.0f);
+    std::vector<uint16_t> gu(v.size());
+    Tensor gate_up = Tensor::zeros({E, max_m, 2 * I}, DType::kF32);
+    for (size_t i = 0; i < v.size(); ++i) {
+        gu[i] = f32_to_bf16(v[i]);
+        gate_up.data_as<float>()[i] = bf16_to_f32(gu[i]);
+    }
+    const int64_t nb = ceil_div(I, 128);
+    Tensor q = Tensor::zeros({E, max_m, I}, DType::kFP8E4M3), s = Tensor::zeros({E, max_m, nb}, DType::kF32);
+    silu_mul_quant_masked(gate_up, counts, q, s, Stream{});
+    DeviceBuffer<uint16_t> dgu(gu.size());
+    DeviceBuffer<uint8_t> dq(size_t(E) * max_m * I);
+    DeviceBuffer<float> ds(size_t(E) * max_m * nb);
+    dgu.upload(gu.data());
+    dq.poison();
+    ds.poison();
+    launch(dgu.ptr, dq.ptr, ds.ptr);
+    FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<uint8_t> gq(dq.n);
+    std::vector<float> gs(ds.n);
+    dq.download(gq.data());
+    ds.download(gs.data());
+    int64_t checked = 0, want_checked = 0;
+    for (int e = 0; e < E; ++e) {
+        want_checked += int64_t(counts[e]) * I;
+        for (int r = 0; r < max_m; ++r) {
+            const size_t row = size_t(e) * max_m + r;
+            for (int64_t b = 0; b < nb; ++b) {
+                const float want = s.data_as<float>()[row * nb + b], have = gs[row * nb + b];
+                if (r >= counts[e]) {
+                    ASSERT_TRUE(std::isnan(have)) << "wrote past count: group " << e << " row " << r;
+                    continue;
+                }
+                ASSERT_NEAR(have, want, 1e-6 * want) << "scale e " << e << " r " << r << " b " << b;
+            }
+            if (r >= counts[e]) continue;
+            // Dequantized values within one e4m3 step (expf may differ in the last ulp).
+            for (int i = 0; i < I; ++i) {
+                const float sc = s.data_as<float>()[row * nb + i / 128];
+                const float a = fp8e4m3_to_f32(gq[row * I + i]) * sc;
+                const float b = fp8e4m3_to_f32(q.data_as<uint8_t>()[row * I + i]) * sc;
+                ASSERT_LE(std::fabs(a - b), std::fabs(b) / 8 + 1e-6f) << "e " << e << " r " << r << " i " << i;
+                ++checked;
+            }
+        }
+    }
+    EXPECT_EQ(checked, want_checked);
+}
+
 TEST(SiluMulQuantCuda, MaskedMatchesCpuReference) {
     REQUIRE_GPU();
     for (const int I : {300, 2048 + 8}) {  // the scalar path, then the 16-byte one with a partial block
         const int E = 4, max_m = 37;
         const std::vector<int32_t> counts = {0, 37, 5, 1};
-        const auto v = fanout::testing::random_floats(size_t(E) * max_m * 2 * I, 91, 6.0f);
-        std::vector<uint16_t> gu(v.size());
-        Tensor gate_up = Tensor::zeros({E, max_m, 2 * I}, DType::kF32);
-        for (size_t i = 0; i < v.size(); ++i) {
-            gu[i] = f32_to_bf16(v[i]);
-            gate_up.data_as<float>()[i] = bf16_to_f32(gu[i]);
-        }
-        const int64_t nb = ceil_div(I, 128);
-        Tensor q = Tensor::zeros({E, max_m, I}, DType::kFP8E4M3), s = Tensor::zeros({E, max_m, nb}, DType::kF32);
-        silu_mul_quant_masked(gate_up, counts, q, s, Stream{});
-        DeviceBuffer<uint16_t> dgu(gu.size());
-        DeviceBuffer<int32_t> dc(E);
-        DeviceBuffer<uint8_t> dq(size_t(E) * max_m * I);
-        DeviceBuffer<float> ds(size_t(E) * max_m * nb);
-        dgu.upload(gu.data());
-        dc.upload(counts.data());
-        dq.poison();
-        ds.poison();
-        launch_silu_mul_quant_masked(dgu.ptr, dc.ptr, E, max_m, I, dq.ptr, ds.ptr, nullptr);
-        FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
-        std::vector<uint8_t> gq(dq.n);
-        std::vector<float> gs(ds.n);
-        dq.download(gq.data());
-        ds.download(gs.data());
-        int64_t checked = 0;
-        for (int e = 0; e < E; ++e)
-            for (int r = 0; r < max_m; ++r) {
-                const size_t row = size_t(e) * max_m + r;
-                for (int64_t b = 0; b < nb; ++b) {
-                    const float want = s.data_as<float>()[row * nb + b], have = gs[row * nb + b];
-                    if (r >= counts[e]) {
-                        ASSERT_TRUE(std::isnan(have)) << "wrote past count: expert " << e << " row " << r;
-                        continue;
-                    }
-                    ASSERT_NEAR(have, want, 1e-6 * want) << "scale e " << e << " r " << r << " b " << b;
-                }
-                if (r >= counts[e]) continue;
-                for (int i = 0; i < I;
-                     ++i) {  // dequantized values within one e4m3 step (expf may differ in the last ulp)
-                    const float sc = s.data_as<float>()[row * nb + i / 128];
-                    const float a = fp8e4m3_to_f32(gq[row * I + i]) * sc;
-                    const float b = fp8e4m3_to_f32(q.data_as<uint8_t>()[row * I + i]) * sc;
-                    ASSERT_LE(std::fabs(a - b), std::fabs(b) / 8 + 1e-6f) << "e " << e << " r " << r << " i " << i;
-                    ++checked;
-                }
-            }
-        EXPECT_EQ(checked, int64_t(37 + 5 + 1) * I);
+        check_silu_mul_quant(E, max_m, counts, I, [&](const uint16_t* gu, uint8_t* q, float* s) {
+            DeviceBuffer<int32_t> dc(counts);
+            launch_silu_mul_quant_masked(gu, dc.ptr, E, max_m, I, q, s, nullptr);
+            FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+        });
+    }
+}
+
+// The contiguous layout's rows: every row of a block with an expert (its padding too), none of a
+// -1 block — as the masked reference with each 128-row block a group of count 128 or 0.
+TEST(SiluMulQuantCuda, ContiguousSkipsUnusedBlocks) {
+    REQUIRE_GPU();
+    const std::vector<int32_t> block_expert = {2, -1, 0, 0, -1};
+    std::vector<int32_t> counts;
+    for (int32_t e : block_expert) counts.push_back(e >= 0 ? 128 : 0);
+    for (const int I : {300, 2048 + 8}) {
+        check_silu_mul_quant(int(block_expert.size()), 128, counts, I, [&](const uint16_t* gu, uint8_t* q, float* s) {
+            DeviceBuffer<int32_t> dbe(block_expert);
+            launch_silu_mul_quant_contiguous(gu, dbe.ptr, int(block_expert.size()) * 128, I, q, s, nullptr);
+            FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+        });
     }
 }
 
@@ -511,93 +542,139 @@ TEST(RmsNormBf16Cuda, MatchesReferenceWithAndWithoutResidual) {
     }
 }
 
-// Permute into the masked layout and un-permute, against the CPU reference: rows, scales, counts
-// and slots exactly (stable order, overflow past max_m, non-local experts), the combine to one
-// bf16 rounding.
+// K distinct experts of E per token, skewed toward the low ids (weights 1 / (e + 1)^skew), so the
+// hot experts overflow their cap.
+std::vector<int32_t> skewed_routing(int T, int K, int E, uint32_t seed, double skew) {
+    std::vector<double> weights;
+    for (int e = 0; e < E; ++e) weights.push_back(1.0 / std::pow(e + 1.0, skew));
+    std::mt19937 rng(seed);
+    std::discrete_distribution<int> pick(weights.begin(), weights.end());
+    std::vector<int32_t> idx;
+    for (int t = 0; t < T; ++t) {
+        const size_t first = idx.size();
+        while (idx.size() < first + size_t(K)) {
+            const int e = pick(rng);
+            if (std::find(idx.begin() + first, idx.end(), e) == idx.end()) idx.push_back(e);
+        }
+    }
+    return idx;
+}
+
+// The index of the first element whose bits differ, -1 when none (a failing EXPECT_EQ would
+// print vectors of millions of elements).
+template <typename T>
+int64_t first_difference(const std::vector<T>& a, const std::vector<T>& b) {
+    if (a.size() != b.size()) return 0;
+    for (size_t i = 0; i < a.size(); ++i)
+        if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) return int64_t(i);
+    return -1;
+}
+
+// Permute into the capped masked + spill layout and un-permute, against the CPU reference: rows,
+// scales, counts, spill blocks and slots bit for bit (stable order, spills past the cap, padding
+// and rows past a count untouched, non-local experts), on skewed routings of odd shapes; the
+// combine to one bf16 rounding.
 TEST(MoePermuteCuda, MatchesCpuReference) {
     REQUIRE_GPU();
-    std::mt19937 rng(140);
-    for (auto [T, K, D, max_m] : {std::tuple{37, 8, 7168, 6}, {300, 8, 2048, 64}, {5, 2, 200, 3}}) {
-        const int E = 64, begin = 16, local = 32, nb = int(ceil_div(D, 128));
-        std::vector<int32_t> idx(size_t(T) * K);
-        for (auto& v : idx) v = int32_t(rng() % E);
-        std::vector<uint8_t> x(size_t(T) * D);
+    struct Case {
+        int T, K, D, E, begin, local, cap;
+        double skew;
+        bool spills;
+    };
+    const int decode_cap = int(moe_masked_cap(300, 8, 64)), big_cap = int(moe_masked_cap(5000, 8, 64));
+    const Case cases[] = {
+        {37, 8, 7168, 64, 0, 32, 6, 1.5, true},            // capped, hot experts spill; 16-byte rows
+        {300, 8, 2048, 64, 0, 32, decode_cap, 1.5, true},  // the decode cap
+        {5, 2, 200, 64, 16, 32, 3, 0.0, false},            // rows not a multiple of 16: byte copies
+        {129, 4, 130, 16, 4, 9, 0, 1.0, true},             // cap 0: all contiguous
+        {77, 6, 7168, 64, 0, 64, 77, 1.5, false},          // cap = T: all masked, no spill region
+        {1, 8, 7168, 256, 0, 256, 1, 0.0, false},          // one decode token, 256 local experts
+        {5000, 8, 1040, 64, 0, 32, 0, 1.2, true},          // T·K = 40000: many rank passes
+        {5000, 8, 1040, 64, 0, 48, big_cap, 1.2, true},    // ... capped
+        {300, 3, 2064, 600, 50, 300, 2, 0.7, true},        // more local experts than threads in a block
+    };
+    for (const Case& c : cases) {
+        const int nb = int(ceil_div(c.D, 128)), spill_rows = int(moe_spill_rows(c.T, c.K, c.local, c.cap));
+        const size_t rows = size_t(c.local) * c.cap + spill_rows;
+        const std::string what = "T " + std::to_string(c.T) + " K " + std::to_string(c.K) + " D " +
+                                 std::to_string(c.D) + " local " + std::to_string(c.local) + " cap " +
+                                 std::to_string(c.cap);
+        const auto idx = skewed_routing(c.T, c.K, c.E, 140 + c.T, c.skew);
+        std::mt19937 rng(c.T);
+        std::vector<uint8_t> x(size_t(c.T) * c.D);
         for (auto& v : x) v = uint8_t(rng() % 0x7e);
-        const auto sx = fanout::testing::random_floats(size_t(T) * nb, 141, 1.0f);
-        std::vector<uint8_t> ox(size_t(local) * max_m * D, 0xee);
-        std::vector<float> os(size_t(local) * max_m * nb, -1.0f);
-        std::vector<int32_t> counts(local), slot(idx.size());
-        moe_permute_masked_cpu(x.data(), sx.data(), idx.data(), T, K, D, begin, local, max_m, ox.data(), os.data(),
-                               counts.data(), slot.data());
-        DeviceBuffer<uint8_t> dx(x.size()), dox(ox.size());
-        DeviceBuffer<float> dsx(sx.size()), dos(os.size());
-        DeviceBuffer<int32_t> didx(idx.size()), dcounts(counts.size()), dslot(slot.size());
-        dx.upload(x.data());
-        dsx.upload(sx.data());
-        didx.upload(idx.data());
-        FANOUT_CUDA_CHECK(cudaMemset(dox.ptr, 0xee, dox.n));
-        dos.upload(os.data());
+        const auto sx = fanout::testing::random_floats(size_t(c.T) * nb, 141, 1.0f);
+        std::vector<uint8_t> ox(rows * c.D, 0xee);
+        std::vector<float> os(rows * nb, -1.0f);
+        std::vector<int32_t> counts(c.local), blocks(spill_rows / 128), slot(idx.size());
+        moe_permute_cpu(x.data(), sx.data(), idx.data(), c.T, c.K, c.D, c.begin, c.local, c.cap, spill_rows, ox.data(),
+                        os.data(), counts.data(), blocks.data(), slot.data());
+        int64_t spilled = 0;
+        for (int32_t r : slot) spilled += r >= int64_t(c.local) * c.cap;
+        EXPECT_EQ(spilled > 0, c.spills) << what << ": " << spilled << " choices spilled";
+        DeviceBuffer<uint8_t> dx(x), dox(ox);  // the outputs start as the reference's poison
+        DeviceBuffer<float> dsx(sx), dos(os);
+        DeviceBuffer<int32_t> didx(idx), dcounts(counts.size()), dblocks(blocks.size()), dslot(slot.size());
         dcounts.poison();
+        dblocks.poison();
         dslot.poison();
-        launch_moe_permute_masked(dx.ptr, dsx.ptr, didx.ptr, T, K, D, begin, local, max_m, dox.ptr, dos.ptr,
-                                  dcounts.ptr, dslot.ptr, nullptr);
+        launch_moe_permute(dx.ptr, dsx.ptr, didx.ptr, c.T, c.K, c.D, c.begin, c.local, c.cap, spill_rows, dox.ptr,
+                           dos.ptr, dcounts.ptr, dblocks.ptr, dslot.ptr, nullptr);
         FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
-        std::vector<uint8_t> gox(ox.size());
-        std::vector<float> gos(os.size());
-        std::vector<int32_t> gcounts(counts.size()), gslot(slot.size());
-        dox.download(gox.data());
-        dos.download(gos.data());
-        dcounts.download(gcounts.data());
-        dslot.download(gslot.data());
-        EXPECT_EQ(gcounts, counts) << T << "x" << D;
-        EXPECT_EQ(gslot, slot) << T << "x" << D;
-        EXPECT_EQ(gox, ox) << T << "x" << D;
-        EXPECT_EQ(gos, os) << T << "x" << D;
+        EXPECT_EQ(first_difference(dcounts.download(), counts), -1) << what << ": counts";
+        if (!blocks.empty()) {  // (no download of nothing)
+            EXPECT_EQ(first_difference(dblocks.download(), blocks), -1) << what << ": spill_block_expert";
+        }
+        EXPECT_EQ(first_difference(dslot.download(), slot), -1) << what << ": slot";
+        EXPECT_EQ(first_difference(dox.download(), ox), -1) << what << ": rows";
+        EXPECT_EQ(first_difference(dos.download(), os), -1) << what << ": scales";
 
-        // Combine: expert outputs y for every masked row, weights, and a base (the shared expert).
-        const auto yf = fanout::testing::random_floats(size_t(local) * max_m * D, 142, 2.0f);
-        const auto bf = fanout::testing::random_floats(size_t(T) * D, 143, 2.0f);
+        // Combine: expert outputs y for every row, weights, and a base (the shared expert).
+        const auto yf = fanout::testing::random_floats(rows * c.D, 142, 2.0f);
+        const auto bf = fanout::testing::random_floats(size_t(c.T) * c.D, 143, 2.0f);
         const auto w = fanout::testing::random_floats(idx.size(), 144, 1.0f);
         std::vector<uint16_t> y(yf.size()), base(bf.size()), want(bf.size());
         for (size_t i = 0; i < y.size(); ++i) y[i] = f32_to_bf16(yf[i]);
         for (size_t i = 0; i < base.size(); ++i) base[i] = f32_to_bf16(bf[i]);
-        moe_unpermute_cpu(y.data(), slot.data(), w.data(), T, K, D, base.data(), want.data());
-        DeviceBuffer<uint16_t> dy(y.size()), dbase(base.size());
-        DeviceBuffer<float> dw(w.size());
-        dy.upload(y.data());
-        dbase.upload(base.data());
-        dw.upload(w.data());
-        launch_moe_unpermute(dy.ptr, dslot.ptr, dw.ptr, T, K, D, dbase.ptr, dbase.ptr, nullptr);  // in place
+        moe_unpermute_cpu(y.data(), slot.data(), w.data(), c.T, c.K, c.D, base.data(), want.data());
+        DeviceBuffer<uint16_t> dy(y), dbase(base);
+        DeviceBuffer<float> dw(w);
+        launch_moe_unpermute(dy.ptr, dslot.ptr, dw.ptr, c.T, c.K, c.D, dbase.ptr, dbase.ptr, nullptr);  // in place
         FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
-        std::vector<uint16_t> got(base.size());
-        dbase.download(got.data());
+        const auto got = dbase.download();
         for (size_t i = 0; i < got.size(); ++i) {
             const float a = bf16_to_f32(got[i]), b = bf16_to_f32(want[i]);
-            ASSERT_LE(std::fabs(a - b), std::fabs(b) / 128 + 1e-5f) << T << "x" << D << " element " << i;
+            ASSERT_LE(std::fabs(a - b), std::fabs(b) / 128 + 1e-5f) << what << " element " << i;
         }
     }
 }
 
-// The routed experts of one MoE layer composed from the kernels above, as the GPU model will run
+// A spill region below moe_spill_rows is refused before anything runs.
+TEST(MoePermuteCuda, RefusesASpillRegionTooSmall) {
+    REQUIRE_GPU();
+    DeviceBuffer<int32_t> p(16);
+    const std::string msg = fanout::testing::error_of([&] {
+        launch_moe_permute(nullptr, nullptr, p.ptr, 4, 2, 128, 0, 2, 1, 0, nullptr, nullptr, p.ptr, p.ptr, p.ptr,
+                           nullptr);
+    });
+    EXPECT_NE(msg.find("spill_rows 0"), std::string::npos) << msg;
+}
+
+// The routed experts of one MoE layer composed from the kernels above, as the GPU model runs
 // them: quantize x → permute → grouped gate+up (one GEMM, [gate; up] rows) → silu·mul·quant →
-// grouped down → weighted un-permute onto a base. Against the same chain on the CPU references
-// (bf16 rounding where the GPU stores bf16); FP8 requantization of h can flip a value by one
-// e4m3 step, so the bound is on the relative error of the whole output.
+// grouped down → weighted un-permute onto a base — the masked kernels over the capped part, the
+// contiguous ones over the spill region — for the pure masked layout, a cap the hot experts
+// overflow, and cap 0 (all contiguous). Against the same chain on the CPU references (bf16
+// rounding where the GPU stores bf16); FP8 requantization of h can flip a value by one e4m3 step,
+// so the bound is on the relative error of the whole output. Every device buffer starts poisoned
+// (NaN in fp8, bf16 and f32), so a row no choice names that leaked into the output would show.
 TEST(MoeExpertsCuda, ComposedChainMatchesCpuChain) {
     REQUIRE_GPU();
     ThreadPool pool(0);
-    const int T = 50, D = 384, I = 256, E = 16, K = 4, max_m = T * K;
+    const int T = 50, D = 384, I = 256, E = 16, K = 4;
     const int nbd = D / 128, nbi = I / 128;
-    std::mt19937 rng(150);
-    // Routing: K distinct experts per token, random weights.
-    std::vector<int32_t> idx(size_t(T) * K);
-    for (int t = 0; t < T; ++t)
-        for (int k = 0; k < K; ++k) {
-            int e;
-            do e = int(rng() % E);
-            while (std::find(idx.begin() + t * K, idx.begin() + t * K + k, e) != idx.begin() + t * K + k);
-            idx[size_t(t) * K + k] = e;
-        }
+    // Routing: K distinct experts per token, skewed (expert 0 in nearly every token), random weights.
+    const auto idx = skewed_routing(T, K, E, 150, 1.0);
     const auto wts = fanout::testing::random_floats(idx.size(), 151, 1.0f);
     const Fp8Operands w13(1, 2 * I, D, 152, E), w2(1, D, I, 153, E);  // only their w / sw are used
     const auto xf = fanout::testing::random_floats(size_t(T) * D, 154, 3.0f);
@@ -630,33 +707,52 @@ TEST(MoeExpertsCuda, ComposedChainMatchesCpuChain) {
         }
 
     // GPU chain.
-    DeviceBuffer<uint16_t> dx(x.size()), dout(base.size()), dgu(size_t(E) * max_m * 2 * I), dy(size_t(E) * max_m * D);
-    DeviceBuffer<uint8_t> dxq(x.size()), dpx(size_t(E) * max_m * D), dhq(size_t(E) * max_m * I);
-    DeviceBuffer<float> dxs(size_t(T) * nbd), dps(size_t(E) * max_m * nbd), dhs(size_t(E) * max_m * nbi),
-        dw(wts.size());
-    DeviceBuffer<int32_t> didx(idx.size()), dcounts(E), dslot(idx.size());
+    DeviceBuffer<uint16_t> dx(x);
+    DeviceBuffer<uint8_t> dxq(x.size());
+    DeviceBuffer<float> dxs(size_t(T) * nbd), dw(wts);
+    DeviceBuffer<int32_t> didx(idx);
     DeviceFp8 d13(w13), d2(w2);
-    dx.upload(x.data());
-    dout.upload(base.data());
-    didx.upload(idx.data());
-    dw.upload(wts.data());
     launch_act_quant_bf16(dx.ptr, dxq.ptr, dxs.ptr, T, D, nullptr);
-    launch_moe_permute_masked(dxq.ptr, dxs.ptr, didx.ptr, T, K, D, 0, E, max_m, dpx.ptr, dps.ptr, dcounts.ptr,
-                              dslot.ptr, nullptr);
-    launch_grouped_gemm_fp8_masked(dpx.ptr, dps.ptr, dcounts.ptr, E, max_m, d13.w.ptr, d13.sw.ptr, 2 * I, D, dgu.ptr,
-                                   T * K / E, nullptr);
-    launch_silu_mul_quant_masked(dgu.ptr, dcounts.ptr, E, max_m, I, dhq.ptr, dhs.ptr, nullptr);
-    launch_grouped_gemm_fp8_masked(dhq.ptr, dhs.ptr, dcounts.ptr, E, max_m, d2.w.ptr, d2.sw.ptr, D, I, dy.ptr,
-                                   T * K / E, nullptr);
-    launch_moe_unpermute(dy.ptr, dslot.ptr, dw.ptr, T, K, D, dout.ptr, dout.ptr, nullptr);
-    FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<uint16_t> got(base.size());
-    dout.download(got.data());
-    std::vector<float> gotf(got.size());
-    for (size_t i = 0; i < got.size(); ++i) gotf[i] = bf16_to_f32(got[i]);
-    const double err = fanout::testing::rel_error(gotf.data(), want.data(), want.size());
-    std::printf("MoE experts chain: ||gpu - cpu|| / ||cpu|| = %.2e\n", err);
-    EXPECT_LT(err, 2e-2);
+    for (const int cap : {T, 8, 0}) {
+        const int spill = int(moe_spill_rows(T, K, E, cap));
+        const int64_t masked = int64_t(E) * cap, rows = masked + spill;
+        DeviceBuffer<uint16_t> dout(base), dgu(size_t(rows) * 2 * I), dy(size_t(rows) * D);
+        DeviceBuffer<uint8_t> dpx(size_t(rows) * D), dhq(size_t(rows) * I);
+        DeviceBuffer<float> dps(size_t(rows) * nbd), dhs(size_t(rows) * nbi);
+        DeviceBuffer<int32_t> dcounts(E), dblocks(size_t(spill / 128)), dslot(idx.size());
+        for (auto* b : {&dgu, &dy}) b->poison();
+        for (auto* b : {&dpx, &dhq}) b->poison();
+        for (auto* b : {&dps, &dhs}) b->poison();
+        launch_moe_permute(dxq.ptr, dxs.ptr, didx.ptr, T, K, D, 0, E, cap, spill, dpx.ptr, dps.ptr, dcounts.ptr,
+                           dblocks.ptr, dslot.ptr, nullptr);
+        if (cap > 0) {
+            launch_grouped_gemm_fp8_masked(dpx.ptr, dps.ptr, dcounts.ptr, E, cap, d13.w.ptr, d13.sw.ptr, 2 * I, D,
+                                           dgu.ptr, T * K / E, nullptr);
+            launch_silu_mul_quant_masked(dgu.ptr, dcounts.ptr, E, cap, I, dhq.ptr, dhs.ptr, nullptr);
+            launch_grouped_gemm_fp8_masked(dhq.ptr, dhs.ptr, dcounts.ptr, E, cap, d2.w.ptr, d2.sw.ptr, D, I, dy.ptr,
+                                           T * K / E, nullptr);
+        }
+        if (spill > 0) {
+            launch_grouped_gemm_fp8_contiguous(dpx.ptr + masked * D, dps.ptr + masked * nbd, spill, dblocks.ptr,
+                                               d13.w.ptr, d13.sw.ptr, E, 2 * I, D, dgu.ptr + masked * 2 * I, nullptr);
+            launch_silu_mul_quant_contiguous(dgu.ptr + masked * 2 * I, dblocks.ptr, spill, I, dhq.ptr + masked * I,
+                                             dhs.ptr + masked * nbi, nullptr);
+            launch_grouped_gemm_fp8_contiguous(dhq.ptr + masked * I, dhs.ptr + masked * nbi, spill, dblocks.ptr,
+                                               d2.w.ptr, d2.sw.ptr, E, D, I, dy.ptr + masked * D, nullptr);
+        }
+        launch_moe_unpermute(dy.ptr, dslot.ptr, dw.ptr, T, K, D, dout.ptr, dout.ptr, nullptr);
+        FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+        const auto slot = dslot.download();
+        const int64_t spilled = std::count_if(slot.begin(), slot.end(), [&](int32_t r) { return r >= masked; });
+        EXPECT_EQ(spilled > 0, cap < T) << "cap " << cap << ": " << spilled << " choices spilled";
+        const auto got = dout.download();
+        std::vector<float> gotf(got.size());
+        for (size_t i = 0; i < got.size(); ++i) gotf[i] = bf16_to_f32(got[i]);
+        const double err = fanout::testing::rel_error(gotf.data(), want.data(), want.size());
+        std::printf("MoE experts chain, cap %d (%lld spilled): ||gpu - cpu|| / ||cpu|| = %.2e\n", cap,
+                    static_cast<long long>(spilled), err);
+        EXPECT_LT(err, 2e-2) << "cap " << cap;
+    }
 }
 
 }  // namespace

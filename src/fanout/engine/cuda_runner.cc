@@ -6,8 +6,9 @@
 
 namespace fanout::engine {
 
-CudaRunner::CudaRunner(const model::DeepseekV3& model, const model::CudaModelOptions& opts)
-    : config_(model.config()), gpu_(std::make_unique<model::CudaModel>(model, opts)) {}
+CudaRunner::CudaRunner(const model::DeepseekV3& model, const model::CudaModelOptions& opts,
+                       const model::LoadProgress& progress)
+    : config_(model.config()), gpu_(std::make_unique<model::CudaModel>(model, opts, progress)) {}
 
 double CudaRunner::block_bytes(const io::ModelConfig& c) {
     return static_cast<double>(c.num_hidden_layers * kv::kDefaultBlockSize * c.kv_entry_dim()) *

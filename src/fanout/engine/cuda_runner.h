@@ -15,8 +15,12 @@ namespace fanout::engine {
 
 class CudaRunner : public ModelRunner {
   public:
-    // opts.num_kv_blocks must be the engine's EngineConfig::num_kv_blocks.
-    CudaRunner(const model::DeepseekV3& model, const model::CudaModelOptions& opts);
+    // opts.num_kv_blocks must be the engine's EngineConfig::num_kv_blocks; `progress` sees the
+    // weights stream to the device.
+    CudaRunner(const model::DeepseekV3& model, const model::CudaModelOptions& opts,
+               const model::LoadProgress& progress = {});
+    // The GPU model, for start-up work (graph capture) and its load statistics.
+    model::CudaModel& model() { return *gpu_; }
     int64_t vocab_size() const override { return config_.vocab_size; }
     int64_t max_context() const override { return gpu_->options().max_context; }
     std::vector<int64_t> eos_ids() const override { return config_.eos_token_ids; }

@@ -93,7 +93,9 @@ double checkpoint_weight_bytes(const std::string& dir, const io::ModelConfig& c)
     for (const auto& name : ck.names()) {
         if (name.rfind("model.layers.", 0) == 0 && std::atoll(name.c_str() + 13) >= c.num_hidden_layers)
             continue;  // the MTP layers: not run when serving
-        bytes += static_cast<double>(ck.entry(name).nbytes);
+        // kv_b is held twice more, split per head for the absorbed form (k_b transposed, v_b).
+        const bool kv_b = name.find("kv_b_proj.weight") != std::string::npos;
+        bytes += static_cast<double>(ck.entry(name).nbytes) * (kv_b ? 2 : 1);
     }
     return bytes;
 }
@@ -106,6 +108,19 @@ double host_memory_bytes() {
     while (in >> key >> kb >> unit)
         if (key == "MemTotal:") return kb * 1024;
     return 0;
+}
+
+HostRss host_rss() {
+    std::ifstream in("/proc/self/status");
+    HostRss r;
+    std::string line;
+    while (std::getline(in, line)) {
+        const auto kb = [&] { return std::atof(line.c_str() + line.find(':') + 1) * 1024; };
+        if (line.starts_with("VmHWM:")) r.peak_bytes = kb();
+        if (line.starts_with("RssAnon:")) r.anon_bytes = kb();
+        if (line.starts_with("RssFile:")) r.file_bytes = kb();
+    }
+    return r;
 }
 
 }  // namespace fanout::engine

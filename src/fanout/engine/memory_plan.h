@@ -48,11 +48,19 @@ double kv_block_bytes(const io::ModelConfig& c, bool with_mtp, int64_t block_siz
 // The host's memory (MemTotal in /proc/meminfo), in bytes; 0 when unknown.
 double host_memory_bytes();
 
+// This process's resident memory from /proc/self/status: the peak (VmHWM, which counts mapped
+// checkpoint pages too), and now anonymous (heap, pinned staging) and file-backed (mapped pages).
+struct HostRss {
+    double peak_bytes = 0, anon_bytes = 0, file_bytes = 0;
+};
+HostRss host_rss();
+
 // Bytes of the `*.safetensors` files in `dir` (0 for a folder that is not there: the loader names it).
 double checkpoint_file_bytes(const std::string& dir);
 
-// Bytes of the checkpoint's tensors in `dir` that a runner holds: all but the MTP layers' (read
-// from the safetensors headers; nothing is loaded).
+// Bytes of the checkpoint's tensors in `dir` that the GPU runner holds: all but the MTP layers',
+// kv_b twice more (split per head into k_b and v_b) — read from the safetensors headers; nothing
+// is loaded.
 double checkpoint_weight_bytes(const std::string& dir, const io::ModelConfig& c);
 
 }  // namespace fanout::engine

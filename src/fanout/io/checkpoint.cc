@@ -58,6 +58,14 @@ void Checkpoint::open_all() const {
     for (int i = 0; i < num_shards(); ++i) shard(i);
 }
 
+Checkpoint::FileRange Checkpoint::locate(const void* p, size_t nbytes) const {
+    for (int i = 0; i < num_shards(); ++i) {
+        FileRange r{i, 0};
+        if (shards_[i] && shards_[i]->offset_of(p, nbytes, &r.offset)) return r;
+    }
+    FANOUT_FAIL("checkpoint '{}': {} bytes at {} are not in any of its mapped shards", dir_, nbytes, p);
+}
+
 std::string Checkpoint::file_of(const std::string& name) const {
     const auto it = shard_of_.find(name);
     FANOUT_CHECK(it != shard_of_.end(), "checkpoint '{}' has no tensor '{}'", dir_, name);

@@ -34,6 +34,14 @@ public:
     std::vector<std::string> names() const;
     std::string file_of(const std::string& name) const;
     int num_shards() const { return static_cast<int>(shard_files_.size()); }
+    const std::string& shard_path(int index) const { return shard_files_.at(static_cast<size_t>(index)); }
+    // Where `nbytes` bytes at `p` — inside a tensor get() returned — lie on disk, so a loader can
+    // read them with pread instead of through the mapping.
+    struct FileRange {
+        int shard = 0;
+        size_t offset = 0;
+    };
+    FileRange locate(const void* p, size_t nbytes) const;
     // Opens (maps and validates) every shard now, reporting progress.
     void open_all() const;
 

@@ -57,6 +57,8 @@ public:
     Tensor tensor(const std::string& name) const;
     std::vector<std::string> names() const;
     const std::map<std::string, std::string>& metadata() const { return metadata_; }
+    // The file offset of `nbytes` bytes at `p` when they lie in this file's mapping; else false.
+    bool offset_of(const void* p, size_t nbytes, size_t* offset) const;
 
 private:
     std::string label_;

@@ -17,137 +17,6 @@ namespace {
 // HF and DeepSeek build q_a_layernorm and kv_a_layernorm with the default eps (as the CPU model).
 constexpr float kLatentNormEps = 1e-6f;
 
-// Host staging: `batch` f32 matrices [N, K] -> the device, quantized per 128×128 block or in bf16.
-// Re-quantizing dequantized FP8 reproduces the checkpoint's values exactly when its blocks line
-// up with ours (each block's largest value maps to ±448 again); fused or sliced weights whose
-// blocks straddle (the tiny model's 96-row q_a) are re-quantized from the dequantized values.
-DeviceWeight upload_weight(const std::vector<float>& w, int64_t batch, int64_t N, int64_t K, bool fp8) {
-    DeviceWeight d;
-    d.fp8 = fp8;
-    d.batch = batch;
-    d.N = N;
-    d.K = K;
-    const size_t per = static_cast<size_t>(N * K);
-    if (fp8) {
-        const size_t nb = static_cast<size_t>(ops::ceil_div(N, ops::kFp8Block) * ops::ceil_div(K, ops::kFp8Block));
-        std::vector<uint8_t> q(per * batch);
-        std::vector<float> s(nb * batch);
-        for (int64_t b = 0; b < batch; ++b)
-            ops::weight_quant_block(w.data() + b * per, N, K, q.data() + b * per, s.data() + b * nb);
-        d.q = DeviceArray<uint8_t>(q.data(), q.size());
-        d.scale = DeviceArray<float>(s.data(), s.size());
-    } else {
-        std::vector<uint16_t> h(w.size());
-        for (size_t i = 0; i < w.size(); ++i) h[i] = f32_to_bf16(w[i]);
-        d.bf16 = DeviceArray<uint16_t>(h.data(), h.size());
-    }
-    return d;
-}
-
-// Rows [r0, r1) of a checkpoint weight appended to `out` as f32.
-void append_rows(const ops::LinearWeight& w, int64_t r0, int64_t r1, std::vector<float>& out) {
-    const size_t at = out.size();
-    out.resize(at + static_cast<size_t>((r1 - r0) * w.in_features));
-    for (int64_t r = r0; r < r1; ++r) w.row_f32(r, out.data() + at + static_cast<size_t>((r - r0) * w.in_features));
-}
-
-// Weights stacked along N (q_a | kv_a, gate | up) as one GEMM.
-DeviceWeight upload_stacked(std::initializer_list<const ops::LinearWeight*> parts) {
-    std::vector<float> w;
-    int64_t N = 0;
-    bool fp8 = true;
-    for (const auto* p : parts) {
-        append_rows(*p, 0, p->out_features, w);
-        N += p->out_features;
-        fp8 = fp8 && p->dtype == DType::kFP8E4M3;
-    }
-    return upload_weight(w, 1, N, (*parts.begin())->in_features, fp8);
-}
-
-// The grouped and batched FP8 kernels load tiles with TMA: K and N must be multiples of 16.
-bool tma_friendly(int64_t N, int64_t K) { return N % 16 == 0 && K % 16 == 0; }
-
-
-}  // namespace
-
-std::vector<float> to_f32(const Tensor& t) {
-    std::vector<float> v(static_cast<size_t>(t.numel()));
-    convert_to_f32(t.data(), t.dtype(), v.size(), v.data());
-    return v;
-}
-
-DeviceArray<float> upload_f32(const Tensor& t) {
-    const auto v = to_f32(t);
-    return DeviceArray<float>(v.data(), v.size());
-}
-
-DeviceArray<uint16_t> upload_bf16(const ops::LinearWeight& w) {
-    std::vector<float> f;
-    append_rows(w, 0, w.out_features, f);
-    std::vector<uint16_t> h(f.size());
-    for (size_t i = 0; i < f.size(); ++i) h[i] = f32_to_bf16(f[i]);
-    return DeviceArray<uint16_t>(h.data(), h.size());
-}
-
-DeviceLayer upload_layer(const io::ModelConfig& c, const LayerWeights& lw) {
-    DeviceLayer d;
-    const AttentionWeights& a = lw.attn;
-    d.input_norm = upload_f32(lw.input_norm);
-    d.post_norm = upload_f32(lw.post_norm);
-    d.kv_a_norm = upload_f32(a.kv_a_norm);
-    if (c.q_lora_rank > 0) {
-        d.q_a_norm = upload_f32(a.q_a_norm);
-        d.qkv_a = upload_stacked({&a.q_a, &a.kv_a});
-        d.q_b = upload_stacked({&a.q_b});
-    } else {
-        d.qkv_a = upload_stacked({&a.kv_a});
-        d.q_b = upload_stacked({&a.q_proj});
-    }
-    const int64_t H = c.num_attention_heads, nope = c.qk_nope_head_dim, v = c.v_head_dim, C = c.kv_lora_rank;
-    std::vector<float> kb, vb, rows;
-    for (int64_t h = 0; h < H; ++h) {
-        rows.clear();
-        append_rows(a.kv_b, h * (nope + v), h * (nope + v) + nope, rows);  // W_UK[h]: [nope, C]
-        for (int64_t c2 = 0; c2 < C; ++c2)
-            for (int64_t n = 0; n < nope; ++n) kb.push_back(rows[static_cast<size_t>(n * C + c2)]);
-        append_rows(a.kv_b, h * (nope + v) + nope, (h + 1) * (nope + v), vb);  // W_UV[h]: [v, C]
-    }
-    const bool kv_b_fp8 = a.kv_b.dtype == DType::kFP8E4M3;
-    d.k_b = upload_weight(kb, H, C, nope, kv_b_fp8 && tma_friendly(C, nope));
-    d.v_b = upload_weight(vb, H, v, C, kv_b_fp8 && tma_friendly(v, C));
-    d.kv_b = upload_stacked({&a.kv_b});
-    d.o = upload_stacked({&a.o});
-    d.moe = lw.is_moe;
-    const MlpWeights* mlp = lw.is_moe ? (lw.moe.shared ? &*lw.moe.shared : nullptr) : &lw.mlp;
-    if (mlp != nullptr) {
-        d.has_mlp = true;
-        d.gate_up = upload_stacked({&mlp->gate, &mlp->up});
-        d.down = upload_stacked({&mlp->down});
-    }
-    if (lw.is_moe) {
-        const MoeWeights& m = lw.moe;
-        d.router = upload_bf16(m.router);
-        d.has_bias = m.bias.defined() && m.bias.numel() > 0;
-        if (d.has_bias) d.router_bias = upload_f32(m.bias);
-        std::vector<float> gu, dn;
-        bool fp8 = true;
-        for (const MlpWeights& e : m.experts) {
-            append_rows(e.gate, 0, e.gate.out_features, gu);
-            append_rows(e.up, 0, e.up.out_features, gu);
-            append_rows(e.down, 0, e.down.out_features, dn);
-            fp8 = fp8 && e.gate.dtype == DType::kFP8E4M3;
-        }
-        const int64_t E = static_cast<int64_t>(m.experts.size()), I = c.moe_intermediate_size, D = c.hidden_size;
-        fp8 = fp8 && tma_friendly(2 * I, D) && tma_friendly(D, I);
-        d.experts_gate_up = upload_weight(gu, E, 2 * I, D, fp8);
-        d.experts_down = upload_weight(dn, E, D, I, fp8);
-    }
-    return d;
-}
-
-
-namespace {
-
 // Random FP8 weights with scales around 1/(4·sqrt(K)), so activations keep their magnitude.
 DeviceWeight random_weight(int64_t batch, int64_t N, int64_t K, uint64_t seed) {
     DeviceWeight d;
@@ -210,7 +79,8 @@ struct CudaLayerExec::Buffers {
     DeviceArray<uint16_t> normed, qkv, q_a, q, q_nope, q_pe, q_lat, o_lat, attn_hm, attn, gate_up, act;
     DeviceArray<uint8_t> xq;
     DeviceArray<float> xs, router_logits, topk_weight;
-    DeviceArray<int32_t> topk_idx, counts, fill_t, slot;
+    DeviceArray<int32_t> topk_idx, counts, fill_t, slot, spill_block_expert;
+    // The routed experts' rows (moe_permute.h's layout; the emulated dispatch's masked rows too).
     DeviceArray<uint8_t> perm_q, expert_act_q, emulated_q;
     DeviceArray<float> perm_s, expert_act_s, emulated_s;
     DeviceArray<uint16_t> perm_bf16, expert_gate_up, expert_act, expert_out;
@@ -220,14 +90,59 @@ struct CudaLayerExec::Buffers {
     DeviceArray<uint16_t> latent, k_pe, kv_expanded;  // MHA-form prefill: [ctx, kv_lora], [ctx, rope], [ctx, H·(nope+v)]
 };
 
+// The routed experts' rows of one step as the grouped GEMMs see them (moe_permute.h): max_m rows
+// per expert in the masked part, then spill_rows contiguous ones in 128-row blocks.
+struct CudaLayerExec::ExpertRows {
+    int num_experts = 0;                    // local experts: the weights' batch
+    int max_m = 0;                          // masked rows per expert (0: no masked part)
+    const int32_t* counts = nullptr;        // [num_experts] on the device, clamped to max_m by the kernels
+    int expected_m = 1;                     // tokens per expert expected: picks the masked GEMM's tile
+    int spill_rows = 0;                     // contiguous rows after the masked part (0: none)
+    const int32_t* block_expert = nullptr;  // [spill_rows / 128] on the device, -1: unused block
+
+    int64_t masked_rows() const { return static_cast<int64_t>(num_experts) * max_m; }
+};
+
 namespace {
+
+// The experts' layout of a step of T tokens: capped masked rows (ops::moe_masked_cap) for the
+// decode-sized steps, up to max_masked_tokens; cap 0, all contiguous, beyond.
+struct ExpertLayout {
+    int64_t cap = 0, spill_rows = 0;
+};
+
+ExpertLayout expert_layout(const io::ModelConfig& c, int64_t T, int64_t max_masked_tokens, int64_t num_local) {
+    const int64_t K = c.num_experts_per_tok;
+    const int64_t cap = T <= max_masked_tokens ? ops::moe_masked_cap(T, K, c.n_routed_experts) : 0;
+    return {cap, ops::moe_spill_rows(T, K, num_local, cap)};
+}
+
+// The most expert rows (masked + spill) and spill rows any step of 1..max_tokens tokens needs.
+struct ExpertRowLimits {
+    int64_t rows = 0, spill_rows = 0;
+};
+
+ExpertRowLimits expert_row_limits(const io::ModelConfig& c, int64_t max_tokens, int64_t max_masked_tokens,
+                                  int64_t num_local) {
+    ExpertRowLimits l;
+    const auto take = [&](int64_t T) {
+        const ExpertLayout e = expert_layout(c, T, max_masked_tokens, num_local);
+        l.rows = std::max(l.rows, num_local * e.cap + e.spill_rows);
+        l.spill_rows = std::max(l.spill_rows, e.spill_rows);
+    };
+    // Masked steps: the cap and the spill bound move in steps of their own, so every size is taken.
+    for (int64_t T = 1; T <= std::min(max_tokens, max_masked_tokens); ++T) take(T);
+    // Contiguous steps: the spill bound grows with T.
+    if (max_tokens > max_masked_tokens) take(max_tokens);
+    return l;
+}
 
 // Element counts of every step buffer for a set of limits: the constructor allocates exactly
 // these, and buffer_bytes() counts them for the memory plan before anything is allocated.
 struct BufferElems {
     size_t normed, qkv, q_a, q, q_nope, q_pe, q_lat, o_lat, attn_hm, attn, gate_up, act;  // bf16
     size_t latent, k_pe, kv_expanded;                                                   // bf16, MHA prefill
-    size_t xq, xs, router_logits, topk_idx, topk_weight, counts, fill_t, slot;
+    size_t xq, xs, router_logits, topk_idx, topk_weight, counts, fill_t, slot, spill_blocks;
     size_t perm_q, perm_s, expert_act_q, expert_act_s, perm_bf16, expert_act, expert_gate_up, expert_out;
     size_t emulated_q, emulated_s;
 
@@ -236,13 +151,16 @@ struct BufferElems {
                             latent + k_pe + kv_expanded + perm_bf16 + expert_act + expert_gate_up + expert_out;
         const size_t u8 = xq + perm_q + expert_act_q + emulated_q;
         const size_t f32 = xs + router_logits + topk_weight + perm_s + expert_act_s + emulated_s;
-        const size_t i32 = topk_idx + counts + fill_t + slot;
+        const size_t i32 = topk_idx + counts + fill_t + slot + spill_blocks;
         return 2 * bf16 + u8 + 4 * (f32 + i32);
     }
 };
 
-BufferElems buffer_elems(const io::ModelConfig& c, int64_t max_tokens, int64_t num_local_experts,
-                         int64_t max_emulated_m, int64_t max_prefill_ctx) {
+BufferElems buffer_elems(const io::ModelConfig& c, const LayerLimits& lim_in) {
+    const int64_t max_tokens = lim_in.max_tokens, max_masked_tokens = lim_in.max_masked_tokens;
+    const int64_t num_local_experts = lim_in.num_local_experts, max_emulated_m = lim_in.max_emulated_m;
+    const int64_t max_prefill_ctx = lim_in.max_prefill_ctx;
+    const bool fp8 = lim_in.fp8_experts;
     BufferElems n{};
     const size_t T = static_cast<size_t>(max_tokens), D = static_cast<size_t>(c.hidden_size);
     const size_t H = static_cast<size_t>(c.num_attention_heads), C = static_cast<size_t>(c.kv_lora_rank);
@@ -255,8 +173,6 @@ BufferElems buffer_elems(const io::ModelConfig& c, int64_t max_tokens, int64_t n
     const size_t I = static_cast<size_t>(
         std::max<int64_t>({c.intermediate_size, c.moe_intermediate_size * c.n_shared_experts, 1}));
     const size_t qkv_w = ql + C + rp, q_w = H * (nope + rp);
-    // Rows per expert in the masked layout: the step's tokens, or the emulated dispatch's count.
-    const size_t max_m = std::max(T, static_cast<size_t>(max_emulated_m));
     n.normed = T * D;
     n.qkv = T * qkv_w;
     n.q_a = T * ql;
@@ -285,37 +201,44 @@ BufferElems buffer_elems(const io::ModelConfig& c, int64_t max_tokens, int64_t n
     if (c.n_routed_experts > 0) {
         const size_t nbD = static_cast<size_t>(ops::ceil_div(static_cast<int64_t>(D), ops::kFp8Block));
         const size_t nbI = static_cast<size_t>(ops::ceil_div(static_cast<int64_t>(Ie), ops::kFp8Block));
-        n.perm_q = EL * max_m * D;
-        n.perm_s = EL * max_m * nbD;
-        n.expert_act_q = EL * max_m * Ie;
-        n.expert_act_s = EL * max_m * nbI;
-        n.perm_bf16 = EL * max_m * D;
-        n.expert_act = EL * max_m * Ie;
-        n.expert_gate_up = EL * max_m * 2 * Ie;
-        n.expert_out = EL * max_m * D;
-        if (max_emulated_m > 0) {
-            n.emulated_q = EL * max_m * D;
-            n.emulated_s = EL * max_m * nbD;
-        }
+        const ExpertRowLimits lim = expert_row_limits(c, max_tokens, max_masked_tokens, static_cast<int64_t>(EL));
+        // The permute's rows; the GEMMs' outputs also hold the emulated dispatch's masked rows.
+        const size_t perm = static_cast<size_t>(lim.rows), emulated = EL * static_cast<size_t>(max_emulated_m);
+        const size_t rows = std::max(perm, emulated);
+        n.spill_blocks = static_cast<size_t>(lim.spill_rows / ops::kMoeSpillBlock);
+        // FP8 experts read quantized rows (perm_q/_s, expert_act_q/_s), bf16 experts bf16 ones.
+        n.perm_q = fp8 ? perm * D : 0;
+        n.perm_s = fp8 ? perm * nbD : 0;
+        n.perm_bf16 = fp8 ? 0 : perm * D;
+        n.expert_gate_up = rows * 2 * Ie;
+        n.expert_act_q = fp8 ? rows * Ie : 0;
+        n.expert_act_s = fp8 ? rows * nbI : 0;
+        n.expert_act = fp8 ? 0 : rows * Ie;
+        n.expert_out = rows * D;
+        n.emulated_q = emulated * D;
+        n.emulated_s = emulated * nbD;
     }
     return n;
 }
 
 }  // namespace
 
-size_t CudaLayerExec::buffer_bytes(const io::ModelConfig& c, int64_t max_tokens, int64_t num_local_experts,
-                                   int64_t max_emulated_m, int64_t max_prefill_ctx) {
-    return buffer_elems(c, max_tokens, num_local_experts, max_emulated_m, max_prefill_ctx).bytes() +
-           ops::GemmWorkspace::kDefaultBytes;
+size_t CudaLayerExec::buffer_bytes(const io::ModelConfig& c, const LayerLimits& limits) {
+    return buffer_elems(c, limits).bytes() + ops::GemmWorkspace::kDefaultBytes;
 }
 
-CudaLayerExec::CudaLayerExec(const io::ModelConfig& c, const ops::RopeTable& rope, int64_t max_tokens,
-                             int64_t num_local_experts, int64_t max_emulated_m, int64_t max_prefill_ctx,
+CudaLayerExec::CudaLayerExec(const io::ModelConfig& c, const ops::RopeTable& rope, const LayerLimits& limits,
                              cudaStream_t stream)
-    : c_(c), num_local_(num_local_experts), max_prefill_ctx_(max_prefill_ctx), rope_factor_(rope.attention_factor),
-      stream_(stream), b_(std::make_unique<Buffers>()) {
+    : c_(c),
+      num_local_(limits.num_local_experts),
+      max_masked_tokens_(limits.max_masked_tokens),
+      max_prefill_ctx_(limits.max_prefill_ctx),
+      fp8_experts_(limits.fp8_experts),
+      rope_factor_(rope.attention_factor),
+      stream_(stream),
+      b_(std::make_unique<Buffers>()) {
     Buffers& b = *b_;
-    const BufferElems n = buffer_elems(c, max_tokens, num_local_experts, max_emulated_m, max_prefill_ctx);
+    const BufferElems n = buffer_elems(c, limits);
     b.normed = DeviceArray<uint16_t>(n.normed);
     b.qkv = DeviceArray<uint16_t>(n.qkv);
     b.q_a = DeviceArray<uint16_t>(n.q_a);
@@ -342,6 +265,7 @@ CudaLayerExec::CudaLayerExec(const io::ModelConfig& c, const ops::RopeTable& rop
     b.fill_t = DeviceArray<int32_t>(n.fill_t);
     b.slot = DeviceArray<int32_t>(n.slot);
     if (c.n_routed_experts > 0) {
+        b.spill_block_expert = DeviceArray<int32_t>(n.spill_blocks);
         b.perm_q = DeviceArray<uint8_t>(n.perm_q);
         b.perm_s = DeviceArray<float>(n.perm_s);
         b.expert_act_q = DeviceArray<uint8_t>(n.expert_act_q);
@@ -350,7 +274,7 @@ CudaLayerExec::CudaLayerExec(const io::ModelConfig& c, const ops::RopeTable& rop
         b.expert_act = DeviceArray<uint16_t>(n.expert_act);
         b.expert_gate_up = DeviceArray<uint16_t>(n.expert_gate_up);
         b.expert_out = DeviceArray<uint16_t>(n.expert_out);
-        if (max_emulated_m > 0) {  // the emulated dispatch's rows: any finite values do
+        if (limits.max_emulated_m > 0) {  // the emulated dispatch's rows: any finite values do
             b.emulated_q = DeviceArray<uint8_t>(n.emulated_q);
             b.emulated_s = DeviceArray<float>(n.emulated_s);
             ops::launch_random_fp8(b.emulated_q.get(), b.emulated_q.size(), 7, stream);
@@ -549,7 +473,6 @@ void CudaLayerExec::run(const DeviceLayer& w, const LayerStep& st, uint16_t* hid
     // 4. MoE: router, then the routed experts' permute (the seed's dispatch send), the shared
     // expert while "dispatch" would be in flight, the grouped GEMMs, the weighted un-permute.
     const int E = static_cast<int>(c_.n_routed_experts), K = static_cast<int>(c_.num_experts_per_tok);
-    const int EL = static_cast<int>(w.experts_gate_up.batch), I = static_cast<int>(c_.moe_intermediate_size);
     ops::launch_gemm_bf16_f32(b.normed.get(), w.router.get(), b.router_logits.get(), T, E, D, stream_);
     m("gate");
     const ops::RouterParams rp{E, K, static_cast<int>(c_.n_group), static_cast<int>(c_.topk_group), c_.norm_topk_prob,
@@ -557,48 +480,112 @@ void CudaLayerExec::run(const DeviceLayer& w, const LayerStep& st, uint16_t* hid
     ops::launch_moe_route(b.router_logits.get(), w.has_bias ? w.router_bias.get() : nullptr, rp, T, b.topk_idx.get(),
                           b.topk_weight.get(), stream_);
     m("topk");
-    const int32_t* counts = b.counts.get();
-    int max_m = T, expected = std::max(1, T * K / E);
-    if (w.experts_gate_up.fp8) {
-        // xq / xs hold the post norm's quantized output (post_q).
-        ops::launch_moe_permute_masked(b.xq.get(), b.xs.get(), b.topk_idx.get(), T, K, D, 0, EL, T, b.perm_q.get(),
-                                       b.perm_s.get(), b.counts.get(), b.slot.get(), stream_);
-        m("permute");
-        if (w.has_mlp) mlp(w.gate_up, w.down, T, hidden, post_q, mark);  // the shared expert
-        const uint8_t* gx = b.perm_q.get();
-        const float* gs = b.perm_s.get();
-        if (emulate) {  // the grouped GEMMs take what EP-N's dispatch would deliver instead
-            counts = emulate->counts;
-            max_m = emulate->max_m;
-            expected = emulate->expected_m;
-            gx = b.emulated_q.get();
-            gs = b.emulated_s.get();
-        }
-        batched(w.experts_gate_up, nullptr, counts, max_m, b.expert_gate_up.get(), expected, gx, gs);
-        m("grouped_gate_up");
-        ops::launch_silu_mul_quant_masked(b.expert_gate_up.get(), counts, EL, max_m, I, b.expert_act_q.get(),
-                                          b.expert_act_s.get(), stream_);
-        m("grouped_silu_quant");
-        batched(w.experts_down, nullptr, counts, max_m, b.expert_out.get(), expected, b.expert_act_q.get(),
-                b.expert_act_s.get());
-        m("grouped_down");
+    routed_experts(w, T, hidden, post_q, mark, emulate);
+}
+
+void CudaLayerExec::routed_experts(const DeviceLayer& w, int T, uint16_t* hidden, bool post_q, const KernelMark& mark,
+                                   const ExpertEmulation* emulate) {
+    Buffers& b = *b_;
+    const auto m = [&](const char* name) {
+        if (mark) mark(name);
+    };
+    const int D = static_cast<int>(c_.hidden_size), E = static_cast<int>(c_.n_routed_experts);
+    const int K = static_cast<int>(c_.num_experts_per_tok), I = static_cast<int>(c_.moe_intermediate_size);
+    const int EL = static_cast<int>(w.experts_gate_up.batch);
+    FANOUT_CHECK(EL == num_local_, "the layer holds {} routed experts, the step buffers were sized for {}", EL,
+                 num_local_);
+    const bool fp8 = w.experts_gate_up.fp8;
+    FANOUT_CHECK(fp8 == fp8_experts_, "the layer's experts run {}, the step buffers were made for {} experts",
+                 fp8 ? "FP8" : "bf16", fp8_experts_ ? "FP8" : "bf16");
+    const ExpertLayout layout = expert_layout(c_, T, max_masked_tokens_, EL);
+    const int cap = static_cast<int>(layout.cap), spill = static_cast<int>(layout.spill_rows);
+    if (fp8) {  // xq / xs hold the post norm's quantized output (post_q)
+        ops::launch_moe_permute(b.xq.get(), b.xs.get(), b.topk_idx.get(), T, K, D, 0, EL, cap, spill, b.perm_q.get(),
+                                b.perm_s.get(), b.counts.get(), b.spill_block_expert.get(), b.slot.get(), stream_);
     } else {
         FANOUT_CHECK(emulate == nullptr, "expert emulation needs FP8 experts");
-        ops::launch_moe_permute_masked_bf16(b.normed.get(), b.topk_idx.get(), T, K, D, 0, EL, T, b.perm_bf16.get(),
-                                            b.counts.get(), b.slot.get(), stream_);
-        m("permute");
-        if (w.has_mlp) mlp(w.gate_up, w.down, T, hidden, post_q, mark);
-        batched(w.experts_gate_up, b.perm_bf16.get(), counts, T, b.expert_gate_up.get(), expected);
-        m("grouped_gate_up");
-        ops::launch_silu_mul_bf16(b.expert_gate_up.get(), EL * T, I, b.expert_act.get(), stream_);
-        m("grouped_silu_quant");
-        batched(w.experts_down, b.expert_act.get(), counts, T, b.expert_out.get(), expected);
-        m("grouped_down");
+        ops::launch_moe_permute_bf16(b.normed.get(), b.topk_idx.get(), T, K, D, 0, EL, cap, spill, b.perm_bf16.get(),
+                                     b.counts.get(), b.spill_block_expert.get(), b.slot.get(), stream_);
     }
-    // Slots index rows of the permute's layout (max_m = T); under emulation they point into the
-    // emulated output, which has at least as many rows.
+    m("permute");
+    if (w.has_mlp) mlp(w.gate_up, w.down, T, hidden, post_q, mark);  // the shared expert
+    ExpertRows rows{EL, cap, b.counts.get(), std::max(1, T * K / E), spill, b.spill_block_expert.get()};
+    const uint8_t* gx = b.perm_q.get();
+    const float* gs = b.perm_s.get();
+    if (emulate) {
+        // The grouped GEMMs take what EP-N's dispatch would deliver instead: its rows, all masked.
+        rows = {EL, emulate->max_m, emulate->counts, emulate->expected_m, 0, nullptr};
+        gx = b.emulated_q.get();
+        gs = b.emulated_s.get();
+    }
+    expert_gemm(w.experts_gate_up, rows, b.perm_bf16.get(), gx, gs, b.expert_gate_up.get());
+    m("grouped_gate_up");
+    const int64_t masked = rows.masked_rows();
+    if (fp8) {
+        const int64_t nbI = ops::ceil_div(static_cast<int64_t>(I), ops::kFp8Block);
+        if (rows.max_m > 0)
+            ops::launch_silu_mul_quant_masked(b.expert_gate_up.get(), rows.counts, EL, rows.max_m, I,
+                                              b.expert_act_q.get(), b.expert_act_s.get(), stream_);
+        if (rows.spill_rows > 0)
+            ops::launch_silu_mul_quant_contiguous(b.expert_gate_up.get() + masked * 2 * I, rows.block_expert,
+                                                  rows.spill_rows, I, b.expert_act_q.get() + masked * I,
+                                                  b.expert_act_s.get() + masked * nbI, stream_);
+    } else {
+        // Every row: those no choice names (past a count, padding, unused blocks) hold leftovers,
+        // which the row-wise kernels after it carry only to rows no slot names.
+        ops::launch_silu_mul_bf16(b.expert_gate_up.get(), static_cast<int>(masked + rows.spill_rows), I,
+                                  b.expert_act.get(), stream_);
+    }
+    m("grouped_silu_quant");
+    expert_gemm(w.experts_down, rows, b.expert_act.get(), b.expert_act_q.get(), b.expert_act_s.get(),
+                b.expert_out.get());
+    m("grouped_down");
+    // Slots name rows of the permute's layout; under emulation they point into the emulated
+    // output (the buffers hold both layouts' rows), whose values then stand in.
     ops::launch_moe_unpermute(b.expert_out.get(), b.slot.get(), b.topk_weight.get(), T, K, D, hidden, hidden, stream_);
     m("unpermute");
+}
+
+void CudaLayerExec::expert_gemm(const DeviceWeight& w, const ExpertRows& rows, const uint16_t* x, const uint8_t* xq,
+                                const float* xs, uint16_t* y) {
+    const int N = static_cast<int>(w.N), K = static_cast<int>(w.K);
+    const int64_t masked = rows.masked_rows();
+    if (w.fp8) {
+        if (rows.max_m > 0)
+            ops::launch_grouped_gemm_fp8_masked(xq, xs, rows.counts, rows.num_experts, rows.max_m, w.q.get(),
+                                                w.scale.get(), N, K, y, std::max(rows.expected_m, 1), stream_);
+        if (rows.spill_rows > 0) {
+            const int64_t nbK = ops::ceil_div(static_cast<int64_t>(K), ops::kFp8Block);
+            ops::launch_grouped_gemm_fp8_contiguous(xq + masked * K, xs + masked * nbK, rows.spill_rows,
+                                                    rows.block_expert, w.q.get(), w.scale.get(), rows.num_experts, N, K,
+                                                    y + masked * N, stream_);
+        }
+        return;
+    }
+    ops::BatchedGemmBf16 g;
+    g.x_row_stride = K;
+    g.w = w.bf16.get();
+    g.N = N;
+    g.K = K;
+    if (rows.max_m > 0) {  // batch e: expert e's first counts[e] rows
+        g.x = x;
+        g.x_batch_stride = static_cast<int64_t>(rows.max_m) * K;
+        g.counts = rows.counts;
+        g.batch = rows.num_experts;
+        g.M = rows.max_m;
+        g.y = y;
+        ops::launch_batched_gemm_bf16(g, stream_);
+    }
+    if (rows.spill_rows > 0) {  // batch j: the spill region's 128-row block j, on its expert's weights
+        g.x = x + masked * K;
+        g.x_batch_stride = static_cast<int64_t>(ops::kMoeSpillBlock) * K;
+        g.counts = nullptr;
+        g.block_expert = rows.block_expert;
+        g.batch = rows.spill_rows / ops::kMoeSpillBlock;
+        g.M = ops::kMoeSpillBlock;
+        g.y = y + masked * N;
+        ops::launch_batched_gemm_bf16(g, stream_);
+    }
 }
 
 }  // namespace fanout::model

@@ -10,7 +10,8 @@
 //                  heads→tokens — or, for a one-request prefill chunk (LayerStep::prefill_ctx), the
 //                  MHA form: gather the context's latent · kv_b GEMM · causal flash attention —
 //                  then o_proj GEMM (+ residual) · post norm · router GEMM (f32) · top-k
-//   experts:       permute into the masked layout (the post norm quantized it) — then the shared
+//   experts:       permute into the experts' rows (the post norm quantized it; moe_permute.h: a
+//                  masked part capped per expert for decode steps, the rest contiguous) — then the shared
 //                  expert: gate|up GEMM · silu·mul(·quant) · down GEMM (+ residual), the dense MLP
 //                  in dense layers — grouped gate|up · silu·mul·quant · grouped down · weighted
 //                  un-permute into the residual
@@ -41,13 +42,23 @@ class DeviceArray {
     DeviceArray() = default;
     explicit DeviceArray(size_t n) : n_(n) { FANOUT_CUDA_CHECK(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T))); }
     DeviceArray(const T* host, size_t n) : DeviceArray(n) { upload(host, n); }
-    ~DeviceArray() {
-        if (p_) cudaFree(p_);
+    // `n` elements at `p` owned elsewhere (a weight in the weight arena): never freed here.
+    static DeviceArray view(T* p, size_t n) {
+        DeviceArray a;
+        a.p_ = p;
+        a.n_ = n;
+        a.owned_ = false;
+        return a;
     }
-    DeviceArray(DeviceArray&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(o.n_) {}
+    ~DeviceArray() {
+        if (p_ && owned_) cudaFree(p_);
+    }
+    DeviceArray(DeviceArray&& o) noexcept
+        : p_(std::exchange(o.p_, nullptr)), n_(o.n_), owned_(std::exchange(o.owned_, true)) {}
     DeviceArray& operator=(DeviceArray&& o) noexcept {
         std::swap(p_, o.p_);
         std::swap(n_, o.n_);
+        std::swap(owned_, o.owned_);
         return *this;
     }
     T* get() const { return p_; }
@@ -60,6 +71,7 @@ class DeviceArray {
   private:
     T* p_ = nullptr;
     size_t n_ = 0;
+    bool owned_ = true;
 };
 
 // A projection as the GPU runs it, [batch, N, K]: FP8 with 128×128 block scales, or bf16.
@@ -88,12 +100,6 @@ struct DeviceLayer {
     DeviceWeight experts_gate_up, experts_down;  // [E_local][2I][D], [E_local][D][I]
 };
 
-std::vector<float> to_f32(const Tensor& t);
-DeviceArray<float> upload_f32(const Tensor& t);
-DeviceArray<uint16_t> upload_bf16(const ops::LinearWeight& w);  // dequantized when fp8
-
-// A checkpoint layer rearranged for the GPU (fused and per-head weights; see deepseek_v3_cuda.h).
-DeviceLayer upload_layer(const io::ModelConfig& c, const LayerWeights& w);
 // A layer of random FP8 weights at config c's widths holding `num_local_experts` routed experts
 // (the benchmark's one rank of EP-N), generated on the device.
 DeviceLayer random_layer(const io::ModelConfig& c, bool moe, int64_t num_local_experts, uint64_t seed);
@@ -124,18 +130,29 @@ struct ExpertEmulation {
 // Called after each kernel (group) with its name — the benchmark records an event there.
 using KernelMark = std::function<void(const char* name)>;
 
+// The limits a CudaLayerExec's step buffers are sized for.
+struct LayerLimits {
+    int64_t max_tokens = 0;         // tokens of one step
+    int64_t max_masked_tokens = 0;  // steps up to this many tokens (decode) use the capped masked layout
+    int64_t num_local_experts = 0;  // routed experts of each layer on this GPU
+    int64_t max_emulated_m = 0;     // ExpertEmulation's rows per expert (0: none)
+    int64_t max_prefill_ctx = 0;    // MHA-form prefill over contexts of up to this many tokens (0: never)
+    bool fp8_experts = true;        // the experts run FP8 (else bf16): only that kind's buffers are made
+};
+
 class CudaLayerExec {
   public:
-    // Buffers for steps of up to max_tokens tokens; `num_local_experts` routed experts per layer;
-    // MHA-form prefill over contexts of up to max_prefill_ctx tokens (0: never).
-    CudaLayerExec(const io::ModelConfig& c, const ops::RopeTable& rope, int64_t max_tokens, int64_t num_local_experts,
-                  int64_t max_emulated_m, int64_t max_prefill_ctx, cudaStream_t stream);
+    // Buffers for steps of up to max_tokens tokens; steps of up to max_masked_tokens (the decode
+    // batches) put their routed experts' rows in the masked layout, capped per expert by
+    // ops::moe_masked_cap, with the rest contiguous — larger steps all contiguous (cap 0; see
+    // moe_permute.h) — so the experts' buffers grow with the tokens, not with experts × tokens.
+    CudaLayerExec(const io::ModelConfig& c, const ops::RopeTable& rope, const LayerLimits& limits,
+                  cudaStream_t stream);
     ~CudaLayerExec();
     // The device bytes the constructor allocates for these limits (its step buffers and GEMM
     // workspace; the MLA workspace grows on first use and is not counted), so a memory plan can
     // count them before anything is allocated.
-    static size_t buffer_bytes(const io::ModelConfig& c, int64_t max_tokens, int64_t num_local_experts,
-                               int64_t max_emulated_m, int64_t max_prefill_ctx);
+    static size_t buffer_bytes(const io::ModelConfig& c, const LayerLimits& limits);
     // hidden [T, D] bf16 (the residual stream) is updated in place; cache is this layer's.
     void run(const DeviceLayer& w, const LayerStep& step, uint16_t* hidden, uint16_t* cache,
              const KernelMark& mark = {}, const ExpertEmulation* emulate = nullptr);
@@ -148,9 +165,19 @@ class CudaLayerExec {
     // hidden += down(silu(gate) · up) of normed; `prequantized`: xq / xs already hold normed for FP8.
     void mlp(const DeviceWeight& gu, const DeviceWeight& down, int T, uint16_t* hidden, bool prequantized,
              const KernelMark& mark);
+    // Step 4 after the router: the routed experts (and the shared one while they are permuted),
+    // their weighted sum added to hidden.
+    struct ExpertRows;
+    void routed_experts(const DeviceLayer& w, int T, uint16_t* hidden, bool post_q, const KernelMark& mark,
+                        const ExpertEmulation* emulate);
+    // y = x · w[e]ᵀ over the experts' rows: the masked part, then the spill blocks; FP8 weights
+    // read xq / xs (already quantized), bf16 weights x.
+    void expert_gemm(const DeviceWeight& w, const ExpertRows& rows, const uint16_t* x, const uint8_t* xq,
+                     const float* xs, uint16_t* y);
 
     io::ModelConfig c_;
-    int64_t num_local_ = 0, max_prefill_ctx_ = 0;
+    int64_t num_local_ = 0, max_masked_tokens_ = 0, max_prefill_ctx_ = 0;
+    bool fp8_experts_ = true;
     float rope_factor_ = 1.0f;
     cudaStream_t stream_ = nullptr;
     std::unique_ptr<Buffers> b_;

@@ -83,13 +83,14 @@ StepBatch StepBatchBuilder::build() {
 DeepseekV3::DeepseekV3(io::ModelConfig config, ModelWeights weights)
     : config_(std::move(config)), weights_(std::move(weights)), rope_(rope_table(config_)) {}
 
-std::unique_ptr<DeepseekV3> DeepseekV3::load(const std::string& dir, const ShardPlan& plan,
-                                             const LoadProgress& progress) {
+std::unique_ptr<DeepseekV3> DeepseekV3::load(const std::string& dir, const ShardPlan& plan, const LoadOptions& opts) {
     io::ModelConfig config = io::load_model_config(dir);
     io::Checkpoint::Progress on_shard;
-    if (progress)
-        on_shard = [progress](int i, int n, const std::string&) { progress(fmt::format("shard {}/{}", i + 1, n), i + 1, n); };
-    ModelWeights w = load_weights(io::Checkpoint::open(dir, on_shard), config, plan, progress);
+    if (opts.progress)
+        on_shard = [progress = opts.progress](int i, int n, const std::string&) {
+            progress({fmt::format("opening shard {}/{}", i + 1, n), i + 1, n});
+        };
+    ModelWeights w = load_weights(io::Checkpoint::open(dir, on_shard), config, plan, opts);
     return std::make_unique<DeepseekV3>(std::move(config), std::move(w));
 }
 

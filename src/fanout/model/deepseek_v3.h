@@ -92,7 +92,7 @@ class DeepseekV3 {
 public:
     DeepseekV3(io::ModelConfig config, ModelWeights weights);
     static std::unique_ptr<DeepseekV3> load(const std::string& dir, const ShardPlan& plan = {},
-                                            const LoadProgress& progress = {});
+                                            const LoadOptions& opts = {});
 
     const io::ModelConfig& config() const { return config_; }
     const ModelWeights& weights() const { return weights_; }

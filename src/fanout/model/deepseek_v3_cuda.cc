@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <numeric>
 #include <tuple>
@@ -10,6 +11,7 @@
 #include "fanout/core/cuda_check.h"
 #include "fanout/core/cuda_graph.h"
 #include "fanout/model/cuda_layer.h"
+#include "fanout/model/weight_upload.h"
 #include "fanout/ops/fp8_quant.h"
 #include "fanout/ops/gemm.h"
 #include "fanout/ops/model_glue_cuda.h"
@@ -23,6 +25,19 @@ namespace {
 constexpr int64_t kMaxGraphQueryLen = 4;
 // Logit-bias entries the step buffer holds at first (it grows on demand).
 constexpr size_t kInitialLogitBias = 1024;
+
+// The layer's step buffers for the runner's limits: every expert on this GPU (EP1), decode steps
+// (up to max_requests × the graphs' query length) in the capped masked layout, FP8 experts when
+// the weight plan makes them (experts_run_fp8).
+LayerLimits layer_limits(const io::ModelConfig& c, const CudaModelOptions& opts) {
+    LayerLimits l;
+    l.max_tokens = opts.max_step_tokens;
+    l.max_masked_tokens = std::min(opts.max_step_tokens, opts.max_requests * kMaxGraphQueryLen);
+    l.num_local_experts = c.n_routed_experts;
+    l.max_prefill_ctx = opts.max_context;
+    l.fp8_experts = experts_run_fp8(c);
+    return l;
+}
 
 int64_t next_pow2(int64_t n) {
     int64_t b = 1;
@@ -38,10 +53,8 @@ struct CudaModel::Impl {
     cudaStream_t stream = nullptr;
     int64_t max_blocks_per_request = 0, num_blocks = 0, pad_block = 0;
 
-    // Weights.
-    DeviceArray<uint16_t> embed, lm_head;
-    DeviceArray<float> final_norm;
-    std::vector<DeviceLayer> layers;
+    DeviceModelWeights w;
+    StreamStats upload;
     DeviceArray<uint16_t> cache;  // [layers, num_blocks + 1, block, entry]; the last block is the padding scratch
 
     // Step inputs at fixed addresses (what a captured graph reads).
@@ -78,7 +91,7 @@ struct CudaModel::Impl {
     // prefill_ctx > 0: a one-request prefill chunk over that many context tokens (MHA form).
     void run(int T, int R, int max_q, int rows_n, bool sample, int prefill_ctx = 0) {
         const int D = static_cast<int>(c.hidden_size), Vocab = static_cast<int>(c.vocab_size);
-        ops::launch_embed_bf16(embed.get(), tokens.get(), T, D, hidden.get(), stream);
+        ops::launch_embed_bf16(w.embed.get(), tokens.get(), T, D, hidden.get(), stream);
         LayerStep st;
         st.T = T;
         st.R = R;
@@ -91,18 +104,35 @@ struct CudaModel::Impl {
         st.max_blocks = static_cast<int>(max_blocks_per_request);
         st.prefill_ctx = prefill_ctx;
         for (int64_t l = 0; l < c.num_hidden_layers; ++l)
-            exec->run(layers[static_cast<size_t>(l)], st, hidden.get(),
+            exec->run(w.layers[static_cast<size_t>(l)], st, hidden.get(),
                       cache.get() + static_cast<size_t>(l) * cache_layer_elems());
         ops::launch_embed_bf16(hidden.get(), logit_rows.get(), rows_n, D, rows.get(), stream);  // a row gather
-        ops::launch_rms_norm_bf16(rows.get(), nullptr, final_norm.get(), static_cast<float>(c.rms_norm_eps),
+        ops::launch_rms_norm_bf16(rows.get(), nullptr, w.final_norm.get(), static_cast<float>(c.rms_norm_eps),
                                   rows_normed.get(), rows_n, D, stream);
-        ops::launch_gemm_bf16_f32(rows_normed.get(), lm_head.get(), logits.get(), rows_n, Vocab, D, stream);
+        ops::launch_gemm_bf16_f32(rows_normed.get(), w.lm_head.get(), logits.get(), rows_n, Vocab, D, stream);
         if (sample)
             ops::launch_sample(logits.get(), rows_n, Vocab, sampling.get(), logit_bias.get(), out_tokens.get(), stream);
     }
+
+    // Replays the graph of (q, R requests, sample), capturing it first when there is none; the step's
+    // inputs are already in the fixed arrays.
+    void replay(int64_t q, int64_t R, int max_q, int rows_n, bool sample) {
+        auto& g = graphs[{q, R, sample}];
+        const int T = static_cast<int>(q * R);
+        if (g.exec == nullptr) {
+            // One eager run first: cuBLASLt plans and workspaces are created outside the capture.
+            run(T, static_cast<int>(R), max_q, rows_n, sample);
+            FANOUT_CUDA_CHECK(cudaStreamSynchronize(stream));
+            g.exec = capture_graph(stream, [&] { run(T, static_cast<int>(R), max_q, rows_n, sample); });
+            // The eager run above already did this step's work; replaying it again rewrites the
+            // same cache entries with the same values, and keeps the path below uniform.
+        }
+        FANOUT_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));
+    }
 };
 
-CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts) : impl_(std::make_unique<Impl>()) {
+CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts, const LoadProgress& progress)
+    : impl_(std::make_unique<Impl>()) {
     Impl& m = *impl_;
     m.c = model.config();
     m.opts = opts;
@@ -125,16 +155,7 @@ CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts) : im
     m.num_blocks = opts.num_kv_blocks > 0 ? opts.num_kv_blocks : opts.max_requests * m.max_blocks_per_request;
     m.pad_block = m.num_blocks;
 
-    const ModelWeights& w = model.weights();
-    {
-        const auto e = to_f32(w.embed);
-        std::vector<uint16_t> h(e.size());
-        for (size_t i = 0; i < e.size(); ++i) h[i] = f32_to_bf16(e[i]);
-        m.embed = DeviceArray<uint16_t>(h.data(), h.size());
-    }
-    m.lm_head = upload_bf16(w.lm_head);
-    m.final_norm = upload_f32(w.final_norm);
-    for (int64_t l = 0; l < c.num_hidden_layers; ++l) m.layers.push_back(upload_layer(c, w.layers[l]));
+    m.w = upload_model_weights(c, model.weights(), progress, &m.upload);
     m.cache = DeviceArray<uint16_t>(static_cast<size_t>(c.num_hidden_layers) * m.cache_layer_elems());
     FANOUT_CUDA_CHECK(cudaMemset(m.cache.get(), 0, m.cache.size() * sizeof(uint16_t)));
 
@@ -154,8 +175,7 @@ CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts) : im
     m.rows = DeviceArray<uint16_t>(T * D);
     m.rows_normed = DeviceArray<uint16_t>(T * D);
     m.logits = DeviceArray<float>(T * static_cast<size_t>(c.vocab_size));
-    m.exec = std::make_unique<CudaLayerExec>(c, model.rope(), opts.max_step_tokens, c.n_routed_experts, 0,
-                                             opts.max_context, m.stream);
+    m.exec = std::make_unique<CudaLayerExec>(c, model.rope(), layer_limits(c, opts), m.stream);
     FANOUT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
 }
 
@@ -167,7 +187,17 @@ size_t CudaModel::workspace_bytes(const io::ModelConfig& c, const CudaModelOptio
     const size_t i32 = 6 * T + (R + 1) + R + R * blocks_per_request;
     return 4 * i32 + T * sizeof(ops::SamplingRow) + kInitialLogitBias * sizeof(ops::LogitBias) + 3 * T * D * 2 +
            T * static_cast<size_t>(c.vocab_size) * 4 +
-           CudaLayerExec::buffer_bytes(c, opts.max_step_tokens, c.n_routed_experts, 0, opts.max_context);
+           CudaLayerExec::buffer_bytes(c, layer_limits(c, opts));
+}
+
+size_t CudaModel::graph_bytes(const io::ModelConfig&, const CudaModelOptions& opts) {
+    if (!opts.cuda_graphs) return 0;
+    int64_t buckets = 0;
+    for (int64_t R = 1; R <= opts.max_requests && R <= opts.max_step_tokens; R *= 2) ++buckets;
+    // NOTE: an estimate per graph (its kernel nodes, a few per layer), with room for the MLA
+    // workspace the first run allocates; docs/PERF.md has what capture_decode_graphs() measured.
+    constexpr size_t kPerGraph = size_t{8} << 20, kFirstRun = size_t{256} << 20;
+    return static_cast<size_t>(buckets) * kPerGraph + (buckets > 0 ? kFirstRun : 0);
 }
 
 CudaModel::~CudaModel() = default;
@@ -289,16 +319,7 @@ std::vector<int32_t> CudaModel::forward_sample(const StepBatch& batch, std::span
     const bool sample = !sampling.empty();
 
     if (graph) {
-        auto& g = m.graphs[{q, R_pad, sample}];
-        if (g.exec == nullptr) {
-            // One eager run first: cuBLASLt plans and workspaces are created outside the capture.
-            m.run(h.T, h.R, h.max_q, rows_step, sample);
-            FANOUT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
-            g.exec = capture_graph(m.stream, [&] { m.run(h.T, h.R, h.max_q, rows_step, sample); });
-            // The eager run above already did this step's work; replaying it again rewrites the
-            // same cache entries with the same values, and keeps the path below uniform.
-        }
-        FANOUT_CUDA_CHECK(cudaGraphLaunch(g.exec, m.stream));
+        m.replay(q, R_pad, h.max_q, rows_step, sample);
     } else {
         // A prefill chunk of one request runs attention in the MHA form; other eager steps (several
         // requests, short queries) in the absorbed form.
@@ -315,6 +336,43 @@ std::vector<int32_t> CudaModel::forward_sample(const StepBatch& batch, std::span
     out.resize(static_cast<size_t>(std::min<int64_t>(rows_n, static_cast<int64_t>(out.size()))));
     return out;
 }
+
+std::vector<CudaModel::GraphCapture> CudaModel::capture_decode_graphs() {
+    Impl& m = *impl_;
+    std::vector<GraphCapture> out;
+    if (!m.opts.cuda_graphs) return out;
+    const int64_t W = m.max_blocks_per_request;
+    for (int64_t R = 1; R <= m.opts.max_requests && R <= m.opts.max_step_tokens; R *= 2) {
+        // R padding requests: one token each at position 0 in the scratch block, greedy.
+        std::vector<int32_t> zeros(static_cast<size_t>(R), 0), rows(static_cast<size_t>(R)),
+            starts(static_cast<size_t>(R) + 1), ones(static_cast<size_t>(R), 1),
+            slots(static_cast<size_t>(R), static_cast<int32_t>(m.pad_block * kv::kDefaultBlockSize)),
+            table(static_cast<size_t>(R * W), static_cast<int32_t>(m.pad_block));
+        for (int64_t r = 0; r <= R; ++r) starts[static_cast<size_t>(r)] = static_cast<int32_t>(r);
+        for (int64_t r = 0; r < R; ++r) rows[static_cast<size_t>(r)] = static_cast<int32_t>(r);
+        const std::vector<ops::SamplingRow> srows(static_cast<size_t>(R));
+        m.tokens.upload(zeros.data(), zeros.size(), m.stream);
+        m.positions.upload(zeros.data(), zeros.size(), m.stream);
+        m.slots.upload(slots.data(), slots.size(), m.stream);
+        m.query_start.upload(starts.data(), starts.size(), m.stream);
+        m.kv_len.upload(ones.data(), ones.size(), m.stream);
+        m.block_table.upload(table.data(), table.size(), m.stream);
+        m.logit_rows.upload(rows.data(), rows.size(), m.stream);
+        m.sampling.upload(srows.data(), srows.size(), m.stream);
+        FANOUT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+        size_t free_before = 0, free_after = 0, total = 0;
+        FANOUT_CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
+        const auto t0 = std::chrono::steady_clock::now();
+        m.replay(1, R, 1, static_cast<int>(R), true);
+        FANOUT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+        FANOUT_CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
+        out.push_back({R, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                       static_cast<double>(free_before) - static_cast<double>(free_after)});
+    }
+    return out;
+}
+
+const StreamStats& CudaModel::upload_stats() const { return impl_->upload; }
 
 Tensor CudaModel::forward_logits(const StepBatch& batch) {
     forward_sample(batch, {});

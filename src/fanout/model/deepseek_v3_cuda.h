@@ -30,6 +30,7 @@
 
 #include "fanout/model/deepseek_v3.h"
 #include "fanout/model/generate.h"
+#include "fanout/model/weight_upload.h"
 #include "fanout/ops/sampling_cuda.h"
 
 namespace fanout::model {
@@ -44,12 +45,16 @@ struct CudaModelOptions {
 
 class CudaModel {
   public:
-    // Uploads `model`'s weights and allocates the cache and step buffers on the current device.
-    // The DeepseekV3 may be destroyed afterwards.
-    CudaModel(const DeepseekV3& model, const CudaModelOptions& opts = {});
+    // Streams `model`'s weights to the current device (weight_upload.h: checking the values a
+    // load with check_values false left unchecked) and allocates the cache and step buffers. The
+    // DeepseekV3 may be destroyed afterwards.
+    CudaModel(const DeepseekV3& model, const CudaModelOptions& opts = {}, const LoadProgress& progress = {});
     // Device bytes of the step buffers the constructor allocates for `opts` (everything but the
     // weights and the KV cache), for the memory plan before loading.
     static size_t workspace_bytes(const io::ModelConfig& c, const CudaModelOptions& opts);
+    // Device bytes capture_decode_graphs() is planned to take for `opts` (graph nodes and what
+    // the kernels allocate on their first run), for the memory plan.
+    static size_t graph_bytes(const io::ModelConfig& c, const CudaModelOptions& opts);
     ~CudaModel();
     CudaModel(const CudaModel&) = delete;
     CudaModel& operator=(const CudaModel&) = delete;
@@ -69,6 +74,16 @@ class CudaModel {
                                         std::span<const ops::LogitBias> logit_bias = {});
 
     int64_t graphs_captured() const;
+    // Captures the decode graph (one query token per request, sampled) of every request bucket
+    // now — the start-up's last phase — so no step captures while serving; returns what each
+    // took: its bucket, seconds, and the device memory it cost (free memory before − after).
+    struct GraphCapture {
+        int64_t requests = 0;
+        double seconds = 0, bytes = 0;
+    };
+    std::vector<GraphCapture> capture_decode_graphs();
+    // What streaming the weights did (weight_upload.h).
+    const StreamStats& upload_stats() const;
 
   private:
     struct Impl;

@@ -4,12 +4,14 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include "fanout/core/error.h"
+#include "fanout/core/thread_pool.h"
 #include "fanout/ops/fp8_quant.h"
 
 namespace fanout::model {
@@ -191,9 +193,10 @@ std::vector<io::TensorSpec> checkpoint_tensors(const io::ModelConfig& c) {
 
 namespace {
 
-// Writes one tensor's bytes (and, for fp8, its scale tensor's right after) in row chunks.
+// Writes one tensor's bytes (and, for fp8, its scale tensor's right after) in chunks of one fp8
+// block row, made in parallel a group of chunks at a time and written in order.
 void write_tensor(io::SafetensorsWriter& w, const io::TensorSpec& spec, const io::TensorSpec* scale_spec,
-                  uint64_t seed) {
+                  uint64_t seed, ThreadPool& pool) {
     const uint64_t key = hash_name(spec.name, seed);
     const Init init = init_for(spec.name, spec.shape);
     // A 2-D tensor is written in chunks of rows; anything else as one row.
@@ -201,27 +204,40 @@ void write_tensor(io::SafetensorsWriter& w, const io::TensorSpec& spec, const io
     const int64_t row_len = matrix ? spec.shape[1] : shape_numel(spec.shape);
     const int64_t num_rows = matrix ? spec.shape[0] : 1;
     const int64_t chunk = ops::kFp8Block;  // rows per chunk: one fp8 block row
-    std::vector<float> vals;
-    std::vector<uint8_t> bytes;
+    const int64_t num_chunks = ops::ceil_div(num_rows, chunk);
+    const int64_t nbk = ops::ceil_div(row_len, ops::kFp8Block);
+    const int64_t group = 4 * static_cast<int64_t>(pool.num_threads());
+    std::vector<std::vector<uint8_t>> bytes(static_cast<size_t>(group));
+    std::vector<std::vector<float>> chunk_scales(static_cast<size_t>(group));
     std::vector<float> scales;
-    for (int64_t r0 = 0; r0 < num_rows; r0 += chunk) {
-        const int64_t r1 = std::min(num_rows, r0 + chunk), n = (r1 - r0) * row_len;
-        vals.resize(static_cast<size_t>(n));
-        for (int64_t i = 0; i < n; ++i)
-            vals[i] = init.center + init.half_width * uniform(key, static_cast<uint64_t>(r0 * row_len + i));
-        if (spec.dtype == DType::kFP8E4M3) {
-            const int64_t nbk = ops::ceil_div(row_len, ops::kFp8Block);
-            std::vector<float> s(static_cast<size_t>(nbk));
-            bytes.resize(static_cast<size_t>(n));
-            ops::weight_quant_block(vals.data(), r1 - r0, row_len, bytes.data(), s.data());
-            scales.insert(scales.end(), s.begin(), s.end());
-            w.write(spec.name, bytes.data(), bytes.size());
-        } else if (spec.dtype == DType::kF32) {
-            w.write(spec.name, vals.data(), vals.size() * sizeof(float));
-        } else {
-            std::vector<uint16_t> b(static_cast<size_t>(n));
-            for (int64_t i = 0; i < n; ++i) b[i] = f32_to_bf16(vals[i]);
-            w.write(spec.name, b.data(), b.size() * sizeof(uint16_t));
+    for (int64_t g0 = 0; g0 < num_chunks; g0 += group) {
+        const int64_t g1 = std::min(num_chunks, g0 + group);
+        pool.parallel_for(g1 - g0, 1, [&](int64_t begin, int64_t end) {
+            std::vector<float> vals;
+            for (int64_t ci = begin; ci < end; ++ci) {
+                const int64_t r0 = (g0 + ci) * chunk, r1 = std::min(num_rows, r0 + chunk), n = (r1 - r0) * row_len;
+                vals.resize(static_cast<size_t>(n));
+                for (int64_t i = 0; i < n; ++i)
+                    vals[i] = init.center + init.half_width * uniform(key, static_cast<uint64_t>(r0 * row_len + i));
+                auto& out = bytes[static_cast<size_t>(ci)];
+                out.resize(static_cast<size_t>(n) * dtype_size(spec.dtype));
+                if (spec.dtype == DType::kFP8E4M3) {
+                    auto& s = chunk_scales[static_cast<size_t>(ci)];
+                    s.resize(static_cast<size_t>(nbk));
+                    ops::weight_quant_block(vals.data(), r1 - r0, row_len, out.data(), s.data());
+                } else if (spec.dtype == DType::kF32) {
+                    std::memcpy(out.data(), vals.data(), out.size());
+                } else {
+                    auto* b = reinterpret_cast<uint16_t*>(out.data());
+                    for (int64_t i = 0; i < n; ++i) b[i] = f32_to_bf16(vals[i]);
+                }
+            }
+        });
+        for (int64_t ci = 0; ci < g1 - g0; ++ci) {
+            w.write(spec.name, bytes[static_cast<size_t>(ci)].data(), bytes[static_cast<size_t>(ci)].size());
+            if (spec.dtype == DType::kFP8E4M3)
+                scales.insert(scales.end(), chunk_scales[static_cast<size_t>(ci)].begin(),
+                              chunk_scales[static_cast<size_t>(ci)].end());
         }
     }
     if (scale_spec) w.write(scale_spec->name, scales.data(), scales.size() * sizeof(float));
@@ -254,6 +270,7 @@ void write_synthetic_model(const std::string& dir, const io::ModelConfig& config
     }
     nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
     int64_t done = 0;
+    ThreadPool pool;
     for (size_t s = 0; s < shards.size(); ++s) {
         const std::string file = shards.size() == 1 ? "model.safetensors"
                                                     : fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1,
@@ -267,7 +284,7 @@ void write_synthetic_model(const std::string& dir, const io::ModelConfig& config
         for (size_t j = 0; j < shard_specs.size(); ++j) {
             const io::TensorSpec& spec = shard_specs[j];
             const io::TensorSpec* scale = spec.dtype == DType::kFP8E4M3 ? &shard_specs[++j] : nullptr;
-            write_tensor(w, spec, scale, opts.seed);
+            write_tensor(w, spec, scale, opts.seed, pool);
             done += shape_numel(spec.shape) * static_cast<int64_t>(dtype_size(spec.dtype));
             if (scale) done += shape_numel(scale->shape) * static_cast<int64_t>(sizeof(float));
             if (opts.progress) opts.progress(file, done, total_bytes);

@@ -24,8 +24,6 @@ constexpr std::initializer_list<DType> kFloatTypes = {DType::kBF16, DType::kF16,
 // Value checks: no NaN or Inf in any weight, and fp8 block scales finite and not negative (a zero
 // scale is an all-zero block, which a quantizer may write).
 
-enum class ValueCheck { kFinite, kNonNegativeScale };
-
 // The first index in [begin, end) whose key(p[i]) >= threshold, or -1. Each block is max-reduced
 // first (which vectorizes), and only a block with a hit is walked again for the index.
 template <typename T, typename Key>
@@ -45,12 +43,12 @@ int64_t first_flagged(const T* p, int64_t begin, int64_t end, T threshold, Key k
 // The first element in [begin, end) that is NaN or ±Inf (kFinite), or that is not a finite,
 // non-negative f32 (kNonNegativeScale); -1 when none. Bit tests only: a float is NaN or Inf when its exponent
 // field is all ones; fp8 e4m3fn has no Inf, and S.1111.111 (byte 0x7f / 0xff) is its NaN.
-int64_t first_bad_value(const void* data, DType dtype, ValueCheck check, int64_t begin, int64_t end) {
+int64_t first_bad_value(const void* data, DType dtype, WeightCheck::Kind check, int64_t begin, int64_t end) {
     switch (dtype) {
         case DType::kF32: {
             const auto* p = static_cast<const uint32_t*>(data);
             // ±0 (an all-zero block) is kept; bits - 1 puts negatives, NaN and Inf past the largest finite's.
-            if (check == ValueCheck::kNonNegativeScale)
+            if (check == WeightCheck::kScale)
                 return first_flagged<uint32_t>(p, begin, end, 0x7f7fffffu,
                                                [](uint32_t v) -> uint32_t { return (v << 1) == 0 ? 0u : v - 1u; });
             return first_flagged<uint32_t>(p, begin, end, 0x7f800000u,
@@ -70,29 +68,6 @@ int64_t first_bad_value(const void* data, DType dtype, ValueCheck check, int64_t
     }
 }
 
-// A weight whose values are checked: one still in the mapping (queued while binding and checked in
-// one pass at the end), or the source of one converted to f32 (checked as it is converted).
-struct ValueScan {
-    std::string name;
-    const void* data = nullptr;
-    DType dtype = DType::kF32;
-    Shape shape;
-    ValueCheck check = ValueCheck::kFinite;
-};
-
-// "<file>: tensor '<name>' has NaN at element 1234 (row 4, column 210) ...".
-[[noreturn]] void fail_bad_value(const Checkpoint& ck, const ValueScan& s, int64_t i) {
-    const float v = load_as_f32(s.data, s.dtype, static_cast<size_t>(i));
-    std::string value = std::isnan(v) ? "NaN" : std::isinf(v) ? (v > 0 ? "+Inf" : "-Inf") : fmt::format("{}", v);
-    if (s.dtype == DType::kFP8E4M3) value += fmt::format(" (byte 0x{:02x})", static_cast<const uint8_t*>(s.data)[i]);
-    std::string where = fmt::format("element {}", i);
-    if (s.shape.size() == 2) where += fmt::format(" (row {}, column {})", i / s.shape[1], i % s.shape[1]);
-    if (s.check == ValueCheck::kNonNegativeScale)
-        FANOUT_FAIL("{}: tensor '{}' has {} at {}: fp8 block scales must be finite and not negative", ck.file_of(s.name),
-                    s.name, value, where);
-    FANOUT_FAIL("{}: tensor '{}' has {} at {}: weights must be finite", ck.file_of(s.name), s.name, value, where);
-}
-
 // ---------------------------------------------------------------------------------------------
 // Binding
 
@@ -107,10 +82,10 @@ class Binder {
 
     // A tensor left in the mapping, of one of `dtypes` and exactly `shape`.
     Tensor get(const std::string& name, std::initializer_list<DType> dtypes, const Shape& shape,
-               ValueCheck check = ValueCheck::kFinite) {
+               WeightCheck::Kind check = WeightCheck::kFinite) {
         Tensor t = ck_.get(name, dtypes, shape);
         read_.insert(name);
-        scans_.push_back({name, t.data(), t.dtype(), t.shape(), check});
+        checks_.push_back({name, t.data(), t.dtype(), t.shape(), check});
         return t;
     }
 
@@ -120,38 +95,16 @@ class Binder {
         read_.insert(name);
         Tensor out = Tensor::zeros({dim}, DType::kF32);
         convert_to_f32(src.data(), src.dtype(), static_cast<size_t>(dim), out.data_as<float>());
-        const int64_t bad = first_bad_value(out.data(), DType::kF32, ValueCheck::kFinite, 0, dim);
-        if (bad >= 0) fail_bad_value(ck_, {name, src.data(), src.dtype(), src.shape()}, bad);
+        const int64_t bad = first_bad_value(out.data(), DType::kF32, WeightCheck::kFinite, 0, dim);
+        if (bad >= 0) fail_weight_value(ck_, {name, src.data(), src.dtype(), src.shape()}, bad);
         return out;
     }
 
     // A name the model reads that this rank does not (another rank's expert): not unused.
     void skip(const std::string& name) { read_.insert(name); }
 
-    // Checks every queued weight in one pass over the mapping, split across threads; the Error
-    // names the first bad element in binding order.
-    void check_values() const {
-        constexpr int64_t kChunk = int64_t{1} << 20;  // elements
-        struct Chunk {
-            size_t scan;
-            int64_t begin, end;
-        };
-        std::vector<Chunk> chunks;
-        for (size_t i = 0; i < scans_.size(); ++i) {
-            const int64_t n = shape_numel(scans_[i].shape);
-            for (int64_t b = 0; b < n; b += kChunk) chunks.push_back({i, b, std::min(n, b + kChunk)});
-        }
-        std::vector<int64_t> first(chunks.size(), -1);
-        ThreadPool pool;
-        pool.parallel_for(static_cast<int64_t>(chunks.size()), 1, [&](int64_t begin, int64_t end) {
-            for (int64_t c = begin; c < end; ++c) {
-                const ValueScan& s = scans_[chunks[c].scan];
-                first[c] = first_bad_value(s.data, s.dtype, s.check, chunks[c].begin, chunks[c].end);
-            }
-        });
-        for (size_t c = 0; c < chunks.size(); ++c)
-            if (first[c] >= 0) fail_bad_value(ck_, scans_[chunks[c].scan], first[c]);
-    }
+    // The weights queued for value checks, in binding order.
+    std::vector<WeightCheck> take_checks() { return std::move(checks_); }
 
     // The checkpoint's tensors that nothing read or skipped, sorted.
     std::vector<std::string> unused() const {
@@ -164,7 +117,7 @@ class Binder {
   private:
     const Checkpoint& ck_;
     std::set<std::string> read_;
-    std::vector<ValueScan> scans_;
+    std::vector<WeightCheck> checks_;
 };
 
 // `prefix`.weight [out, in], in a float dtype or fp8 with `prefix`.weight_scale_inv.
@@ -181,7 +134,7 @@ LinearWeight load_linear(Binder& b, const std::string& prefix, int64_t out, int6
         FANOUT_CHECK(b.has(sname), "{}: fp8 tensor '{}' has no '{}' beside it", b.checkpoint().file_of(name), name,
                      sname);
         Tensor s = b.get(sname, {DType::kF32}, {ops::ceil_div(out, ops::kFp8Block), ops::ceil_div(in, ops::kFp8Block)},
-                         ValueCheck::kNonNegativeScale);
+                         WeightCheck::kScale);
         lw.scale_inv = s.data_as<float>();
     }
     return lw;
@@ -322,7 +275,7 @@ void warn_unused(const Checkpoint& ck, const std::vector<std::string>& unused) {
 }  // namespace
 
 ModelWeights load_weights(io::Checkpoint checkpoint, const io::ModelConfig& c, const ShardPlan& plan,
-                          const LoadProgress& progress) {
+                          const LoadOptions& opts) {
     FANOUT_CHECK(plan.tp_size == 1, "tensor-parallel attention (tp_size={}) is not implemented yet", plan.tp_size);
     FANOUT_CHECK(plan.ep_size >= 1 && plan.ep_rank >= 0 && plan.ep_rank < plan.ep_size &&
                      (c.n_routed_experts == 0 || c.n_routed_experts % plan.ep_size == 0),
@@ -345,10 +298,13 @@ ModelWeights load_weights(io::Checkpoint checkpoint, const io::ModelConfig& c, c
     } else {
         w.lm_head = {w.embed.dtype(), w.embed.data(), c.vocab_size, c.hidden_size, nullptr};
     }
-    if (progress) progress("embeddings and head", 1, total);
+    const auto progress = [&](const std::string& what, int64_t done) {
+        if (opts.progress) opts.progress({fmt::format("binding {}", what), done, total});
+    };
+    progress("embeddings and head", 1);
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
         w.layers.push_back(load_layer(b, l, c, plan));
-        if (progress) progress(fmt::format("layer {}", l), l + 2, total);
+        progress(fmt::format("layer {}", l), l + 2);
     }
     check_no_mtp_in_decoder_layers(ck, c);
     if (has_mtp) {
@@ -367,12 +323,70 @@ ModelWeights load_weights(io::Checkpoint checkpoint, const io::ModelConfig& c, c
                       ? b.get(p + "embed_tokens.weight", kFloatTypes, {c.vocab_size, c.hidden_size})
                       : w.embed;
         w.mtp = std::move(m);
-        if (progress) progress("mtp layer", total, total);
+        progress("mtp layer", total);
     }
     w.unused_tensors = b.unused();
     if (plan.ep_rank == 0) warn_unused(ck, w.unused_tensors);  // every rank sees the same ones
-    b.check_values();
+    w.unchecked = b.take_checks();
+    if (opts.check_values) {
+        check_weight_values(ck, w.unchecked, opts.progress);
+        w.unchecked.clear();
+    }
     return w;
+}
+
+int64_t first_bad_weight_value(const WeightCheck& check, const void* data, int64_t first, int64_t count) {
+    const int64_t i = first_bad_value(data, check.dtype, check.kind, 0, count);
+    return i < 0 ? -1 : first + i;
+}
+
+// "<file>: tensor '<name>' has NaN at element 1234 (row 4, column 210) ...".
+void fail_weight_value(const Checkpoint& ck, const WeightCheck& s, int64_t i) {
+    const float v = load_as_f32(s.data, s.dtype, static_cast<size_t>(i));
+    std::string value = std::isnan(v) ? "NaN" : std::isinf(v) ? (v > 0 ? "+Inf" : "-Inf") : fmt::format("{}", v);
+    if (s.dtype == DType::kFP8E4M3) value += fmt::format(" (byte 0x{:02x})", static_cast<const uint8_t*>(s.data)[i]);
+    std::string where = fmt::format("element {}", i);
+    if (s.shape.size() == 2) where += fmt::format(" (row {}, column {})", i / s.shape[1], i % s.shape[1]);
+    if (s.kind == WeightCheck::kScale)
+        FANOUT_FAIL("{}: tensor '{}' has {} at {}: fp8 block scales must be finite and not negative", ck.file_of(s.name),
+                    s.name, value, where);
+    FANOUT_FAIL("{}: tensor '{}' has {} at {}: weights must be finite", ck.file_of(s.name), s.name, value, where);
+}
+
+void check_weight_values(const Checkpoint& ck, const std::vector<WeightCheck>& checks, const LoadProgress& progress) {
+    constexpr int64_t kChunk = int64_t{1} << 20;  // elements
+    struct Chunk {
+        size_t check;
+        int64_t begin, end;
+    };
+    std::vector<Chunk> chunks;
+    double bytes_total = 0;
+    for (size_t i = 0; i < checks.size(); ++i) {
+        const int64_t n = shape_numel(checks[i].shape);
+        for (int64_t b = 0; b < n; b += kChunk) chunks.push_back({i, b, std::min(n, b + kChunk)});
+        bytes_total += static_cast<double>(checks[i].nbytes());
+    }
+    std::vector<int64_t> first(chunks.size(), -1);
+    ThreadPool pool;
+    // Groups of chunks in turn, so progress is reported from this thread between them.
+    const int64_t group = 64 * std::max<int64_t>(1, pool.num_threads());
+    double bytes_done = 0;
+    for (int64_t g0 = 0; g0 < static_cast<int64_t>(chunks.size()); g0 += group) {
+        const int64_t g1 = std::min<int64_t>(static_cast<int64_t>(chunks.size()), g0 + group);
+        pool.parallel_for(g1 - g0, 1, [&](int64_t begin, int64_t end) {
+            for (int64_t c = g0 + begin; c < g0 + end; ++c) {
+                const WeightCheck& s = checks[chunks[c].check];
+                first[c] = first_bad_value(s.data, s.dtype, s.kind, chunks[c].begin, chunks[c].end);
+            }
+        });
+        for (int64_t c = g0; c < g1; ++c)
+            bytes_done += static_cast<double>(chunks[c].end - chunks[c].begin) * dtype_size(checks[chunks[c].check].dtype);
+        if (progress)
+            progress({"checking weights", static_cast<int64_t>(chunks[g1 - 1].check) + 1,
+                      static_cast<int64_t>(checks.size()), bytes_done, bytes_total});
+    }
+    for (size_t c = 0; c < chunks.size(); ++c)
+        if (first[c] >= 0) fail_weight_value(ck, checks[chunks[c].check], first[c]);
 }
 
 }  // namespace fanout::model

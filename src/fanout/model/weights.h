@@ -65,6 +65,18 @@ struct MtpWeights {
     Tensor embed;            // the layer's embed_tokens, or the model's when absent
 };
 
+// A weight whose values are still to be checked: no NaN or Inf (kFinite), or an fp8 block scale
+// that must be finite and not negative (kScale).
+struct WeightCheck {
+    enum Kind { kFinite, kScale };
+    std::string name;
+    const void* data = nullptr;  // in the mapping
+    DType dtype = DType::kF32;
+    Shape shape;
+    Kind kind = kFinite;
+    size_t nbytes() const { return static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype); }
+};
+
 struct ModelWeights {
     io::Checkpoint checkpoint;  // keeps the mappings alive
     Tensor embed;               // [vocab, hidden] in the checkpoint's dtype
@@ -73,9 +85,25 @@ struct ModelWeights {
     std::vector<LayerWeights> layers;
     std::optional<MtpWeights> mtp;
     std::vector<std::string> unused_tensors;  // checkpoint tensors the model never reads (warned about)
+    // The weights whose values load_weights left unchecked (LoadOptions::check_values false): the
+    // GPU loader checks each as it streams it (check_weight_range), in binding order.
+    std::vector<WeightCheck> unchecked;
 };
 
-using LoadProgress = std::function<void(const std::string& what, int64_t done, int64_t total)>;
+// Where a load stands: the stage, tensors and bytes done of the total (bytes 0 when unknown).
+struct LoadStatus {
+    std::string what;
+    int64_t tensors_done = 0, tensors_total = 0;
+    double bytes_done = 0, bytes_total = 0;
+};
+using LoadProgress = std::function<void(const LoadStatus&)>;
+
+struct LoadOptions {
+    // false: bind only, leaving the value checks to the caller (ModelWeights::unchecked) — the GPU
+    // loader, which reads every byte once anyway, checks them in its staging buffers.
+    bool check_values = true;
+    LoadProgress progress;
+};
 
 // Binds every tensor the model reads, and checks the checkpoint against the config: each tensor
 // of a layer past num_hidden_layers + num_nextn_predict_layers (or at the MTP index without the
@@ -84,6 +112,16 @@ using LoadProgress = std::function<void(const std::string& what, int64_t done, i
 // and finite (naming the tensor and the first bad element). Tensors the model never reads are a
 // warning on stderr (ep_rank 0 only), listed in ModelWeights::unused_tensors.
 ModelWeights load_weights(io::Checkpoint checkpoint, const io::ModelConfig& config, const ShardPlan& plan,
-                          const LoadProgress& progress = {});
+                          const LoadOptions& opts = {});
+
+// The first bad element among elements [0, count) of `check`'s tensor that start at element
+// `first` and lie at `data` (a staging copy or the mapping), or -1.
+int64_t first_bad_weight_value(const WeightCheck& check, const void* data, int64_t first, int64_t count);
+// The Error for element `element` of `check`'s tensor (its value read from the mapping).
+[[noreturn]] void fail_weight_value(const io::Checkpoint& ck, const WeightCheck& check, int64_t element);
+// Checks `checks` over the mapping, split across threads; the Error names the first bad element
+// in the order given. `progress` (optional) sees the bytes checked.
+void check_weight_values(const io::Checkpoint& ck, const std::vector<WeightCheck>& checks,
+                         const LoadProgress& progress = {});
 
 }  // namespace fanout::model

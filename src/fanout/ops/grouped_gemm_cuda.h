@@ -31,6 +31,13 @@ void launch_grouped_gemm_fp8_masked(const uint8_t* x, const float* sx, const int
 // output) and the counts on the device: q [E, max_m, I] e4m3, scales [E, max_m, ceil(I/128)].
 void launch_silu_mul_quant_masked(const uint16_t* gate_up, const int32_t* counts, int num_experts, int max_m, int I,
                                   uint8_t* q, float* scales, void* cuda_stream);
+
+// The same over the contiguous layout: gate_up [rows, 2I] bf16 with rows a multiple of 128 and
+// block_expert[rows / 128] on the device; q [rows, I] e4m3, scales [rows, ceil(I/128)]. Rows of a
+// -1 block are skipped (left as they were); every row of another block is done (padding rows
+// too: they only ever reach padding rows downstream).
+void launch_silu_mul_quant_contiguous(const uint16_t* gate_up, const int32_t* block_expert, int rows, int I, uint8_t* q,
+                                      float* scales, void* cuda_stream);
 #endif
 
 }  // namespace fanout::ops

@@ -38,8 +38,9 @@ __device__ inline void rope_pair(float& a, float& b, float pos, int i, const Rop
 // the parallelism: every head's nope part to the head-major buffer, the rope part rotated.
 constexpr int kHeadsPerBlock = 4;
 
-__global__ void mla_q_split_kernel(const bf16* __restrict__ q, int T, int H, int nope, const int32_t* __restrict__ positions,
-                                   RopeDevice rope, bf16* __restrict__ q_nope_hm, bf16* __restrict__ q_pe) {
+__global__ void mla_q_split_kernel(const bf16* __restrict__ q, int T, int H, int nope,
+                                   const int32_t* __restrict__ positions, RopeDevice rope, bf16* __restrict__ q_nope_hm,
+                                   bf16* __restrict__ q_pe) {
     const int t = blockIdx.x, width = nope + rope.dim, half = rope.dim / 2;
     const int h0 = blockIdx.y * kHeadsPerBlock, nh = min(kHeadsPerBlock, H - h0);
     const float pos = static_cast<float>(positions[t]);
@@ -142,14 +143,17 @@ __global__ void batched_gemm_bf16_kernel(BatchedGemmBf16 g) {
     const int b = blockIdx.z, m = blockIdx.y * kTile + threadIdx.y, n = blockIdx.x * kTile + threadIdx.x;
     const int rows = g.counts != nullptr ? min(max(g.counts[b], 0), g.M) : g.M;
     if (blockIdx.y * kTile >= rows) return;  // the whole block is past the count
+    const int wb = g.block_expert != nullptr ? g.block_expert[b] : b;
+    if (wb < 0) return;  // a contiguous layout's unused block
     const bf16* x = reinterpret_cast<const bf16*>(g.x) + b * g.x_batch_stride;
-    const bf16* w = reinterpret_cast<const bf16*>(g.w) + static_cast<size_t>(b) * g.N * g.K;
+    const bf16* w = reinterpret_cast<const bf16*>(g.w) + static_cast<size_t>(wb) * g.N * g.K;
     const int wn = blockIdx.x * kTile + threadIdx.y;  // the W row this thread loads
     float acc = 0.0f;
     for (int k0 = 0; k0 < g.K; k0 += kTile) {
         const int k = k0 + threadIdx.x;
         xs[threadIdx.y][threadIdx.x] = m < rows && k < g.K ? __bfloat162float(x[m * g.x_row_stride + k]) : 0.0f;
-        ws[threadIdx.y][threadIdx.x] = wn < g.N && k < g.K ? __bfloat162float(w[static_cast<size_t>(wn) * g.K + k]) : 0.0f;
+        ws[threadIdx.y][threadIdx.x] =
+            wn < g.N && k < g.K ? __bfloat162float(w[static_cast<size_t>(wn) * g.K + k]) : 0.0f;
         __syncthreads();
         for (int i = 0; i < kTile; ++i) acc += xs[threadIdx.y][i] * ws[threadIdx.x][i];
         __syncthreads();
@@ -219,12 +223,13 @@ void launch_embed_bf16(const uint16_t* table, const int32_t* tokens, int T, int 
 
 void launch_mla_q_split(const uint16_t* q, int T, int H, int nope, const int32_t* positions, RopeDevice rope,
                         uint16_t* q_nope_hm, uint16_t* q_pe, void* cuda_stream) {
-    FANOUT_DEVICE_REQUIRE(rope.dim % 2 == 0, "mla_q_split: the rope width must be even, got " + std::to_string(rope.dim));
+    FANOUT_DEVICE_REQUIRE(rope.dim % 2 == 0,
+                          "mla_q_split: the rope width must be even, got " + std::to_string(rope.dim));
     if (T <= 0) return;
     const dim3 grid(T, (H + kHeadsPerBlock - 1) / kHeadsPerBlock);
-    mla_q_split_kernel<<<grid, kThreads, 0, as_stream(cuda_stream)>>>(reinterpret_cast<const bf16*>(q), T, H, nope,
-                                                                   positions, rope, reinterpret_cast<bf16*>(q_nope_hm),
-                                                                   reinterpret_cast<bf16*>(q_pe));
+    mla_q_split_kernel<<<grid, kThreads, 0, as_stream(cuda_stream)>>>(
+        reinterpret_cast<const bf16*>(q), T, H, nope, positions, rope, reinterpret_cast<bf16*>(q_nope_hm),
+        reinterpret_cast<bf16*>(q_pe));
     FANOUT_CUDA_CHECK_LAUNCH("mla_q_split_kernel");
 }
 
@@ -243,7 +248,8 @@ void launch_mla_kv_append(const uint16_t* kv_a, int64_t row_stride, int T, int k
 
 void launch_rope_q_inplace(uint16_t* q, int T, int H, int nope, const int32_t* positions, RopeDevice rope,
                            void* cuda_stream) {
-    FANOUT_DEVICE_REQUIRE(rope.dim % 2 == 0, "rope_q_inplace: the rope width must be even, got " + std::to_string(rope.dim));
+    FANOUT_DEVICE_REQUIRE(rope.dim % 2 == 0,
+                          "rope_q_inplace: the rope width must be even, got " + std::to_string(rope.dim));
     if (T <= 0) return;
     const dim3 grid(T, (H + kHeadsPerBlock - 1) / kHeadsPerBlock);
     rope_q_inplace_kernel<<<grid, kThreads, 0, as_stream(cuda_stream)>>>(reinterpret_cast<bf16*>(q), H, nope, positions,
@@ -264,7 +270,7 @@ void launch_heads_to_tokens(const uint16_t* x, int H, int T, int V, uint16_t* y,
     if (T <= 0) return;
     const dim3 grid(T, (H * V + kChunk - 1) / kChunk);
     heads_to_tokens_kernel<<<grid, kThreads, 0, as_stream(cuda_stream)>>>(reinterpret_cast<const bf16*>(x), H, T, V,
-                                                                       reinterpret_cast<bf16*>(y));
+                                                                          reinterpret_cast<bf16*>(y));
     FANOUT_CUDA_CHECK_LAUNCH("heads_to_tokens_kernel");
 }
 
@@ -279,6 +285,9 @@ void launch_batched_gemm_bf16(const BatchedGemmBf16& g, void* cuda_stream) {
     FANOUT_DEVICE_REQUIRE(g.batch > 0 && g.M >= 0 && g.N > 0 && g.K > 0 && (g.y != nullptr) != (g.y_f32 != nullptr),
                           "batched_gemm_bf16: batch " + std::to_string(g.batch) + " M " + std::to_string(g.M) + " N " +
                               std::to_string(g.N) + " K " + std::to_string(g.K) + ", exactly one output");
+    FANOUT_DEVICE_REQUIRE(g.batch <= 65535 && (g.M + kTile - 1) / kTile <= 65535,
+                          "batched_gemm_bf16: batch " + std::to_string(g.batch) + " and M " + std::to_string(g.M) +
+                              " exceed the grid (at most 65535 each, M in tiles of 16)");
     if (g.M == 0) return;
     const dim3 grid((g.N + kTile - 1) / kTile, (g.M + kTile - 1) / kTile, g.batch), block(kTile, kTile);
     batched_gemm_bf16_kernel<<<grid, block, 0, as_stream(cuda_stream)>>>(g);

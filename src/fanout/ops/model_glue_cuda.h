@@ -56,11 +56,15 @@ void launch_silu_mul_bf16(const uint16_t* gate_up, int R, int I, uint16_t* out, 
 // y[b, m, :] = x[b, m, :] · w[b]ᵀ for b < batch, m < counts[b] (every m < M when counts is null; rows
 // past a count are not written). x: rows of K at x + b·x_batch_stride + m·x_row_stride; w: [batch, N, K];
 // y: [batch, M, N] bf16, or f32 when y_f32 is given instead of y.
+// With block_expert (on the device, [batch]) batch b multiplies by w[block_expert[b]] instead, and
+// a -1 entry skips the batch (nothing written): the contiguous layout's 128-row blocks as batches
+// of M = 128 (x_batch_stride = 128·K), w then [experts, N, K] with every entry < experts.
 struct BatchedGemmBf16 {
     const uint16_t* x = nullptr;
     int64_t x_batch_stride = 0, x_row_stride = 0;
     const uint16_t* w = nullptr;
     const int32_t* counts = nullptr;
+    const int32_t* block_expert = nullptr;
     int batch = 1, M = 0, N = 0, K = 0;
     uint16_t* y = nullptr;
     float* y_f32 = nullptr;
