@@ -24,7 +24,7 @@ nproc | tee "$out/nproc.txt"
 df -h /tmp | tail -1
 
 if [[ $mode == tests || $mode == all ]]; then
-    for t in ops/ops_cuda_test ops/glue_cuda_test model/model_cuda_test engine/engine_cuda_test; do
+    for t in ${GPU_TESTS:-ops/ops_cuda_test ops/glue_cuda_test model/model_cuda_test engine/engine_cuda_test}; do
         echo "=== $t"
         "$build/tests/$t" > "$out/$(basename $t).log" 2>&1
         echo "rc=$? $(tail -1 "$out/$(basename $t).log")"
@@ -79,11 +79,11 @@ if [[ $mode == serve || $mode == all ]]; then
     nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader | tee "$out/nvidia_smi_serving.txt"
     if grep -q "listening on" "$out/serve.log"; then
         echo "=== bench serve: concurrency 256"
-        "$fanout" bench serve --base-url http://127.0.0.1:8200 --endpoint completions -n 768 --max-concurrency 256 \
+        timeout 150 "$fanout" bench serve --base-url http://127.0.0.1:8200 --endpoint completions -n 768 --max-concurrency 256 \
             --prompt-len 128 --output-len 64 --json "$out/serve_c256.json" > "$out/bench_c256.log" 2>&1
         echo "rc=$?"; tail -14 "$out/bench_c256.log"
         echo "=== bench serve: prefill-heavy (4,000-word prompts)"
-        "$fanout" bench serve --base-url http://127.0.0.1:8200 --endpoint completions -n 96 --max-concurrency 32 \
+        timeout 150 "$fanout" bench serve --base-url http://127.0.0.1:8200 --endpoint completions -n 96 --max-concurrency 32 \
             --prompt-len 4000 --output-len 16 --json "$out/serve_prefill.json" > "$out/bench_prefill.log" 2>&1
         echo "rc=$?"; tail -14 "$out/bench_prefill.log"
         curl -s http://127.0.0.1:8200/metrics | grep -E "fanout_startup_seconds" | tee "$out/startup_metrics.txt"
