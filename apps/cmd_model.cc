@@ -20,6 +20,7 @@ std::unique_ptr<model::CudaModel> make_cuda_model(const model::DeepseekV3& m, in
     o.max_requests = 1;
     o.max_context = context;
     o.max_step_tokens = step_tokens;
+    o.max_logit_rows = step_tokens;  // score returns every position's
     auto gpu = std::make_unique<model::CudaModel>(m, o, load_progress_printer());
     print_upload_summary(gpu->upload_stats());
     return gpu;

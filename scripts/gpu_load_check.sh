@@ -23,15 +23,6 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 nproc | tee "$out/nproc.txt"
 df -h /tmp | tail -1
 
-if [[ $mode == tests || $mode == all ]]; then
-    for t in ${GPU_TESTS:-ops/ops_cuda_test ops/glue_cuda_test model/model_cuda_test engine/engine_cuda_test}; do
-        echo "=== $t"
-        "$build/tests/$t" > "$out/$(basename $t).log" 2>&1
-        echo "rc=$? $(tail -1 "$out/$(basename $t).log")"
-        grep -E "^\[  FAILED" "$out/$(basename $t).log" | head -10
-    done
-fi
-
 drop_caches() {  # true when the page cache could be dropped (root on the GPU machine)
     sync && echo 3 > /proc/sys/vm/drop_caches 2>/dev/null
 }
@@ -88,7 +79,20 @@ if [[ $mode == serve || $mode == all ]]; then
         echo "rc=$?"; tail -14 "$out/bench_prefill.log"
         curl -s http://127.0.0.1:8200/metrics | grep -E "fanout_startup_seconds" | tee "$out/startup_metrics.txt"
     fi
-    kill -INT $server 2>/dev/null; wait $server
+    # SIGINT to fanout itself: /usr/bin/time ignores it while it waits for its child.
+    pkill -INT -P $server 2>/dev/null; wait $server
     grep -E "Maximum resident|Elapsed" "$out/serve.log"
     tail -3 "$out/serve.log"
 fi
+
+if [[ $mode == tests || $mode == all ]]; then
+    for t in ${GPU_TESTS:-ops/ops_cuda_test ops/glue_cuda_test model/model_cuda_test engine/engine_cuda_test}; do
+        echo "=== $t"
+        "$build/tests/$t" > "$out/$(basename $t).log" 2>&1
+        echo "rc=$? $(tail -1 "$out/$(basename $t).log")"
+        grep -E "^\[  FAILED" "$out/$(basename $t).log" | head -10
+    done
+fi
+# The device tool returns 8 files: the summaries as they are, every log and JSON in one archive.
+(cd "$out" && tar czf /tmp/gpu_load_logs.tgz ./*.log ./*.json 2>/dev/null && rm -f ./*.log ./*.json &&
+    mv /tmp/gpu_load_logs.tgz .)

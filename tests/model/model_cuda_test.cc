@@ -115,6 +115,7 @@ void check_logits(const DeepseekV3& m, const std::vector<int32_t>& ids, ops::Fp8
     o.max_requests = 2;
     o.max_context = 256;
     o.max_step_tokens = T;
+    o.max_logit_rows = T;  // every position's logits
     CudaModel gpu(m, o);
     kv::PagedKvCache blocks = gpu.make_block_allocator();
     {
@@ -124,6 +125,18 @@ void check_logits(const DeepseekV3& m, const std::vector<int32_t>& ids, ops::Fp8
         const Tensor got = gpu.forward_logits(batch);
         expect_close(position_diffs(got.data_as<float>(), ref.data_as<float>(), T, V), max_abs(ref), bounds, what + " prefill");
         blocks.release(seq);
+    }
+    {
+        // The same prefill past max_mha_context: the absorbed form over the whole chunk.
+        CudaModelOptions ao = o;
+        ao.max_mha_context = 4;
+        CudaModel absorbed(m, ao);
+        kv::PagedKvCache ab = absorbed.make_block_allocator();
+        kv::SequenceBlocks seq;
+        ab.reserve(seq, T);
+        const Tensor got = absorbed.forward_logits(StepBatchBuilder(ab).add(ids, 0, seq, StepBatchBuilder::Logits::kAll).build());
+        expect_close(position_diffs(got.data_as<float>(), ref.data_as<float>(), T, V), max_abs(ref), bounds,
+                     what + " prefill (absorbed form)");
     }
     kv::SequenceBlocks seq;
     blocks.reserve(seq, T);

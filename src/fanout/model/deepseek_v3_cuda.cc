@@ -26,6 +26,12 @@ constexpr int64_t kMaxGraphQueryLen = 4;
 // Logit-bias entries the step buffer holds at first (it grows on demand).
 constexpr size_t kInitialLogitBias = 1024;
 
+int64_t logit_rows_limit(const CudaModelOptions& o) {
+    return o.max_logit_rows > 0 ? o.max_logit_rows : std::min(o.max_step_tokens, o.max_requests * kMaxGraphQueryLen);
+}
+
+int64_t mha_context_limit(const CudaModelOptions& o) { return std::min(o.max_context, o.max_mha_context); }
+
 // The layer's step buffers for the runner's limits: every expert on this GPU (EP1), decode steps
 // (up to max_requests × the graphs' query length) in the capped masked layout, FP8 experts when
 // the weight plan makes them (experts_run_fp8).
@@ -34,7 +40,7 @@ LayerLimits layer_limits(const io::ModelConfig& c, const CudaModelOptions& opts)
     l.max_tokens = opts.max_step_tokens;
     l.max_masked_tokens = std::min(opts.max_step_tokens, opts.max_requests * kMaxGraphQueryLen);
     l.num_local_experts = c.n_routed_experts;
-    l.max_prefill_ctx = opts.max_context;
+    l.max_prefill_ctx = mha_context_limit(opts);
     l.fp8_experts = experts_run_fp8(c);
     return l;
 }
@@ -172,9 +178,10 @@ CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts, cons
     m.sampling = DeviceArray<ops::SamplingRow>(T);
     m.logit_bias = DeviceArray<ops::LogitBias>(kInitialLogitBias);
     m.hidden = DeviceArray<uint16_t>(T * D);
-    m.rows = DeviceArray<uint16_t>(T * D);
-    m.rows_normed = DeviceArray<uint16_t>(T * D);
-    m.logits = DeviceArray<float>(T * static_cast<size_t>(c.vocab_size));
+    const size_t L = static_cast<size_t>(logit_rows_limit(opts));
+    m.rows = DeviceArray<uint16_t>(L * D);
+    m.rows_normed = DeviceArray<uint16_t>(L * D);
+    m.logits = DeviceArray<float>(L * static_cast<size_t>(c.vocab_size));
     m.exec = std::make_unique<CudaLayerExec>(c, model.rope(), layer_limits(c, opts), m.stream);
     FANOUT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
 }
@@ -185,8 +192,9 @@ size_t CudaModel::workspace_bytes(const io::ModelConfig& c, const CudaModelOptio
     const size_t D = static_cast<size_t>(c.hidden_size);
     const size_t blocks_per_request = static_cast<size_t>(ops::ceil_div(opts.max_context, kv::kDefaultBlockSize));
     const size_t i32 = 6 * T + (R + 1) + R + R * blocks_per_request;
-    return 4 * i32 + T * sizeof(ops::SamplingRow) + kInitialLogitBias * sizeof(ops::LogitBias) + 3 * T * D * 2 +
-           T * static_cast<size_t>(c.vocab_size) * 4 +
+    const size_t L = static_cast<size_t>(logit_rows_limit(opts));
+    return 4 * i32 + T * sizeof(ops::SamplingRow) + kInitialLogitBias * sizeof(ops::LogitBias) + T * D * 2 +
+           2 * L * D * 2 + L * static_cast<size_t>(c.vocab_size) * 4 +
            CudaLayerExec::buffer_bytes(c, layer_limits(c, opts));
 }
 
@@ -194,9 +202,10 @@ size_t CudaModel::graph_bytes(const io::ModelConfig&, const CudaModelOptions& op
     if (!opts.cuda_graphs) return 0;
     int64_t buckets = 0;
     for (int64_t R = 1; R <= opts.max_requests && R <= opts.max_step_tokens; R *= 2) ++buckets;
-    // NOTE: an estimate per graph (its kernel nodes, a few per layer), with room for the MLA
-    // workspace the first run allocates; docs/PERF.md has what capture_decode_graphs() measured.
-    constexpr size_t kPerGraph = size_t{8} << 20, kFirstRun = size_t{256} << 20;
+    // NOTE: an estimate per graph (its kernel nodes), with room for the MLA workspace and cuBLASLt
+    // plans the first run allocates. capture_decode_graphs() measured 38 MB for the first bucket
+    // and under the 2 MB page of cudaMemGetInfo for each other at V3's widths (docs/PERF.md).
+    constexpr size_t kPerGraph = size_t{4} << 20, kFirstRun = size_t{64} << 20;
     return static_cast<size_t>(buckets) * kPerGraph + (buckets > 0 ? kFirstRun : 0);
 }
 
@@ -238,6 +247,9 @@ std::vector<int32_t> CudaModel::forward_sample(const StepBatch& batch, std::span
     FANOUT_CHECK(batch.max_blocks <= m.max_blocks_per_request,
                  "GPU step: a request spans {} cache blocks; max_context {} allows {}", batch.max_blocks,
                  m.opts.max_context, m.max_blocks_per_request);
+    FANOUT_CHECK(rows_n <= logit_rows_limit(m.opts),
+                 "GPU step: {} logit rows; this runner returns at most {} per step (CudaModelOptions::max_logit_rows)",
+                 rows_n, logit_rows_limit(m.opts));
     FANOUT_CHECK(sampling.empty() || static_cast<int64_t>(sampling.size()) == rows_n,
                  "GPU step: {} sampling rows for {} logit rows", sampling.size(), rows_n);
     for (size_t r = 0; r < sampling.size(); ++r) {
@@ -323,7 +335,7 @@ std::vector<int32_t> CudaModel::forward_sample(const StepBatch& batch, std::span
     } else {
         // A prefill chunk of one request runs attention in the MHA form; other eager steps (several
         // requests, short queries) in the absorbed form.
-        const bool prefill = R == 1 && T > kMaxGraphQueryLen;
+        const bool prefill = R == 1 && T > kMaxGraphQueryLen && batch.kv_len[0] <= mha_context_limit(m.opts);
         m.run(h.T, h.R, h.max_q, rows_step, sample, prefill ? batch.kv_len[0] : 0);
     }
     std::vector<int32_t> out;

@@ -41,6 +41,13 @@ struct CudaModelOptions {
     int64_t max_context = 4096;     // tokens of one request (prompt + generated)
     int64_t num_kv_blocks = 0;      // device cache blocks; 0: max_requests × max_context / block_size
     bool cuda_graphs = true;
+    // Rows whose logits one step returns; 0: min(max_step_tokens, max_requests × 4) — one per
+    // request, or a few under MTP verification. `score` (every position) sets max_step_tokens.
+    int64_t max_logit_rows = 0;
+    // A one-request prefill chunk runs the MHA form (the context's latent expanded per head) up to
+    // this much context; past it the absorbed form, which reads the cache as it is, so the
+    // expansion buffer stays bounded (H · (nope + v) bf16 per token of it: 1 GB at V3's 16,384).
+    int64_t max_mha_context = 16384;
 };
 
 class CudaModel {

@@ -109,6 +109,7 @@ class Planner {
     }
     // A tensor's bytes read now (the host-side rearrangements).
     std::vector<uint8_t> read(const void* src, size_t nbytes) {
+        plan_.host_sources.insert(src);
         std::vector<uint8_t> out(nbytes);
         files_.read(w_.checkpoint.locate(src, nbytes), 0, out.data(), nbytes);
         return out;
@@ -218,7 +219,9 @@ class Planner {
     LayerPlan layer(const io::ModelConfig& c, const LayerWeights& lw, int64_t layer_index);
 
   private:
-    static void append_rows(const LinearWeight& w, std::vector<float>& out) {
+    void append_rows(const LinearWeight& w, std::vector<float>& out) {
+        plan_.host_sources.insert(w.data);
+        if (w.scale_inv) plan_.host_sources.insert(w.scale_inv);
         const size_t at = out.size(), K = static_cast<size_t>(w.in_features);
         out.resize(at + static_cast<size_t>(w.out_features) * K);
         for (int64_t r = 0; r < w.out_features; ++r) w.row_f32(r, out.data() + at + static_cast<size_t>(r) * K);
@@ -387,10 +390,11 @@ void stream_weights(const WeightPlan& plan, const ModelWeights& w, WeightTarget&
             }
             ranges.push_back(std::move(r));
         }
-    // What no range streams (tensors rearranged on the host) is checked over the mapping; small.
+    // Tensors only the host preparation read are checked over the mapping (small); what the plan
+    // does not hold is not read.
     std::vector<WeightCheck> rest;
     for (size_t i = 0; i < w.unchecked.size(); ++i)
-        if (!streamed[i]) rest.push_back(w.unchecked[i]);
+        if (!streamed[i] && plan.host_sources.count(w.unchecked[i].data)) rest.push_back(w.unchecked[i]);
     check_weight_values(ck, rest);
 
     // Chunks in file order, so the readers together sweep each shard front to back.
@@ -415,7 +419,19 @@ void stream_weights(const WeightPlan& plan, const ModelWeights& w, WeightTarget&
     const int num_readers =
         readers > 0 ? readers
                     : static_cast<int>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 2, kMaxReaders));
-    std::atomic<size_t> next{0};
+    // Reader r's slice: the chunks whose first byte falls in the r-th of num_readers equal parts
+    // of the bytes, in file order.
+    std::vector<size_t> slice(static_cast<size_t>(num_readers) + 1, chunks.size());
+    {
+        double at = 0;
+        int r = 0;
+        slice[0] = 0;
+        for (size_t i = 0; i < chunks.size(); ++i) {
+            while (r + 1 < num_readers && at >= total_bytes * (r + 1) / num_readers) slice[static_cast<size_t>(++r)] = i;
+            at += static_cast<double>(chunks[i].end - chunks[i].begin);
+        }
+        while (r + 1 < num_readers) slice[static_cast<size_t>(++r)] = chunks.size();
+    }
     std::atomic<double> bytes_done{0};
     std::atomic<int64_t> ranges_done{0};
     std::atomic<bool> failed{false};
@@ -431,18 +447,26 @@ void stream_weights(const WeightPlan& plan, const ModelWeights& w, WeightTarget&
         double my_read = 0, my_check = 0, my_wait = 0;
         try {
             target.begin_reader(id);
+            ShardFiles my_files(ck);  // this reader's own descriptors: its own readahead state
             int slot = 0;
             bool used[2] = {false, false};
-            for (size_t i = next++; i < chunks.size() && !failed; i = next++, slot ^= 1) {
+            const size_t end = slice[static_cast<size_t>(id) + 1];
+            for (size_t i = slice[static_cast<size_t>(id)]; i < end && !failed; ++i, slot ^= 1) {
                 const Chunk& ch = chunks[i];
                 Range& r = *ch.range;
+                if (i + 1 < end) {  // the kernel reads the next chunk while this one is handled
+                    const Chunk& nx = chunks[i + 1];
+                    ::posix_fadvise(my_files.fd(nx.range->at.shard),
+                                    static_cast<off_t>(nx.range->at.offset + nx.begin),
+                                    static_cast<off_t>(nx.end - nx.begin), POSIX_FADV_WILLNEED);
+                }
                 auto t = steady::now();
                 if (used[slot]) target.wait(id, slot);
                 my_wait += seconds_since(t);
                 t = steady::now();
                 const size_t n = ch.end - ch.begin;
                 uint8_t* buf = target.staging(id, slot);
-                files.read(r.at, ch.begin, buf, n);
+                my_files.read(r.at, ch.begin, buf, n);
                 my_read += seconds_since(t);
                 t = steady::now();
                 if (r.check >= 0) {

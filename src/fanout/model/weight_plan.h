@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include "fanout/io/model_config.h"
@@ -64,6 +65,7 @@ struct WeightPlan {
     std::vector<LayerPlan> layers;                  // the decoder layers (no MTP layer on the GPU yet)
     double host_bytes = 0;                          // bytes prepared on the host
     double stream_bytes = 0;                        // checkpoint bytes the fills read
+    std::set<const void*> host_sources;             // checkpoint tensors the host preparation read
 };
 
 // Whether the routed experts run FP8 on the GPU: the checkpoint is FP8 (quantization_config) and
@@ -102,9 +104,13 @@ struct StreamStats {
     double copy_wait_seconds = 0;  // waiting for a staging buffer's copy, summed
 };
 
-// Fills the arena `target` holds as `plan` says, checking every value `w.unchecked` lists (the
-// tensors it streams in its staging buffers, the rest over the mapping); an Error names the tensor,
-// file and element. `readers` <= 0: one per core, 2..8. `progress` is called from this thread.
+// Fills the arena `target` holds as `plan` says, checking the values `w.unchecked` lists of every
+// tensor the plan reads: those it streams in the staging buffers, those the host preparation read
+// over the mapping; tensors the plan does not hold (the MTP layer, not run on the GPU yet) are not
+// read at all. An Error names the tensor, file and element. Reader r sweeps the r-th of `readers`
+// equal slices of the ranges in file order through its own file descriptors (readahead stays
+// sequential), asking the kernel for its next chunk while it copies the current one. `readers`
+// <= 0: one per core, 2..8. `progress` is called from this thread.
 void stream_weights(const WeightPlan& plan, const ModelWeights& w, WeightTarget& target, int readers = 0,
                     const LoadProgress& progress = {}, StreamStats* stats = nullptr);
 
