@@ -80,8 +80,8 @@ model::LoadProgress load_progress_printer() {
         if (s.bytes_total > 0) {
             const double dt = t - st->stage_t0, rate = dt > 0 ? (s.bytes_done - st->stage_bytes0) / dt : 0;
             const double eta = rate > 0 ? (s.bytes_total - s.bytes_done) / rate : 0;
-            line += fmt::format(", {:.2f}/{:.2f} GB, {:.2f} GB/s, ETA {:.0f} s", s.bytes_done / 1e9, s.bytes_total / 1e9,
-                                rate / 1e9, eta);
+            line += fmt::format(", {:.2f}/{:.2f} GB, {:.2f} GB/s, ETA {:.0f} s", s.bytes_done / 1e9,
+                                s.bytes_total / 1e9, rate / 1e9, eta);
         }
         line += fmt::format(" [{:.1f} s]", t);
         std::fprintf(stderr, "%s%s%s", st->tty ? "\r" : "", line.c_str(), st->tty ? "\033[K" : "\n");

@@ -110,7 +110,8 @@ void run_generate(GenerateArgs& a, bool have_ids, bool have_text) {
         for (size_t i = 0; i < res.tokens.size(); ++i) ids += (i ? "," : "") + std::to_string(res.tokens[i]);
         std::printf("%s\n", ids.c_str());
     }
-    const std::string where = a.model.device == "cuda" ? std::string("cuda") : fmt::format("{} threads", pool.num_threads());
+    const std::string where =
+        a.model.device == "cuda" ? std::string("cuda") : fmt::format("{} threads", pool.num_threads());
     std::fprintf(stderr,
                  "finish_reason=%s prompt_tokens=%lld generated=%zu prefill %.1f tok/s, decode %.1f tok/s (%s)\n",
                  res.finish_reason.c_str(), (long long)res.prompt_tokens, res.tokens.size(),
@@ -168,7 +169,9 @@ void add_model_commands(CLI::App& app) {
         ->check(CLI::IsMember({"tiny", "full-layers"}))
         ->capture_default_str();
     mk->add_option("--layers", mk_args->layers, "decoder layers (full-layers: required)");
-    mk->add_option("--dtype", mk_args->dtype, "weight type")->check(CLI::IsMember({"bf16", "fp8"}))->capture_default_str();
+    mk->add_option("--dtype", mk_args->dtype, "weight type")
+        ->check(CLI::IsMember({"bf16", "fp8"}))
+        ->capture_default_str();
     mk->add_option("--seed", mk_args->seed, "seed of the pseudo-random weights")->capture_default_str();
     mk->add_option("--shard-gb", mk_args->shard_gb, "largest safetensors shard, GB")->capture_default_str();
     mk->add_option("--out", mk_args->out, "output folder")->required();
@@ -188,7 +191,8 @@ void add_model_commands(CLI::App& app) {
     gen->add_option("--top-k", r.sampling.top_k, "0 = off")->capture_default_str();
     gen->add_option("--seed", r.sampling.seed, "sampling seed")->capture_default_str();
     gen->add_flag("--ignore-eos", r.ignore_eos, "keep going past EOS");
-    gen->callback([gen_args, ids_opt, text_opt] { run_generate(*gen_args, ids_opt->count() > 0, text_opt->count() > 0); });
+    gen->callback(
+        [gen_args, ids_opt, text_opt] { run_generate(*gen_args, ids_opt->count() > 0, text_opt->count() > 0); });
 
     auto score_args = std::make_shared<ScoreArgs>();
     auto* score = app.add_subcommand("score", "write the logits of a token sequence");

@@ -10,11 +10,11 @@
 
 #include "fanout/core/cuda_check.h"
 #include "fanout/core/cuda_graph.h"
-#include "gpu_timing.h"
 #include "fanout/model/cuda_layer.h"
 #include "fanout/model/deepseek_v3.h"
 #include "fanout/model/synthetic.h"
 #include "fanout/ops/model_glue_cuda.h"
+#include "gpu_timing.h"
 #include "kernels_bench.h"
 
 namespace fanout::bench {
@@ -73,7 +73,7 @@ std::map<std::string, Cost> layer_costs(const io::ModelConfig& c, double R, doub
 
 struct Timing {
     std::vector<std::string> names;
-    std::vector<double> us;  // per kernel, averaged over replays (with events between kernels)
+    std::vector<double> us;      // per kernel, averaged over replays (with events between kernels)
     double total_us = 0;         // the layer without events between its kernels
     double marked_total_us = 0;  // the layer with them
 };
@@ -161,7 +161,8 @@ int run_layer_bench(const LayerBenchOptions& opts) {
     std::printf("%s: copy %.0f GB/s, FP8 %.0f TFLOP/s, BF16 %.0f TFLOP/s (measured ceilings)\n", prop.name,
                 ceil.copy_gbs, ceil.fp8_tflops, ceil.bf16_tflops);
     const auto floor_us = [&](const Cost& k) {
-        return std::max(k.bytes / (ceil.copy_gbs * 1e3), k.flops / ((k.bf16 ? ceil.bf16_tflops : ceil.fp8_tflops) * 1e6));
+        return std::max(k.bytes / (ceil.copy_gbs * 1e3),
+                        k.flops / ((k.bf16 ? ceil.bf16_tflops : ceil.fp8_tflops) * 1e6));
     };
 
     const io::ModelConfig c = model::preset_config("full-layers", 4);
@@ -192,7 +193,8 @@ int run_layer_bench(const LayerBenchOptions& opts) {
             for (int i = 0; i < q; ++i) {
                 const int p = opts.kv_len - q + i;
                 pos.push_back(p);
-                slot.push_back(static_cast<int32_t>(table[static_cast<size_t>(r * per_req + p / block)] * block + p % block));
+                slot.push_back(
+                    static_cast<int32_t>(table[static_cast<size_t>(r * per_req + p / block)] * block + p % block));
             }
         }
         qs.push_back(batch * q);
@@ -226,7 +228,8 @@ int run_layer_bench(const LayerBenchOptions& opts) {
                 const double m = ep > 0 ? double(b) * q * c.num_experts_per_tok * ep / c.n_routed_experts : 0;
                 const auto costs = layer_costs(c, b, double(b) * q, opts.kv_len, ep, std::max(1.0, std::ceil(m)));
                 const auto it = costs.find(name);
-                std::printf(" %8.1f %6s", t.us[i], it == costs.end() ? "" : fmt::format("{:.1f}", floor_us(it->second)).c_str());
+                std::printf(" %8.1f %6s", t.us[i],
+                            it == costs.end() ? "" : fmt::format("{:.1f}", floor_us(it->second)).c_str());
             }
             std::printf("\n");
         }
@@ -254,7 +257,7 @@ int run_layer_bench(const LayerBenchOptions& opts) {
             model::LayerStep st = step_for(b);
             model::ExpertEmulation emu;
             const int m = moe ? std::max(1, static_cast<int>(std::ceil(double(b) * q * c.num_experts_per_tok * ep /
-                                                                        c.n_routed_experts)))
+                                                                       c.n_routed_experts)))
                               : 0;
             if (moe) {
                 ops::launch_fill_i32(counts.get(), static_cast<int>(local), m, s);
@@ -270,10 +273,20 @@ int run_layer_bench(const LayerBenchOptions& opts) {
                 if (auto it = costs.find(t.names[i]); it != costs.end()) floors[t.names[i]] = floor_us(it->second);
                 if (t.names[i].rfind("grouped_", 0) == 0) grouped += t.us[i];
             }
-            points.push_back({{"ep", moe ? ep : 0}, {"layer", moe ? "moe" : "dense"}, {"tp", 1}, {"batch", b},
-                              {"query_len", q}, {"kv_len", opts.kv_len}, {"schedule", "no_overlap"},
-                              {"communication", "not included"}, {"tokens_per_expert", m}, {"local_experts", local},
-                              {"total_us", t.total_us}, {"marked_total_us", t.marked_total_us}, {"grouped_gemm_us", grouped}, {"kernels", kernels},
+            points.push_back({{"ep", moe ? ep : 0},
+                              {"layer", moe ? "moe" : "dense"},
+                              {"tp", 1},
+                              {"batch", b},
+                              {"query_len", q},
+                              {"kv_len", opts.kv_len},
+                              {"schedule", "no_overlap"},
+                              {"communication", "not included"},
+                              {"tokens_per_expert", m},
+                              {"local_experts", local},
+                              {"total_us", t.total_us},
+                              {"marked_total_us", t.marked_total_us},
+                              {"grouped_gemm_us", grouped},
+                              {"kernels", kernels},
                               {"floors_us", floors}});
             rows.emplace_back(b, std::move(t));
         }
@@ -289,10 +302,11 @@ int run_layer_bench(const LayerBenchOptions& opts) {
     // The EP8 point beside the seed and the targets.
     for (const auto& p : points)
         if (p["ep"] == 8 && p["batch"] == 128) {
-            std::printf("\nEP8, batch 128, query 2, KV 5000 (no communication): layer %.0f µs (target <= %.0f; seed's "
-                        "H100 layer with communication %.0f), grouped GEMM %.0f µs (target <= %.0f; seed %.0f)\n",
-                        p["total_us"].get<double>(), kTargetLayerEp8Us, kSeedEp8LayerUs,
-                        p["grouped_gemm_us"].get<double>(), kTargetGroupedEp8Us, kSeedGroupGemmUs[0][1]);
+            std::printf(
+                "\nEP8, batch 128, query 2, KV 5000 (no communication): layer %.0f µs (target <= %.0f; seed's "
+                "H100 layer with communication %.0f), grouped GEMM %.0f µs (target <= %.0f; seed %.0f)\n",
+                p["total_us"].get<double>(), kTargetLayerEp8Us, kSeedEp8LayerUs, p["grouped_gemm_us"].get<double>(),
+                kTargetGroupedEp8Us, kSeedGroupGemmUs[0][1]);
         }
     for (const auto& p : points)
         if (p["ep"] == 128 && p["batch"] == 128)
@@ -303,10 +317,11 @@ int run_layer_bench(const LayerBenchOptions& opts) {
                           {"copy_gbs", ceil.copy_gbs},
                           {"fp8_tflops", ceil.fp8_tflops},
                           {"bf16_tflops", ceil.bf16_tflops},
-                          {"anchors", {{"seed_ep8_layer_us_h100_with_comm", kSeedEp8LayerUs},
-                                       {"seed_group_gemm_us_h100", {{"ep8", 555}, {"ep128", 270}}},
-                                       {"target_grouped_ep8_us", kTargetGroupedEp8Us},
-                                       {"target_layer_ep8_us", kTargetLayerEp8Us}}},
+                          {"anchors",
+                           {{"seed_ep8_layer_us_h100_with_comm", kSeedEp8LayerUs},
+                            {"seed_group_gemm_us_h100", {{"ep8", 555}, {"ep128", 270}}},
+                            {"target_grouped_ep8_us", kTargetGroupedEp8Us},
+                            {"target_layer_ep8_us", kTargetLayerEp8Us}}},
                           {"points", points}};
     if (!opts.json_out.empty()) {
         std::ofstream(opts.json_out) << out.dump(2) << "\n";

@@ -25,10 +25,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "cuda_test_util.h"
 #include "fanout/model/deepseek_v3_cuda.h"
 #include "fanout/model/synthetic.h"
 #include "fanout/ops/fp8_quant.h"
-#include "cuda_test_util.h"
 #include "oracle_fixtures.h"
 #include "test_util.h"
 
@@ -36,7 +36,6 @@ namespace fanout::model {
 namespace {
 
 namespace fs = std::filesystem;
-
 
 using fanout::testing::fixture_names;
 using fanout::testing::oracle_dir;
@@ -123,7 +122,8 @@ void check_logits(const DeepseekV3& m, const std::vector<int32_t>& ids, ops::Fp8
         blocks.reserve(seq, T);
         auto batch = StepBatchBuilder(blocks).add(ids, 0, seq, StepBatchBuilder::Logits::kAll).build();
         const Tensor got = gpu.forward_logits(batch);
-        expect_close(position_diffs(got.data_as<float>(), ref.data_as<float>(), T, V), max_abs(ref), bounds, what + " prefill");
+        expect_close(position_diffs(got.data_as<float>(), ref.data_as<float>(), T, V), max_abs(ref), bounds,
+                     what + " prefill");
         blocks.release(seq);
     }
     {
@@ -134,7 +134,8 @@ void check_logits(const DeepseekV3& m, const std::vector<int32_t>& ids, ops::Fp8
         kv::PagedKvCache ab = absorbed.make_block_allocator();
         kv::SequenceBlocks seq;
         ab.reserve(seq, T);
-        const Tensor got = absorbed.forward_logits(StepBatchBuilder(ab).add(ids, 0, seq, StepBatchBuilder::Logits::kAll).build());
+        const Tensor got =
+            absorbed.forward_logits(StepBatchBuilder(ab).add(ids, 0, seq, StepBatchBuilder::Logits::kAll).build());
         expect_close(position_diffs(got.data_as<float>(), ref.data_as<float>(), T, V), max_abs(ref), bounds,
                      what + " prefill (absorbed form)");
     }
@@ -325,8 +326,10 @@ TEST(CudaModel, BatchedDecodeMatchesSingleRequests) {
     const Tensor got = gpu.forward_logits(sb.build());
     const int64_t V = m->config().vocab_size;
     for (int r = 0; r < 3; ++r) {
-        const Tensor ref = cpu_logits(*m, std::vector<int32_t>(ids.begin(), ids.begin() + lens[r] + 1), ops::Fp8Mode::kDequant);
-        const double diff = fanout::testing::max_abs_diff(got.data_as<float>() + r * V, ref.data_as<float>() + lens[r] * V, size_t(V));
+        const Tensor ref =
+            cpu_logits(*m, std::vector<int32_t>(ids.begin(), ids.begin() + lens[r] + 1), ops::Fp8Mode::kDequant);
+        const double diff =
+            fanout::testing::max_abs_diff(got.data_as<float>() + r * V, ref.data_as<float>() + lens[r] * V, size_t(V));
         EXPECT_LE(diff, 0.03 * max_abs(ref)) << "request " << r;  // three positions: no routing-flip allowance
     }
     kv::SequenceBlocks s;

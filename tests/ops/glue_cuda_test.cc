@@ -8,6 +8,7 @@
 #include <cstring>
 #include <random>
 
+#include "cuda_test_util.h"
 #include "fanout/core/cuda_check.h"
 #include "fanout/ops/activation.h"
 #include "fanout/ops/fp8_quant.h"
@@ -19,7 +20,6 @@
 #include "fanout/ops/rope.h"
 #include "fanout/ops/sampling.h"
 #include "fanout/ops/sampling_cuda.h"
-#include "cuda_test_util.h"
 #include "test_util.h"
 
 namespace fanout::ops {
@@ -93,14 +93,17 @@ TEST(GlueCuda, QSplitMatchesRopeApply) {
     Dev<float> freq(tab.inv_freq);
     nope_hm.poison();
     pe.poison();
-    launch_mla_q_split(dq.ptr, T, H, nope, dpos.ptr, {freq.ptr, rope, tab.attention_factor}, nope_hm.ptr, pe.ptr, nullptr);
+    launch_mla_q_split(dq.ptr, T, H, nope, dpos.ptr, {freq.ptr, rope, tab.attention_factor}, nope_hm.ptr, pe.ptr,
+                       nullptr);
     const auto n = nope_hm.download();
     const auto p = to_f32(pe.download());
     std::vector<float> ref_pe;
     for (int t = 0; t < T; ++t)
         for (int h = 0; h < H; ++h) {
-            for (int d = 0; d < nope; ++d) ASSERT_EQ(n[(h * T + t) * nope + d], q.bits[(t * H + h) * (nope + rope) + d]);
-            for (int d = 0; d < rope; ++d) ref_pe.push_back(ref.data_as<float>()[(t * H + h) * (nope + rope) + nope + d]);
+            for (int d = 0; d < nope; ++d)
+                ASSERT_EQ(n[(h * T + t) * nope + d], q.bits[(t * H + h) * (nope + rope) + d]);
+            for (int d = 0; d < rope; ++d)
+                ref_pe.push_back(ref.data_as<float>()[(t * H + h) * (nope + rope) + nope + d]);
         }
     EXPECT_LT(rel(p, ref_pe), 1e-2);
 }
@@ -128,7 +131,8 @@ TEST(GlueCuda, KvAppendMatchesCpuChain) {
     std::copy(w.begin(), w.end(), wt.data_as<float>());
     rms_norm(lat, wt, 1e-6f, lat, Stream{});
     for (int t = 0; t < T; ++t)
-        std::copy(lat.data_as<float>() + t * C, lat.data_as<float>() + (t + 1) * C, entry.data_as<float>() + t * (C + rope));
+        std::copy(lat.data_as<float>() + t * C, lat.data_as<float>() + (t + 1) * C,
+                  entry.data_as<float>() + t * (C + rope));
     rope_apply(entry, C, pos.data(), tab, Stream{});
     const size_t cache_n = size_t(3 * 64) * (C + rope);
     Dev<uint16_t> drows(rows.bits), cache(cache_n);
@@ -166,7 +170,8 @@ TEST(GlueCuda, HeadsToTokensAndSiluMul) {
 
     const int R = 6, I = 45;
     auto gu = random_bf16(size_t(R) * 2 * I, 6, 3.0f);
-    Tensor g = Tensor::zeros({R, I}, DType::kF32), u = Tensor::zeros({R, I}, DType::kF32), o = Tensor::zeros({R, I}, DType::kF32);
+    Tensor g = Tensor::zeros({R, I}, DType::kF32), u = Tensor::zeros({R, I}, DType::kF32),
+           o = Tensor::zeros({R, I}, DType::kF32);
     for (int r = 0; r < R; ++r)
         for (int i = 0; i < I; ++i) {
             g.data_as<float>()[r * I + i] = gu.f32[r * 2 * I + i];
@@ -251,7 +256,8 @@ TEST(GlueCuda, GemmBf16F32OutMatchesCpu) {
 TEST(GlueCuda, RmsNormQuantEqualsNormThenActQuant) {
     REQUIRE_GPU();
     // Few rows split over column chunks (M < 32), many rows one CTA each.
-    for (auto [M, D, stride] : {std::tuple{3, 1536, 2112}, {2, 7168, 7168}, {37, 7168, 7168}, {5, 96, 176}, {2, 130, 130}}) {
+    for (auto [M, D, stride] :
+         {std::tuple{3, 1536, 2112}, {2, 7168, 7168}, {37, 7168, 7168}, {5, 96, 176}, {2, 130, 130}}) {
         auto x = random_bf16(size_t(M) * stride, 21, 3.0f);
         auto w = fanout::testing::random_floats(size_t(D), 22);
         const int nb = (D + 127) / 128;
@@ -358,8 +364,8 @@ TEST(SamplingCuda, MatchesCpuRule) {
     REQUIRE_GPU();
     const int V = 129280;
     std::vector<SamplingRow> rows;
-    const SamplingRow kinds[] = {{0.0f, 0, 1.0f, 0}, {1.0f, 0, 1.0f, 0}, {0.7f, 50, 1.0f, 0}, {1.3f, 0, 0.9f, 0},
-                                 {0.9f, 20, 0.5f, 0}, {1.0f, 1, 1.0f, 0},  {2.0f, 1000, 0.95f, 0}};
+    const SamplingRow kinds[] = {{0.0f, 0, 1.0f, 0},  {1.0f, 0, 1.0f, 0}, {0.7f, 50, 1.0f, 0},   {1.3f, 0, 0.9f, 0},
+                                 {0.9f, 20, 0.5f, 0}, {1.0f, 1, 1.0f, 0}, {2.0f, 1000, 0.95f, 0}};
     std::mt19937_64 rng(5);
     for (int i = 0; i < 70; ++i) {
         SamplingRow r = kinds[i % 7];
@@ -369,7 +375,7 @@ TEST(SamplingCuda, MatchesCpuRule) {
     const int R = static_cast<int>(rows.size());
     std::vector<float> logits = fanout::testing::random_floats(size_t(R) * V, 12, 6.0f);
     for (int r = 0; r < R; ++r) logits[size_t(r) * V + (r * 7919) % V] = 30.0f;  // a clear favourite in each row
-    for (int r = 0; r < R; r += 5) logits[size_t(r) * V + 17] = 30.0f;            // and a tie in some
+    for (int r = 0; r < R; r += 5) logits[size_t(r) * V + 17] = 30.0f;           // and a tie in some
     Dev<float> dl(logits);
     Dev<SamplingRow> dp(rows);
     Dev<int32_t> out(R);

@@ -13,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cuda_test_util.h"
 #include "fanout/core/cuda_check.h"
 #include "fanout/core/cuda_graph.h"
 #include "fanout/ops/fp8_quant.h"
@@ -22,14 +23,12 @@
 #include "fanout/ops/moe_permute.h"
 #include "fanout/ops/moe_router.h"
 #include "fanout/ops/rms_norm.h"
-#include "cuda_test_util.h"
 #include "test_util.h"
 
 namespace fanout::ops {
 namespace {
 
 using fanout::testing::DeviceBuffer;
-
 
 TEST(RmsNormCuda, MatchesCpuReference) {
     REQUIRE_GPU();
@@ -163,8 +162,16 @@ TEST(GemmFp8Cuda, MatchesCpuReferenceWithTheMeasuredTable) {
     GemmWorkspace ws;
     // (130, 200): K not a multiple of 16 runs on the SIMT fallback; the others on wgmma. K below
     // one 128-block (32, 64, 96): the tiny models' projections.
-    for (auto [N, K] : {std::pair{128, 128}, {130, 200}, {200, 144}, {576, 7168}, {2112, 512}, {7168, 2048},
-                        {176, 256}, {192, 96}, {256, 64}, {64, 32}}) {
+    for (auto [N, K] : {std::pair{128, 128},
+                        {130, 200},
+                        {200, 144},
+                        {576, 7168},
+                        {2112, 512},
+                        {7168, 2048},
+                        {176, 256},
+                        {192, 96},
+                        {256, 64},
+                        {64, 32}}) {
         for (int M : {1, 7, 64, 129, 1000, 4096}) {
             if (int64_t(M) * N * K > int64_t(4096) * 2112 * 512) continue;  // keep the CPU reference quick
             run_dense(Fp8Operands(M, N, K, 51 + M + N), GemmConfig{}, &ws, false, pool);
@@ -250,8 +257,8 @@ TEST(GroupedGemmFp8Cuda, MaskedMatchesCpuReferenceAndReplaysInAGraph) {
     for (GemmConfig cfg :
          {GemmConfig{}, GemmConfig{128, 128, 1, 2}, GemmConfig{64, 64, 1}, GemmConfig{64, 256, 1, 2}}) {
         const cudaGraphExec_t exec = capture_graph(stream, [&] {
-            launch_grouped_gemm_fp8_masked(d.x.ptr, d.sx.ptr, dcounts.ptr, E, max_m, d.w.ptr, d.sw.ptr, N, K, dy.ptr, 64,
-                                           stream, cfg);
+            launch_grouped_gemm_fp8_masked(d.x.ptr, d.sx.ptr, dcounts.ptr, E, max_m, d.w.ptr, d.sw.ptr, N, K, dy.ptr,
+                                           64, stream, cfg);
         });
         for (const std::vector<int32_t>& counts :
              {std::vector<int32_t>{0, 1, 200, 64, 65, 0}, std::vector<int32_t>{7, 0, 0, 129, 3, 200},
@@ -293,8 +300,8 @@ TEST(GroupedGemmFp8Cuda, MaskedSmallWidths) {
         dcounts.upload(counts.data());
         DeviceBuffer<uint16_t> dy(size_t(E) * max_m * N);
         dy.poison();
-        launch_grouped_gemm_fp8_masked(d.x.ptr, d.sx.ptr, dcounts.ptr, E, max_m, d.w.ptr, d.sw.ptr, N, K, dy.ptr,
-                                       max_m, nullptr);
+        launch_grouped_gemm_fp8_masked(d.x.ptr, d.sx.ptr, dcounts.ptr, E, max_m, d.w.ptr, d.sw.ptr, N, K, dy.ptr, max_m,
+                                       nullptr);
         FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
         std::vector<uint16_t> got(size_t(E) * max_m * N);
         dy.download(got.data());

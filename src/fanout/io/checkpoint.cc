@@ -1,11 +1,11 @@
 #include "fanout/io/checkpoint.h"
 
-#include "fanout/io/json_util.h"
-
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+
+#include "fanout/io/json_util.h"
 
 namespace fanout::io {
 namespace fs = std::filesystem;
@@ -37,8 +37,10 @@ Checkpoint Checkpoint::open(const std::string& dir, Progress progress) {
             FANOUT_CHECK(fs::exists(f), "{}: shard '{}' named in the index does not exist", index_path.string(), f);
         ck.shards_.resize(ck.shard_files_.size());
     } else {
-        FANOUT_CHECK(fs::exists(single_path), "model folder '{}' has neither model.safetensors nor "
-                     "model.safetensors.index.json", dir);
+        FANOUT_CHECK(fs::exists(single_path),
+                     "model folder '{}' has neither model.safetensors nor "
+                     "model.safetensors.index.json",
+                     dir);
         ck.shard_files_.push_back(single_path.string());
         ck.shards_.resize(1);
         for (const auto& name : ck.shard(0).names()) ck.shard_of_[name] = 0;

@@ -18,7 +18,7 @@
 namespace fanout::io {
 
 class Checkpoint {
-public:
+  public:
     // Called as shards are opened: (index, count, shard path).
     using Progress = std::function<void(int, int, const std::string&)>;
 
@@ -45,7 +45,7 @@ public:
     // Opens (maps and validates) every shard now, reporting progress.
     void open_all() const;
 
-private:
+  private:
     const SafetensorsFile& shard(int index) const;
 
     std::string dir_;

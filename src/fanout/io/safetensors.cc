@@ -145,7 +145,8 @@ Tensor SafetensorsFile::tensor(const std::string& name) const {
 bool SafetensorsFile::offset_of(const void* p, size_t nbytes, size_t* offset) const {
     if (!file_ || file_->data() == nullptr) return false;
     const auto* b = static_cast<const uint8_t*>(p);
-    if (b < file_->data() || b > file_->data() + file_->size() || nbytes > static_cast<size_t>(file_->data() + file_->size() - b))
+    if (b < file_->data() || b > file_->data() + file_->size() ||
+        nbytes > static_cast<size_t>(file_->data() + file_->size() - b))
         return false;
     *offset = static_cast<size_t>(b - file_->data());
     return true;

@@ -20,14 +20,14 @@ namespace fanout::io {
 
 // A read-only memory mapping of a whole file.
 class MappedFile {
-public:
+  public:
     static std::shared_ptr<MappedFile> open(const std::string& path);
     ~MappedFile();
     const uint8_t* data() const { return data_; }
     size_t size() const { return size_; }
     const std::string& path() const { return path_; }
 
-private:
+  private:
     MappedFile() = default;
     std::string path_;
     const uint8_t* data_ = nullptr;
@@ -43,7 +43,7 @@ struct TensorEntry {
 };
 
 class SafetensorsFile {
-public:
+  public:
     // Opens and validates; throws Error naming the file and the defect.
     static SafetensorsFile open(const std::string& path);
     // Parses an in-memory image (the fuzz target's entry); `label` names it in errors.
@@ -60,7 +60,7 @@ public:
     // The file offset of `nbytes` bytes at `p` when they lie in this file's mapping; else false.
     bool offset_of(const void* p, size_t nbytes, size_t* offset) const;
 
-private:
+  private:
     std::string label_;
     std::shared_ptr<MappedFile> file_;
     const uint8_t* base_ = nullptr;
@@ -79,7 +79,7 @@ struct TensorSpec {
 // largest first (as the reference writer does), so every tensor is aligned to its dtype; pieces of
 // a tensor are appended in order, and tensors may be written in any order.
 class SafetensorsWriter {
-public:
+  public:
     SafetensorsWriter(const std::string& path, std::vector<TensorSpec> specs,
                       const std::map<std::string, std::string>& metadata = {});
     ~SafetensorsWriter();
@@ -88,7 +88,7 @@ public:
     // Checks that every tensor was written in full and closes the file.
     void finish();
 
-private:
+  private:
     struct Slot {
         size_t offset = 0, size = 0, written = 0;  // offset from the start of the file
     };

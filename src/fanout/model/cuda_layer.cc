@@ -87,7 +87,8 @@ struct CudaLayerExec::Buffers {
     ops::GemmWorkspace gemm_ws;
     ops::MlaWorkspace mla_ws;
     DeviceArray<float> inv_freq;
-    DeviceArray<uint16_t> latent, k_pe, kv_expanded;  // MHA-form prefill: [ctx, kv_lora], [ctx, rope], [ctx, H·(nope+v)]
+    DeviceArray<uint16_t> latent, k_pe,
+        kv_expanded;  // MHA-form prefill: [ctx, kv_lora], [ctx, rope], [ctx, H·(nope+v)]
 };
 
 // The routed experts' rows of one step as the grouped GEMMs see them (moe_permute.h): max_m rows
@@ -141,7 +142,7 @@ ExpertRowLimits expert_row_limits(const io::ModelConfig& c, int64_t max_tokens, 
 // these, and buffer_bytes() counts them for the memory plan before anything is allocated.
 struct BufferElems {
     size_t normed, qkv, q_a, q, q_nope, q_pe, q_lat, o_lat, attn_hm, attn, gate_up, act;  // bf16
-    size_t latent, k_pe, kv_expanded;                                                   // bf16, MHA prefill
+    size_t latent, k_pe, kv_expanded;                                                     // bf16, MHA prefill
     size_t xq, xs, router_logits, topk_idx, topk_weight, counts, fill_t, slot, spill_blocks;
     size_t perm_q, perm_s, expert_act_q, expert_act_s, perm_bf16, expert_act, expert_gate_up, expert_out;
     size_t emulated_q, emulated_s;
@@ -170,8 +171,8 @@ BufferElems buffer_elems(const io::ModelConfig& c, const LayerLimits& lim_in) {
     const size_t EL = static_cast<size_t>(std::max<int64_t>(num_local_experts, 1));
     const size_t K = static_cast<size_t>(std::max<int64_t>(c.num_experts_per_tok, 1));
     const size_t Ie = static_cast<size_t>(c.moe_intermediate_size);
-    const size_t I = static_cast<size_t>(
-        std::max<int64_t>({c.intermediate_size, c.moe_intermediate_size * c.n_shared_experts, 1}));
+    const size_t I =
+        static_cast<size_t>(std::max<int64_t>({c.intermediate_size, c.moe_intermediate_size * c.n_shared_experts, 1}));
     const size_t qkv_w = ql + C + rp, q_w = H * (nope + rp);
     n.normed = T * D;
     n.qkv = T * qkv_w;
@@ -337,8 +338,8 @@ void CudaLayerExec::mlp(const DeviceWeight& gu, const DeviceWeight& down, int T,
         ops::launch_fill_i32(b.fill_t.get(), 1, T, stream_);
         ops::launch_silu_mul_quant_masked(b.gate_up.get(), b.fill_t.get(), 1, T, I, b.xq.get(), b.xs.get(), stream_);
         if (mark) mark("shared_silu_quant");
-        ops::launch_gemm_fp8(b.xq.get(), b.xs.get(), down.q.get(), down.scale.get(), hidden, T, static_cast<int>(down.N),
-                             I, stream_, hidden, &b.gemm_ws);
+        ops::launch_gemm_fp8(b.xq.get(), b.xs.get(), down.q.get(), down.scale.get(), hidden, T,
+                             static_cast<int>(down.N), I, stream_, hidden, &b.gemm_ws);
     } else {
         ops::launch_silu_mul_bf16(b.gate_up.get(), T, I, b.act.get(), stream_);
         if (mark) mark("shared_silu_quant");
@@ -475,7 +476,11 @@ void CudaLayerExec::run(const DeviceLayer& w, const LayerStep& st, uint16_t* hid
     const int E = static_cast<int>(c_.n_routed_experts), K = static_cast<int>(c_.num_experts_per_tok);
     ops::launch_gemm_bf16_f32(b.normed.get(), w.router.get(), b.router_logits.get(), T, E, D, stream_);
     m("gate");
-    const ops::RouterParams rp{E, K, static_cast<int>(c_.n_group), static_cast<int>(c_.topk_group), c_.norm_topk_prob,
+    const ops::RouterParams rp{E,
+                               K,
+                               static_cast<int>(c_.n_group),
+                               static_cast<int>(c_.topk_group),
+                               c_.norm_topk_prob,
                                static_cast<float>(c_.routed_scaling_factor)};
     ops::launch_moe_route(b.router_logits.get(), w.has_bias ? w.router_bias.get() : nullptr, rp, T, b.topk_idx.get(),
                           b.topk_weight.get(), stream_);

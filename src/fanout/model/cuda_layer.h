@@ -93,7 +93,7 @@ struct DeviceLayer {
     DeviceWeight o;
     bool moe = false;
     bool has_mlp = false;
-    DeviceWeight gate_up, down;  // the dense MLP, or the shared expert
+    DeviceWeight gate_up, down;    // the dense MLP, or the shared expert
     DeviceArray<uint16_t> router;  // [E, D] bf16
     DeviceArray<float> router_bias;
     bool has_bias = false;
@@ -146,8 +146,7 @@ class CudaLayerExec {
     // batches) put their routed experts' rows in the masked layout, capped per expert by
     // ops::moe_masked_cap, with the rest contiguous — larger steps all contiguous (cap 0; see
     // moe_permute.h) — so the experts' buffers grow with the tokens, not with experts × tokens.
-    CudaLayerExec(const io::ModelConfig& c, const ops::RopeTable& rope, const LayerLimits& limits,
-                  cudaStream_t stream);
+    CudaLayerExec(const io::ModelConfig& c, const ops::RopeTable& rope, const LayerLimits& limits, cudaStream_t stream);
     ~CudaLayerExec();
     // The device bytes the constructor allocates for these limits (its step buffers and GEMM
     // workspace; the MLA workspace grows on first use and is not counted), so a memory plan can

@@ -62,7 +62,8 @@ StepBatchBuilder& StepBatchBuilder::add(std::span<const int32_t> tokens, int64_t
         batch_.slots.push_back(cache_.slot(seq, start + static_cast<int64_t>(i)));
         if (logits == Logits::kAll) batch_.logit_rows.push_back(static_cast<int32_t>(first_row + i));
     }
-    if (logits == Logits::kLast && !tokens.empty()) batch_.logit_rows.push_back(static_cast<int32_t>(batch_.num_tokens() - 1));
+    if (logits == Logits::kLast && !tokens.empty())
+        batch_.logit_rows.push_back(static_cast<int32_t>(batch_.num_tokens() - 1));
     batch_.query_start.push_back(static_cast<int32_t>(batch_.num_tokens()));
     batch_.kv_len.push_back(static_cast<int32_t>(end));
     tables_.push_back(seq.blocks);
@@ -76,7 +77,8 @@ StepBatch StepBatchBuilder::build() {
     batch_.max_blocks = max_blocks;
     batch_.block_table.assign(tables_.size() * static_cast<size_t>(max_blocks), -1);
     for (size_t r = 0; r < tables_.size(); ++r)
-        std::copy(tables_[r].begin(), tables_[r].end(), batch_.block_table.begin() + static_cast<int64_t>(r) * max_blocks);
+        std::copy(tables_[r].begin(), tables_[r].end(),
+                  batch_.block_table.begin() + static_cast<int64_t>(r) * max_blocks);
     return std::move(batch_);
 }
 
@@ -194,8 +196,11 @@ void DeepseekV3::stage_attn_out(const LayerWeights& w, int64_t layer, LayerState
     ops::linear(st.normed, w.moe.router, logits, opts.fp8_mode, s);
     st.topk_idx = Tensor::zeros({T, K}, DType::kI32);
     st.topk_weight = f32(T, K);
-    const ops::RouterParams rp{static_cast<int>(E), static_cast<int>(K), static_cast<int>(c.n_group),
-                               static_cast<int>(c.topk_group), c.norm_topk_prob,
+    const ops::RouterParams rp{static_cast<int>(E),
+                               static_cast<int>(K),
+                               static_cast<int>(c.n_group),
+                               static_cast<int>(c.topk_group),
+                               c.norm_topk_prob,
                                static_cast<float>(c.routed_scaling_factor)};
     ops::moe_route(logits, w.moe.bias.data_as<float>(), rp, st.topk_idx, st.topk_weight, s);
 }

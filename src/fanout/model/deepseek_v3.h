@@ -61,7 +61,7 @@ struct StepBatch {
 };
 
 class StepBatchBuilder {
-public:
+  public:
     explicit StepBatchBuilder(const kv::PagedKvCache& cache) : cache_(cache) {}
     // Query tokens of one request at positions start, start+1, ...; `seq` must already have room
     // for start + tokens.size() tokens. logits: kLast = last token's, kAll = every token's.
@@ -70,7 +70,7 @@ public:
                           Logits logits = Logits::kLast);
     StepBatch build();
 
-private:
+  private:
     const kv::PagedKvCache& cache_;
     StepBatch batch_;
     std::vector<std::vector<int32_t>> tables_;
@@ -78,18 +78,18 @@ private:
 
 // Intermediate tensors of one layer for one (micro)batch.
 struct LayerState {
-    Tensor hidden;        // [T, D] residual stream, updated in place
-    Tensor q;             // [T, H, nope + rope]
-    Tensor normed;        // [T, D] post-attention norm (MLP / expert input)
-    Tensor topk_idx;      // [T, top_k] i32
-    Tensor topk_weight;   // [T, top_k] f32
-    Tensor shared_out;    // [T, D]
-    Tensor expert_rows;   // [T * top_k, D] expert outputs, grouped by expert
+    Tensor hidden;                // [T, D] residual stream, updated in place
+    Tensor q;                     // [T, H, nope + rope]
+    Tensor normed;                // [T, D] post-attention norm (MLP / expert input)
+    Tensor topk_idx;              // [T, top_k] i32
+    Tensor topk_weight;           // [T, top_k] f32
+    Tensor shared_out;            // [T, D]
+    Tensor expert_rows;           // [T * top_k, D] expert outputs, grouped by expert
     std::vector<int32_t> row_of;  // [T * top_k] assignment (t, k) -> row in expert_rows
 };
 
 class DeepseekV3 {
-public:
+  public:
     DeepseekV3(io::ModelConfig config, ModelWeights weights);
     static std::unique_ptr<DeepseekV3> load(const std::string& dir, const ShardPlan& plan = {},
                                             const LoadOptions& opts = {});
@@ -104,8 +104,7 @@ public:
         Tensor logits;  // [logit_rows, vocab] f32
         Tensor hidden;  // [logit_rows, D] f32, after the final norm (the MTP head's input)
     };
-    Output forward(const StepBatch& batch, kv::PagedKvCache& cache, const ForwardOptions& opts,
-                   const Stream& s) const;
+    Output forward(const StepBatch& batch, kv::PagedKvCache& cache, const ForwardOptions& opts, const Stream& s) const;
     // The MTP head: batch.tokens are the next tokens t+1, prev_hidden [T, D] the main model's
     // final-normed hidden states at t; returns logits for t+2 (at batch.logit_rows).
     Output forward_mtp(const StepBatch& batch, const Tensor& prev_hidden, kv::PagedKvCache& cache,
@@ -120,7 +119,7 @@ public:
     void stage_experts(const LayerWeights& w, LayerState& st, const Stream& s, const ForwardOptions& opts) const;
     void stage_combine(const LayerWeights& w, LayerState& st, const Stream& s) const;
 
-private:
+  private:
     Tensor embed(const Tensor& table, std::span<const int32_t> tokens) const;
     void run_layer(const LayerWeights& w, int64_t layer, LayerState& st, const StepBatch& batch,
                    kv::PagedKvCache& cache, const ForwardOptions& opts, const Stream& s) const;

@@ -144,12 +144,13 @@ CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts, cons
     m.opts = opts;
     const io::ModelConfig& c = m.c;
     FANOUT_CHECK(opts.max_step_tokens >= 1 && opts.max_requests >= 1 && opts.max_context >= 1,
-                 "CudaModel: max_step_tokens {}, max_requests {}, max_context {} must be positive", opts.max_step_tokens,
-                 opts.max_requests, opts.max_context);
+                 "CudaModel: max_step_tokens {}, max_requests {}, max_context {} must be positive",
+                 opts.max_step_tokens, opts.max_requests, opts.max_context);
     FANOUT_CHECK(model.weights().layers.empty() || c.n_routed_experts == 0 ||
                      std::all_of(model.weights().layers.begin(), model.weights().layers.end(),
                                  [&](const LayerWeights& l) {
-                                     return !l.is_moe || static_cast<int64_t>(l.moe.experts.size()) == c.n_routed_experts;
+                                     return !l.is_moe ||
+                                            static_cast<int64_t>(l.moe.experts.size()) == c.n_routed_experts;
                                  }),
                  "the GPU runner holds every expert on one GPU (EP1); this model was loaded with an EP shard plan");
     int device_count = 0;
@@ -239,7 +240,8 @@ std::vector<int32_t> CudaModel::forward_sample(const StepBatch& batch, std::span
                                                std::span<const ops::LogitBias> logit_bias) {
     Impl& m = *impl_;
     const io::ModelConfig& c = m.c;
-    const int64_t T = batch.num_tokens(), R = batch.num_requests(), rows_n = static_cast<int64_t>(batch.logit_rows.size());
+    const int64_t T = batch.num_tokens(), R = batch.num_requests(),
+                  rows_n = static_cast<int64_t>(batch.logit_rows.size());
     FANOUT_CHECK(T >= 1 && T <= m.opts.max_step_tokens, "GPU step: {} tokens; this runner takes 1..{} per step", T,
                  m.opts.max_step_tokens);
     FANOUT_CHECK(R >= 1 && R <= m.opts.max_requests, "GPU step: {} requests; this runner takes 1..{}", R,
@@ -267,10 +269,10 @@ std::vector<int32_t> CudaModel::forward_sample(const StepBatch& batch, std::span
         FANOUT_CHECK(batch.tokens[t] >= 0 && batch.tokens[t] < c.vocab_size,
                      "token id {} at index {} is outside the vocabulary [0, {})", batch.tokens[t], t, c.vocab_size);
         FANOUT_CHECK(batch.slots[t] >= 0 && batch.slots[t] < m.num_blocks * kv::kDefaultBlockSize,
-                     "token {} has cache slot {} outside the device cache's {} blocks", t, batch.slots[t], m.num_blocks);
+                     "token {} has cache slot {} outside the device cache's {} blocks", t, batch.slots[t],
+                     m.num_blocks);
     }
-    for (int32_t r : batch.logit_rows)
-        FANOUT_CHECK(r >= 0 && r < T, "logit row {} outside the step's {} tokens", r, T);
+    for (int32_t r : batch.logit_rows) FANOUT_CHECK(r >= 0 && r < T, "logit row {} outside the step's {} tokens", r, T);
     for (int64_t r = 0; r < R; ++r)
         FANOUT_CHECK(batch.kv_len[r] >= 1 && batch.kv_len[r] <= m.opts.max_context,
                      "request {} has {} cached tokens; max_context is {}", r, batch.kv_len[r], m.opts.max_context);
@@ -279,7 +281,8 @@ std::vector<int32_t> CudaModel::forward_sample(const StepBatch& batch, std::span
     const int64_t q = batch.query_start[1] - batch.query_start[0];
     bool uniform = rows_n == R && !sampling.empty();
     for (int64_t r = 0; r < R && uniform; ++r)
-        uniform = batch.query_start[r + 1] - batch.query_start[r] == q && batch.logit_rows[r] == batch.query_start[r + 1] - 1;
+        uniform =
+            batch.query_start[r + 1] - batch.query_start[r] == q && batch.logit_rows[r] == batch.query_start[r + 1] - 1;
     const int64_t R_pad = next_pow2(R);
     const bool graph = m.opts.cuda_graphs && uniform && q <= kMaxGraphQueryLen && R_pad * q <= m.opts.max_step_tokens &&
                        R_pad <= m.opts.max_requests;

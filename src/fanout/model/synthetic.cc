@@ -1,14 +1,15 @@
 #include "fanout/model/synthetic.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <filesystem>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <unistd.h>
 
 #include "fanout/core/error.h"
 #include "fanout/core/thread_pool.h"
@@ -34,7 +35,8 @@ uint64_t hash_name(const std::string& s, uint64_t seed) {
 
 // Uniform in [-1, 1) from a counter.
 float uniform(uint64_t key, uint64_t i) {
-    return static_cast<float>(static_cast<int64_t>(splitmix64(key + i) >> 40) - (1 << 23)) / static_cast<float>(1 << 23);
+    return static_cast<float>(static_cast<int64_t>(splitmix64(key + i) >> 40) - (1 << 23)) /
+           static_cast<float>(1 << 23);
 }
 
 // How a tensor's values are drawn: lo + (hi - lo) * u, u uniform in [0, 1).
@@ -141,8 +143,8 @@ std::vector<io::TensorSpec> checkpoint_tensors(const io::ModelConfig& c) {
             specs.push_back({name, DType::kFP8E4M3, shape});
             specs.push_back({name.substr(0, name.size() - 6) + "weight_scale_inv", DType::kF32, scale});
         } else {
-            specs.push_back({name, name.find("e_score_correction_bias") != std::string::npos ? DType::kF32 : DType::kBF16,
-                             shape});
+            specs.push_back(
+                {name, name.find("e_score_correction_bias") != std::string::npos ? DType::kF32 : DType::kBF16, shape});
         }
     };
     auto add_mlp = [&](const std::string& p, int64_t inter) {
@@ -195,8 +197,8 @@ namespace {
 
 // Writes one tensor's bytes (and, for fp8, its scale tensor's right after) in chunks of one fp8
 // block row, made in parallel a group of chunks at a time and written in order.
-void write_tensor(io::SafetensorsWriter& w, const io::TensorSpec& spec, const io::TensorSpec* scale_spec,
-                  uint64_t seed, ThreadPool& pool) {
+void write_tensor(io::SafetensorsWriter& w, const io::TensorSpec& spec, const io::TensorSpec* scale_spec, uint64_t seed,
+                  ThreadPool& pool) {
     const uint64_t key = hash_name(spec.name, seed);
     const Init init = init_for(spec.name, spec.shape);
     // A 2-D tensor is written in chunks of rows; anything else as one row.
@@ -272,9 +274,9 @@ void write_synthetic_model(const std::string& dir, const io::ModelConfig& config
     int64_t done = 0;
     ThreadPool pool;
     for (size_t s = 0; s < shards.size(); ++s) {
-        const std::string file = shards.size() == 1 ? "model.safetensors"
-                                                    : fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1,
-                                                                  shards.size());
+        const std::string file = shards.size() == 1
+                                     ? "model.safetensors"
+                                     : fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, shards.size());
         std::vector<io::TensorSpec> shard_specs;
         for (size_t i : shards[s]) {
             shard_specs.push_back(specs[i]);
@@ -319,10 +321,14 @@ bool copy_default_tokenizer(const std::string& dir) {
 
 std::string ensure_tiny_model(const std::function<void(const std::string&)>& log) {
     fs::path root;
-    if (const char* e = std::getenv("FANOUT_CACHE"); e && *e) root = e;
-    else if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) root = fs::path(x) / "fanout";
-    else if (const char* h = std::getenv("HOME"); h && *h) root = fs::path(h) / ".cache" / "fanout";
-    else root = fs::temp_directory_path() / "fanout-cache";
+    if (const char* e = std::getenv("FANOUT_CACHE"); e && *e)
+        root = e;
+    else if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x)
+        root = fs::path(x) / "fanout";
+    else if (const char* h = std::getenv("HOME"); h && *h)
+        root = fs::path(h) / ".cache" / "fanout";
+    else
+        root = fs::temp_directory_path() / "fanout-cache";
     // The version in the folder name changes whenever the preset or the generator changes.
     const fs::path dir = root / "tiny-v1-seed0";
     if (fs::exists(dir / "complete")) {

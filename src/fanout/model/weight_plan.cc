@@ -321,8 +321,8 @@ LayerPlan Planner::layer(const io::ModelConfig& c, const LayerWeights& lw, int64
                          "{}: the routed experts are stored as {} but config.json {}: every expert weight must be "
                          "FP8 with weight_scale_inv when the config declares a quantization_config, and none "
                          "otherwise",
-                         w_.checkpoint.file_of(fmt::format("model.layers.{}.mlp.experts.{}.gate_proj.weight", layer_index,
-                                                           m.expert_begin)),
+                         w_.checkpoint.file_of(fmt::format("model.layers.{}.mlp.experts.{}.gate_proj.weight",
+                                                           layer_index, m.expert_begin)),
                          dtype_name(m.experts[0].gate.dtype),
                          c.fp8 ? "has a quantization_config (FP8)" : "has no quantization_config");
         }
@@ -427,7 +427,8 @@ void stream_weights(const WeightPlan& plan, const ModelWeights& w, WeightTarget&
         int r = 0;
         slice[0] = 0;
         for (size_t i = 0; i < chunks.size(); ++i) {
-            while (r + 1 < num_readers && at >= total_bytes * (r + 1) / num_readers) slice[static_cast<size_t>(++r)] = i;
+            while (r + 1 < num_readers && at >= total_bytes * (r + 1) / num_readers)
+                slice[static_cast<size_t>(++r)] = i;
             at += static_cast<double>(chunks[i].end - chunks[i].begin);
         }
         while (r + 1 < num_readers) slice[static_cast<size_t>(++r)] = chunks.size();
@@ -456,8 +457,7 @@ void stream_weights(const WeightPlan& plan, const ModelWeights& w, WeightTarget&
                 Range& r = *ch.range;
                 if (i + 1 < end) {  // the kernel reads the next chunk while this one is handled
                     const Chunk& nx = chunks[i + 1];
-                    ::posix_fadvise(my_files.fd(nx.range->at.shard),
-                                    static_cast<off_t>(nx.range->at.offset + nx.begin),
+                    ::posix_fadvise(my_files.fd(nx.range->at.shard), static_cast<off_t>(nx.range->at.offset + nx.begin),
                                     static_cast<off_t>(nx.end - nx.begin), POSIX_FADV_WILLNEED);
                 }
                 auto t = steady::now();

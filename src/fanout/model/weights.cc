@@ -348,8 +348,8 @@ void fail_weight_value(const Checkpoint& ck, const WeightCheck& s, int64_t i) {
     std::string where = fmt::format("element {}", i);
     if (s.shape.size() == 2) where += fmt::format(" (row {}, column {})", i / s.shape[1], i % s.shape[1]);
     if (s.kind == WeightCheck::kScale)
-        FANOUT_FAIL("{}: tensor '{}' has {} at {}: fp8 block scales must be finite and not negative", ck.file_of(s.name),
-                    s.name, value, where);
+        FANOUT_FAIL("{}: tensor '{}' has {} at {}: fp8 block scales must be finite and not negative",
+                    ck.file_of(s.name), s.name, value, where);
     FANOUT_FAIL("{}: tensor '{}' has {} at {}: weights must be finite", ck.file_of(s.name), s.name, value, where);
 }
 
@@ -380,7 +380,8 @@ void check_weight_values(const Checkpoint& ck, const std::vector<WeightCheck>& c
             }
         });
         for (int64_t c = g0; c < g1; ++c)
-            bytes_done += static_cast<double>(chunks[c].end - chunks[c].begin) * dtype_size(checks[chunks[c].check].dtype);
+            bytes_done +=
+                static_cast<double>(chunks[c].end - chunks[c].begin) * dtype_size(checks[chunks[c].check].dtype);
         if (progress)
             progress({"checking weights", static_cast<int64_t>(chunks[g1 - 1].check) + 1,
                       static_cast<int64_t>(checks.size()), bytes_done, bytes_total});
