@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -91,6 +92,24 @@ std::string error_of(Fn&& fn) {
     }
     ADD_FAILURE() << "expected fanout::Error, nothing was thrown";
     return "";
+}
+
+// K distinct experts of E per token, skewed toward the low ids (weights 1 / (e + 1)^skew), so a
+// few experts get far more than their share (and overflow a masked layout's cap).
+inline std::vector<int32_t> skewed_routing(int T, int K, int E, uint32_t seed, double skew) {
+    std::vector<double> weights;
+    for (int e = 0; e < E; ++e) weights.push_back(1.0 / std::pow(e + 1.0, skew));
+    std::mt19937 rng(seed);
+    std::discrete_distribution<int> pick(weights.begin(), weights.end());
+    std::vector<int32_t> idx;
+    for (int t = 0; t < T; ++t) {
+        const size_t first = idx.size();
+        while (idx.size() < first + size_t(K)) {
+            const int e = pick(rng);
+            if (std::find(idx.begin() + first, idx.end(), e) == idx.end()) idx.push_back(e);
+        }
+    }
+    return idx;
 }
 
 }  // namespace fanout::testing

@@ -19,6 +19,8 @@
 namespace fanout::ops {
 namespace {
 
+using fanout::testing::skewed_routing;
+
 // One permute on the CPU with its outputs poisoned first: rows 0xee, scales -1, the rest -7.
 struct Permuted {
     int rows = 0, nb = 0;
@@ -146,24 +148,6 @@ TEST(MoePermute, SpillBoundCoversEveryRouting) {
                     ASSERT_GE(bound, most) << "T " << T << " K " << K << " local " << local << " cap " << cap;
                     ASSERT_EQ(bound % 128, 0);
                 }
-}
-
-// K distinct experts of E per token, skewed toward the low ids (weights 1 / (e + 1)^skew), so a
-// few experts get far more than their share.
-std::vector<int32_t> skewed_routing(int T, int K, int E, uint32_t seed, double skew) {
-    std::vector<double> weights;
-    for (int e = 0; e < E; ++e) weights.push_back(1.0 / std::pow(e + 1.0, skew));
-    std::mt19937 rng(seed);
-    std::discrete_distribution<int> pick(weights.begin(), weights.end());
-    std::vector<int32_t> idx;
-    for (int t = 0; t < T; ++t) {
-        const size_t first = idx.size();
-        while (idx.size() < first + size_t(K)) {
-            const int e = pick(rng);
-            if (std::find(idx.begin() + first, idx.end(), e) == idx.end()) idx.push_back(e);
-        }
-    }
-    return idx;
 }
 
 // The layout's invariants on random odd shapes: full counts, each expert's choices in (t, k)

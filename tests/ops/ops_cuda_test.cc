@@ -28,6 +28,8 @@
 namespace fanout::ops {
 namespace {
 
+using fanout::testing::skewed_routing;
+
 using fanout::testing::DeviceBuffer;
 
 TEST(RmsNormCuda, MatchesCpuReference) {
@@ -547,24 +549,6 @@ TEST(RmsNormBf16Cuda, MatchesReferenceWithAndWithoutResidual) {
             }
         }
     }
-}
-
-// K distinct experts of E per token, skewed toward the low ids (weights 1 / (e + 1)^skew), so the
-// hot experts overflow their cap.
-std::vector<int32_t> skewed_routing(int T, int K, int E, uint32_t seed, double skew) {
-    std::vector<double> weights;
-    for (int e = 0; e < E; ++e) weights.push_back(1.0 / std::pow(e + 1.0, skew));
-    std::mt19937 rng(seed);
-    std::discrete_distribution<int> pick(weights.begin(), weights.end());
-    std::vector<int32_t> idx;
-    for (int t = 0; t < T; ++t) {
-        const size_t first = idx.size();
-        while (idx.size() < first + size_t(K)) {
-            const int e = pick(rng);
-            if (std::find(idx.begin() + first, idx.end(), e) == idx.end()) idx.push_back(e);
-        }
-    }
-    return idx;
 }
 
 // The index of the first element whose bits differ, -1 when none (a failing EXPECT_EQ would
