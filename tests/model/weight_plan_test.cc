@@ -309,6 +309,38 @@ TEST_F(WeightPlanTest, ReaderCountDoesNotChangeTheBytes) {
     EXPECT_EQ(stream(l, plan, 1), stream(l, plan, 5));
 }
 
+TEST_F(WeightPlanTest, AnEpRankReadsOnlyItsExperts) {
+    // Rank 1 of EP2 binds experts 2 and 3 of 4: the plan stacks those two, reads nothing of the
+    // others, and the rest (attention, shared expert, router) as EP1 does.
+    const std::string dir = *dir_ + "/aligned";
+    const Loaded all = bind_model(dir);
+    Loaded rank{io::load_model_config(dir), {}};
+    LoadOptions o;
+    o.check_values = false;
+    ShardPlan sp;
+    sp.ep_rank = 1;
+    sp.ep_size = 2;
+    rank.weights = load_weights(io::Checkpoint::open(dir), rank.config, sp, o);
+    const WeightPlan full = plan_weights(all.config, all.weights), half = plan_weights(rank.config, rank.weights);
+    const MatrixPlan& gu = half.layers[1].experts_gate_up;
+    ASSERT_EQ(gu.batch, 2);
+    const auto expert_bytes = [](const WeightPlan& p) {
+        return double(p.arrays[size_t(p.layers[1].experts_gate_up.q)].bytes +
+                      p.arrays[size_t(p.layers[1].experts_gate_up.scale)].bytes +
+                      p.arrays[size_t(p.layers[1].experts_down.q)].bytes +
+                      p.arrays[size_t(p.layers[1].experts_down.scale)].bytes);
+    };
+    EXPECT_DOUBLE_EQ(full.stream_bytes - half.stream_bytes, expert_bytes(full) / 2);
+    const auto bytes = stream(rank, half, 2);
+    const Arena arena(half, bytes);
+    std::vector<std::vector<const ops::LinearWeight*>> mine;
+    for (int64_t e = 2; e < 4; ++e) {
+        const MlpWeights& m = all.weights.layers[1].moe.experts[size_t(e)];
+        mine.push_back({&m.gate, &m.up});
+    }
+    expect_matrix(arena, gu, stacked_rows(mine), true, "rank 1's experts gate|up");
+}
+
 TEST_F(WeightPlanTest, BadValuesAreFoundWhileStreaming) {
     // A copy of the aligned checkpoint with a NaN (fp8 0x7f) in an expert's weight and a negative
     // block scale elsewhere: binding succeeds, streaming names the tensor, file and element.
