@@ -379,7 +379,7 @@ TEST_F(ModelTest, UnusedTensorsAreAWarningNotAnError) {
     ::testing::internal::CaptureStderr();
     m = DeepseekV3::load(*dir_ + "/bf16");
     const ModelWeights w =
-        load_weights(io::Checkpoint::open(*dir_ + "/fp8"), io::load_model_config(*dir_ + "/fp8"), ShardPlan{0, 4});
+        load_weights(io::Checkpoint::open(*dir_ + "/fp8"), io::load_model_config(*dir_ + "/fp8"), ParallelConfig{0, 4});
     EXPECT_THAT(::testing::internal::GetCapturedStderr(), Not(HasSubstr("warning")));
     EXPECT_TRUE(m->weights().unused_tensors.empty());
     EXPECT_TRUE(w.unused_tensors.empty());

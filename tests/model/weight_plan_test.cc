@@ -317,9 +317,9 @@ TEST_F(WeightPlanTest, AnEpRankReadsOnlyItsExperts) {
     Loaded rank{io::load_model_config(dir), {}};
     LoadOptions o;
     o.check_values = false;
-    ShardPlan sp;
-    sp.ep_rank = 1;
-    sp.ep_size = 2;
+    ParallelConfig sp;
+    sp.rank = 1;
+    sp.ep = 2;
     rank.weights = load_weights(io::Checkpoint::open(dir), rank.config, sp, o);
     const WeightPlan full = plan_weights(all.config, all.weights), half = plan_weights(rank.config, rank.weights);
     const MatrixPlan& gu = half.layers[1].experts_gate_up;

@@ -9,6 +9,7 @@ void validate(const EpConfig& c) {
     FANOUT_CHECK(c.rank >= 0 && c.rank < c.world, "EP config: rank {} outside [0, {})", c.rank, c.world);
     FANOUT_CHECK(c.num_experts >= c.world && c.num_experts % c.world == 0,
                  "EP config: {} experts do not divide over {} ranks", c.num_experts, c.world);
+    validate(c.parallel(), c.num_experts);
     FANOUT_CHECK(c.experts_per_token >= 1 && c.experts_per_token <= c.num_experts,
                  "EP config: top-k {} outside [1, {}]", c.experts_per_token, c.num_experts);
     FANOUT_CHECK(c.hidden >= 1, "EP config: hidden must be >= 1, got {}", c.hidden);

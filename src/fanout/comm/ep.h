@@ -25,6 +25,8 @@
 #include <memory>
 #include <string>
 
+#include "fanout/core/parallel.h"
+
 namespace fanout::comm {
 
 enum class Payload { kFp8, kBf16 };  // what dispatch carries: e4m3 + 1×128 scales, or bf16
@@ -39,8 +41,23 @@ struct EpConfig {
     Payload payload = Payload::kFp8;
     int max_m = 0;  // receive rows per local expert; 0: world · max_tokens_per_rank
 
-    int local_experts() const { return num_experts / world; }
-    int expert_begin() const { return rank * local_experts(); }
+    // The deployment's split (core/parallel.h): the one definition of each rank's experts.
+    ParallelConfig parallel() const { return {rank, world, 1}; }
+    int local_experts() const { return static_cast<int>(parallel().experts(num_experts).size()); }
+    int expert_begin() const { return static_cast<int>(parallel().experts(num_experts).begin); }
+    // The EP group of the deployment `p` for a model's routing and widths.
+    static EpConfig for_rank(const ParallelConfig& p, int num_experts, int experts_per_token, int hidden,
+                             int max_tokens_per_rank, Payload payload) {
+        EpConfig c;
+        c.rank = p.rank;
+        c.world = p.world();
+        c.num_experts = num_experts;
+        c.experts_per_token = experts_per_token;
+        c.hidden = hidden;
+        c.max_tokens_per_rank = max_tokens_per_rank;
+        c.payload = payload;
+        return c;
+    }
     int rows_per_expert() const { return max_m > 0 ? max_m : world * max_tokens_per_rank; }
     int scale_blocks() const { return (hidden + 127) / 128; }
     int payload_bytes() const { return payload == Payload::kFp8 ? hidden : 2 * hidden; }

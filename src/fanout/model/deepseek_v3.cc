@@ -85,7 +85,8 @@ StepBatch StepBatchBuilder::build() {
 DeepseekV3::DeepseekV3(io::ModelConfig config, ModelWeights weights)
     : config_(std::move(config)), weights_(std::move(weights)), rope_(rope_table(config_)) {}
 
-std::unique_ptr<DeepseekV3> DeepseekV3::load(const std::string& dir, const ShardPlan& plan, const LoadOptions& opts) {
+std::unique_ptr<DeepseekV3> DeepseekV3::load(const std::string& dir, const ParallelConfig& plan,
+                                             const LoadOptions& opts) {
     io::ModelConfig config = io::load_model_config(dir);
     io::Checkpoint::Progress on_shard;
     if (opts.progress)

@@ -91,7 +91,7 @@ struct LayerState {
 class DeepseekV3 {
   public:
     DeepseekV3(io::ModelConfig config, ModelWeights weights);
-    static std::unique_ptr<DeepseekV3> load(const std::string& dir, const ShardPlan& plan = {},
+    static std::unique_ptr<DeepseekV3> load(const std::string& dir, const ParallelConfig& plan = {},
                                             const LoadOptions& opts = {});
 
     const io::ModelConfig& config() const { return config_; }

@@ -172,7 +172,7 @@ AttentionWeights load_attention(Binder& b, const std::string& p, const io::Model
     return a;
 }
 
-LayerWeights load_layer(Binder& b, int64_t layer, const io::ModelConfig& c, const ShardPlan& plan) {
+LayerWeights load_layer(Binder& b, int64_t layer, const io::ModelConfig& c, const ParallelConfig& plan) {
     const std::string p = fmt::format("model.layers.{}.", layer);
     LayerWeights lw;
     lw.input_norm = b.get_f32(p + "input_layernorm.weight", c.hidden_size);
@@ -195,8 +195,9 @@ LayerWeights load_layer(Binder& b, int64_t layer, const io::ModelConfig& c, cons
                  "this per-expert bias",
                  b.checkpoint().dir(), bias_name);
     m.bias = b.get_f32(bias_name, E);
-    m.expert_begin = plan.expert_begin(E);
-    m.expert_end = plan.expert_end(E);
+    const ParallelConfig::Range mine = plan.experts(E);
+    m.expert_begin = mine.begin;
+    m.expert_end = mine.end;
     for (int64_t e = 0; e < E; ++e) {
         const std::string prefix = fmt::format("{}mlp.experts.{}", p, e);
         if (e >= m.expert_begin && e < m.expert_end)
@@ -274,13 +275,10 @@ void warn_unused(const Checkpoint& ck, const std::vector<std::string>& unused) {
 
 }  // namespace
 
-ModelWeights load_weights(io::Checkpoint checkpoint, const io::ModelConfig& c, const ShardPlan& plan,
+ModelWeights load_weights(io::Checkpoint checkpoint, const io::ModelConfig& c, const ParallelConfig& plan,
                           const LoadOptions& opts) {
-    FANOUT_CHECK(plan.tp_size == 1, "tensor-parallel attention (tp_size={}) is not implemented yet", plan.tp_size);
-    FANOUT_CHECK(plan.ep_size >= 1 && plan.ep_rank >= 0 && plan.ep_rank < plan.ep_size &&
-                     (c.n_routed_experts == 0 || c.n_routed_experts % plan.ep_size == 0),
-                 "shard plan: ep_rank={} ep_size={} does not divide n_routed_experts={}", plan.ep_rank, plan.ep_size,
-                 c.n_routed_experts);
+    validate(plan, c.n_routed_experts);
+    FANOUT_CHECK(plan.tp == 1, "tensor-parallel attention (tp={}) is not implemented yet", plan.tp);
     ModelWeights w;
     w.checkpoint = std::move(checkpoint);
     const Checkpoint& ck = w.checkpoint;
@@ -326,7 +324,7 @@ ModelWeights load_weights(io::Checkpoint checkpoint, const io::ModelConfig& c, c
         progress("mtp layer", total);
     }
     w.unused_tensors = b.unused();
-    if (plan.ep_rank == 0) warn_unused(ck, w.unused_tensors);  // every rank sees the same ones
+    if (plan.rank == 0) warn_unused(ck, w.unused_tensors);  // every rank sees the same ones
     w.unchecked = b.take_checks();
     if (opts.check_values) {
         check_weight_values(ck, w.unchecked, opts.progress);

@@ -12,20 +12,12 @@
 #include <string>
 #include <vector>
 
+#include "fanout/core/parallel.h"
 #include "fanout/io/checkpoint.h"
 #include "fanout/io/model_config.h"
 #include "fanout/ops/linear.h"
 
 namespace fanout::model {
-
-// Which part of the model this rank holds. Routed experts are split in contiguous ranges of
-// n_routed_experts / ep_size; tensor parallelism of attention is not implemented yet (tp_size 1).
-struct ShardPlan {
-    int ep_rank = 0, ep_size = 1;
-    int tp_rank = 0, tp_size = 1;
-    int64_t expert_begin(int64_t num_experts) const { return num_experts / ep_size * ep_rank; }
-    int64_t expert_end(int64_t num_experts) const { return num_experts / ep_size * (ep_rank + 1); }
-};
 
 struct MlpWeights {
     ops::LinearWeight gate, up, down;
@@ -110,8 +102,10 @@ struct LoadOptions {
 // MTP layer's eh_proj) is an Error, as is a missing tensor — e_score_correction_bias of every MoE
 // layer included — or any NaN / Inf in a weight, or an fp8 weight_scale_inv that is not positive
 // and finite (naming the tensor and the first bad element). Tensors the model never reads are a
-// warning on stderr (ep_rank 0 only), listed in ModelWeights::unused_tensors.
-ModelWeights load_weights(io::Checkpoint checkpoint, const io::ModelConfig& config, const ShardPlan& plan,
+// warning on stderr (rank 0 only), listed in ModelWeights::unused_tensors.
+// `parallel`: which part this rank holds (core/parallel.h) — its block of routed experts; attention
+// and the shared expert are replicated (tp > 1 is refused until TP attention exists).
+ModelWeights load_weights(io::Checkpoint checkpoint, const io::ModelConfig& config, const ParallelConfig& parallel,
                           const LoadOptions& opts = {});
 
 // The first bad element among elements [0, count) of `check`'s tensor that start at element
