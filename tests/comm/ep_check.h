@@ -99,25 +99,35 @@ inline std::string check_received(const EpConfig& cfg, const std::vector<RankInp
 }
 
 // The stand-in experts' outputs for a host view of recv_batch(): [local_experts, max_m, hidden]
-// bf16, expert_value of each stored row (min(count, max_m) rows per expert; the rest zero).
-inline std::vector<uint16_t> stand_in_outputs(const EpConfig& cfg, const ExpertBatch& b) {
+// output values (bf16, or f32 with the f32 payload) as bytes, expert_value of each stored row
+// (min(count, max_m) rows per expert; the rest zero).
+inline std::vector<uint8_t> stand_in_outputs(const EpConfig& cfg, const ExpertBatch& b) {
     const int H = cfg.hidden, L = cfg.local_experts();
-    const size_t pb = size_t(cfg.payload_bytes());
+    const size_t pb = size_t(cfg.payload_bytes()), ob = size_t(cfg.output_bytes());
     const auto* got = static_cast<const uint8_t*>(b.tokens);
-    std::vector<uint16_t> out_rows(size_t(L) * b.max_m * H);
+    std::vector<uint8_t> out_rows(size_t(L) * b.max_m * H * ob);
     for (int e = 0; e < L; ++e)
         for (int i = 0; i < std::min(std::max(b.counts[e], 0), b.max_m); ++i)
-            for (int c = 0; c < H; ++c)
-                out_rows[(size_t(e) * b.max_m + i) * H + c] =
-                    f32_to_bf16(expert_value(got[(size_t(e) * b.max_m + i) * pb], cfg.rank * L + e, c));
+            for (int c = 0; c < H; ++c) {
+                const float v = expert_value(got[(size_t(e) * b.max_m + i) * pb], cfg.rank * L + e, c);
+                uint8_t* dst = out_rows.data() + ((size_t(e) * b.max_m + i) * H + c) * ob;
+                if (cfg.payload == Payload::kF32) {
+                    std::memcpy(dst, &v, 4);
+                } else {
+                    const uint16_t h = f32_to_bf16(v);
+                    std::memcpy(dst, &h, 2);
+                }
+            }
     return out_rows;
 }
 
-// This rank's combined output `out` [T, hidden] bf16 after the stand-in experts: the weighted sum
-// over the choices that got a row at their expert (their (rank, token, choice)-ordered position
-// there < max_m); the others were dropped and add nothing.
+// This rank's combined output `out` [T, hidden] (bf16, or f32 with the f32 payload) after the
+// stand-in experts: the weighted sum over the choices that got a row at their expert (their
+// (rank, token, choice)-ordered position there < max_m); the others were dropped and add nothing.
+// f32 must be exact (the same sums in the same choice order); bf16 within its rounding.
 inline std::string check_combined(const EpConfig& cfg, const std::vector<RankInput>& inputs, int max_m,
-                                  const uint16_t* out) {
+                                  const void* out) {
+    const bool f32 = cfg.payload == Payload::kF32;
     const int r = cfg.rank, W = cfg.world, K = cfg.experts_per_token, H = cfg.hidden;
     const size_t pb = size_t(cfg.payload_bytes());
     const RankInput& in = inputs[r];
@@ -134,11 +144,14 @@ inline std::string check_combined(const EpConfig& cfg, const std::vector<RankInp
         for (int c = 0; c < H; ++c) {
             float want = 0.0f;
             for (int k = 0; k < K; ++k)
-                if (kept[size_t(t) * K + k])
-                    want += in.weight[size_t(t) * K + k] *
-                            round_to_bf16(expert_value(in.tokens[size_t(t) * pb], in.topk[size_t(t) * K + k], c));
-            const float have = bf16_to_f32(out[size_t(t) * H + c]);
-            if (!(std::fabs(have - want) <= std::fabs(want) / 128 + 1e-6f))
+                if (kept[size_t(t) * K + k]) {
+                    const float v = expert_value(in.tokens[size_t(t) * pb], in.topk[size_t(t) * K + k], c);
+                    want += in.weight[size_t(t) * K + k] * (f32 ? v : round_to_bf16(v));
+                }
+            const size_t i = size_t(t) * H + c;
+            const float have =
+                f32 ? static_cast<const float*>(out)[i] : bf16_to_f32(static_cast<const uint16_t*>(out)[i]);
+            if (f32 ? have != want : !(std::fabs(have - want) <= std::fabs(want) / 128 + 1e-6f))
                 return "rank " + std::to_string(r) + " token " + std::to_string(t) + " col " + std::to_string(c) +
                        ": combined " + std::to_string(have) + ", want " + std::to_string(want);
         }
@@ -156,7 +169,7 @@ inline std::string run_rank_step(ExpertParallel& ep, const std::vector<RankInput
     const ExpertBatch b = ep.recv_batch();
     std::string failure = check_received(cfg, inputs, b);
     ep.combine_send(stand_in_outputs(cfg, b).data());
-    std::vector<uint16_t> out(size_t(T) * cfg.hidden, 0xffff);
+    std::vector<uint8_t> out(size_t(T) * cfg.hidden * cfg.output_bytes(), 0xff);  // poisoned: NaN either way
     ep.combine_recv(in.weight.data(), out.data());
     if (failure.empty()) failure = check_combined(cfg, inputs, b.max_m, out.data());
     return failure;

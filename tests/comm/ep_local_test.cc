@@ -38,6 +38,11 @@ TEST(EpLocal, Fp8DispatchBf16CombineAcrossWorldSizes) {
 
 TEST(EpLocal, Bf16DispatchAndOddShapes) { run_group({0, 3, 12, 3, 130, 9, Payload::kBf16, 0}, 4, 11); }
 
+// The CPU model's exact path: f32 tokens out, f32 expert outputs back, the combine exact.
+TEST(EpLocal, F32DispatchAndCombineAreExact) {
+    for (int world : {1, 2, 4}) run_group({0, world, 16, 4, 72, 10, Payload::kF32, 0}, 4, 21 + world);
+}
+
 TEST(EpLocal, RowsPastMaxMAreDroppedNotMisplaced) {
     // max_m = 2 rows per expert: most choices are dropped; the reference check then only holds for
     // what fits, so run a single rank with few experts and check the counts and the combine.

@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
         using fanout::comm::Payload;
         failures += run({rank, world, 8 * world, 8, 256, 24, Payload::kFp8, 0}, 5, 7);
         failures += run({rank, world, 3 * world, 3, 130, 9, Payload::kBf16, 0}, 3, 11);
+        failures += run({rank, world, 4 * world, 4, 72, 10, Payload::kF32, 0}, 3, 17);  // exact combine
         failures += run({rank, world, 2 * world, 2, 64, 16, Payload::kFp8, 3}, 3, 13);  // rows dropped past max_m
         // A bad config is a clear error on every rank, before any exchange.
         const std::string msg = [&] {

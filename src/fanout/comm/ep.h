@@ -29,7 +29,9 @@
 
 namespace fanout::comm {
 
-enum class Payload { kFp8, kBf16 };  // what dispatch carries: e4m3 + 1×128 scales, or bf16
+// What dispatch carries: e4m3 + 1×128 scales, bf16, or f32 — the CPU model's exact path (host
+// backends only), with f32 expert outputs and combined rows too.
+enum class Payload { kFp8, kBf16, kF32 };
 
 struct EpConfig {
     int rank = 0;
@@ -60,7 +62,12 @@ struct EpConfig {
     }
     int rows_per_expert() const { return max_m > 0 ? max_m : world * max_tokens_per_rank; }
     int scale_blocks() const { return (hidden + 127) / 128; }
-    int payload_bytes() const { return payload == Payload::kFp8 ? hidden : 2 * hidden; }
+    int payload_bytes() const {
+        return payload == Payload::kFp8 ? hidden : payload == Payload::kBf16 ? 2 * hidden : 4 * hidden;
+    }
+    // Bytes of one value of an expert output and of the combined rows: f32 with the f32 payload,
+    // else bf16.
+    int output_bytes() const { return payload == Payload::kF32 ? 4 : 2; }
 };
 
 // Throws fanout::Error naming the first bad field (world ≥ 1, 0 ≤ rank < world, experts divisible
@@ -92,11 +99,13 @@ class ExpertParallel {
     // After it returns, recv_batch() holds this rank's expert inputs for the step.
     virtual void dispatch_recv() = 0;
     virtual ExpertBatch recv_batch() const = 0;
-    // expert_out: [local_experts, max_m, hidden] bf16, row for row the outputs of recv_batch().
-    virtual void combine_send(const uint16_t* expert_out) = 0;
-    // out[t] = Σ_k topk_weight[t, k] · (expert output for token t's k-th choice), bf16 [T, hidden],
-    // for this rank's T tokens of the step (the dispatch input's order).
-    virtual void combine_recv(const float* topk_weight, uint16_t* out) = 0;
+    // expert_out: [local_experts, max_m, hidden] of output values (bf16, or f32 with the f32
+    // payload: output_bytes()), row for row the outputs of recv_batch().
+    virtual void combine_send(const void* expert_out) = 0;
+    // out[t] = Σ_k topk_weight[t, k] · (expert output for token t's k-th choice) summed in f32 in
+    // choice order, [T, hidden] of output values, for this rank's T tokens of the step (the
+    // dispatch input's order).
+    virtual void combine_recv(const float* topk_weight, void* out) = 0;
     // GPU backends: after the caller synchronized the stream, throws fanout::Error if a device-side
     // wait timed out (naming the peer and the phase). Host backends fail inside the calls instead.
     virtual void raise_if_failed() {}

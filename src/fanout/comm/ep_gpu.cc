@@ -7,6 +7,8 @@ namespace fanout::comm {
 std::unique_ptr<ExpertParallel> make_gpu_ep(GpuBackend backend, const EpConfig& config, ncclComm_t comm,
                                             cudaStream_t stream, const GpuEpOptions& options) {
     validate(config);
+    FANOUT_CHECK(config.payload != Payload::kF32,
+                 "EP: the GPU backends carry FP8 or bf16 tokens; the f32 payload is for the host backends");
     int n = 0, rank = -1;
     FANOUT_CHECK(ncclCommCount(comm, &n) == ncclSuccess && ncclCommUserRank(comm, &rank) == ncclSuccess,
                  "EP: cannot query the NCCL communicator");

@@ -3,8 +3,10 @@
 // combine at the tokens' rank. Internal to comm/.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "fanout/comm/ep.h"
@@ -49,21 +51,47 @@ class HostReceiver {
     std::vector<Origin> origin_;  // per stored row: where its token came from
 };
 
-// out[t] = Σ_k weight[t, k] · returned(t, k) in f32, written as bf16 [T, H]; returned(t, k) is the
-// expert output row that came back for token t's k-th choice, or nullptr when it was dropped.
-template <typename RowOf>
-void combine_rows(int T, int K, int H, const float* weight, RowOf&& returned, uint16_t* out) {
+// out[t] = Σ_k weight[t, k] · returned(t, k) in f32, in choice order, written as `Out` (bf16 as
+// uint16_t, or float) [T, H]; returned(t, k) is the expert output row (of `Out` values) that came
+// back for token t's k-th choice, or nullptr when it was dropped.
+template <typename Out, typename RowOf>
+void combine_rows(int T, int K, int H, const float* weight, RowOf&& returned, Out* out) {
+    const auto load = [](Out v) {
+        if constexpr (std::is_same_v<Out, float>)
+            return v;
+        else
+            return bf16_to_f32(v);
+    };
     std::vector<float> acc(static_cast<size_t>(H));
     for (int t = 0; t < T; ++t) {
         std::fill(acc.begin(), acc.end(), 0.0f);
         for (int k = 0; k < K; ++k) {
-            const uint16_t* row = returned(t, k);
+            const Out* row = returned(t, k);
             if (row == nullptr) continue;
             const float w = weight[static_cast<size_t>(t) * K + k];
-            for (int d = 0; d < H; ++d) acc[d] += w * bf16_to_f32(row[d]);
+            for (int d = 0; d < H; ++d) acc[d] += w * load(row[d]);
         }
-        for (int d = 0; d < H; ++d) out[static_cast<size_t>(t) * H + d] = f32_to_bf16(acc[d]);
+        for (int d = 0; d < H; ++d) {
+            if constexpr (std::is_same_v<Out, float>)
+                out[static_cast<size_t>(t) * H + d] = acc[d];
+            else
+                out[static_cast<size_t>(t) * H + d] = f32_to_bf16(acc[d]);
+        }
     }
+}
+
+// combine_rows over rows of raw bytes, in the output type of `c`'s payload.
+template <typename RowOf>
+void combine_rows_bytes(const EpConfig& c, int T, const float* weight, RowOf&& returned, void* out) {
+    const int K = c.experts_per_token, H = c.hidden;
+    if (c.payload == Payload::kF32)
+        combine_rows<float>(
+            T, K, H, weight, [&](int t, int k) { return reinterpret_cast<const float*>(returned(t, k)); },
+            static_cast<float*>(out));
+    else
+        combine_rows<uint16_t>(
+            T, K, H, weight, [&](int t, int k) { return reinterpret_cast<const uint16_t*>(returned(t, k)); },
+            static_cast<uint16_t*>(out));
 }
 
 }  // namespace fanout::comm

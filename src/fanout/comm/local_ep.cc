@@ -35,7 +35,7 @@ class LocalEndpoint final : public ExpertParallel {
             }
         // This rank's return slots, filled by the experts' ranks in combine_send.
         tokens_this_step_ = T;
-        fabric_.returned_[config_.rank].assign(static_cast<size_t>(T) * K * config_.hidden, 0);
+        fabric_.returned_[config_.rank].assign(static_cast<size_t>(T) * K * config_.hidden * config_.output_bytes(), 0);
         fabric_.returned_valid_[config_.rank].assign(static_cast<size_t>(T) * K, 0);
     }
 
@@ -58,25 +58,28 @@ class LocalEndpoint final : public ExpertParallel {
 
     ExpertBatch recv_batch() const override { return recv_.batch(); }
 
-    void combine_send(const uint16_t* expert_out) override {
-        const int K = config_.experts_per_token, H = config_.hidden;
+    void combine_send(const void* expert_out) override {
+        const int K = config_.experts_per_token;
+        const size_t row_bytes = static_cast<size_t>(config_.hidden) * config_.output_bytes();
+        const auto* rows = static_cast<const uint8_t*>(expert_out);
         recv_.for_each_row([&](size_t r, const HostReceiver::Origin& o) {
             const size_t slot = static_cast<size_t>(o.token) * K + o.choice;
-            std::memcpy(fabric_.returned_[o.rank].data() + slot * H, expert_out + r * H, H * sizeof(uint16_t));
+            std::memcpy(fabric_.returned_[o.rank].data() + slot * row_bytes, rows + r * row_bytes, row_bytes);
             fabric_.returned_valid_[o.rank][slot] = 1;
         });
     }
 
-    void combine_recv(const float* topk_weight, uint16_t* out) override {
+    void combine_recv(const float* topk_weight, void* out) override {
         fabric_.barrier_.arrive_and_wait();  // every rank's expert outputs are back
-        const int K = config_.experts_per_token, H = config_.hidden;
-        const std::vector<uint16_t>& ret = fabric_.returned_[config_.rank];
+        const int K = config_.experts_per_token;
+        const size_t row_bytes = static_cast<size_t>(config_.hidden) * config_.output_bytes();
+        const std::vector<uint8_t>& ret = fabric_.returned_[config_.rank];
         const std::vector<uint8_t>& valid = fabric_.returned_valid_[config_.rank];
-        combine_rows(
-            tokens_this_step_, K, H, topk_weight,
-            [&](int t, int k) -> const uint16_t* {
+        combine_rows_bytes(
+            config_, tokens_this_step_, topk_weight,
+            [&](int t, int k) -> const uint8_t* {
                 const size_t slot = static_cast<size_t>(t) * K + k;
-                return valid[slot] ? ret.data() + slot * H : nullptr;
+                return valid[slot] ? ret.data() + slot * row_bytes : nullptr;
             },
             out);
     }

@@ -39,7 +39,7 @@ class LocalFabric {
     EpConfig config_;
     std::barrier<> barrier_;
     std::vector<std::vector<Outbox>> outbox_;           // [src][dst]
-    std::vector<std::vector<uint16_t>> returned_;       // [src] [T, K, hidden] bf16 expert outputs
+    std::vector<std::vector<uint8_t>> returned_;        // [src] [T, K, hidden] expert outputs (output_bytes each)
     std::vector<std::vector<uint8_t>> returned_valid_;  // [src] [T, K]
 };
 

@@ -113,8 +113,10 @@ class MpiEp final : public ExpertParallel {
 
     ExpertBatch recv_batch() const override { return recv_.batch(); }
 
-    void combine_send(const uint16_t* expert_out) override {
-        const int W = config_.world, H = config_.hidden;
+    void combine_send(const void* expert_out) override {
+        const int W = config_.world;
+        const size_t row_bytes = static_cast<size_t>(config_.hidden) * config_.output_bytes();
+        const auto* rows = static_cast<const uint8_t*>(expert_out);
         // Receive rows grouped by the rank their token came from.
         std::vector<std::vector<std::pair<size_t, HostReceiver::Origin>>> back(static_cast<size_t>(W));
         recv_.for_each_row([&](size_t r, const HostReceiver::Origin& o) { back[o.rank].push_back({r, o}); });
@@ -122,36 +124,37 @@ class MpiEp final : public ExpertParallel {
         for (int s = 0; s < W; ++s) send_n_[s] = static_cast<int>(back[s].size());
         const int total = sum(send_n_);
         send_meta_.resize(static_cast<size_t>(total) * 2);
-        send_rows_.resize(static_cast<size_t>(total) * H);
+        send_rows_.resize(static_cast<size_t>(total) * row_bytes);
         size_t i = 0;
         for (int s = 0; s < W; ++s)
             for (const auto& [r, o] : back[s]) {
                 send_meta_[i * 2] = o.token;
                 send_meta_[i * 2 + 1] = o.choice;
-                std::memcpy(send_rows_.data() + i * H, expert_out + r * H, static_cast<size_t>(H) * 2);
+                std::memcpy(send_rows_.data() + i * row_bytes, rows + r * row_bytes, row_bytes);
                 ++i;
             }
         recv_n_.assign(W, 0);
         FANOUT_MPI_CHECK(MPI_Alltoall(send_n_.data(), 1, MPI_INT, recv_n_.data(), 1, MPI_INT, comm_));
         const int rtotal = sum(recv_n_);
         recv_meta_.resize(static_cast<size_t>(rtotal) * 2);
-        recv_rows_.resize(static_cast<size_t>(rtotal) * H);
+        recv_rows_.resize(static_cast<size_t>(rtotal) * row_bytes);
         post(send_meta_.data(), send_n_, recv_meta_.data(), recv_n_, 2, MPI_INT);
-        post(send_rows_.data(), send_n_, recv_rows_.data(), recv_n_, H, MPI_UINT16_T);
+        post(send_rows_.data(), send_n_, recv_rows_.data(), recv_n_, static_cast<int>(row_bytes), MPI_BYTE);
     }
 
-    void combine_recv(const float* topk_weight, uint16_t* out) override {
+    void combine_recv(const float* topk_weight, void* out) override {
         wait_all();
-        const int K = config_.experts_per_token, H = config_.hidden, T = tokens_this_step_;
+        const int K = config_.experts_per_token, T = tokens_this_step_;
+        const size_t row_bytes = static_cast<size_t>(config_.hidden) * config_.output_bytes();
         // Each (token, choice) comes back at most once; sum in choice order, as the local backend does.
         std::vector<int> where(static_cast<size_t>(T) * K, -1);
         for (size_t i = 0; i < recv_meta_.size() / 2; ++i)
             where[static_cast<size_t>(recv_meta_[i * 2]) * K + recv_meta_[i * 2 + 1]] = static_cast<int>(i);
-        combine_rows(
-            T, K, H, topk_weight,
-            [&](int t, int k) -> const uint16_t* {
+        combine_rows_bytes(
+            config_, T, topk_weight,
+            [&](int t, int k) -> const uint8_t* {
                 const int i = where[static_cast<size_t>(t) * K + k];
-                return i < 0 ? nullptr : recv_rows_.data() + static_cast<size_t>(i) * H;
+                return i < 0 ? nullptr : recv_rows_.data() + static_cast<size_t>(i) * row_bytes;
             },
             out);
     }
@@ -189,8 +192,8 @@ class MpiEp final : public ExpertParallel {
     std::vector<int> send_meta_, recv_meta_;
     std::vector<uint8_t> send_payload_, recv_payload_;
     std::vector<float> send_scales_, recv_scales_;
-    std::vector<uint16_t> send_rows_, recv_rows_;
-    std::vector<Pending> pending_;  // reserved once: MPI holds pointers into its elements
+    std::vector<uint8_t> send_rows_, recv_rows_;  // expert output rows, output_bytes per value
+    std::vector<Pending> pending_;                // reserved once: MPI holds pointers into its elements
 };
 
 }  // namespace

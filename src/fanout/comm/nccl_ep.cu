@@ -470,7 +470,8 @@ class NcclEp final : public ExpertParallel {
 
     ExpertBatch recv_batch() const override { return {counts_.get(), tokens_.get(), scales_.get(), shape_.max_m}; }
 
-    void combine_send(const uint16_t* expert_out) override {
+    void combine_send(const void* expert_out_bytes) override {
+        const auto* expert_out = static_cast<const uint16_t*>(expert_out_bytes);  // bf16 (no f32 payload here)
         FANOUT_DEVICE_REQUIRE(expert_out != nullptr, "EP nccl: combine_send needs expert outputs");
         gather_kernel<<<grid_for(size_t(config_.world) * shape_.cap), kCopyThreads, 0, stream_>>>(
             shape_, send_.get(), recv_.get(), lay_, row_of_.get(), expert_out, return_send_.get(),
@@ -479,7 +480,8 @@ class NcclEp final : public ExpertParallel {
         exchange(return_send_.get(), return_recv_.get(), lay_.return_bytes, combine_fork_, combine_join_);
     }
 
-    void combine_recv(const float* topk_weight, uint16_t* out) override {
+    void combine_recv(const float* topk_weight, void* out_bytes) override {
+        auto* out = static_cast<uint16_t*>(out_bytes);
         FANOUT_DEVICE_REQUIRE(topk_weight != nullptr && out != nullptr, "EP nccl: combine_recv needs weights and out");
         FANOUT_CUDA_CHECK(cudaStreamWaitEvent(stream_, combine_join_, 0));
         const int grid = std::min(shape_.max_tokens, sms_ * 4);

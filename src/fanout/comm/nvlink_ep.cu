@@ -396,17 +396,17 @@ class NvlinkEp final : public ExpertParallel {
 
     ExpertBatch recv_batch() const override { return batch_; }
 
-    void combine_send(const uint16_t* expert_out) override {
+    void combine_send(const void* expert_out) override {
         combine_rows_kernel<<<rows_blocks(size_t(params_.EL) * params_.max_m), kThreads, 0, stream_>>>(
-            params_, reinterpret_cast<const __nv_bfloat16*>(expert_out));
+            params_, static_cast<const __nv_bfloat16*>(expert_out));
         FANOUT_CUDA_CHECK_LAUNCH("combine_rows_kernel");
     }
 
-    void combine_recv(const float* topk_weight, uint16_t* out) override {
+    void combine_recv(const float* topk_weight, void* out) override {
         FANOUT_DEVICE_REQUIRE(num_tokens_ != nullptr, "nvlink EP: combine_recv before dispatch_send");
         const dim3 grid(params_.T_max, (params_.D + kCombineChunk - 1) / kCombineChunk);
         combine_reduce_kernel<<<grid, kThreads, 0, stream_>>>(params_, num_tokens_, topk_weight,
-                                                             reinterpret_cast<__nv_bfloat16*>(out));
+                                                             static_cast<__nv_bfloat16*>(out));
         FANOUT_CUDA_CHECK_LAUNCH("combine_reduce_kernel");
     }
 
