@@ -1,8 +1,11 @@
 // make-model, generate, score.
 #include <cstdio>
 #include <fstream>
+#include <thread>
 
 #include "cli_common.h"
+#include "fanout/comm/local_ep.h"
+#include "fanout/core/parallel.h"
 #include "fanout/io/chat_template.h"
 #include "fanout/model/generate.h"
 #include "fanout/model/synthetic.h"
@@ -122,11 +125,82 @@ void run_generate(GenerateArgs& a, bool have_ids, bool have_text) {
 struct ScoreArgs {
     ModelArgs model;
     std::string token_ids, output;
+    int ep = 1;
 };
+
+void write_logits(const std::string& path, const Tensor& logits) {
+    std::ofstream f(path, std::ios::binary);
+    FANOUT_CHECK(f.good(), "cannot create {}", path);
+    f.write(static_cast<const char*>(logits.data()), static_cast<std::streamsize>(logits.nbytes()));
+    FANOUT_CHECK(f.good(), "writing {} failed", path);
+    std::fprintf(stderr, "wrote logits [%lld, %lld] to %s\n", (long long)logits.dim(0), (long long)logits.dim(1),
+                 path.c_str());
+}
+
+// The logits of `ids` with the routed experts split over `ep` ranks, threads of this process in
+// lockstep over the `local` EP backend: rank 0 holds the request, the others run empty steps and
+// serve their experts.
+Tensor score_expert_parallel(const ScoreArgs& a, const std::vector<int32_t>& ids) {
+    FANOUT_CHECK(a.model.device == "cpu",
+                 "--ep {}: expert parallelism runs on the CPU path so far (ranks as threads); the GPU runner holds "
+                 "every expert (--ep 1)",
+                 a.ep);
+    const std::string dir = resolve_model_dir(a.model.model);
+    const io::ModelConfig c = io::load_model_config(dir);
+    validate(ParallelConfig{0, a.ep, 1}, c.n_routed_experts);  // before loading anything
+    const int64_t T = static_cast<int64_t>(ids.size());
+    FANOUT_CHECK(T <= c.max_position_embeddings, "{} tokens exceed max_position_embeddings {}", T,
+                 c.max_position_embeddings);
+    for (int64_t t = 0; t < T; ++t)
+        FANOUT_CHECK(ids[t] >= 0 && ids[t] < c.vocab_size, "token id {} at index {} is outside the vocabulary [0, {})",
+                     ids[t], t, c.vocab_size);
+    std::vector<std::unique_ptr<model::DeepseekV3>> models;
+    for (int r = 0; r < a.ep; ++r) {
+        models.push_back(model::DeepseekV3::load(dir, ParallelConfig{r, a.ep, 1}));
+        std::fprintf(stderr, "rank %d/%d: experts [%lld, %lld) of %lld\n", r, a.ep,
+                     (long long)ParallelConfig{r, a.ep, 1}.experts(c.n_routed_experts).begin,
+                     (long long)ParallelConfig{r, a.ep, 1}.experts(c.n_routed_experts).end,
+                     (long long)c.n_routed_experts);
+    }
+    comm::LocalFabric fabric(models[0]->ep_config(ParallelConfig{0, a.ep, 1}, std::max<int64_t>(T, 1)));
+    const int threads = std::max(
+        1, (a.model.threads > 0 ? a.model.threads : static_cast<int>(std::thread::hardware_concurrency())) / a.ep);
+    Tensor logits;
+    std::vector<std::string> errors(static_cast<size_t>(a.ep));
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < a.ep; ++r)
+        ranks.emplace_back([&, r] {
+            try {
+                auto ep = fabric.endpoint(r);
+                ThreadPool pool(threads);
+                kv::PagedKvCache cache = make_cache(*models[r], r == 0 ? T : 1, a.model);
+                model::StepBatchBuilder b(cache);
+                kv::SequenceBlocks seq;
+                if (r == 0) {
+                    cache.reserve(seq, T);
+                    b.add(ids, 0, seq, model::StepBatchBuilder::Logits::kAll);
+                }
+                model::ForwardOptions o = forward_options(a.model);
+                o.ep = ep.get();
+                Tensor out = models[r]->forward(b.build(), cache, o, Stream{&pool}).logits;
+                if (r == 0) logits = std::move(out);
+            } catch (const std::exception& e) {
+                errors[static_cast<size_t>(r)] = e.what();
+            }
+        });
+    for (auto& t : ranks) t.join();
+    for (int r = 0; r < a.ep; ++r) FANOUT_CHECK(errors[r].empty(), "EP rank {} failed: {}", r, errors[r]);
+    return logits;
+}
 
 void run_score(const ScoreArgs& a) {
     const std::vector<int32_t> ids = parse_ids(a.token_ids, "--token-ids");
     require_cuda_build(a.model);
+    if (a.ep > 1) {
+        const Tensor logits = score_expert_parallel(a, ids);
+        write_logits(a.output, logits);
+        return;
+    }
     auto m = load_model(a.model);
     const int64_t T = static_cast<int64_t>(ids.size());
     FANOUT_CHECK(T <= m->config().max_position_embeddings, "{} tokens exceed max_position_embeddings {}", T,
@@ -152,12 +226,7 @@ void run_score(const ScoreArgs& a) {
         auto batch = model::StepBatchBuilder(cache).add(ids, 0, seq, model::StepBatchBuilder::Logits::kAll).build();
         logits = m->forward(batch, cache, forward_options(a.model), Stream{&pool}).logits;
     }
-    std::ofstream f(a.output, std::ios::binary);
-    FANOUT_CHECK(f.good(), "cannot create {}", a.output);
-    f.write(static_cast<const char*>(logits.data()), static_cast<std::streamsize>(logits.nbytes()));
-    FANOUT_CHECK(f.good(), "writing {} failed", a.output);
-    std::fprintf(stderr, "wrote logits [%lld, %lld] to %s\n", (long long)T, (long long)m->config().vocab_size,
-                 a.output.c_str());
+    write_logits(a.output, logits);
 }
 
 }  // namespace
@@ -198,6 +267,12 @@ void add_model_commands(CLI::App& app) {
     auto* score = app.add_subcommand("score", "write the logits of a token sequence");
     add_model_args(score, score_args->model);
     score->add_option("--token-ids", score_args->token_ids, "token ids, comma-separated")->required();
+    score
+        ->add_option("--ep", score_args->ep,
+                     "expert-parallel ranks, threads of this process on the CPU path: each holds n_routed_experts / N "
+                     "routed experts; rank 0 runs the sequence, the others serve their experts")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
     score->add_option("--output", score_args->output, "file for raw little-endian float32 logits [T, vocab]")
         ->required();
     score->callback([score_args] { run_score(*score_args); });

@@ -64,6 +64,19 @@ fi
 "$fanout" score --model tiny --token-ids 1,2,3,4,5 --output "$work/logits.f32" 2>"$work/stderr"
 size=$(stat -c %s "$work/logits.f32" 2>/dev/null || echo 0)
 [[ $size -eq $((5 * 129280 * 4)) ]] && ok "score writes [T, vocab] float32" || bad "score" "size $size"
+# Expert parallelism on the CPU path: 4 ranks (threads), each with 4 of the 16 routed experts; the
+# logits equal EP1's within 1e-5.
+"$fanout" score --model tiny --token-ids 1,2,3,4,5 --ep 4 --output "$work/logits_ep4.f32" 2>"$work/stderr"
+diff_ep=$(node -e '
+const fs = require("fs");
+const a = new Float32Array(fs.readFileSync(process.argv[1]).buffer.slice(0));
+const b = new Float32Array(fs.readFileSync(process.argv[2]).buffer.slice(0));
+let m = a.length === b.length ? 0 : Infinity;
+for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i] - b[i]));
+console.log(m <= 1e-5 ? "equal" : "max diff " + m);' "$work/logits.f32" "$work/logits_ep4.f32" 2>&1)
+[[ $diff_ep == equal ]] && ok "score --ep 4 equals EP1 within 1e-5" || bad "score --ep 4" "$diff_ep $(tail -1 "$work/stderr")"
+expect_error "score --ep that does not divide the experts" "ep=3 does not divide the model's 16 routed experts" \
+    "$fanout" score --model tiny --token-ids 1,2 --ep 3 --output "$work/x.f32"
 
 "$fanout" make-model --preset tiny --layers 2 --dtype fp8 --seed 7 --out "$work/fp8" 2>"$work/stderr" \
     && ok "make-model fp8" || bad "make-model fp8" "$(tail -1 "$work/stderr")"

@@ -6,7 +6,9 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
+#include "fanout/comm/local_ep.h"
 #include "fanout/model/generate.h"
 #include "oracle_fixtures.h"
 #include "test_util.h"
@@ -59,7 +61,8 @@ TEST_P(Oracle, LogitsMatchTransformers) {
         auto batch = StepBatchBuilder(cache).add(ids, 0, seq, StepBatchBuilder::Logits::kAll).build();
         auto out = model->forward(batch, cache, opts, Stream{&pool});
         ASSERT_EQ(out.logits.numel(), T * V);
-        const double diff = fanout::testing::max_abs_diff(out.logits.data_as<float>(), f.logits.data(), f.logits.size());
+        const double diff =
+            fanout::testing::max_abs_diff(out.logits.data_as<float>(), f.logits.data(), f.logits.size());
         std::printf("%s %s: max |dlogit| %.3g (bound %.3g)\n", GetParam().c_str(),
                     form == AttentionForm::kMha ? "MHA form" : "absorbed form", diff, tol);
         EXPECT_LE(diff, tol) << GetParam() << (form == AttentionForm::kMha ? " MHA form" : " absorbed form");
@@ -77,6 +80,45 @@ TEST_P(Oracle, LogitsMatchTransformers) {
     }
     std::printf("%s incremental decode: max |dlogit| %.3g\n", GetParam().c_str(), worst);
     EXPECT_LE(worst, tol) << GetParam() << " incremental decode";
+}
+
+// The same logits with the routed experts split over 4 ranks (threads, the `local` EP backend):
+// rank 0 runs the sequence, the others serve their experts with empty steps.
+TEST_P(Oracle, LogitsMatchTransformersAtEp4) {
+    const Fixture f = load_fixture(GetParam());
+    const io::ModelConfig c = io::load_model_config(f.dir);
+    constexpr int kEp = 4;
+    if (c.n_routed_experts == 0 || c.n_routed_experts % kEp != 0)
+        GTEST_SKIP() << GetParam() << " has " << c.n_routed_experts << " routed experts: nothing to split 4 ways";
+    const auto ids = f.oracle["input_ids"].get<std::vector<int32_t>>();
+    const int64_t T = static_cast<int64_t>(ids.size());
+    std::vector<std::unique_ptr<DeepseekV3>> ranks;
+    for (int r = 0; r < kEp; ++r) ranks.push_back(DeepseekV3::load(f.dir, ParallelConfig{r, kEp, 1}));
+    comm::LocalFabric fabric(ranks[0]->ep_config(ParallelConfig{0, kEp, 1}, T));
+    Tensor logits;
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kEp; ++r)
+        threads.emplace_back([&, r] {
+            auto ep = fabric.endpoint(r);
+            kv::PagedKvCache cache(ranks[r]->kv_cache_config(4));
+            kv::SequenceBlocks seq;
+            StepBatchBuilder b(cache);
+            if (r == 0) {
+                cache.reserve(seq, T);
+                b.add(ids, 0, seq, StepBatchBuilder::Logits::kAll);
+            }
+            ForwardOptions opts;
+            opts.ep = ep.get();
+            ThreadPool pool(1);
+            Tensor out = ranks[r]->forward(b.build(), cache, opts, Stream{&pool}).logits;
+            if (r == 0) logits = std::move(out);
+        });
+    for (auto& t : threads) t.join();
+    ASSERT_EQ(logits.numel(), static_cast<int64_t>(f.logits.size()));
+    const double diff = fanout::testing::max_abs_diff(logits.data_as<float>(), f.logits.data(), f.logits.size());
+    const double tol = 1e-3 * f.oracle["max_abs_logit"].get<double>();
+    std::printf("%s at EP4: max |dlogit| %.3g (bound %.3g)\n", GetParam().c_str(), diff, tol);
+    EXPECT_LE(diff, tol) << GetParam() << " at EP4";
 }
 
 TEST_P(Oracle, GreedyContinuationMatchesTransformers) {

@@ -217,10 +217,64 @@ void DeepseekV3::stage_shared(const LayerWeights& w, LayerState& st, const Strea
     }
 }
 
+comm::EpConfig DeepseekV3::ep_config(const ParallelConfig& parallel, int64_t max_tokens_per_rank) const {
+    return comm::EpConfig::for_rank(
+        parallel, static_cast<int>(config_.n_routed_experts), static_cast<int>(config_.num_experts_per_tok),
+        static_cast<int>(config_.hidden_size), static_cast<int>(max_tokens_per_rank), comm::Payload::kF32);
+}
+
+void DeepseekV3::stage_dispatch_send(const LayerWeights& w, LayerState& st, const ForwardOptions& opts) const {
+    if (!w.is_moe || opts.ep == nullptr) return;
+    const comm::EpConfig& ec = opts.ep->config();
+    FANOUT_CHECK(ec.payload == comm::Payload::kF32 && ec.hidden == config_.hidden_size &&
+                     ec.num_experts == config_.n_routed_experts && ec.expert_begin() == w.moe.expert_begin &&
+                     ec.local_experts() == w.moe.expert_end - w.moe.expert_begin,
+                 "EP group (rank {} of {}, {} experts, payload {}) does not match the experts this model holds "
+                 "([{}, {}) of {}): build it with DeepseekV3::ep_config",
+                 ec.rank, ec.world, ec.num_experts, static_cast<int>(ec.payload), w.moe.expert_begin, w.moe.expert_end,
+                 config_.n_routed_experts);
+    st.num_tokens = static_cast<int32_t>(st.normed.dim(0));
+    opts.ep->dispatch_send({&st.num_tokens, st.normed.data(), nullptr, st.topk_idx.data_as<int32_t>()});
+}
+
+// The routed experts of this rank on what dispatch delivered: [local, max_m, D] f32, the first
+// counts[e] rows of expert e real; outputs in the same layout, handed to combine.
+static void run_received_experts(const MoeWeights& m, const comm::ExpertBatch& b, int64_t D, int64_t I, Tensor& out,
+                                 const ForwardOptions& opts, const Stream& s) {
+    const int64_t EL = m.expert_end - m.expert_begin, M = b.max_m;
+    std::vector<int32_t> counts(static_cast<size_t>(EL));
+    for (int64_t e = 0; e < EL; ++e) counts[e] = std::clamp<int32_t>(b.counts[e], 0, static_cast<int32_t>(M));
+    Tensor x = Tensor::view(const_cast<void*>(b.tokens), DType::kF32, {EL, M, D});
+    std::vector<ops::LinearWeight> gate, up, down;
+    for (const MlpWeights& w : m.experts) {
+        gate.push_back(w.gate);
+        up.push_back(w.up);
+        down.push_back(w.down);
+    }
+    Tensor g = Tensor::zeros({EL, M, I}, DType::kF32), u = Tensor::zeros({EL, M, I}, DType::kF32);
+    ops::grouped_linear_masked(x, gate, counts, g, opts.fp8_mode, s);
+    ops::grouped_linear_masked(x, up, counts, u, opts.fp8_mode, s);
+    for (int64_t e = 0; e < EL; ++e) {
+        if (counts[e] == 0) continue;
+        Tensor ge = g.reshape({EL * M, I}).slice_rows(e * M, e * M + counts[e]);
+        Tensor ue = u.reshape({EL * M, I}).slice_rows(e * M, e * M + counts[e]);
+        ops::silu_mul(ge, ue, ge, s);
+    }
+    out = Tensor::zeros({EL, M, D}, DType::kF32);
+    ops::grouped_linear_masked(g, down, counts, out, opts.fp8_mode, s);
+}
+
 void DeepseekV3::stage_experts(const LayerWeights& w, LayerState& st, const Stream& s,
                                const ForwardOptions& opts) const {
     if (!w.is_moe) return;
     const MoeWeights& m = w.moe;
+    if (opts.ep != nullptr) {
+        opts.ep->dispatch_recv();
+        run_received_experts(m, opts.ep->recv_batch(), config_.hidden_size, config_.moe_intermediate_size,
+                             st.expert_rows, opts, s);
+        opts.ep->combine_send(st.expert_rows.data());
+        return;
+    }
     const int64_t T = st.normed.dim(0), D = config_.hidden_size, K = config_.num_experts_per_tok;
     const int64_t E_local = m.expert_end - m.expert_begin;
     FANOUT_CHECK(E_local == config_.n_routed_experts,
@@ -256,10 +310,21 @@ void DeepseekV3::stage_experts(const LayerWeights& w, LayerState& st, const Stre
     ops::grouped_linear_contiguous(g, down, offset, st.expert_rows, opts.fp8_mode, s);
 }
 
-void DeepseekV3::stage_combine(const LayerWeights& w, LayerState& st, const Stream& s) const {
+void DeepseekV3::stage_combine(const LayerWeights& w, LayerState& st, const Stream& s,
+                               const ForwardOptions& opts) const {
     const int64_t T = st.hidden.dim(0), D = config_.hidden_size, K = config_.num_experts_per_tok;
     float* h = st.hidden.data_as<float>();
     const float* shared = st.shared_out.data_as<float>();
+    if (w.is_moe && opts.ep != nullptr) {
+        // combine receive: Σ_k weight · expert output per token, summed by the backend in choice order.
+        Tensor routed = f32(T, D);
+        opts.ep->combine_recv(st.topk_weight.data_as<float>(), routed.data());
+        const float* r = routed.data_as<float>();
+        parallel_for(s, T, 4, [&](int64_t t0, int64_t t1) {
+            for (int64_t i = t0 * D; i < t1 * D; ++i) h[i] += shared[i] + r[i];
+        });
+        return;
+    }
     parallel_for(s, T, 4, [&](int64_t t0, int64_t t1) {
         for (int64_t t = t0; t < t1; ++t) {
             float* ht = h + t * D;
@@ -278,9 +343,10 @@ void DeepseekV3::run_layer(const LayerWeights& w, int64_t layer, LayerState& st,
                            kv::PagedKvCache& cache, const ForwardOptions& opts, const Stream& s) const {
     stage_attn_in(w, layer, st, batch, cache, s, opts);
     stage_attn_out(w, layer, st, batch, cache, s, opts);
+    stage_dispatch_send(w, st, opts);
     stage_shared(w, st, s, opts);
     stage_experts(w, st, s, opts);
-    stage_combine(w, st, s);
+    stage_combine(w, st, s, opts);
 }
 
 DeepseekV3::Output DeepseekV3::head(const Tensor& hidden, const Tensor& norm, const ops::LinearWeight& lm_head,

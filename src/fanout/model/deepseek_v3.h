@@ -9,9 +9,11 @@
 // so that a scheduler can interleave two microbatches stage by stage:
 //   1 attn_in:  input norm, q / kv_a projections, RoPE, KV append
 //   2 attn_out: attention (MHA form or absorbed form), o_proj, residual, post norm, router
-//   3 shared:   the shared expert (runs between dispatch send and recv)
-//   4 experts:  routed experts over per-expert contiguous rows (the grouped-GEMM layout)
-//   5 combine:  weighted sum of expert outputs back into the residual stream
+//   3 dispatch send (EP): this rank's tokens to the ranks holding their top-k experts
+//   4 shared:   the shared expert (runs between dispatch send and recv)
+//   5 experts:  routed experts over per-expert contiguous rows (the grouped-GEMM layout) — under
+//               EP dispatch receive, this rank's experts on the masked receive layout, combine send
+//   6 combine:  weighted sum of expert outputs back into the residual stream (EP: combine receive)
 #pragma once
 
 #include <memory>
@@ -19,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "fanout/comm/ep.h"
 #include "fanout/core/thread_pool.h"
 #include "fanout/io/model_config.h"
 #include "fanout/kv/paged_kv_cache.h"
@@ -34,6 +37,11 @@ enum class AttentionForm { kAuto, kMha, kAbsorbed };
 
 struct ForwardOptions {
     ops::Fp8Mode fp8_mode = ops::Fp8Mode::kDequant;
+    // This rank's EP group (DeepseekV3::ep_config: the f32 payload): the routed experts run where
+    // they are held — tokens dispatched to the ranks holding their top-k experts and combined back.
+    // Every rank of the group runs every layer in step, a rank without tokens with an empty batch.
+    // nullptr: every expert is local (the model was loaded with ep 1).
+    comm::ExpertParallel* ep = nullptr;
     AttentionForm attention = AttentionForm::kAuto;
     // The server sets model::absorbed_form_max_query (step_cost.h), so small prefill chunks deep in
     // a long context do not re-expand it each step; 1 keeps prefill in the MHA form.
@@ -79,12 +87,13 @@ class StepBatchBuilder {
 // Intermediate tensors of one layer for one (micro)batch.
 struct LayerState {
     Tensor hidden;                // [T, D] residual stream, updated in place
+    int32_t num_tokens = 0;       // T, where the EP backend reads it
     Tensor q;                     // [T, H, nope + rope]
     Tensor normed;                // [T, D] post-attention norm (MLP / expert input)
     Tensor topk_idx;              // [T, top_k] i32
     Tensor topk_weight;           // [T, top_k] f32
     Tensor shared_out;            // [T, D]
-    Tensor expert_rows;           // [T * top_k, D] expert outputs, grouped by expert
+    Tensor expert_rows;           // [T * top_k, D] expert outputs, grouped by expert (EP: [local, max_m, D])
     std::vector<int32_t> row_of;  // [T * top_k] assignment (t, k) -> row in expert_rows
 };
 
@@ -115,9 +124,17 @@ class DeepseekV3 {
                        kv::PagedKvCache& cache, const Stream& s, const ForwardOptions& opts) const;
     void stage_attn_out(const LayerWeights& w, int64_t layer, LayerState& st, const StepBatch& batch,
                         kv::PagedKvCache& cache, const Stream& s, const ForwardOptions& opts) const;
+    // Under EP (opts.ep): sends this rank's tokens to the ranks holding their experts.
+    void stage_dispatch_send(const LayerWeights& w, LayerState& st, const ForwardOptions& opts) const;
     void stage_shared(const LayerWeights& w, LayerState& st, const Stream& s, const ForwardOptions& opts) const;
+    // The routed experts: this rank's on what dispatch delivered (then combine send), or all of them.
     void stage_experts(const LayerWeights& w, LayerState& st, const Stream& s, const ForwardOptions& opts) const;
-    void stage_combine(const LayerWeights& w, LayerState& st, const Stream& s) const;
+    // hidden += shared (or dense MLP) output + the weighted expert outputs (under EP: combine receive).
+    void stage_combine(const LayerWeights& w, LayerState& st, const Stream& s, const ForwardOptions& opts) const;
+
+    // This rank's EP group for `parallel` (its rank and size), carrying f32 tokens of steps of up
+    // to max_tokens_per_rank tokens, for LocalFabric / make_mpi_ep.
+    comm::EpConfig ep_config(const ParallelConfig& parallel, int64_t max_tokens_per_rank) const;
 
   private:
     Tensor embed(const Tensor& table, std::span<const int32_t> tokens) const;

@@ -1,0 +1,207 @@
+// Expert parallelism inside the CPU model: EP ranks as threads over the `local` backend (f32
+// payload), each holding its block of routed experts, stepping in lockstep — a rank without
+// requests runs an empty step and still takes part in every MoE layer's dispatch and combine. The
+// logits of a request equal the model that holds every expert (within 1e-5: the same arithmetic
+// except the order of the final sums) and are bit-identical across EP sizes; greedy generations
+// are identical; ranks run different requests at the same time (data-parallel attention).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "fanout/comm/local_ep.h"
+#include "fanout/model/generate.h"
+#include "fanout/model/synthetic.h"
+#include "test_util.h"
+
+namespace fanout::model {
+namespace {
+
+namespace fs = std::filesystem;
+using fanout::testing::error_of;
+using ::testing::HasSubstr;
+
+constexpr int64_t kMaxTokens = 64;
+
+io::ModelConfig small_config() {
+    io::ModelConfig c = preset_config("tiny");
+    c.vocab_size = 1000;
+    return c;
+}
+
+// One rank: its model (its experts), cache and EP endpoint.
+struct Rank {
+    std::unique_ptr<DeepseekV3> model;
+    std::unique_ptr<kv::PagedKvCache> cache;
+    std::unique_ptr<comm::ExpertParallel> ep;
+    kv::SequenceBlocks seq;
+};
+
+// `ep` ranks of the model at `dir`, as threads would hold them.
+class Group {
+  public:
+    Group(const std::string& dir, int ep) {
+        for (int r = 0; r < ep; ++r) {
+            Rank k;
+            k.model = DeepseekV3::load(dir, ParallelConfig{r, ep, 1});
+            k.cache = std::make_unique<kv::PagedKvCache>(k.model->kv_cache_config(16));
+            ranks_.push_back(std::move(k));
+        }
+        fabric_ = std::make_unique<comm::LocalFabric>(ranks_[0].model->ep_config(ParallelConfig{0, ep, 1}, kMaxTokens));
+        for (int r = 0; r < ep; ++r) ranks_[r].ep = fabric_->endpoint(r);
+    }
+    int size() const { return static_cast<int>(ranks_.size()); }
+    Rank& rank(int r) { return ranks_[static_cast<size_t>(r)]; }
+
+    // One lockstep step: rank r runs `tokens[r]` (empty: no request this step) appended to its
+    // sequence at `start[r]`; returns each rank's logits (every position's).
+    std::vector<Tensor> step(const std::vector<std::vector<int32_t>>& tokens, const std::vector<int64_t>& start) {
+        std::vector<Tensor> logits(ranks_.size());
+        std::vector<std::string> errors(ranks_.size());
+        std::vector<std::thread> threads;
+        for (int r = 0; r < size(); ++r)
+            threads.emplace_back([&, r] {
+                try {
+                    Rank& k = rank(r);
+                    StepBatchBuilder b(*k.cache);
+                    if (!tokens[r].empty()) {
+                        k.cache->reserve(k.seq, start[r] + static_cast<int64_t>(tokens[r].size()));
+                        b.add(tokens[r], start[r], k.seq, StepBatchBuilder::Logits::kAll);
+                    }
+                    ForwardOptions o;
+                    o.ep = k.ep.get();
+                    ThreadPool pool(1);
+                    logits[r] = k.model->forward(b.build(), *k.cache, o, Stream{&pool}).logits;
+                } catch (const std::exception& e) {
+                    errors[r] = e.what();
+                }
+            });
+        for (auto& t : threads) t.join();
+        for (int r = 0; r < size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+        return logits;
+    }
+
+  private:
+    std::vector<Rank> ranks_;
+    std::unique_ptr<comm::LocalFabric> fabric_;
+};
+
+// The model holding every expert, no EP group: the reference.
+Tensor reference_logits(const std::string& dir, const std::vector<int32_t>& ids) {
+    auto m = DeepseekV3::load(dir);
+    kv::PagedKvCache cache(m->kv_cache_config(16));
+    kv::SequenceBlocks seq;
+    cache.reserve(seq, static_cast<int64_t>(ids.size()));
+    ThreadPool pool(1);
+    return m
+        ->forward(StepBatchBuilder(cache).add(ids, 0, seq, StepBatchBuilder::Logits::kAll).build(), cache, {},
+                  Stream{&pool})
+        .logits;
+}
+
+double max_diff(const Tensor& a, const Tensor& b) {
+    EXPECT_EQ(a.shape(), b.shape());
+    return fanout::testing::max_abs_diff(a.data_as<float>(), b.data_as<float>(), static_cast<size_t>(a.numel()));
+}
+
+class EpModelTest : public ::testing::TestWithParam<std::string> {
+  protected:
+    static void SetUpTestSuite() {
+        dir_ = new std::string(fanout::testing::temp_dir("ep_model"));
+        write_synthetic_model(*dir_ + "/bf16", small_config(), {});
+        io::ModelConfig fp8 = small_config();
+        fp8.fp8 = io::Fp8QuantConfig{};
+        write_synthetic_model(*dir_ + "/fp8", fp8, {});
+    }
+    static void TearDownTestSuite() {
+        fs::remove_all(*dir_);
+        delete dir_;
+    }
+    std::string dir() const { return *dir_ + "/" + GetParam(); }
+    static std::string* dir_;
+};
+std::string* EpModelTest::dir_ = nullptr;
+
+const std::vector<int32_t> kPrompt = {5, 17, 300, 2, 999, 41, 7, 7, 123, 64, 1, 500, 88, 3, 250, 600, 12};
+
+TEST_P(EpModelTest, LogitsEqualTheModelHoldingEveryExpert) {
+    const Tensor ref = reference_logits(dir(), kPrompt);
+    Tensor ep1;
+    for (int ep : {1, 2, 4}) {
+        Group g(dir(), ep);
+        std::vector<std::vector<int32_t>> tokens(static_cast<size_t>(ep));
+        tokens[0] = kPrompt;  // the other ranks have no request: empty steps
+        const Tensor got = g.step(tokens, std::vector<int64_t>(static_cast<size_t>(ep), 0))[0];
+        EXPECT_LE(max_diff(got, ref), 1e-5) << "EP" << ep;
+        if (ep == 1)
+            ep1 = got;
+        else
+            EXPECT_EQ(max_diff(got, ep1), 0.0) << "EP" << ep << " vs EP1: the same sums in the same order";
+    }
+}
+
+TEST_P(EpModelTest, RanksServeTheirOwnRequestsInLockstep) {
+    // Rank 0 and rank 2 of EP4 each prefill a different prompt in the same steps (ranks 1 and 3 idle);
+    // each equals its prompt run alone on the full model.
+    const std::vector<int32_t> other = {9, 8, 7, 6, 5, 4, 3, 2, 1};
+    Group g(dir(), 4);
+    std::vector<std::vector<int32_t>> tokens(4);
+    tokens[0] = kPrompt;
+    tokens[2] = other;
+    const auto got = g.step(tokens, {0, 0, 0, 0});
+    EXPECT_LE(max_diff(got[0], reference_logits(dir(), kPrompt)), 1e-5);
+    EXPECT_LE(max_diff(got[2], reference_logits(dir(), other)), 1e-5);
+    EXPECT_EQ(got[1].numel(), 0);
+}
+
+TEST_P(EpModelTest, GreedyGenerationIsTheSame) {
+    // Rank 1 of EP2 generates 8 tokens greedily (prefill, then one token a step) while rank 0 idles;
+    // the tokens equal the full model's greedy tokens.
+    auto full = DeepseekV3::load(dir());
+    kv::PagedKvCache cache(full->kv_cache_config(16));
+    GenerateRequest req;
+    req.prompt = kPrompt;
+    req.max_tokens = 8;
+    req.ignore_eos = true;
+    ThreadPool pool(1);
+    const std::vector<int32_t> want = generate(*full, cache, req, {}, Stream{&pool}).tokens;
+
+    Group g(dir(), 2);
+    std::vector<int32_t> seq = kPrompt, got;
+    int64_t start = 0;
+    std::vector<int32_t> next = kPrompt;
+    for (int i = 0; i < 8; ++i) {
+        const auto logits = g.step({{}, next}, {0, start});
+        const Tensor& l = logits[1];
+        const int64_t V = l.dim(1), last = l.dim(0) - 1;
+        const float* row = l.data_as<float>() + last * V;
+        const int32_t tok = static_cast<int32_t>(std::max_element(row, row + V) - row);
+        got.push_back(tok);
+        start += static_cast<int64_t>(next.size());
+        next = {tok};
+    }
+    EXPECT_EQ(got, want);
+}
+
+TEST_P(EpModelTest, AMismatchedGroupIsAClearError) {
+    // A rank's model loaded for EP2 but given an EP4 endpoint: refused, naming both.
+    auto m = DeepseekV3::load(dir(), ParallelConfig{0, 2, 1});
+    comm::LocalFabric fabric(m->ep_config(ParallelConfig{0, 4, 1}, kMaxTokens));
+    auto ep = fabric.endpoint(0);
+    kv::PagedKvCache cache(m->kv_cache_config(4));
+    kv::SequenceBlocks seq;
+    cache.reserve(seq, 3);
+    ForwardOptions o;
+    o.ep = ep.get();
+    ThreadPool pool(1);
+    const std::string msg = error_of([&] {
+        m->forward(StepBatchBuilder(cache).add(std::vector<int32_t>{1, 2, 3}, 0, seq).build(), cache, o, Stream{&pool});
+    });
+    EXPECT_THAT(msg, HasSubstr("does not match the experts this model holds"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Checkpoints, EpModelTest, ::testing::Values("bf16", "fp8"));
+
+}  // namespace
+}  // namespace fanout::model
