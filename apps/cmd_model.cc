@@ -1,6 +1,7 @@
 // make-model, generate, score.
 #include <cstdio>
 #include <fstream>
+#include <mutex>
 #include <thread>
 
 #include "cli_common.h"
@@ -166,7 +167,8 @@ Tensor score_expert_parallel(const ScoreArgs& a, const std::vector<int32_t>& ids
     const int threads = std::max(
         1, (a.model.threads > 0 ? a.model.threads : static_cast<int>(std::thread::hardware_concurrency())) / a.ep);
     Tensor logits;
-    std::vector<std::string> errors(static_cast<size_t>(a.ep));
+    std::mutex failure_mutex;
+    std::string failure;
     std::vector<std::thread> ranks;
     for (int r = 0; r < a.ep; ++r)
         ranks.emplace_back([&, r] {
@@ -185,11 +187,16 @@ Tensor score_expert_parallel(const ScoreArgs& a, const std::vector<int32_t>& ids
                 Tensor out = models[r]->forward(b.build(), cache, o, Stream{&pool}).logits;
                 if (r == 0) logits = std::move(out);
             } catch (const std::exception& e) {
-                errors[static_cast<size_t>(r)] = e.what();
+                // The first rank to fail stops the others (they throw at their next barrier).
+                std::lock_guard lock(failure_mutex);
+                if (failure.empty()) {
+                    failure = fmt::format("EP rank {} of {} failed: {}", r, a.ep, e.what());
+                    fabric.abort(failure);
+                }
             }
         });
     for (auto& t : ranks) t.join();
-    for (int r = 0; r < a.ep; ++r) FANOUT_CHECK(errors[r].empty(), "EP rank {} failed: {}", r, errors[r]);
+    FANOUT_CHECK(failure.empty(), "{}", failure);
     return logits;
 }
 

@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <thread>
 
@@ -75,16 +76,23 @@ class Group {
                     logits[r] = k.model->forward(b.build(), *k.cache, o, Stream{&pool}).logits;
                 } catch (const std::exception& e) {
                     errors[r] = e.what();
+                    fabric_->abort("rank " + std::to_string(r) + " failed: " + e.what());
                 }
             });
         for (auto& t : threads) t.join();
-        for (int r = 0; r < size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+        last_errors_ = errors;
+        if (expect_ok_)
+            for (int r = 0; r < size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
         return logits;
     }
+    void expect_failures() { expect_ok_ = false; }
+    const std::vector<std::string>& last_errors() const { return last_errors_; }
 
   private:
     std::vector<Rank> ranks_;
     std::unique_ptr<comm::LocalFabric> fabric_;
+    bool expect_ok_ = true;
+    std::vector<std::string> last_errors_;
 };
 
 // The model holding every expert, no EP group: the reference.
@@ -182,6 +190,29 @@ TEST_P(EpModelTest, GreedyGenerationIsTheSame) {
         next = {tok};
     }
     EXPECT_EQ(got, want);
+}
+
+TEST_P(EpModelTest, ARankThatFailsStopsTheGroupNamingIt) {
+    // Rank 2 of EP4 gets a token id past the vocabulary and throws before its first MoE layer;
+    // ranks 0, 1 and 3, waiting for it in dispatch, stop with its error instead of hanging.
+    Group g(dir(), 4);
+    g.expect_failures();
+    std::vector<std::vector<int32_t>> tokens(4);
+    tokens[0] = kPrompt;
+    tokens[2] = {1, 2, 5000};
+    const auto t0 = std::chrono::steady_clock::now();
+    g.step(tokens, {0, 0, 0, 0});
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+    EXPECT_THAT(g.last_errors()[2], HasSubstr("token id 5000"));
+    for (int r : {0, 1, 3}) EXPECT_THAT(g.last_errors()[r], HasSubstr("rank 2 failed")) << "rank " << r;
+}
+
+TEST(EpLocalFabric, ARankThatNeverArrivesIsATimeoutNamingIt) {
+    comm::LocalFabric fabric({0, 2, 4, 1, 8, 4, comm::Payload::kF32, 0}, std::chrono::milliseconds(200));
+    auto ep = fabric.endpoint(0);
+    const int32_t T = 0;
+    ep->dispatch_send({&T, nullptr, nullptr, nullptr});
+    EXPECT_THAT(error_of([&] { ep->dispatch_recv(); }), HasSubstr("rank 0 waited 200 ms at dispatch for rank(s) 1"));
 }
 
 TEST_P(EpModelTest, AMismatchedGroupIsAClearError) {
