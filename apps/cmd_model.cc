@@ -5,9 +5,9 @@
 #include <thread>
 
 #include "cli_common.h"
-#include "fanout/comm/local_ep.h"
 #include "fanout/core/parallel.h"
 #include "fanout/io/chat_template.h"
+#include "fanout/model/ep_group.h"
 #include "fanout/model/generate.h"
 #include "fanout/model/synthetic.h"
 #ifdef FANOUT_WITH_CUDA
@@ -35,6 +35,29 @@ void require_cuda_build(const ModelArgs& a) {
 #ifndef FANOUT_WITH_CUDA
     FANOUT_CHECK(a.device != "cuda", "--device cuda: this fanout was built without CUDA (no nvcc at configure time)");
 #endif
+}
+
+// The routed experts of the model at a.model split over `ep` ranks, threads of this process
+// (model/ep_group.h), for steps of up to `max_tokens` tokens on rank 0.
+std::unique_ptr<model::EpThreadGroup> load_ep_group(const ModelArgs& a, int ep, int64_t max_tokens) {
+    FANOUT_CHECK(a.device == "cpu",
+                 "--ep {}: expert parallelism runs on the CPU path so far (ranks as threads); the GPU runner holds "
+                 "every expert (--ep 1)",
+                 ep);
+    const std::string dir = resolve_model_dir(a.model);
+    const io::ModelConfig c = io::load_model_config(dir);
+    validate(ParallelConfig{0, ep, 1}, c.n_routed_experts);  // before loading anything
+    std::vector<std::unique_ptr<model::DeepseekV3>> models;
+    for (int r = 0; r < ep; ++r) {
+        const ParallelConfig p{r, ep, 1};
+        models.push_back(model::DeepseekV3::load(dir, p));
+        std::fprintf(stderr, "rank %d/%d: routed experts [%lld, %lld) of %lld\n", r, ep,
+                     (long long)p.experts(c.n_routed_experts).begin, (long long)p.experts(c.n_routed_experts).end,
+                     (long long)c.n_routed_experts);
+    }
+    const int cores = a.threads > 0 ? a.threads : static_cast<int>(std::thread::hardware_concurrency());
+    return std::make_unique<model::EpThreadGroup>(std::move(models), max_tokens, forward_options(a),
+                                                  std::max(1, cores / ep));
 }
 
 struct MakeModelArgs {
@@ -65,6 +88,7 @@ struct GenerateArgs {
     std::string prompt_ids, prompt_text;
     bool chat = false;
     model::GenerateRequest req;
+    int ep = 1;
 };
 
 void run_generate(GenerateArgs& a, bool have_ids, bool have_text) {
@@ -85,7 +109,12 @@ void run_generate(GenerateArgs& a, bool have_ids, bool have_text) {
         a.req.prompt = parse_ids(a.prompt_ids, "--prompt-ids");
     }
     require_cuda_build(a.model);
-    auto m = load_model(a.model);
+    std::unique_ptr<model::EpThreadGroup> group;
+    std::unique_ptr<model::DeepseekV3> m;
+    if (a.ep > 1)
+        group = load_ep_group(a.model, a.ep, a.req.prefill_chunk);
+    else
+        m = load_model(a.model);
     ThreadPool pool(a.model.threads);
     const int64_t context = static_cast<int64_t>(a.req.prompt.size()) + a.req.max_tokens;
     std::optional<io::IncrementalDecoder> stream;
@@ -97,7 +126,17 @@ void run_generate(GenerateArgs& a, bool have_ids, bool have_text) {
         std::fflush(stdout);
     };
     model::GenerateResult res;
-    if (a.model.device == "cuda") {
+    if (group) {
+        // Rank 0 runs the request; every step of it is a step of the group.
+        const model::DeepseekV3& lead = group->lead();
+        kv::PagedKvCache cache = make_cache(lead, context, a.model);
+        const model::SampleStep step = [&](const model::StepBatch& batch, ops::Sampler& sampler) {
+            auto out = group->forward(batch, cache);
+            return batch.logit_rows.empty() ? -1
+                                            : sampler.sample(out.logits.data_as<float>(), lead.config().vocab_size);
+        };
+        res = model::generate_loop(lead.config(), cache, a.req, step, on_token);
+    } else if (a.model.device == "cuda") {
 #ifdef FANOUT_WITH_CUDA
         auto gpu = make_cuda_model(*m, context, std::min<int64_t>(a.req.prefill_chunk, 256));
         kv::PagedKvCache blocks = gpu->make_block_allocator();
@@ -114,8 +153,9 @@ void run_generate(GenerateArgs& a, bool have_ids, bool have_text) {
         for (size_t i = 0; i < res.tokens.size(); ++i) ids += (i ? "," : "") + std::to_string(res.tokens[i]);
         std::printf("%s\n", ids.c_str());
     }
-    const std::string where =
-        a.model.device == "cuda" ? std::string("cuda") : fmt::format("{} threads", pool.num_threads());
+    const std::string where = a.model.device == "cuda" ? std::string("cuda")
+                              : group                  ? fmt::format("{} EP ranks (threads)", a.ep)
+                                                       : fmt::format("{} threads", pool.num_threads());
     std::fprintf(stderr,
                  "finish_reason=%s prompt_tokens=%lld generated=%zu prefill %.1f tok/s, decode %.1f tok/s (%s)\n",
                  res.finish_reason.c_str(), (long long)res.prompt_tokens, res.tokens.size(),
@@ -138,74 +178,20 @@ void write_logits(const std::string& path, const Tensor& logits) {
                  path.c_str());
 }
 
-// The logits of `ids` with the routed experts split over `ep` ranks, threads of this process in
-// lockstep over the `local` EP backend: rank 0 holds the request, the others run empty steps and
-// serve their experts.
-Tensor score_expert_parallel(const ScoreArgs& a, const std::vector<int32_t>& ids) {
-    FANOUT_CHECK(a.model.device == "cpu",
-                 "--ep {}: expert parallelism runs on the CPU path so far (ranks as threads); the GPU runner holds "
-                 "every expert (--ep 1)",
-                 a.ep);
-    const std::string dir = resolve_model_dir(a.model.model);
-    const io::ModelConfig c = io::load_model_config(dir);
-    validate(ParallelConfig{0, a.ep, 1}, c.n_routed_experts);  // before loading anything
-    const int64_t T = static_cast<int64_t>(ids.size());
-    FANOUT_CHECK(T <= c.max_position_embeddings, "{} tokens exceed max_position_embeddings {}", T,
-                 c.max_position_embeddings);
-    for (int64_t t = 0; t < T; ++t)
-        FANOUT_CHECK(ids[t] >= 0 && ids[t] < c.vocab_size, "token id {} at index {} is outside the vocabulary [0, {})",
-                     ids[t], t, c.vocab_size);
-    std::vector<std::unique_ptr<model::DeepseekV3>> models;
-    for (int r = 0; r < a.ep; ++r) {
-        models.push_back(model::DeepseekV3::load(dir, ParallelConfig{r, a.ep, 1}));
-        std::fprintf(stderr, "rank %d/%d: experts [%lld, %lld) of %lld\n", r, a.ep,
-                     (long long)ParallelConfig{r, a.ep, 1}.experts(c.n_routed_experts).begin,
-                     (long long)ParallelConfig{r, a.ep, 1}.experts(c.n_routed_experts).end,
-                     (long long)c.n_routed_experts);
-    }
-    comm::LocalFabric fabric(models[0]->ep_config(ParallelConfig{0, a.ep, 1}, std::max<int64_t>(T, 1)));
-    const int threads = std::max(
-        1, (a.model.threads > 0 ? a.model.threads : static_cast<int>(std::thread::hardware_concurrency())) / a.ep);
-    Tensor logits;
-    std::mutex failure_mutex;
-    std::string failure;
-    std::vector<std::thread> ranks;
-    for (int r = 0; r < a.ep; ++r)
-        ranks.emplace_back([&, r] {
-            try {
-                auto ep = fabric.endpoint(r);
-                ThreadPool pool(threads);
-                kv::PagedKvCache cache = make_cache(*models[r], r == 0 ? T : 1, a.model);
-                model::StepBatchBuilder b(cache);
-                kv::SequenceBlocks seq;
-                if (r == 0) {
-                    cache.reserve(seq, T);
-                    b.add(ids, 0, seq, model::StepBatchBuilder::Logits::kAll);
-                }
-                model::ForwardOptions o = forward_options(a.model);
-                o.ep = ep.get();
-                Tensor out = models[r]->forward(b.build(), cache, o, Stream{&pool}).logits;
-                if (r == 0) logits = std::move(out);
-            } catch (const std::exception& e) {
-                // The first rank to fail stops the others (they throw at their next barrier).
-                std::lock_guard lock(failure_mutex);
-                if (failure.empty()) {
-                    failure = fmt::format("EP rank {} of {} failed: {}", r, a.ep, e.what());
-                    fabric.abort(failure);
-                }
-            }
-        });
-    for (auto& t : ranks) t.join();
-    FANOUT_CHECK(failure.empty(), "{}", failure);
-    return logits;
-}
-
 void run_score(const ScoreArgs& a) {
     const std::vector<int32_t> ids = parse_ids(a.token_ids, "--token-ids");
     require_cuda_build(a.model);
     if (a.ep > 1) {
-        const Tensor logits = score_expert_parallel(a, ids);
-        write_logits(a.output, logits);
+        auto group = load_ep_group(a.model, a.ep, static_cast<int64_t>(ids.size()));
+        const io::ModelConfig& c = group->lead().config();
+        const int64_t T = static_cast<int64_t>(ids.size());
+        FANOUT_CHECK(T <= c.max_position_embeddings, "{} tokens exceed max_position_embeddings {}", T,
+                     c.max_position_embeddings);
+        kv::PagedKvCache cache = make_cache(group->lead(), T, a.model);
+        kv::SequenceBlocks seq;
+        cache.reserve(seq, T);
+        auto batch = model::StepBatchBuilder(cache).add(ids, 0, seq, model::StepBatchBuilder::Logits::kAll).build();
+        write_logits(a.output, group->forward(batch, cache).logits);
         return;
     }
     auto m = load_model(a.model);
@@ -262,6 +248,11 @@ void add_model_commands(CLI::App& app) {
     gen->add_flag("--chat", gen_args->chat, "render --prompt as a user message with the chat template");
     auto& r = gen_args->req;
     gen->add_option("--max-tokens", r.max_tokens, "tokens to generate at most")->capture_default_str();
+    gen->add_option("--ep", gen_args->ep,
+                    "expert-parallel ranks, threads of this process on the CPU path: each holds n_routed_experts / N "
+                    "routed experts; rank 0 runs the request, the others serve their experts")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
     gen->add_option("--temperature", r.sampling.temperature, "0 = greedy")->capture_default_str();
     gen->add_option("--top-p", r.sampling.top_p, "nucleus sampling mass")->capture_default_str();
     gen->add_option("--top-k", r.sampling.top_k, "0 = off")->capture_default_str();

@@ -75,6 +75,9 @@ let m = a.length === b.length ? 0 : Infinity;
 for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i] - b[i]));
 console.log(m <= 1e-5 ? "equal" : "max diff " + m);' "$work/logits.f32" "$work/logits_ep4.f32" 2>&1)
 [[ $diff_ep == equal ]] && ok "score --ep 4 equals EP1 within 1e-5" || bad "score --ep 4" "$diff_ep $(tail -1 "$work/stderr")"
+ep1=$("$fanout" generate --model tiny --prompt-ids 1,2,3,4,5 --max-tokens 8 --temperature 0.8 --seed 3 2>/dev/null)
+ep2=$("$fanout" generate --model tiny --prompt-ids 1,2,3,4,5 --max-tokens 8 --temperature 0.8 --seed 3 --ep 2 2>/dev/null)
+[[ -n $ep1 && $ep1 == "$ep2" ]] && ok "generate --ep 2 samples the same tokens as EP1" || bad "generate --ep 2" "'$ep2' vs '$ep1'"
 expect_error "score --ep that does not divide the experts" "ep=3 does not divide the model's 16 routed experts" \
     "$fanout" score --model tiny --token-ids 1,2 --ep 3 --output "$work/x.f32"
 

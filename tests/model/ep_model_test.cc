@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "fanout/comm/local_ep.h"
+#include "fanout/model/ep_group.h"
 #include "fanout/model/generate.h"
 #include "fanout/model/synthetic.h"
 #include "test_util.h"
@@ -205,6 +206,29 @@ TEST_P(EpModelTest, ARankThatFailsStopsTheGroupNamingIt) {
     EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
     EXPECT_THAT(g.last_errors()[2], HasSubstr("token id 5000"));
     for (int r : {0, 1, 3}) EXPECT_THAT(g.last_errors()[r], HasSubstr("rank 2 failed")) << "rank " << r;
+}
+
+TEST_P(EpModelTest, AThreadGroupStepsAsOneAndStopsOnAFailure) {
+    // EpThreadGroup (the CLI's --ep): rank 0's steps, the others following with empty steps.
+    std::vector<std::unique_ptr<DeepseekV3>> models;
+    for (int r = 0; r < 4; ++r) models.push_back(DeepseekV3::load(dir(), ParallelConfig{r, 4, 1}));
+    EpThreadGroup group(std::move(models), kMaxTokens, {}, 1);
+    kv::PagedKvCache cache(group.lead().kv_cache_config(16));
+    kv::SequenceBlocks seq;
+    cache.reserve(seq, static_cast<int64_t>(kPrompt.size()));
+    for (int i = 0; i < 2; ++i) {  // twice: the followers keep in step
+        kv::PagedKvCache c2(group.lead().kv_cache_config(16));
+        kv::SequenceBlocks s2;
+        c2.reserve(s2, static_cast<int64_t>(kPrompt.size()));
+        const Tensor got =
+            group.forward(StepBatchBuilder(c2).add(kPrompt, 0, s2, StepBatchBuilder::Logits::kAll).build(), c2).logits;
+        EXPECT_LE(max_diff(got, reference_logits(dir(), kPrompt)), 1e-5);
+    }
+    const std::vector<int32_t> bad = {1, 5000};
+    EXPECT_THAT(error_of([&] { group.forward(StepBatchBuilder(cache).add(bad, 0, seq).build(), cache); }),
+                HasSubstr("EP rank 0 of 4 failed: token id 5000"));
+    EXPECT_THAT(error_of([&] { group.forward(StepBatchBuilder(cache).add(kPrompt, 0, seq).build(), cache); }),
+                HasSubstr("EP rank 0 of 4 failed"));  // the group stays stopped
 }
 
 TEST(EpLocalFabric, ARankThatNeverArrivesIsATimeoutNamingIt) {

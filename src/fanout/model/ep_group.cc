@@ -1,0 +1,73 @@
+#include "fanout/model/ep_group.h"
+
+namespace fanout::model {
+
+EpThreadGroup::EpThreadGroup(std::vector<std::unique_ptr<DeepseekV3>> models, int64_t max_tokens,
+                             const ForwardOptions& opts, int threads)
+    : models_(std::move(models)), opts_(opts), threads_(std::max(threads, 1)) {
+    FANOUT_CHECK(!models_.empty(), "EP group: no ranks");
+    const int ep = size();
+    fabric_ = std::make_unique<comm::LocalFabric>(models_[0]->ep_config(ParallelConfig{0, ep, 1}, max_tokens));
+    for (int r = 0; r < ep; ++r) endpoints_.push_back(fabric_->endpoint(r));
+    pool_ = std::make_unique<ThreadPool>(threads_);
+    for (int r = 1; r < ep; ++r) followers_.emplace_back([this, r] { follow(r); });
+}
+
+EpThreadGroup::~EpThreadGroup() {
+    {
+        std::lock_guard lock(mutex_);
+        stopping_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : followers_) t.join();
+}
+
+void EpThreadGroup::fail(int rank, const std::string& what) {
+    std::lock_guard lock(mutex_);
+    if (!failure_.empty()) return;
+    failure_ = fmt::format("EP rank {} of {} failed: {}", rank, size(), what);
+    fabric_->abort(failure_);
+}
+
+void EpThreadGroup::follow(int rank) {
+    DeepseekV3& m = *models_[static_cast<size_t>(rank)];
+    kv::PagedKvCache cache(m.kv_cache_config(1));  // an empty step appends nothing
+    ThreadPool pool(threads_);
+    ForwardOptions o = opts_;
+    o.ep = endpoints_[static_cast<size_t>(rank)].get();
+    int64_t done = 0;
+    for (;;) {
+        {
+            std::unique_lock lock(mutex_);
+            cv_.wait(lock, [&] { return stopping_ || steps_ > done || !failure_.empty(); });
+            if (stopping_ || !failure_.empty()) return;
+        }
+        ++done;
+        try {
+            m.forward(StepBatchBuilder(cache).build(), cache, o, Stream{&pool});
+        } catch (const std::exception& e) {
+            fail(rank, e.what());
+            return;
+        }
+    }
+}
+
+DeepseekV3::Output EpThreadGroup::forward(const StepBatch& batch, kv::PagedKvCache& cache) {
+    {
+        std::lock_guard lock(mutex_);
+        FANOUT_CHECK(failure_.empty(), "{}", failure_);
+        ++steps_;
+    }
+    cv_.notify_all();
+    ForwardOptions o = opts_;
+    o.ep = endpoints_[0].get();
+    try {
+        return models_[0]->forward(batch, cache, o, Stream{pool_.get()});
+    } catch (const std::exception& e) {
+        fail(0, e.what());
+        std::lock_guard lock(mutex_);
+        throw Error(failure_);
+    }
+}
+
+}  // namespace fanout::model
