@@ -1,9 +1,9 @@
+#include "fanout/engine/scheduler.h"
+
 #include <gtest/gtest.h>
 
 #include <numeric>
 #include <random>
-
-#include "fanout/engine/scheduler.h"
 
 namespace fanout::engine {
 namespace {

@@ -413,7 +413,8 @@ TEST_F(ModelTest, NonFiniteWeightsAndBadScalesAreErrorsNamingTheTensorAndElement
         {"fp8", "model.layers.0.self_attn.q_a_proj.weight", 1234, fp8_byte(0x7f),
          "has NaN (byte 0x7f) at element 1234 (row 4, column 210): weights must be finite"},
         {"fp8", "model.layers.1.mlp.experts.0.down_proj.weight", 0, fp8_byte(0xff), "has NaN (byte 0xff) at element 0"},
-        {"fp8", kScale, 1, f32_value(-0.5f), "has -0.5 at element 1 (row 0, column 1): fp8 block scales must be finite"},
+        {"fp8", kScale, 1, f32_value(-0.5f),
+         "has -0.5 at element 1 (row 0, column 1): fp8 block scales must be finite"},
         {"fp8", kScale, 1, f32_value(nan), "has NaN at element 1"},
         {"fp8", kScale, 1, f32_value(inf), "has +Inf at element 1"},
     };

@@ -1,10 +1,11 @@
+#include "fanout/ops/sampling.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <map>
 #include <random>
 
-#include "fanout/ops/sampling.h"
 #include "test_util.h"
 
 namespace fanout::ops {

@@ -46,11 +46,10 @@
 namespace fanout::comm {
 namespace {
 
-
 constexpr int kThreads = 256, kWarps = kThreads / 32;
-constexpr int kChunk = 256;     // tokens per route_index block
-constexpr int kMaxWorld = 64;   // ranks of one NVLink domain this backend addresses
-constexpr int kRowBlocks = 264; // blocks of the row kernels: 2 per SM on an H200
+constexpr int kChunk = 256;      // tokens per route_index block
+constexpr int kMaxWorld = 64;    // ranks of one NVLink domain this backend addresses
+constexpr int kRowBlocks = 264;  // blocks of the row kernels: 2 per SM on an H200
 
 enum Phase : int { kPhaseCounts = 0, kPhaseRows = 1, kPhaseReturns = 2 };
 
@@ -166,7 +165,8 @@ __device__ void finish_and_signal(const Params& p, unsigned int* done, int phase
 
 // Copies `bytes` from src to dst with one warp, 16 bytes a lane when both are aligned.
 __device__ inline void warp_copy(void* dst, const void* src, int bytes, int lane) {
-    if ((bytes % 16) == 0 && (reinterpret_cast<uintptr_t>(dst) % 16) == 0 && (reinterpret_cast<uintptr_t>(src) % 16) == 0) {
+    if ((bytes % 16) == 0 && (reinterpret_cast<uintptr_t>(dst) % 16) == 0 &&
+        (reinterpret_cast<uintptr_t>(src) % 16) == 0) {
         const int4* s = static_cast<const int4*>(src);
         int4* d = static_cast<int4*>(dst);
         for (int i = lane; i < bytes / 16; i += 32) d[i] = s[i];
@@ -179,8 +179,8 @@ __device__ inline void warp_copy(void* dst, const void* src, int bytes, int lane
 
 // Per chunk of kChunk tokens: each choice's index among the chunk's choices of the same expert
 // (in (token, choice) order), and the chunk's count per expert.
-__global__ void __launch_bounds__(kThreads) route_index_kernel(Params p, const int32_t* __restrict__ num_tokens,
-                                                               const int32_t* __restrict__ topk) {
+__global__ void __launch_bounds__(kThreads)
+    route_index_kernel(Params p, const int32_t* __restrict__ num_tokens, const int32_t* __restrict__ topk) {
     __shared__ int32_t ids[kChunk * 32];
     const int T = min(max(*num_tokens, 0), p.T_max), t0 = blockIdx.x * kChunk, n = max(0, min(kChunk, T - t0));
     for (int i = threadIdx.x; i < n * p.K; i += kThreads) ids[i] = topk[size_t(t0) * p.K + i];
@@ -211,10 +211,9 @@ __global__ void __launch_bounds__(kThreads) counts_kernel(Params p, const int32_
 }
 
 // A warp per (token, choice): its row's place on the destination, then the row itself.
-__global__ void __launch_bounds__(kThreads) dispatch_rows_kernel(Params p, const int32_t* __restrict__ num_tokens,
-                                                                 const uint8_t* __restrict__ tokens,
-                                                                 const float* __restrict__ scales,
-                                                                 const int32_t* __restrict__ topk) {
+__global__ void __launch_bounds__(kThreads)
+    dispatch_rows_kernel(Params p, const int32_t* __restrict__ num_tokens, const uint8_t* __restrict__ tokens,
+                         const float* __restrict__ scales, const int32_t* __restrict__ topk) {
     const unsigned long long step = *p.step;
     if (wait_all_sources(p, kPhaseCounts, step)) {
         const int T = min(max(*num_tokens, 0), p.T_max), lane = threadIdx.x % 32;
@@ -254,7 +253,8 @@ __global__ void __launch_bounds__(kThreads) dispatch_wait_kernel(Params p) {
 }
 
 // A warp per received row: the expert's output back to the row's source, at (token, choice).
-__global__ void __launch_bounds__(kThreads) combine_rows_kernel(Params p, const __nv_bfloat16* __restrict__ expert_out) {
+__global__ void __launch_bounds__(kThreads)
+    combine_rows_kernel(Params p, const __nv_bfloat16* __restrict__ expert_out) {
     const unsigned long long step = *p.step;
     const int lane = threadIdx.x % 32, row_bytes = p.D * 2;
     const int32_t* meta = at<int32_t>(p, p.rank, p.layout.recv_meta);
@@ -271,9 +271,9 @@ __global__ void __launch_bounds__(kThreads) combine_rows_kernel(Params p, const 
 // A block per (token, 1024 values): wait for every rank's returns, then the weighted sum.
 constexpr int kCombineChunk = 1024;
 
-__global__ void __launch_bounds__(kThreads) combine_reduce_kernel(Params p, const int32_t* __restrict__ num_tokens,
-                                                                  const float* __restrict__ weight,
-                                                                  __nv_bfloat16* __restrict__ out) {
+__global__ void __launch_bounds__(kThreads)
+    combine_reduce_kernel(Params p, const int32_t* __restrict__ num_tokens, const float* __restrict__ weight,
+                          __nv_bfloat16* __restrict__ out) {
     const int T = min(max(*num_tokens, 0), p.T_max), t = blockIdx.x;
     if (t >= T) return;
     const unsigned long long step = *p.step;
@@ -285,7 +285,8 @@ __global__ void __launch_bounds__(kThreads) combine_reduce_kernel(Params p, cons
         float acc = 0.0f;
         for (int k = 0; k < p.K; ++k)
             if (p.valid[size_t(t) * p.K + k])
-                acc += weight[size_t(t) * p.K + k] * __bfloat162float(__ushort_as_bfloat16(__ldcg(ret + size_t(k) * p.D + d)));
+                acc += weight[size_t(t) * p.K + k] *
+                       __bfloat162float(__ushort_as_bfloat16(__ldcg(ret + size_t(k) * p.D + d)));
         out[size_t(t) * p.D + d] = __float2bfloat16(acc);
     }
 }
@@ -297,9 +298,12 @@ __global__ void peer_bases_kernel(ncclWindow_t win, int world, char** out) {
 
 const char* phase_name(int phase) {
     switch (phase) {
-        case kPhaseCounts: return "dispatch (waiting for its token counts)";
-        case kPhaseRows: return "dispatch (waiting for its rows)";
-        default: return "combine (waiting for the expert outputs it holds)";
+        case kPhaseCounts:
+            return "dispatch (waiting for its token counts)";
+        case kPhaseRows:
+            return "dispatch (waiting for its rows)";
+        default:
+            return "combine (waiting for the expert outputs it holds)";
     }
 }
 
@@ -307,10 +311,10 @@ class NvlinkEp final : public ExpertParallel {
   public:
     NvlinkEp(const EpConfig& c, ncclComm_t comm, cudaStream_t stream, const GpuEpOptions& o)
         : config_(c), comm_(comm), stream_(stream) {
-        FANOUT_DEVICE_REQUIRE(c.world <= kMaxWorld, "nvlink EP: at most " + std::to_string(kMaxWorld) +
-                                                        " ranks, got " + std::to_string(c.world));
-        FANOUT_DEVICE_REQUIRE(c.experts_per_token <= 32, "nvlink EP: top-k at most 32, got " +
-                                                             std::to_string(c.experts_per_token));
+        FANOUT_DEVICE_REQUIRE(c.world <= kMaxWorld, "nvlink EP: at most " + std::to_string(kMaxWorld) + " ranks, got " +
+                                                        std::to_string(c.world));
+        FANOUT_DEVICE_REQUIRE(c.experts_per_token <= 32,
+                              "nvlink EP: top-k at most 32, got " + std::to_string(c.experts_per_token));
         ncclTeam_t lsa = ncclTeamLsa(comm);
         FANOUT_DEVICE_REQUIRE(lsa.nRanks == c.world,
                               "nvlink EP: the " + std::to_string(c.world) + " ranks are not one NVLink (LSA) domain (" +
@@ -357,8 +361,8 @@ class NvlinkEp final : public ExpertParallel {
         FANOUT_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&p.error), error_host_, 0));
         peer_bases_kernel<<<1, kMaxWorld, 0, stream_>>>(window_, c.world, bases);
         FANOUT_CUDA_CHECK_LAUNCH("peer_bases_kernel");
-        FANOUT_CUDA_CHECK(cudaMemcpyAsync(p.peer_base, bases, size_t(c.world) * sizeof(char*), cudaMemcpyDeviceToHost,
-                                          stream_));
+        FANOUT_CUDA_CHECK(
+            cudaMemcpyAsync(p.peer_base, bases, size_t(c.world) * sizeof(char*), cudaMemcpyDeviceToHost, stream_));
         FANOUT_CUDA_CHECK(cudaStreamSynchronize(stream_));
         char* mine = static_cast<char*>(window_mem_);
         batch_.counts = p.counts;
@@ -406,7 +410,7 @@ class NvlinkEp final : public ExpertParallel {
         FANOUT_DEVICE_REQUIRE(num_tokens_ != nullptr, "nvlink EP: combine_recv before dispatch_send");
         const dim3 grid(params_.T_max, (params_.D + kCombineChunk - 1) / kCombineChunk);
         combine_reduce_kernel<<<grid, kThreads, 0, stream_>>>(params_, num_tokens_, topk_weight,
-                                                             static_cast<__nv_bfloat16*>(out));
+                                                              static_cast<__nv_bfloat16*>(out));
         FANOUT_CUDA_CHECK_LAUNCH("combine_reduce_kernel");
     }
 

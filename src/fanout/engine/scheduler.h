@@ -36,9 +36,9 @@ struct Sequence {
     int64_t prompt_len = 0;
     int64_t max_tokens = 0;
     SeqState state = SeqState::kWaiting;
-    int64_t num_computed = 0;       // tokens whose KV is in the cache
+    int64_t num_computed = 0;         // tokens whose KV is in the cache
     int64_t num_inserted_blocks = 0;  // full blocks already entered in the prefix cache
-    int64_t prefix_hit_tokens = 0;  // prompt tokens reused from the cache at (first) admission
+    int64_t prefix_hit_tokens = 0;    // prompt tokens reused from the cache at (first) admission
     int64_t num_preemptions = 0;
     std::vector<int32_t> blocks;
 
@@ -70,7 +70,7 @@ struct ScheduledSeq {
 };
 
 class Scheduler {
-public:
+  public:
     Scheduler(const SchedulerConfig& config, kv::PrefixCache& cache);
 
     void add(std::shared_ptr<Sequence> seq);
@@ -89,7 +89,7 @@ public:
     double step_cost(const std::vector<ScheduledSeq>& step) const;
     int64_t total_preemptions() const { return total_preemptions_; }
 
-private:
+  private:
     bool ensure_blocks(Sequence* seq, int64_t num_tokens);
     // The tokens seq's next chunk gets from `budget` in the first pass (see the top).
     int64_t first_share(const Sequence& seq, double budget, bool first_of_step) const;

@@ -12,7 +12,6 @@
 // never write the same element), which gives every later read the CPU's logits[i] + bias.
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
-
 #include <string>
 
 #include "fanout/core/cuda_check.h"
@@ -166,8 +165,8 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     if (threadIdx.x == 0) {
         for (int w = 0; w < kThreads / 32; ++w)
-            if (warp_i[w] < vocab && (best_id == vocab || warp_v[w] > best_value ||
-                                      (warp_v[w] == best_value && warp_i[w] < best_id))) {
+            if (warp_i[w] < vocab &&
+                (best_id == vocab || warp_v[w] > best_value || (warp_v[w] == best_value && warp_i[w] < best_id))) {
                 best_value = warp_v[w];
                 best_id = warp_i[w];
             }
