@@ -181,26 +181,20 @@ void write_logits(const std::string& path, const Tensor& logits) {
 void run_score(const ScoreArgs& a) {
     const std::vector<int32_t> ids = parse_ids(a.token_ids, "--token-ids");
     require_cuda_build(a.model);
-    if (a.ep > 1) {
-        auto group = load_ep_group(a.model, a.ep, static_cast<int64_t>(ids.size()));
-        const io::ModelConfig& c = group->lead().config();
-        const int64_t T = static_cast<int64_t>(ids.size());
-        FANOUT_CHECK(T <= c.max_position_embeddings, "{} tokens exceed max_position_embeddings {}", T,
-                     c.max_position_embeddings);
-        kv::PagedKvCache cache = make_cache(group->lead(), T, a.model);
-        kv::SequenceBlocks seq;
-        cache.reserve(seq, T);
-        auto batch = model::StepBatchBuilder(cache).add(ids, 0, seq, model::StepBatchBuilder::Logits::kAll).build();
-        write_logits(a.output, group->forward(batch, cache).logits);
-        return;
-    }
-    auto m = load_model(a.model);
+    std::unique_ptr<model::EpThreadGroup> group;
+    std::unique_ptr<model::DeepseekV3> m;
+    if (a.ep > 1)
+        group = load_ep_group(a.model, a.ep, static_cast<int64_t>(ids.size()));
+    else
+        m = load_model(a.model);
+    const model::DeepseekV3& lead = group ? group->lead() : *m;
+    const io::ModelConfig& c = lead.config();
     const int64_t T = static_cast<int64_t>(ids.size());
-    FANOUT_CHECK(T <= m->config().max_position_embeddings, "{} tokens exceed max_position_embeddings {}", T,
-                 m->config().max_position_embeddings);
+    FANOUT_CHECK(T <= c.max_position_embeddings, "{} tokens exceed max_position_embeddings {}", T,
+                 c.max_position_embeddings);
     for (int64_t t = 0; t < T; ++t)
-        FANOUT_CHECK(ids[t] >= 0 && ids[t] < m->config().vocab_size,
-                     "token id {} at index {} is outside the vocabulary [0, {})", ids[t], t, m->config().vocab_size);
+        FANOUT_CHECK(ids[t] >= 0 && ids[t] < c.vocab_size, "token id {} at index {} is outside the vocabulary [0, {})",
+                     ids[t], t, c.vocab_size);
     Tensor logits;
     if (a.model.device == "cuda") {
 #ifdef FANOUT_WITH_CUDA
@@ -212,12 +206,16 @@ void run_score(const ScoreArgs& a) {
         logits = gpu->forward_logits(batch);
 #endif
     } else {
-        ThreadPool pool(a.model.threads);
-        kv::PagedKvCache cache = make_cache(*m, T, a.model);
+        kv::PagedKvCache cache = make_cache(lead, T, a.model);
         kv::SequenceBlocks seq;
         cache.reserve(seq, T);
         auto batch = model::StepBatchBuilder(cache).add(ids, 0, seq, model::StepBatchBuilder::Logits::kAll).build();
-        logits = m->forward(batch, cache, forward_options(a.model), Stream{&pool}).logits;
+        if (group) {
+            logits = group->forward(batch, cache).logits;  // a step of every rank
+        } else {
+            ThreadPool pool(a.model.threads);
+            logits = m->forward(batch, cache, forward_options(a.model), Stream{&pool}).logits;
+        }
     }
     write_logits(a.output, logits);
 }

@@ -7,22 +7,12 @@
 
 #include "../model/oracle_fixtures.h"
 #include "cuda_test_util.h"
+#include "engine_test_util.h"
 #include "fanout/engine/cuda_runner.h"
 #include "test_util.h"
 
 namespace fanout::engine {
 namespace {
-
-std::vector<int32_t> drain(RequestHandle& h) {
-    std::vector<int32_t> toks;
-    RequestEvent ev;
-    while (h.next(&ev, std::chrono::seconds(60))) {
-        toks.insert(toks.end(), ev.tokens.begin(), ev.tokens.end());
-        if (ev.finished) return toks;
-    }
-    ADD_FAILURE() << "request did not finish";
-    return toks;
-}
 
 constexpr int kRequests = 6;
 
@@ -50,14 +40,7 @@ std::vector<std::vector<int32_t>> run_engine(const model::DeepseekV3& m, const s
     EngineConfig cfg;
     cfg.num_kv_blocks = 32;
     cfg.scheduler = {8, 64, 16};
-    Engine engine(std::make_unique<CudaRunner>(m, o), nullptr, cfg);
-    std::vector<std::shared_ptr<RequestHandle>> handles;
-    for (const auto& p : params) handles.push_back(engine.submit(p));
-    engine.start();
-    std::vector<std::vector<int32_t>> out;
-    for (auto& h : handles) out.push_back(drain(*h));
-    engine.stop();
-    return out;
+    return testing::run_engine(std::make_unique<CudaRunner>(m, o), cfg, params);
 }
 
 // Batched in one engine (decode steps from CUDA graphs, several requests per step, absorbed-form

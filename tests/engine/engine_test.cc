@@ -1,12 +1,14 @@
 // The engine with a deterministic fake model (exact outputs under concurrency, preemption,
 // cancellation, stop strings) and with a real synthetic DeepSeek-V3 (batched, prefix-cached,
 // preempted outputs equal single-request generation).
+#include "fanout/engine/engine.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <filesystem>
 
-#include "fanout/engine/engine.h"
+#include "engine_test_util.h"
 #include "fanout/model/generate.h"
 #include "fanout/model/synthetic.h"
 #include "test_util.h"
@@ -16,7 +18,7 @@ namespace {
 
 // Next token = (7 * last + position + 3) mod V, as a one-hot logit.
 class FakeRunner : public ModelRunner {
-public:
+  public:
     static constexpr int64_t kVocab = 50;
     int64_t vocab_size() const override { return kVocab; }
     int64_t max_context() const override { return 4096; }
@@ -46,19 +48,9 @@ std::vector<int32_t> expected(const std::vector<int32_t>& prompt, int64_t max_to
     return out;
 }
 
+// Each engine event within 20 s (the host runner is fast).
 std::vector<int32_t> drain(RequestHandle& h, std::string* reason = nullptr, RequestEvent* last = nullptr) {
-    std::vector<int32_t> toks;
-    RequestEvent ev;
-    while (h.next(&ev, std::chrono::seconds(20))) {
-        toks.insert(toks.end(), ev.tokens.begin(), ev.tokens.end());
-        if (ev.finished) {
-            if (reason) *reason = ev.finish_reason;
-            if (last) *last = ev;
-            return toks;
-        }
-    }
-    ADD_FAILURE() << "request did not finish";
-    return toks;
+    return testing::drain(h, reason, last, std::chrono::seconds(20));
 }
 
 TEST(Engine, ManyConcurrentRequestsUnderPreemptionGetExactOutputs) {
@@ -219,7 +211,7 @@ TEST(Engine, CostBudgetedStepsGiveTheSameOutputs) { expect_batched_equal_single(
 // The FakeRunner, sampling "on the device": each row rebuilt into SamplingParams from the row and
 // its slice of the step's logit biases, then the host rule — what a GPU runner must compute.
 class FakeDeviceRunner : public FakeRunner {
-public:
+  public:
     bool samples_on_device() const override { return true; }
     std::vector<int32_t> forward_sample(const model::StepBatch& b, kv::PagedKvCache& cache,
                                         std::span<const ops::SamplingRow> rows,
@@ -244,14 +236,7 @@ std::vector<std::vector<int32_t>> run_all(std::unique_ptr<ModelRunner> runner,
     EngineConfig cfg;
     cfg.num_kv_blocks = 64;
     cfg.scheduler = {8, 16, 4};
-    Engine engine(std::move(runner), nullptr, cfg);
-    std::vector<std::shared_ptr<RequestHandle>> handles;
-    for (const auto& p : params) handles.push_back(engine.submit(p));
-    engine.start();
-    std::vector<std::vector<int32_t>> out;
-    for (auto& h : handles) out.push_back(drain(*h));
-    engine.stop();
-    return out;
+    return testing::run_engine(std::move(runner), cfg, params);
 }
 
 // logit_bias through the engine: +100 forces a token, -100 bans the model's pick, and the rows a

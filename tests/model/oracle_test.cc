@@ -6,9 +6,8 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <thread>
 
-#include "fanout/comm/local_ep.h"
+#include "fanout/model/ep_group.h"
 #include "fanout/model/generate.h"
 #include "oracle_fixtures.h"
 #include "test_util.h"
@@ -94,26 +93,12 @@ TEST_P(Oracle, LogitsMatchTransformersAtEp4) {
     const int64_t T = static_cast<int64_t>(ids.size());
     std::vector<std::unique_ptr<DeepseekV3>> ranks;
     for (int r = 0; r < kEp; ++r) ranks.push_back(DeepseekV3::load(f.dir, ParallelConfig{r, kEp, 1}));
-    comm::LocalFabric fabric(ranks[0]->ep_config(ParallelConfig{0, kEp, 1}, T));
-    Tensor logits;
-    std::vector<std::thread> threads;
-    for (int r = 0; r < kEp; ++r)
-        threads.emplace_back([&, r] {
-            auto ep = fabric.endpoint(r);
-            kv::PagedKvCache cache(ranks[r]->kv_cache_config(4));
-            kv::SequenceBlocks seq;
-            StepBatchBuilder b(cache);
-            if (r == 0) {
-                cache.reserve(seq, T);
-                b.add(ids, 0, seq, StepBatchBuilder::Logits::kAll);
-            }
-            ForwardOptions opts;
-            opts.ep = ep.get();
-            ThreadPool pool(1);
-            Tensor out = ranks[r]->forward(b.build(), cache, opts, Stream{&pool}).logits;
-            if (r == 0) logits = std::move(out);
-        });
-    for (auto& t : threads) t.join();
+    EpThreadGroup group(std::move(ranks), T, {}, 1);
+    kv::PagedKvCache cache(group.lead().kv_cache_config(4));
+    kv::SequenceBlocks seq;
+    cache.reserve(seq, T);
+    const Tensor logits =
+        group.forward(StepBatchBuilder(cache).add(ids, 0, seq, StepBatchBuilder::Logits::kAll).build(), cache).logits;
     ASSERT_EQ(logits.numel(), static_cast<int64_t>(f.logits.size()));
     const double diff = fanout::testing::max_abs_diff(logits.data_as<float>(), f.logits.data(), f.logits.size());
     const double tol = 1e-3 * f.oracle["max_abs_logit"].get<double>();

@@ -238,30 +238,31 @@ void DeepseekV3::stage_dispatch_send(const LayerWeights& w, LayerState& st, cons
 }
 
 // The routed experts of this rank on what dispatch delivered: [local, max_m, D] f32, the first
-// counts[e] rows of expert e real; outputs in the same layout, handed to combine.
+// counts[e] rows of expert e real. The intermediate activations hold only those rows; `out` keeps
+// the receive layout combine reads ([local, max_m, D], allocated once and reused by every layer
+// of the step — rows past a count are never read).
 static void run_received_experts(const MoeWeights& m, const comm::ExpertBatch& b, int64_t D, int64_t I, Tensor& out,
                                  const ForwardOptions& opts, const Stream& s) {
     const int64_t EL = m.expert_end - m.expert_begin, M = b.max_m;
-    std::vector<int32_t> counts(static_cast<size_t>(EL));
-    for (int64_t e = 0; e < EL; ++e) counts[e] = std::clamp<int32_t>(b.counts[e], 0, static_cast<int32_t>(M));
-    Tensor x = Tensor::view(const_cast<void*>(b.tokens), DType::kF32, {EL, M, D});
-    std::vector<ops::LinearWeight> gate, up, down;
-    for (const MlpWeights& w : m.experts) {
-        gate.push_back(w.gate);
-        up.push_back(w.up);
-        down.push_back(w.down);
-    }
-    Tensor g = Tensor::zeros({EL, M, I}, DType::kF32), u = Tensor::zeros({EL, M, I}, DType::kF32);
-    ops::grouped_linear_masked(x, gate, counts, g, opts.fp8_mode, s);
-    ops::grouped_linear_masked(x, up, counts, u, opts.fp8_mode, s);
+    std::vector<int64_t> offset(static_cast<size_t>(EL) + 1, 0);
+    for (int64_t e = 0; e < EL; ++e) offset[e + 1] = offset[e] + std::clamp<int64_t>(b.counts[e], 0, M);
+    const Tensor x = Tensor::view(const_cast<void*>(b.tokens), DType::kF32, {EL * M, D});
+    Tensor g = Tensor::zeros({offset[EL], I}, DType::kF32), u = Tensor::zeros({offset[EL], I}, DType::kF32);
     for (int64_t e = 0; e < EL; ++e) {
-        if (counts[e] == 0) continue;
-        Tensor ge = g.reshape({EL * M, I}).slice_rows(e * M, e * M + counts[e]);
-        Tensor ue = u.reshape({EL * M, I}).slice_rows(e * M, e * M + counts[e]);
-        ops::silu_mul(ge, ue, ge, s);
+        if (offset[e + 1] == offset[e]) continue;
+        const Tensor xe = x.slice_rows(e * M, e * M + offset[e + 1] - offset[e]);
+        Tensor ge = g.slice_rows(offset[e], offset[e + 1]), ue = u.slice_rows(offset[e], offset[e + 1]);
+        ops::linear(xe, m.experts[static_cast<size_t>(e)].gate, ge, opts.fp8_mode, s);
+        ops::linear(xe, m.experts[static_cast<size_t>(e)].up, ue, opts.fp8_mode, s);
     }
-    out = Tensor::zeros({EL, M, D}, DType::kF32);
-    ops::grouped_linear_masked(g, down, counts, out, opts.fp8_mode, s);
+    ops::silu_mul(g, u, g, s);
+    if (!out.defined() || out.shape() != Shape{EL, M, D}) out = Tensor::zeros({EL, M, D}, DType::kF32);
+    for (int64_t e = 0; e < EL; ++e) {
+        if (offset[e + 1] == offset[e]) continue;
+        Tensor oe = out.reshape({EL * M, D}).slice_rows(e * M, e * M + offset[e + 1] - offset[e]);
+        ops::linear(g.slice_rows(offset[e], offset[e + 1]), m.experts[static_cast<size_t>(e)].down, oe, opts.fp8_mode,
+                    s);
+    }
 }
 
 void DeepseekV3::stage_experts(const LayerWeights& w, LayerState& st, const Stream& s,

@@ -45,6 +45,14 @@ LayerLimits layer_limits(const io::ModelConfig& c, const CudaModelOptions& opts)
     return l;
 }
 
+// The request counts decode graphs are captured for: 1, 2, 4, … up to max_requests (and the
+// step's token limit); a step of R requests replays the bucket next_pow2(R).
+std::vector<int64_t> decode_buckets(const CudaModelOptions& o) {
+    std::vector<int64_t> out;
+    for (int64_t R = 1; R <= o.max_requests && R <= o.max_step_tokens; R *= 2) out.push_back(R);
+    return out;
+}
+
 int64_t next_pow2(int64_t n) {
     int64_t b = 1;
     while (b < n) b *= 2;
@@ -201,8 +209,7 @@ size_t CudaModel::workspace_bytes(const io::ModelConfig& c, const CudaModelOptio
 
 size_t CudaModel::graph_bytes(const io::ModelConfig&, const CudaModelOptions& opts) {
     if (!opts.cuda_graphs) return 0;
-    int64_t buckets = 0;
-    for (int64_t R = 1; R <= opts.max_requests && R <= opts.max_step_tokens; R *= 2) ++buckets;
+    const size_t buckets = decode_buckets(opts).size();
     // NOTE: an estimate per graph (its kernel nodes), with room for the MLA workspace and cuBLASLt
     // plans the first run allocates. capture_decode_graphs() measured 38 MB for the first bucket
     // and under the 2 MB page of cudaMemGetInfo for each other at V3's widths (docs/PERF.md).
@@ -357,7 +364,7 @@ std::vector<CudaModel::GraphCapture> CudaModel::capture_decode_graphs() {
     std::vector<GraphCapture> out;
     if (!m.opts.cuda_graphs) return out;
     const int64_t W = m.max_blocks_per_request;
-    for (int64_t R = 1; R <= m.opts.max_requests && R <= m.opts.max_step_tokens; R *= 2) {
+    for (const int64_t R : decode_buckets(m.opts)) {
         // R padding requests: one token each at position 0 in the scratch block, greedy.
         std::vector<int32_t> zeros(static_cast<size_t>(R), 0), rows(static_cast<size_t>(R)),
             starts(static_cast<size_t>(R) + 1), ones(static_cast<size_t>(R), 1),

@@ -337,6 +337,10 @@ bool experts_run_fp8(const io::ModelConfig& c) {
     return c.fp8.has_value() && tma_friendly(2 * I, D) && tma_friendly(D, I);
 }
 
+int default_weight_readers() {
+    return static_cast<int>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 2, kMaxReaders));
+}
+
 WeightPlan plan_weights(const io::ModelConfig& c, const ModelWeights& w) {
     WeightPlan plan;
     Planner p(w, plan);
@@ -416,9 +420,7 @@ void stream_weights(const WeightPlan& plan, const ModelWeights& w, WeightTarget&
                std::tie(b.range->at.shard, b.range->at.offset, b.begin);
     });
 
-    const int num_readers =
-        readers > 0 ? readers
-                    : static_cast<int>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 2, kMaxReaders));
+    const int num_readers = readers > 0 ? readers : default_weight_readers();
     // Reader r's slice: the chunks whose first byte falls in the r-th of num_readers equal parts
     // of the bytes, in file order.
     std::vector<size_t> slice(static_cast<size_t>(num_readers) + 1, chunks.size());

@@ -104,13 +104,16 @@ struct StreamStats {
     double copy_wait_seconds = 0;  // waiting for a staging buffer's copy, summed
 };
 
+// The reader threads stream_weights() uses by default: one per core, 2..8.
+int default_weight_readers();
+
 // Fills the arena `target` holds as `plan` says, checking the values `w.unchecked` lists of every
 // tensor the plan reads: those it streams in the staging buffers, those the host preparation read
 // over the mapping; tensors the plan does not hold (the MTP layer, not run on the GPU yet) are not
 // read at all. An Error names the tensor, file and element. Reader r sweeps the r-th of `readers`
 // equal slices of the ranges in file order through its own file descriptors (readahead stays
 // sequential), asking the kernel for its next chunk while it copies the current one. `readers`
-// <= 0: one per core, 2..8. `progress` is called from this thread.
+// <= 0: default_weight_readers(). `progress` is called from this thread.
 void stream_weights(const WeightPlan& plan, const ModelWeights& w, WeightTarget& target, int readers = 0,
                     const LoadProgress& progress = {}, StreamStats* stats = nullptr);
 

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <array>
-#include <thread>
 
 #include "fanout/core/cuda_check.h"
 
@@ -120,7 +119,7 @@ DeviceModelWeights upload_model_weights(const io::ModelConfig& c, const ModelWei
     int device = 0;
     FANOUT_CUDA_CHECK(cudaGetDevice(&device));
     {
-        const int readers = static_cast<int>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 2, 8));
+        const int readers = default_weight_readers();
         CudaTarget target(d.arena.get(), readers, device);
         stream_weights(plan, w, target, readers, progress, stats);
     }
