@@ -89,7 +89,8 @@ model::LoadProgress load_progress_printer() {
     };
 }
 
-std::unique_ptr<model::DeepseekV3> load_model(const ModelArgs& a, const model::LoadProgress& progress) {
+std::unique_ptr<model::DeepseekV3> load_model(const ModelArgs& a, const model::LoadProgress& progress,
+                                              const ParallelConfig& parallel) {
     const std::string dir = resolve_model_dir(a.model);
     const double bytes = engine::checkpoint_file_bytes(dir);  // for the rate
     const auto t0 = std::chrono::steady_clock::now();
@@ -98,7 +99,12 @@ std::unique_ptr<model::DeepseekV3> load_model(const ModelArgs& a, const model::L
     // The GPU runner streams every weight to the device and checks the values there, in its
     // staging buffers; the CPU path checks them over the mapping now.
     opts.check_values = a.device != "cuda";
-    auto m = model::DeepseekV3::load(dir, {}, opts);
+    auto m = model::DeepseekV3::load(dir, parallel, opts);
+    if (parallel.ep > 1) {
+        const auto e = parallel.experts(m->config().n_routed_experts);
+        std::fprintf(stderr, "rank %d/%d: routed experts [%lld, %lld) of %lld\n", parallel.rank, parallel.ep,
+                     (long long)e.begin, (long long)e.end, (long long)m->config().n_routed_experts);
+    }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const model::ModelWeights& w = m->weights();
     if (opts.check_values) {

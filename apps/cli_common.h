@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "fanout/core/parallel.h"
 #include "fanout/io/tokenizer.h"
 #include "fanout/kv/paged_kv_cache.h"
 #include "fanout/model/deepseek_v3.h"
@@ -32,7 +33,9 @@ void add_model_args(CLI::App* cmd, ModelArgs& a);
 std::string resolve_model_dir(const std::string& model);
 // Loads (binds and, on the CPU path, checks) the model; --device cuda leaves the value checks to
 // the GPU runner's streaming upload. `progress` defaults to load_progress_printer().
-std::unique_ptr<model::DeepseekV3> load_model(const ModelArgs& a, const model::LoadProgress& progress = {});
+// `parallel`: the rank's share (its routed experts) of an expert-parallel deployment.
+std::unique_ptr<model::DeepseekV3> load_model(const ModelArgs& a, const model::LoadProgress& progress = {},
+                                              const ParallelConfig& parallel = {});
 // A progress callback that prints the load on stderr: stage, tensors, GB, GB/s and ETA — one line
 // rewritten in place on a terminal, plain lines every 2 s otherwise.
 model::LoadProgress load_progress_printer();

@@ -48,13 +48,7 @@ std::unique_ptr<model::EpThreadGroup> load_ep_group(const ModelArgs& a, int ep, 
     const io::ModelConfig c = io::load_model_config(dir);
     validate(ParallelConfig{0, ep, 1}, c.n_routed_experts);  // before loading anything
     std::vector<std::unique_ptr<model::DeepseekV3>> models;
-    for (int r = 0; r < ep; ++r) {
-        const ParallelConfig p{r, ep, 1};
-        models.push_back(model::DeepseekV3::load(dir, p));
-        std::fprintf(stderr, "rank %d/%d: routed experts [%lld, %lld) of %lld\n", r, ep,
-                     (long long)p.experts(c.n_routed_experts).begin, (long long)p.experts(c.n_routed_experts).end,
-                     (long long)c.n_routed_experts);
-    }
+    for (int r = 0; r < ep; ++r) models.push_back(load_model(a, {}, ParallelConfig{r, ep, 1}));
     const int cores = a.threads > 0 ? a.threads : static_cast<int>(std::thread::hardware_concurrency());
     return std::make_unique<model::EpThreadGroup>(std::move(models), max_tokens, forward_options(a),
                                                   std::max(1, cores / ep));

@@ -1,11 +1,19 @@
-// serve: one engine instance behind the OpenAI-compatible HTTP API, until SIGINT / SIGTERM.
+// serve: the OpenAI-compatible HTTP API until SIGINT / SIGTERM, over one engine or a data-parallel
+// group of expert-parallel ranks (--ep N): threads of this process, or processes under an MPI
+// launcher (`mpirun -np N fanout serve ...`, or `--ranks processes`, which starts mpirun itself).
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "cli_common.h"
+#include "fanout/engine/dp_group.h"
 #include "fanout/engine/engine.h"
 #include "fanout/engine/memory_plan.h"
 #include "fanout/model/step_cost.h"
@@ -13,6 +21,9 @@
 #include "fanout/engine/cuda_runner.h"
 #endif
 #include "fanout/serve/openai_server.h"
+#ifdef FANOUT_WITH_MPI
+#include "fanout/comm/mpi_ep.h"
+#endif
 
 namespace fanout::cli {
 namespace {
@@ -27,9 +38,122 @@ struct ServeArgs {
     double kv_memory_gb = -1;  // <= 0: CPU 1 GB; GPU what the plan leaves
     double gpu_memory_utilization = 0.9;
     double attention_cost = -1;  // < 0: from the model config (model/step_cost.h)
+    int ep = 0;                  // 0: 1, or the launcher's world
+    std::string ranks = "threads";
 };
 
+// What serves: one engine, or this process's part of a DP group (every rank as a thread here, or
+// this process's rank under an MPI launcher, whose other ranks are other processes).
+struct Deployment {
+    std::unique_ptr<engine::Engine> engine;
+    std::unique_ptr<engine::DpThreadGroup> threads;
+#ifdef FANOUT_WITH_MPI
+    std::unique_ptr<comm::MpiSession> mpi;
+    std::unique_ptr<comm::ExpertParallel> mpi_ep;  // the runner's EP endpoint: outlives the rank
+    std::unique_ptr<engine::DpRank> mpi_rank;
+    std::thread mpi_loop;
+#endif
+    int rank = 0, world = 1;
+
+    engine::RequestService& service() {
+        if (threads) return threads->lead();
+#ifdef FANOUT_WITH_MPI
+        if (mpi_rank) return *mpi_rank;
+#endif
+        return *engine;
+    }
+    void start() {
+        if (engine) engine->start();
+        if (threads) threads->start();
+#ifdef FANOUT_WITH_MPI
+        if (mpi_rank)
+            mpi_loop = std::thread([this] {
+                try {
+                    mpi_rank->run();
+                } catch (const std::exception&) {  // the control plane ended the job, naming the rank
+                }
+            });
+#endif
+    }
+    void stop() {
+        if (engine) engine->stop();
+        if (threads) threads->stop();
+#ifdef FANOUT_WITH_MPI
+        if (mpi_rank) mpi_rank->stop();
+        if (mpi_loop.joinable()) mpi_loop.join();
+#endif
+    }
+    // The group's failure (a rank that failed stops every rank), or empty.
+    std::string failure() const {
+        if (threads) return threads->failure();
+#ifdef FANOUT_WITH_MPI
+        if (mpi_rank) return mpi_rank->failure();
+#endif
+        return "";
+    }
+};
+
+// `--ranks processes` without a launcher: this command again, under mpirun on this host (the
+// launcher gives each process its rank; ranks past 0 serve their experts, rank 0 the API).
+[[noreturn]] void relaunch_under_mpirun(int ep) {
+    std::ifstream f("/proc/self/cmdline", std::ios::binary);
+    std::vector<std::string> args;
+    for (std::string arg; std::getline(f, arg, '\0');) args.push_back(arg);
+    FANOUT_CHECK(!args.empty(), "--ranks processes: cannot read this process's command line");
+    std::vector<std::string> cmd = {"mpirun",
+                                    "-np",
+                                    std::to_string(ep),
+                                    "--oversubscribe",
+                                    "--bind-to",
+                                    "none",
+                                    "--mca",
+                                    "btl",
+                                    "self,vader",
+                                    "--mca",
+                                    "btl_vader_single_copy_mechanism",
+                                    "none"};
+    if (geteuid() == 0) {  // containers: OpenMPI refuses root unless told twice, in mpirun and in each rank
+        setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+        setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    }
+    cmd.push_back(std::filesystem::read_symlink("/proc/self/exe").string());
+    cmd.insert(cmd.end(), args.begin() + 1, args.end());
+    std::vector<char*> argv;
+    for (auto& c : cmd) argv.push_back(c.data());
+    argv.push_back(nullptr);
+    std::fprintf(stderr, "fanout serve: starting %d rank processes: mpirun -np %d ...\n", ep, ep);
+    std::fflush(stderr);
+    execvp("mpirun", argv.data());
+    FANOUT_FAIL("--ranks processes: could not start mpirun ({}); install OpenMPI or use --ranks threads",
+                std::strerror(errno));
+}
+
 void run_serve(ServeArgs& a) {
+    FANOUT_CHECK(a.ranks == "threads" || a.ranks == "processes", "--ranks must be threads or processes, got '{}'",
+                 a.ranks);
+    Deployment d;
+#ifdef FANOUT_WITH_MPI
+    if (comm::launched_by_mpi()) {
+        d.mpi = std::make_unique<comm::MpiSession>();
+        d.rank = d.mpi->rank();
+        d.world = d.mpi->world();
+        FANOUT_CHECK(a.ep == 0 || a.ep == d.world, "--ep {}: the launcher started {} processes (one rank each)", a.ep,
+                     d.world);
+        a.ep = d.world;
+        a.ranks = "processes";
+    }
+#endif
+    if (a.ep == 0) a.ep = 1;
+    if (a.ranks == "processes" && d.world == 1 && a.ep > 1) {
+#ifdef FANOUT_WITH_MPI
+        relaunch_under_mpirun(a.ep);
+#else
+        FANOUT_FAIL("--ranks processes: this fanout was built without MPI (libopenmpi-dev); use --ranks threads");
+#endif
+    }
+    FANOUT_CHECK(a.ep == 1 || a.model.device == "cpu",
+                 "--ep {}: expert parallelism runs on the CPU path so far; the GPU runner holds every expert (--ep 1)",
+                 a.ep);
     const std::string dir = resolve_model_dir(a.model.model);
     const io::Tokenizer tokenizer = load_tokenizer(dir);
     if (a.server.model_name.empty()) {
@@ -52,6 +176,8 @@ void run_serve(ServeArgs& a) {
         phase_start = now;
     };
     const io::ModelConfig pre = io::load_model_config(dir);
+    validate(ParallelConfig{d.rank, a.ep, 1}, pre.n_routed_experts);  // before loading anything
+    const int local_ranks = a.ranks == "threads" ? a.ep : 1;          // ranks in this process
     engine::MemoryRequest mr;
     if (a.kv_memory_gb > 0) mr.kv_bytes = a.kv_memory_gb * 1e9;
 #ifdef FANOUT_WITH_CUDA
@@ -78,17 +204,24 @@ void run_serve(ServeArgs& a) {
         mr.where = "this host (MemTotal)";
         mr.total_bytes = engine::host_memory_bytes();
         mr.weight_bytes = engine::checkpoint_file_bytes(dir);  // mapped whole
-        mr.workspace_bytes =
-            engine::cpu_step_workspace_bytes(pre, a.scheduler.max_num_seqs, a.scheduler.max_batched_tokens);
+        // Each rank of this process its step buffers and KV cache (--kv-memory-gb each); the
+        // checkpoint is mapped once.
+        mr.workspace_bytes = local_ranks * engine::cpu_step_workspace_bytes(pre, a.scheduler.max_num_seqs,
+                                                                            a.scheduler.max_batched_tokens);
         mr.kv_block_bytes =
             engine::kv_block_bytes(pre, true, kv::kDefaultBlockSize, a.model.kv_dtype == "bf16" ? 2 : 4);
-        if (!mr.kv_bytes) mr.kv_bytes = 1e9;
+        if (!mr.kv_bytes)
+            mr.kv_bytes = 1e9;  // by default 1 GB for all the ranks of this process
+        else
+            *mr.kv_bytes *= local_ranks;  // --kv-memory-gb is each rank's
     }
     const engine::MemoryPlan plan = mr.total_bytes > 0 ? engine::plan_memory(mr) : engine::MemoryPlan{};
-    if (!plan.summary.empty()) std::fprintf(stderr, "%s\n", plan.summary.c_str());
+    if (!plan.summary.empty() && d.rank == 0) std::fprintf(stderr, "%s\n", plan.summary.c_str());
     phase("plan");
     std::unique_ptr<engine::ModelRunner> runner;
-    auto model = load_model(a.model);
+    std::vector<std::unique_ptr<model::DeepseekV3>> rank_models;  // --ep N --ranks threads: ranks 1..N-1
+    for (int r = 1; r < local_ranks; ++r) rank_models.push_back(load_model(a.model, {}, ParallelConfig{r, a.ep, 1}));
+    auto model = load_model(a.model, {}, ParallelConfig{d.rank, a.ep, 1});
     phase(a.model.device == "cuda" ? "bind" : "load and check");
     const io::ModelConfig& c = model->config();
     // Steps are budgeted by work, not tokens (a chunk deep in a long prompt costs more than one at
@@ -144,18 +277,48 @@ void run_serve(ServeArgs& a) {
     } else {
         model::ForwardOptions opts = forward_options(a.model);
         opts.absorbed_max_query = model::absorbed_form_max_query(c);
-        auto cpu = std::make_unique<engine::DeepseekRunner>(std::move(model), opts, a.model.threads,
-                                                            a.model.kv_dtype == "bf16" ? DType::kBF16 : DType::kF32);
-        const kv::KvCacheConfig one = cpu->kv_cache_config(1);
+        const DType kv_dtype = a.model.kv_dtype == "bf16" ? DType::kBF16 : DType::kF32;
+        const kv::KvCacheConfig one = model->kv_cache_config(1, kv_dtype);
         const double block_bytes =
             static_cast<double>(one.num_layers * one.block_size * one.entry_dim) * dtype_size(one.dtype);
-        ec.num_kv_blocks = std::max<int64_t>(4, static_cast<int64_t>(*mr.kv_bytes / block_bytes));
-        runner = std::move(cpu);
+        ec.num_kv_blocks = std::max<int64_t>(4, static_cast<int64_t>(*mr.kv_bytes / local_ranks / block_bytes));
+        // Each rank its share of the cores (threads of one process, or processes of one host).
+        const int cores = static_cast<int>(std::thread::hardware_concurrency());
+        const int threads = a.model.threads > 0 ? a.model.threads : std::max(1, cores / a.ep);
+        if (a.ep > 1 && a.ranks == "threads") {
+            rank_models.insert(rank_models.begin(), std::move(model));
+            d.threads = engine::make_cpu_dp_threads(std::move(rank_models), ec, opts, threads, kv_dtype, &tokenizer);
+        } else if (a.ep > 1) {
+#ifdef FANOUT_WITH_MPI
+            d.mpi_ep = comm::make_mpi_ep(model->ep_config(ParallelConfig{d.rank, a.ep, 1},
+                                                          std::max<int64_t>(1, ec.scheduler.max_batched_tokens)),
+                                         MPI_COMM_WORLD);
+            opts.ep = d.mpi_ep.get();
+            ec.lockstep = true;
+            auto rank_engine = std::make_unique<engine::Engine>(
+                std::make_unique<engine::DeepseekRunner>(std::move(model), opts, threads, kv_dtype), &tokenizer, ec);
+            d.mpi_rank =
+                std::make_unique<engine::DpRank>(std::move(rank_engine), comm::make_mpi_control(MPI_COMM_WORLD));
+#endif
+        } else {
+            runner = std::make_unique<engine::DeepseekRunner>(std::move(model), opts, a.model.threads, kv_dtype);
+        }
     }
     if (a.model.device != "cuda") phase("runner");
-    engine::Engine engine(std::move(runner), &tokenizer, ec);
+    if (runner) d.engine = std::make_unique<engine::Engine>(std::move(runner), &tokenizer, ec);
     phase(a.model.device == "cuda" ? "engine" : "KV cache and engine");
-    serve::OpenAIServer server(engine, tokenizer, a.server);
+#ifdef FANOUT_WITH_MPI
+    if (d.mpi_rank && d.rank != 0) {
+        // Ranks past 0 serve their experts and run the requests rank 0 hands them, until it stops
+        // the group; a failure anywhere ends the job through the launcher, naming the rank.
+        std::signal(SIGINT, SIG_IGN);  // the launcher's signal reaches every rank: rank 0 stops the group
+        std::signal(SIGTERM, SIG_IGN);
+        d.mpi_rank->run();
+        std::fprintf(stderr, "fanout serve: rank %d stopped\n", d.rank);
+        return;
+    }
+#endif
+    serve::OpenAIServer server(d.service(), tokenizer, a.server);
     const int port = server.bind();
     std::string breakdown;
     double total = 0;
@@ -164,21 +327,24 @@ void run_serve(ServeArgs& a) {
         total += secs;
     }
     std::fprintf(stderr, "start-up: %s; %.2f s in all\n", breakdown.c_str(), total);
-    engine.start();
+    d.start();
     std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error return, not process death
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);
-    std::thread watcher([&] {
-        while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::thread watcher([&] {  // a signal, or a failed rank, stops the server
+        while (!g_stop && d.failure().empty()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
         server.stop();
     });
-    std::fprintf(stderr, "fanout serve: listening on http://%s:%d (model '%s', %lld KV blocks = %lld tokens)\n",
+    const std::string ranks = a.ep == 1 ? std::string() : fmt::format(", {} DP/EP ranks as {}", a.ep, a.ranks);
+    std::fprintf(stderr, "fanout serve: listening on http://%s:%d (model '%s', %lld KV blocks = %lld tokens%s%s)\n",
                  a.server.host.c_str(), port, a.server.model_name.c_str(), (long long)ec.num_kv_blocks,
-                 (long long)(ec.num_kv_blocks * kv::kDefaultBlockSize));
+                 (long long)(ec.num_kv_blocks * kv::kDefaultBlockSize), a.ep > 1 ? " per rank" : "", ranks.c_str());
     server.serve();
     g_stop = true;
     watcher.join();
-    engine.stop();
+    d.stop();
+    const std::string failure = d.failure();
+    FANOUT_CHECK(failure.empty(), "the deployment stopped: {}", failure);
     std::fprintf(stderr, "fanout serve: stopped\n");
 }
 
@@ -189,6 +355,16 @@ void add_serve_command(CLI::App& app) {
     a->server.model_name.clear();
     auto* cmd = app.add_subcommand("serve", "serve the OpenAI-compatible API (chat and completions, streaming)");
     add_model_args(cmd, a->model);
+    cmd->add_option("--ep", a->ep,
+                    "expert-parallel ranks (= data-parallel attention ranks): each holds n_routed_experts / N routed "
+                    "experts and runs its own requests; rank 0 serves the API and hands requests to the least-loaded "
+                    "rank (default 1, or the world of the MPI launcher)")
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--ranks", a->ranks,
+                    "CPU ranks as threads of this process, or processes (under mpirun: one per process; without a "
+                    "launcher fanout starts mpirun on this host)")
+        ->check(CLI::IsMember({"threads", "processes"}))
+        ->capture_default_str();
     cmd->add_option("--host", a->server.host, "address to listen on")->capture_default_str();
     cmd->add_option("--port", a->server.port, "port (0 = any free one, printed at start)")->capture_default_str();
     cmd->add_option("--served-model-name", a->server.model_name,
@@ -203,7 +379,8 @@ void add_serve_command(CLI::App& app) {
                     "FLOPs; 0: budget by tokens alone)");
     cmd->add_flag("!--no-prefix-cache", a->scheduler.enable_prefix_cache, "do not share KV blocks between requests");
     cmd->add_option("--kv-memory-gb", a->kv_memory_gb,
-                    "memory for the paged KV cache (default: 1 on the CPU; on a GPU what the memory plan leaves)");
+                    "memory for each rank's paged KV cache (default: on the CPU 1 in all, split over this process's "
+                    "ranks; on a GPU what the memory plan leaves)");
     cmd->add_option("--gpu-memory-utilization", a->gpu_memory_utilization,
                     "fraction of the GPU's memory fanout may use (weights, step buffers, KV cache)")
         ->check(CLI::Range(0.01, 1.0))

@@ -88,7 +88,7 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const io::Tokenizer* tokeniz
 
 Engine::~Engine() { stop(); }
 
-std::shared_ptr<RequestHandle> Engine::submit(RequestParams p) {
+void Engine::validate(const RequestParams& p) const {
     const int64_t P = static_cast<int64_t>(p.prompt.size());
     FANOUT_CHECK(P > 0, "the prompt is empty");
     FANOUT_CHECK(p.max_tokens >= 1, "max_tokens must be >= 1, got {}", p.max_tokens);
@@ -103,8 +103,14 @@ std::shared_ptr<RequestHandle> Engine::submit(RequestParams p) {
         FANOUT_CHECK(id >= 0 && id < V, "logit_bias: token id {} is outside the vocabulary [0, {})", id, V);
     FANOUT_CHECK(p.stop.empty() || tokenizer_, "stop strings need a tokenizer");
     for (const auto& s : p.stop) FANOUT_CHECK(!s.empty(), "stop strings must not be empty");
+    ops::validate_sampling_params(p.sampling);
+}
+
+std::shared_ptr<RequestHandle> Engine::submit(RequestParams p) {
+    validate(p);
+    const int64_t P = static_cast<int64_t>(p.prompt.size());
     auto a = std::make_unique<Active>();
-    a->sampler.emplace(p.sampling);  // validates the sampling parameters
+    a->sampler.emplace(p.sampling);
     if (tokenizer_) a->decoder.emplace(*tokenizer_, p.skip_special_tokens);
     for (const auto& s : p.stop) a->hold = std::max(a->hold, s.size() - 1);
     a->seq = std::make_shared<Sequence>();
@@ -232,7 +238,7 @@ bool Engine::step() {
     admit_incoming();
     reap_cancelled();
     const std::vector<ScheduledSeq> work = scheduler_.schedule();
-    if (work.empty()) {
+    if (work.empty() && !config_.lockstep) {
         publish_gauges();
         return false;
     }
@@ -273,6 +279,7 @@ bool Engine::step() {
         }
     }
     publish_gauges();
+    if (work.empty()) return false;  // a lockstep engine's empty step
     std::lock_guard<std::mutex> lock(stats_mutex_);
     ++stats_.steps;
     return true;

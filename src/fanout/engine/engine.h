@@ -101,6 +101,7 @@ class RequestHandle {
 
   private:
     friend class Engine;
+    friend class DpRank;  // rank 0's handles carry the events other ranks produced
     void push(RequestEvent ev);
     int64_t id_ = 0;
     std::atomic<bool> cancelled_{false};
@@ -113,6 +114,9 @@ class RequestHandle {
 struct EngineConfig {
     SchedulerConfig scheduler;
     int64_t num_kv_blocks = 256;
+    // A rank of a data-parallel group (dp_group.h): every step() runs a forward — an empty one when
+    // this rank has no work — because every MoE layer is a collective of all ranks.
+    bool lockstep = false;
 };
 
 // Counters and latency histograms for /metrics.
@@ -132,23 +136,37 @@ struct EngineStats {
     Histogram ttft, itl, e2e;
 };
 
-class Engine {
+// What the API front end (serve/openai_server.h) talks to: one engine, or rank 0 of a
+// data-parallel group handing requests to its ranks (dp_group.h).
+class RequestService {
+  public:
+    virtual ~RequestService() = default;
+    // Validates and queues a request; throws Error naming what is wrong (prompt too long, ...).
+    virtual std::shared_ptr<RequestHandle> submit(RequestParams params) = 0;
+    virtual EngineStats stats() const = 0;
+    virtual int64_t max_context() const = 0;
+    virtual int64_t vocab_size() const = 0;
+};
+
+class Engine : public RequestService {
   public:
     // `tokenizer` may be null (then outputs carry ids only and stop strings are not allowed).
     Engine(std::unique_ptr<ModelRunner> runner, const io::Tokenizer* tokenizer, const EngineConfig& config);
-    ~Engine();
+    ~Engine() override;
 
-    // Validates and queues a request; throws Error naming what is wrong (prompt too long, ...).
-    std::shared_ptr<RequestHandle> submit(RequestParams params);
-    // One step; false when there was nothing to do.
+    std::shared_ptr<RequestHandle> submit(RequestParams params) override;
+    // Throws Error naming what is wrong with `p` for this engine (what submit() checks).
+    void validate(const RequestParams& p) const;
+    // One step; false when there was nothing to do (a lockstep engine still ran an empty forward).
     bool step();
     // Runs steps on a thread of its own until stop().
     void start();
     void stop();
 
-    EngineStats stats() const;
-    int64_t max_context() const { return max_context_; }
-    int64_t vocab_size() const { return runner_->vocab_size(); }
+    EngineStats stats() const override;
+    const EngineConfig& config() const { return config_; }
+    int64_t max_context() const override { return max_context_; }
+    int64_t vocab_size() const override { return runner_->vocab_size(); }
 
   private:
     struct Active;

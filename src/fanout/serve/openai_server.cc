@@ -80,7 +80,7 @@ void validate_model_name(const std::string& name) {
 }
 
 struct OpenAIServer::Impl {
-    engine::Engine& engine;
+    engine::RequestService& engine;
     ServerConfig config;
     PromptEncoder encoder;
     ApiModel model;
@@ -88,7 +88,7 @@ struct OpenAIServer::Impl {
     std::unique_ptr<HttpServer> http;
     std::atomic<int64_t> in_flight{0}, next_id{1}, http_requests{0}, http_errors{0};
 
-    Impl(engine::Engine& e, const io::Tokenizer& t, const ServerConfig& c)
+    Impl(engine::RequestService& e, const io::Tokenizer& t, const ServerConfig& c)
         : engine(e),
           config(c),
           router(HostPolicy{c.host, c.allowed_hosts}, [this](int status, const std::string& message) {
@@ -184,7 +184,7 @@ struct OpenAIServer::Impl {
     }
 };
 
-OpenAIServer::OpenAIServer(engine::Engine& engine, const io::Tokenizer& tokenizer, const ServerConfig& config)
+OpenAIServer::OpenAIServer(engine::RequestService& engine, const io::Tokenizer& tokenizer, const ServerConfig& config)
     : impl_(std::make_unique<Impl>(engine, tokenizer, config)) {}
 
 OpenAIServer::~OpenAIServer() { stop(); }

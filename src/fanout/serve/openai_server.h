@@ -1,4 +1,5 @@
-// OpenAI-compatible HTTP front end for one engine instance.
+// OpenAI-compatible HTTP front end for one engine, or the rank 0 of a data-parallel group
+// (engine::RequestService).
 //
 // POST /v1/chat/completions and /v1/completions (streaming as server-sent events ending in
 // `data: [DONE]`, or one JSON response), GET /v1/models, /health and /metrics (Prometheus text).
@@ -40,7 +41,7 @@ void validate_model_name(const std::string& name);
 
 class OpenAIServer {
   public:
-    OpenAIServer(engine::Engine& engine, const io::Tokenizer& tokenizer, const ServerConfig& config);
+    OpenAIServer(engine::RequestService& engine, const io::Tokenizer& tokenizer, const ServerConfig& config);
     ~OpenAIServer();
     // Binds the socket; returns the port (the chosen one when config.port is 0).
     int bind();

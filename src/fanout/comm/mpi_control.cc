@@ -1,0 +1,122 @@
+// The `mpi` control plane (control_plane.h): rank 0's step message by broadcast, the reports by
+// gather, on a communicator of their own. Idle ranks poll a non-blocking broadcast with a short
+// sleep instead of MPI's busy wait, so a quiet deployment leaves its cores alone.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "fanout/comm/control_plane.h"
+#include "fanout/comm/mpi_ep.h"
+#include "fanout/core/error.h"
+
+namespace fanout::comm {
+namespace {
+
+#define FANOUT_MPI_CHECK(stmt)                                                                               \
+    do {                                                                                                     \
+        const int mpi_rc_ = (stmt);                                                                          \
+        FANOUT_CHECK(mpi_rc_ == MPI_SUCCESS, "control plane (mpi): {} failed with code {}", #stmt, mpi_rc_); \
+    } while (0)
+
+class MpiControl final : public ControlPlane {
+  public:
+    MpiControl(MPI_Comm comm, std::chrono::milliseconds timeout) : timeout_(timeout) {
+        FANOUT_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
+        FANOUT_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+        FANOUT_MPI_CHECK(MPI_Comm_size(comm_, &world_));
+    }
+    ~MpiControl() override { MPI_Comm_free(&comm_); }
+
+    int rank() const override { return rank_; }
+    int world() const override { return world_; }
+
+    std::vector<uint8_t> broadcast(std::vector<uint8_t> message) override {
+        int64_t size = rank_ == 0 ? static_cast<int64_t>(message.size()) : 0;
+        MPI_Request req = MPI_REQUEST_NULL;
+        FANOUT_MPI_CHECK(MPI_Ibcast(&size, 1, MPI_INT64_T, 0, comm_, &req));
+        wait(req, rank_ == 0 ? timeout_ : std::chrono::milliseconds::max(), "rank 0's step message");
+        if (rank_ != 0) message.assign(static_cast<size_t>(size), 0);
+        FANOUT_MPI_CHECK(MPI_Bcast(message.data(), static_cast<int>(size), MPI_BYTE, 0, comm_));
+        return message;
+    }
+
+    std::vector<std::vector<uint8_t>> gather(std::vector<uint8_t> message) override {
+        int size = static_cast<int>(message.size());
+        std::vector<int> sizes(rank_ == 0 ? static_cast<size_t>(world_) : 0);
+        MPI_Request req = MPI_REQUEST_NULL;
+        FANOUT_MPI_CHECK(MPI_Igather(&size, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, comm_, &req));
+        wait(req, timeout_, "every rank's step report");
+        std::vector<int> displs(sizes.size(), 0);
+        int total = 0;
+        for (size_t r = 0; r < sizes.size(); ++r) {
+            displs[r] = total;
+            total += sizes[r];
+        }
+        std::vector<uint8_t> all(static_cast<size_t>(total));
+        FANOUT_MPI_CHECK(
+            MPI_Gatherv(message.data(), size, MPI_BYTE, all.data(), sizes.data(), displs.data(), MPI_BYTE, 0, comm_));
+        std::vector<std::vector<uint8_t>> out;
+        for (size_t r = 0; r < sizes.size(); ++r)
+            out.emplace_back(all.begin() + displs[r], all.begin() + displs[r] + sizes[r]);
+        return out;
+    }
+
+    [[noreturn]] void abort(const std::string& reason) override {
+        std::fprintf(stderr, "fanout: %s\n", reason.c_str());
+        std::fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+        std::abort();  // MPI_Abort does not return
+    }
+
+    std::string abort_reason() const override { return {}; }  // an abort ends the process
+
+  private:
+    // Polls `req` with a sleep that grows to 1 ms; past `timeout`, throws naming `what`.
+    void wait(MPI_Request& req, std::chrono::milliseconds timeout, const char* what) {
+        const auto start = std::chrono::steady_clock::now();
+        auto nap = std::chrono::microseconds(20);
+        for (;;) {
+            int done = 0;
+            FANOUT_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+            if (done) return;
+            FANOUT_CHECK(
+                timeout == std::chrono::milliseconds::max() || std::chrono::steady_clock::now() - start < timeout,
+                "control plane (mpi): rank {} waited {} ms for {}", rank_, timeout.count(), what);
+            std::this_thread::sleep_for(nap);
+            nap = std::min<std::chrono::microseconds>(nap * 2, std::chrono::milliseconds(1));
+        }
+    }
+
+    MPI_Comm comm_ = MPI_COMM_NULL;
+    int rank_ = 0, world_ = 1;
+    std::chrono::milliseconds timeout_;
+};
+
+}  // namespace
+
+bool launched_by_mpi() {
+    for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK"})
+        if (std::getenv(v) != nullptr) return true;
+    return false;
+}
+
+MpiSession::MpiSession() {
+    int inited = 0;
+    FANOUT_MPI_CHECK(MPI_Initialized(&inited));
+    FANOUT_CHECK(!inited, "MPI is already initialised in this process");
+    int provided = 0;
+    FANOUT_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided));
+    FANOUT_CHECK(provided >= MPI_THREAD_SERIALIZED, "this MPI gives thread level {}, fanout needs serialized ({})",
+                 provided, MPI_THREAD_SERIALIZED);
+    FANOUT_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
+    FANOUT_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_));
+}
+
+MpiSession::~MpiSession() { MPI_Finalize(); }
+
+std::unique_ptr<ControlPlane> make_mpi_control(MPI_Comm comm, std::chrono::milliseconds timeout) {
+    return std::make_unique<MpiControl>(comm, timeout);
+}
+
+}  // namespace fanout::comm

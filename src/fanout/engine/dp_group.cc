@@ -1,0 +1,405 @@
+#include "fanout/engine/dp_group.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <tuple>
+
+namespace fanout::engine {
+namespace {
+
+using json = nlohmann::json;
+
+// The wire form of the control messages: MessagePack of these JSON shapes.
+//   step (rank 0 → all): {"stop": bool, "assign": [{"rank", "id", "params": {...}}], "cancel": [[rank, id]]}
+//   report (rank → 0):   {"events": [{"id", "text", "tokens", "finished", "reason", "p", "c", "cached"}],
+//                         "stats": {...}}
+json params_to_json(const RequestParams& p) {
+    json bias = json::array();
+    for (const auto& [id, b] : p.sampling.logit_bias) bias.push_back({id, b});
+    return {{"prompt", p.prompt},
+            {"max_tokens", p.max_tokens},
+            {"temperature", p.sampling.temperature},
+            {"top_k", p.sampling.top_k},
+            {"top_p", p.sampling.top_p},
+            {"seed", p.sampling.seed},
+            {"logit_bias", bias},
+            {"stop", p.stop},
+            {"ignore_eos", p.ignore_eos},
+            {"skip_special_tokens", p.skip_special_tokens}};
+}
+
+RequestParams params_from_json(const json& j) {
+    RequestParams p;
+    p.prompt = j.at("prompt").get<std::vector<int32_t>>();
+    p.max_tokens = j.at("max_tokens").get<int64_t>();
+    p.sampling.temperature = j.at("temperature").get<float>();
+    p.sampling.top_k = j.at("top_k").get<int>();
+    p.sampling.top_p = j.at("top_p").get<float>();
+    p.sampling.seed = j.at("seed").get<uint64_t>();
+    for (const auto& b : j.at("logit_bias"))
+        p.sampling.logit_bias.emplace_back(b.at(0).get<int32_t>(), b.at(1).get<float>());
+    p.stop = j.at("stop").get<std::vector<std::string>>();
+    p.ignore_eos = j.at("ignore_eos").get<bool>();
+    p.skip_special_tokens = j.at("skip_special_tokens").get<bool>();
+    return p;
+}
+
+json histogram_to_json(const EngineStats::Histogram& h) {
+    return {
+        {"counts", std::vector<int64_t>(std::begin(h.counts), std::end(h.counts))}, {"sum", h.sum}, {"count", h.count}};
+}
+
+EngineStats::Histogram histogram_from_json(const json& j) {
+    EngineStats::Histogram h;
+    const auto counts = j.at("counts").get<std::vector<int64_t>>();
+    FANOUT_CHECK(counts.size() == std::size(h.counts), "histogram with {} buckets, expected {}", counts.size(),
+                 std::size(h.counts));
+    std::copy(counts.begin(), counts.end(), h.counts);
+    h.sum = j.at("sum").get<double>();
+    h.count = j.at("count").get<int64_t>();
+    return h;
+}
+
+#define FANOUT_STATS_COUNTERS(X)                                                                                   \
+    X(requests_received)                                                                                           \
+    X(requests_finished) X(requests_aborted) X(requests_failed) X(prompt_tokens) X(generation_tokens)              \
+        X(cached_prompt_tokens) X(steps) X(preemptions) X(waiting) X(running) X(kv_blocks_total) X(kv_blocks_used) \
+            X(kv_blocks_cached)
+
+json stats_to_json(const EngineStats& s) {
+    json j;
+#define X(f) j[#f] = s.f;
+    FANOUT_STATS_COUNTERS(X)
+#undef X
+    j["ttft"] = histogram_to_json(s.ttft);
+    j["itl"] = histogram_to_json(s.itl);
+    j["e2e"] = histogram_to_json(s.e2e);
+    return j;
+}
+
+EngineStats stats_from_json(const json& j) {
+    EngineStats s;
+#define X(f) s.f = j.at(#f).get<int64_t>();
+    FANOUT_STATS_COUNTERS(X)
+#undef X
+    s.ttft = histogram_from_json(j.at("ttft"));
+    s.itl = histogram_from_json(j.at("itl"));
+    s.e2e = histogram_from_json(j.at("e2e"));
+    return s;
+}
+
+void add_histogram(EngineStats::Histogram& to, const EngineStats::Histogram& h) {
+    for (size_t b = 0; b < std::size(h.counts); ++b) to.counts[b] += h.counts[b];
+    to.sum += h.sum;
+    to.count += h.count;
+}
+
+void add_stats(EngineStats& to, const EngineStats& s) {
+#define X(f) to.f += s.f;
+    FANOUT_STATS_COUNTERS(X)
+#undef X
+    add_histogram(to.ttft, s.ttft);
+    add_histogram(to.itl, s.itl);
+    add_histogram(to.e2e, s.e2e);
+}
+
+json decode(const std::vector<uint8_t>& bytes, const std::string& what) {
+    try {
+        return json::from_msgpack(bytes);
+    } catch (const json::exception& e) {
+        FANOUT_FAIL("malformed {} on the control plane ({} bytes): {}", what, bytes.size(), e.what());
+    }
+}
+
+}  // namespace
+
+struct DpRank::Pending {
+    int64_t id = 0;
+    RequestParams params;
+    std::shared_ptr<RequestHandle> handle;
+};
+
+struct DpRank::Proxy {
+    std::shared_ptr<RequestHandle> handle;
+    int rank = 0;
+    int64_t tokens = 0;  // prompt + max_tokens: its share of the rank's load
+    bool cancel_sent = false;
+};
+
+DpRank::DpRank(std::unique_ptr<Engine> engine, std::unique_ptr<comm::ControlPlane> control)
+    : engine_(std::move(engine)),
+      control_(std::move(control)),
+      load_requests_(static_cast<size_t>(control_->world()), 0),
+      load_tokens_(static_cast<size_t>(control_->world()), 0),
+      rank_stats_(static_cast<size_t>(control_->world())) {
+    FANOUT_CHECK(engine_ && engine_->config().lockstep,
+                 "DP rank {}: its engine must step in lockstep (EngineConfig::lockstep)", control_->rank());
+}
+
+DpRank::~DpRank() = default;
+
+std::string DpRank::failure() const {
+    std::lock_guard lock(mutex_);
+    return failure_;
+}
+
+std::shared_ptr<RequestHandle> DpRank::submit(RequestParams params) {
+    FANOUT_CHECK(rank() == 0, "requests enter a DP group at rank 0 (this is rank {})", rank());
+    engine_->validate(params);  // every rank's engine has the same limits
+    auto handle = std::make_shared<RequestHandle>();
+    {
+        std::lock_guard lock(mutex_);
+        FANOUT_CHECK(failure_.empty(), "the deployment stopped: {}", failure_);
+        FANOUT_CHECK(!stopping_, "the deployment is shutting down");
+        handle->id_ = next_id_++;
+        pending_.push_back({handle->id_, std::move(params), handle});
+    }
+    cv_.notify_all();
+    return handle;
+}
+
+void DpRank::stop() {
+    {
+        std::lock_guard lock(mutex_);
+        stopping_ = true;
+    }
+    cv_.notify_all();
+}
+
+EngineStats DpRank::stats() const {
+    std::lock_guard lock(mutex_);
+    EngineStats all;
+    for (const auto& s : rank_stats_) add_stats(all, s);
+    return all;
+}
+
+std::vector<int64_t> DpRank::rank_loads() const {
+    std::lock_guard lock(mutex_);
+    return load_requests_;
+}
+
+// Rank 0: waits until there is something to run (or to stop), then hands the queued requests to
+// the least-loaded ranks and names the cancelled ones.
+std::vector<uint8_t> DpRank::next_step_message() {
+    std::unique_lock lock(mutex_);
+    cv_.wait(lock, [&] { return stopping_ || !pending_.empty() || !proxies_.empty(); });
+    json msg = {{"stop", stopping_}, {"assign", json::array()}, {"cancel", json::array()}};
+    if (!stopping_) {
+        for (Pending& p : pending_) {
+            int best = 0;
+            for (int r = 1; r < world(); ++r)
+                if (std::tie(load_requests_[r], load_tokens_[r]) < std::tie(load_requests_[best], load_tokens_[best]))
+                    best = r;
+            const int64_t tokens = static_cast<int64_t>(p.params.prompt.size()) + p.params.max_tokens;
+            ++load_requests_[best];
+            load_tokens_[best] += tokens;
+            msg["assign"].push_back({{"rank", best}, {"id", p.id}, {"params", params_to_json(p.params)}});
+            proxies_[p.id] = Proxy{std::move(p.handle), best, tokens, false};
+        }
+        pending_.clear();
+        for (auto& [id, proxy] : proxies_)
+            if (!proxy.cancel_sent && proxy.handle->cancelled()) {
+                proxy.cancel_sent = true;
+                msg["cancel"].push_back({proxy.rank, id});
+            }
+    }
+    return json::to_msgpack(msg);
+}
+
+void DpRank::apply_step_message(const std::vector<uint8_t>& bytes, bool* stop) {
+    const json msg = decode(bytes, "step message");
+    try {
+        *stop = msg.at("stop").get<bool>();
+        if (*stop) return;
+        for (const auto& a : msg.at("assign")) {
+            if (a.at("rank").get<int>() != rank()) continue;
+            const int64_t id = a.at("id").get<int64_t>();
+            try {
+                running_[id] = engine_->submit(params_from_json(a.at("params")));
+            } catch (const Error& e) {  // rank 0 checked it with the same limits: a request error, not the group's
+                auto h = std::make_shared<RequestHandle>();
+                RequestEvent ev;
+                ev.finished = true;
+                ev.finish_reason = "error";
+                h->push(std::move(ev));
+                running_[id] = h;
+                std::fprintf(stderr, "DP rank %d: request %lld refused: %s\n", rank(), (long long)id, e.what());
+            }
+        }
+        for (const auto& c : msg.at("cancel")) {
+            if (c.at(0).get<int>() != rank()) continue;
+            const auto it = running_.find(c.at(1).get<int64_t>());
+            if (it != running_.end()) it->second->cancel();
+        }
+    } catch (const json::exception& e) {
+        FANOUT_FAIL("malformed step message on the control plane: {}", e.what());
+    }
+}
+
+// This rank's events since the last step (every event of every request it runs) and its counters.
+std::vector<uint8_t> DpRank::report() {
+    json events = json::array();
+    for (auto it = running_.begin(); it != running_.end();) {
+        RequestEvent ev;
+        bool finished = false;
+        while (!finished && it->second->next(&ev, std::chrono::milliseconds(0))) {
+            finished = ev.finished;
+            events.push_back({{"id", it->first},
+                              {"text", ev.text},
+                              {"tokens", ev.tokens},
+                              {"finished", ev.finished},
+                              {"reason", ev.finish_reason},
+                              {"p", ev.prompt_tokens},
+                              {"c", ev.completion_tokens},
+                              {"cached", ev.cached_tokens}});
+        }
+        it = finished ? running_.erase(it) : std::next(it);
+    }
+    return json::to_msgpack(json{{"events", events}, {"stats", stats_to_json(engine_->stats())}});
+}
+
+// Rank 0: every rank's events to the callers' handles.
+void DpRank::deliver(const std::vector<std::vector<uint8_t>>& reports) {
+    FANOUT_CHECK(static_cast<int>(reports.size()) == world(), "{} reports for {} ranks", reports.size(), world());
+    for (int r = 0; r < world(); ++r) {
+        const json rep = decode(reports[r], fmt::format("step report of rank {}", r));
+        std::vector<std::pair<std::shared_ptr<RequestHandle>, RequestEvent>> out;
+        try {
+            EngineStats s = stats_from_json(rep.at("stats"));
+            std::lock_guard lock(mutex_);
+            rank_stats_[r] = s;
+            for (const auto& e : rep.at("events")) {
+                const int64_t id = e.at("id").get<int64_t>();
+                const auto it = proxies_.find(id);
+                FANOUT_CHECK(it != proxies_.end() && it->second.rank == r,
+                             "rank {} reported an event of request {}, which it does not run", r, id);
+                RequestEvent ev;
+                ev.text = e.at("text").get<std::string>();
+                ev.tokens = e.at("tokens").get<std::vector<int32_t>>();
+                ev.finished = e.at("finished").get<bool>();
+                ev.finish_reason = e.at("reason").get<std::string>();
+                ev.prompt_tokens = e.at("p").get<int64_t>();
+                ev.completion_tokens = e.at("c").get<int64_t>();
+                ev.cached_tokens = e.at("cached").get<int64_t>();
+                out.emplace_back(it->second.handle, std::move(ev));
+                if (out.back().second.finished) {
+                    --load_requests_[r];
+                    load_tokens_[r] -= it->second.tokens;
+                    proxies_.erase(it);
+                }
+            }
+        } catch (const json::exception& e) {
+            FANOUT_FAIL("malformed step report from rank {}: {}", r, e.what());
+        }
+        for (auto& [h, ev] : out) h->push(std::move(ev));  // outside the lock: push may call back into the server
+    }
+}
+
+void DpRank::fail_all(const std::string& reason, const std::string& finish_reason) {
+    std::vector<std::shared_ptr<RequestHandle>> handles;
+    {
+        std::lock_guard lock(mutex_);
+        if (!reason.empty() && failure_.empty()) failure_ = reason;
+        for (auto& p : pending_) handles.push_back(p.handle);
+        for (auto& [id, p] : proxies_) handles.push_back(p.handle);
+        pending_.clear();
+        proxies_.clear();
+        std::fill(load_requests_.begin(), load_requests_.end(), 0);
+        std::fill(load_tokens_.begin(), load_tokens_.end(), 0);
+    }
+    for (auto& h : handles) {
+        RequestEvent ev;
+        ev.finished = true;
+        ev.finish_reason = finish_reason;
+        h->push(std::move(ev));
+    }
+}
+
+void DpRank::run() {
+    FANOUT_CHECK(engine_ != nullptr, "DP rank without an engine");
+    try {
+        for (;;) {
+            std::vector<uint8_t> msg;
+            if (rank() == 0) msg = next_step_message();
+            msg = control_->broadcast(std::move(msg));
+            bool stop = false;
+            apply_step_message(msg, &stop);
+            if (stop) break;
+            engine_->step();  // an empty forward when this rank has nothing to run
+            std::vector<std::vector<uint8_t>> reports = control_->gather(report());
+            if (rank() == 0) deliver(reports);
+        }
+    } catch (const std::exception& e) {
+        // Another rank's failure reaches this one as an error of the control plane or the EP
+        // backend; the group's reason is the first failure's.
+        std::string reason = control_->abort_reason();
+        if (reason.empty()) {
+            reason = fmt::format("DP rank {} of {} failed: {}", rank(), world(), e.what());
+            control_->abort(reason);
+        }
+        fail_all(reason, "error");
+        throw Error(reason);
+    }
+    fail_all("", "abort");  // stopped: what was still running ends now
+}
+
+DpThreadGroup::DpThreadGroup(std::vector<std::unique_ptr<Engine>> engines, std::unique_ptr<comm::LocalFabric> fabric,
+                             std::vector<std::unique_ptr<comm::ExpertParallel>> endpoints,
+                             std::chrono::milliseconds timeout)
+    : fabric_(std::move(fabric)), endpoints_(std::move(endpoints)) {
+    const int world = static_cast<int>(engines.size());
+    FANOUT_CHECK(world >= 1, "DP group: no ranks");
+    comm::LocalFabric* f = fabric_.get();
+    hub_ = std::make_unique<comm::LocalControlHub>(world, timeout, [f](const std::string& reason) {
+        if (f) f->abort(reason);
+    });
+    for (int r = 0; r < world; ++r)
+        ranks_.push_back(std::make_unique<DpRank>(std::move(engines[r]), hub_->endpoint(r)));
+}
+
+DpThreadGroup::~DpThreadGroup() { stop(); }
+
+void DpThreadGroup::start() {
+    if (!threads_.empty()) return;
+    for (auto& rank : ranks_)
+        threads_.emplace_back([r = rank.get()] {
+            try {
+                r->run();
+            } catch (const std::exception& e) {  // the group's failure: kept by the rank and the hub
+                if (r->rank() == 0) std::fprintf(stderr, "%s\n", e.what());
+            }
+        });
+}
+
+void DpThreadGroup::stop() {
+    lead().stop();
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+}
+
+std::string DpThreadGroup::failure() const { return hub_->abort_reason(); }
+
+std::unique_ptr<DpThreadGroup> make_cpu_dp_threads(std::vector<std::unique_ptr<model::DeepseekV3>> models,
+                                                   EngineConfig config, const model::ForwardOptions& opts, int threads,
+                                                   DType kv_dtype, const io::Tokenizer* tokenizer) {
+    const int ep = static_cast<int>(models.size());
+    FANOUT_CHECK(ep >= 1, "DP group: no models");
+    config.lockstep = true;
+    std::unique_ptr<comm::LocalFabric> fabric;
+    std::vector<std::unique_ptr<comm::ExpertParallel>> endpoints;
+    if (ep > 1) {
+        fabric = std::make_unique<comm::LocalFabric>(
+            models[0]->ep_config(ParallelConfig{0, ep, 1}, config.scheduler.max_batched_tokens));
+        for (int r = 0; r < ep; ++r) endpoints.push_back(fabric->endpoint(r));
+    }
+    std::vector<std::unique_ptr<Engine>> engines;
+    for (int r = 0; r < ep; ++r) {
+        model::ForwardOptions o = opts;
+        o.ep = ep > 1 ? endpoints[r].get() : nullptr;
+        auto runner = std::make_unique<DeepseekRunner>(std::move(models[r]), o, threads, kv_dtype);
+        engines.push_back(std::make_unique<Engine>(std::move(runner), tokenizer, config));
+    }
+    return std::make_unique<DpThreadGroup>(std::move(engines), std::move(fabric), std::move(endpoints));
+}
+
+}  // namespace fanout::engine

@@ -1,0 +1,130 @@
+// Data-parallel engine ranks in lockstep (DESIGN: attention data-parallel, experts expert-parallel).
+//
+// Every rank is a whole Engine — its own scheduler, KV cache, prefix cache and runner — whose
+// model holds its block of routed experts and reaches the others through the EP backend. All
+// ranks step together because every MoE layer is a collective: a rank without requests runs an
+// empty step (EngineConfig::lockstep) and still serves its experts. Batch sizes differ freely
+// between ranks; nothing is padded and nothing about them is exchanged.
+//
+// Rank 0 is the front door (the RequestService the API server talks to): submit() validates a
+// request and queues it; each step rank 0 hands the queued requests to the least-loaded ranks
+// (fewest unfinished requests, then fewest tokens still to process, then the lowest rank) and
+// sends them, with cancellations, in one message to every rank over the control plane
+// (comm/control_plane.h). Each rank admits its own, steps, and reports the events its requests
+// produced (text is detokenized where the request runs) and its counters back to rank 0, which
+// streams them to the callers' handles. When no rank has work, the group sleeps in that message.
+//
+// A failure anywhere (an exception in a step, a timeout, a malformed message) stops the whole
+// group through the control plane with an error naming the rank: every rank's run() throws it,
+// rank 0's requests in flight finish with "error", and later submissions are refused with it.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fanout/comm/control_plane.h"
+#include "fanout/comm/local_ep.h"
+#include "fanout/engine/engine.h"
+
+namespace fanout::engine {
+
+class DpRank : public RequestService {
+  public:
+    // `engine` must be configured with lockstep = true (checked) and its runner joined to the EP
+    // group of the same world as `control`.
+    DpRank(std::unique_ptr<Engine> engine, std::unique_ptr<comm::ControlPlane> control);
+    ~DpRank() override;
+
+    int rank() const { return control_->rank(); }
+    int world() const { return control_->world(); }
+    Engine& engine() { return *engine_; }
+
+    // Steps in lockstep with the group until rank 0's stop() (then returns on every rank) or a
+    // failure (then throws the group's error on every rank).
+    void run();
+    // Rank 0: the group stops after the step in progress; requests not finished end with "abort".
+    void stop();
+    // The group's failure as this rank saw it, or empty.
+    std::string failure() const;
+
+    // RequestService, rank 0 only.
+    std::shared_ptr<RequestHandle> submit(RequestParams params) override;
+    EngineStats stats() const override;
+    int64_t max_context() const override { return engine_->max_context(); }
+    int64_t vocab_size() const override { return engine_->vocab_size(); }
+    // Per rank: unfinished requests handed to it (rank 0's view; for tests and /metrics).
+    std::vector<int64_t> rank_loads() const;
+
+  private:
+    struct Proxy;
+    struct Pending;
+    std::vector<uint8_t> next_step_message();
+    void apply_step_message(const std::vector<uint8_t>& bytes, bool* stop);
+    std::vector<uint8_t> report();
+    void deliver(const std::vector<std::vector<uint8_t>>& reports);
+    void fail_all(const std::string& reason, const std::string& finish_reason);
+
+    std::unique_ptr<Engine> engine_;
+    std::unique_ptr<comm::ControlPlane> control_;
+
+    // Requests this rank runs: its engine's handle, by the group's request id.
+    std::map<int64_t, std::shared_ptr<RequestHandle>> running_;
+
+    // Rank 0's bookkeeping, under mutex_ (submit() runs on the server's threads).
+    mutable std::mutex mutex_;
+    std::condition_variable cv_;
+    std::vector<Pending> pending_;                      // submitted, not yet handed to a rank
+    std::map<int64_t, Proxy> proxies_;                  // handed out, not finished: the caller's handle and its rank
+    std::vector<int64_t> load_requests_, load_tokens_;  // per rank: unfinished requests, tokens left
+    std::vector<EngineStats> rank_stats_;
+    int64_t next_id_ = 1;
+    bool stopping_ = false;
+    std::string failure_;
+};
+
+// A DP group of ranks as threads of this process (the CPU path's `--ep N --ranks threads`):
+// the `local` EP fabric joins their models' experts, a local control plane their steps.
+class DpThreadGroup {
+  public:
+    // engines[r] is rank r's (lockstep), its runner holding endpoints[r] of `fabric` (null when the
+    // runners need no EP fabric: one rank, or test fakes); the group keeps the fabric and
+    // endpoints alive for the engines, and a failure aborts the fabric too.
+    DpThreadGroup(std::vector<std::unique_ptr<Engine>> engines, std::unique_ptr<comm::LocalFabric> fabric,
+                  std::vector<std::unique_ptr<comm::ExpertParallel>> endpoints,
+                  std::chrono::milliseconds timeout = std::chrono::minutes(10));
+    ~DpThreadGroup();
+
+    // Starts every rank's thread.
+    void start();
+    // Stops the group and joins its threads.
+    void stop();
+    // Rank 0, the front door.
+    DpRank& lead() { return *ranks_[0]; }
+    DpRank& rank(int r) { return *ranks_.at(static_cast<size_t>(r)); }
+    int size() const { return static_cast<int>(ranks_.size()); }
+    // The first failure of any rank, or empty.
+    std::string failure() const;
+
+  private:
+    std::unique_ptr<comm::LocalFabric> fabric_;
+    std::vector<std::unique_ptr<comm::ExpertParallel>> endpoints_;
+    std::unique_ptr<comm::LocalControlHub> hub_;
+    std::vector<std::unique_ptr<DpRank>> ranks_;
+    std::vector<std::thread> threads_;
+};
+
+// The CPU path's group: models[r] loaded with ParallelConfig{r, models.size()} (its block of
+// routed experts), each the runner of rank r's engine (`config` with lockstep set; `opts` with
+// the rank's EP endpoint; `threads` CPU threads and `kv_dtype` per rank), joined by one `local`
+// fabric sized for steps of config.scheduler.max_batched_tokens tokens per rank.
+std::unique_ptr<DpThreadGroup> make_cpu_dp_threads(std::vector<std::unique_ptr<model::DeepseekV3>> models,
+                                                   EngineConfig config, const model::ForwardOptions& opts, int threads,
+                                                   DType kv_dtype, const io::Tokenizer* tokenizer);
+
+}  // namespace fanout::engine

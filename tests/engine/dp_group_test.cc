@@ -1,0 +1,243 @@
+// Data-parallel engine ranks in lockstep (engine/dp_group.h), ranks as threads: requests handed
+// to the least-loaded ranks come back exact; every rank runs every step (idle ones empty steps);
+// a rank that fails, or never reports, stops the whole group with an error naming it; the tiny
+// model split over 4 EP ranks generates what one engine holding every expert generates.
+#include "fanout/engine/dp_group.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <thread>
+
+#include "engine_test_util.h"
+#include "fanout/model/synthetic.h"
+#include "test_util.h"
+
+namespace fanout::engine {
+namespace {
+
+using fanout::testing::error_of;
+using testing::drain;
+using ::testing::HasSubstr;
+
+// What every fake rank shares: forwards per rank (lockstep means they never differ by more than
+// one), and a fault to inject.
+struct Shared {
+    std::vector<std::atomic<int64_t>> forwards;
+    std::atomic<int64_t> skew{0};  // the largest difference seen
+    int fail_rank = -1;            // this rank's forward throws at its fail_at-th call
+    int64_t fail_at = 0;
+    int hang_rank = -1;  // this rank's forward sleeps hang_ms at its fail_at-th call
+    int hang_ms = 0;
+    explicit Shared(int world) : forwards(static_cast<size_t>(world)) {}
+};
+
+// Next token = (7 * last + position + 3) mod V, as a one-hot logit (engine_test.cc's rule).
+class FakeRankRunner : public ModelRunner {
+  public:
+    static constexpr int64_t kVocab = 50;
+    FakeRankRunner(Shared& shared, int rank) : shared_(shared), rank_(rank) {}
+    int64_t vocab_size() const override { return kVocab; }
+    int64_t max_context() const override { return 4096; }
+    std::vector<int64_t> eos_ids() const override { return {49}; }
+    kv::KvCacheConfig kv_cache_config(int64_t num_blocks) const override { return {1, 1, 4, num_blocks, DType::kF32}; }
+    Tensor forward(const model::StepBatch& b, kv::PagedKvCache&) override {
+        const int64_t n = ++shared_.forwards[rank_];
+        for (const auto& f : shared_.forwards) {
+            const int64_t d = std::abs(n - f.load());
+            int64_t seen = shared_.skew.load();
+            while (d > seen && !shared_.skew.compare_exchange_weak(seen, d)) {
+            }
+        }
+        if (rank_ == shared_.fail_rank && n == shared_.fail_at) throw Error("injected failure");
+        if (rank_ == shared_.hang_rank && n == shared_.fail_at)
+            std::this_thread::sleep_for(std::chrono::milliseconds(shared_.hang_ms));
+        std::this_thread::sleep_for(std::chrono::microseconds(200));  // the others catch up if they can
+        Tensor logits = Tensor::zeros({static_cast<int64_t>(b.logit_rows.size()), kVocab}, DType::kF32);
+        for (size_t i = 0; i < b.logit_rows.size(); ++i) {
+            const int32_t r = b.logit_rows[i];
+            logits.data_as<float>()[i * kVocab + next(b.tokens[r], b.positions[r])] = 1.0f;
+        }
+        return logits;
+    }
+    static int32_t next(int32_t last, int64_t pos) { return static_cast<int32_t>((7 * last + pos + 3) % kVocab); }
+
+  private:
+    Shared& shared_;
+    int rank_;
+};
+
+std::vector<int32_t> expected(const std::vector<int32_t>& prompt, int64_t max_tokens) {
+    std::vector<int32_t> out;
+    int32_t last = prompt.back();
+    for (int64_t pos = static_cast<int64_t>(prompt.size()) - 1; static_cast<int64_t>(out.size()) < max_tokens; ++pos)
+        out.push_back(last = FakeRankRunner::next(last, pos));
+    return out;
+}
+
+std::unique_ptr<DpThreadGroup> fake_group(Shared& shared, int world,
+                                          std::chrono::milliseconds timeout = std::chrono::minutes(1)) {
+    EngineConfig cfg;
+    cfg.num_kv_blocks = 64;
+    cfg.scheduler = {8, 32, 8};
+    cfg.lockstep = true;
+    std::vector<std::unique_ptr<Engine>> engines;
+    for (int r = 0; r < world; ++r)
+        engines.push_back(std::make_unique<Engine>(std::make_unique<FakeRankRunner>(shared, r), nullptr, cfg));
+    // No EP fabric: the fakes have no experts; the control plane alone keeps them in step.
+    return std::make_unique<DpThreadGroup>(std::move(engines), nullptr,
+                                           std::vector<std::unique_ptr<comm::ExpertParallel>>{}, timeout);
+}
+
+RequestParams request(int i, int64_t max_tokens) {
+    RequestParams p;
+    for (int k = 0; k < 3 + i % 7; ++k) p.prompt.push_back((i * 13 + k) % 49);
+    p.max_tokens = max_tokens;
+    p.ignore_eos = true;
+    return p;
+}
+
+TEST(DpGroup, SixtyFourRequestsOverFourRanksAreExactAndEveryRankRunsEveryStep) {
+    constexpr int kWorld = 4;
+    Shared shared(kWorld);
+    auto group = fake_group(shared, kWorld);
+    DpRank& lead = group->lead();
+    // 64 at once: the least-loaded hand-off gives each rank 16. Lengths differ, so ranks run out
+    // of work at different steps and then run empty ones while the others finish.
+    std::vector<RequestParams> params;
+    std::vector<std::shared_ptr<RequestHandle>> handles;
+    for (int i = 0; i < 64; ++i) {
+        params.push_back(request(i, 1 + (i * 7) % 23));
+        handles.push_back(lead.submit(params.back()));
+    }
+    group->start();
+    for (size_t i = 0; i < handles.size(); ++i) {
+        std::string reason;
+        EXPECT_EQ(drain(*handles[i], &reason), expected(params[i].prompt, params[i].max_tokens)) << "request " << i;
+        EXPECT_EQ(reason, "length");
+    }
+    for (int r = 0; r < kWorld; ++r) EXPECT_EQ(group->rank(r).engine().stats().requests_received, 16) << "rank " << r;
+    const EngineStats all = lead.stats();
+    EXPECT_EQ(all.requests_finished, 64);
+    EXPECT_EQ(all.requests_received, 64);
+
+    // Two more: ranks 0 and 1 take them (equal loads: the lowest rank first), ranks 2 and 3 sit
+    // idle — and still run every step, empty.
+    const int64_t before = shared.forwards[2];
+    auto a = lead.submit(request(100, 12)), b = lead.submit(request(101, 12));
+    EXPECT_EQ(drain(*a), expected(request(100, 12).prompt, 12));
+    EXPECT_EQ(drain(*b), expected(request(101, 12).prompt, 12));
+    EXPECT_EQ(group->rank(0).engine().stats().requests_received, 17);
+    EXPECT_EQ(group->rank(1).engine().stats().requests_received, 17);
+    EXPECT_EQ(group->rank(2).engine().stats().requests_received, 16);
+    EXPECT_GE(shared.forwards[2] - before, 12) << "an idle rank must still step with the group";
+    EXPECT_EQ(group->rank(3).engine().stats().requests_received, 16);
+    group->stop();
+    for (int r = 1; r < kWorld; ++r) EXPECT_EQ(shared.forwards[r].load(), shared.forwards[0].load()) << "rank " << r;
+    EXPECT_LE(shared.skew.load(), 1) << "ranks drifted apart: not in lockstep";
+    EXPECT_EQ(group->failure(), "");
+}
+
+TEST(DpGroup, CancelledAndStoppedRequestsEndWithAbort) {
+    Shared shared(2);
+    auto group = fake_group(shared, 2);
+    auto h = group->lead().submit(request(1, 240));
+    group->start();
+    RequestEvent ev;
+    ASSERT_TRUE(h->next(&ev, std::chrono::seconds(20)));  // running on some rank
+    h->cancel();
+    std::string reason;
+    drain(*h, &reason);
+    EXPECT_EQ(reason, "abort");
+    auto long_one = group->lead().submit(request(2, 240));
+    ASSERT_TRUE(long_one->next(&ev, std::chrono::seconds(20)));
+    group->stop();
+    drain(*long_one, &reason);
+    EXPECT_EQ(reason, "abort");
+    EXPECT_THAT(error_of([&] { group->lead().submit(request(3, 4)); }), HasSubstr("shutting down"));
+}
+
+TEST(DpGroup, ARankThatThrowsStopsEveryRankWithAnErrorNamingIt) {
+    constexpr int kWorld = 4;
+    Shared shared(kWorld);
+    shared.fail_rank = 2;
+    shared.fail_at = 5;
+    auto group = fake_group(shared, kWorld);
+    std::vector<std::shared_ptr<RequestHandle>> handles;
+    for (int i = 0; i < 8; ++i) handles.push_back(group->lead().submit(request(i, 50)));
+    const auto start = std::chrono::steady_clock::now();
+    group->start();
+    for (auto& h : handles) {
+        std::string reason;
+        drain(*h, &reason);
+        EXPECT_EQ(reason, "error");
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+    group->stop();  // every thread has ended: this only joins
+    EXPECT_THAT(group->failure(), HasSubstr("DP rank 2 of 4 failed: "));
+    EXPECT_THAT(group->failure(), HasSubstr("injected failure"));
+    for (int r = 0; r < kWorld; ++r) EXPECT_THAT(group->rank(r).failure(), HasSubstr("DP rank 2 of 4 failed"));
+    EXPECT_THAT(error_of([&] { group->lead().submit(request(9, 4)); }),
+                HasSubstr("the deployment stopped: DP rank 2 of 4 failed"));
+}
+
+TEST(DpGroup, ARankThatNeverReportsIsATimeoutNamingIt) {
+    Shared shared(3);
+    shared.hang_rank = 1;
+    shared.fail_at = 3;
+    shared.hang_ms = 1500;
+    auto group = fake_group(shared, 3, std::chrono::milliseconds(300));
+    auto h = group->lead().submit(request(0, 40));
+    group->start();
+    std::string reason;
+    drain(*h, &reason);
+    EXPECT_EQ(reason, "error");
+    group->stop();
+    EXPECT_THAT(group->failure(), HasSubstr("rank(s) 1 sent no report for step 3 within 300 ms"));
+}
+
+TEST(DpGroup, EnginesMustStepInLockstep) {
+    Shared shared(1);
+    EngineConfig cfg;  // lockstep not set
+    auto engine = std::make_unique<Engine>(std::make_unique<FakeRankRunner>(shared, 0), nullptr, cfg);
+    comm::LocalControlHub hub(1);
+    EXPECT_THAT(error_of([&] { DpRank(std::move(engine), hub.endpoint(0)); }), HasSubstr("must step in lockstep"));
+}
+
+// The tiny model's routed experts over 4 EP ranks (threads, the local fabric): a dozen requests
+// handed out over the ranks generate, greedy, exactly what one engine holding every expert does.
+TEST(DpGroup, TinyModelAtEp4GeneratesWhatEp1Generates) {
+    const std::string dir = fanout::testing::temp_dir("dp_group_model");
+    io::ModelConfig c = model::preset_config("tiny", 2);
+    c.vocab_size = 1000;
+    model::write_synthetic_model(dir, c, {});
+    std::vector<RequestParams> params;
+    for (int i = 0; i < 12; ++i) {
+        RequestParams p;
+        for (int k = 0; k < 5 + i * 3; ++k) p.prompt.push_back((i * 37 + k * 11) % 997);
+        p.max_tokens = 4 + i % 5;
+        p.ignore_eos = true;
+        params.push_back(p);
+    }
+    EngineConfig cfg;
+    cfg.num_kv_blocks = 16;
+    cfg.scheduler = {8, 64, 32};
+    const auto want = testing::run_engine(
+        std::make_unique<DeepseekRunner>(model::DeepseekV3::load(dir), model::ForwardOptions{}, 1), cfg, params);
+    std::vector<std::unique_ptr<model::DeepseekV3>> models;
+    for (int r = 0; r < 4; ++r) models.push_back(model::DeepseekV3::load(dir, ParallelConfig{r, 4, 1}));
+    auto group = make_cpu_dp_threads(std::move(models), cfg, model::ForwardOptions{}, 1, DType::kF32, nullptr);
+    std::vector<std::shared_ptr<RequestHandle>> handles;
+    for (const auto& p : params) handles.push_back(group->lead().submit(p));
+    group->start();
+    for (size_t i = 0; i < handles.size(); ++i) EXPECT_EQ(drain(*handles[i]), want[i]) << "request " << i;
+    for (int r = 0; r < 4; ++r) EXPECT_EQ(group->rank(r).engine().stats().requests_received, 3) << "rank " << r;
+    group->stop();
+    EXPECT_EQ(group->failure(), "");
+    std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace fanout::engine
