@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "cli_common.h"
+#include "deployment.h"
 #include "fanout/core/parallel.h"
 #include "fanout/io/chat_template.h"
 #include "fanout/model/ep_group.h"
@@ -82,8 +83,72 @@ struct GenerateArgs {
     std::string prompt_ids, prompt_text;
     bool chat = false;
     model::GenerateRequest req;
-    int ep = 1;
+    int ep = 0;  // 0: 1, or the MPI launcher's world
+    std::string ranks = "threads";
 };
+
+// generate at --ep N: the request through a DP group of EP ranks (deployment.h) — rank 0's
+// engine runs it, the other ranks run empty steps serving their experts. Prints what
+// run_generate prints.
+void generate_on_group(GenerateArgs& a, Deployment& d, const io::Tokenizer* tokenizer) {
+    const std::string dir = resolve_model_dir(a.model.model);
+    const io::ModelConfig c = io::load_model_config(dir);
+    validate(ParallelConfig{d.rank, a.ep, 1}, c.n_routed_experts);  // before loading anything
+    const int local = a.ranks == "threads" ? a.ep : 1;
+    std::vector<std::unique_ptr<model::DeepseekV3>> models;
+    for (int r = 0; r < local; ++r) models.push_back(load_model(a.model, {}, ParallelConfig{d.rank + r, a.ep, 1}));
+    engine::EngineConfig ec;
+    ec.scheduler.max_num_seqs = 1;
+    ec.scheduler.max_batched_tokens = a.req.prefill_chunk;
+    ec.scheduler.prefill_chunk = a.req.prefill_chunk;
+    const int64_t context = static_cast<int64_t>(a.req.prompt.size()) + a.req.max_tokens;
+    ec.num_kv_blocks = (context + kv::kDefaultBlockSize - 1) / kv::kDefaultBlockSize;
+    const int cores = a.model.threads > 0 ? a.model.threads : static_cast<int>(std::thread::hardware_concurrency());
+    d.make_cpu_ranks(std::move(models), ec, forward_options(a.model), std::max(1, cores / a.ep),
+                     a.model.kv_dtype == "bf16" ? DType::kBF16 : DType::kF32, tokenizer);
+    if (d.follows()) return d.follow();
+    d.start();
+    engine::RequestParams p;
+    p.prompt = a.req.prompt;
+    p.max_tokens = a.req.max_tokens;
+    p.sampling = a.req.sampling;
+    p.ignore_eos = a.req.ignore_eos;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto handle = d.service().submit(p);
+    std::vector<int32_t> tokens;
+    engine::RequestEvent ev;
+    std::chrono::steady_clock::time_point first;
+    while (handle->next(&ev, std::chrono::hours(24))) {
+        if (tokens.empty() && !ev.tokens.empty()) first = std::chrono::steady_clock::now();
+        tokens.insert(tokens.end(), ev.tokens.begin(), ev.tokens.end());
+        if (tokenizer) {
+            std::fwrite(ev.text.data(), 1, ev.text.size(), stdout);
+            std::fflush(stdout);
+        }
+        if (ev.finished) break;
+    }
+    const auto end = std::chrono::steady_clock::now();
+    d.stop();
+    const std::string failure = d.failure();
+    FANOUT_CHECK(failure.empty(), "the deployment stopped: {}", failure);
+    FANOUT_CHECK(ev.finished && ev.finish_reason != "error", "generation failed ({})", ev.finish_reason);
+    if (tokenizer) {
+        std::printf("\n");
+        std::fflush(stdout);
+    } else {
+        std::string ids;
+        for (size_t i = 0; i < tokens.size(); ++i) ids += (i ? "," : "") + std::to_string(tokens[i]);
+        std::printf("%s\n", ids.c_str());
+    }
+    const double prefill = std::chrono::duration<double>(first - t0).count();
+    const double decode = std::chrono::duration<double>(end - first).count();
+    std::fprintf(stderr,
+                 "finish_reason=%s prompt_tokens=%zu generated=%zu prefill %.1f tok/s, decode %.1f tok/s (%d EP "
+                 "ranks as %s)\n",
+                 ev.finish_reason.c_str(), a.req.prompt.size(), tokens.size(),
+                 a.req.prompt.size() / std::max(prefill, 1e-9), (tokens.size() - 1) / std::max(decode, 1e-9), a.ep,
+                 a.ranks.c_str());
+}
 
 void run_generate(GenerateArgs& a, bool have_ids, bool have_text) {
     FANOUT_CHECK(have_ids != have_text, "give the prompt with --prompt TEXT or --prompt-ids 1,2,3");
@@ -103,12 +168,16 @@ void run_generate(GenerateArgs& a, bool have_ids, bool have_text) {
         a.req.prompt = parse_ids(a.prompt_ids, "--prompt-ids");
     }
     require_cuda_build(a.model);
-    std::unique_ptr<model::EpThreadGroup> group;
-    std::unique_ptr<model::DeepseekV3> m;
-    if (a.ep > 1)
-        group = load_ep_group(a.model, a.ep, a.req.prefill_chunk);
-    else
-        m = load_model(a.model);
+    Deployment d;
+    d.join_world(a.ep, a.ranks);
+    if (a.ep > 1) {
+        FANOUT_CHECK(a.model.device == "cpu",
+                     "--ep {}: expert parallelism runs on the CPU path so far; the GPU runner holds every expert "
+                     "(--ep 1)",
+                     a.ep);
+        return generate_on_group(a, d, tokenizer ? &*tokenizer : nullptr);
+    }
+    auto m = load_model(a.model);
     ThreadPool pool(a.model.threads);
     const int64_t context = static_cast<int64_t>(a.req.prompt.size()) + a.req.max_tokens;
     std::optional<io::IncrementalDecoder> stream;
@@ -120,17 +189,7 @@ void run_generate(GenerateArgs& a, bool have_ids, bool have_text) {
         std::fflush(stdout);
     };
     model::GenerateResult res;
-    if (group) {
-        // Rank 0 runs the request; every step of it is a step of the group.
-        const model::DeepseekV3& lead = group->lead();
-        kv::PagedKvCache cache = make_cache(lead, context, a.model);
-        const model::SampleStep step = [&](const model::StepBatch& batch, ops::Sampler& sampler) {
-            auto out = group->forward(batch, cache);
-            return batch.logit_rows.empty() ? -1
-                                            : sampler.sample(out.logits.data_as<float>(), lead.config().vocab_size);
-        };
-        res = model::generate_loop(lead.config(), cache, a.req, step, on_token);
-    } else if (a.model.device == "cuda") {
+    if (a.model.device == "cuda") {
 #ifdef FANOUT_WITH_CUDA
         auto gpu = make_cuda_model(*m, context, std::min<int64_t>(a.req.prefill_chunk, 256));
         kv::PagedKvCache blocks = gpu->make_block_allocator();
@@ -147,9 +206,8 @@ void run_generate(GenerateArgs& a, bool have_ids, bool have_text) {
         for (size_t i = 0; i < res.tokens.size(); ++i) ids += (i ? "," : "") + std::to_string(res.tokens[i]);
         std::printf("%s\n", ids.c_str());
     }
-    const std::string where = a.model.device == "cuda" ? std::string("cuda")
-                              : group                  ? fmt::format("{} EP ranks (threads)", a.ep)
-                                                       : fmt::format("{} threads", pool.num_threads());
+    const std::string where =
+        a.model.device == "cuda" ? std::string("cuda") : fmt::format("{} threads", pool.num_threads());
     std::fprintf(stderr,
                  "finish_reason=%s prompt_tokens=%lld generated=%zu prefill %.1f tok/s, decode %.1f tok/s (%s)\n",
                  res.finish_reason.c_str(), (long long)res.prompt_tokens, res.tokens.size(),
@@ -160,7 +218,8 @@ void run_generate(GenerateArgs& a, bool have_ids, bool have_text) {
 struct ScoreArgs {
     ModelArgs model;
     std::string token_ids, output;
-    int ep = 1;
+    int ep = 0;  // 0: 1, or the MPI launcher's world
+    std::string ranks = "threads";
 };
 
 void write_logits(const std::string& path, const Tensor& logits) {
@@ -172,12 +231,19 @@ void write_logits(const std::string& path, const Tensor& logits) {
                  path.c_str());
 }
 
-void run_score(const ScoreArgs& a) {
+void run_score(ScoreArgs& a) {
     const std::vector<int32_t> ids = parse_ids(a.token_ids, "--token-ids");
     require_cuda_build(a.model);
+    Deployment d;
+    d.join_world(a.ep, a.ranks);
+    FANOUT_CHECK(a.ep == 1 || a.model.device == "cpu",
+                 "--ep {}: expert parallelism runs on the CPU path so far; the GPU runner holds every expert (--ep 1)",
+                 a.ep);
     std::unique_ptr<model::EpThreadGroup> group;
     std::unique_ptr<model::DeepseekV3> m;
-    if (a.ep > 1)
+    if (d.world > 1)  // this process's rank; the others are processes of the launcher
+        m = load_model(a.model, {}, ParallelConfig{d.rank, d.world, 1});
+    else if (a.ep > 1)
         group = load_ep_group(a.model, a.ep, static_cast<int64_t>(ids.size()));
     else
         m = load_model(a.model);
@@ -206,6 +272,18 @@ void run_score(const ScoreArgs& a) {
         auto batch = model::StepBatchBuilder(cache).add(ids, 0, seq, model::StepBatchBuilder::Logits::kAll).build();
         if (group) {
             logits = group->forward(batch, cache).logits;  // a step of every rank
+        } else if (d.world > 1) {
+#ifdef FANOUT_WITH_MPI
+            // One step of the group: rank 0 the sequence, the others an empty step serving their experts.
+            auto ep = comm::make_mpi_ep(m->ep_config(ParallelConfig{d.rank, d.world, 1}, T), MPI_COMM_WORLD);
+            model::ForwardOptions o = forward_options(a.model);
+            o.ep = ep.get();
+            ThreadPool pool(a.model.threads);
+            const auto out =
+                m->forward(d.rank == 0 ? batch : model::StepBatchBuilder(cache).build(), cache, o, Stream{&pool});
+            if (d.rank != 0) return;
+            logits = out.logits;
+#endif
         } else {
             ThreadPool pool(a.model.threads);
             logits = m->forward(batch, cache, forward_options(a.model), Stream{&pool}).logits;
@@ -241,9 +319,14 @@ void add_model_commands(CLI::App& app) {
     auto& r = gen_args->req;
     gen->add_option("--max-tokens", r.max_tokens, "tokens to generate at most")->capture_default_str();
     gen->add_option("--ep", gen_args->ep,
-                    "expert-parallel ranks, threads of this process on the CPU path: each holds n_routed_experts / N "
-                    "routed experts; rank 0 runs the request, the others serve their experts")
-        ->check(CLI::PositiveNumber)
+                    "expert-parallel ranks on the CPU path: each holds n_routed_experts / N routed experts; the "
+                    "request runs on rank 0's engine, the others serve their experts (default 1, or the world of the "
+                    "MPI launcher)")
+        ->check(CLI::PositiveNumber);
+    gen->add_option("--ranks", gen_args->ranks,
+                    "ranks as threads of this process, or processes (under mpirun: one per process; without a "
+                    "launcher fanout starts mpirun on this host)")
+        ->check(CLI::IsMember({"threads", "processes"}))
         ->capture_default_str();
     gen->add_option("--temperature", r.sampling.temperature, "0 = greedy")->capture_default_str();
     gen->add_option("--top-p", r.sampling.top_p, "nucleus sampling mass")->capture_default_str();
@@ -259,9 +342,14 @@ void add_model_commands(CLI::App& app) {
     score->add_option("--token-ids", score_args->token_ids, "token ids, comma-separated")->required();
     score
         ->add_option("--ep", score_args->ep,
-                     "expert-parallel ranks, threads of this process on the CPU path: each holds n_routed_experts / N "
-                     "routed experts; rank 0 runs the sequence, the others serve their experts")
-        ->check(CLI::PositiveNumber)
+                     "expert-parallel ranks on the CPU path: each holds n_routed_experts / N routed experts; rank 0 "
+                     "runs the sequence, the others serve their experts (default 1, or the world of the MPI launcher)")
+        ->check(CLI::PositiveNumber);
+    score
+        ->add_option("--ranks", score_args->ranks,
+                     "ranks as threads of this process, or processes (under mpirun: one per process; without a "
+                     "launcher fanout starts mpirun on this host)")
+        ->check(CLI::IsMember({"threads", "processes"}))
         ->capture_default_str();
     score->add_option("--output", score_args->output, "file for raw little-endian float32 logits [T, vocab]")
         ->required();

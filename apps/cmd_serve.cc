@@ -1,19 +1,14 @@
 // serve: the OpenAI-compatible HTTP API until SIGINT / SIGTERM, over one engine or a data-parallel
 // group of expert-parallel ranks (--ep N): threads of this process, or processes under an MPI
 // launcher (`mpirun -np N fanout serve ...`, or `--ranks processes`, which starts mpirun itself).
-#include <unistd.h>
-
 #include <atomic>
-#include <cerrno>
 #include <csignal>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <thread>
 
 #include "cli_common.h"
-#include "fanout/engine/dp_group.h"
+#include "deployment.h"
 #include "fanout/engine/engine.h"
 #include "fanout/engine/memory_plan.h"
 #include "fanout/model/step_cost.h"
@@ -21,9 +16,6 @@
 #include "fanout/engine/cuda_runner.h"
 #endif
 #include "fanout/serve/openai_server.h"
-#ifdef FANOUT_WITH_MPI
-#include "fanout/comm/mpi_ep.h"
-#endif
 
 namespace fanout::cli {
 namespace {
@@ -42,115 +34,9 @@ struct ServeArgs {
     std::string ranks = "threads";
 };
 
-// What serves: one engine, or this process's part of a DP group (every rank as a thread here, or
-// this process's rank under an MPI launcher, whose other ranks are other processes).
-struct Deployment {
-    std::unique_ptr<engine::Engine> engine;
-    std::unique_ptr<engine::DpThreadGroup> threads;
-#ifdef FANOUT_WITH_MPI
-    std::unique_ptr<comm::MpiSession> mpi;
-    std::unique_ptr<comm::ExpertParallel> mpi_ep;  // the runner's EP endpoint: outlives the rank
-    std::unique_ptr<engine::DpRank> mpi_rank;
-    std::thread mpi_loop;
-#endif
-    int rank = 0, world = 1;
-
-    engine::RequestService& service() {
-        if (threads) return threads->lead();
-#ifdef FANOUT_WITH_MPI
-        if (mpi_rank) return *mpi_rank;
-#endif
-        return *engine;
-    }
-    void start() {
-        if (engine) engine->start();
-        if (threads) threads->start();
-#ifdef FANOUT_WITH_MPI
-        if (mpi_rank)
-            mpi_loop = std::thread([this] {
-                try {
-                    mpi_rank->run();
-                } catch (const std::exception&) {  // the control plane ended the job, naming the rank
-                }
-            });
-#endif
-    }
-    void stop() {
-        if (engine) engine->stop();
-        if (threads) threads->stop();
-#ifdef FANOUT_WITH_MPI
-        if (mpi_rank) mpi_rank->stop();
-        if (mpi_loop.joinable()) mpi_loop.join();
-#endif
-    }
-    // The group's failure (a rank that failed stops every rank), or empty.
-    std::string failure() const {
-        if (threads) return threads->failure();
-#ifdef FANOUT_WITH_MPI
-        if (mpi_rank) return mpi_rank->failure();
-#endif
-        return "";
-    }
-};
-
-// `--ranks processes` without a launcher: this command again, under mpirun on this host (the
-// launcher gives each process its rank; ranks past 0 serve their experts, rank 0 the API).
-[[noreturn]] void relaunch_under_mpirun(int ep) {
-    std::ifstream f("/proc/self/cmdline", std::ios::binary);
-    std::vector<std::string> args;
-    for (std::string arg; std::getline(f, arg, '\0');) args.push_back(arg);
-    FANOUT_CHECK(!args.empty(), "--ranks processes: cannot read this process's command line");
-    std::vector<std::string> cmd = {"mpirun",
-                                    "-np",
-                                    std::to_string(ep),
-                                    "--oversubscribe",
-                                    "--bind-to",
-                                    "none",
-                                    "--mca",
-                                    "btl",
-                                    "self,vader",
-                                    "--mca",
-                                    "btl_vader_single_copy_mechanism",
-                                    "none"};
-    if (geteuid() == 0) {  // containers: OpenMPI refuses root unless told twice, in mpirun and in each rank
-        setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-        setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-    }
-    cmd.push_back(std::filesystem::read_symlink("/proc/self/exe").string());
-    cmd.insert(cmd.end(), args.begin() + 1, args.end());
-    std::vector<char*> argv;
-    for (auto& c : cmd) argv.push_back(c.data());
-    argv.push_back(nullptr);
-    std::fprintf(stderr, "fanout serve: starting %d rank processes: mpirun -np %d ...\n", ep, ep);
-    std::fflush(stderr);
-    execvp("mpirun", argv.data());
-    FANOUT_FAIL("--ranks processes: could not start mpirun ({}); install OpenMPI or use --ranks threads",
-                std::strerror(errno));
-}
-
 void run_serve(ServeArgs& a) {
-    FANOUT_CHECK(a.ranks == "threads" || a.ranks == "processes", "--ranks must be threads or processes, got '{}'",
-                 a.ranks);
     Deployment d;
-#ifdef FANOUT_WITH_MPI
-    if (comm::launched_by_mpi()) {
-        d.mpi = std::make_unique<comm::MpiSession>();
-        d.rank = d.mpi->rank();
-        d.world = d.mpi->world();
-        FANOUT_CHECK(a.ep == 0 || a.ep == d.world, "--ep {}: the launcher started {} processes (one rank each)", a.ep,
-                     d.world);
-        a.ep = d.world;
-        a.ranks = "processes";
-    }
-#endif
-    if (a.ep == 0) a.ep = 1;
-    if (a.ranks == "processes" && d.world == 1 && a.ep > 1) {
-#ifdef FANOUT_WITH_MPI
-        relaunch_under_mpirun(a.ep);
-#else
-        FANOUT_FAIL("--ranks processes: this fanout was built without MPI (libopenmpi-dev); use --ranks threads");
-#endif
-    }
+    d.join_world(a.ep, a.ranks);
     FANOUT_CHECK(a.ep == 1 || a.model.device == "cpu",
                  "--ep {}: expert parallelism runs on the CPU path so far; the GPU runner holds every expert (--ep 1)",
                  a.ep);
@@ -285,21 +171,9 @@ void run_serve(ServeArgs& a) {
         // Each rank its share of the cores (threads of one process, or processes of one host).
         const int cores = static_cast<int>(std::thread::hardware_concurrency());
         const int threads = a.model.threads > 0 ? a.model.threads : std::max(1, cores / a.ep);
-        if (a.ep > 1 && a.ranks == "threads") {
+        if (a.ep > 1) {
             rank_models.insert(rank_models.begin(), std::move(model));
-            d.threads = engine::make_cpu_dp_threads(std::move(rank_models), ec, opts, threads, kv_dtype, &tokenizer);
-        } else if (a.ep > 1) {
-#ifdef FANOUT_WITH_MPI
-            d.mpi_ep = comm::make_mpi_ep(model->ep_config(ParallelConfig{d.rank, a.ep, 1},
-                                                          std::max<int64_t>(1, ec.scheduler.max_batched_tokens)),
-                                         MPI_COMM_WORLD);
-            opts.ep = d.mpi_ep.get();
-            ec.lockstep = true;
-            auto rank_engine = std::make_unique<engine::Engine>(
-                std::make_unique<engine::DeepseekRunner>(std::move(model), opts, threads, kv_dtype), &tokenizer, ec);
-            d.mpi_rank =
-                std::make_unique<engine::DpRank>(std::move(rank_engine), comm::make_mpi_control(MPI_COMM_WORLD));
-#endif
+            d.make_cpu_ranks(std::move(rank_models), ec, opts, threads, kv_dtype, &tokenizer);
         } else {
             runner = std::make_unique<engine::DeepseekRunner>(std::move(model), opts, a.model.threads, kv_dtype);
         }
@@ -307,17 +181,15 @@ void run_serve(ServeArgs& a) {
     if (a.model.device != "cuda") phase("runner");
     if (runner) d.engine = std::make_unique<engine::Engine>(std::move(runner), &tokenizer, ec);
     phase(a.model.device == "cuda" ? "engine" : "KV cache and engine");
-#ifdef FANOUT_WITH_MPI
-    if (d.mpi_rank && d.rank != 0) {
+    if (d.follows()) {
         // Ranks past 0 serve their experts and run the requests rank 0 hands them, until it stops
         // the group; a failure anywhere ends the job through the launcher, naming the rank.
         std::signal(SIGINT, SIG_IGN);  // the launcher's signal reaches every rank: rank 0 stops the group
         std::signal(SIGTERM, SIG_IGN);
-        d.mpi_rank->run();
+        d.follow();
         std::fprintf(stderr, "fanout serve: rank %d stopped\n", d.rank);
         return;
     }
-#endif
     serve::OpenAIServer server(d.service(), tokenizer, a.server);
     const int port = server.bind();
     std::string breakdown;

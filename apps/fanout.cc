@@ -10,6 +10,9 @@
 #include <cstdio>
 
 #include "cli_common.h"
+#ifdef FANOUT_WITH_MPI
+#include "fanout/comm/mpi_ep.h"
+#endif
 
 int main(int argc, char** argv) {
     CLI::App app{"fanout: DeepSeek-V3 serving with expert parallelism"};
@@ -25,6 +28,10 @@ int main(int argc, char** argv) {
         return app.exit(e);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "error: %s\n", e.what());
+#ifdef FANOUT_WITH_MPI
+        std::fflush(stderr);
+        fanout::comm::abort_mpi_job(2);  // a rank of an MPI job: the others must not wait for it
+#endif
         return 2;
     }
     return 0;

@@ -67,17 +67,47 @@ size=$(stat -c %s "$work/logits.f32" 2>/dev/null || echo 0)
 # Expert parallelism on the CPU path: 4 ranks (threads), each with 4 of the 16 routed experts; the
 # logits equal EP1's within 1e-5.
 "$fanout" score --model tiny --token-ids 1,2,3,4,5 --ep 4 --output "$work/logits_ep4.f32" 2>"$work/stderr"
-diff_ep=$(node -e '
+# logits_close A B: "equal" when two [T, vocab] float32 files agree within 1e-5.
+logits_close() {
+    node -e '
 const fs = require("fs");
 const a = new Float32Array(fs.readFileSync(process.argv[1]).buffer.slice(0));
 const b = new Float32Array(fs.readFileSync(process.argv[2]).buffer.slice(0));
 let m = a.length === b.length ? 0 : Infinity;
 for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i] - b[i]));
-console.log(m <= 1e-5 ? "equal" : "max diff " + m);' "$work/logits.f32" "$work/logits_ep4.f32" 2>&1)
+console.log(m <= 1e-5 ? "equal" : "max diff " + m);' "$1" "$2" 2>&1
+}
+diff_ep=$(logits_close "$work/logits.f32" "$work/logits_ep4.f32")
 [[ $diff_ep == equal ]] && ok "score --ep 4 equals EP1 within 1e-5" || bad "score --ep 4" "$diff_ep $(tail -1 "$work/stderr")"
+# generate --ep N runs the request on rank 0's engine of a DP group; the sampled tokens are EP1's.
 ep1=$("$fanout" generate --model tiny --prompt-ids 1,2,3,4,5 --max-tokens 8 --temperature 0.8 --seed 3 2>/dev/null)
 ep2=$("$fanout" generate --model tiny --prompt-ids 1,2,3,4,5 --max-tokens 8 --temperature 0.8 --seed 3 --ep 2 2>/dev/null)
 [[ -n $ep1 && $ep1 == "$ep2" ]] && ok "generate --ep 2 samples the same tokens as EP1" || bad "generate --ep 2" "'$ep2' vs '$ep1'"
+ep4=$("$fanout" generate --model tiny --prompt-ids 1,2,3,4,5 --max-tokens 8 --temperature 0.8 --seed 3 --ep 4 2>/dev/null)
+[[ $ep1 == "$ep4" ]] && ok "generate --ep 4 samples the same tokens as EP1" || bad "generate --ep 4" "'$ep4' vs '$ep1'"
+# Ranks as processes: under mpirun (the world from the launcher), and self-launched.
+if command -v mpirun >/dev/null; then
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    np4=(mpirun -np 4 --oversubscribe --bind-to none --mca btl self,vader --mca btl_vader_single_copy_mechanism none)
+    "${np4[@]}" "$fanout" score --model tiny --token-ids 1,2,3,4,5 --output "$work/logits_mpi4.f32" 2>"$work/stderr"
+    diff_ep=$(logits_close "$work/logits.f32" "$work/logits_mpi4.f32")
+    [[ $diff_ep == equal ]] && ok "mpirun -np 4 score equals EP1 within 1e-5" || bad "mpirun score" "$diff_ep $(tail -3 "$work/stderr")"
+    mpi4=$("${np4[@]}" "$fanout" generate --model tiny --prompt-ids 1,2,3,4,5 --max-tokens 8 --temperature 0.8 --seed 3 2>"$work/stderr")
+    [[ $ep1 == "$mpi4" ]] && ok "mpirun -np 4 generate samples the same tokens as EP1" || bad "mpirun generate" "'$mpi4' vs '$ep1' $(tail -3 "$work/stderr")"
+    proc2=$("$fanout" generate --model tiny --prompt-ids 1,2,3,4,5 --max-tokens 8 --temperature 0.8 --seed 3 --ep 2 --ranks processes 2>"$work/stderr")
+    [[ $ep1 == "$proc2" ]] && ok "generate --ep 2 --ranks processes samples the same tokens as EP1" || bad "--ranks processes" "'$proc2' vs '$ep1' $(tail -3 "$work/stderr")"
+    # A bad input under the launcher: every rank names it and the job ends (no rank left waiting).
+    start=$SECONDS
+    "${np4[@]}" "$fanout" score --model tiny --token-ids 1,2,999999 --output "$work/x.f32" >/dev/null 2>"$work/stderr"
+    rc=$?
+    if [[ $rc -ne 0 ]] && grep -qF "token id 999999 at index 2 is outside the vocabulary" "$work/stderr" && ((SECONDS - start < 60)); then
+        ok "mpirun score with a bad token id fails fast, naming it"
+    else bad "mpirun bad token" "exit $rc after $((SECONDS - start)) s: $(tail -3 "$work/stderr")"; fi
+    expect_error "--ep other than the launcher's world" "--ep 2: the launcher started 4 processes" \
+        "${np4[@]}" "$fanout" generate --model tiny --prompt-ids 1,2 --ep 2
+else
+    echo "SKIP ranks as processes: no mpirun"
+fi
 expect_error "score --ep that does not divide the experts" "ep=3 does not divide the model's 16 routed experts" \
     "$fanout" score --model tiny --token-ids 1,2 --ep 3 --output "$work/x.f32"
 

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <thread>
 
 #include "fanout/comm/control_plane.h"
@@ -113,7 +114,20 @@ MpiSession::MpiSession() {
     FANOUT_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_));
 }
 
-MpiSession::~MpiSession() { MPI_Finalize(); }
+MpiSession::~MpiSession() {
+    // Leaving on an error (this rank failed before or between collectives): the other ranks may be
+    // waiting in one, and MPI_Finalize would wait for them. The error's handler prints it and ends
+    // the job (abort_mpi_job).
+    if (std::uncaught_exceptions() > 0) return;
+    MPI_Finalize();
+}
+
+void abort_mpi_job(int code) {
+    int inited = 0, finalized = 0;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&finalized);
+    if (inited && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
+}
 
 std::unique_ptr<ControlPlane> make_mpi_control(MPI_Comm comm, std::chrono::milliseconds timeout) {
     return std::make_unique<MpiControl>(comm, timeout);

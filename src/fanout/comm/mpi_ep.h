@@ -22,7 +22,7 @@ bool launched_by_mpi();
 
 // MPI for the lifetime of this object in a process an MPI launcher started: initialised with
 // MPI_THREAD_SERIALIZED (one thread at a time makes MPI calls: a rank's step loop), finalised on
-// destruction. One per process.
+// destruction — unless an exception is unwinding it (then see abort_mpi_job). One per process.
 class MpiSession {
   public:
     MpiSession();
@@ -35,6 +35,10 @@ class MpiSession {
   private:
     int rank_ = 0, world_ = 1;
 };
+
+// After an error that left MPI running on this rank (its session unwound without finalising): ends
+// the whole job with `code` — the other ranks may be waiting for this one in a collective.
+void abort_mpi_job(int code);
 
 // `config.rank` and `config.world` must be the rank and size of `comm` (checked); MPI must be
 // initialised. The communicator is borrowed, not freed.
