@@ -1,12 +1,16 @@
 #include "deployment.h"
 
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "fanout/core/error.h"
 
@@ -14,8 +18,31 @@ namespace fanout::cli {
 namespace {
 
 #ifdef FANOUT_WITH_MPI
+std::atomic<int> g_signal{0};
+extern "C" void remember_signal(int sig) { g_signal = sig; }
+
+// The pid of rank 0 among mpirun's children (its environment says OMPI_COMM_WORLD_RANK=0), or -1.
+pid_t find_rank0(pid_t mpirun) {
+    for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+        const std::string name = entry.path().filename().string();
+        if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+        std::ifstream status(entry.path() / "status");
+        pid_t ppid = -1;
+        for (std::string line; std::getline(status, line);)
+            if (line.rfind("PPid:", 0) == 0) ppid = static_cast<pid_t>(std::atoi(line.c_str() + 5));
+        if (ppid != mpirun) continue;
+        std::ifstream env(entry.path() / "environ", std::ios::binary);
+        for (std::string var; std::getline(env, var, '\0');)
+            if (var == "OMPI_COMM_WORLD_RANK=0") return static_cast<pid_t>(std::atoi(name.c_str()));
+    }
+    return -1;
+}
+
 // `--ranks processes` without a launcher: this command again, under mpirun on this host (the
 // launcher gives each process its rank; ranks past 0 serve their experts, rank 0 the front end).
+// This process stays mpirun's parent: SIGINT / SIGTERM go to rank 0, which stops the group so every
+// rank exits cleanly (mpirun itself, signalled, would end the job as a failure); the exit status is
+// mpirun's.
 [[noreturn]] void relaunch_under_mpirun(int ep) {
     std::ifstream f("/proc/self/cmdline", std::ios::binary);
     std::vector<std::string> args;
@@ -44,9 +71,32 @@ namespace {
     argv.push_back(nullptr);
     std::fprintf(stderr, "fanout: starting %d rank processes: mpirun -np %d ...\n", ep, ep);
     std::fflush(stderr);
-    execvp("mpirun", argv.data());
-    FANOUT_FAIL("--ranks processes: could not start mpirun ({}); install OpenMPI or use --ranks threads",
-                std::strerror(errno));
+    std::signal(SIGINT, remember_signal);
+    std::signal(SIGTERM, remember_signal);
+    const pid_t child = fork();
+    FANOUT_CHECK(child >= 0, "--ranks processes: fork failed ({})", std::strerror(errno));
+    if (child == 0) {
+        std::signal(SIGINT, SIG_DFL);
+        std::signal(SIGTERM, SIG_DFL);
+        execvp("mpirun", argv.data());
+        std::fprintf(stderr,
+                     "error: --ranks processes: could not start mpirun (%s); install OpenMPI or use --ranks "
+                     "threads\n",
+                     std::strerror(errno));
+        _exit(2);
+    }
+    bool forwarded = false;
+    for (;;) {
+        int status = 0;
+        const pid_t done = waitpid(child, &status, WNOHANG);
+        if (done == child) std::exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+        if (g_signal != 0 && !forwarded) {
+            const pid_t rank0 = find_rank0(child);
+            kill(rank0 > 0 ? rank0 : child, g_signal);  // no rank 0 yet: mpirun ends the job
+            forwarded = true;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
 }
 #endif
 

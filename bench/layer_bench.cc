@@ -8,6 +8,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "emulated_ep.h"
 #include "fanout/core/cuda_check.h"
 #include "fanout/core/cuda_graph.h"
 #include "fanout/model/cuda_layer.h"
@@ -62,11 +63,11 @@ std::map<std::string, Cost> layer_costs(const io::ModelConfig& c, double R, doub
     if (ep > 0) {
         k["gate"] = {E * D * 2 + T * D * 2 + T * E * 4, 2 * T * E * D, true};
         k["topk"] = {T * E * 4 + T * K * 8, 0};
-        k["permute"] = {T * D * 3 + 2 * T * K / E * EL * D, 0};  // quant + the local rows copied
+        k["combine_recv"] = {T * D * 2, 0};  // the emulated backend's zeros
         k["grouped_gate_up"] = {EL * (2 * Ie * D + m * D + m * 2 * Ie * 2), EL * 2 * m * 2 * Ie * D};
         k["grouped_silu_quant"] = {EL * m * Ie * 5, 0};
         k["grouped_down"] = {EL * (D * Ie + m * Ie + m * D * 2), EL * 2 * m * D * Ie};
-        k["unpermute"] = {T * K * D * 2 + T * D * 4, 0};
+        k["combine_add"] = {T * D * 6, 0};
     }
     return k;
 }
@@ -83,8 +84,7 @@ struct Timing {
 // so the kernels' sum exceeds the plain total). hidden is restored from `pristine` before each
 // replay, outside the timed span.
 Timing time_layer(CudaLayerExec& exec, const model::DeviceLayer& w, const model::LayerStep& st, uint16_t* hidden,
-                  const uint16_t* pristine, size_t hidden_elems, uint16_t* cache, const model::ExpertEmulation* emu,
-                  int replays, cudaStream_t s) {
+                  const uint16_t* pristine, size_t hidden_elems, uint16_t* cache, int replays, cudaStream_t s) {
     Timing t;
     const auto timed = [&](bool marked) {
         std::vector<cudaEvent_t> events;
@@ -103,8 +103,7 @@ Timing time_layer(CudaLayerExec& exec, const model::DeviceLayer& w, const model:
                          names.emplace_back(name);
                          new_event();
                      })
-                            : model::KernelMark{},
-                     emu);
+                            : model::KernelMark{});
             if (!marked) new_event();
         });
         std::vector<double> us(names.size(), 0.0);
@@ -139,7 +138,7 @@ Timing time_layer(CudaLayerExec& exec, const model::DeviceLayer& w, const model:
         }
         t.marked_total_us = total;
     };
-    exec.run(w, st, hidden, cache, {}, emu);  // plans, attributes and workspaces outside the capture
+    exec.run(w, st, hidden, cache);  // plans, attributes and workspaces outside the capture
     FANOUT_CUDA_CHECK(cudaStreamSynchronize(s));
     timed(false);
     timed(true);
@@ -180,7 +179,7 @@ int run_layer_bench(const LayerBenchOptions& opts) {
     DeviceArray<uint16_t> hidden(static_cast<size_t>(max_T * c.hidden_size)), pristine(hidden.size());
     ops::launch_random_bf16(pristine.get(), pristine.size(), 1.0f, 12, s);
     DeviceArray<int32_t> positions(max_T), slots(max_T), query_start(max_batch + 1), kv_len(max_batch),
-        block_table(static_cast<size_t>(max_batch * per_req)), counts(256);
+        block_table(static_cast<size_t>(max_batch * per_req)), num_tokens(1);
     std::vector<int32_t> table(static_cast<size_t>(max_batch * per_req));
     std::iota(table.begin(), table.end(), 0);
     block_table.upload(table.data(), table.size(), s);
@@ -202,8 +201,12 @@ int run_layer_bench(const LayerBenchOptions& opts) {
         slots.upload(slot.data(), slot.size(), s);
         query_start.upload(qs.data(), qs.size(), s);
         kv_len.upload(kl.data(), kl.size(), s);
+        const int32_t T = batch * q;
+        num_tokens.upload(&T, 1, s);
+        FANOUT_CUDA_CHECK(cudaStreamSynchronize(s));  // T lives on this stack frame
         model::LayerStep st;
-        st.T = batch * q;
+        st.T = T;
+        st.num_tokens = num_tokens.get();
         st.R = batch;
         st.max_q = q;
         st.positions = positions.get();
@@ -246,25 +249,34 @@ int run_layer_bench(const LayerBenchOptions& opts) {
         int max_m = 0;
         if (moe) max_m = static_cast<int>(std::ceil(double(max_T) * c.num_experts_per_tok * ep / c.n_routed_experts));
         model::DeviceLayer w = model::random_layer(c, moe, local, 100 + static_cast<uint64_t>(ep));
-        model::LayerLimits lim;  // decode steps: the masked layout; random weights are FP8
+        model::LayerLimits lim;  // decode steps; random weights are FP8
         lim.max_tokens = max_T;
         lim.max_masked_tokens = max_T;
         lim.num_local_experts = local;
-        lim.max_emulated_m = max_m;
+        lim.max_dispatch_m = max_m;
         CudaLayerExec exec(c, rope, lim, s);
+        // One rank of EP-N: the emulated backend delivers what N-way dispatch would (emulated_ep.h).
+        std::unique_ptr<EmulatedEp> emu;
+        if (moe) {
+            comm::EpConfig ec = comm::EpConfig::for_rank(ParallelConfig{0, ep, 1}, static_cast<int>(c.n_routed_experts),
+                                                         static_cast<int>(c.num_experts_per_tok),
+                                                         static_cast<int>(c.hidden_size), max_T, comm::Payload::kFp8);
+            ec.max_m = max_m;
+            emu = std::make_unique<EmulatedEp>(ec, s);
+            exec.set_expert_parallel(emu.get());
+        }
         std::vector<std::pair<int, Timing>> rows;
         for (int b : opts.batches) {
             model::LayerStep st = step_for(b);
-            model::ExpertEmulation emu;
             const int m = moe ? std::max(1, static_cast<int>(std::ceil(double(b) * q * c.num_experts_per_tok * ep /
                                                                        c.n_routed_experts)))
                               : 0;
             if (moe) {
-                ops::launch_fill_i32(counts.get(), static_cast<int>(local), m, s);
-                emu = {counts.get(), m, m};
+                emu->set_rows(m);
+                st.expected_m = m;
             }
             Timing t = time_layer(exec, w, st, hidden.get(), pristine.get(), static_cast<size_t>(st.T * c.hidden_size),
-                                  cache.get(), moe ? &emu : nullptr, opts.replays, s);
+                                  cache.get(), opts.replays, s);
             nlohmann::json kernels, floors;
             const auto costs = layer_costs(c, b, st.T, opts.kv_len, ep, m);
             double grouped = 0;

@@ -3,10 +3,11 @@
 // latency breakdown, kernel by kernel, each beside its roofline floor from this GPU's measured
 // ceilings.
 //
-// One GPU emulates one rank of EP-N: the layer holds 256/N experts and its grouped GEMMs receive
-// m = batch · query · 8 · N / 256 tokens per expert, what N-way dispatch would deliver; the local
-// router, permute and un-permute run on the real routing of the step. Dispatch and combine
-// (communication) are not included — `fanout bench comm` measures them.
+// One GPU emulates one rank of EP-N: the layer holds 256/N experts and runs its expert-parallel
+// path on the emulated EP backend (emulated_ep.h), whose dispatch delivers m = batch · query · 8 ·
+// N / 256 tokens to every local expert, what N-way dispatch would; the router runs on the step's
+// real routing. Dispatch and combine move nothing there (communication is not included —
+// `fanout bench comm` measures it); the combined rows join the residual as they would.
 #pragma once
 
 #include <string>

@@ -26,6 +26,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cuda_test_util.h"
+#include "fanout/comm/ep_gpu.h"
+#include "fanout/comm/local_gpus.h"
 #include "fanout/model/deepseek_v3_cuda.h"
 #include "fanout/model/synthetic.h"
 #include "fanout/ops/fp8_quant.h"
@@ -339,6 +341,97 @@ TEST(CudaModel, BatchedDecodeMatchesSingleRequests) {
     const std::string err = fanout::testing::error_of([&] { gpu.forward_logits(b); });
     EXPECT_NE(err.find("outside the vocabulary"), std::string::npos) << err;
 }
+
+}  // namespace
+}  // namespace fanout::model
+
+namespace fanout::model {
+namespace {
+
+// Expert parallelism on the GPU runner: the tiny model's 16 routed experts split over every
+// visible GPU (world 1 on a one-GPU machine: the backend path with nothing to exchange), each rank
+// a thread with its GPU (comm/local_gpus.h). Rank 0 runs a prompt (every position's logits) and
+// greedy decode steps (graph replays), the other ranks empty steps in lockstep; the logits match
+// the runner holding every expert (the combine rounds its sum to bf16 before the residual add,
+// the local un-permute after: a few bf16 ulps) and the greedy tokens are the same.
+void check_ep_matches_ep1(comm::GpuBackend backend) {
+    REQUIRE_GPU();
+    int gpus = 0;
+    FANOUT_CUDA_CHECK(cudaGetDeviceCount(&gpus));
+    const int world = gpus >= 2 ? 2 : 1;
+    const std::string dir = fanout::testing::temp_dir("tiny_ep_cuda");
+    write_synthetic_model(dir, preset_config("tiny", 3), {});
+    std::vector<int32_t> ids;
+    for (int i = 0; i < 40; ++i) ids.push_back((i * 7919 + 13) % 129280);
+    const int64_t T = static_cast<int64_t>(ids.size());
+    constexpr int kDecode = 6;
+    CudaModelOptions o;
+    o.max_requests = 2;
+    o.max_context = 128;
+    o.max_step_tokens = T;
+    o.max_logit_rows = T;
+    // One request's prefill logits and greedy continuation on `gpu` (rank 0's part of a step).
+    const auto lead = [&](CudaModel& gpu, Tensor* prefill) {
+        kv::PagedKvCache blocks = gpu.make_block_allocator();
+        kv::SequenceBlocks seq;
+        blocks.reserve(seq, T + kDecode);
+        *prefill =
+            gpu.forward_logits(StepBatchBuilder(blocks).add(ids, 0, seq, StepBatchBuilder::Logits::kAll).build());
+        const int64_t V = gpu.config().vocab_size;
+        const float* last = prefill->data_as<float>() + (T - 1) * V;
+        std::vector<int32_t> toks = {static_cast<int32_t>(std::max_element(last, last + V) - last)};
+        for (int i = 1; i < kDecode; ++i) {
+            const ops::SamplingRow greedy{};
+            const std::vector<int32_t> one = {toks.back()};
+            toks.push_back(
+                gpu.forward_sample(StepBatchBuilder(blocks).add(one, T + i - 1, seq).build(), std::span(&greedy, 1))
+                    .at(0));
+        }
+        return toks;
+    };
+    Tensor want_logits;
+    std::vector<int32_t> want;
+    {
+        auto m = DeepseekV3::load(dir);
+        pin_routing(*m);
+        CudaModel gpu(*m, o);
+        want = lead(gpu, &want_logits);
+    }
+    comm::LocalGpus ranks(world);
+    Tensor got_logits;
+    std::vector<int32_t> got;
+    const auto failures = ranks.run([&](int r) {
+        auto m = DeepseekV3::load(dir, ParallelConfig{r, world, 1});
+        pin_routing(*m);
+        const io::ModelConfig& c = m->config();
+        auto ep = comm::make_gpu_ep(
+            backend,
+            comm::EpConfig::for_rank(ParallelConfig{r, world, 1}, static_cast<int>(c.n_routed_experts),
+                                     static_cast<int>(c.num_experts_per_tok), static_cast<int>(c.hidden_size),
+                                     static_cast<int>(T), comm::Payload::kBf16),
+            ranks.comm(r), ranks.stream(r));
+        CudaModelOptions ro = o;
+        ro.ep = ep.get();
+        ro.stream = ranks.stream(r);
+        CudaModel gpu(*m, ro);
+        kv::PagedKvCache blocks = gpu.make_block_allocator();
+        if (r == 0) {
+            got = lead(gpu, &got_logits);
+        } else {
+            for (int i = 0; i < kDecode; ++i) gpu.forward_sample(StepBatchBuilder(blocks).build(), {});
+        }
+    });
+    for (int r = 0; r < world; ++r) ASSERT_EQ(failures[r], "") << "rank " << r;
+    const int64_t V = want_logits.dim(1);
+    expect_close(position_diffs(got_logits.data_as<float>(), want_logits.data_as<float>(), T, V), max_abs(want_logits),
+                 Bounds{0.005, 0.02, 1.0},
+                 fmt::format("EP{} ({}) prefill vs EP1", world, comm::gpu_backend_name(backend)));
+    EXPECT_EQ(got, want) << "greedy tokens at EP" << world << " differ from EP1";
+    fs::remove_all(dir);
+}
+
+TEST(CudaModelEp, NcclBackendOverVisibleGpusMatchesEp1) { check_ep_matches_ep1(comm::GpuBackend::kNccl); }
+TEST(CudaModelEp, NvlinkBackendOverVisibleGpusMatchesEp1) { check_ep_matches_ep1(comm::GpuBackend::kNvlink); }
 
 }  // namespace
 }  // namespace fanout::model

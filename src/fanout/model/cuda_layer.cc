@@ -80,10 +80,11 @@ struct CudaLayerExec::Buffers {
     DeviceArray<uint8_t> xq;
     DeviceArray<float> xs, router_logits, topk_weight;
     DeviceArray<int32_t> topk_idx, counts, fill_t, slot, spill_block_expert;
-    // The routed experts' rows (moe_permute.h's layout; the emulated dispatch's masked rows too).
-    DeviceArray<uint8_t> perm_q, expert_act_q, emulated_q;
-    DeviceArray<float> perm_s, expert_act_s, emulated_s;
-    DeviceArray<uint16_t> perm_bf16, expert_gate_up, expert_act, expert_out;
+    // The routed experts' rows (moe_permute.h's layout; the GEMMs' outputs also an EP backend's
+    // receive layout) and, under EP, the combined rows before they join the residual.
+    DeviceArray<uint8_t> perm_q, expert_act_q;
+    DeviceArray<float> perm_s, expert_act_s;
+    DeviceArray<uint16_t> perm_bf16, expert_gate_up, expert_act, expert_out, combined;
     ops::GemmWorkspace gemm_ws;
     ops::MlaWorkspace mla_ws;
     DeviceArray<float> inv_freq;
@@ -144,14 +145,14 @@ struct BufferElems {
     size_t normed, qkv, q_a, q, q_nope, q_pe, q_lat, o_lat, attn_hm, attn, gate_up, act;  // bf16
     size_t latent, k_pe, kv_expanded;                                                     // bf16, MHA prefill
     size_t xq, xs, router_logits, topk_idx, topk_weight, counts, fill_t, slot, spill_blocks;
-    size_t perm_q, perm_s, expert_act_q, expert_act_s, perm_bf16, expert_act, expert_gate_up, expert_out;
-    size_t emulated_q, emulated_s;
+    size_t perm_q, perm_s, expert_act_q, expert_act_s, perm_bf16, expert_act, expert_gate_up, expert_out, combined;
 
     size_t bytes() const {
         const size_t bf16 = normed + qkv + q_a + q + q_nope + q_pe + q_lat + o_lat + attn_hm + attn + gate_up + act +
-                            latent + k_pe + kv_expanded + perm_bf16 + expert_act + expert_gate_up + expert_out;
-        const size_t u8 = xq + perm_q + expert_act_q + emulated_q;
-        const size_t f32 = xs + router_logits + topk_weight + perm_s + expert_act_s + emulated_s;
+                            latent + k_pe + kv_expanded + perm_bf16 + expert_act + expert_gate_up + expert_out +
+                            combined;
+        const size_t u8 = xq + perm_q + expert_act_q;
+        const size_t f32 = xs + router_logits + topk_weight + perm_s + expert_act_s;
         const size_t i32 = topk_idx + counts + fill_t + slot + spill_blocks;
         return 2 * bf16 + u8 + 4 * (f32 + i32);
     }
@@ -159,7 +160,7 @@ struct BufferElems {
 
 BufferElems buffer_elems(const io::ModelConfig& c, const LayerLimits& lim_in) {
     const int64_t max_tokens = lim_in.max_tokens, max_masked_tokens = lim_in.max_masked_tokens;
-    const int64_t num_local_experts = lim_in.num_local_experts, max_emulated_m = lim_in.max_emulated_m;
+    const int64_t num_local_experts = lim_in.num_local_experts, max_dispatch_m = lim_in.max_dispatch_m;
     const int64_t max_prefill_ctx = lim_in.max_prefill_ctx;
     const bool fp8 = lim_in.fp8_experts;
     BufferElems n{};
@@ -203,9 +204,9 @@ BufferElems buffer_elems(const io::ModelConfig& c, const LayerLimits& lim_in) {
         const size_t nbD = static_cast<size_t>(ops::ceil_div(static_cast<int64_t>(D), ops::kFp8Block));
         const size_t nbI = static_cast<size_t>(ops::ceil_div(static_cast<int64_t>(Ie), ops::kFp8Block));
         const ExpertRowLimits lim = expert_row_limits(c, max_tokens, max_masked_tokens, static_cast<int64_t>(EL));
-        // The permute's rows; the GEMMs' outputs also hold the emulated dispatch's masked rows.
-        const size_t perm = static_cast<size_t>(lim.rows), emulated = EL * static_cast<size_t>(max_emulated_m);
-        const size_t rows = std::max(perm, emulated);
+        // The permute's rows; the GEMMs' outputs also hold an EP backend's masked receive rows.
+        const size_t perm = static_cast<size_t>(lim.rows), received = EL * static_cast<size_t>(max_dispatch_m);
+        const size_t rows = std::max(perm, received);
         n.spill_blocks = static_cast<size_t>(lim.spill_rows / ops::kMoeSpillBlock);
         // FP8 experts read quantized rows (perm_q/_s, expert_act_q/_s), bf16 experts bf16 ones.
         n.perm_q = fp8 ? perm * D : 0;
@@ -216,8 +217,7 @@ BufferElems buffer_elems(const io::ModelConfig& c, const LayerLimits& lim_in) {
         n.expert_act_s = fp8 ? rows * nbI : 0;
         n.expert_act = fp8 ? 0 : rows * Ie;
         n.expert_out = rows * D;
-        n.emulated_q = emulated * D;
-        n.emulated_s = emulated * nbD;
+        n.combined = max_dispatch_m > 0 ? T * D : 0;
     }
     return n;
 }
@@ -234,6 +234,8 @@ CudaLayerExec::CudaLayerExec(const io::ModelConfig& c, const ops::RopeTable& rop
       num_local_(limits.num_local_experts),
       max_masked_tokens_(limits.max_masked_tokens),
       max_prefill_ctx_(limits.max_prefill_ctx),
+      max_dispatch_m_(limits.max_dispatch_m),
+      max_tokens_(limits.max_tokens),
       fp8_experts_(limits.fp8_experts),
       rope_factor_(rope.attention_factor),
       stream_(stream),
@@ -275,12 +277,7 @@ CudaLayerExec::CudaLayerExec(const io::ModelConfig& c, const ops::RopeTable& rop
         b.expert_act = DeviceArray<uint16_t>(n.expert_act);
         b.expert_gate_up = DeviceArray<uint16_t>(n.expert_gate_up);
         b.expert_out = DeviceArray<uint16_t>(n.expert_out);
-        if (limits.max_emulated_m > 0) {  // the emulated dispatch's rows: any finite values do
-            b.emulated_q = DeviceArray<uint8_t>(n.emulated_q);
-            b.emulated_s = DeviceArray<float>(n.emulated_s);
-            ops::launch_random_fp8(b.emulated_q.get(), b.emulated_q.size(), 7, stream);
-            ops::launch_random_f32(b.emulated_s.get(), b.emulated_s.size(), 0.01f, 0.02f, 8, stream);
-        }
+        if (n.combined > 0) b.combined = DeviceArray<uint16_t>(n.combined);
     }
     b.inv_freq = DeviceArray<float>(rope.inv_freq.data(), rope.inv_freq.size());
     FANOUT_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -348,15 +345,55 @@ void CudaLayerExec::mlp(const DeviceWeight& gu, const DeviceWeight& down, int T,
     if (mark) mark("shared_down");
 }
 
+void CudaLayerExec::set_expert_parallel(comm::ExpertParallel* ep) {
+    if (ep != nullptr) {
+        const comm::EpConfig& e = ep->config();
+        FANOUT_CHECK(e.num_experts == c_.n_routed_experts && e.experts_per_token == c_.num_experts_per_tok &&
+                         e.hidden == c_.hidden_size,
+                     "EP backend for {} experts, top-{}, hidden {}; the model has {}, top-{}, hidden {}", e.num_experts,
+                     e.experts_per_token, e.hidden, c_.n_routed_experts, c_.num_experts_per_tok, c_.hidden_size);
+        FANOUT_CHECK(e.local_experts() == num_local_,
+                     "EP rank {} of {} holds {} experts, the layer buffers were sized for {}", e.rank, e.world,
+                     e.local_experts(), num_local_);
+        FANOUT_CHECK(
+            e.rows_per_expert() <= max_dispatch_m_,
+            "EP backend delivers up to {} rows per expert, the layer buffers hold {} (LayerLimits::max_dispatch_m)",
+            e.rows_per_expert(), max_dispatch_m_);
+        FANOUT_CHECK(e.max_tokens_per_rank >= max_tokens_,
+                     "EP backend takes steps of up to {} tokens, the layer runs up to {}", e.max_tokens_per_rank,
+                     max_tokens_);
+        FANOUT_CHECK(e.payload == (fp8_experts_ ? comm::Payload::kFp8 : comm::Payload::kBf16),
+                     "EP backend carries {}, the experts run {}", e.payload == comm::Payload::kFp8 ? "fp8" : "bf16/f32",
+                     fp8_experts_ ? "FP8" : "bf16");
+    }
+    ep_ = ep;
+}
+
+bool CudaLayerExec::post_quantized(const DeviceLayer& w) {
+    return (w.has_mlp && w.gate_up.fp8) || (w.moe && w.experts_gate_up.fp8);
+}
+
 void CudaLayerExec::run(const DeviceLayer& w, const LayerStep& st, uint16_t* hidden, uint16_t* cache,
-                        const KernelMark& mark, const ExpertEmulation* emulate) {
+                        const KernelMark& mark) {
+    attn_in(w, st, hidden, cache, mark);
+    attn_out(w, st, hidden, cache, mark);
+    gate(w, st, mark);
+    dispatch_send(w, st, mark);
+    shared(w, st, hidden, mark);
+    experts(w, st, mark);
+    combine(w, st, hidden, mark);
+}
+
+void CudaLayerExec::attn_in(const DeviceLayer& w, const LayerStep& st, uint16_t* hidden, uint16_t* cache,
+                            const KernelMark& mark) {
+    if (st.T == 0) return;
     Buffers& b = *b_;
     const auto m = [&](const char* name) {
         if (mark) mark(name);
     };
     const int T = st.T, D = static_cast<int>(c_.hidden_size), H = static_cast<int>(c_.num_attention_heads);
     const int nope = static_cast<int>(c_.qk_nope_head_dim), rope_dim = static_cast<int>(c_.qk_rope_head_dim);
-    const int C = static_cast<int>(c_.kv_lora_rank), V = static_cast<int>(c_.v_head_dim);
+    const int C = static_cast<int>(c_.kv_lora_rank);
     const int ql = static_cast<int>(c_.q_lora_rank);
     const float eps = static_cast<float>(c_.rms_norm_eps);
     // A norm in front of FP8 projections also quantizes its output for them (one kernel), and
@@ -366,7 +403,6 @@ void CudaLayerExec::run(const DeviceLayer& w, const LayerStep& st, uint16_t* hid
         ops::launch_rms_norm_quant_bf16(x, x_stride, nullptr, weight, e, y, y_stride, quantize ? b.xq.get() : nullptr,
                                         quantize ? b.xs.get() : nullptr, T, width, stream_);
     };
-    // 1. attention input.
     const bool in_q = w.qkv_a.fp8;
     norm(hidden, D, w.input_norm.get(), eps, b.normed.get(), D, D, in_q);
     m("input_norm");
@@ -383,8 +419,7 @@ void CudaLayerExec::run(const DeviceLayer& w, const LayerStep& st, uint16_t* hid
     }
     m("q_b");
     const ops::RopeDevice rd{b.inv_freq.get(), rope_dim, rope_factor_};
-    const bool mha = st.prefill_ctx > 0;
-    if (mha) {
+    if (st.prefill_ctx > 0) {
         FANOUT_CHECK(st.R == 1 && st.prefill_ctx <= max_prefill_ctx_ && st.prefill_ctx >= T,
                      "MHA-form prefill: one request with a context of {}..{} tokens, got {} requests, context {}", T,
                      max_prefill_ctx_, st.R, st.prefill_ctx);
@@ -395,8 +430,20 @@ void CudaLayerExec::run(const DeviceLayer& w, const LayerStep& st, uint16_t* hid
     ops::launch_mla_kv_append(kv_a, qkv_width, T, C, w.kv_a_norm.get(), kLatentNormEps, st.positions, rd, st.slots,
                               cache, stream_);
     m("latent_norm_rope_append");
-    if (mha) {
-        // 2. attention, MHA form: the context's latent expanded by kv_b into per-head K and V.
+}
+
+void CudaLayerExec::attn_out(const DeviceLayer& w, const LayerStep& st, uint16_t* hidden, uint16_t* cache,
+                             const KernelMark& mark) {
+    if (st.T == 0) return;
+    Buffers& b = *b_;
+    const auto m = [&](const char* name) {
+        if (mark) mark(name);
+    };
+    const int T = st.T, D = static_cast<int>(c_.hidden_size), H = static_cast<int>(c_.num_attention_heads);
+    const int nope = static_cast<int>(c_.qk_nope_head_dim), rope_dim = static_cast<int>(c_.qk_rope_head_dim);
+    const int C = static_cast<int>(c_.kv_lora_rank), V = static_cast<int>(c_.v_head_dim);
+    if (st.prefill_ctx > 0) {
+        // MHA form: the context's latent expanded by kv_b into per-head K and V.
         const int ctx = st.prefill_ctx;
         ops::launch_gather_latent(cache, st.block_table, static_cast<int>(kv::kDefaultBlockSize), ctx, C, rope_dim,
                                   b.latent.get(), b.k_pe.get(), stream_);
@@ -427,7 +474,7 @@ void CudaLayerExec::run(const DeviceLayer& w, const LayerStep& st, uint16_t* hid
         ops::launch_mha_prefill(p, stream_);
         m("attention");
     } else {
-        // 2. attention, absorbed form: k_b into q, MLA over the cache, v_b out.
+        // Absorbed form: k_b into q, MLA over the cache, v_b out.
         ops::launch_fill_i32(b.fill_t.get(), std::max(H, 1), T, stream_);
         batched(w.k_b, b.q_nope.get(), b.fill_t.get(), T, b.q_lat.get(), T);
         m("bmm_q_absorb");
@@ -463,19 +510,20 @@ void CudaLayerExec::run(const DeviceLayer& w, const LayerStep& st, uint16_t* hid
     }
     linear(w.o, b.attn.get(), T, hidden, hidden);
     m("o_proj");
-    const bool post_q = (w.has_mlp && w.gate_up.fp8) || (w.moe && w.experts_gate_up.fp8);
-    norm(hidden, D, w.post_norm.get(), eps, b.normed.get(), D, D, post_q);
+    const bool post_q = post_quantized(w);
+    ops::launch_rms_norm_quant_bf16(hidden, D, nullptr, w.post_norm.get(), static_cast<float>(c_.rms_norm_eps),
+                                    b.normed.get(), D, post_q ? b.xq.get() : nullptr, post_q ? b.xs.get() : nullptr, T,
+                                    D, stream_);
     m("post_norm");
-    // 3. the dense MLP, added to the residual by its down projection.
-    if (!w.moe) {
-        if (w.has_mlp) mlp(w.gate_up, w.down, T, hidden, post_q, mark);
-        return;
-    }
-    // 4. MoE: router, then the routed experts' permute (the seed's dispatch send), the shared
-    // expert while "dispatch" would be in flight, the grouped GEMMs, the weighted un-permute.
+}
+
+void CudaLayerExec::gate(const DeviceLayer& w, const LayerStep& st, const KernelMark& mark) {
+    if (!w.moe || st.T == 0) return;
+    Buffers& b = *b_;
+    const int T = st.T, D = static_cast<int>(c_.hidden_size);
     const int E = static_cast<int>(c_.n_routed_experts), K = static_cast<int>(c_.num_experts_per_tok);
     ops::launch_gemm_bf16_f32(b.normed.get(), w.router.get(), b.router_logits.get(), T, E, D, stream_);
-    m("gate");
+    if (mark) mark("gate");
     const ops::RouterParams rp{E,
                                K,
                                static_cast<int>(c_.n_group),
@@ -484,49 +532,106 @@ void CudaLayerExec::run(const DeviceLayer& w, const LayerStep& st, uint16_t* hid
                                static_cast<float>(c_.routed_scaling_factor)};
     ops::launch_moe_route(b.router_logits.get(), w.has_bias ? w.router_bias.get() : nullptr, rp, T, b.topk_idx.get(),
                           b.topk_weight.get(), stream_);
-    m("topk");
-    routed_experts(w, T, hidden, post_q, mark, emulate);
+    if (mark) mark("topk");
 }
 
-void CudaLayerExec::routed_experts(const DeviceLayer& w, int T, uint16_t* hidden, bool post_q, const KernelMark& mark,
-                                   const ExpertEmulation* emulate) {
+namespace {
+// Tokens per expert a step of T tokens gives on average: picks the grouped GEMMs' tile.
+int expected_tokens_per_expert(const io::ModelConfig& c, int T) {
+    return std::max<int>(
+        1, static_cast<int>(int64_t{T} * c.num_experts_per_tok / std::max<int64_t>(c.n_routed_experts, 1)));
+}
+}  // namespace
+
+void CudaLayerExec::dispatch_send(const DeviceLayer& w, const LayerStep& st, const KernelMark& mark) {
+    if (!w.moe) return;
     Buffers& b = *b_;
-    const auto m = [&](const char* name) {
-        if (mark) mark(name);
-    };
-    const int D = static_cast<int>(c_.hidden_size), E = static_cast<int>(c_.n_routed_experts);
-    const int K = static_cast<int>(c_.num_experts_per_tok), I = static_cast<int>(c_.moe_intermediate_size);
     const int EL = static_cast<int>(w.experts_gate_up.batch);
     FANOUT_CHECK(EL == num_local_, "the layer holds {} routed experts, the step buffers were sized for {}", EL,
                  num_local_);
     const bool fp8 = w.experts_gate_up.fp8;
     FANOUT_CHECK(fp8 == fp8_experts_, "the layer's experts run {}, the step buffers were made for {} experts",
                  fp8 ? "FP8" : "bf16", fp8_experts_ ? "FP8" : "bf16");
+    if (ep_ != nullptr) {
+        // The post norm's output (quantized in xq / xs for FP8 experts) to the experts' ranks.
+        FANOUT_CHECK(st.num_tokens != nullptr, "expert parallelism needs the step's token count on the device");
+        ep_->dispatch_send({st.num_tokens, fp8 ? static_cast<const void*>(b.xq.get()) : b.normed.get(),
+                            fp8 ? b.xs.get() : nullptr, b.topk_idx.get()});
+        if (mark) mark("dispatch_send");
+        return;
+    }
+    if (st.T == 0) return;
+    const int T = st.T, D = static_cast<int>(c_.hidden_size), K = static_cast<int>(c_.num_experts_per_tok);
     const ExpertLayout layout = expert_layout(c_, T, max_masked_tokens_, EL);
     const int cap = static_cast<int>(layout.cap), spill = static_cast<int>(layout.spill_rows);
-    if (fp8) {  // xq / xs hold the post norm's quantized output (post_q)
+    if (fp8) {  // xq / xs hold the post norm's quantized output
         ops::launch_moe_permute(b.xq.get(), b.xs.get(), b.topk_idx.get(), T, K, D, 0, EL, cap, spill, b.perm_q.get(),
                                 b.perm_s.get(), b.counts.get(), b.spill_block_expert.get(), b.slot.get(), stream_);
     } else {
-        FANOUT_CHECK(emulate == nullptr, "expert emulation needs FP8 experts");
         ops::launch_moe_permute_bf16(b.normed.get(), b.topk_idx.get(), T, K, D, 0, EL, cap, spill, b.perm_bf16.get(),
                                      b.counts.get(), b.spill_block_expert.get(), b.slot.get(), stream_);
     }
-    m("permute");
-    if (w.has_mlp) mlp(w.gate_up, w.down, T, hidden, post_q, mark);  // the shared expert
-    ExpertRows rows{EL, cap, b.counts.get(), std::max(1, T * K / E), spill, b.spill_block_expert.get()};
-    const uint8_t* gx = b.perm_q.get();
-    const float* gs = b.perm_s.get();
-    if (emulate) {
-        // The grouped GEMMs take what EP-N's dispatch would deliver instead: its rows, all masked.
-        rows = {EL, emulate->max_m, emulate->counts, emulate->expected_m, 0, nullptr};
-        gx = b.emulated_q.get();
-        gs = b.emulated_s.get();
+    if (mark) mark("permute");
+}
+
+void CudaLayerExec::shared(const DeviceLayer& w, const LayerStep& st, uint16_t* hidden, const KernelMark& mark) {
+    if (!w.has_mlp || st.T == 0) return;
+    mlp(w.gate_up, w.down, st.T, hidden, post_quantized(w), mark);
+}
+
+void CudaLayerExec::experts(const DeviceLayer& w, const LayerStep& st, const KernelMark& mark) {
+    if (!w.moe) return;
+    Buffers& b = *b_;
+    const int EL = static_cast<int>(w.experts_gate_up.batch);
+    if (ep_ != nullptr) {
+        ep_->dispatch_recv();
+        if (mark) mark("dispatch_recv");
+        const comm::ExpertBatch in = ep_->recv_batch();
+        const comm::EpConfig& e = ep_->config();
+        const int expected =
+            st.expected_m > 0 ? st.expected_m : expected_tokens_per_expert(c_, st.T) * e.world;  // all ranks' tokens
+        const ExpertRows rows{EL, in.max_m, in.counts, expected, 0, nullptr};
+        expert_mlp(w, rows, static_cast<const uint16_t*>(in.tokens), static_cast<const uint8_t*>(in.tokens), in.scales,
+                   mark);
+        ep_->combine_send(b.expert_out.get());
+        if (mark) mark("combine_send");
+        return;
     }
-    expert_gemm(w.experts_gate_up, rows, b.perm_bf16.get(), gx, gs, b.expert_gate_up.get());
-    m("grouped_gate_up");
+    if (st.T == 0) return;
+    const ExpertLayout layout = expert_layout(c_, st.T, max_masked_tokens_, EL);
+    const ExpertRows rows{EL,
+                          static_cast<int>(layout.cap),
+                          b.counts.get(),
+                          expected_tokens_per_expert(c_, st.T),
+                          static_cast<int>(layout.spill_rows),
+                          b.spill_block_expert.get()};
+    expert_mlp(w, rows, b.perm_bf16.get(), b.perm_q.get(), b.perm_s.get(), mark);
+}
+
+void CudaLayerExec::combine(const DeviceLayer& w, const LayerStep& st, uint16_t* hidden, const KernelMark& mark) {
+    if (!w.moe) return;
+    Buffers& b = *b_;
+    const int T = st.T, D = static_cast<int>(c_.hidden_size), K = static_cast<int>(c_.num_experts_per_tok);
+    if (ep_ != nullptr) {
+        ep_->combine_recv(b.topk_weight.get(), b.combined.get());
+        if (mark) mark("combine_recv");
+        if (T > 0) ops::launch_add_bf16(b.combined.get(), hidden, int64_t{T} * D, stream_);
+        if (mark) mark("combine_add");
+        return;
+    }
+    if (T == 0) return;
+    ops::launch_moe_unpermute(b.expert_out.get(), b.slot.get(), b.topk_weight.get(), T, K, D, hidden, hidden, stream_);
+    if (mark) mark("unpermute");
+}
+
+void CudaLayerExec::expert_mlp(const DeviceLayer& w, const ExpertRows& rows, const uint16_t* x, const uint8_t* xq,
+                               const float* xs, const KernelMark& mark) {
+    Buffers& b = *b_;
+    const int I = static_cast<int>(c_.moe_intermediate_size), EL = rows.num_experts;
+    expert_gemm(w.experts_gate_up, rows, x, xq, xs, b.expert_gate_up.get());
+    if (mark) mark("grouped_gate_up");
     const int64_t masked = rows.masked_rows();
-    if (fp8) {
+    if (w.experts_gate_up.fp8) {
         const int64_t nbI = ops::ceil_div(static_cast<int64_t>(I), ops::kFp8Block);
         if (rows.max_m > 0)
             ops::launch_silu_mul_quant_masked(b.expert_gate_up.get(), rows.counts, EL, rows.max_m, I,
@@ -541,14 +646,10 @@ void CudaLayerExec::routed_experts(const DeviceLayer& w, int T, uint16_t* hidden
         ops::launch_silu_mul_bf16(b.expert_gate_up.get(), static_cast<int>(masked + rows.spill_rows), I,
                                   b.expert_act.get(), stream_);
     }
-    m("grouped_silu_quant");
+    if (mark) mark("grouped_silu_quant");
     expert_gemm(w.experts_down, rows, b.expert_act.get(), b.expert_act_q.get(), b.expert_act_s.get(),
                 b.expert_out.get());
-    m("grouped_down");
-    // Slots name rows of the permute's layout; under emulation they point into the emulated
-    // output (the buffers hold both layouts' rows), whose values then stand in.
-    ops::launch_moe_unpermute(b.expert_out.get(), b.slot.get(), b.topk_weight.get(), T, K, D, hidden, hidden, stream_);
-    m("unpermute");
+    if (mark) mark("grouped_down");
 }
 
 void CudaLayerExec::expert_gemm(const DeviceWeight& w, const ExpertRows& rows, const uint16_t* x, const uint8_t* xq,

@@ -3,19 +3,30 @@
 // it; `fanout bench layer` runs one layer of random weights at V3's real widths with it, timing
 // each kernel — so the benchmark measures exactly the code that serves.
 //
-// The sequence (the seed's stages, DESIGN §4):
-//   attention in:  input norm · fused q_a|kv_a GEMM · q_a norm · q_b GEMM · q split + RoPE ·
+// The layer is the CPU model's stages (deepseek_v3.h), as methods a schedule can call one by one
+// (run() calls them in order):
+//   attn_in:       input norm · fused q_a|kv_a GEMM · q_a norm · q_b GEMM · q split + RoPE ·
 //                  kv norm + RoPE + cache append
-//   attention out: k_b batched GEMM (absorbs W_UK into q) · MLA over the cache · v_b batched GEMM ·
+//   attn_out:      k_b batched GEMM (absorbs W_UK into q) · MLA over the cache · v_b batched GEMM ·
 //                  heads→tokens — or, for a one-request prefill chunk (LayerStep::prefill_ctx), the
 //                  MHA form: gather the context's latent · kv_b GEMM · causal flash attention —
-//                  then o_proj GEMM (+ residual) · post norm · router GEMM (f32) · top-k
-//   experts:       permute into the experts' rows (the post norm quantized it; moe_permute.h: a
-//                  masked part capped per expert for decode steps, the rest contiguous) — then the shared
-//                  expert: gate|up GEMM · silu·mul(·quant) · down GEMM (+ residual), the dense MLP
-//                  in dense layers — grouped gate|up · silu·mul·quant · grouped down · weighted
-//                  un-permute into the residual
+//                  then o_proj GEMM (+ residual) · post norm
+//   gate:          router GEMM (f32) · top-k (MoE layers)
+//   dispatch_send: the routed experts' rows leave: with every expert on this GPU the local
+//                  permute (moe_permute.h: a masked part capped per expert for decode steps, the
+//                  rest contiguous); under expert parallelism the EP backend's dispatch send
+//   shared:        the shared expert (the dense MLP in dense layers): gate|up GEMM ·
+//                  silu·mul(·quant) · down GEMM (+ residual) — while dispatch is in flight
+//   experts:       (EP: dispatch receive) · grouped gate|up · silu·mul·quant · grouped down ·
+//                  (EP: combine send)
+//   combine:       the weighted sum into the residual: the local un-permute, or the EP backend's
+//                  combine receive and an add
 // Norms in front of FP8 projections write the quantized input too (one kernel, no act_quant).
+//
+// Expert parallelism is a backend (comm/ep.h) handed to set_expert_parallel(): the GPU backends
+// (nvlink, nccl) or `fanout bench layer`'s emulated one. Without one, this GPU holds every expert
+// and the local permute stands in for dispatch (its capped-masked + contiguous layout bounds the
+// buffers for prefill-sized steps, which a backend's all-masked receive layout could not).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -26,6 +37,7 @@
 #include <utility>
 #include <vector>
 
+#include "fanout/comm/ep.h"
 #include "fanout/core/cuda_check.h"
 #include "fanout/core/error.h"
 #include "fanout/io/model_config.h"
@@ -117,13 +129,10 @@ struct LayerStep {
     // is this long: attention runs in the MHA form (kv_b expands the latent; one kernel per
     // request). 0: the absorbed form (decode, MTP verification, several requests).
     int prefill_ctx = 0;
-};
-
-// The benchmark's stand-in for dispatch: the grouped GEMMs run on `counts` rows per local expert
-// (what EP-N's dispatch would deliver) instead of the local permute's output.
-struct ExpertEmulation {
-    const int32_t* counts = nullptr;  // [num_local] on the device
-    int max_m = 0;
+    // T on the device, where an EP backend reads it (expert parallelism only).
+    const int32_t* num_tokens = nullptr;
+    // Tokens per local expert the grouped GEMMs should expect under expert parallelism (picks
+    // their tile); 0: estimated from this rank's T.
     int expected_m = 0;
 };
 
@@ -135,7 +144,7 @@ struct LayerLimits {
     int64_t max_tokens = 0;         // tokens of one step
     int64_t max_masked_tokens = 0;  // steps up to this many tokens (decode) use the capped masked layout
     int64_t num_local_experts = 0;  // routed experts of each layer on this GPU
-    int64_t max_emulated_m = 0;     // ExpertEmulation's rows per expert (0: none)
+    int64_t max_dispatch_m = 0;     // rows per local expert an EP backend delivers (0: no backend)
     int64_t max_prefill_ctx = 0;    // MHA-form prefill over contexts of up to this many tokens (0: never)
     bool fp8_experts = true;        // the experts run FP8 (else bf16): only that kind's buffers are made
 };
@@ -152,9 +161,26 @@ class CudaLayerExec {
     // workspace; the MLA workspace grows on first use and is not counted), so a memory plan can
     // count them before anything is allocated.
     static size_t buffer_bytes(const io::ModelConfig& c, const LayerLimits& limits);
-    // hidden [T, D] bf16 (the residual stream) is updated in place; cache is this layer's.
+    // The routed experts of every later step go through `ep` (its rows per expert at most
+    // max_dispatch_m; widths, top-k and experts matching the model); nullptr: the local permute.
+    void set_expert_parallel(comm::ExpertParallel* ep);
+    comm::ExpertParallel* expert_parallel() const { return ep_; }
+
+    // The whole layer: every stage in order. hidden [T, D] bf16 (the residual stream) is updated
+    // in place; cache is this layer's. A step of T = 0 (a rank without requests under expert
+    // parallelism) runs only the experts' exchange and this rank's experts on what it received.
     void run(const DeviceLayer& w, const LayerStep& step, uint16_t* hidden, uint16_t* cache,
-             const KernelMark& mark = {}, const ExpertEmulation* emulate = nullptr);
+             const KernelMark& mark = {});
+    // The stages (see the top), for schedules that interleave them.
+    void attn_in(const DeviceLayer& w, const LayerStep& step, uint16_t* hidden, uint16_t* cache,
+                 const KernelMark& mark = {});
+    void attn_out(const DeviceLayer& w, const LayerStep& step, uint16_t* hidden, uint16_t* cache,
+                  const KernelMark& mark = {});
+    void gate(const DeviceLayer& w, const LayerStep& step, const KernelMark& mark = {});
+    void dispatch_send(const DeviceLayer& w, const LayerStep& step, const KernelMark& mark = {});
+    void shared(const DeviceLayer& w, const LayerStep& step, uint16_t* hidden, const KernelMark& mark = {});
+    void experts(const DeviceLayer& w, const LayerStep& step, const KernelMark& mark = {});
+    void combine(const DeviceLayer& w, const LayerStep& step, uint16_t* hidden, const KernelMark& mark = {});
 
   private:
     struct Buffers;
@@ -164,18 +190,21 @@ class CudaLayerExec {
     // hidden += down(silu(gate) · up) of normed; `prequantized`: xq / xs already hold normed for FP8.
     void mlp(const DeviceWeight& gu, const DeviceWeight& down, int T, uint16_t* hidden, bool prequantized,
              const KernelMark& mark);
-    // Step 4 after the router: the routed experts (and the shared one while they are permuted),
-    // their weighted sum added to hidden.
     struct ExpertRows;
-    void routed_experts(const DeviceLayer& w, int T, uint16_t* hidden, bool post_q, const KernelMark& mark,
-                        const ExpertEmulation* emulate);
+    // The routed experts' grouped GEMMs over `rows` (gate|up, silu·mul(·quant), down into
+    // expert_out); FP8 experts read xq / xs, bf16 experts x.
+    void expert_mlp(const DeviceLayer& w, const ExpertRows& rows, const uint16_t* x, const uint8_t* xq, const float* xs,
+                    const KernelMark& mark);
+    // Whether the post norm quantized its output for the MLP / experts (FP8 weights).
+    static bool post_quantized(const DeviceLayer& w);
     // y = x · w[e]ᵀ over the experts' rows: the masked part, then the spill blocks; FP8 weights
     // read xq / xs (already quantized), bf16 weights x.
     void expert_gemm(const DeviceWeight& w, const ExpertRows& rows, const uint16_t* x, const uint8_t* xq,
                      const float* xs, uint16_t* y);
 
     io::ModelConfig c_;
-    int64_t num_local_ = 0, max_masked_tokens_ = 0, max_prefill_ctx_ = 0;
+    int64_t num_local_ = 0, max_masked_tokens_ = 0, max_prefill_ctx_ = 0, max_dispatch_m_ = 0, max_tokens_ = 0;
+    comm::ExpertParallel* ep_ = nullptr;
     bool fp8_experts_ = true;
     float rope_factor_ = 1.0f;
     cudaStream_t stream_ = nullptr;

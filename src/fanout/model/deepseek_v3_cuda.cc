@@ -32,14 +32,16 @@ int64_t logit_rows_limit(const CudaModelOptions& o) {
 
 int64_t mha_context_limit(const CudaModelOptions& o) { return std::min(o.max_context, o.max_mha_context); }
 
-// The layer's step buffers for the runner's limits: every expert on this GPU (EP1), decode steps
-// (up to max_requests × the graphs' query length) in the capped masked layout, FP8 experts when
-// the weight plan makes them (experts_run_fp8).
+// The layer's step buffers for the runner's limits: every expert on this GPU (EP1) or the EP
+// rank's block with the backend's receive rows, decode steps (up to max_requests × the graphs'
+// query length) in the capped masked layout, FP8 experts when the weight plan makes them
+// (experts_run_fp8).
 LayerLimits layer_limits(const io::ModelConfig& c, const CudaModelOptions& opts) {
     LayerLimits l;
     l.max_tokens = opts.max_step_tokens;
     l.max_masked_tokens = std::min(opts.max_step_tokens, opts.max_requests * kMaxGraphQueryLen);
-    l.num_local_experts = c.n_routed_experts;
+    l.num_local_experts = opts.ep ? opts.ep->config().local_experts() : c.n_routed_experts;
+    l.max_dispatch_m = opts.ep ? opts.ep->config().rows_per_expert() : 0;
     l.max_prefill_ctx = mha_context_limit(opts);
     l.fp8_experts = experts_run_fp8(c);
     return l;
@@ -65,6 +67,7 @@ struct CudaModel::Impl {
     io::ModelConfig c;
     CudaModelOptions opts;
     cudaStream_t stream = nullptr;
+    bool owns_stream = false;
     int64_t max_blocks_per_request = 0, num_blocks = 0, pad_block = 0;
 
     DeviceModelWeights w;
@@ -72,7 +75,7 @@ struct CudaModel::Impl {
     DeviceArray<uint16_t> cache;  // [layers, num_blocks + 1, block, entry]; the last block is the padding scratch
 
     // Step inputs at fixed addresses (what a captured graph reads).
-    DeviceArray<int32_t> tokens, positions, slots, query_start, kv_len, block_table, logit_rows, out_tokens;
+    DeviceArray<int32_t> tokens, positions, slots, query_start, kv_len, block_table, logit_rows, out_tokens, num_tokens;
     DeviceArray<ops::SamplingRow> sampling;
     DeviceArray<ops::LogitBias> logit_bias;
     DeviceArray<uint16_t> hidden, rows, rows_normed;
@@ -87,7 +90,7 @@ struct CudaModel::Impl {
     ~Impl() {
         drop_graphs();
         exec.reset();
-        if (stream) cudaStreamDestroy(stream);
+        if (stream && owns_stream) cudaStreamDestroy(stream);
     }
 
     void drop_graphs() {
@@ -103,10 +106,14 @@ struct CudaModel::Impl {
     // The whole step on the stream: embedding, layers, final norm and lm_head over the logit rows,
     // then sampling when `sample`.
     // prefill_ctx > 0: a one-request prefill chunk over that many context tokens (MHA form).
+    // T = 0 (expert parallelism): this rank's empty step — only the MoE layers' exchanges and its
+    // experts' work for the other ranks.
     void run(int T, int R, int max_q, int rows_n, bool sample, int prefill_ctx = 0) {
         const int D = static_cast<int>(c.hidden_size), Vocab = static_cast<int>(c.vocab_size);
+        if (opts.ep) ops::launch_fill_i32(num_tokens.get(), 1, T, stream);  // where the backend reads T
         ops::launch_embed_bf16(w.embed.get(), tokens.get(), T, D, hidden.get(), stream);
         LayerStep st;
+        st.num_tokens = num_tokens.get();
         st.T = T;
         st.R = R;
         st.max_q = max_q;
@@ -120,6 +127,7 @@ struct CudaModel::Impl {
         for (int64_t l = 0; l < c.num_hidden_layers; ++l)
             exec->run(w.layers[static_cast<size_t>(l)], st, hidden.get(),
                       cache.get() + static_cast<size_t>(l) * cache_layer_elems());
+        if (rows_n == 0) return;
         ops::launch_embed_bf16(hidden.get(), logit_rows.get(), rows_n, D, rows.get(), stream);  // a row gather
         ops::launch_rms_norm_bf16(rows.get(), nullptr, w.final_norm.get(), static_cast<float>(c.rms_norm_eps),
                                   rows_normed.get(), rows_n, D, stream);
@@ -134,12 +142,13 @@ struct CudaModel::Impl {
         auto& g = graphs[{q, R, sample}];
         const int T = static_cast<int>(q * R);
         if (g.exec == nullptr) {
-            // One eager run first: cuBLASLt plans and workspaces are created outside the capture.
+            // The step runs eagerly — cuBLASLt plans and workspaces are created outside the
+            // capture — and is then captured, not replayed: every step is exactly one run, so under
+            // expert parallelism each rank takes part in each MoE exchange once per step.
             run(T, static_cast<int>(R), max_q, rows_n, sample);
             FANOUT_CUDA_CHECK(cudaStreamSynchronize(stream));
             g.exec = capture_graph(stream, [&] { run(T, static_cast<int>(R), max_q, rows_n, sample); });
-            // The eager run above already did this step's work; replaying it again rewrites the
-            // same cache entries with the same values, and keeps the path below uniform.
+            return;
         }
         FANOUT_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));
     }
@@ -154,17 +163,25 @@ CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts, cons
     FANOUT_CHECK(opts.max_step_tokens >= 1 && opts.max_requests >= 1 && opts.max_context >= 1,
                  "CudaModel: max_step_tokens {}, max_requests {}, max_context {} must be positive",
                  opts.max_step_tokens, opts.max_requests, opts.max_context);
+    const int64_t local = opts.ep ? opts.ep->config().local_experts() : c.n_routed_experts;
     FANOUT_CHECK(model.weights().layers.empty() || c.n_routed_experts == 0 ||
                      std::all_of(model.weights().layers.begin(), model.weights().layers.end(),
                                  [&](const LayerWeights& l) {
-                                     return !l.is_moe ||
-                                            static_cast<int64_t>(l.moe.experts.size()) == c.n_routed_experts;
+                                     return !l.is_moe || static_cast<int64_t>(l.moe.experts.size()) == local;
                                  }),
-                 "the GPU runner holds every expert on one GPU (EP1); this model was loaded with an EP shard plan");
+                 "the GPU runner holds {} routed experts per layer ({}); the model was loaded with another shard plan",
+                 local,
+                 opts.ep ? fmt::format("EP rank {} of {}", opts.ep->config().rank, opts.ep->config().world)
+                         : std::string("every expert: no EP backend"));
     int device_count = 0;
     FANOUT_CHECK(cudaGetDeviceCount(&device_count) == cudaSuccess && device_count > 0,
                  "--device cuda: no CUDA device is visible");
-    FANOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
+    if (opts.stream) {
+        m.stream = opts.stream;
+    } else {
+        FANOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
+        m.owns_stream = true;
+    }
     const int64_t block = kv::kDefaultBlockSize;
     m.max_blocks_per_request = ops::ceil_div(opts.max_context, block);
     m.num_blocks = opts.num_kv_blocks > 0 ? opts.num_kv_blocks : opts.max_requests * m.max_blocks_per_request;
@@ -184,6 +201,7 @@ CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts, cons
     m.block_table = DeviceArray<int32_t>(R * static_cast<size_t>(m.max_blocks_per_request));
     m.logit_rows = DeviceArray<int32_t>(T);
     m.out_tokens = DeviceArray<int32_t>(T);
+    m.num_tokens = DeviceArray<int32_t>(1);
     m.sampling = DeviceArray<ops::SamplingRow>(T);
     m.logit_bias = DeviceArray<ops::LogitBias>(kInitialLogitBias);
     m.hidden = DeviceArray<uint16_t>(T * D);
@@ -192,6 +210,7 @@ CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts, cons
     m.rows_normed = DeviceArray<uint16_t>(L * D);
     m.logits = DeviceArray<float>(L * static_cast<size_t>(c.vocab_size));
     m.exec = std::make_unique<CudaLayerExec>(c, model.rope(), layer_limits(c, opts), m.stream);
+    m.exec->set_expert_parallel(opts.ep);
     FANOUT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
 }
 
@@ -249,6 +268,13 @@ std::vector<int32_t> CudaModel::forward_sample(const StepBatch& batch, std::span
     const io::ModelConfig& c = m.c;
     const int64_t T = batch.num_tokens(), R = batch.num_requests(),
                   rows_n = static_cast<int64_t>(batch.logit_rows.size());
+    if (T == 0 && m.opts.ep) {  // this rank's empty step of the EP group
+        FANOUT_CHECK(R == 0 && sampling.empty(), "GPU step: an empty step has no requests and samples nothing");
+        m.run(0, 0, 0, 0, false);
+        FANOUT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+        m.opts.ep->raise_if_failed();
+        return {};
+    }
     FANOUT_CHECK(T >= 1 && T <= m.opts.max_step_tokens, "GPU step: {} tokens; this runner takes 1..{} per step", T,
                  m.opts.max_step_tokens);
     FANOUT_CHECK(R >= 1 && R <= m.opts.max_requests, "GPU step: {} requests; this runner takes 1..{}", R,
@@ -355,6 +381,7 @@ std::vector<int32_t> CudaModel::forward_sample(const StepBatch& batch, std::span
                                           cudaMemcpyDeviceToHost, m.stream));
     }
     FANOUT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+    if (m.opts.ep) m.opts.ep->raise_if_failed();
     out.resize(static_cast<size_t>(std::min<int64_t>(rows_n, static_cast<int64_t>(out.size()))));
     return out;
 }

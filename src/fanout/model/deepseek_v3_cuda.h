@@ -1,5 +1,6 @@
-// The GPU model runner: DeepSeek-V3's forward pass on one GPU (EP1), over a paged latent KV cache
-// in device memory, with sampling on the device and CUDA graphs for decode steps.
+// The GPU model runner: DeepSeek-V3's forward pass on one GPU — holding every expert, or one EP
+// rank's block of them (CudaModelOptions::ep) — over a paged latent KV cache in device memory,
+// with sampling on the device and CUDA graphs for decode steps.
 //
 // Weights come from a loaded DeepseekV3 (its checks and shard plan) and are rearranged once for
 // the GPU: q_a and kv_a as one GEMM, each MLP's gate and up as one, kv_b split into the per-head
@@ -48,6 +49,15 @@ struct CudaModelOptions {
     // this much context; past it the absorbed form, which reads the cache as it is, so the
     // expansion buffer stays bounded (H · (nope + v) bf16 per token of it: 1 GB at V3's 16,384).
     int64_t max_mha_context = 16384;
+    // This GPU's EP group (comm/ep_gpu.h; FP8 payload for FP8 experts, bf16 otherwise; steps of up
+    // to max_step_tokens per rank): the model then holds this rank's block of routed experts
+    // (loaded with its ParallelConfig), and every step — an empty one too, forward_sample of a
+    // batch without tokens — takes part in every MoE layer's dispatch and combine. nullptr: every
+    // expert on this GPU (EP1), the local permute.
+    comm::ExpertParallel* ep = nullptr;
+    // The stream every step runs on, which the EP backend's calls must share (borrowed); nullptr:
+    // the runner makes one of its own.
+    cudaStream_t stream = nullptr;
 };
 
 class CudaModel {
@@ -77,6 +87,7 @@ class CudaModel {
     Tensor forward_logits(const StepBatch& batch);
     // One step sampled on the device: one token per logit row (`rows` has one entry per logit row;
     // its bias_begin/bias_count index `logit_bias`, each id in the vocabulary and once per row).
+    // Under expert parallelism a batch without tokens is this rank's empty step of the group.
     std::vector<int32_t> forward_sample(const StepBatch& batch, std::span<const ops::SamplingRow> rows,
                                         std::span<const ops::LogitBias> logit_bias = {});
 

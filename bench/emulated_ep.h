@@ -1,0 +1,37 @@
+// `fanout bench layer`'s stand-in for dispatch and combine: an EP backend (comm/ep.h) that moves
+// nothing. Every local expert "receives" m rows of random FP8 tokens — what EP-N's dispatch would
+// deliver to one rank at the benchmarked batch — and combine receive writes zeros. The layer runs
+// its real expert-parallel path on it (model/cuda_layer.h), so the emulated and the real
+// communication (the nvlink / nccl backends) differ only in the backend.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "fanout/comm/ep.h"
+#include "fanout/model/cuda_layer.h"
+
+namespace fanout::bench {
+
+class EmulatedEp final : public comm::ExpertParallel {
+  public:
+    // Receive rows for config.rows_per_expert() per local expert (FP8 payload), on `stream`.
+    EmulatedEp(const comm::EpConfig& config, cudaStream_t stream);
+    // Every local expert receives m rows (≤ rows_per_expert) from now on.
+    void set_rows(int m);
+
+    const comm::EpConfig& config() const override { return config_; }
+    void dispatch_send(const comm::DispatchInput&) override {}
+    void dispatch_recv() override {}
+    comm::ExpertBatch recv_batch() const override;
+    void combine_send(const void*) override {}
+    void combine_recv(const float*, void* out) override;
+
+  private:
+    comm::EpConfig config_;
+    cudaStream_t stream_;
+    model::DeviceArray<int32_t> counts_;
+    model::DeviceArray<uint8_t> tokens_;
+    model::DeviceArray<float> scales_;
+};
+
+}  // namespace fanout::bench
