@@ -32,14 +32,28 @@ struct ServeArgs {
     double attention_cost = -1;  // < 0: from the model config (model/step_cost.h)
     int ep = 0;                  // 0: 1, or the launcher's world
     std::string ranks = "threads";
+    std::string ep_backend;  // empty: local at EP1 or on the CPU, nvlink for GPU ranks on one host, else nccl
 };
 
 void run_serve(ServeArgs& a) {
     Deployment d;
     d.join_world(a.ep, a.ranks);
-    FANOUT_CHECK(a.ep == 1 || a.model.device == "cpu",
-                 "--ep {}: expert parallelism runs on the CPU path so far; the GPU runner holds every expert (--ep 1)",
-                 a.ep);
+    if (a.ep_backend.empty())
+        a.ep_backend = a.ep == 1 || a.model.device == "cpu" ? "local" : d.all_local() ? "nvlink" : "nccl";
+    FANOUT_CHECK(a.ep == 1 || a.model.device == "cpu" || a.ranks == "processes",
+                 "--ep {} --device cuda: GPU ranks are processes, one per GPU (mpirun -np {} fanout serve ..., or "
+                 "--ranks processes)",
+                 a.ep, a.ep);
+    FANOUT_CHECK(a.ep_backend == "local" || a.model.device == "cuda",
+                 "--ep-backend {}: the GPU backends need --device cuda (the CPU path's ranks use local or mpi)",
+                 a.ep_backend);
+    FANOUT_CHECK(a.ep == 1 || a.ep_backend != "local" || a.model.device == "cpu",
+                 "--ep-backend local is one GPU holding every expert; --ep {} needs nvlink or nccl", a.ep);
+    if (a.model.device == "cuda") {
+#ifdef FANOUT_WITH_CUDA
+        d.select_gpu();  // before anything touches the device
+#endif
+    }
     const std::string dir = resolve_model_dir(a.model.model);
     const io::Tokenizer tokenizer = load_tokenizer(dir);
     if (a.server.model_name.empty()) {
@@ -74,12 +88,23 @@ void run_serve(ServeArgs& a) {
 #endif
     if (a.model.device == "cuda") {
 #ifdef FANOUT_WITH_CUDA
+        if (a.ep_backend != "local") {
+            // This rank's experts reach the others' tokens through the GPU EP backend, on the
+            // stream every step runs on; made before the plan, which then sees its buffers in use.
+            const comm::EpConfig ep =
+                comm::EpConfig::for_rank(ParallelConfig{d.rank, a.ep, 1}, static_cast<int>(pre.n_routed_experts),
+                                         static_cast<int>(pre.num_experts_per_tok), static_cast<int>(pre.hidden_size),
+                                         static_cast<int>(o.max_step_tokens),
+                                         model::experts_run_fp8(pre) ? comm::Payload::kFp8 : comm::Payload::kBf16);
+            o.ep = d.make_gpu_ep(a.ep_backend, ep);
+            o.stream = d.gpu->stream;
+        }
         const engine::CudaRunner::DeviceMemory dm = engine::CudaRunner::device_memory();
         mr.where = fmt::format("GPU {} ({})", dm.device, dm.name);
         mr.total_bytes = dm.total_bytes;
         mr.in_use_bytes = dm.total_bytes - dm.free_bytes;
         mr.utilization = a.gpu_memory_utilization;
-        mr.weight_bytes = engine::checkpoint_weight_bytes(dir, pre);
+        mr.weight_bytes = engine::checkpoint_weight_bytes(dir, pre, ParallelConfig{d.rank, a.ep, 1});
         mr.workspace_bytes = static_cast<double>(model::CudaModel::workspace_bytes(pre, o));
         mr.graph_bytes = static_cast<double>(model::CudaModel::graph_bytes(pre, o));
         mr.kv_block_bytes = engine::CudaRunner::block_bytes(pre);
@@ -179,7 +204,7 @@ void run_serve(ServeArgs& a) {
         }
     }
     if (a.model.device != "cuda") phase("runner");
-    if (runner) d.engine = std::make_unique<engine::Engine>(std::move(runner), &tokenizer, ec);
+    if (runner) d.make_rank(std::move(runner), ec, &tokenizer);
     phase(a.model.device == "cuda" ? "engine" : "KV cache and engine");
     if (d.follows()) {
         // Ranks past 0 serve their experts and run the requests rank 0 hands them, until it stops
@@ -237,6 +262,11 @@ void add_serve_command(CLI::App& app) {
                     "launcher fanout starts mpirun on this host)")
         ->check(CLI::IsMember({"threads", "processes"}))
         ->capture_default_str();
+    cmd->add_option("--ep-backend", a->ep_backend,
+                    "how GPU ranks exchange tokens: nvlink (NCCL's device API, one NVLink domain) or nccl (anywhere); "
+                    "local: one GPU holding every expert (default: local at --ep 1, nvlink when every rank is on this "
+                    "host, else nccl). At --ep 1 nvlink/nccl run the expert-parallel path on one GPU")
+        ->check(CLI::IsMember({"local", "nvlink", "nccl"}));
     cmd->add_option("--host", a->server.host, "address to listen on")->capture_default_str();
     cmd->add_option("--port", a->server.port, "port (0 = any free one, printed at start)")->capture_default_str();
     cmd->add_option("--served-model-name", a->server.model_name,

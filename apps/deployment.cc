@@ -7,12 +7,19 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
 
+#include "fanout/comm/bootstrap.h"
 #include "fanout/core/error.h"
+#ifdef FANOUT_WITH_CUDA
+#include "fanout/comm/ep_gpu.h"
+#include "fanout/comm/nccl_check.h"
+#include "fanout/core/cuda_check.h"
+#endif
 
 namespace fanout::cli {
 namespace {
@@ -109,6 +116,7 @@ void Deployment::join_world(int& ep, std::string& ranks) {
         mpi = std::make_unique<comm::MpiSession>();
         rank = mpi->rank();
         world = mpi->world();
+        local_rank = comm::rank_info_from_env().local_rank;
         FANOUT_CHECK(ep == 0 || ep == world, "--ep {}: the launcher started {} processes (one rank each)", ep, world);
         ep = world;
         ranks = "processes";
@@ -135,16 +143,64 @@ void Deployment::make_cpu_ranks(std::vector<std::unique_ptr<model::DeepseekV3>> 
 #ifdef FANOUT_WITH_MPI
     FANOUT_CHECK(models.size() == 1, "a rank process holds one model, got {}", models.size());
     model::DeepseekV3& m = *models[0];
-    mpi_ep = comm::make_mpi_ep(
+    ep = comm::make_mpi_ep(
         m.ep_config(ParallelConfig{rank, world, 1}, std::max<int64_t>(1, ec.scheduler.max_batched_tokens)),
         MPI_COMM_WORLD);
     model::ForwardOptions o = opts;
-    o.ep = mpi_ep.get();
-    ec.lockstep = true;
-    auto e = std::make_unique<engine::Engine>(
-        std::make_unique<engine::DeepseekRunner>(std::move(models[0]), o, threads, kv_dtype), tokenizer, ec);
-    mpi_rank = std::make_unique<engine::DpRank>(std::move(e), comm::make_mpi_control(MPI_COMM_WORLD));
+    o.ep = ep.get();
+    make_rank(std::make_unique<engine::DeepseekRunner>(std::move(models[0]), o, threads, kv_dtype), ec, tokenizer);
 #endif
+}
+
+void Deployment::make_rank(std::unique_ptr<engine::ModelRunner> runner, engine::EngineConfig ec,
+                           const io::Tokenizer* tokenizer) {
+    if (world == 1) {
+        engine = std::make_unique<engine::Engine>(std::move(runner), tokenizer, ec);
+        return;
+    }
+#ifdef FANOUT_WITH_MPI
+    ec.lockstep = true;
+    mpi_rank = std::make_unique<engine::DpRank>(std::make_unique<engine::Engine>(std::move(runner), tokenizer, ec),
+                                                comm::make_mpi_control(MPI_COMM_WORLD));
+#endif
+}
+
+#ifdef FANOUT_WITH_CUDA
+GpuGroup::~GpuGroup() {
+    if (comm) ncclCommDestroy(comm);
+    if (stream) cudaStreamDestroy(stream);
+}
+
+void Deployment::select_gpu() {
+    int count = 0;
+    FANOUT_CHECK(cudaGetDeviceCount(&count) == cudaSuccess && count > 0, "--device cuda: no CUDA device is visible");
+    FANOUT_CUDA_CHECK(cudaSetDevice(local_rank % count));
+}
+
+comm::ExpertParallel* Deployment::make_gpu_ep(const std::string& backend, const comm::EpConfig& config) {
+    const comm::GpuBackend b = comm::gpu_backend_from_name(backend);
+    gpu = std::make_unique<GpuGroup>();
+    ncclUniqueId id{};
+    if (rank == 0) FANOUT_NCCL_CHECK(ncclGetUniqueId(&id));
+#ifdef FANOUT_WITH_MPI
+    if (world > 1) {
+        std::vector<uint8_t> blob(reinterpret_cast<uint8_t*>(&id), reinterpret_cast<uint8_t*>(&id) + sizeof(id));
+        blob = comm::mpi_broadcast(std::move(blob), MPI_COMM_WORLD);
+        FANOUT_CHECK(blob.size() == sizeof(id), "NCCL id of {} bytes from rank 0, expected {}", blob.size(),
+                     sizeof(id));
+        std::memcpy(&id, blob.data(), sizeof(id));
+    }
+#endif
+    FANOUT_NCCL_CHECK(ncclCommInitRank(&gpu->comm, world, id, rank));
+    FANOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&gpu->stream, cudaStreamNonBlocking));
+    ep = comm::make_gpu_ep(b, config, gpu->comm, gpu->stream);
+    return ep.get();
+}
+#endif
+
+bool Deployment::all_local() const {
+    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    return world == 1 || (local != nullptr && std::atoi(local) == world);
 }
 
 bool Deployment::follows() const {

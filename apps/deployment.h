@@ -14,19 +14,44 @@
 #ifdef FANOUT_WITH_MPI
 #include "fanout/comm/mpi_ep.h"
 #endif
+#ifdef FANOUT_WITH_CUDA
+#include <cuda_runtime.h>
+#include <nccl.h>
+#endif
 
 namespace fanout::cli {
 
+#ifdef FANOUT_WITH_CUDA
+// This process's GPU in an EP group: an NCCL communicator over the group and the stream every
+// step runs on (the EP backend's and the runner's).
+struct GpuGroup {
+    ncclComm_t comm = nullptr;
+    cudaStream_t stream = nullptr;
+    GpuGroup() = default;
+    GpuGroup(const GpuGroup&) = delete;
+    GpuGroup& operator=(const GpuGroup&) = delete;
+    ~GpuGroup();
+};
+#endif
+
 struct Deployment {
+    // Declared in the order of their lifetimes: MPI outlives the GPU group, which outlives the EP
+    // endpoint, which outlives the engines whose runners hold it.
+#ifdef FANOUT_WITH_MPI
+    std::unique_ptr<comm::MpiSession> mpi;
+#endif
+#ifdef FANOUT_WITH_CUDA
+    std::unique_ptr<GpuGroup> gpu;
+#endif
+    std::unique_ptr<comm::ExpertParallel> ep;        // this process's EP endpoint (one rank per process)
     std::unique_ptr<engine::Engine> engine;          // one rank
     std::unique_ptr<engine::DpThreadGroup> threads;  // ranks as threads
 #ifdef FANOUT_WITH_MPI
-    std::unique_ptr<comm::MpiSession> mpi;
-    std::unique_ptr<comm::ExpertParallel> mpi_ep;  // the runner's EP endpoint: outlives the rank
     std::unique_ptr<engine::DpRank> mpi_rank;
     std::thread mpi_loop;
 #endif
     int rank = 0, world = 1;  // this process's rank among the processes of the deployment
+    int local_rank = 0;       // ... among those of this host
 
     ~Deployment() { stop(); }
 
@@ -39,6 +64,23 @@ struct Deployment {
     // models.size() is the world, else this process's one rank joined to the others over MPI.
     void make_cpu_ranks(std::vector<std::unique_ptr<model::DeepseekV3>> models, engine::EngineConfig ec,
                         const model::ForwardOptions& opts, int threads, DType kv_dtype, const io::Tokenizer* tokenizer);
+
+    // This process's rank from its runner (which holds `ep` when world > 1): one engine (world 1),
+    // or a lockstep engine joined to the other processes' over MPI.
+    void make_rank(std::unique_ptr<engine::ModelRunner> runner, engine::EngineConfig ec,
+                   const io::Tokenizer* tokenizer);
+#ifdef FANOUT_WITH_CUDA
+    // Makes this process's GPU current: the launcher's local rank, modulo the visible GPUs. Call
+    // before anything touches the device.
+    void select_gpu();
+    // This rank's GPU EP backend ("nvlink" or "nccl") over the processes of the deployment (this
+    // process alone at world 1): the NCCL communicator (its id from rank 0 over MPI), the stream
+    // (gpu->stream) and the backend, kept in `ep`.
+    comm::ExpertParallel* make_gpu_ep(const std::string& backend, const comm::EpConfig& config);
+#endif
+
+    // Whether every rank of the deployment runs on this host.
+    bool all_local() const;
 
     // Whether this process is a rank past 0 of a multi-process group: it runs follow(), not a front end.
     bool follows() const;

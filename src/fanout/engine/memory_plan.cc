@@ -87,12 +87,17 @@ double checkpoint_file_bytes(const std::string& dir) {
     return bytes;
 }
 
-double checkpoint_weight_bytes(const std::string& dir, const io::ModelConfig& c) {
+double checkpoint_weight_bytes(const std::string& dir, const io::ModelConfig& c, const ParallelConfig& parallel) {
     const io::Checkpoint ck = io::Checkpoint::open(dir);
+    const ParallelConfig::Range mine = parallel.experts(c.n_routed_experts);
     double bytes = 0;
     for (const auto& name : ck.names()) {
         if (name.rfind("model.layers.", 0) == 0 && std::atoll(name.c_str() + 13) >= c.num_hidden_layers)
             continue;  // the MTP layers: not run when serving
+        if (const size_t at = name.find(".mlp.experts."); at != std::string::npos) {
+            const int64_t e = std::atoll(name.c_str() + at + 13);
+            if (e < mine.begin || e >= mine.end) continue;  // another rank's expert
+        }
         // kv_b is held twice more, split per head for the absorbed form (k_b transposed, v_b).
         const bool kv_b = name.find("kv_b_proj.weight") != std::string::npos;
         bytes += static_cast<double>(ck.entry(name).nbytes) * (kv_b ? 2 : 1);

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 
+#include "fanout/core/parallel.h"
 #include "fanout/io/model_config.h"
 
 namespace fanout::engine {
@@ -58,9 +59,9 @@ HostRss host_rss();
 // Bytes of the `*.safetensors` files in `dir` (0 for a folder that is not there: the loader names it).
 double checkpoint_file_bytes(const std::string& dir);
 
-// Bytes of the checkpoint's tensors in `dir` that the GPU runner holds: all but the MTP layers',
-// kv_b twice more (split per head into k_b and v_b) — read from the safetensors headers; nothing
-// is loaded.
-double checkpoint_weight_bytes(const std::string& dir, const io::ModelConfig& c);
+// Bytes of the checkpoint's tensors in `dir` that the GPU runner of one rank of `parallel` holds:
+// all but the MTP layers', its block of each layer's routed experts, kv_b twice more (split per
+// head into k_b and v_b) — read from the safetensors headers; nothing is loaded.
+double checkpoint_weight_bytes(const std::string& dir, const io::ModelConfig& c, const ParallelConfig& parallel = {});
 
 }  // namespace fanout::engine
