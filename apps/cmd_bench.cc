@@ -126,6 +126,12 @@ void add_bench_command(CLI::App& app) {
     layer->add_option("--query-len", l->query_len, "query tokens per request")->capture_default_str();
     layer->add_option("--kv-len", l->kv_len, "cached positions per request")->capture_default_str();
     layer->add_option("--replays", l->replays, "timed graph replays per point")->capture_default_str();
+    layer
+        ->add_option("--comm", l->comm,
+                     "emulated only, or also real dispatch/combine across the visible GPUs (EP = their number)")
+        ->check(CLI::IsMember({"emulated", "nvlink", "nccl"}))
+        ->capture_default_str();
+    layer->add_option("--gpus", l->gpus, "GPUs for --comm nvlink|nccl (0: every visible one)")->capture_default_str();
     layer->add_option("--json", l->json_out, "JSON output ('' to skip)")->capture_default_str();
     layer->callback([l] {
 #ifdef FANOUT_WITH_CUDA

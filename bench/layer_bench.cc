@@ -5,10 +5,14 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <numeric>
 
 #include "emulated_ep.h"
+#include "fanout/comm/ep_gpu.h"
+#include "fanout/comm/local_gpus.h"
 #include "fanout/core/cuda_check.h"
 #include "fanout/core/cuda_graph.h"
 #include "fanout/model/cuda_layer.h"
@@ -83,8 +87,10 @@ struct Timing {
 // with an event after each kernel (the breakdown; the event nodes add a little time of their own,
 // so the kernels' sum exceeds the plain total). hidden is restored from `pristine` before each
 // replay, outside the timed span.
+// `before_launch` runs before every launch (ranks of a real EP group launch together).
 Timing time_layer(CudaLayerExec& exec, const model::DeviceLayer& w, const model::LayerStep& st, uint16_t* hidden,
-                  const uint16_t* pristine, size_t hidden_elems, uint16_t* cache, int replays, cudaStream_t s) {
+                  const uint16_t* pristine, size_t hidden_elems, uint16_t* cache, int replays, cudaStream_t s,
+                  const std::function<void()>& before_launch = {}) {
     Timing t;
     const auto timed = [&](bool marked) {
         std::vector<cudaEvent_t> events;
@@ -109,6 +115,7 @@ Timing time_layer(CudaLayerExec& exec, const model::DeviceLayer& w, const model:
         std::vector<double> us(names.size(), 0.0);
         double total = 0;
         for (int r = 0; r < replays + 2; ++r) {
+            if (before_launch) before_launch();
             FANOUT_CUDA_CHECK(cudaGraphLaunch(ge, s));
             FANOUT_CUDA_CHECK(cudaStreamSynchronize(s));
             if (r < 2) continue;  // warm-up
@@ -138,12 +145,84 @@ Timing time_layer(CudaLayerExec& exec, const model::DeviceLayer& w, const model:
         }
         t.marked_total_us = total;
     };
+    if (before_launch) before_launch();
     exec.run(w, st, hidden, cache);  // plans, attributes and workspaces outside the capture
     FANOUT_CUDA_CHECK(cudaStreamSynchronize(s));
+    if (exec.expert_parallel()) exec.expert_parallel()->raise_if_failed();
     timed(false);
     timed(true);
     return t;
 }
+
+// One GPU's side of the benchmark: a cache of max_batch requests of kv_len random entries (block
+// tables in order), the residual stream and its pristine copy, and the step's metadata.
+struct Rig {
+    Rig(const io::ModelConfig& c, int max_batch, int q, int kv_len, cudaStream_t s)
+        : q(q),
+          kv_len(kv_len),
+          per_req((kv_len + kv::kDefaultBlockSize - 1) / kv::kDefaultBlockSize),
+          s(s),
+          cache(static_cast<size_t>(max_batch * per_req * kv::kDefaultBlockSize) *
+                static_cast<size_t>(c.kv_entry_dim())),
+          hidden(static_cast<size_t>(max_batch * q * c.hidden_size)),
+          pristine(hidden.size()),
+          positions(static_cast<size_t>(max_batch * q)),
+          slots(static_cast<size_t>(max_batch * q)),
+          query_start(static_cast<size_t>(max_batch + 1)),
+          kv_lens(static_cast<size_t>(max_batch)),
+          block_table(static_cast<size_t>(max_batch * per_req)),
+          num_tokens(1),
+          table(static_cast<size_t>(max_batch * per_req)) {
+        ops::launch_random_bf16(cache.get(), cache.size(), 1.0f, 11, s);
+        ops::launch_random_bf16(pristine.get(), pristine.size(), 1.0f, 12, s);
+        std::iota(table.begin(), table.end(), 0);
+        block_table.upload(table.data(), table.size(), s);
+        FANOUT_CUDA_CHECK(cudaStreamSynchronize(s));
+    }
+
+    // The step of `batch` requests of q tokens each at the end of kv_len cached positions.
+    model::LayerStep step_for(int batch) {
+        const int64_t block = kv::kDefaultBlockSize;
+        std::vector<int32_t> pos, slot, qs, kl;
+        for (int r = 0; r < batch; ++r) {
+            qs.push_back(r * q);
+            kl.push_back(kv_len);
+            for (int i = 0; i < q; ++i) {
+                const int p = kv_len - q + i;
+                pos.push_back(p);
+                slot.push_back(
+                    static_cast<int32_t>(table[static_cast<size_t>(r * per_req + p / block)] * block + p % block));
+            }
+        }
+        qs.push_back(batch * q);
+        positions.upload(pos.data(), pos.size(), s);
+        slots.upload(slot.data(), slot.size(), s);
+        query_start.upload(qs.data(), qs.size(), s);
+        kv_lens.upload(kl.data(), kl.size(), s);
+        const int32_t T = batch * q;
+        num_tokens.upload(&T, 1, s);
+        FANOUT_CUDA_CHECK(cudaStreamSynchronize(s));  // the uploads read these host vectors
+        model::LayerStep st;
+        st.T = T;
+        st.num_tokens = num_tokens.get();
+        st.R = batch;
+        st.max_q = q;
+        st.positions = positions.get();
+        st.slots = slots.get();
+        st.query_start = query_start.get();
+        st.kv_len = kv_lens.get();
+        st.block_table = block_table.get();
+        st.max_blocks = static_cast<int>(per_req);
+        return st;
+    }
+
+    int q, kv_len;
+    int64_t per_req;
+    cudaStream_t s;
+    DeviceArray<uint16_t> cache, hidden, pristine;
+    DeviceArray<int32_t> positions, slots, query_start, kv_lens, block_table, num_tokens;
+    std::vector<int32_t> table;
+};
 
 }  // namespace
 
@@ -171,52 +250,7 @@ int run_layer_bench(const LayerBenchOptions& opts) {
     const int64_t block = kv::kDefaultBlockSize, per_req = (opts.kv_len + block - 1) / block;
     cudaStream_t s;
     FANOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-
-    // The cache: max_batch requests of kv_len random entries, block tables in order.
-    const size_t entry = static_cast<size_t>(c.kv_entry_dim());
-    DeviceArray<uint16_t> cache(static_cast<size_t>(max_batch * per_req * block) * entry);
-    ops::launch_random_bf16(cache.get(), cache.size(), 1.0f, 11, s);
-    DeviceArray<uint16_t> hidden(static_cast<size_t>(max_T * c.hidden_size)), pristine(hidden.size());
-    ops::launch_random_bf16(pristine.get(), pristine.size(), 1.0f, 12, s);
-    DeviceArray<int32_t> positions(max_T), slots(max_T), query_start(max_batch + 1), kv_len(max_batch),
-        block_table(static_cast<size_t>(max_batch * per_req)), num_tokens(1);
-    std::vector<int32_t> table(static_cast<size_t>(max_batch * per_req));
-    std::iota(table.begin(), table.end(), 0);
-    block_table.upload(table.data(), table.size(), s);
-
-    const auto step_for = [&](int batch) {
-        std::vector<int32_t> pos, slot, qs, kl;
-        for (int r = 0; r < batch; ++r) {
-            qs.push_back(r * q);
-            kl.push_back(opts.kv_len);
-            for (int i = 0; i < q; ++i) {
-                const int p = opts.kv_len - q + i;
-                pos.push_back(p);
-                slot.push_back(
-                    static_cast<int32_t>(table[static_cast<size_t>(r * per_req + p / block)] * block + p % block));
-            }
-        }
-        qs.push_back(batch * q);
-        positions.upload(pos.data(), pos.size(), s);
-        slots.upload(slot.data(), slot.size(), s);
-        query_start.upload(qs.data(), qs.size(), s);
-        kv_len.upload(kl.data(), kl.size(), s);
-        const int32_t T = batch * q;
-        num_tokens.upload(&T, 1, s);
-        FANOUT_CUDA_CHECK(cudaStreamSynchronize(s));  // T lives on this stack frame
-        model::LayerStep st;
-        st.T = T;
-        st.num_tokens = num_tokens.get();
-        st.R = batch;
-        st.max_q = q;
-        st.positions = positions.get();
-        st.slots = slots.get();
-        st.query_start = query_start.get();
-        st.kv_len = kv_len.get();
-        st.block_table = block_table.get();
-        st.max_blocks = static_cast<int>(per_req);
-        return st;
-    };
+    Rig rig(c, max_batch, q, opts.kv_len, s);
 
     nlohmann::json points = nlohmann::json::array();
     const auto report = [&](const char* title, int ep, const std::vector<std::pair<int, Timing>>& rows) {
@@ -243,6 +277,34 @@ int run_layer_bench(const LayerBenchOptions& opts) {
         std::printf("\n");
     };
 
+    // One JSON point: the layer at `ep` (0: dense) for `batch` requests per GPU, m tokens per local
+    // expert; `comm` says what dispatch and combine were.
+    const auto add_point = [&](const Timing& t, int ep, int batch, int T, int m, int64_t local,
+                               const std::string& comm) {
+        nlohmann::json kernels, floors;
+        const auto costs = layer_costs(c, batch, T, opts.kv_len, ep, m);
+        double grouped = 0;
+        for (size_t i = 0; i < t.names.size(); ++i) {
+            kernels[t.names[i]] = t.us[i];
+            if (auto it = costs.find(t.names[i]); it != costs.end()) floors[t.names[i]] = floor_us(it->second);
+            if (t.names[i].rfind("grouped_", 0) == 0) grouped += t.us[i];
+        }
+        points.push_back({{"ep", ep},
+                          {"layer", ep > 0 ? "moe" : "dense"},
+                          {"tp", 1},
+                          {"batch", batch},
+                          {"query_len", q},
+                          {"kv_len", opts.kv_len},
+                          {"schedule", "no_overlap"},
+                          {"communication", comm},
+                          {"tokens_per_expert", m},
+                          {"local_experts", local},
+                          {"total_us", t.total_us},
+                          {"marked_total_us", t.marked_total_us},
+                          {"grouped_gemm_us", grouped},
+                          {"kernels", kernels},
+                          {"floors_us", floors}});
+    };
     const auto bench_points = [&](int ep) {
         const bool moe = ep > 0;
         const int64_t local = moe ? c.n_routed_experts / ep : 0;
@@ -267,7 +329,7 @@ int run_layer_bench(const LayerBenchOptions& opts) {
         }
         std::vector<std::pair<int, Timing>> rows;
         for (int b : opts.batches) {
-            model::LayerStep st = step_for(b);
+            model::LayerStep st = rig.step_for(b);
             const int m = moe ? std::max(1, static_cast<int>(std::ceil(double(b) * q * c.num_experts_per_tok * ep /
                                                                        c.n_routed_experts)))
                               : 0;
@@ -275,31 +337,9 @@ int run_layer_bench(const LayerBenchOptions& opts) {
                 emu->set_rows(m);
                 st.expected_m = m;
             }
-            Timing t = time_layer(exec, w, st, hidden.get(), pristine.get(), static_cast<size_t>(st.T * c.hidden_size),
-                                  cache.get(), opts.replays, s);
-            nlohmann::json kernels, floors;
-            const auto costs = layer_costs(c, b, st.T, opts.kv_len, ep, m);
-            double grouped = 0;
-            for (size_t i = 0; i < t.names.size(); ++i) {
-                kernels[t.names[i]] = t.us[i];
-                if (auto it = costs.find(t.names[i]); it != costs.end()) floors[t.names[i]] = floor_us(it->second);
-                if (t.names[i].rfind("grouped_", 0) == 0) grouped += t.us[i];
-            }
-            points.push_back({{"ep", moe ? ep : 0},
-                              {"layer", moe ? "moe" : "dense"},
-                              {"tp", 1},
-                              {"batch", b},
-                              {"query_len", q},
-                              {"kv_len", opts.kv_len},
-                              {"schedule", "no_overlap"},
-                              {"communication", "not included"},
-                              {"tokens_per_expert", m},
-                              {"local_experts", local},
-                              {"total_us", t.total_us},
-                              {"marked_total_us", t.marked_total_us},
-                              {"grouped_gemm_us", grouped},
-                              {"kernels", kernels},
-                              {"floors_us", floors}});
+            Timing t = time_layer(exec, w, st, rig.hidden.get(), rig.pristine.get(),
+                                  static_cast<size_t>(st.T * c.hidden_size), rig.cache.get(), opts.replays, s);
+            add_point(t, moe ? ep : 0, b, st.T, m, local, "not included");
             rows.emplace_back(b, std::move(t));
         }
         report(moe ? fmt::format("MoE layer, EP{} emulated ({} local experts, m = batch·{}·8·{}/256 tokens each)", ep,
@@ -310,6 +350,60 @@ int run_layer_bench(const LayerBenchOptions& opts) {
     };
     bench_points(0);
     for (int ep : opts.eps) bench_points(ep);
+
+    // Real dispatch and combine: EP over the visible GPUs, one rank per GPU (a thread each, one
+    // NCCL communicator), every rank's step the same batch, the routing the router's own.
+    if (opts.comm != "emulated") {
+        const comm::GpuBackend backend = comm::gpu_backend_from_name(opts.comm);
+        int count = 0;
+        FANOUT_CUDA_CHECK(cudaGetDeviceCount(&count));
+        const int world = opts.gpus > 0 ? opts.gpus : count;
+        FANOUT_CHECK(world >= 1 && world <= count && c.n_routed_experts % world == 0,
+                     "bench layer --comm {}: {} GPUs of {} visible, dividing {} experts", opts.comm, world, count,
+                     c.n_routed_experts);
+        const int64_t local = c.n_routed_experts / world;
+        comm::LocalGpus gpus(world);
+        std::vector<std::vector<std::pair<int, Timing>>> per_rank(static_cast<size_t>(world));
+        const auto failures = gpus.run([&](int r) {
+            cudaStream_t rs = gpus.stream(r);
+            Rig rr(c, max_batch, q, opts.kv_len, rs);
+            const model::DeviceLayer w = model::random_layer(c, true, local, 200 + static_cast<uint64_t>(r));
+            model::LayerLimits lim;
+            lim.max_tokens = max_T;
+            lim.max_masked_tokens = max_T;
+            lim.num_local_experts = local;
+            lim.max_dispatch_m = world * max_T;
+            CudaLayerExec exec(c, rope, lim, rs);
+            auto ep = comm::make_gpu_ep(
+                backend,
+                comm::EpConfig::for_rank(ParallelConfig{r, world, 1}, static_cast<int>(c.n_routed_experts),
+                                         static_cast<int>(c.num_experts_per_tok), static_cast<int>(c.hidden_size),
+                                         max_T, comm::Payload::kFp8),
+                gpus.comm(r), rs);
+            exec.set_expert_parallel(ep.get());
+            for (int b : opts.batches) {
+                const model::LayerStep st = rr.step_for(b);
+                per_rank[static_cast<size_t>(r)].emplace_back(
+                    b, time_layer(exec, w, st, rr.hidden.get(), rr.pristine.get(),
+                                  static_cast<size_t>(st.T * c.hidden_size), rr.cache.get(), opts.replays, rs,
+                                  [&] { gpus.sync(); }));
+            }
+        });
+        for (const auto& f : failures) FANOUT_CHECK(f.empty(), "bench layer --comm {}: {}", opts.comm, f);
+        for (size_t i = 0; i < per_rank[0].size(); ++i) {
+            const auto& [b, t] = per_rank[0][i];
+            double slowest = 0;
+            for (const auto& rank : per_rank) slowest = std::max(slowest, rank[i].second.total_us);
+            const int m = std::max(
+                1, static_cast<int>(std::ceil(double(b) * q * c.num_experts_per_tok * world / c.n_routed_experts)));
+            add_point(t, world, b, b * q, m, local, comm::gpu_backend_name(backend));
+            points.back()["slowest_rank_total_us"] = slowest;
+        }
+        report(fmt::format("MoE layer, EP{} with {} dispatch and combine across {} GPU(s) ({} local experts; rank 0)",
+                           world, comm::gpu_backend_name(backend), world, local)
+                   .c_str(),
+               world, per_rank[0]);
+    }
 
     // The EP8 point beside the seed and the targets.
     for (const auto& p : points)

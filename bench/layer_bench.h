@@ -7,7 +7,9 @@
 // path on the emulated EP backend (emulated_ep.h), whose dispatch delivers m = batch · query · 8 ·
 // N / 256 tokens to every local expert, what N-way dispatch would; the router runs on the step's
 // real routing. Dispatch and combine move nothing there (communication is not included —
-// `fanout bench comm` measures it); the combined rows join the residual as they would.
+// `fanout bench comm` measures it); the combined rows join the residual as they would. With
+// --comm nvlink|nccl the same layer then runs as EP-G over G visible GPUs, one rank per GPU, with
+// the real backend's dispatch and combine in it.
 #pragma once
 
 #include <string>
@@ -21,6 +23,10 @@ struct LayerBenchOptions {
     int query_len = 2;                                         // MTP: one draft token
     int kv_len = 5000;                                         // cached positions per request
     int replays = 20;                                          // timed graph replays per point
+    // "emulated" only, or also real dispatch / combine ("nvlink", "nccl") across `gpus` GPUs
+    // (0: every visible one), EP = that many ranks.
+    std::string comm = "emulated";
+    int gpus = 0;
     std::string json_out = "layer_bench.json";
 };
 

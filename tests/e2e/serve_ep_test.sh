@@ -96,6 +96,14 @@ check_load() {
     [[ $finished == "$sent" && $generated == "$tokens" ]] &&
         ok "$name: /metrics counts them finished, with their $tokens tokens" ||
         bad "$name: /metrics requests finished / tokens" "finished=$finished generated=$generated, want $sent / $tokens"
+    # Per rank: the least-loaded hand-off gave every rank some of the requests, and the ranks' counts
+    # add up to the total.
+    local per_rank sum=0 idle=0 n=0
+    per_rank=$(sed -n 's/^fanout_rank_requests_received_total{[^}]*} \([0-9]*\)$/\1/p' "$work/metrics")
+    for v in $per_rank; do sum=$((sum + v)); n=$((n + 1)); [[ $v -gt 0 ]] || idle=$((idle + 1)); done
+    [[ $n -ge 2 && $idle -eq 0 && $sum == "$sent" ]] &&
+        ok "$name: every one of the $n ranks took requests ($(echo $per_rank | tr ' ' '/'))" ||
+        bad "$name: per-rank requests" "ranks: '$(echo $per_rank)', sum $sum of $sent"
 }
 
 # stop_group NAME RANKS WANT_RC [PID_TO_SIGNAL]: SIGTERM (to $pid unless told otherwise); the group

@@ -60,11 +60,11 @@ EngineStats::Histogram histogram_from_json(const json& j) {
     return h;
 }
 
-#define FANOUT_STATS_COUNTERS(X)                                                                                   \
-    X(requests_received)                                                                                           \
-    X(requests_finished) X(requests_aborted) X(requests_failed) X(prompt_tokens) X(generation_tokens)              \
-        X(cached_prompt_tokens) X(steps) X(preemptions) X(waiting) X(running) X(kv_blocks_total) X(kv_blocks_used) \
-            X(kv_blocks_cached)
+#define FANOUT_STATS_COUNTERS(X)                                                                                  \
+    X(requests_received)                                                                                          \
+    X(requests_finished)                                                                                          \
+    X(requests_aborted) X(requests_failed) X(prompt_tokens) X(generation_tokens) X(cached_prompt_tokens) X(steps) \
+        X(preemptions) X(waiting) X(running) X(kv_blocks_total) X(kv_blocks_used) X(kv_blocks_cached)
 
 json stats_to_json(const EngineStats& s) {
     json j;
@@ -171,6 +171,11 @@ EngineStats DpRank::stats() const {
     EngineStats all;
     for (const auto& s : rank_stats_) add_stats(all, s);
     return all;
+}
+
+std::vector<EngineStats> DpRank::rank_stats() const {
+    std::lock_guard lock(mutex_);
+    return rank_stats_;
 }
 
 std::vector<int64_t> DpRank::rank_loads() const {

@@ -56,6 +56,7 @@ class DpRank : public RequestService {
     // RequestService, rank 0 only.
     std::shared_ptr<RequestHandle> submit(RequestParams params) override;
     EngineStats stats() const override;
+    std::vector<EngineStats> rank_stats() const override;
     int64_t max_context() const override { return engine_->max_context(); }
     int64_t vocab_size() const override { return engine_->vocab_size(); }
     // Per rank: unfinished requests handed to it (rank 0's view; for tests and /metrics).

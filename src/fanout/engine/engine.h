@@ -144,6 +144,8 @@ class RequestService {
     // Validates and queues a request; throws Error naming what is wrong (prompt too long, ...).
     virtual std::shared_ptr<RequestHandle> submit(RequestParams params) = 0;
     virtual EngineStats stats() const = 0;
+    // Each data-parallel rank's counters (their sum is stats()); empty for one engine.
+    virtual std::vector<EngineStats> rank_stats() const { return {}; }
     virtual int64_t max_context() const = 0;
     virtual int64_t vocab_size() const = 0;
 };

@@ -21,7 +21,7 @@ std::string prometheus_label_value(std::string_view v) {
 }
 
 std::string render_metrics(const std::string& model_name, const engine::EngineStats& s, const HttpStats& http,
-                           const StartupTimes& startup) {
+                           const StartupTimes& startup, const std::vector<engine::EngineStats>& ranks) {
     std::string out;
     const std::string model = prometheus_label_value(model_name);
     const std::string label = fmt::format("{{model=\"{}\"}}", model);
@@ -65,6 +65,28 @@ std::string render_metrics(const std::string& model_name, const engine::EngineSt
         for (const auto& [phase, secs] : startup)
             out += fmt::format("fanout_startup_seconds{{model=\"{}\",phase=\"{}\"}} {}\n", model,
                                prometheus_label_value(phase), secs);
+    }
+    // Data-parallel ranks: where the requests went and what each holds now.
+    const auto per_rank = [&](const char* name, const char* type, const char* help, auto field) {
+        out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+        for (size_t r = 0; r < ranks.size(); ++r)
+            out += fmt::format("{}{{model=\"{}\",rank=\"{}\"}} {}\n", name, model, r, field(ranks[r]));
+    };
+    if (!ranks.empty()) {
+        per_rank("fanout_rank_requests_received_total", "counter", "Requests handed to each data-parallel rank.",
+                 [](const engine::EngineStats& e) { return e.requests_received; });
+        per_rank("fanout_rank_generation_tokens_total", "counter", "Tokens each rank generated.",
+                 [](const engine::EngineStats& e) { return e.generation_tokens; });
+        per_rank("fanout_rank_running_sequences", "gauge", "Sequences in each rank's running batch.",
+                 [](const engine::EngineStats& e) { return e.running; });
+        per_rank("fanout_rank_queue_depth", "gauge", "Requests waiting in each rank's scheduler.",
+                 [](const engine::EngineStats& e) { return e.waiting; });
+        per_rank("fanout_rank_kv_cache_usage", "gauge", "Fraction of each rank's KV blocks in use or cached.",
+                 [](const engine::EngineStats& e) {
+                     return e.kv_blocks_total ? double(e.kv_blocks_used) / e.kv_blocks_total : 0.0;
+                 });
+        per_rank("fanout_rank_engine_steps_total", "counter", "Steps each rank ran with work (the others were empty).",
+                 [](const engine::EngineStats& e) { return e.steps; });
     }
     histogram("fanout_time_to_first_token_seconds", "Time from request to first token.", s.ttft);
     histogram("fanout_inter_token_latency_seconds", "Time between a request's tokens.", s.itl);

@@ -24,7 +24,8 @@ struct HttpStats {
 // Start-up phases and their seconds (plan, load, device, ...), shown as fanout_startup_seconds.
 using StartupTimes = std::vector<std::pair<std::string, double>>;
 
+// `ranks`: each data-parallel rank's counters (empty for one engine), shown per rank label too.
 std::string render_metrics(const std::string& model_name, const engine::EngineStats& s, const HttpStats& http,
-                           const StartupTimes& startup = {});
+                           const StartupTimes& startup = {}, const std::vector<engine::EngineStats>& ranks = {});
 
 }  // namespace fanout::serve

@@ -177,7 +177,8 @@ struct OpenAIServer::Impl {
                             http ? http->open_connections() : 0};
                 HttpResponse r;
                 r.content_type = "text/plain; version=0.0.4";
-                r.body = render_metrics(config.model_name, engine.stats(), h, config.startup_seconds);
+                r.body =
+                    render_metrics(config.model_name, engine.stats(), h, config.startup_seconds, engine.rank_stats());
                 return r;
             },
             cheap);
