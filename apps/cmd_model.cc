@@ -12,6 +12,7 @@
 #include "fanout/model/generate.h"
 #include "fanout/model/synthetic.h"
 #ifdef FANOUT_WITH_CUDA
+#include "fanout/engine/cuda_runner.h"
 #include "fanout/model/deepseek_v3_cuda.h"
 #endif
 
@@ -87,25 +88,46 @@ struct GenerateArgs {
     std::string ranks = "threads";
 };
 
-// generate at --ep N: the request through a DP group of EP ranks (deployment.h) — rank 0's
-// engine runs it, the other ranks run empty steps serving their experts. Prints what
-// run_generate prints.
-void generate_on_group(GenerateArgs& a, Deployment& d, const io::Tokenizer* tokenizer) {
+// generate through the engine — the one runner path `serve` uses: rank 0's engine runs the
+// request; at --ep N the other ranks of the DP group (deployment.h) run empty steps serving their
+// experts. Prints the text (or the ids) as it streams, then a summary line on stderr.
+void generate_through_engine(GenerateArgs& a, Deployment& d, const io::Tokenizer* tokenizer) {
     const std::string dir = resolve_model_dir(a.model.model);
     const io::ModelConfig c = io::load_model_config(dir);
     validate(ParallelConfig{d.rank, a.ep, 1}, c.n_routed_experts);  // before loading anything
-    const int local = a.ranks == "threads" ? a.ep : 1;
-    std::vector<std::unique_ptr<model::DeepseekV3>> models;
-    for (int r = 0; r < local; ++r) models.push_back(load_model(a.model, {}, ParallelConfig{d.rank + r, a.ep, 1}));
+    const int64_t context = static_cast<int64_t>(a.req.prompt.size()) + a.req.max_tokens;
+    FANOUT_CHECK(a.req.prefill_chunk >= 1, "--prefill-chunk must be >= 1, got {}", a.req.prefill_chunk);
     engine::EngineConfig ec;
     ec.scheduler.max_num_seqs = 1;
     ec.scheduler.max_batched_tokens = a.req.prefill_chunk;
     ec.scheduler.prefill_chunk = a.req.prefill_chunk;
-    const int64_t context = static_cast<int64_t>(a.req.prompt.size()) + a.req.max_tokens;
-    ec.num_kv_blocks = (context + kv::kDefaultBlockSize - 1) / kv::kDefaultBlockSize;
-    const int cores = a.model.threads > 0 ? a.model.threads : static_cast<int>(std::thread::hardware_concurrency());
-    d.make_cpu_ranks(std::move(models), ec, forward_options(a.model), std::max(1, cores / a.ep),
-                     a.model.kv_dtype == "bf16" ? DType::kBF16 : DType::kF32, tokenizer);
+    ec.num_kv_blocks = std::max<int64_t>(1, (context + kv::kDefaultBlockSize - 1) / kv::kDefaultBlockSize);
+    const DType kv_dtype = a.model.kv_dtype == "bf16" ? DType::kBF16 : DType::kF32;
+    if (a.model.device == "cuda") {
+#ifdef FANOUT_WITH_CUDA
+        model::CudaModelOptions o;
+        o.max_requests = 1;
+        o.max_context = context;
+        o.max_step_tokens = std::min<int64_t>(a.req.prefill_chunk, 256);
+        o.num_kv_blocks = ec.num_kv_blocks;
+        ec.scheduler.max_batched_tokens = ec.scheduler.prefill_chunk = o.max_step_tokens;
+        auto m = load_model(a.model);
+        auto runner = std::make_unique<engine::CudaRunner>(*m, o, load_progress_printer());
+        print_upload_summary(runner->model().upload_stats());
+        d.make_rank(std::move(runner), ec, tokenizer);
+#endif
+    } else if (a.ep == 1) {
+        d.make_rank(std::make_unique<engine::DeepseekRunner>(load_model(a.model), forward_options(a.model),
+                                                             a.model.threads, kv_dtype),
+                    ec, tokenizer);
+    } else {
+        const int local = a.ranks == "threads" ? a.ep : 1;
+        std::vector<std::unique_ptr<model::DeepseekV3>> models;
+        for (int r = 0; r < local; ++r) models.push_back(load_model(a.model, {}, ParallelConfig{d.rank + r, a.ep, 1}));
+        const int cores = a.model.threads > 0 ? a.model.threads : static_cast<int>(std::thread::hardware_concurrency());
+        d.make_cpu_ranks(std::move(models), ec, forward_options(a.model), std::max(1, cores / a.ep), kv_dtype,
+                         tokenizer);
+    }
     if (d.follows()) return d.follow();
     d.start();
     engine::RequestParams p;
@@ -140,14 +162,18 @@ void generate_on_group(GenerateArgs& a, Deployment& d, const io::Tokenizer* toke
         for (size_t i = 0; i < tokens.size(); ++i) ids += (i ? "," : "") + std::to_string(tokens[i]);
         std::printf("%s\n", ids.c_str());
     }
+    const std::string where =
+        a.model.device == "cuda" ? std::string("cuda")
+        : a.ep > 1
+            ? fmt::format("{} EP ranks as {}", a.ep, a.ranks)
+            : fmt::format("{} threads", a.model.threads > 0 ? a.model.threads
+                                                            : static_cast<int>(std::thread::hardware_concurrency()));
     const double prefill = std::chrono::duration<double>(first - t0).count();
     const double decode = std::chrono::duration<double>(end - first).count();
-    std::fprintf(stderr,
-                 "finish_reason=%s prompt_tokens=%zu generated=%zu prefill %.1f tok/s, decode %.1f tok/s (%d EP "
-                 "ranks as %s)\n",
-                 ev.finish_reason.c_str(), a.req.prompt.size(), tokens.size(),
-                 a.req.prompt.size() / std::max(prefill, 1e-9), (tokens.size() - 1) / std::max(decode, 1e-9), a.ep,
-                 a.ranks.c_str());
+    std::fprintf(
+        stderr, "finish_reason=%s prompt_tokens=%zu generated=%zu prefill %.1f tok/s, decode %.1f tok/s (%s)\n",
+        ev.finish_reason.c_str(), a.req.prompt.size(), tokens.size(), a.req.prompt.size() / std::max(prefill, 1e-9),
+        (tokens.size() - 1) / std::max(decode, 1e-9), where.c_str());
 }
 
 void run_generate(GenerateArgs& a, bool have_ids, bool have_text) {
@@ -170,49 +196,11 @@ void run_generate(GenerateArgs& a, bool have_ids, bool have_text) {
     require_cuda_build(a.model);
     Deployment d;
     d.join_world(a.ep, a.ranks);
-    if (a.ep > 1) {
-        FANOUT_CHECK(a.model.device == "cpu",
-                     "--ep {}: expert parallelism runs on the CPU path so far; the GPU runner holds every expert "
-                     "(--ep 1)",
-                     a.ep);
-        return generate_on_group(a, d, tokenizer ? &*tokenizer : nullptr);
-    }
-    auto m = load_model(a.model);
-    ThreadPool pool(a.model.threads);
-    const int64_t context = static_cast<int64_t>(a.req.prompt.size()) + a.req.max_tokens;
-    std::optional<io::IncrementalDecoder> stream;
-    if (tokenizer) stream.emplace(*tokenizer, /*skip_special_tokens=*/true);
-    const auto on_token = [&](int32_t id) {
-        if (!stream) return;
-        const std::string piece = stream->push(id);
-        std::fwrite(piece.data(), 1, piece.size(), stdout);
-        std::fflush(stdout);
-    };
-    model::GenerateResult res;
-    if (a.model.device == "cuda") {
-#ifdef FANOUT_WITH_CUDA
-        auto gpu = make_cuda_model(*m, context, std::min<int64_t>(a.req.prefill_chunk, 256));
-        kv::PagedKvCache blocks = gpu->make_block_allocator();
-        res = model::generate_cuda(*gpu, blocks, a.req, on_token);
-#endif
-    } else {
-        kv::PagedKvCache cache = make_cache(*m, context, a.model);
-        res = model::generate(*m, cache, a.req, forward_options(a.model), Stream{&pool}, on_token);
-    }
-    if (stream) {
-        std::printf("%s\n", stream->flush().c_str());
-    } else {
-        std::string ids;
-        for (size_t i = 0; i < res.tokens.size(); ++i) ids += (i ? "," : "") + std::to_string(res.tokens[i]);
-        std::printf("%s\n", ids.c_str());
-    }
-    const std::string where =
-        a.model.device == "cuda" ? std::string("cuda") : fmt::format("{} threads", pool.num_threads());
-    std::fprintf(stderr,
-                 "finish_reason=%s prompt_tokens=%lld generated=%zu prefill %.1f tok/s, decode %.1f tok/s (%s)\n",
-                 res.finish_reason.c_str(), (long long)res.prompt_tokens, res.tokens.size(),
-                 res.prompt_tokens / std::max(res.prefill_seconds, 1e-9),
-                 (res.tokens.size() - 1) / std::max(res.decode_seconds, 1e-9), where.c_str());
+    FANOUT_CHECK(a.ep == 1 || a.model.device == "cpu",
+                 "generate --ep {} --device cuda: run the deployment with `mpirun -np {} fanout serve --device cuda` "
+                 "(GPU ranks are processes)",
+                 a.ep, a.ep);
+    generate_through_engine(a, d, tokenizer ? &*tokenizer : nullptr);
 }
 
 struct ScoreArgs {
