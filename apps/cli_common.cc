@@ -137,6 +137,19 @@ void print_upload_summary(const model::StreamStats& s) {
 }
 #endif
 
+void add_rank_options(CLI::App* cmd, int& ep, std::string& ranks) {
+    cmd->add_option("--ep", ep,
+                    "expert-parallel ranks (= data-parallel attention ranks): each holds n_routed_experts / N routed "
+                    "experts and runs its own requests, rank 0 taking them in (default 1, or the world of the MPI "
+                    "launcher)")
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--ranks", ranks,
+                    "ranks as threads of this process (CPU), or processes (under mpirun: one per process, one per "
+                    "GPU with --device cuda; without a launcher fanout starts mpirun on this host)")
+        ->check(CLI::IsMember({"threads", "processes"}))
+        ->capture_default_str();
+}
+
 model::ForwardOptions forward_options(const ModelArgs& a) {
     model::ForwardOptions o;
     o.fp8_mode = a.fp8_mode == "w8a8" ? ops::Fp8Mode::kW8A8 : ops::Fp8Mode::kDequant;

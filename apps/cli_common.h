@@ -46,6 +46,9 @@ void print_host_memory(const char* when);
 void print_upload_summary(const model::StreamStats& s);
 #endif
 model::ForwardOptions forward_options(const ModelArgs& a);
+// --ep N and --ranks threads|processes: the expert-parallel ranks of a command (deployment.h).
+// `ep` 0 means 1, or the world of the MPI launcher.
+void add_rank_options(CLI::App* cmd, int& ep, std::string& ranks);
 kv::PagedKvCache make_cache(const model::DeepseekV3& m, int64_t tokens, const ModelArgs& a);
 // The model folder's tokenizer; the error says how to get one for synthetic models.
 io::Tokenizer load_tokenizer(const std::string& model_dir);

@@ -306,16 +306,7 @@ void add_model_commands(CLI::App& app) {
     gen->add_flag("--chat", gen_args->chat, "render --prompt as a user message with the chat template");
     auto& r = gen_args->req;
     gen->add_option("--max-tokens", r.max_tokens, "tokens to generate at most")->capture_default_str();
-    gen->add_option("--ep", gen_args->ep,
-                    "expert-parallel ranks on the CPU path: each holds n_routed_experts / N routed experts; the "
-                    "request runs on rank 0's engine, the others serve their experts (default 1, or the world of the "
-                    "MPI launcher)")
-        ->check(CLI::PositiveNumber);
-    gen->add_option("--ranks", gen_args->ranks,
-                    "ranks as threads of this process, or processes (under mpirun: one per process; without a "
-                    "launcher fanout starts mpirun on this host)")
-        ->check(CLI::IsMember({"threads", "processes"}))
-        ->capture_default_str();
+    add_rank_options(gen, gen_args->ep, gen_args->ranks);
     gen->add_option("--temperature", r.sampling.temperature, "0 = greedy")->capture_default_str();
     gen->add_option("--top-p", r.sampling.top_p, "nucleus sampling mass")->capture_default_str();
     gen->add_option("--top-k", r.sampling.top_k, "0 = off")->capture_default_str();
@@ -328,17 +319,7 @@ void add_model_commands(CLI::App& app) {
     auto* score = app.add_subcommand("score", "write the logits of a token sequence");
     add_model_args(score, score_args->model);
     score->add_option("--token-ids", score_args->token_ids, "token ids, comma-separated")->required();
-    score
-        ->add_option("--ep", score_args->ep,
-                     "expert-parallel ranks on the CPU path: each holds n_routed_experts / N routed experts; rank 0 "
-                     "runs the sequence, the others serve their experts (default 1, or the world of the MPI launcher)")
-        ->check(CLI::PositiveNumber);
-    score
-        ->add_option("--ranks", score_args->ranks,
-                     "ranks as threads of this process, or processes (under mpirun: one per process; without a "
-                     "launcher fanout starts mpirun on this host)")
-        ->check(CLI::IsMember({"threads", "processes"}))
-        ->capture_default_str();
+    add_rank_options(score, score_args->ep, score_args->ranks);
     score->add_option("--output", score_args->output, "file for raw little-endian float32 logits [T, vocab]")
         ->required();
     score->callback([score_args] { run_score(*score_args); });

@@ -252,16 +252,7 @@ void add_serve_command(CLI::App& app) {
     a->server.model_name.clear();
     auto* cmd = app.add_subcommand("serve", "serve the OpenAI-compatible API (chat and completions, streaming)");
     add_model_args(cmd, a->model);
-    cmd->add_option("--ep", a->ep,
-                    "expert-parallel ranks (= data-parallel attention ranks): each holds n_routed_experts / N routed "
-                    "experts and runs its own requests; rank 0 serves the API and hands requests to the least-loaded "
-                    "rank (default 1, or the world of the MPI launcher)")
-        ->check(CLI::PositiveNumber);
-    cmd->add_option("--ranks", a->ranks,
-                    "CPU ranks as threads of this process, or processes (under mpirun: one per process; without a "
-                    "launcher fanout starts mpirun on this host)")
-        ->check(CLI::IsMember({"threads", "processes"}))
-        ->capture_default_str();
+    add_rank_options(cmd, a->ep, a->ranks);
     cmd->add_option("--ep-backend", a->ep_backend,
                     "how GPU ranks exchange tokens: nvlink (NCCL's device API, one NVLink domain) or nccl (anywhere); "
                     "local: one GPU holding every expert (default: local at --ep 1, nvlink when every rank is on this "

@@ -47,6 +47,14 @@ if [[ $mode == tiny || $mode == all ]]; then
             serve_down
         fi
     done
+    # `fanout generate --device cuda` runs through the same engine: the served greedy text.
+    "$fanout" generate --device cuda --model tiny --prompt "The capital of France is" --max-tokens 12 --ignore-eos \
+        > "$logs/generate_cuda.txt" 2> "$logs/generate_cuda.log"
+    python3 -c 'import sys; print("greedy:", repr(open(sys.argv[1]).read().rstrip("\n")))' "$logs/generate_cuda.txt" \
+        > "$logs/tiny_greedy_generate.txt"
+    cat "$logs/tiny_greedy_generate.txt"; tail -1 "$logs/generate_cuda.log"
+    cmp -s "$logs/tiny_greedy_local.txt" "$logs/tiny_greedy_generate.txt" && echo "PASS generate --device cuda == serve" ||
+        { echo "FAIL generate --device cuda differs from serve"; status=1; }
     for b in nccl nvlink; do
         cmp -s "$logs/tiny_greedy_local.txt" "$logs/tiny_greedy_$b.txt" && echo "PASS greedy local == $b" ||
             { echo "DIFF greedy local vs $b"; }
