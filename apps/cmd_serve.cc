@@ -5,6 +5,7 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "cli_common.h"
@@ -36,6 +37,7 @@ struct ServeArgs {
 };
 
 void run_serve(ServeArgs& a) {
+    std::optional<io::Tokenizer> tokenizer_store;  // outlives the deployment's engines, which use it
     Deployment d;
     d.join_world(a.ep, a.ranks);
     if (a.ep_backend.empty())
@@ -55,7 +57,7 @@ void run_serve(ServeArgs& a) {
 #endif
     }
     const std::string dir = resolve_model_dir(a.model.model);
-    const io::Tokenizer tokenizer = load_tokenizer(dir);
+    const io::Tokenizer& tokenizer = tokenizer_store.emplace(load_tokenizer(dir));
     if (a.server.model_name.empty()) {
         // The folder's name, also for "dir/" and "dir/." (whose filename() is empty or ".").
         std::filesystem::path p = std::filesystem::path(dir).lexically_normal();
@@ -148,7 +150,7 @@ void run_serve(ServeArgs& a) {
 #ifdef FANOUT_WITH_CUDA
         // The cache on the device, bf16, as planned; the runner's step buffers from the scheduler's
         // limits (the plan counted them at the full context: a smaller cache only shrinks them).
-        ec.num_kv_blocks = plan.kv_blocks;
+        ec.num_kv_blocks = d.min_over_ranks(plan.kv_blocks);  // every rank the same limits (rank 0 checks requests)
         o.num_kv_blocks = ec.num_kv_blocks;
         o.max_context = std::min<int64_t>(c.max_position_embeddings, ec.num_kv_blocks * kv::kDefaultBlockSize);
         const double free_before = engine::CudaRunner::device_memory().free_bytes;
@@ -163,6 +165,7 @@ void run_serve(ServeArgs& a) {
         // Every decode bucket's graph now, inside the plan, so no request waits on a capture.
         double graph_bytes = 0;
         std::string buckets;
+        d.barrier();  // under EP every capture is a step of the group: all ranks loaded first
         for (const auto& g : gpu->model().capture_decode_graphs()) {
             graph_bytes += g.bytes;
             buckets += fmt::format("{}{}: {:.0f} MB {:.2f} s", buckets.empty() ? "" : ", ", g.requests, g.bytes / 1e6,
@@ -192,7 +195,8 @@ void run_serve(ServeArgs& a) {
         const kv::KvCacheConfig one = model->kv_cache_config(1, kv_dtype);
         const double block_bytes =
             static_cast<double>(one.num_layers * one.block_size * one.entry_dim) * dtype_size(one.dtype);
-        ec.num_kv_blocks = std::max<int64_t>(4, static_cast<int64_t>(*mr.kv_bytes / local_ranks / block_bytes));
+        ec.num_kv_blocks =
+            d.min_over_ranks(std::max<int64_t>(4, static_cast<int64_t>(*mr.kv_bytes / local_ranks / block_bytes)));
         // Each rank its share of the cores (threads of one process, or processes of one host).
         const int cores = static_cast<int>(std::thread::hardware_concurrency());
         const int threads = a.model.threads > 0 ? a.model.threads : std::max(1, cores / a.ep);

@@ -1,5 +1,6 @@
 #include "deployment.h"
 
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -47,9 +48,9 @@ pid_t find_rank0(pid_t mpirun) {
 
 // `--ranks processes` without a launcher: this command again, under mpirun on this host (the
 // launcher gives each process its rank; ranks past 0 serve their experts, rank 0 the front end).
-// This process stays mpirun's parent: SIGINT / SIGTERM go to rank 0, which stops the group so every
-// rank exits cleanly (mpirun itself, signalled, would end the job as a failure); the exit status is
-// mpirun's.
+// This process stays mpirun's parent, mpirun in a process group of its own: SIGINT / SIGTERM go to
+// rank 0, which stops the group so every rank exits cleanly (mpirun itself, signalled, would end
+// the job as a failure); the exit status is mpirun's.
 [[noreturn]] void relaunch_under_mpirun(int ep) {
     std::ifstream f("/proc/self/cmdline", std::ios::binary);
     std::vector<std::string> args;
@@ -83,6 +84,10 @@ pid_t find_rank0(pid_t mpirun) {
     const pid_t child = fork();
     FANOUT_CHECK(child >= 0, "--ranks processes: fork failed ({})", std::strerror(errno));
     if (child == 0) {
+        // Its own process group, so a terminal's Ctrl-C reaches only this parent (which hands it to
+        // rank 0), and ended with the parent should that die.
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
         std::signal(SIGINT, SIG_DFL);
         std::signal(SIGTERM, SIG_DFL);
         execvp("mpirun", argv.data());
@@ -92,15 +97,17 @@ pid_t find_rank0(pid_t mpirun) {
                      std::strerror(errno));
         _exit(2);
     }
-    bool forwarded = false;
+    // The first signal goes to rank 0 (a clean stop); another one to mpirun (the job ends as
+    // failed); a third kills mpirun.
+    int forwarded = 0;
     for (;;) {
         int status = 0;
         const pid_t done = waitpid(child, &status, WNOHANG);
         if (done == child) std::exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
-        if (g_signal != 0 && !forwarded) {
-            const pid_t rank0 = find_rank0(child);
-            kill(rank0 > 0 ? rank0 : child, g_signal);  // no rank 0 yet: mpirun ends the job
-            forwarded = true;
+        if (const int sig = g_signal.exchange(0); sig != 0) {
+            const pid_t rank0 = forwarded == 0 ? find_rank0(child) : -1;
+            kill(rank0 > 0 ? rank0 : child, forwarded >= 2 ? SIGKILL : sig);  // no rank 0 yet: mpirun ends the job
+            ++forwarded;
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
@@ -197,6 +204,23 @@ comm::ExpertParallel* Deployment::make_gpu_ep(const std::string& backend, const 
     return ep.get();
 }
 #endif
+
+void Deployment::barrier() const {
+#ifdef FANOUT_WITH_MPI
+    if (world > 1) MPI_Barrier(MPI_COMM_WORLD);
+#endif
+}
+
+int64_t Deployment::min_over_ranks(int64_t v) const {
+#ifdef FANOUT_WITH_MPI
+    if (world > 1) {
+        int64_t out = v;
+        MPI_Allreduce(&v, &out, 1, MPI_INT64_T, MPI_MIN, MPI_COMM_WORLD);
+        return out;
+    }
+#endif
+    return v;
+}
 
 bool Deployment::all_local() const {
     const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");

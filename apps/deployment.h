@@ -79,6 +79,11 @@ struct Deployment {
     comm::ExpertParallel* make_gpu_ep(const std::string& backend, const comm::EpConfig& config);
 #endif
 
+    // Waits for every process of the deployment (MPI_Barrier; nothing at world 1).
+    void barrier() const;
+    // The smallest `v` of any process (MPI_Allreduce MIN; `v` at world 1): limits every rank must share.
+    int64_t min_over_ranks(int64_t v) const;
+
     // Whether every rank of the deployment runs on this host.
     bool all_local() const;
 

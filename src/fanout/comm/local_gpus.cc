@@ -43,10 +43,17 @@ std::vector<std::string> LocalGpus::run(const std::function<void(int)>& fn) {
                 fn(r);
             } catch (const std::exception& e) {
                 failures[r] = "rank " + std::to_string(r) + ": " + e.what();
+                failed_ = true;
+                barrier_.arrive_and_drop();  // the others' sync() must not wait for this rank
             }
         });
     for (auto& t : threads) t.join();
     return failures;
+}
+
+void LocalGpus::sync() {
+    barrier_.arrive_and_wait();
+    FANOUT_CHECK(!failed_, "another rank of this process failed (see its error)");
 }
 
 }  // namespace fanout::comm

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <barrier>
 #include <functional>
 #include <string>
@@ -30,10 +31,13 @@ class LocalGpus {
     // fn(rank) on a thread per rank with that rank's GPU current; one entry per rank: "" where fn
     // returned, else "rank R: what it threw".
     std::vector<std::string> run(const std::function<void(int rank)>& fn);
-    // A barrier of the rank threads, for use inside run().
-    void sync() { barrier_.arrive_and_wait(); }
+    // A barrier of the rank threads, for use inside run(). Throws fanout::Error once a rank's fn
+    // has thrown (that rank leaves the barrier), so the others do not wait for it forever — unless
+    // they wait inside NCCL, which governs its own hangs.
+    void sync();
 
   private:
+    std::atomic<bool> failed_{false};
     std::vector<ncclComm_t> comms_;
     std::vector<cudaStream_t> streams_;
     std::barrier<> barrier_;

@@ -60,11 +60,12 @@ EngineStats::Histogram histogram_from_json(const json& j) {
     return h;
 }
 
-#define FANOUT_STATS_COUNTERS(X)                                                                                  \
-    X(requests_received)                                                                                          \
-    X(requests_finished)                                                                                          \
-    X(requests_aborted) X(requests_failed) X(prompt_tokens) X(generation_tokens) X(cached_prompt_tokens) X(steps) \
-        X(preemptions) X(waiting) X(running) X(kv_blocks_total) X(kv_blocks_used) X(kv_blocks_cached)
+#define FANOUT_STATS_COUNTERS(X)                                                                             \
+    X(requests_received)                                                                                     \
+    X(requests_finished)                                                                                     \
+    X(requests_aborted)                                                                                      \
+    X(requests_failed) X(prompt_tokens) X(generation_tokens) X(cached_prompt_tokens) X(steps) X(preemptions) \
+        X(waiting) X(running) X(kv_blocks_total) X(kv_blocks_used) X(kv_blocks_cached)
 
 json stats_to_json(const EngineStats& s) {
     json j;
@@ -293,8 +294,12 @@ void DpRank::deliver(const std::vector<std::vector<uint8_t>>& reports) {
                     proxies_.erase(it);
                 }
             }
-        } catch (const json::exception& e) {
-            FANOUT_FAIL("malformed step report from rank {}: {}", r, e.what());
+        } catch (const std::exception& e) {
+            // What was read before the fault still reaches its callers (their proxies are gone).
+            for (auto& [h, ev] : out) h->push(std::move(ev));
+            if (dynamic_cast<const json::exception*>(&e))
+                FANOUT_FAIL("malformed step report from rank {}: {}", r, e.what());
+            throw;
         }
         for (auto& [h, ev] : out) h->push(std::move(ev));  // outside the lock: push may call back into the server
     }

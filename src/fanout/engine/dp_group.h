@@ -15,8 +15,10 @@
 // streams them to the callers' handles. When no rank has work, the group sleeps in that message.
 //
 // A failure anywhere (an exception in a step, a timeout, a malformed message) stops the whole
-// group through the control plane with an error naming the rank: every rank's run() throws it,
-// rank 0's requests in flight finish with "error", and later submissions are refused with it.
+// group through the control plane with an error naming the rank. Threads: every rank's run()
+// throws it, rank 0's requests in flight finish with "error", and later submissions are refused
+// with it. Processes (mpi): the failing rank prints it and the job ends (MPI_Abort) — clients
+// see their connections close.
 #pragma once
 
 #include <condition_variable>

@@ -359,9 +359,10 @@ void CudaLayerExec::set_expert_parallel(comm::ExpertParallel* ep) {
             e.rows_per_expert() <= max_dispatch_m_,
             "EP backend delivers up to {} rows per expert, the layer buffers hold {} (LayerLimits::max_dispatch_m)",
             e.rows_per_expert(), max_dispatch_m_);
-        FANOUT_CHECK(e.max_tokens_per_rank >= max_tokens_,
-                     "EP backend takes steps of up to {} tokens, the layer runs up to {}", e.max_tokens_per_rank,
-                     max_tokens_);
+        FANOUT_CHECK(e.max_tokens_per_rank == max_tokens_,
+                     "EP backend sized for steps of {} tokens, the layer for {}: they must agree (the combined rows' "
+                     "buffer holds the layer's)",
+                     e.max_tokens_per_rank, max_tokens_);
         FANOUT_CHECK(e.payload == (fp8_experts_ ? comm::Payload::kFp8 : comm::Payload::kBf16),
                      "EP backend carries {}, the experts run {}", e.payload == comm::Payload::kFp8 ? "fp8" : "bf16/f32",
                      fp8_experts_ ? "FP8" : "bf16");

@@ -414,6 +414,7 @@ std::vector<CudaModel::GraphCapture> CudaModel::capture_decode_graphs() {
         const auto t0 = std::chrono::steady_clock::now();
         m.replay(1, R, 1, static_cast<int>(R), true);
         FANOUT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+        if (m.opts.ep) m.opts.ep->raise_if_failed();
         FANOUT_CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
         out.push_back({R, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                        static_cast<double>(free_before) - static_cast<double>(free_after)});

@@ -95,6 +95,8 @@ class CudaModel {
     // Captures the decode graph (one query token per request, sampled) of every request bucket
     // now — the start-up's last phase — so no step captures while serving; returns what each
     // took: its bucket, seconds, and the device memory it cost (free memory before − after).
+    // Under expert parallelism each capture's eager run is a step of the group: every rank calls
+    // this together (after a barrier: a rank still loading would leave the others waiting).
     struct GraphCapture {
         int64_t requests = 0;
         double seconds = 0, bytes = 0;
