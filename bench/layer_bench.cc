@@ -44,7 +44,10 @@ Cost gemm(double M, double N, double K) { return {N * K + M * K * 4 + M * N * 2,
 Cost add(Cost a, Cost b) { return {a.bytes + b.bytes, a.flops + b.flops, a.bf16 || b.bf16}; }
 
 // Bytes and FLOPs of each kernel the layer marks, for T tokens of R requests.
-std::map<std::string, Cost> layer_costs(const io::ModelConfig& c, double R, double T, double kv, int ep, double m) {
+// `emulated`: every local expert receives m rows (the emulated backend); else the step's own
+// routing, which reaches at most T·top_k of them — only those experts' weights are read.
+std::map<std::string, Cost> layer_costs(const io::ModelConfig& c, double R, double T, double kv, int ep, double m,
+                                        bool emulated = true) {
     const double D = c.hidden_size, H = c.num_attention_heads, C = c.kv_lora_rank, nope = c.qk_nope_head_dim;
     const double rope = c.qk_rope_head_dim, V = c.v_head_dim, ql = c.q_lora_rank, E = c.n_routed_experts;
     const double K = c.num_experts_per_tok, Ie = c.moe_intermediate_size, EL = E / std::max(ep, 1);
@@ -68,9 +71,10 @@ std::map<std::string, Cost> layer_costs(const io::ModelConfig& c, double R, doub
         k["gate"] = {E * D * 2 + T * D * 2 + T * E * 4, 2 * T * E * D, true};
         k["topk"] = {T * E * 4 + T * K * 8, 0};
         k["combine_recv"] = {T * D * 2, 0};  // the emulated backend's zeros
-        k["grouped_gate_up"] = {EL * (2 * Ie * D + m * D + m * 2 * Ie * 2), EL * 2 * m * 2 * Ie * D};
+        const double active = emulated ? EL : std::min(EL, T * K);
+        k["grouped_gate_up"] = {active * 2 * Ie * D + EL * (m * D + m * 2 * Ie * 2), EL * 2 * m * 2 * Ie * D};
         k["grouped_silu_quant"] = {EL * m * Ie * 5, 0};
-        k["grouped_down"] = {EL * (D * Ie + m * Ie + m * D * 2), EL * 2 * m * D * Ie};
+        k["grouped_down"] = {active * D * Ie + EL * (m * Ie + m * D * 2), EL * 2 * m * D * Ie};
         k["combine_add"] = {T * D * 6, 0};
     }
     return k;
@@ -253,7 +257,8 @@ int run_layer_bench(const LayerBenchOptions& opts) {
     Rig rig(c, max_batch, q, opts.kv_len, s);
 
     nlohmann::json points = nlohmann::json::array();
-    const auto report = [&](const char* title, int ep, const std::vector<std::pair<int, Timing>>& rows) {
+    const auto report = [&](const char* title, int ep, const std::vector<std::pair<int, Timing>>& rows,
+                            bool emulated = true) {
         std::printf("\n%s (µs; floor = max(bytes / copy BW, FLOPs / peak) from the ceilings above)\n", title);
         std::printf("%-24s", "kernel \\ batch");
         for (const auto& [b, t] : rows) std::printf(" %8d %6s", b, "floor");
@@ -263,7 +268,8 @@ int run_layer_bench(const LayerBenchOptions& opts) {
             std::printf("%-24s", name.c_str());
             for (const auto& [b, t] : rows) {
                 const double m = ep > 0 ? double(b) * q * c.num_experts_per_tok * ep / c.n_routed_experts : 0;
-                const auto costs = layer_costs(c, b, double(b) * q, opts.kv_len, ep, std::max(1.0, std::ceil(m)));
+                const auto costs =
+                    layer_costs(c, b, double(b) * q, opts.kv_len, ep, std::max(1.0, std::ceil(m)), emulated);
                 const auto it = costs.find(name);
                 std::printf(" %8.1f %6s", t.us[i],
                             it == costs.end() ? "" : fmt::format("{:.1f}", floor_us(it->second)).c_str());
@@ -402,7 +408,7 @@ int run_layer_bench(const LayerBenchOptions& opts) {
         report(fmt::format("MoE layer, EP{} with {} dispatch and combine across {} GPU(s) ({} local experts; rank 0)",
                            world, comm::gpu_backend_name(backend), world, local)
                    .c_str(),
-               world, per_rank[0]);
+               world, per_rank[0], false);
     }
 
     // The EP8 point beside the seed and the targets.
