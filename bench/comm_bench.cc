@@ -22,6 +22,7 @@
 #include "fanout/core/cuda_check.h"
 #include "fanout/core/cuda_graph.h"
 #include "fanout/core/error.h"
+#include "fanout/ops/device_array.h"
 #include "gpu_timing.h"
 
 namespace fanout::bench {
@@ -48,16 +49,9 @@ constexpr Anchor kPplxEp2[] = {{1, 20.90, 13.08, 13.02, 19.80, 11.14, 13.56},
 // Issue 7's targets on this machine.
 constexpr double kTarget128Dispatch = 19, kTarget128Combine = 27, kTarget1Each = 12, kTargetPeerFraction4096 = 0.70;
 
-struct CudaFree {
-    void operator()(void* p) const { cudaFree(p); }
-};
-using DeviceBytes = std::unique_ptr<uint8_t, CudaFree>;
+using DeviceBytes = ops::DeviceArray<uint8_t>;
 
-DeviceBytes device_bytes(size_t bytes) {
-    void* p = nullptr;
-    FANOUT_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 16)));
-    return DeviceBytes(static_cast<uint8_t*>(p));
-}
+DeviceBytes device_bytes(size_t bytes) { return DeviceBytes(std::max<size_t>(bytes, 16)); }
 
 double median(std::vector<double> v) {
     if (v.empty()) return 0;
@@ -109,8 +103,9 @@ struct Events {
     void mark(int i, cudaStream_t s) {
         cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
         FANOUT_CUDA_CHECK(cudaStreamIsCapturing(s, &st));
-        FANOUT_CUDA_CHECK(st == cudaStreamCaptureStatusActive ? cudaEventRecordWithFlags(e[i], s, cudaEventRecordExternal)
-                                                              : cudaEventRecord(e[i], s));
+        FANOUT_CUDA_CHECK(st == cudaStreamCaptureStatusActive
+                              ? cudaEventRecordWithFlags(e[i], s, cudaEventRecordExternal)
+                              : cudaEventRecord(e[i], s));
     }
     std::vector<cudaEvent_t> e;
 };
@@ -191,8 +186,8 @@ double measure_peer_gbs(comm::LocalGpus& ranks) {
         ranks.sync();  // no rank frees its buffer while a peer still writes into it
     });
     run_ranks(ranks, [&](int r) {
-        keep_src[r].reset();
-        keep_dst[r].reset();
+        keep_src[r] = DeviceBytes();
+        keep_dst[r] = DeviceBytes();
     });
     return mean(gbs);
 }
@@ -203,8 +198,8 @@ struct RankFigures {
     double step = 0, step_pipelined = 0, alltoall_dispatch = 0, alltoall_combine = 0;
 };
 
-nlohmann::json bench_point(comm::LocalGpus& ranks, GpuBackend backend, const CommBenchOptions& o, int T, double peer_gbs,
-                           unsigned seed) {
+nlohmann::json bench_point(comm::LocalGpus& ranks, GpuBackend backend, const CommBenchOptions& o, int T,
+                           double peer_gbs, unsigned seed) {
     const int W = ranks.world();
     EpConfig cfg{0, W, o.experts, o.topk, o.hidden, T, Payload::kFp8, 0};
     // Rows per expert: the mean under uniform routing, doubled, plus margin (the default W·T would

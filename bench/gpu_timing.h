@@ -9,6 +9,7 @@
 #include "fanout/core/cuda_check.h"
 #include "fanout/core/cuda_graph.h"
 #include "fanout/core/error.h"
+#include "fanout/ops/device_array.h"
 
 namespace fanout::bench {
 
@@ -46,15 +47,13 @@ double time_graph_us(cudaStream_t s, int calls, Fn&& fn) {
     return best * 1000.0 / calls;
 }
 
-// A benchmark's device buffer.
+// A benchmark's device buffer: an ops::DeviceArray, its pointer as `p`.
 template <typename T>
-struct DevicePtr {
+struct DevicePtr : ops::DeviceArray<T> {
     T* p = nullptr;
-    explicit DevicePtr(size_t n) { FANOUT_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T))); }
-    ~DevicePtr() { cudaFree(p); }
+    explicit DevicePtr(size_t n) : ops::DeviceArray<T>(n), p(this->get()) {}
     DevicePtr(const DevicePtr&) = delete;
     DevicePtr& operator=(const DevicePtr&) = delete;
 };
-
 
 }  // namespace fanout::bench

@@ -176,7 +176,8 @@ struct Rig {
           kv_lens(static_cast<size_t>(max_batch)),
           block_table(static_cast<size_t>(max_batch * per_req)),
           num_tokens(1),
-          table(static_cast<size_t>(max_batch * per_req)) {
+          table(static_cast<size_t>(max_batch * per_req)),
+          ctx(s) {
         ops::launch_random_bf16(cache.get(), cache.size(), 1.0f, 11, s);
         ops::launch_random_bf16(pristine.get(), pristine.size(), 1.0f, 12, s);
         std::iota(table.begin(), table.end(), 0);
@@ -226,6 +227,7 @@ struct Rig {
     DeviceArray<uint16_t> cache, hidden, pristine;
     DeviceArray<int32_t> positions, slots, query_start, kv_lens, block_table, num_tokens;
     std::vector<int32_t> table;
+    ops::DeviceContext ctx;  // on s: the layer's cuBLASLt, GEMM and MLA scratch
 };
 
 }  // namespace
@@ -322,7 +324,7 @@ int run_layer_bench(const LayerBenchOptions& opts) {
         lim.max_masked_tokens = max_T;
         lim.num_local_experts = local;
         lim.max_dispatch_m = max_m;
-        CudaLayerExec exec(c, rope, lim, s);
+        CudaLayerExec exec(c, rope, lim, rig.ctx);
         // One rank of EP-N: the emulated backend delivers what N-way dispatch would (emulated_ep.h).
         std::unique_ptr<EmulatedEp> emu;
         if (moe) {
@@ -379,7 +381,7 @@ int run_layer_bench(const LayerBenchOptions& opts) {
             lim.max_masked_tokens = max_T;
             lim.num_local_experts = local;
             lim.max_dispatch_m = world * max_T;
-            CudaLayerExec exec(c, rope, lim, rs);
+            CudaLayerExec exec(c, rope, lim, rr.ctx);
             auto ep = comm::make_gpu_ep(
                 backend,
                 comm::EpConfig::for_rank(ParallelConfig{r, world, 1}, static_cast<int>(c.n_routed_experts),

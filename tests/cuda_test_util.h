@@ -1,5 +1,6 @@
 // Shared by the CUDA tests (label gpu): REQUIRE_GPU() skips a test, reported as skipped, on a
-// machine without a GPU; DeviceBuffer is a test's device memory.
+// machine without a GPU; DeviceBuffer is a test's device memory (an ops::DeviceArray with
+// synchronous copies and poisoning).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "fanout/core/cuda_check.h"
+#include "fanout/ops/device_array.h"
 
 namespace fanout::testing {
 
@@ -21,14 +23,11 @@ inline bool have_gpu() {
     if (!::fanout::testing::have_gpu()) GTEST_SKIP() << "no CUDA device"
 
 template <typename T>
-struct DeviceBuffer {
+struct DeviceBuffer : ops::DeviceArray<T> {
     T* ptr = nullptr;
     size_t n = 0;
-    explicit DeviceBuffer(size_t count) : n(count) {
-        FANOUT_CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(1, n) * sizeof(T)));
-    }
+    explicit DeviceBuffer(size_t count) : ops::DeviceArray<T>(count), ptr(this->get()), n(count) {}
     explicit DeviceBuffer(const std::vector<T>& v) : DeviceBuffer(v.size()) { upload(v.data()); }
-    ~DeviceBuffer() { cudaFree(ptr); }
     DeviceBuffer(const DeviceBuffer&) = delete;
     DeviceBuffer& operator=(const DeviceBuffer&) = delete;
     void upload(const T* src) { FANOUT_CUDA_CHECK(cudaMemcpy(ptr, src, n * sizeof(T), cudaMemcpyHostToDevice)); }

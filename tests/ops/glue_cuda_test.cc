@@ -11,6 +11,7 @@
 #include "cuda_test_util.h"
 #include "fanout/core/cuda_check.h"
 #include "fanout/ops/activation.h"
+#include "fanout/ops/device_context.h"
 #include "fanout/ops/fp8_quant.h"
 #include "fanout/ops/gemm.h"
 #include "fanout/ops/mla_attention.h"
@@ -252,7 +253,8 @@ TEST(GlueCuda, GemmBf16F32OutMatchesCpu) {
     Dev<uint16_t> dx(x.bits), dw(w.bits);
     Dev<float> y(size_t(M) * N);
     y.poison();
-    launch_gemm_bf16_f32(dx.ptr, dw.ptr, y.ptr, M, N, K, nullptr);
+    DeviceContext ctx(nullptr);  // the default stream: the copies around it are synchronous
+    launch_gemm_bf16_f32(ctx, dx.ptr, dw.ptr, y.ptr, M, N, K);
     std::vector<float> ref;
     for (int m = 0; m < M; ++m)
         for (int n = 0; n < N; ++n) {

@@ -16,6 +16,7 @@
 #include "cuda_test_util.h"
 #include "fanout/core/cuda_check.h"
 #include "fanout/core/cuda_graph.h"
+#include "fanout/ops/device_context.h"
 #include "fanout/ops/fp8_quant.h"
 #include "fanout/ops/gemm.h"
 #include "fanout/ops/grouped_gemm.h"
@@ -452,7 +453,8 @@ TEST(GemmBf16Cuda, MatchesDoublePrecisionReference) {
         dw.upload(w.data());
         dr.upload(r.data());
         dy.poison();
-        launch_gemm_bf16(dx.ptr, dw.ptr, dy.ptr, M, N, K, nullptr, dr.ptr);
+        DeviceContext ctx(nullptr);  // the default stream: the copies around it are synchronous
+        launch_gemm_bf16(ctx, dx.ptr, dw.ptr, dy.ptr, M, N, K, dr.ptr);
         FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
         std::vector<uint16_t> got(ref.size());
         dy.download(got.data());

@@ -85,8 +85,6 @@ struct CudaLayerExec::Buffers {
     DeviceArray<uint8_t> perm_q, expert_act_q;
     DeviceArray<float> perm_s, expert_act_s;
     DeviceArray<uint16_t> perm_bf16, expert_gate_up, expert_act, expert_out, combined;
-    ops::GemmWorkspace gemm_ws;
-    ops::MlaWorkspace mla_ws;
     DeviceArray<float> inv_freq;
     DeviceArray<uint16_t> latent, k_pe,
         kv_expanded;  // MHA-form prefill: [ctx, kv_lora], [ctx, rope], [ctx, H·(nope+v)]
@@ -225,11 +223,11 @@ BufferElems buffer_elems(const io::ModelConfig& c, const LayerLimits& lim_in) {
 }  // namespace
 
 size_t CudaLayerExec::buffer_bytes(const io::ModelConfig& c, const LayerLimits& limits) {
-    return buffer_elems(c, limits).bytes() + ops::GemmWorkspace::kDefaultBytes;
+    return buffer_elems(c, limits).bytes();
 }
 
 CudaLayerExec::CudaLayerExec(const io::ModelConfig& c, const ops::RopeTable& rope, const LayerLimits& limits,
-                             cudaStream_t stream)
+                             ops::DeviceContext& ctx)
     : c_(c),
       num_local_(limits.num_local_experts),
       max_masked_tokens_(limits.max_masked_tokens),
@@ -238,8 +236,10 @@ CudaLayerExec::CudaLayerExec(const io::ModelConfig& c, const ops::RopeTable& rop
       max_tokens_(limits.max_tokens),
       fp8_experts_(limits.fp8_experts),
       rope_factor_(rope.attention_factor),
-      stream_(stream),
+      ctx_(ctx),
+      stream_(ctx.stream()),
       b_(std::make_unique<Buffers>()) {
+    const cudaStream_t stream = stream_;
     Buffers& b = *b_;
     const BufferElems n = buffer_elems(c, limits);
     b.normed = DeviceArray<uint16_t>(n.normed);
@@ -291,9 +291,9 @@ void CudaLayerExec::linear(const DeviceWeight& w, const uint16_t* x, int M, uint
         // x == nullptr: the input is already quantized in xq / xs (by the norm in front).
         if (x != nullptr) ops::launch_act_quant_bf16(x, b.xq.get(), b.xs.get(), M, static_cast<int>(w.K), stream_);
         ops::launch_gemm_fp8(b.xq.get(), b.xs.get(), w.q.get(), w.scale.get(), y, M, static_cast<int>(w.N),
-                             static_cast<int>(w.K), stream_, residual, &b.gemm_ws);
+                             static_cast<int>(w.K), stream_, residual, &ctx_.gemm_workspace());
     } else {
-        ops::launch_gemm_bf16(x, w.bf16.get(), y, M, static_cast<int>(w.N), static_cast<int>(w.K), stream_, residual);
+        ops::launch_gemm_bf16(ctx_, x, w.bf16.get(), y, M, static_cast<int>(w.N), static_cast<int>(w.K), residual);
     }
 }
 
@@ -336,7 +336,7 @@ void CudaLayerExec::mlp(const DeviceWeight& gu, const DeviceWeight& down, int T,
         ops::launch_silu_mul_quant_masked(b.gate_up.get(), b.fill_t.get(), 1, T, I, b.xq.get(), b.xs.get(), stream_);
         if (mark) mark("shared_silu_quant");
         ops::launch_gemm_fp8(b.xq.get(), b.xs.get(), down.q.get(), down.scale.get(), hidden, T,
-                             static_cast<int>(down.N), I, stream_, hidden, &b.gemm_ws);
+                             static_cast<int>(down.N), I, stream_, hidden, &ctx_.gemm_workspace());
     } else {
         ops::launch_silu_mul_bf16(b.gate_up.get(), T, I, b.act.get(), stream_);
         if (mark) mark("shared_silu_quant");
@@ -503,7 +503,7 @@ void CudaLayerExec::attn_out(const DeviceLayer& w, const LayerStep& st, uint16_t
         p.out = b.o_lat.get();  // [H, T, C]
         p.out_stride_t = C;
         p.out_stride_h = static_cast<int64_t>(T) * C;
-        ops::launch_mla_attention(p, &b.mla_ws, stream_);
+        ops::launch_mla_attention(p, &ctx_.mla_workspace(), stream_);
         m("attention");
         batched(w.v_b, b.o_lat.get(), b.fill_t.get(), T, b.attn_hm.get(), T);
         m("bmm_v");
@@ -523,7 +523,7 @@ void CudaLayerExec::gate(const DeviceLayer& w, const LayerStep& st, const Kernel
     Buffers& b = *b_;
     const int T = st.T, D = static_cast<int>(c_.hidden_size);
     const int E = static_cast<int>(c_.n_routed_experts), K = static_cast<int>(c_.num_experts_per_tok);
-    ops::launch_gemm_bf16_f32(b.normed.get(), w.router.get(), b.router_logits.get(), T, E, D, stream_);
+    ops::launch_gemm_bf16_f32(ctx_, b.normed.get(), w.router.get(), b.router_logits.get(), T, E, D);
     if (mark) mark("gate");
     const ops::RouterParams rp{E,
                                K,

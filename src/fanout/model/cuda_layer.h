@@ -42,49 +42,15 @@
 #include "fanout/core/error.h"
 #include "fanout/io/model_config.h"
 #include "fanout/model/weights.h"
+#include "fanout/ops/device_array.h"
+#include "fanout/ops/device_context.h"
 #include "fanout/ops/gemm.h"
 #include "fanout/ops/mla_attention_cuda.h"
 #include "fanout/ops/rope.h"
 
 namespace fanout::model {
 
-template <typename T>
-class DeviceArray {
-  public:
-    DeviceArray() = default;
-    explicit DeviceArray(size_t n) : n_(n) { FANOUT_CUDA_CHECK(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T))); }
-    DeviceArray(const T* host, size_t n) : DeviceArray(n) { upload(host, n); }
-    // `n` elements at `p` owned elsewhere (a weight in the weight arena): never freed here.
-    static DeviceArray view(T* p, size_t n) {
-        DeviceArray a;
-        a.p_ = p;
-        a.n_ = n;
-        a.owned_ = false;
-        return a;
-    }
-    ~DeviceArray() {
-        if (p_ && owned_) cudaFree(p_);
-    }
-    DeviceArray(DeviceArray&& o) noexcept
-        : p_(std::exchange(o.p_, nullptr)), n_(o.n_), owned_(std::exchange(o.owned_, true)) {}
-    DeviceArray& operator=(DeviceArray&& o) noexcept {
-        std::swap(p_, o.p_);
-        std::swap(n_, o.n_);
-        std::swap(owned_, o.owned_);
-        return *this;
-    }
-    T* get() const { return p_; }
-    size_t size() const { return n_; }
-    void upload(const T* host, size_t n, cudaStream_t s = nullptr) {
-        FANOUT_CHECK(n <= n_, "device upload of {} elements into {}", n, n_);
-        FANOUT_CUDA_CHECK(cudaMemcpyAsync(p_, host, n * sizeof(T), cudaMemcpyHostToDevice, s));
-    }
-
-  private:
-    T* p_ = nullptr;
-    size_t n_ = 0;
-    bool owned_ = true;
-};
+using ops::DeviceArray;
 
 // A projection as the GPU runs it, [batch, N, K]: FP8 with 128×128 block scales, or bf16.
 struct DeviceWeight {
@@ -155,11 +121,14 @@ class CudaLayerExec {
     // batches) put their routed experts' rows in the masked layout, capped per expert by
     // ops::moe_masked_cap, with the rest contiguous — larger steps all contiguous (cap 0; see
     // moe_permute.h) — so the experts' buffers grow with the tokens, not with experts × tokens.
-    CudaLayerExec(const io::ModelConfig& c, const ops::RopeTable& rope, const LayerLimits& limits, cudaStream_t stream);
+    // Launches on ctx (its stream, cuBLASLt, GEMM and MLA scratch), which must outlive the exec:
+    // one context per exec that may run while another does (a microbatch each).
+    CudaLayerExec(const io::ModelConfig& c, const ops::RopeTable& rope, const LayerLimits& limits,
+                  ops::DeviceContext& ctx);
     ~CudaLayerExec();
-    // The device bytes the constructor allocates for these limits (its step buffers and GEMM
-    // workspace; the MLA workspace grows on first use and is not counted), so a memory plan can
-    // count them before anything is allocated.
+    // The device bytes the constructor allocates for these limits (its step buffers; the
+    // context's workspaces are ops::DeviceContext::workspace_bytes()), so a memory plan can count
+    // them before anything is allocated.
     static size_t buffer_bytes(const io::ModelConfig& c, const LayerLimits& limits);
     // The routed experts of every later step go through `ep` (its rows per expert at most
     // max_dispatch_m; widths, top-k and experts matching the model); nullptr: the local permute.
@@ -207,6 +176,7 @@ class CudaLayerExec {
     comm::ExpertParallel* ep_ = nullptr;
     bool fp8_experts_ = true;
     float rope_factor_ = 1.0f;
+    ops::DeviceContext& ctx_;
     cudaStream_t stream_ = nullptr;
     std::unique_ptr<Buffers> b_;
 };

@@ -66,8 +66,8 @@ int64_t next_pow2(int64_t n) {
 struct CudaModel::Impl {
     io::ModelConfig c;
     CudaModelOptions opts;
-    cudaStream_t stream = nullptr;
-    bool owns_stream = false;
+    std::unique_ptr<ops::DeviceContext> ctx;  // the stream every step runs on, cuBLASLt, scratch
+    cudaStream_t stream = nullptr;            // ctx's
     int64_t max_blocks_per_request = 0, num_blocks = 0, pad_block = 0;
 
     DeviceModelWeights w;
@@ -90,7 +90,7 @@ struct CudaModel::Impl {
     ~Impl() {
         drop_graphs();
         exec.reset();
-        if (stream && owns_stream) cudaStreamDestroy(stream);
+        ctx.reset();
     }
 
     void drop_graphs() {
@@ -131,7 +131,7 @@ struct CudaModel::Impl {
         ops::launch_embed_bf16(hidden.get(), logit_rows.get(), rows_n, D, rows.get(), stream);  // a row gather
         ops::launch_rms_norm_bf16(rows.get(), nullptr, w.final_norm.get(), static_cast<float>(c.rms_norm_eps),
                                   rows_normed.get(), rows_n, D, stream);
-        ops::launch_gemm_bf16_f32(rows_normed.get(), w.lm_head.get(), logits.get(), rows_n, Vocab, D, stream);
+        ops::launch_gemm_bf16_f32(*ctx, rows_normed.get(), w.lm_head.get(), logits.get(), rows_n, Vocab, D);
         if (sample)
             ops::launch_sample(logits.get(), rows_n, Vocab, sampling.get(), logit_bias.get(), out_tokens.get(), stream);
     }
@@ -176,12 +176,8 @@ CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts, cons
     int device_count = 0;
     FANOUT_CHECK(cudaGetDeviceCount(&device_count) == cudaSuccess && device_count > 0,
                  "--device cuda: no CUDA device is visible");
-    if (opts.stream) {
-        m.stream = opts.stream;
-    } else {
-        FANOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
-        m.owns_stream = true;
-    }
+    m.ctx = opts.stream ? std::make_unique<ops::DeviceContext>(opts.stream) : std::make_unique<ops::DeviceContext>();
+    m.stream = m.ctx->stream();
     const int64_t block = kv::kDefaultBlockSize;
     m.max_blocks_per_request = ops::ceil_div(opts.max_context, block);
     m.num_blocks = opts.num_kv_blocks > 0 ? opts.num_kv_blocks : opts.max_requests * m.max_blocks_per_request;
@@ -209,13 +205,14 @@ CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts, cons
     m.rows = DeviceArray<uint16_t>(L * D);
     m.rows_normed = DeviceArray<uint16_t>(L * D);
     m.logits = DeviceArray<float>(L * static_cast<size_t>(c.vocab_size));
-    m.exec = std::make_unique<CudaLayerExec>(c, model.rope(), layer_limits(c, opts), m.stream);
+    m.exec = std::make_unique<CudaLayerExec>(c, model.rope(), layer_limits(c, opts), *m.ctx);
     m.exec->set_expert_parallel(opts.ep);
     FANOUT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
 }
 
 size_t CudaModel::workspace_bytes(const io::ModelConfig& c, const CudaModelOptions& opts) {
-    // Mirrors the constructor's step arrays; the layer's buffers count themselves.
+    // Mirrors the constructor's step arrays; the layer's buffers count themselves, the device
+    // context its workspaces.
     const size_t T = static_cast<size_t>(opts.max_step_tokens), R = static_cast<size_t>(opts.max_requests);
     const size_t D = static_cast<size_t>(c.hidden_size);
     const size_t blocks_per_request = static_cast<size_t>(ops::ceil_div(opts.max_context, kv::kDefaultBlockSize));
@@ -223,7 +220,7 @@ size_t CudaModel::workspace_bytes(const io::ModelConfig& c, const CudaModelOptio
     const size_t L = static_cast<size_t>(logit_rows_limit(opts));
     return 4 * i32 + T * sizeof(ops::SamplingRow) + kInitialLogitBias * sizeof(ops::LogitBias) + T * D * 2 +
            2 * L * D * 2 + L * static_cast<size_t>(c.vocab_size) * 4 +
-           CudaLayerExec::buffer_bytes(c, layer_limits(c, opts));
+           CudaLayerExec::buffer_bytes(c, layer_limits(c, opts)) + ops::DeviceContext::workspace_bytes();
 }
 
 size_t CudaModel::graph_bytes(const io::ModelConfig&, const CudaModelOptions& opts) {

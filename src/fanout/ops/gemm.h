@@ -41,6 +41,8 @@ struct GemmConfig {
 GemmConfig pick_gemm_config(int M, int N, int K, int num_sms, bool split_k_allowed);
 
 #ifdef FANOUT_WITH_CUDA
+class DeviceContext;  // device_context.h
+
 // Device scratch for split-K: f32 partial tiles and one arrival counter per output tile. The
 // kernel leaves every counter at zero, so one workspace serves any sequence of GEMMs on one
 // stream (CUDA graphs included); GEMMs running concurrently need one workspace each.
@@ -71,11 +73,11 @@ void launch_gemm_fp8_simt(const uint8_t* x, const float* sx, const uint8_t* w, c
                           int N, int K, void* cuda_stream);
 
 // BF16 checkpoints: y[M, N] = x[M, K] · W[N, K]ᵀ (+ residual), all bf16, f32 accumulation, through
-// cuBLASLt (one handle, workspace and algorithm cache per host thread).
-void launch_gemm_bf16(const uint16_t* x, const uint16_t* w, uint16_t* y, int M, int N, int K, void* cuda_stream,
+// cuBLASLt on ctx's stream with its handle, workspace and per-shape plans (device_context.h).
+void launch_gemm_bf16(DeviceContext& ctx, const uint16_t* x, const uint16_t* w, uint16_t* y, int M, int N, int K,
                       const uint16_t* residual = nullptr);
 // The same with an f32 result (the MoE router's logits, which the routing compares in f32).
-void launch_gemm_bf16_f32(const uint16_t* x, const uint16_t* w, float* y, int M, int N, int K, void* cuda_stream);
+void launch_gemm_bf16_f32(DeviceContext& ctx, const uint16_t* x, const uint16_t* w, float* y, int M, int N, int K);
 
 // The multiprocessor count of the current device (cached).
 int device_sm_count();

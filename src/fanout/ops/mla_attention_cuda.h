@@ -63,7 +63,8 @@ struct MlaAttentionParams {
 // (≈ SM count × 64 rows × 512 values). One workspace per stream: launches on one stream may share it.
 class MlaWorkspace {
   public:
-    explicit MlaWorkspace(size_t partial_bytes = size_t{40} << 20);
+    static constexpr size_t kDefaultBytes = size_t{40} << 20;
+    explicit MlaWorkspace(size_t partial_bytes = kDefaultBytes);
     ~MlaWorkspace();
     MlaWorkspace(const MlaWorkspace&) = delete;
     MlaWorkspace& operator=(const MlaWorkspace&) = delete;

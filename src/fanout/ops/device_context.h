@@ -1,0 +1,71 @@
+// One GPU stream's context: what every launch of a model step, a benchmark or a test needs
+// besides its operands — the device and its SM count, the stream, cuBLASLt's handle with its
+// workspace and per-shape plans, the FP8 GEMM's split-K scratch and the MLA decode's partials.
+// Scratch belongs to the context, so two microbatches in flight use two contexts (they must not
+// share it); one context serves any sequence of launches on its stream, CUDA graphs included. The
+// model runner (model/deepseek_v3_cuda.h) owns one and hands it to its layers; the EP backends
+// take its stream.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "fanout/ops/gemm.h"
+#include "fanout/ops/mla_attention_cuda.h"
+
+namespace fanout::ops {
+
+// A cuBLASLt matmul for one shape: descriptors and the heuristic's algorithm.
+struct BlasPlan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    BlasPlan() = default;
+    BlasPlan(const BlasPlan&) = delete;
+    BlasPlan& operator=(const BlasPlan&) = delete;
+    ~BlasPlan();
+};
+
+class DeviceContext {
+  public:
+    static constexpr size_t kBlasWorkspaceBytes = size_t{32} << 20;
+    // On the current device with a stream of its own (non-blocking).
+    DeviceContext();
+    // On the current device over `stream`, borrowed (nullptr: the legacy default stream — tests
+    // that mix these launches with synchronous copies).
+    explicit DeviceContext(cudaStream_t stream);
+    ~DeviceContext();
+    DeviceContext(const DeviceContext&) = delete;
+    DeviceContext& operator=(const DeviceContext&) = delete;
+
+    int device() const { return device_; }
+    int sm_count() const { return sm_count_; }
+    cudaStream_t stream() const { return stream_; }
+
+    cublasLtHandle_t blas_handle() const { return blas_; }
+    void* blas_workspace() const { return blas_workspace_; }
+    // y[M, N] = x[M, K] · Wᵀ in bf16 with bf16 or (f32_out) f32 output: made on first use.
+    const BlasPlan& blas_plan(int M, int N, int K, bool f32_out);
+    GemmWorkspace& gemm_workspace() { return gemm_ws_; }
+    MlaWorkspace& mla_workspace() { return mla_ws_; }
+
+    // Device bytes a context allocates (its workspaces), for memory plans.
+    static size_t workspace_bytes();
+
+  private:
+    void init();
+    int device_ = 0, sm_count_ = 0;
+    cudaStream_t stream_ = nullptr;
+    bool owns_stream_ = false;
+    cublasLtHandle_t blas_ = nullptr;
+    void* blas_workspace_ = nullptr;
+    std::map<std::tuple<int, int, int, bool>, std::unique_ptr<BlasPlan>> plans_;
+    GemmWorkspace gemm_ws_;
+    MlaWorkspace mla_ws_;
+};
+
+}  // namespace fanout::ops
