@@ -253,7 +253,6 @@ int run_layer_bench(const LayerBenchOptions& opts) {
     const ops::RopeTable rope = model::rope_table(c);
     const int max_batch = *std::max_element(opts.batches.begin(), opts.batches.end());
     const int q = opts.query_len, max_T = max_batch * q;
-    const int64_t block = kv::kDefaultBlockSize, per_req = (opts.kv_len + block - 1) / block;
     cudaStream_t s;
     FANOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     Rig rig(c, max_batch, q, opts.kv_len, s);

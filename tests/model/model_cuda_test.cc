@@ -187,7 +187,7 @@ std::array<std::vector<int32_t>, 2> generate_without_and_with_graphs(const Deeps
 void check_generate(const DeepseekV3& model, const std::vector<int32_t>& ids, const std::string& name) {
     const DeepseekV3* m = &model;
     const int64_t V = m->config().vocab_size;
-    for (const ops::SamplingParams sp : {ops::SamplingParams{}, ops::SamplingParams{0.8f, 40, 0.9f, 7}}) {
+    for (const ops::SamplingParams& sp : {ops::SamplingParams{}, ops::SamplingParams{0.8f, 40, 0.9f, 7}}) {
         GenerateRequest req;
         req.prompt.assign(ids.begin(), ids.begin() + 16);
         req.max_tokens = 24;

@@ -236,6 +236,10 @@ CudaLayerExec::CudaLayerExec(const io::ModelConfig& c, const ops::RopeTable& rop
       max_tokens_(limits.max_tokens),
       fp8_experts_(limits.fp8_experts),
       rope_factor_(rope.attention_factor),
+      dims_{static_cast<int>(c.hidden_size),      static_cast<int>(c.num_attention_heads),
+            static_cast<int>(c.qk_nope_head_dim), static_cast<int>(c.qk_rope_head_dim),
+            static_cast<int>(c.kv_lora_rank),     static_cast<int>(c.v_head_dim),
+            static_cast<int>(c.q_lora_rank)},
       ctx_(ctx),
       stream_(ctx.stream()),
       b_(std::make_unique<Buffers>()) {
@@ -392,10 +396,8 @@ void CudaLayerExec::attn_in(const DeviceLayer& w, const LayerStep& st, uint16_t*
     const auto m = [&](const char* name) {
         if (mark) mark(name);
     };
-    const int T = st.T, D = static_cast<int>(c_.hidden_size), H = static_cast<int>(c_.num_attention_heads);
-    const int nope = static_cast<int>(c_.qk_nope_head_dim), rope_dim = static_cast<int>(c_.qk_rope_head_dim);
-    const int C = static_cast<int>(c_.kv_lora_rank);
-    const int ql = static_cast<int>(c_.q_lora_rank);
+    const int T = st.T;
+    const auto [D, H, nope, rope_dim, C, V, ql] = dims_;
     const float eps = static_cast<float>(c_.rms_norm_eps);
     // A norm in front of FP8 projections also quantizes its output for them (one kernel), and
     // xq / xs then hold that input until the next quantization.
@@ -440,9 +442,8 @@ void CudaLayerExec::attn_out(const DeviceLayer& w, const LayerStep& st, uint16_t
     const auto m = [&](const char* name) {
         if (mark) mark(name);
     };
-    const int T = st.T, D = static_cast<int>(c_.hidden_size), H = static_cast<int>(c_.num_attention_heads);
-    const int nope = static_cast<int>(c_.qk_nope_head_dim), rope_dim = static_cast<int>(c_.qk_rope_head_dim);
-    const int C = static_cast<int>(c_.kv_lora_rank), V = static_cast<int>(c_.v_head_dim);
+    const int T = st.T;
+    const auto [D, H, nope, rope_dim, C, V, ql] = dims_;
     if (st.prefill_ctx > 0) {
         // MHA form: the context's latent expanded by kv_b into per-head K and V.
         const int ctx = st.prefill_ctx;

@@ -176,6 +176,10 @@ class CudaLayerExec {
     comm::ExpertParallel* ep_ = nullptr;
     bool fp8_experts_ = true;
     float rope_factor_ = 1.0f;
+    // The attention's widths as the kernels take them.
+    struct Dims {
+        int hidden, heads, nope, rope, kv_lora, v_head, q_lora;
+    } dims_;
     ops::DeviceContext& ctx_;
     cudaStream_t stream_ = nullptr;
     std::unique_ptr<Buffers> b_;
