@@ -195,7 +195,7 @@ void run_generate(GenerateArgs& a, bool have_ids, bool have_text) {
     }
     require_cuda_build(a.model);
     Deployment d;
-    d.join_world(a.ep, a.ranks);
+    d.join_world(a.ep, a.ranks, a.model.device);
     FANOUT_CHECK(a.ep == 1 || a.model.device == "cpu",
                  "generate --ep {} --device cuda: run the deployment with `mpirun -np {} fanout serve --device cuda` "
                  "(GPU ranks are processes)",
@@ -223,7 +223,7 @@ void run_score(ScoreArgs& a) {
     const std::vector<int32_t> ids = parse_ids(a.token_ids, "--token-ids");
     require_cuda_build(a.model);
     Deployment d;
-    d.join_world(a.ep, a.ranks);
+    d.join_world(a.ep, a.ranks, a.model.device);
     FANOUT_CHECK(a.ep == 1 || a.model.device == "cpu",
                  "--ep {}: expert parallelism runs on the CPU path so far; the GPU runner holds every expert (--ep 1)",
                  a.ep);
@@ -262,6 +262,8 @@ void run_score(ScoreArgs& a) {
             logits = group->forward(batch, cache).logits;  // a step of every rank
         } else if (d.world > 1) {
 #ifdef FANOUT_WITH_MPI
+            FANOUT_CHECK(d.mpi != nullptr,
+                         "score's ranks as processes exchange tokens over MPI: start them with mpirun");
             // One step of the group: rank 0 the sequence, the others an empty step serving their experts.
             auto ep = comm::make_mpi_ep(m->ep_config(ParallelConfig{d.rank, d.world, 1}, T), MPI_COMM_WORLD);
             model::ForwardOptions o = forward_options(a.model);

@@ -39,7 +39,7 @@ struct ServeArgs {
 void run_serve(ServeArgs& a) {
     std::optional<io::Tokenizer> tokenizer_store;  // outlives the deployment's engines, which use it
     Deployment d;
-    d.join_world(a.ep, a.ranks);
+    d.join_world(a.ep, a.ranks, a.model.device);
     if (a.ep_backend.empty())
         a.ep_backend = a.ep == 1 || a.model.device == "cpu" ? "local" : d.all_local() ? "nvlink" : "nccl";
     FANOUT_CHECK(a.ep == 1 || a.model.device == "cpu" || a.ranks == "processes",

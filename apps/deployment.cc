@@ -116,20 +116,40 @@ pid_t find_rank0(pid_t mpirun) {
 
 }  // namespace
 
-void Deployment::join_world(int& ep, std::string& ranks) {
+void Deployment::join_world(int& ep, std::string& ranks, const std::string& device) {
     FANOUT_CHECK(ranks == "threads" || ranks == "processes", "--ranks must be threads or processes, got '{}'", ranks);
+    const auto launched = [&](const char* by) {
+        FANOUT_CHECK(ep == 0 || ep == world, "--ep {}: {} started {} processes (one rank each)", ep, by, world);
+        ep = world;
+        ranks = "processes";
+    };
 #ifdef FANOUT_WITH_MPI
     if (comm::launched_by_mpi()) {
         mpi = std::make_unique<comm::MpiSession>();
         rank = mpi->rank();
         world = mpi->world();
         local_rank = comm::rank_info_from_env().local_rank;
-        FANOUT_CHECK(ep == 0 || ep == world, "--ep {}: the launcher started {} processes (one rank each)", ep, world);
-        ep = world;
-        ranks = "processes";
+        launched("the launcher");
+        if (world > 1) control = comm::make_mpi_control(MPI_COMM_WORLD);
         return;
     }
 #endif
+    const comm::RankInfo env = comm::rank_info_from_env();
+    if (env.world > 1) {  // Kubernetes / torchrun style: the world from RANK / WORLD_SIZE
+        rank = env.rank;
+        world = env.world;
+        local_rank = env.local_rank;
+        env_launched = true;
+        launched("RANK / WORLD_SIZE");
+        FANOUT_CHECK(device == "cuda",
+                     "RANK={} WORLD_SIZE={} without MPI: CPU ranks as processes exchange their tokens over MPI — start "
+                     "them with mpirun (or --ranks processes); GPU ranks (--device cuda) need only this environment",
+                     rank, world);
+        const auto [host, port] = comm::master_address_from_env();
+        FANOUT_CHECK(port < 65535, "environment: MASTER_PORT={}: the control plane needs the port after it", port);
+        control = comm::make_tcp_control(env, host, port + 1, std::chrono::minutes(10));
+        return;
+    }
     if (ep == 0) ep = 1;
     if (ranks == "processes" && ep > 1) {
 #ifdef FANOUT_WITH_MPI
@@ -148,6 +168,9 @@ void Deployment::make_cpu_ranks(std::vector<std::unique_ptr<model::DeepseekV3>> 
         return;
     }
 #ifdef FANOUT_WITH_MPI
+    FANOUT_CHECK(mpi != nullptr,
+                 "CPU ranks as processes exchange their tokens over MPI: start them with mpirun (or --ranks "
+                 "processes), not with RANK / WORLD_SIZE alone");
     FANOUT_CHECK(models.size() == 1, "a rank process holds one model, got {}", models.size());
     model::DeepseekV3& m = *models[0];
     ep = comm::make_mpi_ep(
@@ -156,6 +179,8 @@ void Deployment::make_cpu_ranks(std::vector<std::unique_ptr<model::DeepseekV3>> 
     model::ForwardOptions o = opts;
     o.ep = ep.get();
     make_rank(std::make_unique<engine::DeepseekRunner>(std::move(models[0]), o, threads, kv_dtype), ec, tokenizer);
+#else
+    FANOUT_FAIL("CPU ranks as processes exchange their tokens over MPI: this fanout was built without it");
 #endif
 }
 
@@ -165,11 +190,35 @@ void Deployment::make_rank(std::unique_ptr<engine::ModelRunner> runner, engine::
         engine = std::make_unique<engine::Engine>(std::move(runner), tokenizer, ec);
         return;
     }
-#ifdef FANOUT_WITH_MPI
+    FANOUT_CHECK(control != nullptr, "rank {} of {}: no control plane (join_world first)", rank, world);
     ec.lockstep = true;
-    mpi_rank = std::make_unique<engine::DpRank>(std::make_unique<engine::Engine>(std::move(runner), tokenizer, ec),
-                                                comm::make_mpi_control(MPI_COMM_WORLD));
-#endif
+    process_rank = std::make_unique<engine::DpRank>(std::make_unique<engine::Engine>(std::move(runner), tokenizer, ec),
+                                                    std::move(control));
+}
+
+void Deployment::barrier() { min_over_ranks(0); }
+
+int64_t Deployment::min_over_ranks(int64_t v) {
+    if (world == 1) return v;
+    FANOUT_CHECK(control != nullptr, "rank {} of {}: no control plane here (after make_rank)", rank, world);
+    std::vector<uint8_t> mine(sizeof(v));
+    std::memcpy(mine.data(), &v, sizeof(v));
+    const auto all = control->gather(mine);
+    std::vector<uint8_t> out(sizeof(v));
+    if (rank == 0) {
+        int64_t lo = v;
+        for (const auto& b : all) {
+            FANOUT_CHECK(b.size() == sizeof(v), "control plane: a rank sent {} bytes for one number", b.size());
+            int64_t x = 0;
+            std::memcpy(&x, b.data(), sizeof(x));
+            lo = std::min(lo, x);
+        }
+        std::memcpy(out.data(), &lo, sizeof(lo));
+    }
+    out = control->broadcast(out);
+    FANOUT_CHECK(out.size() == sizeof(v), "control plane: rank 0 sent {} bytes for one number", out.size());
+    std::memcpy(&v, out.data(), sizeof(v));
+    return v;
 }
 
 #ifdef FANOUT_WITH_CUDA
@@ -205,48 +254,21 @@ comm::ExpertParallel* Deployment::make_gpu_ep(const std::string& backend, const 
 }
 #endif
 
-void Deployment::barrier() const {
-#ifdef FANOUT_WITH_MPI
-    if (world > 1) MPI_Barrier(MPI_COMM_WORLD);
-#endif
-}
-
-int64_t Deployment::min_over_ranks(int64_t v) const {
-#ifdef FANOUT_WITH_MPI
-    if (world > 1) {
-        int64_t out = v;
-        MPI_Allreduce(&v, &out, 1, MPI_INT64_T, MPI_MIN, MPI_COMM_WORLD);
-        return out;
-    }
-#endif
-    return v;
-}
-
 bool Deployment::all_local() const {
-    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    const char* local = std::getenv(env_launched ? "LOCAL_WORLD_SIZE" : "OMPI_COMM_WORLD_LOCAL_SIZE");
     return world == 1 || (local != nullptr && std::atoi(local) == world);
 }
 
-bool Deployment::follows() const {
-#ifdef FANOUT_WITH_MPI
-    return mpi_rank && rank != 0;
-#else
-    return false;
-#endif
-}
+bool Deployment::follows() const { return process_rank && rank != 0; }
 
 void Deployment::follow() {
-#ifdef FANOUT_WITH_MPI
     FANOUT_CHECK(follows(), "rank {} leads the deployment; only ranks past 0 follow", rank);
-    mpi_rank->run();
-#endif
+    process_rank->run();
 }
 
 engine::RequestService& Deployment::service() {
     if (threads) return threads->lead();
-#ifdef FANOUT_WITH_MPI
-    if (mpi_rank) return *mpi_rank;
-#endif
+    if (process_rank) return *process_rank;
     FANOUT_CHECK(engine != nullptr, "no engine in this deployment");
     return *engine;
 }
@@ -254,31 +276,25 @@ engine::RequestService& Deployment::service() {
 void Deployment::start() {
     if (engine) engine->start();
     if (threads) threads->start();
-#ifdef FANOUT_WITH_MPI
-    if (mpi_rank && !mpi_loop.joinable())
-        mpi_loop = std::thread([this] {
+    if (process_rank && rank == 0 && !loop.joinable())
+        loop = std::thread([this] {
             try {
-                mpi_rank->run();
-            } catch (const std::exception&) {  // the control plane ended the job, naming the rank
+                process_rank->run();
+            } catch (const std::exception&) {  // kept by the rank (failure()); MPI has ended the job already
             }
         });
-#endif
 }
 
 void Deployment::stop() {
     if (engine) engine->stop();
     if (threads) threads->stop();
-#ifdef FANOUT_WITH_MPI
-    if (mpi_rank && rank == 0) mpi_rank->stop();
-    if (mpi_loop.joinable()) mpi_loop.join();
-#endif
+    if (process_rank && rank == 0) process_rank->stop();
+    if (loop.joinable()) loop.join();
 }
 
 std::string Deployment::failure() const {
     if (threads) return threads->failure();
-#ifdef FANOUT_WITH_MPI
-    if (mpi_rank) return mpi_rank->failure();
-#endif
+    if (process_rank) return process_rank->failure();
     return "";
 }
 

@@ -1,7 +1,9 @@
-// What runs requests on the CPU path: one engine, or this process's part of a data-parallel group
-// of expert-parallel ranks (engine/dp_group.h) — every rank as a thread here (`--ranks threads`),
-// or this process's rank under an MPI launcher, whose other ranks are other processes. `serve`
-// and `generate --ep N` share it.
+// What runs requests: one engine, or this process's part of a data-parallel group of
+// expert-parallel ranks (engine/dp_group.h) — every rank as a thread here (`--ranks threads`), or
+// this process's one rank, the others being other processes: started by an MPI launcher (the
+// control plane over MPI), or by one that only sets RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT
+// like Kubernetes or torchrun (the control plane over TCP at MASTER_PORT + 1; GPU ranks only, the
+// CPU path's tokens travel over MPI). `serve` and `generate` share it.
 #pragma once
 
 #include <memory>
@@ -44,29 +46,31 @@ struct Deployment {
     std::unique_ptr<GpuGroup> gpu;
 #endif
     std::unique_ptr<comm::ExpertParallel> ep;        // this process's EP endpoint (one rank per process)
+    std::unique_ptr<comm::ControlPlane> control;     // world > 1, until make_rank hands it to the rank
     std::unique_ptr<engine::Engine> engine;          // one rank
     std::unique_ptr<engine::DpThreadGroup> threads;  // ranks as threads
-#ifdef FANOUT_WITH_MPI
-    std::unique_ptr<engine::DpRank> mpi_rank;
-    std::thread mpi_loop;
-#endif
-    int rank = 0, world = 1;  // this process's rank among the processes of the deployment
-    int local_rank = 0;       // ... among those of this host
+    std::unique_ptr<engine::DpRank> process_rank;    // this process's rank of a multi-process group
+    std::thread loop;                                // rank 0's step loop (process_rank)
+    int rank = 0, world = 1;                         // this process's rank among the processes of the deployment
+    int local_rank = 0;                              // ... among those of this host
+    bool env_launched = false;  // RANK / WORLD_SIZE without MPI: TCP control plane, NCCL id over TCP
 
     ~Deployment() { stop(); }
 
-    // The world before anything is loaded. Under an MPI launcher: MPI starts, each process is one
-    // rank and `ep` becomes the launcher's world (a different --ep is an error); `ranks` becomes
-    // "processes". `--ranks processes` without a launcher: this command is started again under
-    // mpirun on this host (does not return). `ep` 0 means 1.
-    void join_world(int& ep, std::string& ranks);
+    // The world before anything is loaded. Under a launcher (MPI's environment, or RANK /
+    // WORLD_SIZE > 1): each process is one rank, `ep` becomes the launcher's world (a different
+    // --ep is an error), `ranks` becomes "processes", and the control plane connects. `--ranks
+    // processes` without a launcher: this command is started again under mpirun on this host (does
+    // not return). `ep` 0 means 1.
+    // `device`: "cpu" ranks need MPI for their tokens (refused under RANK / WORLD_SIZE alone).
+    void join_world(int& ep, std::string& ranks, const std::string& device);
     // The group's engines from models[r] = rank (this->rank + r)'s model: all ranks as threads when
     // models.size() is the world, else this process's one rank joined to the others over MPI.
     void make_cpu_ranks(std::vector<std::unique_ptr<model::DeepseekV3>> models, engine::EngineConfig ec,
                         const model::ForwardOptions& opts, int threads, DType kv_dtype, const io::Tokenizer* tokenizer);
 
     // This process's rank from its runner (which holds `ep` when world > 1): one engine (world 1),
-    // or a lockstep engine joined to the other processes' over MPI.
+    // or a lockstep engine joined to the other processes' through the control plane.
     void make_rank(std::unique_ptr<engine::ModelRunner> runner, engine::EngineConfig ec,
                    const io::Tokenizer* tokenizer);
 #ifdef FANOUT_WITH_CUDA
@@ -74,15 +78,15 @@ struct Deployment {
     // before anything touches the device.
     void select_gpu();
     // This rank's GPU EP backend ("nvlink" or "nccl") over the processes of the deployment (this
-    // process alone at world 1): the NCCL communicator (its id from rank 0 over MPI), the stream
-    // (gpu->stream) and the backend, kept in `ep`.
+    // process alone at world 1): the NCCL communicator (its id from rank 0 over MPI, or over TCP
+    // at MASTER_ADDR:MASTER_PORT), the stream (gpu->stream) and the backend, kept in `ep`.
     comm::ExpertParallel* make_gpu_ep(const std::string& backend, const comm::EpConfig& config);
 #endif
 
-    // Waits for every process of the deployment (MPI_Barrier; nothing at world 1).
-    void barrier() const;
-    // The smallest `v` of any process (MPI_Allreduce MIN; `v` at world 1): limits every rank must share.
-    int64_t min_over_ranks(int64_t v) const;
+    // Before make_rank, through the control plane (nothing at world 1): waits for every process
+    // of the deployment; the smallest `v` of any process (limits every rank must share).
+    void barrier();
+    int64_t min_over_ranks(int64_t v);
 
     // Whether every rank of the deployment runs on this host.
     bool all_local() const;

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -134,6 +135,83 @@ TEST(Bootstrap, MissingRanksAreTimeoutsNamingTheAddress) {
         tcp_broadcast({0, 3, 0}, "127.0.0.1", port, {1, 2, 3}, std::chrono::milliseconds(200));
     });
     EXPECT_NE(lonely.find("heard from 0 of 2 ranks"), std::string::npos) << lonely;
+}
+
+// The TCP control plane: four ranks as threads on localhost. Messages and reports travel in order
+// for many steps; a rank's abort reaches rank 0, which fails its gather with the reason and passes
+// it to the others at their next wait; a rank whose connection closes is named by rank 0.
+TEST(TcpControl, StepsInOrderThenAnAbortReachesEveryRank) {
+    constexpr int kWorld = 4, kSteps = 100;
+    const int port = free_port();
+    std::vector<std::string> errors(kWorld);
+    std::vector<std::thread> threads;
+    std::atomic<int> bad{0};
+    std::vector<std::unique_ptr<ControlPlane>> cps(kWorld);  // kept until every rank is done, as processes would
+    for (int r = 0; r < kWorld; ++r)
+        threads.emplace_back([&, r] {
+            try {
+                cps[r] = make_tcp_control({r, kWorld, r}, "127.0.0.1", port, std::chrono::seconds(10));
+                auto& cp = cps[r];
+                for (int step = 0; step < kSteps; ++step) {
+                    const std::string want = "step " + std::to_string(step);
+                    const auto got =
+                        cp->broadcast(r == 0 ? std::vector<uint8_t>(want.begin(), want.end()) : std::vector<uint8_t>{});
+                    if (std::string(got.begin(), got.end()) != want) ++bad;
+                    const std::string mine = std::to_string(r * 1000 + step);
+                    const auto reports = cp->gather({mine.begin(), mine.end()});
+                    if (r == 0)
+                        for (int p = 0; p < kWorld; ++p)
+                            if (std::string(reports[p].begin(), reports[p].end()) != std::to_string(p * 1000 + step))
+                                ++bad;
+                }
+                // One more step in which rank 2 fails instead of reporting.
+                cp->broadcast(r == 0 ? std::vector<uint8_t>{1} : std::vector<uint8_t>{});
+                if (r == 2) {
+                    cp->abort("DP rank 2 of 4 failed: injected");
+                    errors[r] = cp->abort_reason();
+                    return;
+                }
+                cp->gather({});
+                cp->broadcast({});  // ranks 1 and 3 learn of it here
+                errors[r] = "no error";
+            } catch (const Error& e) {
+                errors[r] = e.what();
+            }
+        });
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(bad, 0);
+    for (int r = 0; r < kWorld; ++r)
+        EXPECT_NE(errors[r].find("DP rank 2 of 4 failed: injected"), std::string::npos)
+            << "rank " << r << ": " << errors[r];
+}
+
+TEST(TcpControl, ARankWhoseConnectionClosesIsNamed) {
+    const int port = free_port();
+    std::string error;
+    std::thread leader([&] {
+        try {
+            auto cp = make_tcp_control({0, 2, 0}, "127.0.0.1", port, std::chrono::seconds(10));
+            cp->broadcast({7});
+            cp->gather({});
+        } catch (const Error& e) {
+            error = e.what();
+        }
+    });
+    {
+        auto cp = make_tcp_control({1, 2, 1}, "127.0.0.1", port, std::chrono::seconds(10));
+        cp->broadcast({});
+    }  // gone without a report
+    leader.join();
+    EXPECT_NE(error.find("the control plane to rank 1"), std::string::npos) << error;
+    const std::string lonely = [&] {
+        try {
+            make_tcp_control({1, 2, 1}, "127.0.0.1", free_port(), std::chrono::milliseconds(200));
+        } catch (const Error& e) {
+            return std::string(e.what());
+        }
+        return std::string("no error");
+    }();
+    EXPECT_NE(lonely.find("rank 1 found nobody listening"), std::string::npos) << lonely;
 }
 
 }  // namespace

@@ -4,8 +4,12 @@
 // model split over 4 EP ranks generates what one engine holding every expert generates.
 #include "fanout/engine/dp_group.h"
 
+#include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <filesystem>
@@ -13,6 +17,7 @@
 
 #include "engine_test_util.h"
 #include "fake_rank_runner.h"
+#include "fanout/comm/bootstrap.h"
 #include "fanout/model/synthetic.h"
 #include "test_util.h"
 
@@ -179,6 +184,97 @@ TEST(DpGroup, TinyModelAtEp4GeneratesWhatEp1Generates) {
     group->stop();
     EXPECT_EQ(group->failure(), "");
     std::filesystem::remove_all(dir);
+}
+
+// Ranks as processes started without MPI (RANK / WORLD_SIZE, Kubernetes-style) talk over the TCP
+// control plane; here as threads of one process, each with its own connection: the outputs are
+// exact, every rank runs every step, and a rank that throws stops the group naming it.
+int free_port() {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    socklen_t len = sizeof(a);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    ::close(fd);
+    return ntohs(a.sin_port);
+}
+
+void run_over_tcp(int world, Shared& shared, const std::vector<RequestParams>& params,
+                  std::vector<std::vector<int32_t>>* outputs, std::vector<std::string>* reasons,
+                  std::vector<std::string>* failures) {
+    const int port = free_port();
+    EngineConfig cfg;
+    cfg.num_kv_blocks = 64;
+    cfg.scheduler = {8, 32, 8};
+    cfg.lockstep = true;
+    std::vector<std::unique_ptr<DpRank>> ranks(static_cast<size_t>(world));
+    std::vector<std::thread> threads;
+    failures->assign(static_cast<size_t>(world), "");
+    for (int r = 0; r < world; ++r)
+        threads.emplace_back([&, r] {
+            try {
+                ranks[r] = std::make_unique<DpRank>(
+                    std::make_unique<Engine>(std::make_unique<FakeRankRunner>(shared, r), nullptr, cfg),
+                    comm::make_tcp_control({r, world, r}, "127.0.0.1", port, std::chrono::seconds(20),
+                                           std::chrono::seconds(20)));
+                if (r != 0) return ranks[r]->run();
+                std::vector<std::shared_ptr<RequestHandle>> handles;
+                for (const auto& p : params) handles.push_back(ranks[0]->submit(p));
+                std::thread loop([&] {
+                    try {
+                        ranks[0]->run();
+                    } catch (const std::exception&) {  // kept as the rank's failure
+                    }
+                });
+                for (auto& h : handles) {
+                    std::string reason;
+                    outputs->push_back(drain(*h, &reason));
+                    reasons->push_back(reason);
+                }
+                ranks[0]->stop();
+                loop.join();
+                (*failures)[0] = ranks[0]->failure();
+            } catch (const std::exception& e) {
+                (*failures)[r] = e.what();
+            }
+        });
+    for (auto& t : threads) t.join();
+}
+
+TEST(DpGroup, RanksOverTheTcpControlPlane) {
+    constexpr int kWorld = 3;
+    Shared shared(kWorld);
+    std::vector<RequestParams> params;
+    for (int i = 0; i < 24; ++i) params.push_back(request(i, 1 + (i * 5) % 13));
+    std::vector<std::vector<int32_t>> outputs;
+    std::vector<std::string> reasons, failures;
+    run_over_tcp(kWorld, shared, params, &outputs, &reasons, &failures);
+    ASSERT_EQ(outputs.size(), params.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+        EXPECT_EQ(outputs[i], expected(params[i].prompt, params[i].max_tokens)) << "request " << i;
+        EXPECT_EQ(reasons[i], "length");
+    }
+    for (int r = 0; r < kWorld; ++r) {
+        EXPECT_EQ(failures[r], "") << "rank " << r;
+        EXPECT_EQ(shared.forwards[r].load(), shared.forwards[0].load()) << "rank " << r;
+    }
+}
+
+TEST(DpGroup, ARankThatThrowsOverTcpStopsEveryRankNamingIt) {
+    constexpr int kWorld = 3;
+    Shared shared(kWorld);
+    shared.fail_rank = 1;
+    shared.fail_at = 4;
+    std::vector<RequestParams> params;
+    for (int i = 0; i < 6; ++i) params.push_back(request(i, 30));
+    std::vector<std::vector<int32_t>> outputs;
+    std::vector<std::string> reasons, failures;
+    run_over_tcp(kWorld, shared, params, &outputs, &reasons, &failures);
+    for (const auto& reason : reasons) EXPECT_EQ(reason, "error");
+    for (int r = 0; r < kWorld; ++r)
+        EXPECT_THAT(failures[r], HasSubstr("DP rank 1 of 3 failed: injected failure")) << "rank " << r;
 }
 
 }  // namespace

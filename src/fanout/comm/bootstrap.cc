@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstdlib>
@@ -52,8 +53,9 @@ class Socket {
 };
 
 int remaining_ms(Clock::time_point deadline) {
+    if (deadline == Clock::time_point::max()) return -1;  // poll: wait without a limit
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    return left > 0 ? static_cast<int>(left) : 0;
+    return left > 0 ? static_cast<int>(std::min<int64_t>(left, 1 << 30)) : 0;
 }
 
 // Waits for `events` on fd until the deadline; false on timeout.
@@ -102,7 +104,201 @@ sockaddr_in resolve(const std::string& host, int port) {
     return addr;
 }
 
+// One frame of the TCP control plane: kind, size, bytes.
+enum class Frame : uint8_t { kData = 0, kAbort = 1 };
+constexpr uint64_t kMaxFrameBytes = uint64_t{1} << 30;
+
+void send_frame(int fd, Frame kind, const std::vector<uint8_t>& bytes, Clock::time_point deadline,
+                const std::string& what) {
+    const uint8_t k = static_cast<uint8_t>(kind);
+    const uint64_t size = bytes.size();
+    send_all(fd, &k, 1, deadline, what);
+    send_all(fd, &size, sizeof(size), deadline, what);
+    send_all(fd, bytes.data(), bytes.size(), deadline, what);
+}
+
+Frame recv_frame(int fd, std::vector<uint8_t>* bytes, Clock::time_point deadline, const std::string& what) {
+    uint8_t k = 0;
+    uint64_t size = 0;
+    recv_all(fd, &k, 1, deadline, what);
+    recv_all(fd, &size, sizeof(size), deadline, what);
+    FANOUT_CHECK(k <= 1, "control plane: frame of unknown kind {} in {}", k, what);
+    FANOUT_CHECK(size <= kMaxFrameBytes, "control plane: a frame of {} bytes in {} (at most {})", size, what,
+                 kMaxFrameBytes);
+    bytes->assign(static_cast<size_t>(size), 0);
+    recv_all(fd, bytes->data(), bytes->size(), deadline, what);
+    return static_cast<Frame>(k);
+}
+
+class TcpControl final : public ControlPlane {
+  public:
+    TcpControl(const RankInfo& me, const std::string& host, int port, std::chrono::milliseconds connect_timeout,
+               std::chrono::milliseconds report_timeout)
+        : me_(me), report_timeout_(report_timeout), where_(host + ":" + std::to_string(port)) {
+        const auto deadline = Clock::now() + connect_timeout;
+        const sockaddr_in addr = resolve(host, port);
+        if (me.world == 1) return;
+        if (me.rank == 0) {
+            Socket listener(::socket(AF_INET, SOCK_STREAM, 0));
+            FANOUT_CHECK(listener.fd() >= 0, "control plane: socket: {}", std::strerror(errno));
+            const int one = 1;
+            ::setsockopt(listener.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+            FANOUT_CHECK(::bind(listener.fd(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0,
+                         "control plane: rank 0 cannot listen on {}: {}", where_, std::strerror(errno));
+            FANOUT_CHECK(::listen(listener.fd(), me.world) == 0, "control plane: listen on {}: {}", where_,
+                         std::strerror(errno));
+            peers_.resize(static_cast<size_t>(me.world));
+            for (int joined = 1; joined < me.world; ++joined) {
+                FANOUT_CHECK(wait_for(listener.fd(), POLLIN, deadline),
+                             "control plane: rank 0 on {} heard from {} of {} ranks before the timeout", where_,
+                             joined - 1, me.world - 1);
+                Socket peer(::accept(listener.fd(), nullptr, nullptr));
+                FANOUT_CHECK(peer.fd() >= 0, "control plane: accept on {}: {}", where_, std::strerror(errno));
+                int32_t r = -1;
+                recv_all(peer.fd(), &r, sizeof(r), deadline, "a peer's rank");
+                FANOUT_CHECK(r > 0 && r < me.world && peers_[r].fd() < 0,
+                             "control plane: a peer on {} says it is rank {} of {} (or that rank joined twice)", where_,
+                             r, me.world);
+                nodelay(peer.fd());
+                peers_[r] = std::move(peer);
+            }
+            return;
+        }
+        for (;;) {
+            Socket s(::socket(AF_INET, SOCK_STREAM, 0));
+            FANOUT_CHECK(s.fd() >= 0, "control plane: socket: {}", std::strerror(errno));
+            if (::connect(s.fd(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) {
+                const int32_t r = me.rank;
+                send_all(s.fd(), &r, sizeof(r), deadline, "this rank's number to rank 0");
+                nodelay(s.fd());
+                leader_ = std::move(s);
+                return;
+            }
+            FANOUT_CHECK(remaining_ms(deadline) > 0,
+                         "control plane: rank {} found nobody listening on {} before the timeout", me.rank, where_);
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+    }
+
+    int rank() const override { return me_.rank; }
+    int world() const override { return me_.world; }
+
+    std::vector<uint8_t> broadcast(std::vector<uint8_t> message) override {
+        check_running();
+        if (me_.world == 1) return message;
+        if (me_.rank == 0) {
+            const auto deadline = Clock::now() + report_timeout_;
+            for (int r = 1; r < me_.world; ++r)
+                guarded(r, [&] { send_frame(peers_[r].fd(), Frame::kData, message, deadline, "a step message"); });
+            return message;
+        }
+        std::vector<uint8_t> got;
+        Frame kind = Frame::kData;
+        guarded(0, [&] { kind = recv_frame(leader_.fd(), &got, Clock::time_point::max(), "rank 0's step message"); });
+        if (kind == Frame::kAbort) fail_with(std::string(got.begin(), got.end()));
+        return got;
+    }
+
+    std::vector<std::vector<uint8_t>> gather(std::vector<uint8_t> message) override {
+        check_running();
+        if (me_.world == 1) return {std::move(message)};
+        if (me_.rank != 0) {
+            guarded(0, [&] {
+                send_frame(leader_.fd(), Frame::kData, message, Clock::now() + report_timeout_, "this rank's report");
+            });
+            return {};
+        }
+        std::vector<std::vector<uint8_t>> out(static_cast<size_t>(me_.world));
+        out[0] = std::move(message);
+        const auto deadline = Clock::now() + report_timeout_;
+        for (int r = 1; r < me_.world; ++r) {
+            Frame kind = Frame::kData;
+            guarded(r, [&] {
+                kind = recv_frame(peers_[r].fd(), &out[r], deadline, fmt::format("rank {}'s step report", r));
+            });
+            if (kind == Frame::kAbort) {
+                const std::string reason(out[r].begin(), out[r].end());
+                abort(reason);  // on to every other rank
+                fail_with(reason);
+            }
+        }
+        return out;
+    }
+
+    void abort(const std::string& reason) override {
+        if (!abort_reason_.empty()) return;
+        abort_reason_ = reason.empty() ? std::string("aborted") : reason;
+        const std::vector<uint8_t> bytes(abort_reason_.begin(), abort_reason_.end());
+        const auto deadline = Clock::now() + std::chrono::seconds(5);
+        // Best effort: a peer that is gone cannot be told.
+        const auto tell = [&](const Socket& s) {
+            if (s.fd() < 0) return;
+            try {
+                send_frame(s.fd(), Frame::kAbort, bytes, deadline, "an abort");
+            } catch (const std::exception&) {
+            }
+        };
+        if (me_.rank == 0) {
+            for (const auto& p : peers_) {
+                tell(p);
+                if (p.fd() >= 0) ::shutdown(p.fd(), SHUT_WR);  // the abort, then end of stream: nothing after it
+            }
+        } else {
+            tell(leader_);
+        }
+    }
+
+    std::string abort_reason() const override { return abort_reason_; }
+
+  private:
+    static void nodelay(int fd) {
+        const int one = 1;
+        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    }
+    void check_running() const { FANOUT_CHECK(abort_reason_.empty(), "{}", abort_reason_); }
+    [[noreturn]] void fail_with(const std::string& reason) {
+        if (abort_reason_.empty()) abort_reason_ = reason;
+        FANOUT_FAIL("{}", abort_reason_);
+    }
+    // fn's socket error with `peer` (rank 0 from the others): the group's failure, naming the peer.
+    template <typename Fn>
+    void guarded(int peer, Fn&& fn) {
+        try {
+            fn();
+        } catch (const Error& e) {
+            // Rank 0 may have sent the group's abort before the connection went: its reason first.
+            if (me_.rank != 0 && leader_.fd() >= 0) {
+                try {
+                    std::vector<uint8_t> bytes;
+                    if (recv_frame(leader_.fd(), &bytes, Clock::now() + std::chrono::milliseconds(500), "an abort") ==
+                        Frame::kAbort)
+                        fail_with(std::string(bytes.begin(), bytes.end()));
+                } catch (const Error&) {
+                    if (!abort_reason_.empty()) throw;
+                }
+            }
+            const std::string reason = fmt::format("DP rank {} of {}: the control plane to rank {} ({}) failed: {}",
+                                                   me_.rank, me_.world, peer, where_, e.what());
+            if (me_.rank == 0) abort(reason);
+            fail_with(reason);
+        }
+    }
+
+    RankInfo me_;
+    std::chrono::milliseconds report_timeout_;
+    std::string where_;
+    std::vector<Socket> peers_;  // rank 0: a connection per rank (index 0 unused)
+    Socket leader_;              // other ranks: the connection to rank 0
+    std::string abort_reason_;
+};
+
 }  // namespace
+
+std::unique_ptr<ControlPlane> make_tcp_control(const RankInfo& me, const std::string& host, int port,
+                                               std::chrono::milliseconds connect_timeout,
+                                               std::chrono::milliseconds report_timeout) {
+    return std::make_unique<TcpControl>(me, host, port, connect_timeout, report_timeout);
+}
 
 RankInfo rank_info_from_env() {
     RankInfo info;

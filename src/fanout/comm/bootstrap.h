@@ -5,8 +5,11 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "fanout/comm/control_plane.h"
 
 namespace fanout::comm {
 
@@ -27,6 +30,16 @@ RankInfo rank_info_from_env();
 // read) — never hangs past `timeout`.
 std::vector<uint8_t> tcp_broadcast(const RankInfo& me, const std::string& host, int port, std::vector<uint8_t> blob,
                                    std::chrono::milliseconds timeout);
+
+// The DP group's control plane (control_plane.h) over TCP, for launchers without MPI (Kubernetes
+// pods, torchrun-style RANK / WORLD_SIZE / MASTER_ADDR): rank 0 listens on host:port and keeps a
+// connection to every other rank, which connects (retrying until `connect_timeout`). Frames are a
+// kind (data or abort), a size and the bytes. A rank's abort() reaches rank 0, which passes it to
+// every rank; a connection that closes is an abort naming the rank (it failed or exited). Report
+// waits past `report_timeout` throw naming the rank; an idle rank waits for rank 0 without one.
+std::unique_ptr<ControlPlane> make_tcp_control(const RankInfo& me, const std::string& host, int port,
+                                               std::chrono::milliseconds connect_timeout,
+                                               std::chrono::milliseconds report_timeout = std::chrono::minutes(10));
 
 // MASTER_ADDR and MASTER_PORT (the torchrun convention), checked; defaults 127.0.0.1:29500.
 std::pair<std::string, int> master_address_from_env();
