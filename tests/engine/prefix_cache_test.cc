@@ -1,9 +1,12 @@
+#include "fanout/kv/prefix_cache.h"
+
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
+#include <span>
 
 #include "fanout/core/error.h"
-#include "fanout/kv/prefix_cache.h"
 
 namespace fanout::kv {
 namespace {
@@ -34,7 +37,7 @@ TEST(PrefixCache, ReusesTheLongestCachedChainOfWholeBlocks) {
     pc.release(hit2);
     pc.release({blocks[0]});
     EXPECT_EQ(pc.num_evictable(), 2);
-    EXPECT_EQ(alloc.num_free(), 6);  // the uncached third block went back; the cached two stay held
+    EXPECT_EQ(alloc.num_free(), 6);                // the uncached third block went back; the cached two stay held
     EXPECT_THROW(pc.release({blocks[0]}), Error);  // no reference left
 }
 
@@ -75,6 +78,41 @@ TEST(PrefixCache, DuplicateContentAdoptsTheCachedBlock) {
     EXPECT_EQ(pc.num_evictable(), 1);
     EXPECT_TRUE(pc.can_allocate(4));
     EXPECT_EQ(pc.allocate(4).size(), 4u);  // eviction really delivers what can_allocate promised
+}
+
+// The chain hashes the router indexes: the listener hears every block entered (the hashes of the
+// prompt's full blocks, computed the same way outside the cache) and every block evicted, and
+// cached_hashes() is what is in the tree.
+TEST(PrefixCache, PublishesStoredAndEvictedBlocksByChainHash) {
+    BlockAllocator alloc(3);
+    PrefixCache pc(alloc, 4);
+    std::vector<uint64_t> stored, removed;
+    pc.set_listener([&](const std::vector<uint64_t>& s, const std::vector<uint64_t>& r) {
+        stored.insert(stored.end(), s.begin(), s.end());
+        removed.insert(removed.end(), r.begin(), r.end());
+    });
+    const auto a = seq(9);
+    auto blocks = pc.allocate(3);
+    pc.insert(a, blocks);
+    EXPECT_EQ(stored, block_hashes(a, 4));
+    ASSERT_EQ(stored.size(), 2u);
+    EXPECT_NE(stored[0], stored[1]);
+    EXPECT_EQ(stored[1], block_hash(block_hash(kRootHash, std::span(a).subspan(0, 4)), std::span(a).subspan(4, 4)));
+    // The same second block after a different first one is another prefix: another hash.
+    std::vector<int32_t> b = a;
+    b[0] = 77;
+    EXPECT_NE(block_hashes(b, 4)[1], stored[1]);
+    auto sorted = pc.cached_hashes();
+    std::sort(sorted.begin(), sorted.end());
+    auto want = stored;
+    std::sort(want.begin(), want.end());
+    EXPECT_EQ(sorted, want);
+    pc.release(blocks);
+    stored.clear();
+    auto more = pc.allocate(3);  // needs the two cached blocks: both evicted, leaf first
+    EXPECT_EQ(removed, (std::vector<uint64_t>{block_hashes(a, 4)[1], block_hashes(a, 4)[0]}));
+    EXPECT_TRUE(pc.cached_hashes().empty());
+    pc.release(more);
 }
 
 }  // namespace

@@ -84,9 +84,15 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const io::Tokenizer* tokeniz
       max_context_(std::min<int64_t>(runner_->max_context(), config.num_kv_blocks * cache_.config().block_size)),
       eos_(runner_->eos_ids()) {
     stats_.kv_blocks_total = config.num_kv_blocks;
+    prefix_.set_listener([this](const std::vector<uint64_t>& stored, const std::vector<uint64_t>& removed) {
+        kv_events_.publish(stored, removed);
+    });
 }
 
-Engine::~Engine() { stop(); }
+Engine::~Engine() {
+    stop();
+    kv_events_.close();
+}
 
 void Engine::validate(const RequestParams& p) const {
     const int64_t P = static_cast<int64_t>(p.prompt.size());

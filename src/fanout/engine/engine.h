@@ -22,6 +22,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "fanout/engine/kv_events.h"
 #include "fanout/engine/scheduler.h"
 #include "fanout/io/tokenizer.h"
 #include "fanout/kv/paged_kv_cache.h"
@@ -148,6 +149,11 @@ class RequestService {
     virtual std::vector<EngineStats> rank_stats() const { return {}; }
     virtual int64_t max_context() const = 0;
     virtual int64_t vocab_size() const = 0;
+    // The prefix cache's changes by block hash, for a router's index (kv_events.h); nullptr where
+    // one cache does not stand for the service (a DP group: each rank has its own).
+    virtual KvEventHub* kv_events() { return nullptr; }
+    // Tokens per KV block: what the hashes of kv_events() cover.
+    virtual int64_t kv_block_size() const { return kv::kDefaultBlockSize; }
 };
 
 class Engine : public RequestService {
@@ -169,6 +175,8 @@ class Engine : public RequestService {
     const EngineConfig& config() const { return config_; }
     int64_t max_context() const override { return max_context_; }
     int64_t vocab_size() const override { return runner_->vocab_size(); }
+    KvEventHub* kv_events() override { return &kv_events_; }
+    int64_t kv_block_size() const override { return cache_.config().block_size; }
 
   private:
     struct Active;
@@ -183,6 +191,7 @@ class Engine : public RequestService {
     const io::Tokenizer* tokenizer_;
     EngineConfig config_;
     kv::PagedKvCache cache_;
+    KvEventHub kv_events_;  // before prefix_, which publishes to it
     kv::PrefixCache prefix_;
     Scheduler scheduler_;
     int64_t max_context_;

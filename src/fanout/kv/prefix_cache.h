@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <unordered_map>
@@ -19,8 +20,16 @@
 
 namespace fanout::kv {
 
+// The hash of a block of tokens that follows the prefix hashed `parent` (kRootHash for the first
+// block): a chain, so a hash names the exact token prefix a block's KV was computed from. The
+// engines publish their cached blocks by it and the router hashes prompts the same way.
+constexpr uint64_t kRootHash = 0x9e3779b97f4a7c15ull;
+uint64_t block_hash(uint64_t parent, std::span<const int32_t> block_tokens);
+// The chain hashes of the full blocks of `tokens`.
+std::vector<uint64_t> block_hashes(std::span<const int32_t> tokens, int64_t block_size);
+
 class PrefixCache {
-public:
+  public:
     PrefixCache(BlockAllocator& allocator, int64_t block_size);
     ~PrefixCache();
 
@@ -39,13 +48,20 @@ public:
     // tree holds them.
     void release(const std::vector<int32_t>& blocks);
 
+    // Called (on the thread that changes the cache) with the chain hashes of blocks entered in and
+    // evicted from the tree; nullptr: nobody listens.
+    using Listener = std::function<void(const std::vector<uint64_t>& stored, const std::vector<uint64_t>& removed)>;
+    void set_listener(Listener listener) { listener_ = std::move(listener); }
+    // The chain hashes of every cached block.
+    std::vector<uint64_t> cached_hashes() const;
+
     int64_t num_cached_blocks() const { return static_cast<int64_t>(nodes_.size()); }
     int64_t num_evictable() const { return num_evictable_; }
     int64_t block_size() const { return block_size_; }
     // Blocks in use or cached: the allocator's view of "not free".
     int64_t num_used_blocks() const { return allocator_.num_blocks() - allocator_.num_free(); }
 
-private:
+  private:
     struct Node;
     Node* find_child(Node* parent, std::span<const int32_t> block_tokens) const;
     void evict(int64_t n);
@@ -58,6 +74,7 @@ private:
     std::vector<int32_t> refs_;                 // per block id
     int64_t num_evictable_ = 0;                 // cached blocks with no references
     uint64_t clock_ = 0;
+    Listener listener_;
 };
 
 }  // namespace fanout::kv
