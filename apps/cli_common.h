@@ -58,6 +58,8 @@ void add_model_commands(CLI::App& app);  // make-model, generate, score
 void add_tokenize_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
+void add_engine_command(CLI::App& app);  // the engine's gRPC service (cmd_serve.cc)
+void add_router_command(CLI::App& app);
 void add_plan_command(CLI::App& app);  // plan sweep|recommend|layer|profile
 
 }  // namespace fanout::cli

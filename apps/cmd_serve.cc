@@ -16,6 +16,7 @@
 #ifdef FANOUT_WITH_CUDA
 #include "fanout/engine/cuda_runner.h"
 #endif
+#include "fanout/rpc/engine_service.h"
 #include "fanout/serve/openai_server.h"
 
 namespace fanout::cli {
@@ -33,6 +34,7 @@ struct ServeArgs {
     double attention_cost = -1;  // < 0: from the model config (model/step_cost.h)
     int ep = 0;                  // 0: 1, or the launcher's world
     std::string ranks = "threads";
+    bool grpc = false;       // `fanout engine`: the engine's gRPC service instead of the HTTP API
     std::string ep_backend;  // empty: local at EP1 or on the CPU, nvlink for GPU ranks on one host, else nccl
 };
 
@@ -219,27 +221,43 @@ void run_serve(ServeArgs& a) {
         std::fprintf(stderr, "fanout serve: rank %d stopped\n", d.rank);
         return;
     }
-    serve::OpenAIServer server(d.service(), tokenizer, a.server);
-    const int port = server.bind();
     std::string breakdown;
     double total = 0;
     for (const auto& [name, secs] : a.server.startup_seconds) {
         breakdown += fmt::format("{}{} {:.2f} s", breakdown.empty() ? "" : ", ", name, secs);
         total += secs;
     }
-    std::fprintf(stderr, "start-up: %s; %.2f s in all\n", breakdown.c_str(), total);
-    d.start();
     std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error return, not process death
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);
+    const std::string ranks = a.ep == 1 ? std::string() : fmt::format(", {} DP/EP ranks as {}", a.ep, a.ranks);
+    const std::string what =
+        fmt::format("model '{}', {} KV blocks = {} tokens{}{}", a.server.model_name, ec.num_kv_blocks,
+                    ec.num_kv_blocks * kv::kDefaultBlockSize, a.ep > 1 ? " per rank" : "", ranks);
+    if (a.grpc) {
+        // `fanout engine`: the gRPC service (rpc/engine_service.h) for a router, until a signal.
+        rpc::EngineServer server(d.service(), a.server.model_name, fmt::format("{}:{}", a.server.host, a.server.port));
+        std::fprintf(stderr, "start-up: %s; %.2f s in all\n", breakdown.c_str(), total);
+        d.start();
+        std::fprintf(stderr, "fanout engine: serving grpc://%s:%d (%s)\n", a.server.host.c_str(), server.port(),
+                     what.c_str());
+        while (!g_stop && d.failure().empty()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        server.shutdown();  // every call ends; streams close
+        d.stop();
+        const std::string failure = d.failure();
+        FANOUT_CHECK(failure.empty(), "the deployment stopped: {}", failure);
+        std::fprintf(stderr, "fanout engine: stopped\n");
+        return;
+    }
+    serve::OpenAIServer server(d.service(), tokenizer, a.server);
+    const int port = server.bind();
+    std::fprintf(stderr, "start-up: %s; %.2f s in all\n", breakdown.c_str(), total);
+    d.start();
     std::thread watcher([&] {  // a signal, or a failed rank, stops the server
         while (!g_stop && d.failure().empty()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
         server.stop();
     });
-    const std::string ranks = a.ep == 1 ? std::string() : fmt::format(", {} DP/EP ranks as {}", a.ep, a.ranks);
-    std::fprintf(stderr, "fanout serve: listening on http://%s:%d (model '%s', %lld KV blocks = %lld tokens%s%s)\n",
-                 a.server.host.c_str(), port, a.server.model_name.c_str(), (long long)ec.num_kv_blocks,
-                 (long long)(ec.num_kv_blocks * kv::kDefaultBlockSize), a.ep > 1 ? " per rank" : "", ranks.c_str());
+    std::fprintf(stderr, "fanout serve: listening on http://%s:%d (%s)\n", a.server.host.c_str(), port, what.c_str());
     server.serve();
     g_stop = true;
     watcher.join();
@@ -249,12 +267,47 @@ void run_serve(ServeArgs& a) {
     std::fprintf(stderr, "fanout serve: stopped\n");
 }
 
+// The options `serve` and `engine` share: the model, its ranks and the scheduler's and memory's limits.
+void add_engine_options(CLI::App* cmd, ServeArgs& a);
+
 }  // namespace
 
 void add_serve_command(CLI::App& app) {
     auto a = std::make_shared<ServeArgs>();
     a->server.model_name.clear();
     auto* cmd = app.add_subcommand("serve", "serve the OpenAI-compatible API (chat and completions, streaming)");
+    add_engine_options(cmd, *a);
+    cmd->add_option("--max-in-flight", a->server.max_in_flight, "concurrent requests before 429")
+        ->capture_default_str();
+    cmd->add_option("--default-max-tokens", a->server.default_max_tokens,
+                    "max_tokens of a request that names none (capped by the context)")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    cmd->add_option("--allowed-hosts", a->server.allowed_hosts,
+                    "Host names clients may use beyond IP addresses, localhost and --host ('*': any); "
+                    "guards a local server against DNS rebinding")
+        ->delimiter(',');
+    cmd->add_option("--max-connections", a->server.limits.max_connections, "open connections before 503")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    cmd->callback([a] { run_serve(*a); });
+}
+
+void add_engine_command(CLI::App& app) {
+    auto a = std::make_shared<ServeArgs>();
+    a->server.model_name.clear();
+    a->grpc = true;
+    a->server.port = 50051;
+    auto* cmd = app.add_subcommand(
+        "engine", "one engine instance behind the gRPC service a router talks to (proto/fanout/engine.proto)");
+    add_engine_options(cmd, *a);
+    cmd->callback([a] { run_serve(*a); });
+}
+
+namespace {
+
+void add_engine_options(CLI::App* cmd, ServeArgs& aa) {
+    ServeArgs* a = &aa;
     add_model_args(cmd, a->model);
     add_rank_options(cmd, a->ep, a->ranks);
     cmd->add_option("--ep-backend", a->ep_backend,
@@ -282,20 +335,7 @@ void add_serve_command(CLI::App& app) {
                     "fraction of the GPU's memory fanout may use (weights, step buffers, KV cache)")
         ->check(CLI::Range(0.01, 1.0))
         ->capture_default_str();
-    cmd->add_option("--max-in-flight", a->server.max_in_flight, "concurrent requests before 429")
-        ->capture_default_str();
-    cmd->add_option("--default-max-tokens", a->server.default_max_tokens,
-                    "max_tokens of a request that names none (capped by the context)")
-        ->check(CLI::PositiveNumber)
-        ->capture_default_str();
-    cmd->add_option("--allowed-hosts", a->server.allowed_hosts,
-                    "Host names clients may use beyond IP addresses, localhost and --host ('*': any); "
-                    "guards a local server against DNS rebinding")
-        ->delimiter(',');
-    cmd->add_option("--max-connections", a->server.limits.max_connections, "open connections before 503")
-        ->check(CLI::PositiveNumber)
-        ->capture_default_str();
-    cmd->callback([a] { run_serve(*a); });
 }
 
+}  // namespace
 }  // namespace fanout::cli

@@ -3,7 +3,9 @@
 //   generate    continue a prompt with one model instance on the CPU
 //   score       write the logits of a token sequence (raw little-endian float32 [T, vocab])
 //   tokenize    text, JSON strings or chat messages to token ids (and ids back to text)
-//   serve       one engine instance behind the OpenAI-compatible HTTP API
+//   serve       one engine instance (or a DP group) behind the OpenAI-compatible HTTP API
+//   engine      one engine instance behind the gRPC service a router talks to
+//   router      the OpenAI-compatible HTTP API in front of many engines (prefix- and load-aware)
 //   bench       benchmarks (tokenizer, serve)
 //   plan        deployment planner: sweep (Pareto figure), recommend, layer breakdown, profile
 // Errors end with "error: ..." on stderr and exit code 2.
@@ -20,6 +22,8 @@ int main(int argc, char** argv) {
     fanout::cli::add_model_commands(app);
     fanout::cli::add_tokenize_command(app);
     fanout::cli::add_serve_command(app);
+    fanout::cli::add_engine_command(app);
+    fanout::cli::add_router_command(app);
     fanout::cli::add_bench_command(app);
     fanout::cli::add_plan_command(app);
     try {

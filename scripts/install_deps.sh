@@ -8,6 +8,7 @@ packages=(
   nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
   libgtest-dev libgmock-dev libbenchmark-dev libpcre2-dev libcpp-httplib-dev libboost-dev libssl-dev zlib1g-dev libbrotli-dev
   libopenmpi-dev openmpi-bin gnuplot-nox
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
 )
 missing=()
 for p in "${packages[@]}"; do

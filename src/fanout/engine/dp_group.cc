@@ -60,12 +60,13 @@ EngineStats::Histogram histogram_from_json(const json& j) {
     return h;
 }
 
-#define FANOUT_STATS_COUNTERS(X)                                                                             \
-    X(requests_received)                                                                                     \
-    X(requests_finished)                                                                                     \
-    X(requests_aborted)                                                                                      \
-    X(requests_failed) X(prompt_tokens) X(generation_tokens) X(cached_prompt_tokens) X(steps) X(preemptions) \
-        X(waiting) X(running) X(kv_blocks_total) X(kv_blocks_used) X(kv_blocks_cached)
+#define FANOUT_STATS_COUNTERS(X)                                                                                \
+    X(requests_received)                                                                                        \
+    X(requests_finished)                                                                                        \
+    X(requests_aborted)                                                                                         \
+    X(requests_failed)                                                                                          \
+    X(prompt_tokens) X(generation_tokens) X(cached_prompt_tokens) X(steps) X(preemptions) X(waiting) X(running) \
+        X(kv_blocks_total) X(kv_blocks_used) X(kv_blocks_cached)
 
 json stats_to_json(const EngineStats& s) {
     json j;
@@ -150,8 +151,8 @@ std::shared_ptr<RequestHandle> DpRank::submit(RequestParams params) {
     auto handle = std::make_shared<RequestHandle>();
     {
         std::lock_guard lock(mutex_);
-        FANOUT_CHECK(failure_.empty(), "the deployment stopped: {}", failure_);
-        FANOUT_CHECK(!stopping_, "the deployment is shutting down");
+        if (!failure_.empty()) throw ServiceUnavailable(503, fmt::format("the deployment stopped: {}", failure_));
+        if (stopping_) throw ServiceUnavailable(503, "the deployment is shutting down");
         handle->id_ = next_id_++;
         pending_.push_back({handle->id_, std::move(params), handle});
     }

@@ -39,6 +39,27 @@ bool RequestHandle::next(RequestEvent* ev, std::chrono::milliseconds timeout) {
     return true;
 }
 
+void RequestHandle::cancel() {
+    std::function<void()> fn;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (cancelled_.exchange(true)) return;
+        fn = std::move(on_cancel_);
+    }
+    if (fn) fn();
+}
+
+void RequestHandle::on_cancel(std::function<void()> fn) {
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (!cancelled_) {
+            on_cancel_ = std::move(fn);
+            return;
+        }
+    }
+    if (fn) fn();
+}
+
 void RequestHandle::push(RequestEvent ev) {
     std::shared_ptr<std::function<void()>> notify;
     {
@@ -94,22 +115,24 @@ Engine::~Engine() {
     kv_events_.close();
 }
 
-void Engine::validate(const RequestParams& p) const {
+void validate_request(const RequestParams& p, int64_t max_context, int64_t V, bool has_tokenizer) {
     const int64_t P = static_cast<int64_t>(p.prompt.size());
     FANOUT_CHECK(P > 0, "the prompt is empty");
     FANOUT_CHECK(p.max_tokens >= 1, "max_tokens must be >= 1, got {}", p.max_tokens);
-    FANOUT_CHECK(p.max_tokens <= max_context_ - P,  // (not P + max_tokens: that can overflow)
-                 "prompt ({} tokens) + max_tokens ({}) exceeds the context of {} tokens", P, p.max_tokens,
-                 max_context_);
-    const int64_t V = runner_->vocab_size();
+    FANOUT_CHECK(p.max_tokens <= max_context - P,  // (not P + max_tokens: that can overflow)
+                 "prompt ({} tokens) + max_tokens ({}) exceeds the context of {} tokens", P, p.max_tokens, max_context);
     for (int64_t i = 0; i < P; ++i)
         FANOUT_CHECK(p.prompt[i] >= 0 && p.prompt[i] < V,
                      "prompt token {} (index {}) is outside the vocabulary [0, {})", p.prompt[i], i, V);
     for (const auto& [id, bias] : p.sampling.logit_bias)
         FANOUT_CHECK(id >= 0 && id < V, "logit_bias: token id {} is outside the vocabulary [0, {})", id, V);
-    FANOUT_CHECK(p.stop.empty() || tokenizer_, "stop strings need a tokenizer");
+    FANOUT_CHECK(p.stop.empty() || has_tokenizer, "stop strings need a tokenizer");
     for (const auto& s : p.stop) FANOUT_CHECK(!s.empty(), "stop strings must not be empty");
     ops::validate_sampling_params(p.sampling);
+}
+
+void Engine::validate(const RequestParams& p) const {
+    validate_request(p, max_context_, runner_->vocab_size(), tokenizer_ != nullptr);
 }
 
 std::shared_ptr<RequestHandle> Engine::submit(RequestParams p) {

@@ -88,29 +88,44 @@ struct RequestEvent {
     int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
 };
 
-// The consumer's end of a request: events in order, and cancellation.
+// A request's events in order, and its cancellation: the consumer's end (next, on_event, cancel)
+// and the producer's (push, on_cancel) — an engine, or a service relaying another's events (a DP
+// group's rank 0, the router's remote engines).
 class RequestHandle {
   public:
+    explicit RequestHandle(int64_t id = 0) : id_(id) {}
     // Waits for the next event; false on timeout.
     bool next(RequestEvent* ev, std::chrono::milliseconds timeout);
-    // `notify` is called (on the engine's thread, without locks held) after each new event, and at
+    // `notify` is called (on the producer's thread, without locks held) after each new event, and at
     // once when events are already waiting, so a consumer need not block in next(); nullptr removes it.
     void on_event(std::function<void()> notify);
-    void cancel() { cancelled_ = true; }
+    void cancel();
     bool cancelled() const { return cancelled_; }
     int64_t id() const { return id_; }
 
+    // The producer's side: appends an event (the last one has finished = true).
+    void push(RequestEvent ev);
+    // `fn` runs once when the consumer cancels (at once if it already has); producers that must
+    // tell someone else (a remote engine) set it.
+    void on_cancel(std::function<void()> fn);
+
   private:
     friend class Engine;
-    friend class DpRank;  // rank 0's handles carry the events other ranks produced
-    void push(RequestEvent ev);
+    friend class DpRank;
     int64_t id_ = 0;
     std::atomic<bool> cancelled_{false};
     std::mutex mutex_;
     std::condition_variable cv_;
     std::deque<RequestEvent> events_;
     std::shared_ptr<std::function<void()>> notify_;
+    std::function<void()> on_cancel_;
 };
+
+// What every engine checks of a request before taking it (Engine::submit, and front ends that
+// forward requests elsewhere): the prompt within the context and the vocabulary, max_tokens,
+// sampling parameters, logit_bias ids, stop strings (which need a tokenizer). Throws Error naming
+// what is wrong.
+void validate_request(const RequestParams& p, int64_t max_context, int64_t vocab_size, bool has_tokenizer);
 
 struct EngineConfig {
     SchedulerConfig scheduler;
@@ -135,6 +150,18 @@ struct EngineStats {
         void observe(double seconds);
     };
     Histogram ttft, itl, e2e;
+};
+
+// Thrown by RequestService::submit() when the service cannot take a valid request now: `status`
+// 429 (every place to run it is full: retry later) or 503 (nowhere to run it: no healthy engine,
+// a stopped deployment). Other Errors from submit() are the request's fault (400).
+class ServiceUnavailable : public Error {
+  public:
+    ServiceUnavailable(int status, const std::string& what) : Error(what), status_(status) {}
+    int status() const { return status_; }
+
+  private:
+    int status_;
 };
 
 // What the API front end (serve/openai_server.h) talks to: one engine, or rank 0 of a

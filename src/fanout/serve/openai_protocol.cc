@@ -307,7 +307,8 @@ json usage_json(const engine::RequestEvent& ev) {
 }
 
 bool is_failure(const engine::RequestEvent& ev) {
-    return ev.finished && (ev.finish_reason == "error" || ev.finish_reason == "abort");
+    return ev.finished &&
+           (ev.finish_reason == "error" || ev.finish_reason == "abort" || ev.finish_reason == "unavailable");
 }
 
 CompletionRenderer::CompletionRenderer(std::string id, bool chat, bool include_usage, std::string model,
@@ -330,6 +331,13 @@ json CompletionRenderer::chunk(json delta_or_text, json finish) const {
 namespace {
 std::string sse(const json& j) { return "data: " + dump_json(j) + "\n\n"; }
 const ApiError kEngineFailure{500, "generation failed in the engine; see the server log", "server_error", "", ""};
+const ApiError kEngineUnavailable{503, "the engine serving this request became unavailable; retry the request",
+                                  "server_error", "", "service_unavailable"};
+// The error a failed request ends with: "unavailable" (its engine went away: retrying may work)
+// or a failure in the engine.
+const ApiError& failure_error(const engine::RequestEvent& ev) {
+    return ev.finish_reason == "unavailable" ? kEngineUnavailable : kEngineFailure;
+}
 }  // namespace
 
 std::string CompletionRenderer::stream_start() const {
@@ -340,7 +348,7 @@ std::string CompletionRenderer::stream_event(const engine::RequestEvent& ev) con
     std::string out;
     if (!ev.text.empty()) out += sse(chunk(chat_ ? json{{"content", ev.text}} : json(ev.text), nullptr));
     if (!ev.finished) return out;
-    if (is_failure(ev)) return out + sse(error_json(kEngineFailure));  // as OpenAI's API errors mid-stream
+    if (is_failure(ev)) return out + sse(error_json(failure_error(ev)));  // as OpenAI's API errors mid-stream
     out += sse(chunk(chat_ ? json::object() : json(""), ev.finish_reason));
     if (include_usage_) {
         out += sse({{"id", id_},
@@ -358,11 +366,11 @@ void CompletionRenderer::add(const engine::RequestEvent& ev) {
     if (ev.finished) last_ = ev;
 }
 
-int CompletionRenderer::status() const { return last_ && is_failure(*last_) ? 500 : 200; }
+int CompletionRenderer::status() const { return last_ && is_failure(*last_) ? failure_error(*last_).status : 200; }
 
 std::string CompletionRenderer::body() const {
     FANOUT_CHECK(last_.has_value(), "the response is not complete");
-    if (is_failure(*last_)) return dump_json(error_json(kEngineFailure));
+    if (is_failure(*last_)) return dump_json(error_json(failure_error(*last_)));
     json choice = {{"index", 0}, {"finish_reason", last_->finish_reason}};
     if (chat_)
         choice["message"] = {{"role", "assistant"}, {"content", text_}};

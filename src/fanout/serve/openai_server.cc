@@ -126,6 +126,9 @@ struct OpenAIServer::Impl {
             std::shared_ptr<engine::RequestHandle> handle;
             try {
                 handle = engine.submit(std::move(r.params));
+            } catch (const engine::ServiceUnavailable& e) {
+                throw ApiError{e.status(), e.what(), e.status() == 429 ? "rate_limit_error" : "server_error", "",
+                               e.status() == 429 ? "too_many_requests" : "service_unavailable"};
             } catch (const Error& e) {
                 throw engine_error(e.what());
             }

@@ -1,0 +1,239 @@
+#include "fanout/router/router.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "fanout/kv/prefix_cache.h"
+
+namespace fanout::router {
+
+struct Router::Slot {
+    std::unique_ptr<rpc::RemoteEngine> remote;
+    bool healthy = false;
+    bool watching = false;            // a KV event stream is open
+    std::unordered_set<uint64_t> kv;  // the engine's cached blocks, by chain hash
+    engine::EngineStats last;         // its last load report
+    std::string last_error;
+};
+
+Router::Router(std::vector<std::string> addresses, RouterConfig config) : config_(std::move(config)) {
+    FANOUT_CHECK(!addresses.empty(), "router: no engines (--engine HOST:PORT)");
+    FANOUT_CHECK(config_.policy == "prefix" || config_.policy == "least-load" || config_.policy == "round-robin",
+                 "router: policy '{}' is not prefix, least-load or round-robin", config_.policy);
+    FANOUT_CHECK(config_.max_in_flight >= 1, "router: max_in_flight must be >= 1, got {}", config_.max_in_flight);
+    for (const auto& a : addresses) {
+        auto s = std::make_unique<Slot>();
+        s->remote = std::make_unique<rpc::RemoteEngine>(a);
+        engines_.push_back(std::move(s));
+    }
+}
+
+Router::~Router() { stop(); }
+
+// One engine's health: Health + Load within the timeout. A change of state is logged; an engine
+// that comes (back) gets its KV index rebuilt from a fresh event stream.
+void Router::check(Slot& s) {
+    std::string error;
+    rpc::EngineInfo info;
+    rpc::EngineLoad load;
+    try {
+        info = s.remote->health(config_.health_timeout);
+        load = s.remote->load(config_.health_timeout);
+    } catch (const std::exception& e) {
+        error = e.what();
+    }
+    bool start_watch = false;
+    {
+        std::lock_guard lock(mutex_);
+        if (error.empty() && !model_.empty() && info.model != model_)
+            error = fmt::format("serves model '{}', the others '{}'", info.model, model_);
+        if (error.empty()) {
+            if (model_.empty()) {
+                model_ = info.model;
+                info_ = info;
+            }
+            s.remote->set_info(info);
+            s.last = s.remote->stats();
+            if (!s.healthy)
+                std::fprintf(stderr, "router: engine %s is healthy (model '%s')\n", s.remote->address().c_str(),
+                             info.model.c_str());
+            s.healthy = true;
+            start_watch = !s.watching && config_.policy == "prefix";
+            if (start_watch) s.watching = true;
+        } else {
+            if (s.healthy || s.last_error.empty())
+                std::fprintf(stderr, "router: engine %s is out of rotation: %s\n", s.remote->address().c_str(),
+                             error.c_str());
+            s.healthy = false;
+            s.kv.clear();
+        }
+        s.last_error = error;
+    }
+    if (!error.empty() && s.watching) {
+        s.remote->stop_kv_events();
+        std::lock_guard lock(mutex_);
+        s.watching = false;
+    }
+    if (start_watch) {
+        Slot* slot = &s;
+        s.remote->watch_kv_events(
+            [this, slot](bool reset, const std::vector<uint64_t>& stored, const std::vector<uint64_t>& removed) {
+                std::lock_guard lock(mutex_);
+                if (reset) slot->kv.clear();
+                slot->kv.insert(stored.begin(), stored.end());
+                for (uint64_t h : removed) slot->kv.erase(h);
+            },
+            [this, slot](const std::string&) {
+                std::lock_guard lock(mutex_);
+                slot->kv.clear();  // rebuilt when the next health check opens a new stream
+                slot->watching = false;
+            });
+    }
+}
+
+void Router::start(std::chrono::milliseconds wait) {
+    const auto deadline = std::chrono::steady_clock::now() + wait;
+    for (;;) {
+        for (auto& s : engines_) check(*s);
+        {
+            std::lock_guard lock(mutex_);
+            if (std::any_of(engines_.begin(), engines_.end(), [](const auto& s) { return s->healthy; })) break;
+        }
+        if (std::chrono::steady_clock::now() >= deadline) {
+            std::string why;
+            for (const auto& s : engines_) why += fmt::format("\n  {}: {}", s->remote->address(), s->last_error);
+            FANOUT_FAIL("router: no engine answered within {} ms:{}", wait.count(), why);
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    health_ = std::thread([this] { health_loop(); });
+}
+
+void Router::health_loop() {
+    while (!stopping_) {
+        for (auto& s : engines_) {
+            if (stopping_) return;
+            check(*s);
+        }
+        std::unique_lock lock(mutex_);
+        cv_.wait_for(lock, config_.health_interval, [&] { return stopping_.load(); });
+    }
+}
+
+void Router::stop() {
+    stopping_ = true;
+    cv_.notify_all();
+    if (health_.joinable()) health_.join();
+    for (auto& s : engines_) s->remote->stop_kv_events();
+}
+
+Placement Router::place_locked(const std::vector<uint64_t>& hashes) const {
+    Placement best;
+    best.prompt_blocks = static_cast<int64_t>(hashes.size());
+    int64_t lo = INT64_MAX, hi = 0;
+    for (const auto& s : engines_)
+        if (s->healthy) {
+            lo = std::min(lo, s->remote->in_flight());
+            hi = std::max(hi, s->remote->in_flight());
+        }
+    const bool spread = hi - lo > config_.balance_slack;
+    double best_cost = 0;
+    for (int e = 0; e < static_cast<int>(engines_.size()); ++e) {
+        const Slot& s = *engines_[e];
+        if (!s.healthy || s.remote->in_flight() >= config_.max_in_flight) continue;
+        int64_t cached = 0;
+        while (cached < static_cast<int64_t>(hashes.size()) && s.kv.count(hashes[cached])) ++cached;
+        const double load = static_cast<double>(s.remote->in_flight());
+        double cost = 0;
+        if (config_.policy == "prefix" && !spread)
+            cost = static_cast<double>(best.prompt_blocks - cached) + config_.load_weight * load;
+        else
+            cost = load;  // least-load, or prefix while the loads diverge
+        if (best.engine < 0 || cost < best_cost) {
+            best.engine = e;
+            best.cached_blocks = cached;
+            best_cost = cost;
+        }
+    }
+    return best;
+}
+
+Placement Router::place(const std::vector<int32_t>& prompt) const {
+    const auto hashes = kv::block_hashes(prompt, info_.kv_block_size > 0 ? info_.kv_block_size : kv::kDefaultBlockSize);
+    std::lock_guard lock(mutex_);
+    return place_locked(hashes);
+}
+
+std::shared_ptr<engine::RequestHandle> Router::submit(engine::RequestParams params) {
+    rpc::RemoteEngine* target = nullptr;
+    {
+        std::lock_guard lock(mutex_);
+        FANOUT_CHECK(!model_.empty(), "router: not started");
+        engine::validate_request(params, info_.max_context, info_.vocab_size, true);
+        const bool any = std::any_of(engines_.begin(), engines_.end(), [](const auto& s) { return s->healthy; });
+        if (!any) throw engine::ServiceUnavailable(503, "no engine is healthy; retry later");
+        int e = -1;
+        if (config_.policy == "round-robin") {
+            for (size_t tried = 0; tried < engines_.size() && e < 0; ++tried) {
+                const int c = static_cast<int>(next_rr_++ % static_cast<int64_t>(engines_.size()));
+                if (engines_[c]->healthy && engines_[c]->remote->in_flight() < config_.max_in_flight) e = c;
+            }
+        } else {
+            const auto hashes = kv::block_hashes(params.prompt, info_.kv_block_size);
+            e = place_locked(hashes).engine;
+        }
+        if (e < 0)
+            throw engine::ServiceUnavailable(
+                429, fmt::format("every engine has {} requests in flight; retry later", config_.max_in_flight));
+        target = engines_[e]->remote.get();
+    }
+    return target->submit(std::move(params));
+}
+
+engine::EngineStats Router::stats() const {
+    std::lock_guard lock(mutex_);
+    engine::EngineStats all;
+    for (const auto& s : engines_) {
+        const engine::EngineStats& e = s->last;
+        all.requests_received += e.requests_received;
+        all.requests_finished += e.requests_finished;
+        all.prompt_tokens += e.prompt_tokens;
+        all.cached_prompt_tokens += e.cached_prompt_tokens;
+        all.generation_tokens += e.generation_tokens;
+        all.running += e.running;
+        all.waiting += e.waiting;
+        all.kv_blocks_total += e.kv_blocks_total;
+        all.kv_blocks_used += e.kv_blocks_used;
+        all.kv_blocks_cached += e.kv_blocks_cached;
+    }
+    return all;
+}
+
+std::vector<engine::EngineStats> Router::rank_stats() const {
+    std::lock_guard lock(mutex_);
+    std::vector<engine::EngineStats> out;
+    for (const auto& s : engines_) out.push_back(s->last);
+    return out;
+}
+
+int64_t Router::max_context() const {
+    std::lock_guard lock(mutex_);
+    return info_.max_context;
+}
+
+int64_t Router::vocab_size() const {
+    std::lock_guard lock(mutex_);
+    return info_.vocab_size;
+}
+
+bool Router::healthy(int e) const {
+    std::lock_guard lock(mutex_);
+    return engines_.at(static_cast<size_t>(e))->healthy;
+}
+
+int64_t Router::indexed_blocks(int e) const {
+    std::lock_guard lock(mutex_);
+    return static_cast<int64_t>(engines_.at(static_cast<size_t>(e))->kv.size());
+}
+
+}  // namespace fanout::router

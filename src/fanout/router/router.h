@@ -1,0 +1,94 @@
+// The router: one OpenAI front end (serve/openai_server.h, unchanged) in front of many engine
+// instances reached over gRPC (rpc/engine_service.h). It is a RequestService: submit() picks an
+// engine and relays the request there.
+//
+// Placement (RouterConfig::policy):
+//  * prefix (default): an exact index of every engine's cached KV blocks, by chain hash, built
+//    from the engines' KV event streams (as NVIDIA Dynamo's KV router does, not an approximate
+//    tree of routed text). The cost of an engine is the prompt's blocks it would still have to
+//    prefill plus load_weight × its requests in flight; the cheapest wins. When the engines'
+//    loads diverge (the busiest has more than balance_slack requests more than the idlest), the
+//    least loaded wins instead, so a hot prefix cannot pile everything onto one engine.
+//  * least-load: fewest requests in flight. round-robin: in turn.
+// Health: every engine is checked every health_interval (Health and Load RPCs, each bounded by
+// health_timeout); one that fails is out of rotation at once (its index dropped) and rejoins when
+// it answers again, its KV index rebuilt from a fresh event stream. Requests in flight on an engine
+// that dies end with finish reason "unavailable" (503 in the OpenAI error shape) as soon as gRPC
+// sees the connection go (keepalive 1 s). Back-pressure: an engine with max_in_flight requests
+// takes no more; when every healthy engine is full submit() throws ServiceUnavailable(429), when
+// none is healthy ServiceUnavailable(503).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "fanout/engine/engine.h"
+#include "fanout/rpc/engine_service.h"
+
+namespace fanout::router {
+
+struct RouterConfig {
+    std::string policy = "prefix";  // prefix | least-load | round-robin
+    double load_weight = 4.0;       // blocks of prefill one request in flight is worth
+    int64_t balance_slack = 8;      // in-flight spread past which the least loaded wins
+    int64_t max_in_flight = 256;    // per engine
+    std::chrono::milliseconds health_interval{250}, health_timeout{500};
+};
+
+// Where a prompt would go, and why (tests and the router's log).
+struct Placement {
+    int engine = -1;
+    int64_t cached_blocks = 0, prompt_blocks = 0;
+};
+
+class Router : public engine::RequestService {
+  public:
+    // `addresses`: the engines' "host:port". Nothing is contacted until start().
+    Router(std::vector<std::string> addresses, RouterConfig config);
+    ~Router() override;
+
+    // Checks every engine once (waiting up to `wait` for at least one to be healthy; they must
+    // all serve the same model) and starts the health loop and the KV event watchers.
+    void start(std::chrono::milliseconds wait = std::chrono::seconds(30));
+    void stop();
+
+    // RequestService
+    std::shared_ptr<engine::RequestHandle> submit(engine::RequestParams params) override;
+    engine::EngineStats stats() const override;
+    std::vector<engine::EngineStats> rank_stats() const override;  // per engine, in --engine order
+    int64_t max_context() const override;
+    int64_t vocab_size() const override;
+
+    // Where `prompt` would go now (no request is sent).
+    Placement place(const std::vector<int32_t>& prompt) const;
+    int num_engines() const { return static_cast<int>(engines_.size()); }
+    bool healthy(int e) const;
+    // Blocks the index holds for engine e.
+    int64_t indexed_blocks(int e) const;
+    const std::string& model() const { return model_; }
+
+  private:
+    struct Slot;
+    void check(Slot& s);
+    void health_loop();
+    Placement place_locked(const std::vector<uint64_t>& hashes) const;
+
+    RouterConfig config_;
+    std::vector<std::unique_ptr<Slot>> engines_;
+    mutable std::mutex mutex_;  // health, indexes, counters
+    std::condition_variable cv_;
+    std::string model_;
+    rpc::EngineInfo info_;
+    int64_t next_rr_ = 0;
+    std::atomic<bool> stopping_{false};
+    std::thread health_;
+};
+
+}  // namespace fanout::router

@@ -1,0 +1,482 @@
+#include "fanout/rpc/engine_service.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "fanout/engine.grpc.pb.h"
+
+namespace fanout::rpc {
+namespace {
+
+using grpc::CallbackServerContext;
+using grpc::ServerWriteReactor;
+using grpc::Status;
+using grpc::StatusCode;
+
+engine::RequestParams params_from(const GenerateRequest& r) {
+    engine::RequestParams p;
+    p.prompt.assign(r.prompt().begin(), r.prompt().end());
+    p.max_tokens = r.max_tokens();
+    const SamplingParams& s = r.sampling();
+    p.sampling.temperature = s.temperature();
+    p.sampling.top_k = s.top_k();
+    p.sampling.top_p = s.top_p();
+    p.sampling.seed = s.seed();
+    for (const LogitBias& b : s.logit_bias()) p.sampling.logit_bias.emplace_back(b.token(), b.bias());
+    p.stop.assign(r.stop().begin(), r.stop().end());
+    p.ignore_eos = r.ignore_eos();
+    p.skip_special_tokens = r.skip_special_tokens();
+    return p;
+}
+
+GenerateRequest request_to(const engine::RequestParams& p, const std::string& id) {
+    GenerateRequest r;
+    r.set_request_id(id);
+    for (int32_t t : p.prompt) r.add_prompt(t);
+    r.set_max_tokens(p.max_tokens);
+    SamplingParams* s = r.mutable_sampling();
+    s->set_temperature(p.sampling.temperature);
+    s->set_top_k(p.sampling.top_k);
+    s->set_top_p(p.sampling.top_p);
+    s->set_seed(p.sampling.seed);
+    for (const auto& [token, bias] : p.sampling.logit_bias) {
+        LogitBias* b = s->add_logit_bias();
+        b->set_token(token);
+        b->set_bias(bias);
+    }
+    for (const auto& stop : p.stop) r.add_stop(stop);
+    r.set_ignore_eos(p.ignore_eos);
+    r.set_skip_special_tokens(p.skip_special_tokens);
+    return r;
+}
+
+void event_to(const engine::RequestEvent& ev, GenerateEvent* out) {
+    out->Clear();
+    out->set_text(ev.text);
+    for (int32_t t : ev.tokens) out->add_tokens(t);
+    out->set_finished(ev.finished);
+    out->set_finish_reason(ev.finish_reason);
+    Usage* u = out->mutable_usage();
+    u->set_prompt_tokens(ev.prompt_tokens);
+    u->set_completion_tokens(ev.completion_tokens);
+    u->set_cached_tokens(ev.cached_tokens);
+}
+
+engine::RequestEvent event_from(const GenerateEvent& e) {
+    engine::RequestEvent ev;
+    ev.text = e.text();
+    ev.tokens.assign(e.tokens().begin(), e.tokens().end());
+    ev.finished = e.finished();
+    ev.finish_reason = e.finish_reason();
+    ev.prompt_tokens = e.usage().prompt_tokens();
+    ev.completion_tokens = e.usage().completion_tokens();
+    ev.cached_tokens = e.usage().cached_tokens();
+    return ev;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Server
+
+struct EngineServer::Impl final : public Engine::CallbackService {
+    engine::RequestService& engine;
+    std::string model;
+    std::unique_ptr<grpc::Server> server;
+    std::mutex mutex;
+    std::map<std::string, std::weak_ptr<engine::RequestHandle>> by_id;  // running requests that named an id
+    std::atomic<int64_t> in_flight{0};
+    std::atomic<bool> stopping{false};
+
+    Impl(engine::RequestService& e, std::string m) : engine(e), model(std::move(m)) {}
+
+    // One Generate call: the request's events written as the engine produces them.
+    class GenerateCall final : public ServerWriteReactor<GenerateEvent> {
+      public:
+        GenerateCall(Impl& svc, const GenerateRequest& req) : svc_(svc), id_(req.request_id()) {
+            ++svc_.in_flight;
+            try {
+                handle_ = svc_.engine.submit(params_from(req));
+            } catch (const Error& e) {
+                const bool stopped = std::string(e.what()).find("deployment") != std::string::npos;
+                Finish(Status(stopped ? StatusCode::UNAVAILABLE : StatusCode::INVALID_ARGUMENT, e.what()));
+                return;
+            }
+            if (!id_.empty()) {
+                std::lock_guard lock(svc_.mutex);
+                svc_.by_id[id_] = handle_;
+            }
+            // The engine notifies on its own thread; `gate_` keeps a late notification from
+            // reaching a call that is gone.
+            gate_ = std::make_shared<Gate>();
+            gate_->call = this;
+            handle_->on_event([gate = gate_] {
+                std::lock_guard lock(gate->mutex);
+                if (gate->call) gate->call->pump_locked();
+            });
+        }
+        void OnWriteDone(bool ok) override {
+            std::lock_guard lock(gate_->mutex);
+            writing_ = false;
+            if (!ok) {  // the client is gone: the engine ends the request
+                handle_->cancel();
+                finish_locked(Status(StatusCode::CANCELLED, "the client went away"));
+                return;
+            }
+            if (last_written_) {
+                finish_locked(Status::OK);
+                return;
+            }
+            pump_locked();
+        }
+        void OnCancel() override {
+            if (handle_) handle_->cancel();
+        }
+        void OnDone() override {
+            if (gate_) {
+                std::lock_guard lock(gate_->mutex);
+                gate_->call = nullptr;
+            }
+            if (handle_) handle_->on_event(nullptr);
+            if (!id_.empty()) {
+                std::lock_guard lock(svc_.mutex);
+                svc_.by_id.erase(id_);
+            }
+            --svc_.in_flight;
+            delete this;
+        }
+
+      private:
+        struct Gate {
+            std::mutex mutex;
+            GenerateCall* call = nullptr;
+        };
+        // Starts the next write when none is in flight and an event waits (gate_->mutex held).
+        void pump_locked() {
+            if (writing_ || finished_ || last_written_) return;
+            engine::RequestEvent ev;
+            if (!handle_->next(&ev, std::chrono::milliseconds(0))) return;
+            event_to(ev, &out_);
+            last_written_ = ev.finished;
+            writing_ = true;
+            StartWrite(&out_);
+        }
+        void finish_locked(const Status& s) {
+            if (finished_) return;
+            finished_ = true;
+            Finish(s);
+        }
+
+        Impl& svc_;
+        std::string id_;
+        std::shared_ptr<engine::RequestHandle> handle_;
+        std::shared_ptr<Gate> gate_;
+        GenerateEvent out_;
+        bool writing_ = false, last_written_ = false, finished_ = false;
+    };
+
+    ServerWriteReactor<GenerateEvent>* Generate(CallbackServerContext*, const GenerateRequest* req) override {
+        return new GenerateCall(*this, *req);
+    }
+
+    grpc::ServerUnaryReactor* Abort(CallbackServerContext* ctx, const AbortRequest* req, AbortReply* reply) override {
+        std::shared_ptr<engine::RequestHandle> h;
+        {
+            std::lock_guard lock(mutex);
+            if (auto it = by_id.find(req->request_id()); it != by_id.end()) h = it->second.lock();
+        }
+        if (h) h->cancel();
+        reply->set_found(h != nullptr);
+        auto* r = ctx->DefaultReactor();
+        r->Finish(Status::OK);
+        return r;
+    }
+
+    grpc::ServerUnaryReactor* Health(CallbackServerContext* ctx, const HealthRequest*, HealthReply* reply) override {
+        reply->set_ok(!stopping);
+        reply->set_model(model);
+        reply->set_max_context(engine.max_context());
+        reply->set_vocab_size(engine.vocab_size());
+        reply->set_kv_block_size(engine.kv_block_size());
+        auto* r = ctx->DefaultReactor();
+        r->Finish(Status::OK);
+        return r;
+    }
+
+    grpc::ServerUnaryReactor* Load(CallbackServerContext* ctx, const LoadRequest*, LoadReport* reply) override {
+        const engine::EngineStats s = engine.stats();
+        reply->set_running(s.running);
+        reply->set_waiting(s.waiting);
+        reply->set_kv_blocks_total(s.kv_blocks_total);
+        reply->set_kv_blocks_used(s.kv_blocks_used);
+        reply->set_kv_blocks_cached(s.kv_blocks_cached);
+        reply->set_requests_received(s.requests_received);
+        reply->set_requests_finished(s.requests_finished);
+        reply->set_prompt_tokens(s.prompt_tokens);
+        reply->set_cached_prompt_tokens(s.cached_prompt_tokens);
+        reply->set_generation_tokens(s.generation_tokens);
+        reply->set_in_flight(in_flight);
+        auto* r = ctx->DefaultReactor();
+        r->Finish(Status::OK);
+        return r;
+    }
+
+    // A KvEvents subscription: a thread waits on the engine's hub and writes what changed.
+    class KvEventsCall final : public ServerWriteReactor<KvEvent> {
+      public:
+        KvEventsCall(Impl& svc, engine::KvEventHub* hub) : state_(std::make_shared<State>()) {
+            if (hub == nullptr) {
+                Finish(
+                    Status(StatusCode::UNIMPLEMENTED,
+                           "this engine publishes no KV events (a data-parallel group: each rank has its own cache)"));
+                return;
+            }
+            std::thread([this, hub, st = state_, &svc] {
+                uint64_t last = 0;
+                while (!st->cancelled && !svc.stopping) {
+                    const engine::KvEventHub::Batch b = hub->next(last, std::chrono::milliseconds(200));
+                    last = b.last;
+                    for (const auto& c : b.changes) {
+                        KvEvent ev;
+                        ev.set_reset(c.reset);
+                        for (uint64_t h : c.stored) ev.add_stored(h);
+                        for (uint64_t h : c.removed) ev.add_removed(h);
+                        std::unique_lock lock(st->mutex);
+                        st->writing = true;
+                        StartWrite(&ev);
+                        st->cv.wait(lock, [&] { return !st->writing; });
+                        if (!st->ok) st->cancelled = true;
+                        if (st->cancelled) break;
+                    }
+                }
+                Finish(Status::OK);  // the last touch of the call: OnDone deletes it
+            }).detach();
+        }
+        void OnWriteDone(bool ok) override {
+            std::lock_guard lock(state_->mutex);
+            state_->writing = false;
+            state_->ok = ok;
+            state_->cv.notify_all();
+        }
+        void OnCancel() override { state_->cancelled = true; }
+        void OnDone() override { delete this; }
+
+      private:
+        struct State {
+            std::mutex mutex;
+            std::condition_variable cv;
+            bool writing = false, ok = true;
+            std::atomic<bool> cancelled{false};
+        };
+        std::shared_ptr<State> state_;
+    };
+
+    ServerWriteReactor<KvEvent>* KvEvents(CallbackServerContext*, const KvEventsRequest*) override {
+        return new KvEventsCall(*this, engine.kv_events());
+    }
+};
+
+EngineServer::EngineServer(engine::RequestService& engine, std::string model_name, const std::string& address)
+    : impl_(std::make_unique<Impl>(engine, std::move(model_name))) {
+    grpc::ServerBuilder b;
+    b.AddListeningPort(address, grpc::InsecureServerCredentials(), &port_);
+    b.RegisterService(impl_.get());
+    b.SetMaxReceiveMessageSize(64 << 20);
+    impl_->server = b.BuildAndStart();
+    FANOUT_CHECK(impl_->server != nullptr && port_ > 0, "engine service: cannot listen on {}", address);
+}
+
+EngineServer::~EngineServer() { shutdown(); }
+
+void EngineServer::shutdown() {
+    if (!impl_->server) return;
+    impl_->stopping = true;
+    impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    impl_->server->Wait();
+    impl_->server.reset();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Client
+
+struct RemoteEngine::Impl {
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<Engine::Stub> stub;
+    mutable std::mutex mutex;
+    EngineLoad last_load;
+    // KV events
+    std::unique_ptr<grpc::ClientContext> kv_ctx;
+    std::thread kv_thread;
+};
+
+namespace {
+
+// One Generate call on the client: events into the handle; the end without a last event is
+// "unavailable".
+class GenerateStream final : public grpc::ClientReadReactor<GenerateEvent> {
+  public:
+    GenerateStream(Engine::Stub* stub, GenerateRequest req, std::shared_ptr<engine::RequestHandle> handle,
+                   std::atomic<int64_t>& in_flight)
+        : req_(std::move(req)), handle_(std::move(handle)), in_flight_(in_flight) {
+        ++in_flight_;
+        stub->async()->Generate(&ctx_, &req_, this);
+        handle_->on_cancel([this_ctx = &ctx_, alive = alive_] {
+            std::lock_guard lock(alive->mutex);
+            if (alive->yes) this_ctx->TryCancel();
+        });
+        StartRead(&ev_);
+        StartCall();
+    }
+    void OnReadDone(bool ok) override {
+        if (!ok) return;  // the stream ended: OnDone has the status
+        engine::RequestEvent ev = event_from(ev_);
+        got_last_ = ev.finished;
+        handle_->push(std::move(ev));
+        if (!got_last_) StartRead(&ev_);
+    }
+    void OnDone(const grpc::Status& s) override {
+        {
+            std::lock_guard lock(alive_->mutex);
+            alive_->yes = false;
+        }
+        if (!got_last_) {
+            engine::RequestEvent ev;
+            ev.finished = true;
+            // A request the engine refused is the caller's error; anything else (the engine died,
+            // the network failed, the call was cancelled) leaves the request without its end.
+            ev.finish_reason = s.error_code() == grpc::StatusCode::INVALID_ARGUMENT ? "error"
+                               : handle_->cancelled()                               ? "abort"
+                                                                                    : "unavailable";
+            handle_->push(std::move(ev));
+        }
+        --in_flight_;
+        delete this;
+    }
+
+  private:
+    struct Alive {
+        std::mutex mutex;
+        bool yes = true;
+    };
+    grpc::ClientContext ctx_;
+    GenerateRequest req_;
+    GenerateEvent ev_;
+    std::shared_ptr<engine::RequestHandle> handle_;
+    std::atomic<int64_t>& in_flight_;
+    std::shared_ptr<Alive> alive_ = std::make_shared<Alive>();
+    bool got_last_ = false;
+};
+
+}  // namespace
+
+RemoteEngine::RemoteEngine(const std::string& address) : impl_(std::make_unique<Impl>()), address_(address) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(64 << 20);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 1000);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 1000);
+    args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    impl_->channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    impl_->stub = Engine::NewStub(impl_->channel);
+}
+
+RemoteEngine::~RemoteEngine() { stop_kv_events(); }
+
+EngineInfo RemoteEngine::health(std::chrono::milliseconds timeout) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+    HealthRequest req;
+    HealthReply reply;
+    const grpc::Status s = impl_->stub->Health(&ctx, req, &reply);
+    FANOUT_CHECK(s.ok(), "engine {}: health check failed: {}", address_, s.error_message());
+    FANOUT_CHECK(reply.ok(), "engine {}: not healthy (stopping)", address_);
+    return {reply.model(), reply.max_context(), reply.vocab_size(), reply.kv_block_size()};
+}
+
+EngineLoad RemoteEngine::load(std::chrono::milliseconds timeout) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+    LoadRequest req;
+    LoadReport r;
+    const grpc::Status s = impl_->stub->Load(&ctx, req, &r);
+    FANOUT_CHECK(s.ok(), "engine {}: load report failed: {}", address_, s.error_message());
+    EngineLoad l{r.running(),           r.waiting(),
+                 r.in_flight(),         r.kv_blocks_total(),
+                 r.kv_blocks_used(),    r.kv_blocks_cached(),
+                 r.requests_received(), r.requests_finished(),
+                 r.prompt_tokens(),     r.cached_prompt_tokens(),
+                 r.generation_tokens()};
+    std::lock_guard lock(impl_->mutex);
+    impl_->last_load = l;
+    return l;
+}
+
+bool RemoteEngine::abort(const std::string& request_id, std::chrono::milliseconds timeout) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+    AbortRequest req;
+    req.set_request_id(request_id);
+    AbortReply reply;
+    const grpc::Status s = impl_->stub->Abort(&ctx, req, &reply);
+    FANOUT_CHECK(s.ok(), "engine {}: abort failed: {}", address_, s.error_message());
+    return reply.found();
+}
+
+std::shared_ptr<engine::RequestHandle> RemoteEngine::submit(engine::RequestParams params) {
+    FANOUT_CHECK(info_.vocab_size > 0, "engine {}: submit before its health was known", address_);
+    engine::validate_request(params, info_.max_context, info_.vocab_size, true);
+    const int64_t id = next_id_++;
+    auto handle = std::make_shared<engine::RequestHandle>(id);
+    new GenerateStream(impl_->stub.get(), request_to(params, address_ + "#" + std::to_string(id)), handle, in_flight_);
+    return handle;
+}
+
+engine::EngineStats RemoteEngine::stats() const {
+    std::lock_guard lock(impl_->mutex);
+    const EngineLoad& l = impl_->last_load;
+    engine::EngineStats s;
+    s.running = l.running;
+    s.waiting = l.waiting;
+    s.kv_blocks_total = l.kv_blocks_total;
+    s.kv_blocks_used = l.kv_blocks_used;
+    s.kv_blocks_cached = l.kv_blocks_cached;
+    s.requests_received = l.requests_received;
+    s.requests_finished = l.requests_finished;
+    s.prompt_tokens = l.prompt_tokens;
+    s.cached_prompt_tokens = l.cached_prompt_tokens;
+    s.generation_tokens = l.generation_tokens;
+    return s;
+}
+
+void RemoteEngine::watch_kv_events(
+    std::function<void(bool, const std::vector<uint64_t>&, const std::vector<uint64_t>&)> on_change,
+    std::function<void(const std::string&)> on_end) {
+    stop_kv_events();
+    impl_->kv_ctx = std::make_unique<grpc::ClientContext>();
+    impl_->kv_thread =
+        std::thread([this, ctx = impl_->kv_ctx.get(), on_change = std::move(on_change), on_end = std::move(on_end)] {
+            KvEventsRequest req;
+            auto reader = impl_->stub->KvEvents(ctx, req);
+            KvEvent ev;
+            while (reader->Read(&ev)) {
+                const std::vector<uint64_t> stored(ev.stored().begin(), ev.stored().end());
+                const std::vector<uint64_t> removed(ev.removed().begin(), ev.removed().end());
+                on_change(ev.reset(), stored, removed);
+            }
+            const grpc::Status s = reader->Finish();
+            if (on_end) on_end(s.ok() ? std::string("the engine ended the stream") : s.error_message());
+        });
+}
+
+void RemoteEngine::stop_kv_events() {
+    if (impl_->kv_ctx) impl_->kv_ctx->TryCancel();
+    if (impl_->kv_thread.joinable()) impl_->kv_thread.join();
+    impl_->kv_ctx.reset();
+}
+
+}  // namespace fanout::rpc

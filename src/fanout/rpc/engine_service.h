@@ -1,0 +1,97 @@
+// The engine's gRPC service (proto/fanout/engine.proto) over any RequestService — one engine, or
+// rank 0 of a data-parallel group — and the client that makes a remote one a RequestService
+// again (RemoteEngine), so the router's front end is the same OpenAI server as `fanout serve`.
+//
+// Server: gRPC's callback API, no thread per stream. A Generate call submits the request and
+// writes its events as the engine produces them (the handle's notification starts each write);
+// a client that goes away cancels the request. Invalid requests end with INVALID_ARGUMENT naming
+// what is wrong; a stopped deployment with UNAVAILABLE. KvEvents streams the engine's prefix-cache
+// changes (engine/kv_events.h) — a thread per subscription, which a router holds one of.
+//
+// Client: one channel per engine; Generate streams through a callback reactor into a
+// RequestHandle; cancelling the handle cancels the call. A call that ends without its last event
+// (the engine died, the network failed) ends the request with finish reason "unavailable".
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "fanout/engine/engine.h"
+
+namespace fanout::rpc {
+
+class EngineServer {
+  public:
+    // Serves `engine` (which must outlive the server) as `model_name` on `address` ("host:port",
+    // port 0: any free one).
+    EngineServer(engine::RequestService& engine, std::string model_name, const std::string& address);
+    ~EngineServer();
+    EngineServer(const EngineServer&) = delete;
+    EngineServer& operator=(const EngineServer&) = delete;
+    int port() const { return port_; }
+    // Ends every call (streams close; their requests are cancelled) and stops serving.
+    void shutdown();
+
+  private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+    int port_ = 0;
+};
+
+// What an engine says of itself (Health) and of its load (Load).
+struct EngineInfo {
+    std::string model;
+    int64_t max_context = 0, vocab_size = 0, kv_block_size = 0;
+};
+struct EngineLoad {
+    int64_t running = 0, waiting = 0, in_flight = 0;
+    int64_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_cached = 0;
+    int64_t requests_received = 0, requests_finished = 0;
+    int64_t prompt_tokens = 0, cached_prompt_tokens = 0, generation_tokens = 0;
+};
+
+// A remote engine as a RequestService. submit() validates with the limits Health reported, then
+// streams; stats() is the last load report (see refresh()).
+class RemoteEngine : public engine::RequestService {
+  public:
+    explicit RemoteEngine(const std::string& address);
+    ~RemoteEngine() override;
+    const std::string& address() const { return address_; }
+
+    // Health within `timeout`; throws Error naming the address when it does not answer.
+    EngineInfo health(std::chrono::milliseconds timeout);
+    EngineLoad load(std::chrono::milliseconds timeout);
+    // Asks the engine to end `request_id`; true when it was running there.
+    bool abort(const std::string& request_id, std::chrono::milliseconds timeout);
+
+    // Streams the engine's KV events to `on_change(reset, stored, removed)` on a thread of its
+    // own until stop_kv_events() or the stream fails (then `on_end(error)`).
+    void watch_kv_events(
+        std::function<void(bool reset, const std::vector<uint64_t>& stored, const std::vector<uint64_t>& removed)>
+            on_change,
+        std::function<void(const std::string& error)> on_end);
+    void stop_kv_events();
+
+    // RequestService. Before submit(), set_info() (the router does from health()).
+    void set_info(const EngineInfo& info) { info_ = info; }
+    std::shared_ptr<engine::RequestHandle> submit(engine::RequestParams params) override;
+    engine::EngineStats stats() const override;
+    int64_t max_context() const override { return info_.max_context; }
+    int64_t vocab_size() const override { return info_.vocab_size; }
+    int64_t kv_block_size() const override { return info_.kv_block_size; }
+    // Calls in flight through this client.
+    int64_t in_flight() const { return in_flight_; }
+
+  private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+    std::string address_;
+    EngineInfo info_;
+    std::atomic<int64_t> in_flight_{0};
+    std::atomic<int64_t> next_id_{1};
+};
+
+}  // namespace fanout::rpc
