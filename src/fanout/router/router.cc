@@ -127,7 +127,7 @@ void Router::stop() {
     for (auto& s : engines_) s->remote->stop_kv_events();
 }
 
-Placement Router::place_locked(const std::vector<uint64_t>& hashes) const {
+Placement Router::place_locked(const std::vector<uint64_t>& hashes, const std::vector<int>& exclude) const {
     Placement best;
     best.prompt_blocks = static_cast<int64_t>(hashes.size());
     int64_t lo = INT64_MAX, hi = 0;
@@ -141,6 +141,7 @@ Placement Router::place_locked(const std::vector<uint64_t>& hashes) const {
     for (int e = 0; e < static_cast<int>(engines_.size()); ++e) {
         const Slot& s = *engines_[e];
         if (!s.healthy || s.remote->in_flight() >= config_.max_in_flight) continue;
+        if (std::find(exclude.begin(), exclude.end(), e) != exclude.end()) continue;
         int64_t cached = 0;
         while (cached < static_cast<int64_t>(hashes.size()) && s.kv.count(hashes[cached])) ++cached;
         const double load = static_cast<double>(s.remote->in_flight());
@@ -164,30 +165,110 @@ Placement Router::place(const std::vector<int32_t>& prompt) const {
     return place_locked(hashes);
 }
 
+int Router::pick(const std::vector<uint64_t>& hashes, const std::vector<int>& exclude) {
+    std::lock_guard lock(mutex_);
+    if (config_.policy != "round-robin") return place_locked(hashes, exclude).engine;
+    for (size_t tried = 0; tried < engines_.size(); ++tried) {
+        const int c = static_cast<int>(next_rr_++ % static_cast<int64_t>(engines_.size()));
+        if (engines_[c]->healthy && engines_[c]->remote->in_flight() < config_.max_in_flight &&
+            std::find(exclude.begin(), exclude.end(), c) == exclude.end())
+            return c;
+    }
+    return -1;
+}
+
+void Router::mark_down(int e, const std::string& why) {
+    std::lock_guard lock(mutex_);
+    Slot& s = *engines_[static_cast<size_t>(e)];
+    if (!s.healthy) return;
+    std::fprintf(stderr, "router: engine %s is out of rotation: %s\n", s.remote->address().c_str(), why.c_str());
+    s.healthy = false;
+    s.kv.clear();
+    s.last_error = why;
+}
+
+// A request on its way through the router: the caller's handle, fed from the engine's; placed
+// again elsewhere when its engine fails before sending anything.
+struct Router::Relay : std::enable_shared_from_this<Relay> {
+    Router& router;
+    engine::RequestParams params;
+    std::vector<uint64_t> hashes;
+    std::shared_ptr<engine::RequestHandle> caller;
+    std::mutex mutex;
+    std::shared_ptr<engine::RequestHandle> remote;  // the current attempt's
+    std::vector<int> tried;
+    int engine = -1;
+    int64_t forwarded = 0;
+
+    Relay(Router& r, engine::RequestParams p, std::vector<uint64_t> h, std::shared_ptr<engine::RequestHandle> c)
+        : router(r), params(std::move(p)), hashes(std::move(h)), caller(std::move(c)) {}
+
+    // Sends the request to engine e (mutex held).
+    void send_locked(int e) {
+        engine = e;
+        tried.push_back(e);
+        remote = router.engines_[static_cast<size_t>(e)]->remote->submit(params);
+        std::weak_ptr<Relay> self = shared_from_this();
+        remote->on_event([self] {
+            if (auto r = self.lock()) r->pump();
+        });
+    }
+    void pump() {
+        std::lock_guard lock(mutex);
+        engine::RequestEvent ev;
+        while (remote && remote->next(&ev, std::chrono::milliseconds(0))) {
+            if (ev.finished && ev.finish_reason == "unavailable") {
+                router.mark_down(engine, "a call to it broke");
+                if (forwarded == 0 && !caller->cancelled()) {
+                    const int next = router.pick(hashes, tried);
+                    if (next >= 0) {
+                        remote->on_event(nullptr);
+                        send_locked(next);  // nothing was sent to the caller: place it again
+                        return;
+                    }
+                }
+            }
+            ++forwarded;
+            const bool last = ev.finished;
+            caller->push(std::move(ev));
+            if (last) {
+                remote->on_event(nullptr);
+                remote.reset();
+                caller->on_cancel(nullptr);  // the caller's handle lets go of this relay
+            }
+        }
+    }
+    void cancel() {
+        std::lock_guard lock(mutex);
+        if (remote) remote->cancel();
+    }
+};
+
 std::shared_ptr<engine::RequestHandle> Router::submit(engine::RequestParams params) {
-    rpc::RemoteEngine* target = nullptr;
+    std::vector<uint64_t> hashes;
     {
         std::lock_guard lock(mutex_);
         FANOUT_CHECK(!model_.empty(), "router: not started");
         engine::validate_request(params, info_.max_context, info_.vocab_size, true);
         const bool any = std::any_of(engines_.begin(), engines_.end(), [](const auto& s) { return s->healthy; });
         if (!any) throw engine::ServiceUnavailable(503, "no engine is healthy; retry later");
-        int e = -1;
-        if (config_.policy == "round-robin") {
-            for (size_t tried = 0; tried < engines_.size() && e < 0; ++tried) {
-                const int c = static_cast<int>(next_rr_++ % static_cast<int64_t>(engines_.size()));
-                if (engines_[c]->healthy && engines_[c]->remote->in_flight() < config_.max_in_flight) e = c;
-            }
-        } else {
-            const auto hashes = kv::block_hashes(params.prompt, info_.kv_block_size);
-            e = place_locked(hashes).engine;
-        }
-        if (e < 0)
-            throw engine::ServiceUnavailable(
-                429, fmt::format("every engine has {} requests in flight; retry later", config_.max_in_flight));
-        target = engines_[e]->remote.get();
+        hashes = kv::block_hashes(params.prompt, info_.kv_block_size);
     }
-    return target->submit(std::move(params));
+    const int e = pick(hashes, {});
+    if (e < 0)
+        throw engine::ServiceUnavailable(
+            429, fmt::format("every engine has {} requests in flight; retry later", config_.max_in_flight));
+    auto caller = std::make_shared<engine::RequestHandle>(next_id_++);
+    auto relay = std::make_shared<Relay>(*this, std::move(params), std::move(hashes), caller);
+    {
+        std::lock_guard lock(relay->mutex);
+        relay->send_locked(e);
+    }
+    // The caller's handle keeps the relay alive until the request ends (then pump() lets go) or
+    // is cancelled.
+    caller->on_cancel([relay] { relay->cancel(); });
+    relay->pump();
+    return caller;
 }
 
 engine::EngineStats Router::stats() const {
@@ -197,6 +278,10 @@ engine::EngineStats Router::stats() const {
         const engine::EngineStats& e = s->last;
         all.requests_received += e.requests_received;
         all.requests_finished += e.requests_finished;
+        all.requests_aborted += e.requests_aborted;
+        all.requests_failed += e.requests_failed;
+        all.preemptions += e.preemptions;
+        all.steps += e.steps;
         all.prompt_tokens += e.prompt_tokens;
         all.cached_prompt_tokens += e.cached_prompt_tokens;
         all.generation_tokens += e.generation_tokens;

@@ -11,11 +11,12 @@
 //    least loaded wins instead, so a hot prefix cannot pile everything onto one engine.
 //  * least-load: fewest requests in flight. round-robin: in turn.
 // Health: every engine is checked every health_interval (Health and Load RPCs, each bounded by
-// health_timeout); one that fails is out of rotation at once (its index dropped) and rejoins when
-// it answers again, its KV index rebuilt from a fresh event stream. Requests in flight on an engine
-// that dies end with finish reason "unavailable" (503 in the OpenAI error shape) as soon as gRPC
-// sees the connection go (keepalive 1 s). Back-pressure: an engine with max_in_flight requests
-// takes no more; when every healthy engine is full submit() throws ServiceUnavailable(429), when
+// health_timeout); one that fails — or whose call breaks — is out of rotation at once (its index
+// dropped) and rejoins when it answers again, its KV index rebuilt from a fresh event stream. A
+// request whose engine fails before sending anything is placed again on another engine (the
+// client sees nothing of it); one already streaming ends with finish reason "unavailable" (503 in
+// the OpenAI error shape) as soon as gRPC sees the connection go (keepalive 1 s). Back-pressure: an engine with
+// max_in_flight requests takes no more; when every healthy engine is full submit() throws ServiceUnavailable(429), when
 // none is healthy ServiceUnavailable(503).
 #pragma once
 
@@ -76,9 +77,14 @@ class Router : public engine::RequestService {
 
   private:
     struct Slot;
+    struct Relay;
+    // The engine for `hashes` now, not one of `exclude` (-1: none can take it).
+    int pick(const std::vector<uint64_t>& hashes, const std::vector<int>& exclude);
+    // Takes engine e out of rotation now (a call to it broke); the health loop brings it back.
+    void mark_down(int e, const std::string& why);
     void check(Slot& s);
     void health_loop();
-    Placement place_locked(const std::vector<uint64_t>& hashes) const;
+    Placement place_locked(const std::vector<uint64_t>& hashes, const std::vector<int>& exclude = {}) const;
 
     RouterConfig config_;
     std::vector<std::unique_ptr<Slot>> engines_;
@@ -87,6 +93,7 @@ class Router : public engine::RequestService {
     std::string model_;
     rpc::EngineInfo info_;
     int64_t next_rr_ = 0;
+    std::atomic<int64_t> next_id_{1};
     std::atomic<bool> stopping_{false};
     std::thread health_;
 };

@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <condition_variable>
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -220,6 +221,10 @@ struct EngineServer::Impl final : public Engine::CallbackService {
         reply->set_cached_prompt_tokens(s.cached_prompt_tokens);
         reply->set_generation_tokens(s.generation_tokens);
         reply->set_in_flight(in_flight);
+        reply->set_requests_aborted(s.requests_aborted);
+        reply->set_requests_failed(s.requests_failed);
+        reply->set_preemptions(s.preemptions);
+        reply->set_steps(s.steps);
         auto* r = ctx->DefaultReactor();
         r->Finish(Status::OK);
         return r;
@@ -292,10 +297,10 @@ EngineServer::EngineServer(engine::RequestService& engine, std::string model_nam
 
 EngineServer::~EngineServer() { shutdown(); }
 
-void EngineServer::shutdown() {
+void EngineServer::shutdown(std::chrono::milliseconds grace) {
     if (!impl_->server) return;
     impl_->stopping = true;
-    impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    impl_->server->Shutdown(std::chrono::system_clock::now() + grace);
     impl_->server->Wait();
     impl_->server.reset();
 }
@@ -405,12 +410,22 @@ EngineLoad RemoteEngine::load(std::chrono::milliseconds timeout) {
     LoadReport r;
     const grpc::Status s = impl_->stub->Load(&ctx, req, &r);
     FANOUT_CHECK(s.ok(), "engine {}: load report failed: {}", address_, s.error_message());
-    EngineLoad l{r.running(),           r.waiting(),
-                 r.in_flight(),         r.kv_blocks_total(),
-                 r.kv_blocks_used(),    r.kv_blocks_cached(),
-                 r.requests_received(), r.requests_finished(),
-                 r.prompt_tokens(),     r.cached_prompt_tokens(),
-                 r.generation_tokens()};
+    EngineLoad l;
+    l.running = r.running();
+    l.waiting = r.waiting();
+    l.in_flight = r.in_flight();
+    l.kv_blocks_total = r.kv_blocks_total();
+    l.kv_blocks_used = r.kv_blocks_used();
+    l.kv_blocks_cached = r.kv_blocks_cached();
+    l.requests_received = r.requests_received();
+    l.requests_finished = r.requests_finished();
+    l.prompt_tokens = r.prompt_tokens();
+    l.cached_prompt_tokens = r.cached_prompt_tokens();
+    l.generation_tokens = r.generation_tokens();
+    l.requests_aborted = r.requests_aborted();
+    l.requests_failed = r.requests_failed();
+    l.preemptions = r.preemptions();
+    l.steps = r.steps();
     std::lock_guard lock(impl_->mutex);
     impl_->last_load = l;
     return l;
@@ -450,6 +465,10 @@ engine::EngineStats RemoteEngine::stats() const {
     s.prompt_tokens = l.prompt_tokens;
     s.cached_prompt_tokens = l.cached_prompt_tokens;
     s.generation_tokens = l.generation_tokens;
+    s.requests_aborted = l.requests_aborted;
+    s.requests_failed = l.requests_failed;
+    s.preemptions = l.preemptions;
+    s.steps = l.steps;
     return s;
 }
 

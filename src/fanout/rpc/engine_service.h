@@ -32,8 +32,9 @@ class EngineServer {
     EngineServer(const EngineServer&) = delete;
     EngineServer& operator=(const EngineServer&) = delete;
     int port() const { return port_; }
-    // Ends every call (streams close; their requests are cancelled) and stops serving.
-    void shutdown();
+    // Stops taking calls, lets those in flight finish for up to `grace`, then cancels the rest
+    // (their requests end) and stops serving.
+    void shutdown(std::chrono::milliseconds grace = std::chrono::seconds(2));
 
   private:
     struct Impl;
@@ -51,6 +52,7 @@ struct EngineLoad {
     int64_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_cached = 0;
     int64_t requests_received = 0, requests_finished = 0;
     int64_t prompt_tokens = 0, cached_prompt_tokens = 0, generation_tokens = 0;
+    int64_t requests_aborted = 0, requests_failed = 0, preemptions = 0, steps = 0;
 };
 
 // A remote engine as a RequestService. submit() validates with the limits Health reported, then

@@ -1,0 +1,234 @@
+// The engine's gRPC service and the router, in one process on localhost, over engines with the
+// fake model of tests/engine/fake_rank_runner.h: exact tokens through the service, cancellation,
+// refused requests, health / load / KV events; the router's prefix placement following the
+// engines' caches, round-robin, and an engine that goes away mid-stream (its requests end
+// "unavailable", it leaves the rotation, the next requests go elsewhere, it rejoins).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "engine/engine_test_util.h"
+#include "engine/fake_rank_runner.h"
+#include "fanout/kv/prefix_cache.h"
+#include "fanout/router/router.h"
+#include "fanout/rpc/engine_service.h"
+#include "test_util.h"
+
+namespace fanout::rpc {
+namespace {
+
+using engine::testing::drain;
+using engine::testing::expected;
+using engine::testing::FakeRankRunner;
+using engine::testing::request;
+using engine::testing::Shared;
+using fanout::testing::error_of;
+using ::testing::HasSubstr;
+
+// An engine with the fake model behind the gRPC service on a free port.
+struct Node {
+    explicit Node(int port = 0) : shared(1) {
+        engine::EngineConfig cfg;
+        cfg.num_kv_blocks = 1024;  // the fake model's whole context (4096 tokens)
+        cfg.scheduler = {16, 64, 16};
+        eng = std::make_unique<engine::Engine>(std::make_unique<FakeRankRunner>(shared, 0), nullptr, cfg);
+        eng->start();
+        server = std::make_unique<EngineServer>(*eng, "fake", "127.0.0.1:" + std::to_string(port));
+    }
+    ~Node() {
+        server->shutdown(std::chrono::milliseconds(0));  // as if the process died: calls cut at once
+        server.reset();
+        eng->stop();
+    }
+    std::string address() const { return "127.0.0.1:" + std::to_string(server->port()); }
+    Shared shared;
+    std::unique_ptr<engine::Engine> eng;
+    std::unique_ptr<EngineServer> server;
+};
+
+TEST(EngineService, StreamsExactTokensCancelsAndRefuses) {
+    Node node;
+    RemoteEngine remote(node.address());
+    const EngineInfo info = remote.health(std::chrono::seconds(5));
+    EXPECT_EQ(info.model, "fake");
+    EXPECT_EQ(info.vocab_size, FakeRankRunner::kVocab);
+    EXPECT_EQ(info.kv_block_size, 4);
+    remote.set_info(info);
+    std::vector<engine::RequestParams> params;
+    std::vector<std::shared_ptr<engine::RequestHandle>> handles;
+    for (int i = 0; i < 12; ++i) {
+        params.push_back(request(i, 1 + i % 9));
+        handles.push_back(remote.submit(params.back()));
+    }
+    for (size_t i = 0; i < handles.size(); ++i) {
+        std::string reason;
+        engine::RequestEvent last;
+        EXPECT_EQ(drain(*handles[i], &reason, &last), expected(params[i].prompt, params[i].max_tokens)) << i;
+        EXPECT_EQ(reason, "length");
+        EXPECT_EQ(last.prompt_tokens, static_cast<int64_t>(params[i].prompt.size()));
+        EXPECT_EQ(last.completion_tokens, params[i].max_tokens);
+    }
+    // Cancelled by the caller: the engine ends it.
+    auto h = remote.submit(request(1, 4000));
+    engine::RequestEvent ev;
+    ASSERT_TRUE(h->next(&ev, std::chrono::seconds(10)));
+    h->cancel();
+    std::string reason;
+    drain(*h, &reason);
+    EXPECT_EQ(reason, "abort");
+    // Refused before sending (the limits Health gave) and by the engine (limits it did not give).
+    EXPECT_THAT(error_of([&] { remote.submit(request(2, 1 << 20)); }), HasSubstr("exceeds the context"));
+    EngineInfo lying = info;
+    lying.max_context = 1 << 30;
+    remote.set_info(lying);
+    auto refused = remote.submit(request(2, 1 << 20));
+    drain(*refused, &reason);
+    EXPECT_EQ(reason, "error");
+    EngineLoad load = remote.load(std::chrono::seconds(5));
+    for (int i = 0; i < 100 && load.requests_aborted == 0; ++i) {  // the engine ends it at its next step
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        load = remote.load(std::chrono::seconds(5));
+    }
+    EXPECT_GE(load.requests_received, 13);
+    EXPECT_EQ(load.requests_aborted, 1) << "the cancelled call reached the engine";
+    EXPECT_FALSE(remote.abort("no-such-request", std::chrono::seconds(5)));
+}
+
+TEST(EngineService, KvEventsCarryTheBlocksThePromptFilled) {
+    Node node;
+    RemoteEngine remote(node.address());
+    remote.set_info(remote.health(std::chrono::seconds(5)));
+    std::mutex m;
+    std::vector<uint64_t> seen;
+    bool reset = false;
+    remote.watch_kv_events(
+        [&](bool r, const std::vector<uint64_t>& stored, const std::vector<uint64_t>&) {
+            std::lock_guard lock(m);
+            reset = reset || r;
+            seen.insert(seen.end(), stored.begin(), stored.end());
+        },
+        {});
+    engine::RequestParams p = request(3, 2);
+    p.prompt.assign(13, 5);  // 3 full blocks of 4
+    for (int i = 0; i < 13; ++i) p.prompt[i] = i + 1;
+    drain(*remote.submit(p));
+    const auto want = kv::block_hashes(p.prompt, 4);
+    for (int i = 0; i < 100; ++i) {
+        {
+            std::lock_guard lock(m);
+            if (std::all_of(want.begin(), want.end(),
+                            [&](uint64_t h) { return std::find(seen.begin(), seen.end(), h) != seen.end(); }))
+                break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    remote.stop_kv_events();
+    std::lock_guard lock(m);
+    EXPECT_TRUE(reset) << "a subscription starts with a reset";
+    for (uint64_t h : want) EXPECT_NE(std::find(seen.begin(), seen.end(), h), seen.end());
+}
+
+std::vector<int32_t> prompt_with_prefix(int prefix_seed, int tail, int blocks = 6) {
+    std::vector<int32_t> p;
+    for (int i = 0; i < blocks * 4; ++i) p.push_back((prefix_seed * 7 + i * 3) % 49);
+    p.push_back(tail % 49);
+    return p;
+}
+
+TEST(Router, PrefixPlacementFollowsTheEnginesCaches) {
+    Node a, b;
+    router::RouterConfig cfg;
+    cfg.health_interval = std::chrono::milliseconds(50);
+    router::Router r({a.address(), b.address()}, cfg);
+    r.start();
+    for (int i = 0; i < 100 && !(r.healthy(0) && r.healthy(1)); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    engine::RequestParams p = request(0, 2);
+    p.prompt = prompt_with_prefix(1, 0);
+    drain(*r.submit(p));
+    const router::Placement first = r.place(prompt_with_prefix(1, 5));
+    ASSERT_GE(first.engine, 0);
+    // Wait for that engine's KV events to reach the index.
+    for (int i = 0; i < 100 && r.place(prompt_with_prefix(1, 5)).cached_blocks < 6; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const router::Placement again = r.place(prompt_with_prefix(1, 9));
+    EXPECT_EQ(again.cached_blocks, 6) << "the prompt's 6 blocks are cached on the engine that ran it";
+    const int holder = again.engine;
+    EXPECT_EQ(r.indexed_blocks(holder), 6);
+    // Requests sharing the prefix go there and hit the cache.
+    for (int i = 0; i < 4; ++i) {
+        engine::RequestParams q = request(0, 2);
+        q.prompt = prompt_with_prefix(1, 10 + i);
+        engine::RequestEvent last;
+        drain(*r.submit(q), nullptr, &last);
+        EXPECT_EQ(last.cached_tokens, 24) << "request " << i;
+    }
+    // Another prefix is cached nowhere: no preference from the cache.
+    EXPECT_EQ(r.place(prompt_with_prefix(2, 0)).cached_blocks, 0);
+    r.stop();
+}
+
+TEST(Router, RoundRobinAlternatesAndAnEngineThatGoesAwayLeavesAndRejoins) {
+    auto a = std::make_unique<Node>();
+    Node b;
+    const int port_a = a->server->port();
+    router::RouterConfig cfg;
+    cfg.policy = "round-robin";
+    cfg.health_interval = std::chrono::milliseconds(50);
+    cfg.health_timeout = std::chrono::milliseconds(200);
+    router::Router r({a->address(), b.address()}, cfg);
+    r.start();
+    for (int i = 0; i < 100 && !(r.healthy(0) && r.healthy(1)); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ASSERT_TRUE(r.healthy(0) && r.healthy(1));
+    for (int i = 0; i < 6; ++i) drain(*r.submit(request(i, 2)));
+    EXPECT_EQ(a->eng->stats().requests_received, 3);
+    EXPECT_EQ(b.eng->stats().requests_received, 3);
+
+    // A long request on a, then a goes away: the request ends "unavailable", a leaves the
+    // rotation within a second, new requests run on b.
+    std::shared_ptr<engine::RequestHandle> on_a;
+    for (int i = 0; i < 2 && !on_a; ++i) {  // round-robin: one of the next two lands on a
+        const int64_t before = a->eng->stats().requests_received;
+        auto h = r.submit(request(7, 4000));
+        engine::RequestEvent ev;
+        ASSERT_TRUE(h->next(&ev, std::chrono::seconds(10)));  // running somewhere
+        if (a->eng->stats().requests_received > before)
+            on_a = h;
+        else
+            h->cancel();
+    }
+    ASSERT_TRUE(on_a);
+    const auto t0 = std::chrono::steady_clock::now();
+    a.reset();  // the engine process is gone
+    std::string reason;
+    drain(*on_a, &reason);
+    EXPECT_EQ(reason, "unavailable");
+    while (r.healthy(0) && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5))
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_FALSE(r.healthy(0));
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+    for (int i = 0; i < 4; ++i) {
+        std::string why;
+        EXPECT_EQ(drain(*r.submit(request(20 + i, 3)), &why), expected(request(20 + i, 3).prompt, 3));
+        EXPECT_EQ(why, "length");
+    }
+    // Back on the same address: in rotation again.
+    a = std::make_unique<Node>(port_a);
+    for (int i = 0; i < 250 && !r.healthy(0); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_TRUE(r.healthy(0));
+    r.stop();
+}
+
+TEST(Router, NoHealthyEngineIsA503AndBadConfigsAreRefused) {
+    EXPECT_THAT(error_of([] { router::Router({}, {}); }), HasSubstr("no engines"));
+    router::RouterConfig bad;
+    bad.policy = "random";
+    EXPECT_THAT(error_of([&] { router::Router({"127.0.0.1:1"}, bad); }), HasSubstr("policy 'random'"));
+    router::Router r({"127.0.0.1:1"}, {});
+    EXPECT_THAT(error_of([&] { r.start(std::chrono::milliseconds(300)); }), HasSubstr("no engine answered"));
+}
+
+}  // namespace
+}  // namespace fanout::rpc
