@@ -51,6 +51,13 @@ void add_bench_command(CLI::App& app) {
     serve->add_option("--output-len-range", s->output_len_range, "max_tokens varies uniformly by +-this")
         ->capture_default_str();
     serve->add_option("--prefix-groups", s->prefix_groups, "shared-prefix groups (0 = none)")->capture_default_str();
+    serve
+        ->add_option("--turns", s->turns,
+                     "multi-turn: conversations of N requests, each extending the previous prompt by --prompt-len "
+                     "words, sent when it finished (reports the best hit rate a placement could reach)")
+        ->capture_default_str();
+    serve->add_option("--kv-block-size", s->kv_block_size, "the server's KV block size, for the best hit rate")
+        ->capture_default_str();
     serve->add_option("--prefix-len", s->prefix_len, "words of each shared prefix, before the prompt words")
         ->capture_default_str();
     serve->add_option("--slo-ttft-ms", s->slo_ttft_ms, "goodput: TTFT bound (0 = none)")->capture_default_str();

@@ -151,8 +151,12 @@ std::vector<RequestSpec> make_workload(const ServeBenchOptions& o) {
         RequestSpec& s = specs[i];
         const int unique_words = uniform_len(rng, o.prompt_len, o.prompt_len_range);
         s.max_tokens = uniform_len(rng, o.output_len, o.output_len_range);
-        if (o.prefix_groups > 0) {
-            s.group = i % o.prefix_groups;
+        if (o.turns > 1 && i % o.turns > 0) {  // a later turn: the previous prompt and new words
+            s.group = specs[i - 1].group;
+            s.prompt = specs[i - 1].prompt;
+            s.prompt_words = specs[i - 1].prompt_words;
+        } else if (o.prefix_groups > 0) {
+            s.group = (o.turns > 1 ? i / o.turns : i) % o.prefix_groups;
             s.prompt = prefixes[s.group];
             s.prompt_words = o.prefix_len;
         }
@@ -535,6 +539,8 @@ json to_json(const ServeBenchOptions& o) {
             {"output_len", o.output_len},
             {"output_len_range", o.output_len_range},
             {"prefix_groups", o.prefix_groups},
+            {"turns", o.turns},
+            {"kv_block_size", o.kv_block_size},
             {"prefix_len", o.prefix_len},
             {"slo_ttft_ms", o.slo_ttft_ms},
             {"slo_tpot_ms", o.slo_tpot_ms},
@@ -678,6 +684,15 @@ json summarize(const ServeBenchOptions& o, const std::vector<RequestSpec>& specs
     j["mean_cached_tokens"] = num_normal_ok > 0 ? static_cast<double>(cached_tokens) / num_normal_ok : 0.0;
     j["cached_tokens_reported"] = num_cached_reported;
     j["cache_hit_rate"] = prompt_tokens > 0 ? static_cast<double>(cached_tokens) / prompt_tokens : 0.0;
+    if (o.turns > 1) {
+        // The best any placement could do: each later turn reusing its conversation's previous
+        // prompt, whole blocks of it (the engine caches whole blocks).
+        int64_t best = 0;
+        for (size_t i = 0; i < results.size(); ++i)
+            if (i % static_cast<size_t>(o.turns) > 0 && results[i].ok && results[i - 1].ok)
+                best += std::max<int64_t>(0, results[i - 1].prompt_tokens) / o.kv_block_size * o.kv_block_size;
+        j["best_cache_hit_rate"] = prompt_tokens > 0 ? static_cast<double>(best) / prompt_tokens : 0.0;
+    }
     j["ttft_ms"] = to_json(distribution_ms(ttft));
     j["tpot_ms"] = to_json(distribution_ms(tpot));
     j["itl_ms"] = to_json(distribution_ms(itl));
@@ -778,6 +793,9 @@ void print_report(const ServeBenchOptions& o, const json& j) {
     if (j["cached_tokens_reported"].get<int64_t>() > 0) {
         fmt::print("{:<24} {:.1f} ({:.1f}% of prompt tokens)\n", "cached prompt tok/req", num("mean_cached_tokens"),
                    100 * num("cache_hit_rate"));
+        if (j.contains("best_cache_hit_rate"))
+            fmt::print("{:<24} {:.1f}% (every turn reusing its conversation's previous prompt)\n", "best hit rate",
+                       100 * num("best_cache_hit_rate"));
     } else {
         fmt::print("{:<24} not reported by the server\n", "cached prompt tok/req");
     }
@@ -804,6 +822,10 @@ void check_options(const ServeBenchOptions& o) {
     FANOUT_CHECK(o.endpoint == "chat" || o.endpoint == "completions", "endpoint '{}' must be chat or completions",
                  o.endpoint);
     FANOUT_CHECK(o.num_requests >= 1, "num_requests={} must be >= 1", o.num_requests);
+    FANOUT_CHECK(o.turns >= 1 && o.num_requests % o.turns == 0,
+                 "turns={} must be >= 1 and divide num_requests={} (whole conversations)", o.turns, o.num_requests);
+    FANOUT_CHECK(o.turns == 1 || o.mix.only_streamed(), "turns > 1 sends streamed requests only");
+    FANOUT_CHECK(o.kv_block_size >= 1, "kv_block_size={} must be >= 1", o.kv_block_size);
     FANOUT_CHECK(o.request_rate >= 0 && std::isfinite(o.request_rate), "request_rate={} must be >= 0", o.request_rate);
     FANOUT_CHECK(o.max_concurrency >= 0, "max_concurrency={} must be >= 0", o.max_concurrency);
     FANOUT_CHECK(o.prompt_len >= 1 && o.prompt_len_range >= 0, "prompt_len={} must be >= 1, range={} >= 0",
@@ -948,20 +970,27 @@ int run_serve_bench(const ServeBenchOptions& opts) {
 
     const auto bench_start = clock_type::now();
     double arrival_s = 0;
-    for (int i = 0; i < o.num_requests; ++i) {
+    // A conversation's turns go one after another on its own thread; a single request is a
+    // conversation of one turn.
+    const int turns = o.turns;
+    for (int c = 0; c < o.num_requests / turns; ++c) {
         if (o.request_rate > 0) {
-            if (i > 0) arrival_s += gap(arrival_rng);
+            if (c > 0) arrival_s += gap(arrival_rng);
             std::this_thread::sleep_until(bench_start + std::chrono::duration_cast<clock_type::duration>(
                                                             std::chrono::duration<double>(arrival_s)));
         }
         // A request whose arrival time has passed waits here for a slot; its TTFT counts from the send.
-        slots.acquire();
+        if (turns == 1) slots.acquire();
         for (; num_joined < threads.size() && finished[num_joined].load(); ++num_joined) threads[num_joined].join();
-        threads.emplace_back([&, i] {
-            results[i] = send_one(target, path, bodies[i], specs[i].kind, chat, o.timeout_s, bench_start);
-            ++num_done;
-            finished[i].store(true);
-            slots.release();
+        threads.emplace_back([&, c] {
+            for (int t = 0; t < turns; ++t) {
+                const int i = c * turns + t;
+                if (turns > 1) slots.acquire();
+                results[i] = send_one(target, path, bodies[i], specs[i].kind, chat, o.timeout_s, bench_start);
+                ++num_done;
+                slots.release();
+            }
+            finished[c].store(true);
         });
     }
     for (; num_joined < threads.size(); ++num_joined) threads[num_joined].join();

@@ -49,6 +49,15 @@ struct ServeBenchOptions {
     // shared-system-prompt workload that exercises a prefix cache).
     int prefix_groups = 0;
     int prefix_len = 0;
+    // turns > 1: the multi-turn workload. Requests come in conversations of `turns` requests: a
+    // conversation's first request is its opening (as above), each later one extends the previous
+    // request's prompt by prompt_len new words and is sent when the previous one has finished;
+    // conversations start at the arrival rate (request_rate: conversations per second).
+    // num_requests counts requests (conversations = num_requests / turns). The report adds the
+    // best prefix-cache hit rate any placement could reach: every turn reusing the whole blocks
+    // (kv_block_size tokens) of its conversation's previous prompt.
+    int turns = 1;
+    int kv_block_size = 64;
     double slo_ttft_ms = 0, slo_tpot_ms = 0;  // goodput counts requests meeting both (0 = no bound)
     uint64_t seed = 0;
     bool ignore_eos = true;  // sends "ignore_eos": true so outputs run to max_tokens (vLLM/SGLang extension)

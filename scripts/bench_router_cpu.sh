@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The router's placement policies on the CPU machine: 4 `fanout engine` processes on the tiny
+# model behind `fanout router`, driven by `fanout bench serve --turns` (multi-turn conversations,
+# each turn extending the previous prompt) once per policy; then the router's own overhead: the
+# same short requests straight to an engine's `fanout serve`-equivalent path vs through the router.
+#   scripts/bench_router_cpu.sh BUILD_DIR OUT_DIR
+set -uo pipefail
+build=${1:-build}
+out=${2:-/tmp/bench_router}
+fanout=$build/apps/fanout
+mkdir -p "$out"
+export FANOUT_CACHE=${FANOUT_CACHE:-$build/model-cache}
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; }
+trap cleanup EXIT
+wait_for() {  # wait_for FILE PATTERN
+    for _ in $(seq 600); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
+    echo "timed out waiting for '$2' in $1"; return 1
+}
+threads=${THREADS_PER_ENGINE:-1}
+for policy in prefix least-load round-robin; do
+    engines=()
+    for i in 0 1 2 3; do
+        "$fanout" engine --model tiny --port 0 --threads "$threads" --kv-memory-gb 0.2 2> "$out/engine_${policy}_$i.log" &
+        pids+=($!)
+    done
+    for i in 0 1 2 3; do
+        wait_for "$out/engine_${policy}_$i.log" "serving grpc" || exit 1
+        engines+=(--engine "127.0.0.1:$(sed -n 's/.*grpc:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$out/engine_${policy}_$i.log")")
+    done
+    "$fanout" router --model tiny --port 0 --policy "$policy" "${engines[@]}" 2> "$out/router_$policy.log" &
+    pids+=($!)
+    wait_for "$out/router_$policy.log" "listening" || exit 1
+    sleep 1  # every engine healthy, KV streams open
+    port=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$out/router_$policy.log")
+    echo "=== policy $policy"
+    "$fanout" bench serve --base-url "http://127.0.0.1:$port" --endpoint completions --turns ${TURNS:-6} \
+        -n ${REQUESTS:-192} --max-concurrency ${CONCURRENCY:-8} --prompt-len ${WORDS:-60} --output-len ${OUTPUT:-8} \
+        --seed 7 --json "$out/router_$policy.json" | tee "$out/bench_$policy.txt" | grep -E "throughput|hit rate|cached|TTFT|failed"
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+    wait 2>/dev/null
+    pids=()
+done
