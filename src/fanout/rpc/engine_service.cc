@@ -392,24 +392,30 @@ RemoteEngine::RemoteEngine(const std::string& address) : impl_(std::make_unique<
 
 RemoteEngine::~RemoteEngine() { stop_kv_events(); }
 
-EngineInfo RemoteEngine::health(std::chrono::milliseconds timeout) {
+namespace {
+// One unary call within `timeout`: the reply, or an Error naming the engine and `what`.
+template <typename Reply, typename Request, typename Method>
+Reply unary(Engine::Stub& stub, Method method, const Request& req, std::chrono::milliseconds timeout,
+            const std::string& address, const char* what) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + timeout);
-    HealthRequest req;
-    HealthReply reply;
-    const grpc::Status s = impl_->stub->Health(&ctx, req, &reply);
-    FANOUT_CHECK(s.ok(), "engine {}: health check failed: {}", address_, s.error_message());
+    Reply reply;
+    const grpc::Status s = (stub.*method)(&ctx, req, &reply);
+    FANOUT_CHECK(s.ok(), "engine {}: {} failed: {}", address, what, s.error_message());
+    return reply;
+}
+}  // namespace
+
+EngineInfo RemoteEngine::health(std::chrono::milliseconds timeout) {
+    const HealthReply reply =
+        unary<HealthReply>(*impl_->stub, &Engine::Stub::Health, HealthRequest{}, timeout, address_, "health check");
     FANOUT_CHECK(reply.ok(), "engine {}: not healthy (stopping)", address_);
     return {reply.model(), reply.max_context(), reply.vocab_size(), reply.kv_block_size()};
 }
 
 EngineLoad RemoteEngine::load(std::chrono::milliseconds timeout) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + timeout);
-    LoadRequest req;
-    LoadReport r;
-    const grpc::Status s = impl_->stub->Load(&ctx, req, &r);
-    FANOUT_CHECK(s.ok(), "engine {}: load report failed: {}", address_, s.error_message());
+    const LoadReport r =
+        unary<LoadReport>(*impl_->stub, &Engine::Stub::Load, LoadRequest{}, timeout, address_, "load report");
     EngineLoad l;
     l.running = r.running();
     l.waiting = r.waiting();
@@ -432,14 +438,9 @@ EngineLoad RemoteEngine::load(std::chrono::milliseconds timeout) {
 }
 
 bool RemoteEngine::abort(const std::string& request_id, std::chrono::milliseconds timeout) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + timeout);
     AbortRequest req;
     req.set_request_id(request_id);
-    AbortReply reply;
-    const grpc::Status s = impl_->stub->Abort(&ctx, req, &reply);
-    FANOUT_CHECK(s.ok(), "engine {}: abort failed: {}", address_, s.error_message());
-    return reply.found();
+    return unary<AbortReply>(*impl_->stub, &Engine::Stub::Abort, req, timeout, address_, "abort").found();
 }
 
 std::shared_ptr<engine::RequestHandle> RemoteEngine::submit(engine::RequestParams params) {
