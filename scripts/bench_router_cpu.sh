@@ -18,7 +18,7 @@ wait_for() {  # wait_for FILE PATTERN
     echo "timed out waiting for '$2' in $1"; return 1
 }
 threads=${THREADS_PER_ENGINE:-1}
-for policy in prefix least-load round-robin; do
+for policy in ${POLICIES:-prefix least-load round-robin}; do
     engines=()
     for i in 0 1 2 3; do
         "$fanout" engine --model tiny --port 0 --threads "$threads" --kv-memory-gb 0.2 2> "$out/engine_${policy}_$i.log" &
@@ -28,7 +28,7 @@ for policy in prefix least-load round-robin; do
         wait_for "$out/engine_${policy}_$i.log" "serving grpc" || exit 1
         engines+=(--engine "127.0.0.1:$(sed -n 's/.*grpc:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$out/engine_${policy}_$i.log")")
     done
-    "$fanout" router --model tiny --port 0 --policy "$policy" "${engines[@]}" 2> "$out/router_$policy.log" &
+    "$fanout" router --model tiny --port 0 --policy "$policy" ${ROUTER_ARGS:-} "${engines[@]}" 2> "$out/router_$policy.log" &
     pids+=($!)
     wait_for "$out/router_$policy.log" "listening" || exit 1
     sleep 1  # every engine healthy, KV streams open
@@ -41,3 +41,39 @@ for policy in prefix least-load round-robin; do
     wait 2>/dev/null
     pids=()
 done
+
+# The router's overhead: one engine behind `fanout serve` (HTTP straight to the engine) vs the same
+# engine behind `fanout router` (HTTP → router → gRPC → engine); short streamed requests one at a
+# time (the added latency), then many at once (the router's CPU time per streamed token).
+if [[ ${OVERHEAD:-1} == 1 ]]; then
+    cpu_s() { awk '{print ($14 + $15) / 100}' "/proc/$1/stat"; }  # utime + stime, clock ticks of 10 ms
+    "$fanout" serve --model tiny --port 0 --threads "$threads" --kv-memory-gb 0.2 2> "$out/direct.log" &
+    direct=$!; pids+=($direct)
+    wait_for "$out/direct.log" "listening" || exit 1
+    dport=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$out/direct.log")
+    "$fanout" engine --model tiny --port 0 --threads "$threads" --kv-memory-gb 0.2 2> "$out/engine_overhead.log" &
+    pids+=($!)
+    wait_for "$out/engine_overhead.log" "serving grpc" || exit 1
+    eport=$(sed -n 's/.*grpc:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$out/engine_overhead.log")
+    "$fanout" router --model tiny --port 0 --engine "127.0.0.1:$eport" 2> "$out/router_overhead.log" &
+    router=$!; pids+=($router)
+    wait_for "$out/router_overhead.log" "listening" || exit 1
+    rport=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$out/router_overhead.log")
+    sleep 1
+    for who in direct router; do
+        port=$([[ $who == direct ]] && echo "$dport" || echo "$rport")
+        echo "=== $who: 64 requests one at a time (8 words, 16 tokens)"
+        "$fanout" bench serve --base-url "http://127.0.0.1:$port" --endpoint completions -n 64 --max-concurrency 1 \
+            --prompt-len 8 --output-len 16 --json "$out/overhead_$who.json" > "$out/overhead_$who.txt"
+        grep -E "TTFT|TPOT|E2E" "$out/overhead_$who.txt"
+    done
+    echo "=== router: 512 requests, 64 at once (64 tokens each): its CPU time per streamed token"
+    before=$(cpu_s "$router")
+    "$fanout" bench serve --base-url "http://127.0.0.1:$rport" --endpoint completions -n 512 --max-concurrency 64 \
+        --prompt-len 8 --output-len 64 --json "$out/router_load.json" > "$out/router_load.txt"
+    after=$(cpu_s "$router")
+    grep -E "output throughput|duration" "$out/router_load.txt"
+    tokens=$(python3 -c "import json; print(json.load(open('$out/router_load.json'))['total_output_tokens'])")
+    python3 -c "c=$after-$before; t=$tokens; print(f'router CPU {c:.2f} s for {t} streamed tokens: {t/max(c,1e-9):.0f} tokens/s per core of routing')" |
+        tee "$out/router_cpu.txt"
+fi

@@ -37,7 +37,7 @@ namespace fanout::router {
 
 struct RouterConfig {
     std::string policy = "prefix";  // prefix | least-load | round-robin
-    double load_weight = 4.0;       // blocks of prefill one request in flight is worth
+    double load_weight = 1.0;       // blocks of prefill one request in flight is worth
     int64_t balance_slack = 8;      // in-flight spread past which the least loaded wins
     int64_t max_in_flight = 256;    // per engine
     std::chrono::milliseconds health_interval{250}, health_timeout{500};
