@@ -21,6 +21,7 @@ struct RouterArgs {
     router::RouterConfig config;
     serve::ServerConfig server;
     int wait_seconds = 60;
+    int drain_seconds = 20;
 };
 
 void run_router(RouterArgs& a) {
@@ -35,8 +36,12 @@ void run_router(RouterArgs& a) {
     std::signal(SIGPIPE, SIG_IGN);
     std::signal(SIGINT, on_router_signal);
     std::signal(SIGTERM, on_router_signal);
-    std::thread watcher([&] {
+    std::thread watcher([&] {  // SIGINT / SIGTERM: drain (no new requests; those in flight finish), then stop
         while (!g_router_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        std::fprintf(stderr, "fanout router: draining (up to %d s)\n", a.drain_seconds);
+        if (!r.drain(std::chrono::seconds(a.drain_seconds)))
+            std::fprintf(stderr, "fanout router: requests still running after %d s; stopping anyway\n",
+                         a.drain_seconds);
         server.stop();
     });
     int healthy = 0;
@@ -79,6 +84,9 @@ void add_router_command(CLI::App& app) {
     cmd->add_option("--max-in-flight", a->server.max_in_flight, "concurrent requests before 429")
         ->capture_default_str();
     cmd->add_option("--wait", a->wait_seconds, "seconds to wait at start for a healthy engine")->capture_default_str();
+    cmd->add_option("--drain", a->drain_seconds,
+                    "on SIGINT/SIGTERM: seconds for the requests in flight to finish (new ones get 503)")
+        ->capture_default_str();
     cmd->callback([a] { run_router(*a); });
 }
 

@@ -242,7 +242,7 @@ void run_serve(ServeArgs& a) {
         std::fprintf(stderr, "fanout engine: serving grpc://%s:%d (%s)\n", a.server.host.c_str(), server.port(),
                      what.c_str());
         while (!g_stop && d.failure().empty()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        server.shutdown();  // every call ends; streams close
+        server.shutdown(std::chrono::seconds(20));  // drain: no new calls, those in flight finish (or are cut at 20 s)
         d.stop();
         const std::string failure = d.failure();
         FANOUT_CHECK(failure.empty(), "the deployment stopped: {}", failure);

@@ -122,9 +122,22 @@ else
     bad "router: find the engine running the stream" "$(grep rank_running "$work/metrics")"
 fi
 
+# SIGTERM drains: the stream in flight finishes, a new request meanwhile gets 503, the router exits 0.
+curl -sN "$base/v1/completions" -H content-type:application/json \
+    -d '{"model":"tiny","prompt":"one more story","max_tokens":120,"ignore_eos":true,"stream":true}' > "$work/drain.out" &
+curl_pid=$!
+sleep 0.3
 kill -TERM "$router_pid"
+sleep 0.2
+late=$(curl -s -o /dev/null -w '%{http_code}' "$base/v1/completions" -H content-type:application/json \
+    -d '{"model":"tiny","prompt":"too late","max_tokens":2}')
+wait "$curl_pid"
 wait "$router_pid"
 rc=$?
+grep -q "data: \[DONE\]" "$work/drain.out" && ok "router: SIGTERM lets the stream in flight finish" ||
+    bad "router: drain" "$(tail -c 200 "$work/drain.out")"
+[[ $late == 503 || $late == 000 ]] && ok "router: a request during the drain is refused ($late)" ||
+    bad "router: request during the drain" "status $late"
 [[ $rc -eq 0 ]] && grep -q "fanout router: stopped" "$work/router.log" && ok "router: SIGTERM stops it (exit 0)" ||
     bad "router: SIGTERM" "exit $rc"
 echo "$passed passed, $failed failed"

@@ -120,6 +120,18 @@ void Router::health_loop() {
     }
 }
 
+bool Router::drain(std::chrono::milliseconds grace) {
+    draining_ = true;
+    const auto deadline = std::chrono::steady_clock::now() + grace;
+    for (;;) {
+        int64_t in_flight = 0;
+        for (const auto& s : engines_) in_flight += s->remote->in_flight();
+        if (in_flight == 0) return true;
+        if (std::chrono::steady_clock::now() >= deadline) return false;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+}
+
 void Router::stop() {
     stopping_ = true;
     cv_.notify_all();
@@ -249,6 +261,7 @@ std::shared_ptr<engine::RequestHandle> Router::submit(engine::RequestParams para
     {
         std::lock_guard lock(mutex_);
         FANOUT_CHECK(!model_.empty(), "router: not started");
+        if (draining_) throw engine::ServiceUnavailable(503, "the router is shutting down; retry on another");
         engine::validate_request(params, info_.max_context, info_.vocab_size, true);
         const bool any = std::any_of(engines_.begin(), engines_.end(), [](const auto& s) { return s->healthy; });
         if (!any) throw engine::ServiceUnavailable(503, "no engine is healthy; retry later");

@@ -58,6 +58,9 @@ class Router : public engine::RequestService {
     // Checks every engine once (waiting up to `wait` for at least one to be healthy; they must
     // all serve the same model) and starts the health loop and the KV event watchers.
     void start(std::chrono::milliseconds wait = std::chrono::seconds(30));
+    // Takes no new requests (503 "shutting down") and waits up to `grace` for those in flight to
+    // finish; false when some were still running at the end.
+    bool drain(std::chrono::milliseconds grace);
     void stop();
 
     // RequestService
@@ -94,7 +97,7 @@ class Router : public engine::RequestService {
     rpc::EngineInfo info_;
     int64_t next_rr_ = 0;
     std::atomic<int64_t> next_id_{1};
-    std::atomic<bool> stopping_{false};
+    std::atomic<bool> stopping_{false}, draining_{false};
     std::thread health_;
 };
 
