@@ -85,7 +85,7 @@ TEST(EngineService, StreamsExactTokensCancelsAndRefuses) {
     auto refused = remote.submit(request(2, 1 << 20));
     drain(*refused, &reason);
     EXPECT_EQ(reason, "error");
-    EngineLoad load = remote.load(std::chrono::seconds(5));
+    engine::EngineStats load = remote.load(std::chrono::seconds(5));
     for (int i = 0; i < 100 && load.requests_aborted == 0; ++i) {  // the engine ends it at its next step
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
         load = remote.load(std::chrono::seconds(5));

@@ -104,6 +104,49 @@ sockaddr_in resolve(const std::string& host, int port) {
     return addr;
 }
 
+// Rank 0's side of a rendezvous: listens on `addr` and accepts the other world − 1 ranks, each
+// saying its rank first; on_peer(rank, socket) for each as it comes. `who` starts the errors.
+template <typename OnPeer>
+void accept_ranks(const RankInfo& me, const sockaddr_in& addr, const std::string& where, Clock::time_point deadline,
+                  const char* who, OnPeer&& on_peer) {
+    Socket listener(::socket(AF_INET, SOCK_STREAM, 0));
+    FANOUT_CHECK(listener.fd() >= 0, "{}: socket: {}", who, std::strerror(errno));
+    const int one = 1;
+    ::setsockopt(listener.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    FANOUT_CHECK(::bind(listener.fd(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0,
+                 "{}: rank 0 cannot listen on {}: {}", who, where, std::strerror(errno));
+    FANOUT_CHECK(::listen(listener.fd(), me.world) == 0, "{}: listen on {}: {}", who, where, std::strerror(errno));
+    for (int joined = 1; joined < me.world; ++joined) {
+        FANOUT_CHECK(wait_for(listener.fd(), POLLIN, deadline),
+                     "{}: rank 0 on {} heard from {} of {} ranks before the timeout", who, where, joined - 1,
+                     me.world - 1);
+        Socket peer(::accept(listener.fd(), nullptr, nullptr));
+        FANOUT_CHECK(peer.fd() >= 0, "{}: accept on {}: {}", who, where, std::strerror(errno));
+        int32_t r = -1;
+        recv_all(peer.fd(), &r, sizeof(r), deadline, "a peer's rank");
+        FANOUT_CHECK(r > 0 && r < me.world, "{}: a peer on {} says it is rank {} of {}", who, where, r, me.world);
+        on_peer(r, std::move(peer));
+    }
+}
+
+// The other ranks' side: connects to rank 0 at `addr` (it may not listen yet: retries until the
+// deadline) and says this rank's number.
+Socket connect_to_rank0(const RankInfo& me, const sockaddr_in& addr, const std::string& where,
+                        Clock::time_point deadline, const char* who) {
+    for (;;) {
+        Socket s(::socket(AF_INET, SOCK_STREAM, 0));
+        FANOUT_CHECK(s.fd() >= 0, "{}: socket: {}", who, std::strerror(errno));
+        if (::connect(s.fd(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) {
+            const int32_t r = me.rank;
+            send_all(s.fd(), &r, sizeof(r), deadline, "this rank's number to rank 0");
+            return s;
+        }
+        FANOUT_CHECK(remaining_ms(deadline) > 0, "{}: rank {} found nobody listening on {} before the timeout", who,
+                     me.rank, where);
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+}
+
 // One frame of the TCP control plane: kind, size, bytes.
 enum class Frame : uint8_t { kData = 0, kAbort = 1 };
 constexpr uint64_t kMaxFrameBytes = uint64_t{1} << 30;
@@ -139,45 +182,16 @@ class TcpControl final : public ControlPlane {
         const sockaddr_in addr = resolve(host, port);
         if (me.world == 1) return;
         if (me.rank == 0) {
-            Socket listener(::socket(AF_INET, SOCK_STREAM, 0));
-            FANOUT_CHECK(listener.fd() >= 0, "control plane: socket: {}", std::strerror(errno));
-            const int one = 1;
-            ::setsockopt(listener.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-            FANOUT_CHECK(::bind(listener.fd(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0,
-                         "control plane: rank 0 cannot listen on {}: {}", where_, std::strerror(errno));
-            FANOUT_CHECK(::listen(listener.fd(), me.world) == 0, "control plane: listen on {}: {}", where_,
-                         std::strerror(errno));
             peers_.resize(static_cast<size_t>(me.world));
-            for (int joined = 1; joined < me.world; ++joined) {
-                FANOUT_CHECK(wait_for(listener.fd(), POLLIN, deadline),
-                             "control plane: rank 0 on {} heard from {} of {} ranks before the timeout", where_,
-                             joined - 1, me.world - 1);
-                Socket peer(::accept(listener.fd(), nullptr, nullptr));
-                FANOUT_CHECK(peer.fd() >= 0, "control plane: accept on {}: {}", where_, std::strerror(errno));
-                int32_t r = -1;
-                recv_all(peer.fd(), &r, sizeof(r), deadline, "a peer's rank");
-                FANOUT_CHECK(r > 0 && r < me.world && peers_[r].fd() < 0,
-                             "control plane: a peer on {} says it is rank {} of {} (or that rank joined twice)", where_,
-                             r, me.world);
+            accept_ranks(me, addr, where_, deadline, "control plane", [&](int r, Socket peer) {
+                FANOUT_CHECK(peers_[r].fd() < 0, "control plane: rank {} joined twice on {}", r, where_);
                 nodelay(peer.fd());
                 peers_[r] = std::move(peer);
-            }
+            });
             return;
         }
-        for (;;) {
-            Socket s(::socket(AF_INET, SOCK_STREAM, 0));
-            FANOUT_CHECK(s.fd() >= 0, "control plane: socket: {}", std::strerror(errno));
-            if (::connect(s.fd(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) {
-                const int32_t r = me.rank;
-                send_all(s.fd(), &r, sizeof(r), deadline, "this rank's number to rank 0");
-                nodelay(s.fd());
-                leader_ = std::move(s);
-                return;
-            }
-            FANOUT_CHECK(remaining_ms(deadline) > 0,
-                         "control plane: rank {} found nobody listening on {} before the timeout", me.rank, where_);
-            std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        }
+        leader_ = connect_to_rank0(me, addr, where_, deadline, "control plane");
+        nodelay(leader_.fd());
     }
 
     int rank() const override { return me_.rank; }
@@ -337,50 +351,23 @@ std::vector<uint8_t> tcp_broadcast(const RankInfo& me, const std::string& host, 
     const std::string where = host + ":" + std::to_string(port);
     if (me.world == 1) return blob;
     if (me.rank == 0) {
-        Socket listener(::socket(AF_INET, SOCK_STREAM, 0));
-        FANOUT_CHECK(listener.fd() >= 0, "rendezvous: socket: {}", std::strerror(errno));
-        const int one = 1;
-        ::setsockopt(listener.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-        FANOUT_CHECK(::bind(listener.fd(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0,
-                     "rendezvous: rank 0 cannot listen on {}: {}", where, std::strerror(errno));
-        FANOUT_CHECK(::listen(listener.fd(), me.world) == 0, "rendezvous: listen on {}: {}", where,
-                     std::strerror(errno));
         const uint64_t size = blob.size();
-        for (int served = 1; served < me.world; ++served) {
-            FANOUT_CHECK(wait_for(listener.fd(), POLLIN, deadline),
-                         "rendezvous: rank 0 on {} heard from {} of {} ranks before the timeout", where, served - 1,
-                         me.world - 1);
-            Socket peer(::accept(listener.fd(), nullptr, nullptr));
-            FANOUT_CHECK(peer.fd() >= 0, "rendezvous: accept on {}: {}", where, std::strerror(errno));
-            int32_t peer_rank = -1;
-            recv_all(peer.fd(), &peer_rank, sizeof(peer_rank), deadline, "a peer's rank");
-            FANOUT_CHECK(peer_rank > 0 && peer_rank < me.world, "rendezvous: a peer on {} says it is rank {} of {}",
-                         where, peer_rank, me.world);
-            const std::string to = "the blob to rank " + std::to_string(peer_rank);
+        accept_ranks(me, addr, where, deadline, "rendezvous", [&](int r, Socket peer) {
+            const std::string to = "the blob to rank " + std::to_string(r);
             send_all(peer.fd(), &size, sizeof(size), deadline, to);
             send_all(peer.fd(), blob.data(), blob.size(), deadline, to);
-        }
+        });
         return blob;
     }
     // Other ranks: connect (rank 0 may not be listening yet), say who we are, read the blob.
-    for (;;) {
-        Socket s(::socket(AF_INET, SOCK_STREAM, 0));
-        FANOUT_CHECK(s.fd() >= 0, "rendezvous: socket: {}", std::strerror(errno));
-        if (::connect(s.fd(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) {
-            const int32_t r = me.rank;
-            send_all(s.fd(), &r, sizeof(r), deadline, "this rank's number to rank 0");
-            uint64_t size = 0;
-            recv_all(s.fd(), &size, sizeof(size), deadline, "the blob's size from rank 0 at " + where);
-            FANOUT_CHECK(size <= (uint64_t{1} << 20), "rendezvous: rank 0 at {} announced {} bytes (at most 1 MiB)",
-                         where, size);
-            std::vector<uint8_t> got(static_cast<size_t>(size));
-            recv_all(s.fd(), got.data(), got.size(), deadline, "the blob from rank 0 at " + where);
-            return got;
-        }
-        FANOUT_CHECK(remaining_ms(deadline) > 0, "rendezvous: rank {} found nobody listening on {} before the timeout",
-                     me.rank, where);
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+    const Socket s = connect_to_rank0(me, addr, where, deadline, "rendezvous");
+    uint64_t size = 0;
+    recv_all(s.fd(), &size, sizeof(size), deadline, "the blob's size from rank 0 at " + where);
+    FANOUT_CHECK(size <= (uint64_t{1} << 20), "rendezvous: rank 0 at {} announced {} bytes (at most 1 MiB)", where,
+                 size);
+    std::vector<uint8_t> got(static_cast<size_t>(size));
+    recv_all(s.fd(), got.data(), got.size(), deadline, "the blob from rank 0 at " + where);
+    return got;
 }
 
 }  // namespace fanout::comm

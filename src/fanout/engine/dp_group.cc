@@ -60,19 +60,9 @@ EngineStats::Histogram histogram_from_json(const json& j) {
     return h;
 }
 
-#define FANOUT_STATS_COUNTERS(X)                                                                                \
-    X(requests_received)                                                                                        \
-    X(requests_finished)                                                                                        \
-    X(requests_aborted)                                                                                         \
-    X(requests_failed)                                                                                          \
-    X(prompt_tokens) X(generation_tokens) X(cached_prompt_tokens) X(steps) X(preemptions) X(waiting) X(running) \
-        X(kv_blocks_total) X(kv_blocks_used) X(kv_blocks_cached)
-
 json stats_to_json(const EngineStats& s) {
     json j;
-#define X(f) j[#f] = s.f;
-    FANOUT_STATS_COUNTERS(X)
-#undef X
+    for (const auto& [name, field] : EngineStats::kCounters) j[name] = s.*field;
     j["ttft"] = histogram_to_json(s.ttft);
     j["itl"] = histogram_to_json(s.itl);
     j["e2e"] = histogram_to_json(s.e2e);
@@ -81,28 +71,11 @@ json stats_to_json(const EngineStats& s) {
 
 EngineStats stats_from_json(const json& j) {
     EngineStats s;
-#define X(f) s.f = j.at(#f).get<int64_t>();
-    FANOUT_STATS_COUNTERS(X)
-#undef X
+    for (const auto& [name, field] : EngineStats::kCounters) s.*field = j.at(name).get<int64_t>();
     s.ttft = histogram_from_json(j.at("ttft"));
     s.itl = histogram_from_json(j.at("itl"));
     s.e2e = histogram_from_json(j.at("e2e"));
     return s;
-}
-
-void add_histogram(EngineStats::Histogram& to, const EngineStats::Histogram& h) {
-    for (size_t b = 0; b < std::size(h.counts); ++b) to.counts[b] += h.counts[b];
-    to.sum += h.sum;
-    to.count += h.count;
-}
-
-void add_stats(EngineStats& to, const EngineStats& s) {
-#define X(f) to.f += s.f;
-    FANOUT_STATS_COUNTERS(X)
-#undef X
-    add_histogram(to.ttft, s.ttft);
-    add_histogram(to.itl, s.itl);
-    add_histogram(to.e2e, s.e2e);
 }
 
 json decode(const std::vector<uint8_t>& bytes, const std::string& what) {
@@ -171,7 +144,7 @@ void DpRank::stop() {
 EngineStats DpRank::stats() const {
     std::lock_guard lock(mutex_);
     EngineStats all;
-    for (const auto& s : rank_stats_) add_stats(all, s);
+    for (const auto& s : rank_stats_) all.add(s);
     return all;
 }
 

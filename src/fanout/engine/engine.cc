@@ -31,6 +31,15 @@ void EngineStats::Histogram::observe(double seconds) {
     ++count;
 }
 
+void EngineStats::add(const EngineStats& o) {
+    for (const auto& [name, field] : kCounters) this->*field += o.*field;
+    for (auto [to, from] : {std::pair{&ttft, &o.ttft}, std::pair{&itl, &o.itl}, std::pair{&e2e, &o.e2e}}) {
+        for (int b = 0; b <= kNumBuckets; ++b) to->counts[b] += from->counts[b];
+        to->sum += from->sum;
+        to->count += from->count;
+    }
+}
+
 bool RequestHandle::next(RequestEvent* ev, std::chrono::milliseconds timeout) {
     std::unique_lock<std::mutex> lock(mutex_);
     if (!cv_.wait_for(lock, timeout, [&] { return !events_.empty(); })) return false;

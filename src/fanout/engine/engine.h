@@ -150,6 +150,28 @@ struct EngineStats {
         void observe(double seconds);
     };
     Histogram ttft, itl, e2e;
+
+    // Every counter and gauge above by name, for the code that sums or carries them all (a DP
+    // group's rank 0, the router, the control plane's reports).
+    using Counter = int64_t EngineStats::*;
+    static constexpr std::pair<const char*, Counter> kCounters[] = {
+        {"requests_received", &EngineStats::requests_received},
+        {"requests_finished", &EngineStats::requests_finished},
+        {"requests_aborted", &EngineStats::requests_aborted},
+        {"requests_failed", &EngineStats::requests_failed},
+        {"prompt_tokens", &EngineStats::prompt_tokens},
+        {"generation_tokens", &EngineStats::generation_tokens},
+        {"cached_prompt_tokens", &EngineStats::cached_prompt_tokens},
+        {"steps", &EngineStats::steps},
+        {"preemptions", &EngineStats::preemptions},
+        {"waiting", &EngineStats::waiting},
+        {"running", &EngineStats::running},
+        {"kv_blocks_total", &EngineStats::kv_blocks_total},
+        {"kv_blocks_used", &EngineStats::kv_blocks_used},
+        {"kv_blocks_cached", &EngineStats::kv_blocks_cached},
+    };
+    // Adds `o`'s counters, gauges and histograms to these (the sum over ranks or engines).
+    void add(const EngineStats& o);
 };
 
 // Thrown by RequestService::submit() when the service cannot take a valid request now: `status`

@@ -35,10 +35,9 @@ Router::~Router() { stop(); }
 void Router::check(Slot& s) {
     std::string error;
     rpc::EngineInfo info;
-    rpc::EngineLoad load;
     try {
         info = s.remote->health(config_.health_timeout);
-        load = s.remote->load(config_.health_timeout);
+        s.remote->load(config_.health_timeout);  // kept as the engine's stats()
     } catch (const std::exception& e) {
         error = e.what();
     }
@@ -287,23 +286,7 @@ std::shared_ptr<engine::RequestHandle> Router::submit(engine::RequestParams para
 engine::EngineStats Router::stats() const {
     std::lock_guard lock(mutex_);
     engine::EngineStats all;
-    for (const auto& s : engines_) {
-        const engine::EngineStats& e = s->last;
-        all.requests_received += e.requests_received;
-        all.requests_finished += e.requests_finished;
-        all.requests_aborted += e.requests_aborted;
-        all.requests_failed += e.requests_failed;
-        all.preemptions += e.preemptions;
-        all.steps += e.steps;
-        all.prompt_tokens += e.prompt_tokens;
-        all.cached_prompt_tokens += e.cached_prompt_tokens;
-        all.generation_tokens += e.generation_tokens;
-        all.running += e.running;
-        all.waiting += e.waiting;
-        all.kv_blocks_total += e.kv_blocks_total;
-        all.kv_blocks_used += e.kv_blocks_used;
-        all.kv_blocks_cached += e.kv_blocks_cached;
-    }
+    for (const auto& s : engines_) all.add(s->last);
     return all;
 }
 

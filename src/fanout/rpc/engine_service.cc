@@ -79,6 +79,13 @@ engine::RequestEvent event_from(const GenerateEvent& e) {
     return ev;
 }
 
+// LoadReport's field for an EngineStats counter (the proto names them alike).
+const google::protobuf::FieldDescriptor* report_field(const char* name) {
+    const auto* f = LoadReport::descriptor()->FindFieldByName(name);
+    FANOUT_CHECK(f != nullptr, "proto LoadReport has no field '{}' (EngineStats::kCounters)", name);
+    return f;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -210,21 +217,9 @@ struct EngineServer::Impl final : public Engine::CallbackService {
 
     grpc::ServerUnaryReactor* Load(CallbackServerContext* ctx, const LoadRequest*, LoadReport* reply) override {
         const engine::EngineStats s = engine.stats();
-        reply->set_running(s.running);
-        reply->set_waiting(s.waiting);
-        reply->set_kv_blocks_total(s.kv_blocks_total);
-        reply->set_kv_blocks_used(s.kv_blocks_used);
-        reply->set_kv_blocks_cached(s.kv_blocks_cached);
-        reply->set_requests_received(s.requests_received);
-        reply->set_requests_finished(s.requests_finished);
-        reply->set_prompt_tokens(s.prompt_tokens);
-        reply->set_cached_prompt_tokens(s.cached_prompt_tokens);
-        reply->set_generation_tokens(s.generation_tokens);
+        for (const auto& [name, field] : engine::EngineStats::kCounters)
+            reply->GetReflection()->SetInt64(reply, report_field(name), s.*field);
         reply->set_in_flight(in_flight);
-        reply->set_requests_aborted(s.requests_aborted);
-        reply->set_requests_failed(s.requests_failed);
-        reply->set_preemptions(s.preemptions);
-        reply->set_steps(s.steps);
         auto* r = ctx->DefaultReactor();
         r->Finish(Status::OK);
         return r;
@@ -312,7 +307,7 @@ struct RemoteEngine::Impl {
     std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<Engine::Stub> stub;
     mutable std::mutex mutex;
-    EngineLoad last_load;
+    engine::EngineStats last_load;
     // KV events
     std::unique_ptr<grpc::ClientContext> kv_ctx;
     std::thread kv_thread;
@@ -413,25 +408,12 @@ EngineInfo RemoteEngine::health(std::chrono::milliseconds timeout) {
     return {reply.model(), reply.max_context(), reply.vocab_size(), reply.kv_block_size()};
 }
 
-EngineLoad RemoteEngine::load(std::chrono::milliseconds timeout) {
+engine::EngineStats RemoteEngine::load(std::chrono::milliseconds timeout) {
     const LoadReport r =
         unary<LoadReport>(*impl_->stub, &Engine::Stub::Load, LoadRequest{}, timeout, address_, "load report");
-    EngineLoad l;
-    l.running = r.running();
-    l.waiting = r.waiting();
-    l.in_flight = r.in_flight();
-    l.kv_blocks_total = r.kv_blocks_total();
-    l.kv_blocks_used = r.kv_blocks_used();
-    l.kv_blocks_cached = r.kv_blocks_cached();
-    l.requests_received = r.requests_received();
-    l.requests_finished = r.requests_finished();
-    l.prompt_tokens = r.prompt_tokens();
-    l.cached_prompt_tokens = r.cached_prompt_tokens();
-    l.generation_tokens = r.generation_tokens();
-    l.requests_aborted = r.requests_aborted();
-    l.requests_failed = r.requests_failed();
-    l.preemptions = r.preemptions();
-    l.steps = r.steps();
+    engine::EngineStats l;
+    for (const auto& [name, field] : engine::EngineStats::kCounters)
+        l.*field = r.GetReflection()->GetInt64(r, report_field(name));
     std::lock_guard lock(impl_->mutex);
     impl_->last_load = l;
     return l;
@@ -454,23 +436,7 @@ std::shared_ptr<engine::RequestHandle> RemoteEngine::submit(engine::RequestParam
 
 engine::EngineStats RemoteEngine::stats() const {
     std::lock_guard lock(impl_->mutex);
-    const EngineLoad& l = impl_->last_load;
-    engine::EngineStats s;
-    s.running = l.running;
-    s.waiting = l.waiting;
-    s.kv_blocks_total = l.kv_blocks_total;
-    s.kv_blocks_used = l.kv_blocks_used;
-    s.kv_blocks_cached = l.kv_blocks_cached;
-    s.requests_received = l.requests_received;
-    s.requests_finished = l.requests_finished;
-    s.prompt_tokens = l.prompt_tokens;
-    s.cached_prompt_tokens = l.cached_prompt_tokens;
-    s.generation_tokens = l.generation_tokens;
-    s.requests_aborted = l.requests_aborted;
-    s.requests_failed = l.requests_failed;
-    s.preemptions = l.preemptions;
-    s.steps = l.steps;
-    return s;
+    return impl_->last_load;
 }
 
 void RemoteEngine::watch_kv_events(

@@ -42,21 +42,14 @@ class EngineServer {
     int port_ = 0;
 };
 
-// What an engine says of itself (Health) and of its load (Load).
+// What an engine says of itself (Health).
 struct EngineInfo {
     std::string model;
     int64_t max_context = 0, vocab_size = 0, kv_block_size = 0;
 };
-struct EngineLoad {
-    int64_t running = 0, waiting = 0, in_flight = 0;
-    int64_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_cached = 0;
-    int64_t requests_received = 0, requests_finished = 0;
-    int64_t prompt_tokens = 0, cached_prompt_tokens = 0, generation_tokens = 0;
-    int64_t requests_aborted = 0, requests_failed = 0, preemptions = 0, steps = 0;
-};
 
 // A remote engine as a RequestService. submit() validates with the limits Health reported, then
-// streams; stats() is the last load report (see refresh()).
+// streams; stats() is the last load report (see load()).
 class RemoteEngine : public engine::RequestService {
   public:
     explicit RemoteEngine(const std::string& address);
@@ -65,7 +58,8 @@ class RemoteEngine : public engine::RequestService {
 
     // Health within `timeout`; throws Error naming the address when it does not answer.
     EngineInfo health(std::chrono::milliseconds timeout);
-    EngineLoad load(std::chrono::milliseconds timeout);
+    // The engine's counters and gauges now (LoadReport carries EngineStats::kCounters by name).
+    engine::EngineStats load(std::chrono::milliseconds timeout);
     // Asks the engine to end `request_id`; true when it was running there.
     bool abort(const std::string& request_id, std::chrono::milliseconds timeout);
 
