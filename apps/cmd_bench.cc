@@ -56,6 +56,11 @@ void add_bench_command(CLI::App& app) {
                      "multi-turn: conversations of N requests, each extending the previous prompt by --prompt-len "
                      "words, sent when it finished (reports the best hit rate a placement could reach)")
         ->capture_default_str();
+    serve
+        ->add_option("--first-turn-len", s->first_turn_len,
+                     "multi-turn: words of each conversation's opening (a document, a long history; 0 = "
+                     "--prompt-len), later turns add --prompt-len")
+        ->capture_default_str();
     serve->add_option("--kv-block-size", s->kv_block_size, "the server's KV block size, for the best hit rate")
         ->capture_default_str();
     serve->add_option("--prefix-len", s->prefix_len, "words of each shared prefix, before the prompt words")

@@ -265,7 +265,7 @@ void run_score(ScoreArgs& a) {
             FANOUT_CHECK(d.mpi != nullptr,
                          "score's ranks as processes exchange tokens over MPI: start them with mpirun");
             // One step of the group: rank 0 the sequence, the others an empty step serving their experts.
-            auto ep = comm::make_mpi_ep(m->ep_config(ParallelConfig{d.rank, d.world, 1}, T), MPI_COMM_WORLD);
+            auto ep = comm::make_mpi_ep(m->ep_config(ParallelConfig{d.rank, d.world, 1}, T), d.comm);
             model::ForwardOptions o = forward_options(a.model);
             o.ep = ep.get();
             ThreadPool pool(a.model.threads);

@@ -1,5 +1,7 @@
 // router: the OpenAI-compatible HTTP API in front of many `fanout engine` instances
-// (router/router.h), until SIGINT / SIGTERM.
+// (router/router.h), until SIGINT / SIGTERM. The engines are given (--engine), or — when mpirun
+// starts the router beside them (`mpirun -np 1 fanout router ... : -np N fanout engine ...`) —
+// each tells the router where it serves once it listens.
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -8,6 +10,9 @@
 #include "cli_common.h"
 #include "fanout/router/router.h"
 #include "fanout/serve/openai_server.h"
+#ifdef FANOUT_WITH_MPI
+#include "fanout/comm/mpi_ep.h"
+#endif
 
 namespace fanout::cli {
 namespace {
@@ -25,7 +30,20 @@ struct RouterArgs {
 };
 
 void run_router(RouterArgs& a) {
-    FANOUT_CHECK(!a.engines.empty(), "router: give the engines with --engine HOST:PORT (repeat it)");
+#ifdef FANOUT_WITH_MPI
+    std::unique_ptr<comm::MpiSession> mpi;  // the launch's engines, until the router stops
+    if (comm::launched_by_mpi()) {
+        mpi = std::make_unique<comm::MpiSession>(comm::MpiSession::Role::kRouter);
+        std::fprintf(stderr, "fanout router: waiting for the engines of this launch to listen\n");
+        const auto found = mpi->collect_announcements(
+            [](int got, int want) { std::fprintf(stderr, "fanout router: %d of %d engine ranks ready\n", got, want); });
+        for (const auto& e : found) std::fprintf(stderr, "fanout router: engine %s (from the launcher)\n", e.c_str());
+        a.engines.insert(a.engines.end(), found.begin(), found.end());
+    }
+#endif
+    FANOUT_CHECK(!a.engines.empty(),
+                 "router: give the engines with --engine HOST:PORT (repeat it), or start the router beside them under "
+                 "mpirun (-np 1 fanout router ... : -np N fanout engine ...)");
     const io::Tokenizer tokenizer = load_tokenizer(resolve_model_dir(a.model));
     router::Router r(a.engines, a.config);
     r.start(std::chrono::seconds(a.wait_seconds));
@@ -48,7 +66,7 @@ void run_router(RouterArgs& a) {
     for (int e = 0; e < r.num_engines(); ++e) healthy += r.healthy(e) ? 1 : 0;
     std::fprintf(stderr, "fanout router: listening on http://%s:%d (model '%s', %d of %d engines healthy, policy %s)\n",
                  a.server.host.c_str(), port, a.server.model_name.c_str(), healthy, r.num_engines(),
-                 a.config.policy.c_str());
+                 a.config.placement.policy.c_str());
     server.serve();
     g_router_stop = true;
     watcher.join();
@@ -61,16 +79,18 @@ void run_router(RouterArgs& a) {
 void add_router_command(CLI::App& app) {
     auto a = std::make_shared<RouterArgs>();
     auto* cmd = app.add_subcommand("router", "the OpenAI-compatible API in front of many engines (fanout engine)");
-    cmd->add_option("--engine", a->engines, "an engine's HOST:PORT (repeat for each)")->required();
-    cmd->add_option("--policy", a->config.policy,
+    cmd->add_option("--engine", a->engines,
+                    "an engine's HOST:PORT (repeat for each); under mpirun the launch's `fanout engine` processes "
+                    "are found without it");
+    cmd->add_option("--policy", a->config.placement.policy,
                     "prefix: the engine holding most of the prompt's KV blocks, weighed against its load; "
                     "least-load; round-robin")
         ->check(CLI::IsMember({"prefix", "least-load", "round-robin"}))
         ->capture_default_str();
-    cmd->add_option("--load-weight", a->config.load_weight,
+    cmd->add_option("--load-weight", a->config.placement.load_weight,
                     "prefix policy: blocks of prefill a request in flight is worth")
         ->capture_default_str();
-    cmd->add_option("--balance-slack", a->config.balance_slack,
+    cmd->add_option("--balance-slack", a->config.placement.balance_slack,
                     "prefix policy: in-flight spread between engines past which the least loaded wins")
         ->capture_default_str();
     cmd->add_option("--max-in-flight-per-engine", a->config.max_in_flight,

@@ -1,6 +1,8 @@
 // serve: the OpenAI-compatible HTTP API until SIGINT / SIGTERM, over one engine or a data-parallel
 // group of expert-parallel ranks (--ep N): threads of this process, or processes under an MPI
 // launcher (`mpirun -np N fanout serve ...`, or `--ranks processes`, which starts mpirun itself).
+#include <unistd.h>
+
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -25,6 +27,14 @@ namespace {
 std::atomic<bool> g_stop{false};
 extern "C" void on_signal(int) { g_stop = true; }
 
+// The name a router elsewhere reaches this host by when listening on `host`: this host's name for
+// the wildcard addresses, else `host` itself.
+std::string reachable_host(const std::string& host) {
+    if (host != "0.0.0.0" && host != "::" && host != "[::]" && !host.empty()) return host;
+    char name[256] = {};
+    return gethostname(name, sizeof(name) - 1) == 0 ? std::string(name) : std::string("127.0.0.1");
+}
+
 struct ServeArgs {
     ModelArgs model;
     serve::ServerConfig server;
@@ -36,12 +46,13 @@ struct ServeArgs {
     std::string ranks = "threads";
     bool grpc = false;       // `fanout engine`: the engine's gRPC service instead of the HTTP API
     std::string ep_backend;  // empty: local at EP1 or on the CPU, nvlink for GPU ranks on one host, else nccl
+    engine::PlacementConfig dp_placement;
 };
 
 void run_serve(ServeArgs& a) {
     std::optional<io::Tokenizer> tokenizer_store;  // outlives the deployment's engines, which use it
     Deployment d;
-    d.join_world(a.ep, a.ranks, a.model.device);
+    d.join_world(a.ep, a.ranks, a.model.device, a.grpc);
     if (a.ep_backend.empty())
         a.ep_backend = a.ep == 1 || a.model.device == "cpu" ? "local" : d.all_local() ? "nvlink" : "nccl";
     FANOUT_CHECK(a.ep == 1 || a.model.device == "cpu" || a.ranks == "processes",
@@ -69,6 +80,7 @@ void run_serve(ServeArgs& a) {
     serve::validate_model_name(a.server.model_name);  // before loading: a bad name costs nothing
     engine::EngineConfig ec;
     ec.scheduler = a.scheduler;
+    ec.dp_placement = a.dp_placement;
     // The memory plan before a byte is loaded: what does not fit is refused now (exit 2), naming the
     // flag. CPU: the KV cache is --kv-memory-gb (default 1) of host memory; GPU: --kv-memory-gb, or
     // what is left of --gpu-memory-utilization of the device after weights and step buffers.
@@ -213,12 +225,13 @@ void run_serve(ServeArgs& a) {
     if (runner) d.make_rank(std::move(runner), ec, &tokenizer);
     phase(a.model.device == "cuda" ? "engine" : "KV cache and engine");
     if (d.follows()) {
+        d.announce("");  // not a front end (a router in the launch counts every rank's word)
         // Ranks past 0 serve their experts and run the requests rank 0 hands them, until it stops
         // the group; a failure anywhere ends the job through the launcher, naming the rank.
         std::signal(SIGINT, SIG_IGN);  // the launcher's signal reaches every rank: rank 0 stops the group
         std::signal(SIGTERM, SIG_IGN);
         d.follow();
-        std::fprintf(stderr, "fanout serve: rank %d stopped\n", d.rank);
+        std::fprintf(stderr, "fanout %s: rank %d stopped\n", a.grpc ? "engine" : "serve", d.rank);
         return;
     }
     std::string breakdown;
@@ -236,11 +249,15 @@ void run_serve(ServeArgs& a) {
                     ec.num_kv_blocks * kv::kDefaultBlockSize, a.ep > 1 ? " per rank" : "", ranks);
     if (a.grpc) {
         // `fanout engine`: the gRPC service (rpc/engine_service.h) for a router, until a signal.
-        rpc::EngineServer server(d.service(), a.server.model_name, fmt::format("{}:{}", a.server.host, a.server.port));
+        // Several engines of one launch: each on the next port (unless any free one).
+        const int port = a.server.port == 0 ? 0 : a.server.port + d.engine_index;
+        rpc::EngineServer server(d.service(), a.server.model_name, fmt::format("{}:{}", a.server.host, port));
         std::fprintf(stderr, "start-up: %s; %.2f s in all\n", breakdown.c_str(), total);
         d.start();
-        std::fprintf(stderr, "fanout engine: serving grpc://%s:%d (%s)\n", a.server.host.c_str(), server.port(),
-                     what.c_str());
+        std::fprintf(
+            stderr, "fanout engine: serving grpc://%s:%d (%s%s)\n", a.server.host.c_str(), server.port(), what.c_str(),
+            d.engines > 1 ? fmt::format("; engine {} of {} in this launch", d.engine_index, d.engines).c_str() : "");
+        d.announce(fmt::format("{}:{}", reachable_host(a.server.host), server.port()));
         while (!g_stop && d.failure().empty()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
         server.shutdown(std::chrono::seconds(20));  // drain: no new calls, those in flight finish (or are cut at 20 s)
         d.stop();
@@ -315,6 +332,12 @@ void add_engine_options(CLI::App* cmd, ServeArgs& aa) {
                     "local: one GPU holding every expert (default: local at --ep 1, nvlink when every rank is on this "
                     "host, else nccl). At --ep 1 nvlink/nccl run the expert-parallel path on one GPU")
         ->check(CLI::IsMember({"local", "nvlink", "nccl"}));
+    cmd->add_option("--dp-policy", a->dp_placement.policy,
+                    "--ep N: how rank 0 places requests on the DP ranks — prefix: the rank holding most of the "
+                    "prompt's KV blocks, weighed against its load (as fanout router places them on engines); "
+                    "least-load; round-robin")
+        ->check(CLI::IsMember({"prefix", "least-load", "round-robin"}))
+        ->capture_default_str();
     cmd->add_option("--host", a->server.host, "address to listen on")->capture_default_str();
     cmd->add_option("--port", a->server.port, "port (0 = any free one, printed at start)")->capture_default_str();
     cmd->add_option("--served-model-name", a->server.model_name,

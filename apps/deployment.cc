@@ -116,7 +116,7 @@ pid_t find_rank0(pid_t mpirun) {
 
 }  // namespace
 
-void Deployment::join_world(int& ep, std::string& ranks, const std::string& device) {
+void Deployment::join_world(int& ep, std::string& ranks, const std::string& device, bool several_engines) {
     FANOUT_CHECK(ranks == "threads" || ranks == "processes", "--ranks must be threads or processes, got '{}'", ranks);
     const auto launched = [&](const char* by) {
         FANOUT_CHECK(ep == 0 || ep == world, "--ep {}: {} started {} processes (one rank each)", ep, by, world);
@@ -126,11 +126,28 @@ void Deployment::join_world(int& ep, std::string& ranks, const std::string& devi
 #ifdef FANOUT_WITH_MPI
     if (comm::launched_by_mpi()) {
         mpi = std::make_unique<comm::MpiSession>();
-        rank = mpi->rank();
-        world = mpi->world();
-        local_rank = comm::rank_info_from_env().local_rank;
+        const int procs = mpi->world();
+        FANOUT_CHECK(several_engines || mpi->router() < 0,
+                     "this launch has a fanout router: start the engines behind it with `fanout engine`");
+        const int group = ep == 0 ? procs : ep;
+        FANOUT_CHECK(several_engines || group == procs, "--ep {}: the launcher started {} processes (one rank each)",
+                     ep, procs);
+        FANOUT_CHECK(procs % group == 0, "--ep {}: the launcher started {} engine processes, not a multiple of {}", ep,
+                     procs, ep);
+        engines = procs / group;
+        engine_index = mpi->rank() / group;
+        comm = engines == 1 ? mpi->comm() : mpi->split(engine_index, mpi->rank());
+        MPI_Comm_rank(comm, &rank);
+        world = group;
+        local_rank = mpi->local_rank();
+        MPI_Comm host = MPI_COMM_NULL;
+        MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &host);
+        int on_host = 0;
+        MPI_Comm_size(host, &on_host);
+        MPI_Comm_free(&host);
+        one_host = on_host == world;
         launched("the launcher");
-        if (world > 1) control = comm::make_mpi_control(MPI_COMM_WORLD);
+        if (world > 1) control = comm::make_mpi_control(comm);
         return;
     }
 #endif
@@ -141,6 +158,8 @@ void Deployment::join_world(int& ep, std::string& ranks, const std::string& devi
         local_rank = env.local_rank;
         env_launched = true;
         launched("RANK / WORLD_SIZE");
+        const char* local = std::getenv("LOCAL_WORLD_SIZE");
+        one_host = local != nullptr && std::atoi(local) == world;
         FANOUT_CHECK(device == "cuda",
                      "RANK={} WORLD_SIZE={} without MPI: CPU ranks as processes exchange their tokens over MPI — start "
                      "them with mpirun (or --ranks processes); GPU ranks (--device cuda) need only this environment",
@@ -174,8 +193,7 @@ void Deployment::make_cpu_ranks(std::vector<std::unique_ptr<model::DeepseekV3>> 
     FANOUT_CHECK(models.size() == 1, "a rank process holds one model, got {}", models.size());
     model::DeepseekV3& m = *models[0];
     ep = comm::make_mpi_ep(
-        m.ep_config(ParallelConfig{rank, world, 1}, std::max<int64_t>(1, ec.scheduler.max_batched_tokens)),
-        MPI_COMM_WORLD);
+        m.ep_config(ParallelConfig{rank, world, 1}, std::max<int64_t>(1, ec.scheduler.max_batched_tokens)), comm);
     model::ForwardOptions o = opts;
     o.ep = ep.get();
     make_rank(std::make_unique<engine::DeepseekRunner>(std::move(models[0]), o, threads, kv_dtype), ec, tokenizer);
@@ -241,7 +259,7 @@ comm::ExpertParallel* Deployment::make_gpu_ep(const std::string& backend, const 
 #ifdef FANOUT_WITH_MPI
     if (world > 1) {
         std::vector<uint8_t> blob(reinterpret_cast<uint8_t*>(&id), reinterpret_cast<uint8_t*>(&id) + sizeof(id));
-        blob = comm::mpi_broadcast(std::move(blob), MPI_COMM_WORLD);
+        blob = comm::mpi_broadcast(std::move(blob), comm);
         FANOUT_CHECK(blob.size() == sizeof(id), "NCCL id of {} bytes from rank 0, expected {}", blob.size(),
                      sizeof(id));
         std::memcpy(&id, blob.data(), sizeof(id));
@@ -254,9 +272,14 @@ comm::ExpertParallel* Deployment::make_gpu_ep(const std::string& backend, const 
 }
 #endif
 
-bool Deployment::all_local() const {
-    const char* local = std::getenv(env_launched ? "LOCAL_WORLD_SIZE" : "OMPI_COMM_WORLD_LOCAL_SIZE");
-    return world == 1 || (local != nullptr && std::atoi(local) == world);
+bool Deployment::all_local() const { return world == 1 || one_host; }
+
+void Deployment::announce(const std::string& address) {
+#ifdef FANOUT_WITH_MPI
+    if (mpi) mpi->announce(address);
+#else
+    (void)address;
+#endif
 }
 
 bool Deployment::follows() const { return process_rank && rank != 0; }

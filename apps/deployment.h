@@ -52,7 +52,12 @@ struct Deployment {
     std::unique_ptr<engine::DpRank> process_rank;    // this process's rank of a multi-process group
     std::thread loop;                                // rank 0's step loop (process_rank)
     int rank = 0, world = 1;                         // this process's rank among the processes of the deployment
-    int local_rank = 0;                              // ... among those of this host
+    int local_rank = 0;                              // ... among the job's ranks on this host (its GPU)
+    int engine_index = 0, engines = 1;               // `fanout engine` under a launcher: which of how many
+#ifdef FANOUT_WITH_MPI
+    MPI_Comm comm = MPI_COMM_NULL;  // the deployment's processes (mpi), owned by the session
+#endif
+    bool one_host = true;       // every rank of the deployment is on this host
     bool env_launched = false;  // RANK / WORLD_SIZE without MPI: TCP control plane, NCCL id over TCP
 
     ~Deployment() { stop(); }
@@ -62,8 +67,13 @@ struct Deployment {
     // --ep is an error), `ranks` becomes "processes", and the control plane connects. `--ranks
     // processes` without a launcher: this command is started again under mpirun on this host (does
     // not return). `ep` 0 means 1.
+    // `several_engines` (`fanout engine`): under mpirun the processes (a router's left out) form
+    // world / ep engines of `ep` ranks each (`ep` 0: one of them all); this process's is
+    // engine_index. Otherwise a router in the launch is an error (this command is a front end).
     // `device`: "cpu" ranks need MPI for their tokens (refused under RANK / WORLD_SIZE alone).
-    void join_world(int& ep, std::string& ranks, const std::string& device);
+    void join_world(int& ep, std::string& ranks, const std::string& device, bool several_engines = false);
+    // Where this process serves its engine (empty: a rank past 0), to the launch's router, if any.
+    void announce(const std::string& address);
     // The group's engines from models[r] = rank (this->rank + r)'s model: all ranks as threads when
     // models.size() is the world, else this process's one rank joined to the others over MPI.
     void make_cpu_ranks(std::vector<std::unique_ptr<model::DeepseekV3>> models, engine::EngineConfig ec,

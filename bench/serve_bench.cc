@@ -149,7 +149,8 @@ std::vector<RequestSpec> make_workload(const ServeBenchOptions& o) {
     std::vector<RequestSpec> specs(o.num_requests);
     for (int i = 0; i < o.num_requests; ++i) {
         RequestSpec& s = specs[i];
-        const int unique_words = uniform_len(rng, o.prompt_len, o.prompt_len_range);
+        const bool opening = o.turns > 1 && i % o.turns == 0 && o.first_turn_len > 0;
+        const int unique_words = uniform_len(rng, opening ? o.first_turn_len : o.prompt_len, o.prompt_len_range);
         s.max_tokens = uniform_len(rng, o.output_len, o.output_len_range);
         if (o.turns > 1 && i % o.turns > 0) {  // a later turn: the previous prompt and new words
             s.group = specs[i - 1].group;
@@ -540,6 +541,7 @@ json to_json(const ServeBenchOptions& o) {
             {"output_len_range", o.output_len_range},
             {"prefix_groups", o.prefix_groups},
             {"turns", o.turns},
+            {"first_turn_len", o.first_turn_len},
             {"kv_block_size", o.kv_block_size},
             {"prefix_len", o.prefix_len},
             {"slo_ttft_ms", o.slo_ttft_ms},
@@ -825,6 +827,8 @@ void check_options(const ServeBenchOptions& o) {
     FANOUT_CHECK(o.turns >= 1 && o.num_requests % o.turns == 0,
                  "turns={} must be >= 1 and divide num_requests={} (whole conversations)", o.turns, o.num_requests);
     FANOUT_CHECK(o.turns == 1 || o.mix.only_streamed(), "turns > 1 sends streamed requests only");
+    FANOUT_CHECK(o.first_turn_len >= 0, "first_turn_len={} must be >= 0", o.first_turn_len);
+    FANOUT_CHECK(o.first_turn_len == 0 || o.turns > 1, "first_turn_len={} needs turns > 1", o.first_turn_len);
     FANOUT_CHECK(o.kv_block_size >= 1, "kv_block_size={} must be >= 1", o.kv_block_size);
     FANOUT_CHECK(o.request_rate >= 0 && std::isfinite(o.request_rate), "request_rate={} must be >= 0", o.request_rate);
     FANOUT_CHECK(o.max_concurrency >= 0, "max_concurrency={} must be >= 0", o.max_concurrency);

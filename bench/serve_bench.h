@@ -57,6 +57,9 @@ struct ServeBenchOptions {
     // best prefix-cache hit rate any placement could reach: every turn reusing the whole blocks
     // (kv_block_size tokens) of its conversation's previous prompt.
     int turns = 1;
+    // turns > 1: a conversation's opening has this many unique words (0: prompt_len) — a long
+    // document or history followed by short turns (the chat-with-a-document workload).
+    int first_turn_len = 0;
     int kv_block_size = 64;
     double slo_ttft_ms = 0, slo_tpot_ms = 0;  // goodput counts requests meeting both (0 = no bound)
     uint64_t seed = 0;

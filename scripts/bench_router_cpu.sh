@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The router's placement policies on the CPU machine: 4 `fanout engine` processes on the tiny
 # model behind `fanout router`, driven by `fanout bench serve --turns` (multi-turn conversations,
-# each turn extending the previous prompt) once per policy; then the router's own overhead: the
+# each turn extending the previous prompt; FIRST_WORDS: a long opening, as a document) once per policy; then the router's own overhead: the
 # same short requests straight to an engine's `fanout serve`-equivalent path vs through the router.
 #   scripts/bench_router_cpu.sh BUILD_DIR OUT_DIR
 set -uo pipefail
@@ -35,6 +35,7 @@ for policy in ${POLICIES:-prefix least-load round-robin}; do
     port=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$out/router_$policy.log")
     echo "=== policy $policy"
     "$fanout" bench serve --base-url "http://127.0.0.1:$port" --endpoint completions --turns ${TURNS:-6} \
+        --first-turn-len ${FIRST_WORDS:-0} \
         -n ${REQUESTS:-192} --max-concurrency ${CONCURRENCY:-8} --prompt-len ${WORDS:-60} --output-len ${OUTPUT:-8} \
         --seed 7 --json "$out/router_$policy.json" | tee "$out/bench_$policy.txt" | grep -E "throughput|hit rate|cached|TTFT|failed"
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done

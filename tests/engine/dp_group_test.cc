@@ -18,6 +18,7 @@
 #include "engine_test_util.h"
 #include "fake_rank_runner.h"
 #include "fanout/comm/bootstrap.h"
+#include "fanout/kv/prefix_cache.h"
 #include "fanout/model/synthetic.h"
 #include "test_util.h"
 
@@ -33,11 +34,13 @@ using testing::request;
 using testing::Shared;
 
 std::unique_ptr<DpThreadGroup> fake_group(Shared& shared, int world,
-                                          std::chrono::milliseconds timeout = std::chrono::minutes(1)) {
+                                          std::chrono::milliseconds timeout = std::chrono::minutes(1),
+                                          const std::string& policy = "prefix") {
     EngineConfig cfg;
     cfg.num_kv_blocks = 64;
     cfg.scheduler = {8, 32, 8};
     cfg.lockstep = true;
+    cfg.dp_placement.policy = policy;
     std::vector<std::unique_ptr<Engine>> engines;
     for (int r = 0; r < world; ++r)
         engines.push_back(std::make_unique<Engine>(std::make_unique<FakeRankRunner>(shared, r), nullptr, cfg));
@@ -70,21 +73,76 @@ TEST(DpGroup, SixtyFourRequestsOverFourRanksAreExactAndEveryRankRunsEveryStep) {
     EXPECT_EQ(all.requests_finished, 64);
     EXPECT_EQ(all.requests_received, 64);
 
-    // Two more: ranks 0 and 1 take them (equal loads: the lowest rank first), ranks 2 and 3 sit
+    // Two more, each starting with a KV block a request that ran before left cached (request 2's
+    // on rank 2, request 3's on rank 3): the prefix placement sends them there. Ranks 0 and 1 sit
     // idle — and still run every step, empty.
-    const int64_t before = shared.forwards[2];
+    ASSERT_EQ(request(100, 1).prompt[0], request(2, 1).prompt[0]);
+    ASSERT_EQ(request(101, 1).prompt, request(3, 1).prompt);
+    const int64_t before = shared.forwards[1];
     auto a = lead.submit(request(100, 12)), b = lead.submit(request(101, 12));
     EXPECT_EQ(drain(*a), expected(request(100, 12).prompt, 12));
     EXPECT_EQ(drain(*b), expected(request(101, 12).prompt, 12));
-    EXPECT_EQ(group->rank(0).engine().stats().requests_received, 17);
-    EXPECT_EQ(group->rank(1).engine().stats().requests_received, 17);
-    EXPECT_EQ(group->rank(2).engine().stats().requests_received, 16);
-    EXPECT_GE(shared.forwards[2] - before, 12) << "an idle rank must still step with the group";
-    EXPECT_EQ(group->rank(3).engine().stats().requests_received, 16);
+    EXPECT_EQ(group->rank(0).engine().stats().requests_received, 16);
+    EXPECT_EQ(group->rank(1).engine().stats().requests_received, 16);
+    EXPECT_GE(shared.forwards[1] - before, 12) << "an idle rank must still step with the group";
+    EXPECT_EQ(group->rank(2).engine().stats().requests_received, 17);
+    EXPECT_EQ(group->rank(3).engine().stats().requests_received, 17);
     group->stop();
     for (int r = 1; r < kWorld; ++r) EXPECT_EQ(shared.forwards[r].load(), shared.forwards[0].load()) << "rank " << r;
     EXPECT_LE(shared.skew.load(), 1) << "ranks drifted apart: not in lockstep";
     EXPECT_EQ(group->failure(), "");
+}
+
+// Rank 0 as the group's router: the ranks' prefix-cache changes reach its index with their step
+// reports; a prompt sharing cached blocks goes to the rank holding them and hits its cache; the
+// union of the ranks' caches is rank 0's KV event stream (what a router in front of the group
+// indexes); round-robin ignores the caches.
+TEST(DpGroup, PrefixPlacementFollowsTheRanksCachesAndRankZeroPublishesTheirUnion) {
+    constexpr int kWorld = 3;
+    Shared shared(kWorld);
+    auto group = fake_group(shared, kWorld);
+    DpRank& lead = group->lead();
+    const auto with_prefix = [](int tail) {  // three blocks of 4 tokens, then one of its own
+        RequestParams p = request(0, 2);
+        p.prompt = {5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, static_cast<int32_t>(tail)};
+        return p;
+    };
+    EXPECT_EQ(lead.place(with_prefix(0).prompt).cached_blocks, 0);
+    // Two long requests take ranks 0 and 1, so the first prompt with the prefix runs on rank 2
+    // (where least-load would not send the later ones).
+    auto long0 = lead.submit(request(1, 240)), long1 = lead.submit(request(2, 240));
+    auto first = lead.submit(with_prefix(0));
+    group->start();
+    drain(*first);
+    long0->cancel();
+    long1->cancel();
+    drain(*long0);
+    drain(*long1);
+    const int holder = 2;
+    ASSERT_EQ(group->rank(holder).engine().stats().requests_received, 1);
+    const Placer::Choice c = lead.place(with_prefix(30).prompt);  // the step's report carried the cache's change
+    EXPECT_EQ(c.target, holder);
+    EXPECT_EQ(c.cached_blocks, 3);
+    for (int i = 1; i <= 4; ++i) {
+        RequestEvent last;
+        drain(*lead.submit(with_prefix(30 + i)), nullptr, &last);
+        EXPECT_EQ(last.cached_tokens, 12) << "request " << i;
+    }
+    EXPECT_EQ(group->rank(holder).engine().stats().requests_received, 5) << "least-load would have picked rank 0";
+    // The union: every cached block once, whichever ranks hold it.
+    const KvEventHub::Batch all = lead.kv_events()->next(0, std::chrono::milliseconds(0));
+    ASSERT_EQ(all.changes.size(), 1u);
+    const std::vector<int32_t> prompt = with_prefix(31).prompt;
+    for (uint64_t h : kv::block_hashes(prompt, 4))
+        EXPECT_EQ(std::count(all.changes[0].stored.begin(), all.changes[0].stored.end(), h), 1);
+    group->stop();
+
+    Shared rr_shared(kWorld);
+    auto rr = fake_group(rr_shared, kWorld, std::chrono::minutes(1), "round-robin");
+    rr->start();
+    for (int i = 0; i < 6; ++i) drain(*rr->lead().submit(with_prefix(40 + i)));
+    for (int r = 0; r < kWorld; ++r) EXPECT_EQ(rr->rank(r).engine().stats().requests_received, 2) << "rank " << r;
+    rr->stop();
 }
 
 TEST(DpGroup, CancelledAndStoppedRequestsEndWithAbort) {

@@ -147,14 +147,14 @@ TEST(Router, PrefixPlacementFollowsTheEnginesCaches) {
     engine::RequestParams p = request(0, 2);
     p.prompt = prompt_with_prefix(1, 0);
     drain(*r.submit(p));
-    const router::Placement first = r.place(prompt_with_prefix(1, 5));
-    ASSERT_GE(first.engine, 0);
+    const engine::Placer::Choice first = r.place(prompt_with_prefix(1, 5));
+    ASSERT_GE(first.target, 0);
     // Wait for that engine's KV events to reach the index.
     for (int i = 0; i < 100 && r.place(prompt_with_prefix(1, 5)).cached_blocks < 6; ++i)
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    const router::Placement again = r.place(prompt_with_prefix(1, 9));
+    const engine::Placer::Choice again = r.place(prompt_with_prefix(1, 9));
     EXPECT_EQ(again.cached_blocks, 6) << "the prompt's 6 blocks are cached on the engine that ran it";
-    const int holder = again.engine;
+    const int holder = again.target;
     EXPECT_EQ(r.indexed_blocks(holder), 6);
     // Requests sharing the prefix go there and hit the cache.
     for (int i = 0; i < 4; ++i) {
@@ -174,7 +174,7 @@ TEST(Router, RoundRobinAlternatesAndAnEngineThatGoesAwayLeavesAndRejoins) {
     Node b;
     const int port_a = a->server->port();
     router::RouterConfig cfg;
-    cfg.policy = "round-robin";
+    cfg.placement.policy = "round-robin";
     cfg.health_interval = std::chrono::milliseconds(50);
     cfg.health_timeout = std::chrono::milliseconds(200);
     router::Router r({a->address(), b.address()}, cfg);
@@ -224,7 +224,7 @@ TEST(Router, RoundRobinAlternatesAndAnEngineThatGoesAwayLeavesAndRejoins) {
 TEST(Router, NoHealthyEngineIsA503AndBadConfigsAreRefused) {
     EXPECT_THAT(error_of([] { router::Router({}, {}); }), HasSubstr("no engines"));
     router::RouterConfig bad;
-    bad.policy = "random";
+    bad.placement.policy = "random";
     EXPECT_THAT(error_of([&] { router::Router({"127.0.0.1:1"}, bad); }), HasSubstr("policy 'random'"));
     router::Router r({"127.0.0.1:1"}, {});
     EXPECT_THAT(error_of([&] { r.start(std::chrono::milliseconds(300)); }), HasSubstr("no engine answered"));

@@ -1,6 +1,7 @@
 // The `mpi` control plane (control_plane.h): rank 0's step message by broadcast, the reports by
 // gather, on a communicator of their own. Idle ranks poll a non-blocking broadcast with a short
 // sleep instead of MPI's busy wait, so a quiet deployment leaves its cores alone.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -102,7 +103,11 @@ bool launched_by_mpi() {
     return false;
 }
 
-MpiSession::MpiSession() {
+namespace {
+constexpr int kAnnounceTag = 7301;  // an engine rank's address, to the router
+}  // namespace
+
+MpiSession::MpiSession(Role role) {
     int inited = 0;
     FANOUT_MPI_CHECK(MPI_Initialized(&inited));
     FANOUT_CHECK(!inited, "MPI is already initialised in this process");
@@ -110,8 +115,31 @@ MpiSession::MpiSession() {
     FANOUT_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided));
     FANOUT_CHECK(provided >= MPI_THREAD_SERIALIZED, "this MPI gives thread level {}, fanout needs serialized ({})",
                  provided, MPI_THREAD_SERIALIZED);
-    FANOUT_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
-    FANOUT_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_));
+    int me = 0, all = 1;
+    FANOUT_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &me));
+    FANOUT_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &all));
+    // Who is who: one byte each.
+    const char mine = role == Role::kRouter ? 'r' : 'e';
+    std::vector<char> roles(static_cast<size_t>(all));
+    FANOUT_MPI_CHECK(MPI_Allgather(&mine, 1, MPI_CHAR, roles.data(), 1, MPI_CHAR, MPI_COMM_WORLD));
+    for (int r = 0; r < all; ++r)
+        if (roles[static_cast<size_t>(r)] == 'r') {
+            FANOUT_CHECK(router_ < 0, "this launch started more than one fanout router (world ranks {} and {})",
+                         router_, r);
+            router_ = r;
+        }
+    FANOUT_CHECK(router_ < 0 || all > 1,
+                 "a fanout router under mpirun needs engines beside it (-np 1 fanout router "
+                 "... : -np N fanout engine ...)");
+    FANOUT_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, mine, me, &comm_));
+    owned_.push_back(comm_);
+    FANOUT_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+    FANOUT_MPI_CHECK(MPI_Comm_size(comm_, &world_));
+    MPI_Comm host = MPI_COMM_NULL;
+    FANOUT_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &host));
+    owned_.push_back(host);
+    FANOUT_MPI_CHECK(MPI_Comm_rank(host, &local_rank_));
+    FANOUT_MPI_CHECK(MPI_Comm_size(host, &local_size_));
 }
 
 MpiSession::~MpiSession() {
@@ -119,7 +147,55 @@ MpiSession::~MpiSession() {
     // waiting in one, and MPI_Finalize would wait for them. The error's handler prints it and ends
     // the job (abort_mpi_job).
     if (std::uncaught_exceptions() > 0) return;
+    for (MPI_Comm& c : owned_) MPI_Comm_free(&c);
     MPI_Finalize();
+}
+
+MPI_Comm MpiSession::split(int color, int key) {
+    MPI_Comm c = MPI_COMM_NULL;
+    FANOUT_MPI_CHECK(MPI_Comm_split(comm_, color, key, &c));
+    owned_.push_back(c);
+    return c;
+}
+
+void MpiSession::announce(const std::string& address) const {
+    if (router_ < 0) return;
+    FANOUT_MPI_CHECK(
+        MPI_Send(address.data(), static_cast<int>(address.size()), MPI_CHAR, router_, kAnnounceTag, MPI_COMM_WORLD));
+}
+
+std::vector<std::string> MpiSession::collect_announcements(
+    const std::function<void(int got, int want)>& progress) const {
+    int all = 1;
+    FANOUT_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &all));
+    const int want = all - world_;  // every process that is not a router
+    std::vector<std::pair<int, std::string>> got;
+    auto last = std::chrono::steady_clock::now();
+    while (static_cast<int>(got.size()) < want) {
+        int flag = 0;
+        MPI_Status st;
+        FANOUT_MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, kAnnounceTag, MPI_COMM_WORLD, &flag, &st));
+        if (!flag) {
+            if (std::chrono::steady_clock::now() - last > std::chrono::seconds(30)) {
+                last = std::chrono::steady_clock::now();
+                if (progress) progress(static_cast<int>(got.size()), want);
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            continue;
+        }
+        int n = 0;
+        FANOUT_MPI_CHECK(MPI_Get_count(&st, MPI_CHAR, &n));
+        FANOUT_CHECK(n >= 0 && n < 1024, "world rank {} announced an address of {} bytes", st.MPI_SOURCE, n);
+        std::string a(static_cast<size_t>(n), '\0');
+        FANOUT_MPI_CHECK(
+            MPI_Recv(a.data(), n, MPI_CHAR, st.MPI_SOURCE, kAnnounceTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
+        got.emplace_back(st.MPI_SOURCE, std::move(a));
+    }
+    std::sort(got.begin(), got.end());
+    std::vector<std::string> out;
+    for (auto& [rank, a] : got)
+        if (!a.empty()) out.push_back(std::move(a));
+    return out;
 }
 
 void abort_mpi_job(int code) {

@@ -9,7 +9,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "fanout/comm/control_plane.h"
@@ -23,17 +25,40 @@ bool launched_by_mpi();
 // MPI for the lifetime of this object in a process an MPI launcher started: initialised with
 // MPI_THREAD_SERIALIZED (one thread at a time makes MPI calls: a rank's step loop), finalised on
 // destruction — unless an exception is unwinding it (then see abort_mpi_job). One per process.
+//
+// One launch may hold a router beside the engines' ranks (MPMD: `mpirun -np 1 fanout router ... :
+// -np 4 fanout engine ...`): every process says its role at start-up (a collective over
+// MPI_COMM_WORLD), and rank(), world() and comm() are then those of the processes of this one's
+// role — the router's are left out of the engines' world. Engines announce() where they serve
+// once they listen; the router collects every rank's announcement.
 class MpiSession {
   public:
-    MpiSession();
+    enum class Role { kRank, kRouter };
+    explicit MpiSession(Role role = Role::kRank);
     ~MpiSession();
     MpiSession(const MpiSession&) = delete;
     MpiSession& operator=(const MpiSession&) = delete;
     int rank() const { return rank_; }
     int world() const { return world_; }
+    MPI_Comm comm() const { return comm_; }         // the processes of this role
+    int local_rank() const { return local_rank_; }  // ... among those on this host
+    int local_size() const { return local_size_; }
+    // The MPI_COMM_WORLD rank of the job's router, or -1 when it has none.
+    int router() const { return router_; }
+    // A communicator of the processes of this role that pass the same `color` (collective over
+    // comm(); kept until the session ends).
+    MPI_Comm split(int color, int key);
+    // Engines' ranks, each once: where this process serves its engine's gRPC ("host:port"; empty
+    // for a rank that is not a front end), to the job's router (nothing when it has none).
+    void announce(const std::string& address) const;
+    // The router: every rank's announcement (waiting as long as it takes, `progress` called every
+    // 30 s with how many came), the non-empty ones in rank order.
+    std::vector<std::string> collect_announcements(const std::function<void(int got, int want)>& progress) const;
 
   private:
-    int rank_ = 0, world_ = 1;
+    int rank_ = 0, world_ = 1, local_rank_ = 0, local_size_ = 1, router_ = -1;
+    MPI_Comm comm_ = MPI_COMM_NULL;
+    std::vector<MPI_Comm> owned_;  // freed before MPI_Finalize
 };
 
 // After an error that left MPI running on this rank (its session unwound without finalising): ends

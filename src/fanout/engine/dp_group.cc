@@ -4,6 +4,8 @@
 #include <nlohmann/json.hpp>
 #include <tuple>
 
+#include "fanout/kv/prefix_cache.h"
+
 namespace fanout::engine {
 namespace {
 
@@ -12,7 +14,7 @@ using json = nlohmann::json;
 // The wire form of the control messages: MessagePack of these JSON shapes.
 //   step (rank 0 → all): {"stop": bool, "assign": [{"rank", "id", "params": {...}}], "cancel": [[rank, id]]}
 //   report (rank → 0):   {"events": [{"id", "text", "tokens", "finished", "reason", "p", "c", "cached"}],
-//                         "stats": {...}}
+//                         "stats": {...}, "kv": [{"reset", "stored": [hash], "removed": [hash]}]}
 json params_to_json(const RequestParams& p) {
     json bias = json::array();
     for (const auto& [id, b] : p.sampling.logit_bias) bias.push_back({id, b});
@@ -91,6 +93,7 @@ json decode(const std::vector<uint8_t>& bytes, const std::string& what) {
 struct DpRank::Pending {
     int64_t id = 0;
     RequestParams params;
+    std::vector<uint64_t> hashes;  // the prompt's KV block hashes, for placement
     std::shared_ptr<RequestHandle> handle;
 };
 
@@ -106,7 +109,8 @@ DpRank::DpRank(std::unique_ptr<Engine> engine, std::unique_ptr<comm::ControlPlan
       control_(std::move(control)),
       load_requests_(static_cast<size_t>(control_->world()), 0),
       load_tokens_(static_cast<size_t>(control_->world()), 0),
-      rank_stats_(static_cast<size_t>(control_->world())) {
+      rank_stats_(static_cast<size_t>(control_->world())),
+      placer_(engine_ ? engine_->config().dp_placement : PlacementConfig{}, control_->world()) {
     FANOUT_CHECK(engine_ && engine_->config().lockstep,
                  "DP rank {}: its engine must step in lockstep (EngineConfig::lockstep)", control_->rank());
 }
@@ -122,12 +126,14 @@ std::shared_ptr<RequestHandle> DpRank::submit(RequestParams params) {
     FANOUT_CHECK(rank() == 0, "requests enter a DP group at rank 0 (this is rank {})", rank());
     engine_->validate(params);  // every rank's engine has the same limits
     auto handle = std::make_shared<RequestHandle>();
+    std::vector<uint64_t> hashes;
+    if (placer_.config().policy == "prefix") hashes = kv::block_hashes(params.prompt, engine_->kv_block_size());
     {
         std::lock_guard lock(mutex_);
         if (!failure_.empty()) throw ServiceUnavailable(503, fmt::format("the deployment stopped: {}", failure_));
         if (stopping_) throw ServiceUnavailable(503, "the deployment is shutting down");
         handle->id_ = next_id_++;
-        pending_.push_back({handle->id_, std::move(params), handle});
+        pending_.push_back({handle->id_, std::move(params), std::move(hashes), handle});
     }
     cv_.notify_all();
     return handle;
@@ -158,18 +164,30 @@ std::vector<int64_t> DpRank::rank_loads() const {
     return load_requests_;
 }
 
-// Rank 0: waits until there is something to run (or to stop), then hands the queued requests to
-// the least-loaded ranks and names the cancelled ones.
+std::vector<Placer::Target> DpRank::targets_locked() const {
+    std::vector<Placer::Target> t(static_cast<size_t>(world()));
+    for (size_t r = 0; r < t.size(); ++r) {
+        t[r].requests = load_requests_[r];
+        t[r].tokens = load_tokens_[r];
+    }
+    return t;
+}
+
+Placer::Choice DpRank::place(const std::vector<int32_t>& prompt) const {
+    const auto hashes = kv::block_hashes(prompt, engine_->kv_block_size());
+    std::lock_guard lock(mutex_);
+    return placer_.preview(hashes, targets_locked());
+}
+
+// Rank 0: waits until there is something to run (or to stop), then places the queued requests on
+// ranks and names the cancelled ones.
 std::vector<uint8_t> DpRank::next_step_message() {
     std::unique_lock lock(mutex_);
     cv_.wait(lock, [&] { return stopping_ || !pending_.empty() || !proxies_.empty(); });
     json msg = {{"stop", stopping_}, {"assign", json::array()}, {"cancel", json::array()}};
     if (!stopping_) {
         for (Pending& p : pending_) {
-            int best = 0;
-            for (int r = 1; r < world(); ++r)
-                if (std::tie(load_requests_[r], load_tokens_[r]) < std::tie(load_requests_[best], load_tokens_[best]))
-                    best = r;
+            const int best = placer_.choose(p.hashes, targets_locked()).target;
             const int64_t tokens = static_cast<int64_t>(p.params.prompt.size()) + p.params.max_tokens;
             ++load_requests_[best];
             load_tokens_[best] += tokens;
@@ -216,7 +234,8 @@ void DpRank::apply_step_message(const std::vector<uint8_t>& bytes, bool* stop) {
     }
 }
 
-// This rank's events since the last step (every event of every request it runs) and its counters.
+// This rank's events since the last step (every event of every request it runs), its counters and
+// its prefix cache's changes.
 std::vector<uint8_t> DpRank::report() {
     json events = json::array();
     for (auto it = running_.begin(); it != running_.end();) {
@@ -235,7 +254,15 @@ std::vector<uint8_t> DpRank::report() {
         }
         it = finished ? running_.erase(it) : std::next(it);
     }
-    return json::to_msgpack(json{{"events", events}, {"stats", stats_to_json(engine_->stats())}});
+    json kv = json::array();
+    if (KvEventHub* hub = engine_->kv_events()) {
+        KvEventHub::Batch b = hub->next(kv_seen_, std::chrono::milliseconds(0));
+        kv_seen_ = b.last;
+        for (auto& c : b.changes)
+            if (c.reset || !c.stored.empty() || !c.removed.empty())
+                kv.push_back({{"reset", c.reset}, {"stored", std::move(c.stored)}, {"removed", std::move(c.removed)}});
+    }
+    return json::to_msgpack(json{{"events", events}, {"stats", stats_to_json(engine_->stats())}, {"kv", kv}});
 }
 
 // Rank 0: every rank's events to the callers' handles.
@@ -248,6 +275,9 @@ void DpRank::deliver(const std::vector<std::vector<uint8_t>>& reports) {
             EngineStats s = stats_from_json(rep.at("stats"));
             std::lock_guard lock(mutex_);
             rank_stats_[r] = s;
+            for (const auto& c : rep.at("kv"))
+                apply_kv_change_locked(r, c.at("reset").get<bool>(), c.at("stored").get<std::vector<uint64_t>>(),
+                                       c.at("removed").get<std::vector<uint64_t>>());
             for (const auto& e : rep.at("events")) {
                 const int64_t id = e.at("id").get<int64_t>();
                 const auto it = proxies_.find(id);
@@ -277,6 +307,24 @@ void DpRank::deliver(const std::vector<std::vector<uint8_t>>& reports) {
         }
         for (auto& [h, ev] : out) h->push(std::move(ev));  // outside the lock: push may call back into the server
     }
+}
+
+// Rank r's cache changed: its index, and the union's count of ranks per block (published when a
+// block is first cached anywhere, or gone everywhere).
+void DpRank::apply_kv_change_locked(int r, bool reset, const std::vector<uint64_t>& stored,
+                                    const std::vector<uint64_t>& removed) {
+    const Placer::Delta d = placer_.update(r, reset, stored, removed);
+    std::vector<uint64_t> first, gone;
+    for (uint64_t h : d.added)
+        if (++union_count_[h] == 1) first.push_back(h);
+    for (uint64_t h : d.removed) {
+        const auto it = union_count_.find(h);
+        if (it != union_count_.end() && --it->second == 0) {
+            union_count_.erase(it);
+            gone.push_back(h);
+        }
+    }
+    if (!first.empty() || !gone.empty()) union_events_.publish(first, gone);
 }
 
 void DpRank::fail_all(const std::string& reason, const std::string& finish_reason) {

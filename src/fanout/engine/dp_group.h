@@ -6,13 +6,17 @@
 // empty step (EngineConfig::lockstep) and still serves its experts. Batch sizes differ freely
 // between ranks; nothing is padded and nothing about them is exchanged.
 //
-// Rank 0 is the front door (the RequestService the API server talks to): submit() validates a
-// request and queues it; each step rank 0 hands the queued requests to the least-loaded ranks
-// (fewest unfinished requests, then fewest tokens still to process, then the lowest rank) and
-// sends them, with cancellations, in one message to every rank over the control plane
-// (comm/control_plane.h). Each rank admits its own, steps, and reports the events its requests
-// produced (text is detokenized where the request runs) and its counters back to rank 0, which
-// streams them to the callers' handles. When no rank has work, the group sleeps in that message.
+// Rank 0 is the front door (the RequestService the API server talks to) and the group's
+// in-process router: submit() validates a request and queues it; each step rank 0 places the
+// queued requests on ranks (EngineConfig::dp_placement, engine/placement.h — by default the rank
+// already holding most of the prompt's KV blocks, weighed against its unfinished requests, as the
+// router places them on engines) and sends them, with cancellations, in one message to every rank
+// over the control plane (comm/control_plane.h). Each rank admits its own, steps, and reports the
+// events its requests produced (text is detokenized where the request runs), its counters and its
+// prefix cache's changes (by block hash) back to rank 0, which streams the events to the callers'
+// handles and keeps an index of every rank's cached blocks. When no rank has work, the group
+// sleeps in that message. Rank 0's kv_events() is the union of the ranks' caches, so a router in
+// front of several DP groups (`fanout engine --ep N`) indexes each group as one engine.
 //
 // A failure anywhere (an exception in a step, a timeout, a malformed message) stops the whole
 // group through the control plane with an error naming the rank. Threads: every rank's run()
@@ -28,6 +32,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "fanout/comm/control_plane.h"
@@ -61,8 +66,13 @@ class DpRank : public RequestService {
     std::vector<EngineStats> rank_stats() const override;
     int64_t max_context() const override { return engine_->max_context(); }
     int64_t vocab_size() const override { return engine_->vocab_size(); }
+    // The union of the ranks' prefix caches (rank 0).
+    KvEventHub* kv_events() override { return &union_events_; }
+    int64_t kv_block_size() const override { return engine_->kv_block_size(); }
     // Per rank: unfinished requests handed to it (rank 0's view; for tests and /metrics).
     std::vector<int64_t> rank_loads() const;
+    // Rank 0: the rank `prompt` would be placed on now, and how many of its blocks that rank holds.
+    Placer::Choice place(const std::vector<int32_t>& prompt) const;
 
   private:
     struct Proxy;
@@ -72,6 +82,9 @@ class DpRank : public RequestService {
     std::vector<uint8_t> report();
     void deliver(const std::vector<std::vector<uint8_t>>& reports);
     void fail_all(const std::string& reason, const std::string& finish_reason);
+    std::vector<Placer::Target> targets_locked() const;  // every rank's load (mutex_ held)
+    void apply_kv_change_locked(int r, bool reset, const std::vector<uint64_t>& stored,
+                                const std::vector<uint64_t>& removed);
 
     std::unique_ptr<Engine> engine_;
     std::unique_ptr<comm::ControlPlane> control_;
@@ -86,6 +99,10 @@ class DpRank : public RequestService {
     std::map<int64_t, Proxy> proxies_;                  // handed out, not finished: the caller's handle and its rank
     std::vector<int64_t> load_requests_, load_tokens_;  // per rank: unfinished requests, tokens left
     std::vector<EngineStats> rank_stats_;
+    Placer placer_;                                  // every rank's cached blocks and the policy
+    std::unordered_map<uint64_t, int> union_count_;  // a cached block hash: on how many ranks
+    KvEventHub union_events_;                        // its changes: 0 -> 1 ranks stored, 1 -> 0 removed
+    uint64_t kv_seen_ = 0;                           // this rank: the last change of its cache reported
     int64_t next_id_ = 1;
     bool stopping_ = false;
     std::string failure_;

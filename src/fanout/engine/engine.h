@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "fanout/engine/kv_events.h"
+#include "fanout/engine/placement.h"
 #include "fanout/engine/scheduler.h"
 #include "fanout/io/tokenizer.h"
 #include "fanout/kv/paged_kv_cache.h"
@@ -133,6 +134,8 @@ struct EngineConfig {
     // A rank of a data-parallel group (dp_group.h): every step() runs a forward — an empty one when
     // this rank has no work — because every MoE layer is a collective of all ranks.
     bool lockstep = false;
+    // A DP group's rank 0 (dp_group.h): how it places requests on the group's ranks.
+    PlacementConfig dp_placement;
 };
 
 // Counters and latency histograms for /metrics.

@@ -10,16 +10,20 @@ namespace fanout::router {
 struct Router::Slot {
     std::unique_ptr<rpc::RemoteEngine> remote;
     bool healthy = false;
-    bool watching = false;            // a KV event stream is open
-    std::unordered_set<uint64_t> kv;  // the engine's cached blocks, by chain hash
-    engine::EngineStats last;         // its last load report
+    bool watching = false;     // a KV event stream is open
+    engine::EngineStats last;  // its last load report
     std::string last_error;
 };
 
-Router::Router(std::vector<std::string> addresses, RouterConfig config) : config_(std::move(config)) {
+namespace {
+int count_engines(const std::vector<std::string>& addresses) {
     FANOUT_CHECK(!addresses.empty(), "router: no engines (--engine HOST:PORT)");
-    FANOUT_CHECK(config_.policy == "prefix" || config_.policy == "least-load" || config_.policy == "round-robin",
-                 "router: policy '{}' is not prefix, least-load or round-robin", config_.policy);
+    return static_cast<int>(addresses.size());
+}
+}  // namespace
+
+Router::Router(std::vector<std::string> addresses, RouterConfig config)
+    : config_(std::move(config)), placer_(config_.placement, count_engines(addresses)) {
     FANOUT_CHECK(config_.max_in_flight >= 1, "router: max_in_flight must be >= 1, got {}", config_.max_in_flight);
     for (const auto& a : addresses) {
         auto s = std::make_unique<Slot>();
@@ -57,14 +61,14 @@ void Router::check(Slot& s) {
                 std::fprintf(stderr, "router: engine %s is healthy (model '%s')\n", s.remote->address().c_str(),
                              info.model.c_str());
             s.healthy = true;
-            start_watch = !s.watching && config_.policy == "prefix";
+            start_watch = !s.watching && config_.placement.policy == "prefix";
             if (start_watch) s.watching = true;
         } else {
             if (s.healthy || s.last_error.empty())
                 std::fprintf(stderr, "router: engine %s is out of rotation: %s\n", s.remote->address().c_str(),
                              error.c_str());
             s.healthy = false;
-            s.kv.clear();
+            placer_.forget(index_of(s));
         }
         s.last_error = error;
     }
@@ -75,16 +79,15 @@ void Router::check(Slot& s) {
     }
     if (start_watch) {
         Slot* slot = &s;
+        const int e = index_of(s);
         s.remote->watch_kv_events(
-            [this, slot](bool reset, const std::vector<uint64_t>& stored, const std::vector<uint64_t>& removed) {
+            [this, e](bool reset, const std::vector<uint64_t>& stored, const std::vector<uint64_t>& removed) {
                 std::lock_guard lock(mutex_);
-                if (reset) slot->kv.clear();
-                slot->kv.insert(stored.begin(), stored.end());
-                for (uint64_t h : removed) slot->kv.erase(h);
+                placer_.update(e, reset, stored, removed);
             },
-            [this, slot](const std::string&) {
+            [this, slot, e](const std::string&) {
                 std::lock_guard lock(mutex_);
-                slot->kv.clear();  // rebuilt when the next health check opens a new stream
+                placer_.forget(e);  // rebuilt when the next health check opens a new stream
                 slot->watching = false;
             });
     }
@@ -138,54 +141,26 @@ void Router::stop() {
     for (auto& s : engines_) s->remote->stop_kv_events();
 }
 
-Placement Router::place_locked(const std::vector<uint64_t>& hashes, const std::vector<int>& exclude) const {
-    Placement best;
-    best.prompt_blocks = static_cast<int64_t>(hashes.size());
-    int64_t lo = INT64_MAX, hi = 0;
-    for (const auto& s : engines_)
-        if (s->healthy) {
-            lo = std::min(lo, s->remote->in_flight());
-            hi = std::max(hi, s->remote->in_flight());
-        }
-    const bool spread = hi - lo > config_.balance_slack;
-    double best_cost = 0;
-    for (int e = 0; e < static_cast<int>(engines_.size()); ++e) {
+std::vector<engine::Placer::Target> Router::targets_locked(const std::vector<int>& exclude) const {
+    std::vector<engine::Placer::Target> t(engines_.size());
+    for (size_t e = 0; e < engines_.size(); ++e) {
         const Slot& s = *engines_[e];
-        if (!s.healthy || s.remote->in_flight() >= config_.max_in_flight) continue;
-        if (std::find(exclude.begin(), exclude.end(), e) != exclude.end()) continue;
-        int64_t cached = 0;
-        while (cached < static_cast<int64_t>(hashes.size()) && s.kv.count(hashes[cached])) ++cached;
-        const double load = static_cast<double>(s.remote->in_flight());
-        double cost = 0;
-        if (config_.policy == "prefix" && !spread)
-            cost = static_cast<double>(best.prompt_blocks - cached) + config_.load_weight * load;
-        else
-            cost = load;  // least-load, or prefix while the loads diverge
-        if (best.engine < 0 || cost < best_cost) {
-            best.engine = e;
-            best.cached_blocks = cached;
-            best_cost = cost;
-        }
+        t[e].requests = s.remote->in_flight();
+        t[e].eligible = s.healthy && t[e].requests < config_.max_in_flight &&
+                        std::find(exclude.begin(), exclude.end(), static_cast<int>(e)) == exclude.end();
     }
-    return best;
+    return t;
 }
 
-Placement Router::place(const std::vector<int32_t>& prompt) const {
+engine::Placer::Choice Router::place(const std::vector<int32_t>& prompt) const {
     const auto hashes = kv::block_hashes(prompt, info_.kv_block_size > 0 ? info_.kv_block_size : kv::kDefaultBlockSize);
     std::lock_guard lock(mutex_);
-    return place_locked(hashes);
+    return placer_.preview(hashes, targets_locked({}));
 }
 
 int Router::pick(const std::vector<uint64_t>& hashes, const std::vector<int>& exclude) {
     std::lock_guard lock(mutex_);
-    if (config_.policy != "round-robin") return place_locked(hashes, exclude).engine;
-    for (size_t tried = 0; tried < engines_.size(); ++tried) {
-        const int c = static_cast<int>(next_rr_++ % static_cast<int64_t>(engines_.size()));
-        if (engines_[c]->healthy && engines_[c]->remote->in_flight() < config_.max_in_flight &&
-            std::find(exclude.begin(), exclude.end(), c) == exclude.end())
-            return c;
-    }
-    return -1;
+    return placer_.choose(hashes, targets_locked(exclude)).target;
 }
 
 void Router::mark_down(int e, const std::string& why) {
@@ -194,7 +169,7 @@ void Router::mark_down(int e, const std::string& why) {
     if (!s.healthy) return;
     std::fprintf(stderr, "router: engine %s is out of rotation: %s\n", s.remote->address().c_str(), why.c_str());
     s.healthy = false;
-    s.kv.clear();
+    placer_.forget(e);
     s.last_error = why;
 }
 
@@ -314,7 +289,13 @@ bool Router::healthy(int e) const {
 
 int64_t Router::indexed_blocks(int e) const {
     std::lock_guard lock(mutex_);
-    return static_cast<int64_t>(engines_.at(static_cast<size_t>(e))->kv.size());
+    return placer_.indexed_blocks(e);
+}
+
+int Router::index_of(const Slot& s) const {
+    for (size_t e = 0; e < engines_.size(); ++e)
+        if (engines_[e].get() == &s) return static_cast<int>(e);
+    FANOUT_FAIL("router: an engine slot that is not in the list");
 }
 
 }  // namespace fanout::router

@@ -2,14 +2,11 @@
 // instances reached over gRPC (rpc/engine_service.h). It is a RequestService: submit() picks an
 // engine and relays the request there.
 //
-// Placement (RouterConfig::policy):
-//  * prefix (default): an exact index of every engine's cached KV blocks, by chain hash, built
-//    from the engines' KV event streams (as NVIDIA Dynamo's KV router does, not an approximate
-//    tree of routed text). The cost of an engine is the prompt's blocks it would still have to
-//    prefill plus load_weight × its requests in flight; the cheapest wins. When the engines'
-//    loads diverge (the busiest has more than balance_slack requests more than the idlest), the
-//    least loaded wins instead, so a hot prefix cannot pile everything onto one engine.
-//  * least-load: fewest requests in flight. round-robin: in turn.
+// Placement (RouterConfig::placement, engine/placement.h — the same choice a DP group's rank 0
+// makes among its ranks): the prefix policy reads an exact index of every engine's cached KV
+// blocks, by chain hash, built from the engines' KV event streams (as NVIDIA Dynamo's KV router
+// does, not an approximate tree of routed text), weighed against the engines' requests in flight;
+// least-load and round-robin for comparison.
 // Health: every engine is checked every health_interval (Health and Load RPCs, each bounded by
 // health_timeout); one that fails — or whose call breaks — is out of rotation at once (its index
 // dropped) and rejoins when it answers again, its KV index rebuilt from a fresh event stream. A
@@ -31,22 +28,15 @@
 #include <vector>
 
 #include "fanout/engine/engine.h"
+#include "fanout/engine/placement.h"
 #include "fanout/rpc/engine_service.h"
 
 namespace fanout::router {
 
 struct RouterConfig {
-    std::string policy = "prefix";  // prefix | least-load | round-robin
-    double load_weight = 1.0;       // blocks of prefill one request in flight is worth
-    int64_t balance_slack = 8;      // in-flight spread past which the least loaded wins
-    int64_t max_in_flight = 256;    // per engine
+    engine::PlacementConfig placement;
+    int64_t max_in_flight = 256;  // per engine
     std::chrono::milliseconds health_interval{250}, health_timeout{500};
-};
-
-// Where a prompt would go, and why (tests and the router's log).
-struct Placement {
-    int engine = -1;
-    int64_t cached_blocks = 0, prompt_blocks = 0;
 };
 
 class Router : public engine::RequestService {
@@ -70,8 +60,8 @@ class Router : public engine::RequestService {
     int64_t max_context() const override;
     int64_t vocab_size() const override;
 
-    // Where `prompt` would go now (no request is sent).
-    Placement place(const std::vector<int32_t>& prompt) const;
+    // Where `prompt` would go now (no request is sent; round-robin's turn does not move).
+    engine::Placer::Choice place(const std::vector<int32_t>& prompt) const;
     int num_engines() const { return static_cast<int>(engines_.size()); }
     bool healthy(int e) const;
     // Blocks the index holds for engine e.
@@ -87,7 +77,9 @@ class Router : public engine::RequestService {
     void mark_down(int e, const std::string& why);
     void check(Slot& s);
     void health_loop();
-    Placement place_locked(const std::vector<uint64_t>& hashes, const std::vector<int>& exclude = {}) const;
+    int index_of(const Slot& s) const;
+    // Every engine's load for the placer; those in `exclude` are not eligible (mutex_ held).
+    std::vector<engine::Placer::Target> targets_locked(const std::vector<int>& exclude) const;
 
     RouterConfig config_;
     std::vector<std::unique_ptr<Slot>> engines_;
@@ -95,7 +87,7 @@ class Router : public engine::RequestService {
     std::condition_variable cv_;
     std::string model_;
     rpc::EngineInfo info_;
-    int64_t next_rr_ = 0;
+    engine::Placer placer_;  // the engines' KV indexes and the policy
     std::atomic<int64_t> next_id_{1};
     std::atomic<bool> stopping_{false}, draining_{false};
     std::thread health_;
