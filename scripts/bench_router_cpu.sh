@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The router's placement policies on the CPU machine: 4 `fanout engine` processes on the tiny
 # model behind `fanout router`, driven by `fanout bench serve --turns` (multi-turn conversations,
-# each turn extending the previous prompt; FIRST_WORDS: a long opening, as a document) once per policy; then the router's own overhead: the
+# each turn extending the previous prompt; FIRST_WORDS: a long opening, as a document) once per policy
+# (MODE=dp: the DP ranks of one `fanout serve --ep 4` instead); then the router's own overhead: the
 # same short requests straight to an engine's `fanout serve`-equivalent path vs through the router.
 #   scripts/bench_router_cpu.sh BUILD_DIR OUT_DIR
 set -uo pipefail
@@ -18,6 +19,29 @@ wait_for() {  # wait_for FILE PATTERN
     echo "timed out waiting for '$2' in $1"; return 1
 }
 threads=${THREADS_PER_ENGINE:-1}
+bench() {  # bench PORT NAME: the multi-turn workload against the server on PORT
+    "$fanout" bench serve --base-url "http://127.0.0.1:$1" --endpoint completions --turns ${TURNS:-6} \
+        --first-turn-len ${FIRST_WORDS:-0} \
+        -n ${REQUESTS:-192} --max-concurrency ${CONCURRENCY:-8} --prompt-len ${WORDS:-60} --output-len ${OUTPUT:-8} \
+        --seed 7 --json "$out/$2.json" | tee "$out/bench_$2.txt" | grep -E "throughput|hit rate|cached|TTFT|failed"
+}
+# MODE=dp: the same policies inside one `fanout serve --ep 4` (4 DP ranks as threads, rank 0 placing
+# requests on them: the in-process router) instead of 4 engine processes behind `fanout router`.
+if [[ ${MODE:-router} == dp ]]; then
+    for policy in ${POLICIES:-prefix least-load round-robin}; do
+        "$fanout" serve --model tiny --port 0 --ep 4 --threads "$threads" --kv-memory-gb 0.2 --dp-policy "$policy" \
+            2> "$out/dp_$policy.log" &
+        pids+=($!)
+        wait_for "$out/dp_$policy.log" "listening" || exit 1
+        port=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$out/dp_$policy.log")
+        echo "=== serve --ep 4 --dp-policy $policy"
+        bench "$port" "dp_$policy"
+        for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+        wait 2>/dev/null
+        pids=()
+    done
+    exit 0
+fi
 for policy in ${POLICIES:-prefix least-load round-robin}; do
     engines=()
     for i in 0 1 2 3; do
@@ -34,10 +58,7 @@ for policy in ${POLICIES:-prefix least-load round-robin}; do
     sleep 1  # every engine healthy, KV streams open
     port=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$out/router_$policy.log")
     echo "=== policy $policy"
-    "$fanout" bench serve --base-url "http://127.0.0.1:$port" --endpoint completions --turns ${TURNS:-6} \
-        --first-turn-len ${FIRST_WORDS:-0} \
-        -n ${REQUESTS:-192} --max-concurrency ${CONCURRENCY:-8} --prompt-len ${WORDS:-60} --output-len ${OUTPUT:-8} \
-        --seed 7 --json "$out/router_$policy.json" | tee "$out/bench_$policy.txt" | grep -E "throughput|hit rate|cached|TTFT|failed"
+    bench "$port" "router_$policy"
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
     wait 2>/dev/null
     pids=()
