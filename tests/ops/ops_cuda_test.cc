@@ -469,12 +469,14 @@ TEST(GemmBf16Cuda, MatchesDoublePrecisionReference) {
 TEST(MoeRouteCuda, MatchesCpuReference) {
     REQUIRE_GPU();
     const RouterParams v3{256, 8, 8, 4, true, 2.5f}, mixtral{8, 2, 1, 1, true, 1.0f}, odd{96, 6, 3, 2, false, 1.0f};
-    for (const RouterParams& p : {v3, mixtral, odd}) {
+    const RouterParams small_groups{40, 3, 8, 3, true, 1.5f},
+        singletons{12, 2, 12, 6, true, 1.0f};  // 5 and 1 per group
+    for (const RouterParams& p : {v3, mixtral, odd, small_groups, singletons}) {
         for (int T : {1, 37, 300}) {
             const int E = p.num_experts, K = p.top_k;
             Tensor logits = fanout::testing::random_tensor({T, E}, 120 + T + E, 4.0f);
             const auto bias = fanout::testing::random_floats(size_t(E), 121 + E, 0.5f);
-            const bool with_bias = p.n_group > 1;
+            const bool with_bias = p.n_group > 1;  // singletons: every group score is -inf, the first groups kept
             Tensor idx = Tensor::zeros({T, K}, DType::kI32), wt = Tensor::zeros({T, K}, DType::kF32);
             moe_route(logits, with_bias ? bias.data() : nullptr, p, idx, wt, Stream{});
             DeviceBuffer<float> dl(size_t(T) * E), db{size_t(E)}, dw(size_t(T) * K);

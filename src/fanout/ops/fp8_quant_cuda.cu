@@ -4,6 +4,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
+#include <cstdint>
+#include <type_traits>
+
 // Only fmt-free headers here: fmt does not compile under nvcc.
 #include "fanout/core/cuda_check.h"
 #include "fanout/ops/fp8_constants.h"
@@ -41,13 +44,48 @@ __global__ void act_quant_kernel(const T* __restrict__ x, uint8_t* __restrict__ 
     }
 }
 
+// The same with each lane on 4 consecutive values (K % 4 == 0, aligned rows): one vector load and
+// one 32-bit store per lane instead of four of each — the same values, scales and rounding. (Four
+// blocks per warp with every load issued first measured slower: 11.9 vs 8.6 µs at 256 × 7168.)
+template <typename T>
+__global__ void act_quant_vec4_kernel(const T* __restrict__ x, uint8_t* __restrict__ q, float* __restrict__ scales,
+                                      int M, int K, int num_kblocks) {
+    using Vec = std::conditional_t<sizeof(T) == 4, float4, uint2>;  // 4 values
+    const int warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (warp >= M * num_kblocks) return;
+    const int m = warp / num_kblocks, b = warp % num_kblocks;
+    const int k0 = b * static_cast<int>(kFp8Block) + 4 * lane;
+    const size_t at = static_cast<size_t>(m) * K + k0;
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (k0 < K) {
+        const Vec raw = *reinterpret_cast<const Vec*>(x + at);
+        const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) v[i] = to_f32(e[i]);
+    }
+    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float scale = fmaxf(amax, kActQuantMinAmax) / kFp8E4M3Max;
+    if (lane == 0) scales[static_cast<size_t>(m) * num_kblocks + b] = scale;
+    if (k0 < K) {
+        uint32_t packed = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            packed |= static_cast<uint32_t>(__nv_cvt_float_to_fp8(v[i] / scale, __NV_SATFINITE, __NV_E4M3)) << (8 * i);
+        *reinterpret_cast<uint32_t*>(q + at) = packed;
+    }
+}
+
 template <typename T>
 void launch(const T* x, uint8_t* q, float* scales, int M, int K, void* cuda_stream) {
     const int nb = (K + static_cast<int>(kFp8Block) - 1) / static_cast<int>(kFp8Block);
     const int warps = M * nb;
     if (warps == 0) return;
-    act_quant_kernel<<<(warps + kWarpsPerBlock - 1) / kWarpsPerBlock, 32 * kWarpsPerBlock, 0,
-                       static_cast<cudaStream_t>(cuda_stream)>>>(x, q, scales, M, K, nb);
+    const bool vec =
+        K % 4 == 0 && reinterpret_cast<uintptr_t>(x) % (4 * sizeof(T)) == 0 && reinterpret_cast<uintptr_t>(q) % 4 == 0;
+    auto* kernel = vec ? act_quant_vec4_kernel<T> : act_quant_kernel<T>;
+    kernel<<<(warps + kWarpsPerBlock - 1) / kWarpsPerBlock, 32 * kWarpsPerBlock, 0,
+             static_cast<cudaStream_t>(cuda_stream)>>>(x, q, scales, M, K, nb);
     FANOUT_CUDA_CHECK_LAUNCH("act_quant_kernel");
 }
 

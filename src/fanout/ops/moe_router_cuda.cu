@@ -1,8 +1,11 @@
-// The MoE router on the GPU (moe_router.h's rule), one warp per token, everything in registers and
-// warp shuffles but the group scores: lane l holds experts l, l + 32, ... (sigmoid score and the
-// biased choice value); each group's top-two sum is computed by one lane from a shared-memory copy
-// of the choices; the kept groups and then the top_k experts come from repeated warp-wide
-// arg-max (value first, lower index on ties — the CPU's order). Only fmt-free headers here.
+// The MoE router on the GPU (moe_router.h's rule), a CTA per token and a thread per expert: an
+// expert's place in an order is the count of those ahead of it (a larger value, or an equal one
+// with a lower index — the CPU's order), read from shared memory. Three short passes: each
+// expert's rank in its group (a group's score is its ranks 0 and 1); each group's rank among the
+// group scores (kept below topk_group); then only the candidates — an expert can be among the
+// top_k only if it is among its group's top_k — are ranked against each other, and ranks
+// 0..top_k-1 are written in that order, their weights normalised by a sum in that order.
+// Only fmt-free headers here.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -13,96 +16,83 @@
 namespace fanout::ops {
 namespace {
 
-constexpr int kMaxPerLane = 16, kMaxExperts = 32 * kMaxPerLane, kMaxK = 32, kWarps = 4;
+constexpr int kMaxExperts = 512, kMaxK = 32, kMaxGroups = 32;
 
-// The warp's arg-max of (v, i): the larger v, the lower i on ties.
-__device__ __forceinline__ void warp_argmax(float& v, int& i) {
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, i, o);
-        if (ov > v || (ov == v && oi < i)) v = ov, i = oi;
+// How many of values[0, n) come before (v, i): larger, or equal with a lower index.
+__device__ __forceinline__ int rank_in(const float* values, int n, int base, float v, int i) {
+    int r = 0;
+    for (int j = 0; j < n; ++j) {
+        const float c = values[base + j];
+        r += (c > v || (c == v && base + j < i)) ? 1 : 0;
     }
+    return r;
 }
 
-__global__ void __launch_bounds__(kWarps * 32)
-    moe_route_kernel(const float* __restrict__ logits, const float* __restrict__ bias, RouterParams p, int T,
+__global__ void __launch_bounds__(kMaxExperts)
+    moe_route_kernel(const float* __restrict__ logits, const float* __restrict__ bias, RouterParams p,
                      int* __restrict__ topk_idx, float* __restrict__ topk_weight) {
-    __shared__ float choices[kWarps][kMaxExperts];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int t = blockIdx.x * kWarps + warp;
-    if (t >= T) return;
-    const int E = p.num_experts, G = p.n_group, per_group = E / G;
+    __shared__ float choices[kMaxExperts];
+    __shared__ float top1[kMaxGroups], top2[kMaxGroups], group_score[kMaxGroups];
+    __shared__ float cand_value[kMaxGroups * kMaxK];
+    __shared__ int cand_index[kMaxGroups * kMaxK];
+    __shared__ float chosen_score[kMaxK];
+    __shared__ int chosen[kMaxK];
+    const int t = blockIdx.x, e = threadIdx.x;
+    const int E = p.num_experts, G = p.n_group, per_group = E / G, K = p.top_k;
+    const int per_slot = min(K, per_group), slots = p.topk_group * per_slot;
     const float kNegInf = -__int_as_float(0x7f800000);
-    float score[kMaxPerLane], choice[kMaxPerLane];
-#pragma unroll
-    for (int j = 0; j < kMaxPerLane; ++j) {
-        const int e = lane + 32 * j;
-        score[j] = 0.0f;
-        choice[j] = kNegInf;
-        if (e < E) {
-            score[j] = 1.0f / (1.0f + expf(-logits[static_cast<size_t>(t) * E + e]));
-            choice[j] = score[j] + (bias != nullptr ? bias[e] : 0.0f);
-            choices[warp][e] = choice[j];
-        }
+    const bool mine = e < E;
+    float score = 0.0f, choice = kNegInf;
+    if (mine) {
+        score = 1.0f / (1.0f + expf(-logits[static_cast<size_t>(t) * E + e]));
+        choice = score + (bias != nullptr ? bias[e] : 0.0f);
+        choices[e] = choice;
     }
+    if (e < G) top1[e] = top2[e] = kNegInf;  // a group of one expert has no second (-inf, as the CPU's)
+    if (e < K) {                             // in range even if NaN logits leave a rank unclaimed
+        chosen[e] = 0;
+        chosen_score[e] = 0.0f;
+    }
+    for (int j = e; j < slots; j += blockDim.x) {
+        cand_value[j] = kNegInf;
+        cand_index[j] = 1 << 30;
+    }
+    __syncthreads();
+    const int g = mine ? e / per_group : 0;
+    const int in_group = mine ? rank_in(choices, per_group, g * per_group, choice, e) : 1 << 30;
+    int group_rank = 0;
     if (G > 1) {
-        __syncwarp();
-        // Lane g: the sum of its group's top two choice values (-inf-initialised like the CPU's).
-        float gs = kNegInf;
-        if (lane < G) {
-            float a = kNegInf, b = kNegInf;
-            for (int j = 0; j < per_group; ++j) {
-                const float c = choices[warp][lane * per_group + j];
-                if (c > a) {
-                    b = a;
-                    a = c;
-                } else if (c > b) {
-                    b = c;
-                }
-            }
-            gs = a + b;
+        if (in_group == 0) top1[g] = choice;
+        if (in_group == 1) top2[g] = choice;
+        __syncthreads();
+        if (e < G) group_score[e] = top1[e] + top2[e];
+        __syncthreads();
+        group_rank = rank_in(group_score, G, 0, group_score[g], g);
+    }
+    const bool candidate = mine && group_rank < p.topk_group && in_group < per_slot;
+    if (candidate) {
+        cand_value[group_rank * per_slot + in_group] = choice;
+        cand_index[group_rank * per_slot + in_group] = e;
+    }
+    __syncthreads();
+    if (candidate) {
+        int r = 0;
+        for (int j = 0; j < slots; ++j) {
+            const float c = cand_value[j];
+            r += (c > choice || (c == choice && cand_index[j] < e)) ? 1 : 0;
         }
-        bool keep = false;  // lane g: group g is among the topk_group best
-        for (int r = 0; r < p.topk_group; ++r) {
-            float v = lane < G && !keep ? gs : kNegInf;
-            int i = lane < G && !keep ? lane : 1 << 30;
-            warp_argmax(v, i);
-            if (lane == i) keep = true;
-        }
-#pragma unroll
-        for (int j = 0; j < kMaxPerLane; ++j) {
-            const int e = lane + 32 * j;
-            const bool kept = __shfl_sync(0xffffffffu, keep, (e < E ? e : 0) / per_group % 32);
-            if (e < E && !kept) choice[j] = kNegInf;
+        if (r < K) {
+            chosen[r] = e;
+            chosen_score[r] = score;
         }
     }
-    // top_k by choice value; the chosen lane retires its entry.
-    float sum = 0.0f, chosen_score = 0.0f;
-    int chosen = 0;
-    for (int k = 0; k < p.top_k; ++k) {
-        float v = kNegInf;
-        int i = 1 << 30;
-#pragma unroll
-        for (int j = 0; j < kMaxPerLane; ++j) {
-            const int e = lane + 32 * j;
-            if (e < E && (choice[j] > v || (choice[j] == v && e < i))) v = choice[j], i = e;
-        }
-        warp_argmax(v, i);
-        float s = 0.0f;
-#pragma unroll
-        for (int j = 0; j < kMaxPerLane; ++j)
-            if (lane + 32 * j == i) {
-                s = score[j];
-                choice[j] = kNegInf;  // retired: the top_k always come from finite (kept) choices
-            }
-        s = __shfl_sync(0xffffffffu, s, i % 32);
-        sum += s;
-        if (lane == k) chosen = i, chosen_score = s;
-    }
-    const float norm = p.norm_topk_prob ? 1.0f / (sum + 1e-20f) : 1.0f;
-    if (lane < p.top_k) {
-        topk_idx[static_cast<size_t>(t) * p.top_k + lane] = chosen;
-        topk_weight[static_cast<size_t>(t) * p.top_k + lane] = chosen_score * norm * p.routed_scaling_factor;
+    __syncthreads();
+    if (e < K) {
+        float sum = 0.0f;  // in the chosen order, as the CPU sums
+        for (int k = 0; k < K; ++k) sum += chosen_score[k];
+        const float norm = p.norm_topk_prob ? 1.0f / (sum + 1e-20f) : 1.0f;
+        topk_idx[static_cast<size_t>(t) * K + e] = chosen[e];
+        topk_weight[static_cast<size_t>(t) * K + e] = chosen_score[e] * norm * p.routed_scaling_factor;
     }
 }
 
@@ -111,14 +101,14 @@ __global__ void __launch_bounds__(kWarps * 32)
 void launch_moe_route(const float* logits, const float* bias, const RouterParams& p, int T, int* topk_idx,
                       float* topk_weight, void* cuda_stream) {
     const int E = p.num_experts, G = p.n_group, K = p.top_k;
-    FANOUT_DEVICE_REQUIRE(E > 0 && E <= kMaxExperts && G > 0 && G <= 32 && E % G == 0 && p.topk_group >= 1 &&
+    FANOUT_DEVICE_REQUIRE(E > 0 && E <= kMaxExperts && G > 0 && G <= kMaxGroups && E % G == 0 && p.topk_group >= 1 &&
                               p.topk_group <= G && K >= 1 && K <= kMaxK && K <= p.topk_group * (E / G),
                           "moe_route: unsupported params experts=" + std::to_string(E) +
                               " n_group=" + std::to_string(G) + " topk_group=" + std::to_string(p.topk_group) +
                               " top_k=" + std::to_string(K) + " (GPU: experts <= 512, groups <= 32, top_k <= 32)");
     if (T <= 0) return;
-    moe_route_kernel<<<(T + kWarps - 1) / kWarps, kWarps * 32, 0, static_cast<cudaStream_t>(cuda_stream)>>>(
-        logits, bias, p, T, topk_idx, topk_weight);
+    const int threads = (E + 31) / 32 * 32;
+    moe_route_kernel<<<T, threads, 0, static_cast<cudaStream_t>(cuda_stream)>>>(logits, bias, p, topk_idx, topk_weight);
     FANOUT_CUDA_CHECK_LAUNCH("moe_route_kernel");
 }
 

@@ -16,7 +16,7 @@ struct RouterParams {
 };
 
 #ifdef FANOUT_WITH_CUDA
-// moe_route on the device, one warp per token: logits [T, E] f32, bias [E] f32 or nullptr;
+// moe_route on the device, a CTA per token: logits [T, E] f32, bias [E] f32 or nullptr;
 // topk_idx [T, top_k] i32 and topk_weight [T, top_k] f32 as the CPU reference orders them. At most
 // 512 experts, 32 groups and 32 chosen experts; parameters are checked like the CPU's.
 void launch_moe_route(const float* logits, const float* bias, const RouterParams& p, int T, int* topk_idx,
