@@ -86,6 +86,7 @@ struct GenerateArgs {
     model::GenerateRequest req;
     int ep = 0;  // 0: 1, or the MPI launcher's world
     std::string ranks = "threads";
+    int mtp = 0;  // MTP draft tokens per step
 };
 
 // generate through the engine — the one runner path `serve` uses: rank 0's engine runs the
@@ -102,6 +103,7 @@ void generate_through_engine(GenerateArgs& a, Deployment& d, const io::Tokenizer
     ec.scheduler.max_batched_tokens = a.req.prefill_chunk;
     ec.scheduler.prefill_chunk = a.req.prefill_chunk;
     ec.num_kv_blocks = std::max<int64_t>(1, (context + kv::kDefaultBlockSize - 1) / kv::kDefaultBlockSize);
+    ec.mtp_draft_tokens = a.mtp;
     const DType kv_dtype = a.model.kv_dtype == "bf16" ? DType::kBF16 : DType::kF32;
     if (a.model.device == "cuda") {
 #ifdef FANOUT_WITH_CUDA
@@ -174,6 +176,12 @@ void generate_through_engine(GenerateArgs& a, Deployment& d, const io::Tokenizer
         stderr, "finish_reason=%s prompt_tokens=%zu generated=%zu prefill %.1f tok/s, decode %.1f tok/s (%s)\n",
         ev.finish_reason.c_str(), a.req.prompt.size(), tokens.size(), a.req.prompt.size() / std::max(prefill, 1e-9),
         (tokens.size() - 1) / std::max(decode, 1e-9), where.c_str());
+    if (a.mtp > 0) {
+        const engine::EngineStats st = d.service().stats();
+        std::fprintf(stderr, "MTP: %lld of %lld draft tokens accepted (%.1f%%)\n", (long long)st.accepted_draft_tokens,
+                     (long long)st.draft_tokens,
+                     st.draft_tokens ? 100.0 * st.accepted_draft_tokens / st.draft_tokens : 0.0);
+    }
 }
 
 void run_generate(GenerateArgs& a, bool have_ids, bool have_text) {
@@ -309,6 +317,10 @@ void add_model_commands(CLI::App& app) {
     auto& r = gen_args->req;
     gen->add_option("--max-tokens", r.max_tokens, "tokens to generate at most")->capture_default_str();
     add_rank_options(gen, gen_args->ep, gen_args->ranks);
+    gen->add_option("--mtp", gen_args->mtp,
+                    "MTP speculative decoding: draft tokens per step (0 = off; CPU path, one rank)")
+        ->check(CLI::Range(0, engine::Engine::kMaxDraftTokens))
+        ->capture_default_str();
     gen->add_option("--temperature", r.sampling.temperature, "0 = greedy")->capture_default_str();
     gen->add_option("--top-p", r.sampling.top_p, "nucleus sampling mass")->capture_default_str();
     gen->add_option("--top-k", r.sampling.top_k, "0 = off")->capture_default_str();

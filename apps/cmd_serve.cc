@@ -47,6 +47,7 @@ struct ServeArgs {
     bool grpc = false;       // `fanout engine`: the engine's gRPC service instead of the HTTP API
     std::string ep_backend;  // empty: local at EP1 or on the CPU, nvlink for GPU ranks on one host, else nccl
     engine::PlacementConfig dp_placement;
+    int mtp = 0;  // MTP draft tokens per step (0 = off)
 };
 
 void run_serve(ServeArgs& a) {
@@ -81,6 +82,7 @@ void run_serve(ServeArgs& a) {
     engine::EngineConfig ec;
     ec.scheduler = a.scheduler;
     ec.dp_placement = a.dp_placement;
+    ec.mtp_draft_tokens = a.mtp;
     // The memory plan before a byte is loaded: what does not fit is refused now (exit 2), naming the
     // flag. CPU: the KV cache is --kv-memory-gb (default 1) of host memory; GPU: --kv-memory-gb, or
     // what is left of --gpu-memory-utilization of the device after weights and step buffers.
@@ -332,6 +334,12 @@ void add_engine_options(CLI::App* cmd, ServeArgs& aa) {
                     "local: one GPU holding every expert (default: local at --ep 1, nvlink when every rank is on this "
                     "host, else nccl). At --ep 1 nvlink/nccl run the expert-parallel path on one GPU")
         ->check(CLI::IsMember({"local", "nvlink", "nccl"}));
+    cmd->add_option("--mtp", a->mtp,
+                    "MTP speculative decoding: tokens the model's multi-token-prediction layer drafts per step, "
+                    "checked in the next (0 = off; greedy output is unchanged, sampling keeps its distribution; "
+                    "CPU path, one rank)")
+        ->check(CLI::Range(0, engine::Engine::kMaxDraftTokens))
+        ->capture_default_str();
     cmd->add_option("--dp-policy", a->dp_placement.policy,
                     "--ep N: how rank 0 places requests on the DP ranks — prefix: the rank holding most of the "
                     "prompt's KV blocks, weighed against its load (as fanout router places them on engines); "

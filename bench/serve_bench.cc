@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <semaphore>
 #include <string_view>
@@ -486,6 +487,34 @@ std::string discover_model(const Target& target, double timeout_s) {
     return j["data"][0]["id"].get<std::string>();
 }
 
+// MTP speculative decoding's counters from a fanout server's GET /metrics (drafted, accepted);
+// nothing when the server has no such route or counters (another server, or fanout router).
+std::optional<std::pair<double, double>> spec_counters(const Target& target) {
+    httplib::Client cli(target.origin);
+    cli.set_connection_timeout(std::chrono::seconds(5));
+    cli.set_read_timeout(std::chrono::seconds(5));
+    const auto res = cli.Get(target.prefix + "/metrics");
+    if (!res || res->status != 200) return std::nullopt;
+    const auto value = [&](const std::string& name) -> std::optional<double> {
+        for (size_t at = res->body.find(name); at != std::string::npos; at = res->body.find(name, at + 1)) {
+            if (at > 0 && res->body[at - 1] != '\n') continue;
+            const size_t eol = res->body.find('\n', at);
+            const std::string line = res->body.substr(at, eol == std::string::npos ? std::string::npos : eol - at);
+            const size_t space = line.rfind(' ');
+            if (space == std::string::npos) return std::nullopt;
+            try {
+                return std::stod(line.substr(space + 1));
+            } catch (const std::exception&) {
+                return std::nullopt;
+            }
+        }
+        return std::nullopt;
+    };
+    const auto drafted = value("fanout_spec_draft_tokens_total"), accepted = value("fanout_spec_accepted_tokens_total");
+    if (!drafted || !accepted) return std::nullopt;
+    return std::pair{*drafted, *accepted};
+}
+
 // ---------------------------------------------------------------------------------------------
 // Report
 
@@ -801,6 +830,10 @@ void print_report(const ServeBenchOptions& o, const json& j) {
     } else {
         fmt::print("{:<24} not reported by the server\n", "cached prompt tok/req");
     }
+    if (j.contains("mtp_acceptance_rate"))
+        fmt::print("{:<24} {:.1f}% of {:.0f} drafts ({:.1f} accepted per request; the server's /metrics)\n",
+                   "MTP acceptance", 100 * num("mtp_acceptance_rate"), num("mtp_draft_tokens"),
+                   num("mtp_accepted_per_request"));
     if (const int64_t n = j["requests_without_usage"].get<int64_t>(); n > 0) {
         fmt::print("{:<24} {} requests sent no usage; their tokens are counted as text chunks\n", "note", n);
     }
@@ -972,6 +1005,7 @@ int run_serve_bench(const ServeBenchOptions& opts) {
         std::fflush(stdout);
     }
 
+    const auto spec_before = spec_counters(target);
     const auto bench_start = clock_type::now();
     double arrival_s = 0;
     // A conversation's turns go one after another on its own thread; a single request is a
@@ -1008,6 +1042,16 @@ int run_serve_bench(const ServeBenchOptions& opts) {
     const SlowClientStats slow_stats = slow ? slow->stop() : SlowClientStats{};
 
     json j = summarize(o, specs, results);
+    if (const auto spec_after = spec_counters(target); spec_before && spec_after) {
+        const double drafted = spec_after->first - spec_before->first,
+                     accepted = spec_after->second - spec_before->second;
+        if (drafted > 0) {
+            j["mtp_draft_tokens"] = drafted;
+            j["mtp_accepted_tokens"] = accepted;
+            j["mtp_acceptance_rate"] = accepted / drafted;
+            j["mtp_accepted_per_request"] = accepted / std::max(1, o.num_requests);
+        }
+    }
     if (slow) j["slow_clients"] = to_json(slow_stats);
     if (sampler) {
         const int64_t warmup = (o.num_requests + 9) / 10;  // 10% of the requests done

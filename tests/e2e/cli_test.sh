@@ -40,6 +40,13 @@ a=$("$fanout" generate --model tiny --prompt-ids 5,6,7 --max-tokens 8 --temperat
 b=$("$fanout" generate --model tiny --prompt-ids 5,6,7 --max-tokens 8 --temperature 0.8 --seed 3 --ignore-eos 2>/dev/null)
 c=$("$fanout" generate --model tiny --prompt-ids 5,6,7 --max-tokens 8 --temperature 0.8 --seed 4 --ignore-eos 2>/dev/null)
 [[ -n $a && $a == "$b" && $a != "$c" ]] && ok "same seed same tokens, other seed other tokens" || bad "seeded sampling" "$a | $b | $c"
+# MTP speculative decoding: greedy output unchanged with 1 and 3 drafts, the acceptance reported.
+plain=$("$fanout" generate --model tiny --prompt-ids 0,100,200,300 --max-tokens 16 --ignore-eos 2>/dev/null)
+for k in 1 3; do
+    spec=$("$fanout" generate --model tiny --prompt-ids 0,100,200,300 --max-tokens 16 --ignore-eos --mtp $k 2> "$work/mtp.err")
+    [[ -n $plain && $spec == "$plain" ]] && grep -q "MTP: .* draft tokens accepted" "$work/mtp.err" &&
+        ok "generate --mtp $k equals plain greedy" || bad "generate --mtp $k" "'$spec' vs '$plain' $(tail -2 "$work/mtp.err")"
+done
 
 # The GPU runner: on a GPU it generates; without one (CI) it says why, whichever way fanout was built.
 if nvidia-smi -L >/dev/null 2>&1; then

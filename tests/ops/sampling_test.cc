@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <random>
 
@@ -51,6 +52,73 @@ TEST(Sampling, FrequenciesFollowSoftmaxAndTopPCutsTheTail) {
     for (int i = 0; i < 5000; ++i) ++pc[p.sample(l.data(), 4)];
     EXPECT_EQ(pc.count(2) + pc.count(3), 0u);
     EXPECT_NEAR(pc[0] / 5000.0, 2.0 / 3.0, 0.03);
+}
+
+// Speculative decoding's check of a greedy draft: whatever the draft, the emitted tokens follow
+// the request's distribution — a chi-squared test over many draws (fixed seeds) against p for a
+// draft the target likes, one it does not, one top-k removed, and with top-p; greedy emits the
+// argmax and accepts only it.
+TEST(Sampling, DraftChecksEmitTheTargetDistribution) {
+    const std::vector<float> l = {1.2f, 0.3f, -0.4f, 2.0f, 0.0f, -1.5f};
+    const int V = static_cast<int>(l.size());
+    struct Case {
+        SamplingParams params;
+        int32_t draft;
+    };
+    const std::vector<Case> cases = {
+        {{0.8f, 0, 1.0f, 11}, 3}, {{0.8f, 0, 1.0f, 12}, 5}, {{1.3f, 3, 1.0f, 13}, 1}, {{1.0f, 0, 0.8f, 14}, 0}};
+    for (const Case& c : cases) {
+        // The target: biased logits / T, top-k, top-p, renormalised (sampling.h's rule).
+        std::vector<std::pair<double, int>> order;
+        for (int i = 0; i < V; ++i) order.push_back({l[i] / c.params.temperature, i});
+        std::sort(order.begin(), order.end(), [](auto a, auto b) { return a.first > b.first; });
+        std::vector<double> p(static_cast<size_t>(V), 0.0);
+        const size_t keep = c.params.top_k > 0 ? static_cast<size_t>(c.params.top_k) : order.size();
+        double total = 0;
+        for (size_t i = 0; i < keep; ++i) total += std::exp(order[i].first - order[0].first);
+        double cum = 0;
+        for (size_t i = 0; i < keep; ++i) {
+            const double w = std::exp(order[i].first - order[0].first);
+            p[static_cast<size_t>(order[i].second)] = w;
+            cum += w;
+            if (cum >= c.params.top_p * total) break;
+        }
+        double kept = 0;
+        for (double w : p) kept += w;
+        for (double& w : p) w /= kept;
+        Sampler s(c.params);
+        const int n = 40000;
+        std::vector<int> counts(static_cast<size_t>(V), 0);
+        int accepted = 0;
+        for (int i = 0; i < n; ++i) {
+            const DraftCheck d = s.check_draft(l.data(), V, c.draft);
+            ASSERT_GE(d.token, 0);
+            ASSERT_LT(d.token, V);
+            EXPECT_EQ(d.accepted, d.token == c.draft);
+            ++counts[static_cast<size_t>(d.token)];
+            accepted += d.accepted ? 1 : 0;
+        }
+        double chi2 = 0;
+        int df = -1;
+        for (int i = 0; i < V; ++i) {
+            if (p[static_cast<size_t>(i)] == 0) {
+                EXPECT_EQ(counts[static_cast<size_t>(i)], 0) << "token " << i << " is outside the kept set";
+                continue;
+            }
+            const double e = n * p[static_cast<size_t>(i)];
+            chi2 += (counts[static_cast<size_t>(i)] - e) * (counts[static_cast<size_t>(i)] - e) / e;
+            ++df;
+        }
+        // The 0.1% critical values of chi-squared for 1..5 degrees of freedom.
+        const double critical[] = {0, 10.83, 13.82, 16.27, 18.47, 20.52};
+        EXPECT_LT(chi2, critical[df]) << "draft " << c.draft << ", " << df << " degrees of freedom";
+        EXPECT_NEAR(accepted / double(n), p[static_cast<size_t>(c.draft)], 0.015) << "draft " << c.draft;
+    }
+    Sampler greedy({});
+    EXPECT_TRUE(greedy.check_draft(l.data(), V, 3).accepted);
+    const DraftCheck miss = greedy.check_draft(l.data(), V, 0);
+    EXPECT_FALSE(miss.accepted);
+    EXPECT_EQ(miss.token, 3);
 }
 
 TEST(Sampling, RejectsBadParameters) {

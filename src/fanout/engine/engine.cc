@@ -1,6 +1,7 @@
 #include "fanout/engine/engine.h"
 
 #include <algorithm>
+#include <cstring>
 
 namespace fanout::engine {
 
@@ -21,6 +22,27 @@ std::vector<int32_t> ModelRunner::forward_sample(const model::StepBatch&, kv::Pa
 
 Tensor DeepseekRunner::forward(const model::StepBatch& batch, kv::PagedKvCache& cache) {
     return model_->forward(batch, cache, opts_, Stream{&pool_}).logits;
+}
+
+model::DeepseekV3::Output ModelRunner::forward_with_hidden(const model::StepBatch&, kv::PagedKvCache&) {
+    FANOUT_FAIL("MTP drafting: {}", mtp_unavailable());
+}
+
+model::DeepseekV3::Output ModelRunner::forward_mtp(const model::StepBatch&, const Tensor&, kv::PagedKvCache&) {
+    FANOUT_FAIL("MTP drafting: {}", mtp_unavailable());
+}
+
+std::string DeepseekRunner::mtp_unavailable() const {
+    return model_->weights().mtp ? "" : "this model has no MTP layer (num_nextn_predict_layers = 0)";
+}
+
+model::DeepseekV3::Output DeepseekRunner::forward_with_hidden(const model::StepBatch& batch, kv::PagedKvCache& cache) {
+    return model_->forward(batch, cache, opts_, Stream{&pool_});
+}
+
+model::DeepseekV3::Output DeepseekRunner::forward_mtp(const model::StepBatch& batch, const Tensor& prev_hidden,
+                                                      kv::PagedKvCache& cache) {
+    return model_->forward_mtp(batch, prev_hidden, cache, opts_, Stream{&pool_});
 }
 
 void EngineStats::Histogram::observe(double seconds) {
@@ -104,16 +126,38 @@ struct Engine::Active {
     bool first_token = true;
 };
 
+namespace {
+// The scheduler's limits, with the KV slots MTP drafting writes past a chunk.
+SchedulerConfig scheduler_config(const EngineConfig& c) {
+    SchedulerConfig s = c.scheduler;
+    s.draft_lookahead = std::max(0, c.mtp_draft_tokens - 1);
+    return s;
+}
+}  // namespace
+
 Engine::Engine(std::unique_ptr<ModelRunner> runner, const io::Tokenizer* tokenizer, const EngineConfig& config)
     : runner_(std::move(runner)),
       tokenizer_(tokenizer),
       config_(config),
       cache_(runner_->kv_cache_config(config.num_kv_blocks)),
       prefix_(cache_.allocator(), cache_.config().block_size),
-      scheduler_(config.scheduler, prefix_),
+      scheduler_(scheduler_config(config), prefix_),
       max_context_(std::min<int64_t>(runner_->max_context(), config.num_kv_blocks * cache_.config().block_size)),
       eos_(runner_->eos_ids()) {
     stats_.kv_blocks_total = config.num_kv_blocks;
+    if (config.mtp_draft_tokens != 0) {
+        FANOUT_CHECK(config.mtp_draft_tokens >= 1 && config.mtp_draft_tokens <= kMaxDraftTokens,
+                     "--mtp {}: draft tokens must be in 0..{}", config.mtp_draft_tokens, kMaxDraftTokens);
+        const std::string why = runner_->mtp_unavailable();
+        FANOUT_CHECK(why.empty(), "--mtp {}: {}", config.mtp_draft_tokens, why);
+        FANOUT_CHECK(!config.lockstep,
+                     "--mtp {}: MTP drafting with --ep > 1 is not supported yet (the MTP layer's experts would need "
+                     "every rank to draft in step)",
+                     config.mtp_draft_tokens);
+        FANOUT_CHECK(config.mtp_draft_tokens < config.scheduler.prefill_chunk,
+                     "--mtp {}: a step must hold the last token and its drafts (--prefill-chunk {})",
+                     config.mtp_draft_tokens, config.scheduler.prefill_chunk);
+    }
     prefix_.set_listener([this](const std::vector<uint64_t>& stored, const std::vector<uint64_t>& removed) {
         kv_events_.publish(stored, removed);
     });
@@ -280,15 +324,24 @@ bool Engine::step() {
         publish_gauges();
         return false;
     }
+    const bool mtp = config_.mtp_draft_tokens > 0;
     model::StepBatchBuilder builder(cache_);
+    std::vector<int32_t> chunk;
     for (const auto& s : work) {
         kv::SequenceBlocks blocks{s.seq->blocks, s.start + s.num_tokens};
-        builder.add(std::span(s.seq->tokens).subspan(static_cast<size_t>(s.start), static_cast<size_t>(s.num_tokens)),
-                    s.start, blocks,
-                    s.wants_logits ? model::StepBatchBuilder::Logits::kLast : model::StepBatchBuilder::Logits::kNone);
+        // The chunk's tokens: known ones, then (a decode step with MTP) the draft after them.
+        chunk.clear();
+        for (int64_t i = s.start; i < s.start + s.num_tokens; ++i)
+            chunk.push_back(i < s.seq->total_len() ? s.seq->tokens[static_cast<size_t>(i)]
+                                                   : s.seq->draft[static_cast<size_t>(i - s.seq->total_len())]);
+        using L = model::StepBatchBuilder::Logits;
+        builder.add(chunk, s.start, blocks, mtp ? L::kAll : s.wants_logits ? L::kLast : L::kNone);
     }
     const model::StepBatch batch = builder.build();
-    if (runner_->samples_on_device()) {
+    if (mtp) {
+        std::vector<ScheduledSeq> verified = work;
+        step_speculative(verified, batch);
+    } else if (runner_->samples_on_device()) {
         std::vector<ops::SamplingRow> rows;
         std::vector<ops::LogitBias> bias;
         for (const auto& s : work) {
@@ -321,6 +374,130 @@ bool Engine::step() {
     std::lock_guard<std::mutex> lock(stats_mutex_);
     ++stats_.steps;
     return true;
+}
+
+// A step with MTP drafting (host sampling): every chunk's logits and hidden states; each
+// sequence that reached its last known token checks its draft against them token by token
+// (Sampler::check_draft: greedy keeps the argmax, sampling the rejection rule), keeping the
+// accepted drafts and one more token — the first that differs, or the one after them all. Only the
+// KV of the known tokens and the accepted drafts counts as computed. Then the MTP layer runs over
+// the positions just computed (its own KV, with the tokens that follow them), and for each
+// sequence still generating its last row proposes the next draft; the layer runs again on that
+// draft for each further one.
+void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::StepBatch& batch) {
+    const model::DeepseekV3::Output out = runner_->forward_with_hidden(batch, cache_);
+    const int64_t V = runner_->vocab_size(), D = out.hidden.dim(1);
+    const float* logits = out.logits.data_as<float>();
+    struct Result {
+        int64_t id = 0, row0 = 0, valid = 0;  // rows [row0, row0 + valid) hold computed KV
+        std::vector<int32_t> tokens;          // to emit
+    };
+    std::vector<Result> results(work.size());
+    int64_t row = 0, drafted = 0, accepted = 0;
+    for (size_t i = 0; i < work.size(); ++i) {
+        ScheduledSeq& s = work[i];
+        Sequence& seq = *s.seq;
+        Result& r = results[i];
+        r.id = seq.id;
+        r.row0 = row;
+        r.valid = s.num_tokens;
+        row += s.num_tokens;
+        if (!s.wants_logits) continue;
+        ops::Sampler& sampler = *active_.at(seq.id)->sampler;
+        const int64_t last = seq.total_len() - 1 - s.start;  // the last known token's row in the chunk
+        const int64_t drafts = s.num_tokens - 1 - last;
+        int64_t j = 0;
+        for (; j < drafts; ++j) {
+            const ops::DraftCheck c =
+                sampler.check_draft(logits + (r.row0 + last + j) * V, V, seq.draft[static_cast<size_t>(j)]);
+            r.tokens.push_back(c.token);
+            if (!c.accepted) break;
+        }
+        if (j == drafts) r.tokens.push_back(sampler.sample(logits + (r.row0 + last + drafts) * V, V));
+        drafted += drafts;
+        accepted += j;
+        r.valid = last + 1 + j;
+        s.num_tokens = r.valid;
+        seq.draft.clear();
+    }
+    scheduler_.commit(work);
+    for (size_t i = 0; i < work.size(); ++i)
+        for (int32_t t : results[i].tokens) {
+            const auto it = active_.find(results[i].id);
+            if (it == active_.end()) break;  // finished on an earlier token
+            postprocess(*it->second, t);
+        }
+    {
+        std::lock_guard<std::mutex> lock(stats_mutex_);
+        stats_.draft_tokens += drafted;
+        stats_.accepted_draft_tokens += accepted;
+    }
+    // The MTP layer over the computed positions: at position p it reads the token at p + 1 and
+    // the hidden state at p.
+    using L = model::StepBatchBuilder::Logits;
+    const int64_t bs = cache_.config().block_size;
+    model::StepBatchBuilder mb(cache_);
+    std::vector<int64_t> rows;
+    struct Drafting {
+        Sequence* seq;
+        int k;
+    };
+    std::vector<Drafting> drafting;
+    for (size_t i = 0; i < work.size(); ++i) {
+        const auto it = active_.find(results[i].id);
+        if (it == active_.end()) continue;
+        Sequence& seq = *it->second->seq;
+        const ScheduledSeq& s = work[i];
+        const int64_t valid = results[i].valid;
+        if (s.start + valid + 1 > seq.total_len()) continue;  // no token after the last computed one yet
+        int64_t k = 0;
+        if (s.wants_logits) {
+            // Drafts the request can still use, that the context holds (the check runs at positions
+            // up to total_len - 1 + k), and whose chained MTP rows have KV slots (up to total_len - 3 + k).
+            k = std::min<int64_t>({config_.mtp_draft_tokens, seq.max_tokens - seq.num_generated() - 1,
+                                   max_context_ - seq.total_len(),
+                                   static_cast<int64_t>(seq.blocks.size()) * bs - seq.total_len() + 2});
+        }
+        mb.add(std::span(seq.tokens).subspan(static_cast<size_t>(s.start + 1), static_cast<size_t>(valid)), s.start,
+               kv::SequenceBlocks{seq.blocks, s.start + valid}, k > 0 ? L::kLast : L::kNone);
+        for (int64_t r = 0; r < valid; ++r) rows.push_back(results[i].row0 + r);
+        if (k > 0) drafting.push_back({&seq, static_cast<int>(k)});
+    }
+    if (rows.empty()) return;
+    const auto gather = [&](const Tensor& from, const std::vector<int64_t>& at) {
+        Tensor h = Tensor::zeros({static_cast<int64_t>(at.size()), D}, DType::kF32);
+        for (size_t r = 0; r < at.size(); ++r)
+            std::memcpy(h.data_as<float>() + static_cast<int64_t>(r) * D, from.data_as<float>() + at[r] * D,
+                        static_cast<size_t>(D) * sizeof(float));
+        return h;
+    };
+    model::DeepseekV3::Output m = runner_->forward_mtp(mb.build(), gather(out.hidden, rows), cache_);
+    for (size_t q = 0; q < drafting.size(); ++q)
+        drafting[q].seq->draft = {ops::argmax(m.logits.data_as<float>() + static_cast<int64_t>(q) * V, V)};
+    // Further drafts: the MTP layer again, on the draft it just made and its own hidden state.
+    for (int c = 1; c < config_.mtp_draft_tokens; ++c) {
+        model::StepBatchBuilder cb(cache_);
+        std::vector<int64_t> from;
+        std::vector<Sequence*> next;
+        for (size_t q = 0; q < drafting.size(); ++q) {
+            if (drafting[q].k <= c) continue;
+            Sequence& seq = *drafting[q].seq;
+            const int64_t pos = seq.total_len() - 2 + c;
+            cb.add(std::span(seq.draft).subspan(static_cast<size_t>(c - 1), 1), pos,
+                   kv::SequenceBlocks{seq.blocks, pos + 1}, L::kLast);
+            from.push_back(static_cast<int64_t>(q));
+            next.push_back(&seq);
+        }
+        if (next.empty()) break;
+        model::DeepseekV3::Output mc = runner_->forward_mtp(cb.build(), gather(m.hidden, from), cache_);
+        std::vector<Drafting> kept;
+        for (size_t q = 0; q < next.size(); ++q) {
+            next[q]->draft.push_back(ops::argmax(mc.logits.data_as<float>() + static_cast<int64_t>(q) * V, V));
+            kept.push_back(drafting[static_cast<size_t>(from[q])]);
+        }
+        drafting = std::move(kept);
+        m = std::move(mc);
+    }
 }
 
 // Gauges are copied under the stats lock by the engine thread, so stats() never reads the

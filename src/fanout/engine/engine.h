@@ -51,6 +51,16 @@ class ModelRunner {
     virtual std::vector<int32_t> forward_sample(const model::StepBatch& batch, kv::PagedKvCache& cache,
                                                 std::span<const ops::SamplingRow> rows,
                                                 std::span<const ops::LogitBias> logit_bias);
+
+    // MTP speculative decoding (EngineConfig::mtp_draft_tokens): whether this runner can draft with
+    // the model's multi-token-prediction layer, or why not (empty: it can).
+    virtual std::string mtp_unavailable() const { return "this model runner does not draft with MTP"; }
+    // forward, with the final-normed hidden state of every logit row (the MTP layer's input).
+    virtual model::DeepseekV3::Output forward_with_hidden(const model::StepBatch& batch, kv::PagedKvCache& cache);
+    // The MTP layer (DeepseekV3::forward_mtp): batch.tokens the next tokens, prev_hidden the
+    // hidden states at their positions; logits of the token after.
+    virtual model::DeepseekV3::Output forward_mtp(const model::StepBatch& batch, const Tensor& prev_hidden,
+                                                  kv::PagedKvCache& cache);
 };
 
 // DeepseekV3 on the CPU path.
@@ -63,6 +73,10 @@ class DeepseekRunner : public ModelRunner {
     std::vector<int64_t> eos_ids() const override { return model_->config().eos_token_ids; }
     kv::KvCacheConfig kv_cache_config(int64_t num_blocks) const override;
     Tensor forward(const model::StepBatch& batch, kv::PagedKvCache& cache) override;
+    std::string mtp_unavailable() const override;
+    model::DeepseekV3::Output forward_with_hidden(const model::StepBatch& batch, kv::PagedKvCache& cache) override;
+    model::DeepseekV3::Output forward_mtp(const model::StepBatch& batch, const Tensor& prev_hidden,
+                                          kv::PagedKvCache& cache) override;
 
   private:
     std::unique_ptr<model::DeepseekV3> model_;
@@ -136,12 +150,16 @@ struct EngineConfig {
     bool lockstep = false;
     // A DP group's rank 0 (dp_group.h): how it places requests on the group's ranks.
     PlacementConfig dp_placement;
+    // MTP speculative decoding: draft tokens per decode step (0 = off), proposed by the model's MTP
+    // layer (reused for drafts past the first) and verified in the next step.
+    int mtp_draft_tokens = 0;
 };
 
 // Counters and latency histograms for /metrics.
 struct EngineStats {
     int64_t requests_received = 0, requests_finished = 0, requests_aborted = 0, requests_failed = 0;
     int64_t prompt_tokens = 0, generation_tokens = 0, cached_prompt_tokens = 0, steps = 0, preemptions = 0;
+    int64_t draft_tokens = 0, accepted_draft_tokens = 0;  // MTP speculative decoding
     int64_t waiting = 0, running = 0;
     int64_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_cached = 0;
     static constexpr double kBuckets[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
@@ -167,6 +185,8 @@ struct EngineStats {
         {"cached_prompt_tokens", &EngineStats::cached_prompt_tokens},
         {"steps", &EngineStats::steps},
         {"preemptions", &EngineStats::preemptions},
+        {"draft_tokens", &EngineStats::draft_tokens},
+        {"accepted_draft_tokens", &EngineStats::accepted_draft_tokens},
         {"waiting", &EngineStats::waiting},
         {"running", &EngineStats::running},
         {"kv_blocks_total", &EngineStats::kv_blocks_total},
@@ -210,6 +230,7 @@ class RequestService {
 
 class Engine : public RequestService {
   public:
+    static constexpr int kMaxDraftTokens = 7;
     // `tokenizer` may be null (then outputs carry ids only and stop strings are not allowed).
     Engine(std::unique_ptr<ModelRunner> runner, const io::Tokenizer* tokenizer, const EngineConfig& config);
     ~Engine() override;
@@ -236,6 +257,7 @@ class Engine : public RequestService {
     void reap_cancelled();
     void publish_gauges();
     void postprocess(Active& a, int32_t token);
+    void step_speculative(std::vector<ScheduledSeq>& work, const model::StepBatch& batch);
     void finish(Active& a, const std::string& reason, std::vector<int32_t> tokens = {});
     void emit(Active& a, std::string text, std::vector<int32_t> tokens, bool finished, const std::string& reason);
 

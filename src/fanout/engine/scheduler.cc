@@ -45,7 +45,7 @@ double Scheduler::step_cost(const std::vector<ScheduledSeq>& step) const {
 int64_t Scheduler::first_share(const Sequence& seq, double budget, bool first_of_step) const {
     const double a = config_.attention_cost_per_pair;
     const int64_t start = seq.num_computed;
-    const int64_t max_tokens = std::min(seq.total_len() - start, config_.prefill_chunk);
+    const int64_t max_tokens = std::min(seq.work_len() - start, config_.prefill_chunk);
     const double cap = std::max(static_cast<double>(config_.prefill_chunk), chunk_cost(a, start, 1));
     const int64_t n = tokens_within(a, start, max_tokens, std::min(budget, cap));
     return n == 0 && first_of_step ? std::min<int64_t>(1, max_tokens) : n;
@@ -58,7 +58,7 @@ void Scheduler::grow_chunks(std::vector<ScheduledSeq>& out, double budget) {
     for (auto& s : out) {
         if (budget <= 0.0) break;
         Sequence* seq = s.seq;
-        const int64_t max_tokens = std::min(seq->total_len() - s.start, config_.prefill_chunk);
+        const int64_t max_tokens = std::min(seq->work_len() - s.start, config_.prefill_chunk);
         if (s.num_tokens >= max_tokens) continue;
         const double had = chunk_cost(a, s.start, s.num_tokens);
         int64_t n = tokens_within(a, s.start, max_tokens, budget + had);
@@ -67,7 +67,7 @@ void Scheduler::grow_chunks(std::vector<ScheduledSeq>& out, double budget) {
         if (n <= s.num_tokens) continue;
         budget -= chunk_cost(a, s.start, n) - had;
         s.num_tokens = n;
-        s.wants_logits = s.start + n == seq->total_len();
+        s.wants_logits = s.start + n >= seq->total_len();
     }
 }
 
@@ -87,9 +87,15 @@ bool Scheduler::ensure_blocks(Sequence* seq, int64_t num_tokens) {
     return true;
 }
 
+void Scheduler::reserve_lookahead(const ScheduledSeq& s) {
+    if (s.wants_logits && config_.draft_lookahead > 0)
+        ensure_blocks(s.seq, s.start + s.num_tokens + config_.draft_lookahead);  // best effort
+}
+
 void Scheduler::preempt(Sequence* seq) {
     cache_.release(seq->blocks);
     seq->blocks.clear();
+    seq->draft.clear();
     seq->num_computed = 0;
     seq->num_inserted_blocks = 0;
     ++seq->num_preemptions;
@@ -122,7 +128,7 @@ std::vector<ScheduledSeq> Scheduler::schedule() {
             preempt(seq);
             continue;
         }
-        out.push_back({seq, seq->num_computed, n, seq->num_computed + n == seq->total_len()});
+        out.push_back({seq, seq->num_computed, n, seq->num_computed + n >= seq->total_len()});
         budget -= chunk_cost(a, seq->num_computed, n);
         ++i;
     }
@@ -150,11 +156,12 @@ std::vector<ScheduledSeq> Scheduler::schedule() {
         waiting_.pop_front();
         owned->state = SeqState::kRunning;
         running_.push_back(owned);
-        out.push_back({seq, seq->num_computed, n, seq->num_computed + n == seq->total_len()});
+        out.push_back({seq, seq->num_computed, n, seq->num_computed + n >= seq->total_len()});
         budget -= chunk_cost(a, seq->num_computed, n);
     }
     // 3. What the budget still holds goes to the chunks that took less than prefill_chunk tokens.
     grow_chunks(out, budget);
+    for (const auto& s : out) reserve_lookahead(s);
     return out;
 }
 
@@ -163,7 +170,7 @@ void Scheduler::commit(const std::vector<ScheduledSeq>& step) {
     for (const auto& s : step) {
         Sequence* seq = s.seq;
         seq->num_computed = s.start + s.num_tokens;
-        const int64_t full = seq->num_computed / bs;
+        const int64_t full = std::min(seq->num_computed, seq->total_len()) / bs;  // never a draft's block
         if (config_.enable_prefix_cache && full > seq->num_inserted_blocks) {
             cache_.insert(std::span(seq->tokens).first(static_cast<size_t>(full * bs)), seq->blocks);
             seq->num_inserted_blocks = full;

@@ -41,9 +41,14 @@ struct Sequence {
     int64_t prefix_hit_tokens = 0;    // prompt tokens reused from the cache at (first) admission
     int64_t num_preemptions = 0;
     std::vector<int32_t> blocks;
+    // MTP speculative decoding: tokens proposed after `tokens`, computed (and checked) with the
+    // last one in the next step; their KV becomes the sequence's only where they are accepted.
+    std::vector<int32_t> draft;
 
     int64_t num_generated() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
     int64_t total_len() const { return static_cast<int64_t>(tokens.size()); }
+    // Tokens to compute up to: the known ones and the draft.
+    int64_t work_len() const { return total_len() + static_cast<int64_t>(draft.size()); }
 };
 
 struct SchedulerConfig {
@@ -54,6 +59,9 @@ struct SchedulerConfig {
     // One (query, key) attention pair in token-equivalents (model/step_cost.h computes it); 0 =
     // count tokens only.
     double attention_cost_per_pair = 0.0;
+    // KV slots a chunk that ends a sequence's known tokens also reserves past itself, when the
+    // cache has them without preempting anyone (MTP drafting writes its layer's KV there).
+    int64_t draft_lookahead = 0;
 };
 
 // The cost of computing tokens [start, start + num_tokens) of one sequence (see the top).
@@ -66,7 +74,7 @@ struct ScheduledSeq {
     Sequence* seq;
     int64_t start;
     int64_t num_tokens;
-    bool wants_logits;  // the chunk reaches the last known token: sample after it
+    bool wants_logits;  // the chunk reaches the last known token: sample after it (and check its draft)
 };
 
 class Scheduler {
@@ -96,6 +104,7 @@ class Scheduler {
     // The last pass: chunks in `out` grow into what the budget still holds.
     void grow_chunks(std::vector<ScheduledSeq>& out, double budget);
     void preempt(Sequence* seq);
+    void reserve_lookahead(const ScheduledSeq& s);
 
     SchedulerConfig config_;
     kv::PrefixCache& cache_;

@@ -40,11 +40,24 @@ void validate_sampling_params(const SamplingParams& p);
 int32_t sample_with_uniform(const float* logits, int64_t vocab, const SamplingParams& p, double u,
                             std::vector<std::pair<float, int32_t>>& scratch);
 
+// Speculative decoding's verdict on one draft token: the token to emit, and whether it is the draft.
+struct DraftCheck {
+    int32_t token = 0;
+    bool accepted = false;
+};
+
 class Sampler {
   public:
     explicit Sampler(const SamplingParams& p);
     // logits: [vocab] f32.
     int32_t sample(const float* logits, int64_t vocab);
+    // A draft token proposed with certainty (a greedy draft) against the target logits: greedy
+    // accepts it when it is the argmax (and emits the argmax either way). Sampling accepts it with
+    // probability p(draft) under this request's distribution (temperature, top-k, top-p, bias)
+    // and otherwise emits a draw from p with the draft removed — the rejection rule for a one-hot
+    // draft distribution, so what is emitted follows p exactly. One draw of the generator, two on a
+    // rejection.
+    DraftCheck check_draft(const float* logits, int64_t vocab, int32_t draft);
     // The next draw of this request's generator — one per sampled token, none when greedy — so a
     // GPU step can sample with the same draws the CPU would use.
     double next_uniform();

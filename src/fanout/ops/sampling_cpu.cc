@@ -63,10 +63,12 @@ int32_t Sampler::sample(const float* logits, int64_t vocab) {
     return sample_with_uniform(logits, vocab, params_, next_uniform(), scratch_);
 }
 
-int32_t sample_with_uniform(const float* logits, int64_t vocab, const SamplingParams& params, double uniform,
-                            std::vector<std::pair<float, int32_t>>& v) {
-    FANOUT_CHECK(vocab > 0, "sample: empty logits");
-    if (params.temperature == 0.0f) return argmax(logits, vocab, params.logit_bias);
+namespace {
+
+// The kept tokens of the rule (sampling.h) with their unnormalized probabilities, in (logit
+// descending, id ascending) order, in v[0, keep); returns keep and their total in *total.
+size_t kept_tokens(const float* logits, int64_t vocab, const SamplingParams& params,
+                   std::vector<std::pair<float, int32_t>>& v, double* total) {
     v.resize(static_cast<size_t>(vocab));
     for (int64_t i = 0; i < vocab; ++i) v[i] = {logits[i] / params.temperature, static_cast<int32_t>(i)};
     for (const auto& [id, b] : params.logit_bias)  // the biased ones again, from logits[id] + bias
@@ -82,10 +84,10 @@ int32_t sample_with_uniform(const float* logits, int64_t vocab, const SamplingPa
         std::sort(v.begin(), v.end(), by_logit);
     }
     const float max_logit = v[0].first;
-    double total = 0.0;
+    double sum = 0.0;
     for (size_t i = 0; i < keep; ++i) {
         v[i].first = std::exp(v[i].first - max_logit);  // now an unnormalized probability
-        total += v[i].first;
+        sum += v[i].first;
     }
     if (params.top_p < 1.0f) {
         double cum = 0.0;
@@ -93,11 +95,23 @@ int32_t sample_with_uniform(const float* logits, int64_t vocab, const SamplingPa
         while (n < keep) {
             cum += v[n].first;
             ++n;
-            if (cum >= params.top_p * total) break;
+            if (cum >= params.top_p * sum) break;
         }
         keep = n;
-        total = cum;
+        sum = cum;
     }
+    *total = sum;
+    return keep;
+}
+
+}  // namespace
+
+int32_t sample_with_uniform(const float* logits, int64_t vocab, const SamplingParams& params, double uniform,
+                            std::vector<std::pair<float, int32_t>>& v) {
+    FANOUT_CHECK(vocab > 0, "sample: empty logits");
+    if (params.temperature == 0.0f) return argmax(logits, vocab, params.logit_bias);
+    double total = 0.0;
+    const size_t keep = kept_tokens(logits, vocab, params, v, &total);
     const double u = uniform * total;
     double cum = 0.0;
     for (size_t i = 0; i < keep; ++i) {
@@ -105,6 +119,31 @@ int32_t sample_with_uniform(const float* logits, int64_t vocab, const SamplingPa
         if (u < cum) return v[i].second;
     }
     return v[keep - 1].second;
+}
+
+DraftCheck Sampler::check_draft(const float* logits, int64_t vocab, int32_t draft) {
+    FANOUT_CHECK(vocab > 0, "check_draft: empty logits");
+    if (params_.temperature == 0.0f) {
+        const int32_t t = argmax(logits, vocab, params_.logit_bias);
+        return {t, t == draft};
+    }
+    double total = 0.0;
+    const size_t keep = kept_tokens(logits, vocab, params_, scratch_, &total);
+    double w_draft = 0.0;  // p(draft) · total; 0 when top-k / top-p dropped it
+    for (size_t i = 0; i < keep; ++i)
+        if (scratch_[i].second == draft) w_draft = scratch_[i].first;
+    if (next_uniform() * total < w_draft) return {draft, true};
+    // Rejected: a draw from p with the draft removed.
+    const double u = next_uniform() * (total - w_draft);
+    double cum = 0.0;
+    int32_t last = scratch_[0].second;
+    for (size_t i = 0; i < keep; ++i) {
+        if (scratch_[i].second == draft) continue;
+        cum += scratch_[i].first;
+        last = scratch_[i].second;
+        if (u < cum) return {last, false};
+    }
+    return {last, false};
 }
 
 }  // namespace fanout::ops

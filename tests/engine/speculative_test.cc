@@ -1,0 +1,181 @@
+// MTP speculative decoding in the engine (EngineConfig::mtp_draft_tokens): a fake model whose MTP
+// layer drafts right every time (every draft accepted: the same tokens in fewer steps), wrong
+// every time (none accepted: the same tokens), or right and wrong by turns; and the tiny model,
+// whose drafts are checked against its own forward: greedy output with 1, 2 or 3 drafts equals
+// plain greedy, many requests at once, with prefix-cache hits; bad configurations are refused.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "engine_test_util.h"
+#include "fake_rank_runner.h"
+#include "fanout/engine/engine.h"
+#include "fanout/model/synthetic.h"
+#include "test_util.h"
+
+namespace fanout::engine {
+namespace {
+
+using fanout::testing::error_of;
+using testing::drain;
+using testing::expected;
+using testing::FakeRankRunner;
+using ::testing::HasSubstr;
+using testing::request;
+
+// FakeRankRunner's rule with an MTP layer: at position p it reads the token at p + 1 and drafts
+// the one at p + 2 — right (kRight), off by one (kWrong), or right only at even positions.
+class FakeMtpRunner : public ModelRunner {
+  public:
+    enum class Drafts { kRight, kWrong, kAlternate };
+    explicit FakeMtpRunner(Drafts d) : drafts_(d) {}
+    static constexpr int64_t V = FakeRankRunner::kVocab;
+    int64_t vocab_size() const override { return V; }
+    int64_t max_context() const override { return 4096; }
+    std::vector<int64_t> eos_ids() const override { return {49}; }
+    kv::KvCacheConfig kv_cache_config(int64_t num_blocks) const override { return {1, 1, 4, num_blocks, DType::kF32}; }
+    Tensor forward(const model::StepBatch& b, kv::PagedKvCache& c) override { return forward_with_hidden(b, c).logits; }
+    std::string mtp_unavailable() const override { return ""; }
+    model::DeepseekV3::Output forward_with_hidden(const model::StepBatch& b, kv::PagedKvCache&) override {
+        ++forwards;
+        return one_hot(b, [&](size_t r) { return FakeRankRunner::next(b.tokens[r], b.positions[r]); });
+    }
+    model::DeepseekV3::Output forward_mtp(const model::StepBatch& b, const Tensor& prev, kv::PagedKvCache&) override {
+        EXPECT_EQ(prev.dim(0), b.num_tokens());
+        ++mtp_forwards;
+        return one_hot(b, [&](size_t r) {
+            const int32_t right = FakeRankRunner::next(b.tokens[r], b.positions[r] + 1);
+            const bool ok = drafts_ == Drafts::kRight || (drafts_ == Drafts::kAlternate && b.positions[r] % 2 == 0);
+            return ok ? right : static_cast<int32_t>((right + 1) % V);
+        });
+    }
+    int forwards = 0, mtp_forwards = 0;
+
+  private:
+    template <typename F>
+    model::DeepseekV3::Output one_hot(const model::StepBatch& b, F token) {
+        model::DeepseekV3::Output o;
+        const int64_t R = static_cast<int64_t>(b.logit_rows.size());
+        o.logits = Tensor::zeros({R, V}, DType::kF32);
+        o.hidden = Tensor::zeros({R, 4}, DType::kF32);
+        for (int64_t i = 0; i < R; ++i)
+            o.logits.data_as<float>()[i * V + token(static_cast<size_t>(b.logit_rows[static_cast<size_t>(i)]))] = 1.0f;
+        return o;
+    }
+    Drafts drafts_;
+};
+
+struct SpecRun {
+    std::vector<std::vector<int32_t>> outputs;
+    EngineStats stats;
+    int forwards = 0;
+};
+
+SpecRun run_fake(FakeMtpRunner::Drafts d, int k, const std::vector<RequestParams>& params) {
+    EngineConfig cfg;
+    cfg.num_kv_blocks = 256;
+    cfg.scheduler = {8, 64, 16};
+    cfg.mtp_draft_tokens = k;
+    auto runner = std::make_unique<FakeMtpRunner>(d);
+    FakeMtpRunner* r = runner.get();
+    Engine engine(std::move(runner), nullptr, cfg);
+    std::vector<std::shared_ptr<RequestHandle>> handles;
+    for (const auto& p : params) handles.push_back(engine.submit(p));
+    engine.start();
+    SpecRun out;
+    for (auto& h : handles) out.outputs.push_back(drain(*h));
+    engine.stop();
+    out.stats = engine.stats();
+    out.forwards = r->forwards;
+    return out;
+}
+
+TEST(Speculative, RightDraftsAreAllAcceptedAndTheSameTokensComeInFewerSteps) {
+    const std::vector<RequestParams> one = {request(3, 40)};
+    const SpecRun plain = run_fake(FakeMtpRunner::Drafts::kRight, 0, one);
+    for (int k = 1; k <= 3; ++k) {
+        const SpecRun spec = run_fake(FakeMtpRunner::Drafts::kRight, k, one);
+        EXPECT_EQ(spec.outputs, plain.outputs) << "k " << k;
+        EXPECT_EQ(spec.outputs[0], expected(one[0].prompt, 40));
+        EXPECT_GT(spec.stats.draft_tokens, 0);
+        EXPECT_EQ(spec.stats.accepted_draft_tokens, spec.stats.draft_tokens) << "k " << k;
+        // 40 tokens: one from the prefill, then k + 1 per step.
+        EXPECT_LE(spec.forwards, 1 + (39 + k) / (k + 1)) << "k " << k;
+        EXPECT_EQ(spec.stats.generation_tokens, 40);
+    }
+}
+
+TEST(Speculative, WrongDraftsAreRejectedAndAlternatingOnesHalfAccepted) {
+    std::vector<RequestParams> many;
+    for (int i = 0; i < 12; ++i) many.push_back(request(i, 5 + (i * 7) % 23));
+    const SpecRun plain = run_fake(FakeMtpRunner::Drafts::kRight, 0, many);
+    for (int k = 1; k <= 3; ++k) {
+        const SpecRun wrong = run_fake(FakeMtpRunner::Drafts::kWrong, k, many);
+        EXPECT_EQ(wrong.outputs, plain.outputs) << "k " << k;
+        EXPECT_GT(wrong.stats.draft_tokens, 0);
+        EXPECT_EQ(wrong.stats.accepted_draft_tokens, 0);
+        const SpecRun alt = run_fake(FakeMtpRunner::Drafts::kAlternate, k, many);
+        EXPECT_EQ(alt.outputs, plain.outputs) << "k " << k;
+        EXPECT_GT(alt.stats.accepted_draft_tokens, 0);
+        EXPECT_LT(alt.stats.accepted_draft_tokens, alt.stats.draft_tokens);
+    }
+}
+
+// The tiny model (random weights, so its MTP drafts are mostly rejected): greedy with drafts
+// equals greedy without, for requests of different lengths running together and sharing prefixes
+// — a rejected draft's KV must never be read as the sequence's.
+TEST(Speculative, TinyModelGreedyWithDraftsEqualsPlainGreedy) {
+    const std::string dir = fanout::testing::temp_dir("speculative_model");
+    io::ModelConfig c = model::preset_config("tiny", 2);
+    c.vocab_size = 300;
+    model::write_synthetic_model(dir, c, {});
+    std::vector<RequestParams> params;
+    for (int i = 0; i < 8; ++i) {
+        RequestParams p;
+        for (int t = 0; t < 70; ++t) p.prompt.push_back(t * 13 % 297);  // a shared 64-token block
+        for (int t = 0; t < 3 + i * 5; ++t) p.prompt.push_back((i * 31 + t * 7) % 297);
+        p.max_tokens = 6 + i * 3;
+        p.ignore_eos = true;
+        params.push_back(p);
+    }
+    EngineConfig cfg;
+    cfg.num_kv_blocks = 64;
+    cfg.scheduler = {4, 96, 48};
+    const auto runner = [&] {
+        return std::make_unique<DeepseekRunner>(model::DeepseekV3::load(dir), model::ForwardOptions{}, 1);
+    };
+    const auto want = testing::run_engine(runner(), cfg, params);
+    for (int k = 1; k <= 3; ++k) {
+        EngineConfig spec = cfg;
+        spec.mtp_draft_tokens = k;
+        Engine engine(runner(), nullptr, spec);
+        std::vector<std::shared_ptr<RequestHandle>> handles;
+        for (const auto& p : params) handles.push_back(engine.submit(p));
+        engine.start();
+        for (size_t i = 0; i < handles.size(); ++i)
+            EXPECT_EQ(drain(*handles[i]), want[i]) << "k " << k << " request " << i;
+        engine.stop();
+        const EngineStats s = engine.stats();
+        EXPECT_GT(s.draft_tokens, 0) << "k " << k;
+        EXPECT_GT(s.cached_prompt_tokens, 0) << "the shared block should be a prefix-cache hit";
+    }
+    std::filesystem::remove_all(dir);
+}
+
+TEST(Speculative, BadConfigurationsAreRefusedNamingWhy) {
+    EngineConfig cfg;
+    cfg.mtp_draft_tokens = 9;
+    EXPECT_THAT(error_of([&] { Engine(std::make_unique<FakeMtpRunner>(FakeMtpRunner::Drafts::kRight), nullptr, cfg); }),
+                HasSubstr("--mtp 9: draft tokens must be in 0..7"));
+    cfg.mtp_draft_tokens = 2;
+    testing::Shared shared(1);
+    EXPECT_THAT(error_of([&] { Engine(std::make_unique<FakeRankRunner>(shared, 0), nullptr, cfg); }),
+                HasSubstr("does not draft with MTP"));
+    cfg.lockstep = true;
+    EXPECT_THAT(error_of([&] { Engine(std::make_unique<FakeMtpRunner>(FakeMtpRunner::Drafts::kRight), nullptr, cfg); }),
+                HasSubstr("--ep > 1 is not supported yet"));
+}
+
+}  // namespace
+}  // namespace fanout::engine
