@@ -249,6 +249,28 @@ TEST_F(ModelTest, MtpHeadIsConsistentAcrossSteps) {
     EXPECT_EQ(full.hidden.dim(1), D);
 }
 
+// all_hidden (MTP drafting): every token's final-normed hidden state, the logits only for the
+// logit rows — the same values as asking every row's logits.
+TEST_F(ModelTest, AllHiddenGivesEveryRowsHiddenStateAndOnlyTheAskedLogits) {
+    auto m = DeepseekV3::load(*dir_ + "/bf16");
+    const auto t = ids(9, 7);
+    const int64_t V = m->config().vocab_size, D = m->config().hidden_size;
+    const auto run = [&](StepBatchBuilder::Logits which, bool all_hidden) {
+        kv::PagedKvCache cache(m->kv_cache_config(4));
+        kv::SequenceBlocks seq;
+        cache.reserve(seq, 9);
+        StepBatch b = StepBatchBuilder(cache).add(t, 0, seq, which).build();
+        b.all_hidden = all_hidden;
+        return m->forward(b, cache, {}, Stream{&pool()});
+    };
+    const auto every = run(StepBatchBuilder::Logits::kAll, false);
+    const auto last = run(StepBatchBuilder::Logits::kLast, true);
+    ASSERT_EQ(last.hidden.dim(0), 9);
+    ASSERT_EQ(last.logits.dim(0), 1);
+    EXPECT_EQ(rel_error(last.hidden.data_as<float>(), every.hidden.data_as<float>(), size_t(9 * D)), 0.0);
+    EXPECT_EQ(rel_error(last.logits.data_as<float>(), every.logits.data_as<float>() + 8 * V, size_t(V)), 0.0);
+}
+
 TEST_F(ModelTest, BadTokenIdsAndOversizedRequestsAreClearErrors) {
     auto m = DeepseekV3::load(*dir_ + "/bf16");
     kv::PagedKvCache cache(m->kv_cache_config(2));

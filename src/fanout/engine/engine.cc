@@ -334,10 +334,14 @@ bool Engine::step() {
         for (int64_t i = s.start; i < s.start + s.num_tokens; ++i)
             chunk.push_back(i < s.seq->total_len() ? s.seq->tokens[static_cast<size_t>(i)]
                                                    : s.seq->draft[static_cast<size_t>(i - s.seq->total_len())]);
+        // With MTP a chunk holding drafts (a decode step: the last token, then its drafts) needs
+        // every row's logits to check them; the hidden states of every token go to the MTP layer.
         using L = model::StepBatchBuilder::Logits;
-        builder.add(chunk, s.start, blocks, mtp ? L::kAll : s.wants_logits ? L::kLast : L::kNone);
+        const bool drafts = s.start + s.num_tokens > s.seq->total_len();
+        builder.add(chunk, s.start, blocks, !s.wants_logits ? L::kNone : drafts ? L::kAll : L::kLast);
     }
-    const model::StepBatch batch = builder.build();
+    model::StepBatch batch = builder.build();
+    batch.all_hidden = mtp;
     if (mtp) {
         std::vector<ScheduledSeq> verified = work;
         step_speculative(verified, batch);
@@ -389,11 +393,11 @@ void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::Step
     const int64_t V = runner_->vocab_size(), D = out.hidden.dim(1);
     const float* logits = out.logits.data_as<float>();
     struct Result {
-        int64_t id = 0, row0 = 0, valid = 0;  // rows [row0, row0 + valid) hold computed KV
+        int64_t id = 0, row0 = 0, valid = 0;  // hidden rows [row0, row0 + valid) hold computed KV
         std::vector<int32_t> tokens;          // to emit
     };
     std::vector<Result> results(work.size());
-    int64_t row = 0, drafted = 0, accepted = 0;
+    int64_t row = 0, logit_row = 0, drafted = 0, accepted = 0;
     for (size_t i = 0; i < work.size(); ++i) {
         ScheduledSeq& s = work[i];
         Sequence& seq = *s.seq;
@@ -405,15 +409,16 @@ void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::Step
         if (!s.wants_logits) continue;
         ops::Sampler& sampler = *active_.at(seq.id)->sampler;
         const int64_t last = seq.total_len() - 1 - s.start;  // the last known token's row in the chunk
-        const int64_t drafts = s.num_tokens - 1 - last;
+        const int64_t drafts = s.num_tokens - 1 - last;      // > 0 only in a decode step (last = 0)
+        const float* rows = logits + logit_row * V;          // the last known token's, then the drafts'
+        logit_row += 1 + drafts;
         int64_t j = 0;
         for (; j < drafts; ++j) {
-            const ops::DraftCheck c =
-                sampler.check_draft(logits + (r.row0 + last + j) * V, V, seq.draft[static_cast<size_t>(j)]);
+            const ops::DraftCheck c = sampler.check_draft(rows + j * V, V, seq.draft[static_cast<size_t>(j)]);
             r.tokens.push_back(c.token);
             if (!c.accepted) break;
         }
-        if (j == drafts) r.tokens.push_back(sampler.sample(logits + (r.row0 + last + drafts) * V, V));
+        if (j == drafts) r.tokens.push_back(sampler.sample(rows + drafts * V, V));
         drafted += drafts;
         accepted += j;
         r.valid = last + 1 + j;

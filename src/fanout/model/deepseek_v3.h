@@ -61,6 +61,7 @@ struct StepBatch {
     std::vector<int32_t> block_table;  // [R, max_blocks], padded with -1
     int64_t max_blocks = 0;
     std::vector<int32_t> logit_rows;  // rows of [T] whose logits are returned, in order
+    bool all_hidden = false;          // Output::hidden for every token, not only the logit rows (MTP drafting)
 
     int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
     int64_t num_requests() const { return static_cast<int64_t>(kv_len.size()); }
@@ -111,7 +112,8 @@ class DeepseekV3 {
 
     struct Output {
         Tensor logits;  // [logit_rows, vocab] f32
-        Tensor hidden;  // [logit_rows, D] f32, after the final norm (the MTP head's input)
+        Tensor
+            hidden;  // [logit_rows, D] f32 ([T, D] with batch.all_hidden), after the final norm (the MTP head's input)
     };
     Output forward(const StepBatch& batch, kv::PagedKvCache& cache, const ForwardOptions& opts, const Stream& s) const;
     // The MTP head: batch.tokens are the next tokens t+1, prev_hidden [T, D] the main model's
