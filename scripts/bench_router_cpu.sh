@@ -18,6 +18,12 @@ wait_for() {  # wait_for FILE PATTERN
     for _ in $(seq 600); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
     echo "timed out waiting for '$2' in $1"; return 1
 }
+http_port() { sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$1"; }  # http_port LOG
+stop_all() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+    wait 2>/dev/null
+    pids=()
+}
 threads=${THREADS_PER_ENGINE:-1}
 bench() {  # bench PORT NAME: the multi-turn workload against the server on PORT
     "$fanout" bench serve --base-url "http://127.0.0.1:$1" --endpoint completions --turns ${TURNS:-6} \
@@ -33,12 +39,9 @@ if [[ ${MODE:-router} == dp ]]; then
             2> "$out/dp_$policy.log" &
         pids+=($!)
         wait_for "$out/dp_$policy.log" "listening" || exit 1
-        port=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$out/dp_$policy.log")
         echo "=== serve --ep 4 --dp-policy $policy"
-        bench "$port" "dp_$policy"
-        for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-        wait 2>/dev/null
-        pids=()
+        bench "$(http_port "$out/dp_$policy.log")" "dp_$policy"
+        stop_all
     done
     exit 0
 fi
@@ -56,12 +59,9 @@ for policy in ${POLICIES:-prefix least-load round-robin}; do
     pids+=($!)
     wait_for "$out/router_$policy.log" "listening" || exit 1
     sleep 1  # every engine healthy, KV streams open
-    port=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$out/router_$policy.log")
     echo "=== policy $policy"
-    bench "$port" "router_$policy"
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-    wait 2>/dev/null
-    pids=()
+    bench "$(http_port "$out/router_$policy.log")" "router_$policy"
+    stop_all
 done
 
 # The router's overhead: one engine behind `fanout serve` (HTTP straight to the engine) vs the same
@@ -72,7 +72,7 @@ if [[ ${OVERHEAD:-1} == 1 ]]; then
     "$fanout" serve --model tiny --port 0 --threads "$threads" --kv-memory-gb 0.2 2> "$out/direct.log" &
     direct=$!; pids+=($direct)
     wait_for "$out/direct.log" "listening" || exit 1
-    dport=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$out/direct.log")
+    dport=$(http_port "$out/direct.log")
     "$fanout" engine --model tiny --port 0 --threads "$threads" --kv-memory-gb 0.2 2> "$out/engine_overhead.log" &
     pids+=($!)
     wait_for "$out/engine_overhead.log" "serving grpc" || exit 1
@@ -80,7 +80,7 @@ if [[ ${OVERHEAD:-1} == 1 ]]; then
     "$fanout" router --model tiny --port 0 --engine "127.0.0.1:$eport" 2> "$out/router_overhead.log" &
     router=$!; pids+=($router)
     wait_for "$out/router_overhead.log" "listening" || exit 1
-    rport=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$out/router_overhead.log")
+    rport=$(http_port "$out/router_overhead.log")
     sleep 1
     for who in direct router; do
         port=$([[ $who == direct ]] && echo "$dport" || echo "$rport")
