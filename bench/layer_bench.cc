@@ -107,6 +107,7 @@ Timing time_layer(CudaLayerExec& exec, const model::DeviceLayer& w, const model:
         };
         const cudaGraphExec_t ge = capture_graph(s, [&] {
             FANOUT_CUDA_CHECK(cudaMemcpyAsync(hidden, pristine, hidden_elems * 2, cudaMemcpyDeviceToDevice, s));
+            exec.begin_step(st);  // the step's, shared by its 61 layers: not the layer's time
             new_event();
             exec.run(w, st, hidden, cache,
                      marked ? model::KernelMark([&](const char* name) {
@@ -150,6 +151,7 @@ Timing time_layer(CudaLayerExec& exec, const model::DeviceLayer& w, const model:
         t.marked_total_us = total;
     };
     if (before_launch) before_launch();
+    exec.begin_step(st);
     exec.run(w, st, hidden, cache);  // plans, attributes and workspaces outside the capture
     FANOUT_CUDA_CHECK(cudaStreamSynchronize(s));
     if (exec.expert_parallel()) exec.expert_parallel()->raise_if_failed();

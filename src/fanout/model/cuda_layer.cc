@@ -329,14 +329,19 @@ void CudaLayerExec::batched(const DeviceWeight& w, const uint16_t* x, const int3
     ops::launch_batched_gemm_bf16(g, stream_);
 }
 
+void CudaLayerExec::begin_step(const LayerStep& st) {
+    // Every layer's masked GEMMs over "T rows per head" (the absorbed attention's k_b / v_b, the
+    // dense MLP's activation quantization) read this count: one fill per step, not two per layer.
+    if (st.T > 0) ops::launch_fill_i32(b_->fill_t.get(), static_cast<int>(b_->fill_t.size()), st.T, stream_);
+}
+
 void CudaLayerExec::mlp(const DeviceWeight& gu, const DeviceWeight& down, int T, uint16_t* hidden, bool prequantized,
                         const KernelMark& mark) {
     Buffers& b = *b_;
     const int I = static_cast<int>(gu.N / 2);
     linear(gu, prequantized && gu.fp8 ? nullptr : b.normed.get(), T, b.gate_up.get());
     if (mark) mark("shared_gate_up");
-    if (down.fp8) {
-        ops::launch_fill_i32(b.fill_t.get(), 1, T, stream_);
+    if (down.fp8) {  // fill_t holds T (begin_step)
         ops::launch_silu_mul_quant_masked(b.gate_up.get(), b.fill_t.get(), 1, T, I, b.xq.get(), b.xs.get(), stream_);
         if (mark) mark("shared_silu_quant");
         ops::launch_gemm_fp8(b.xq.get(), b.xs.get(), down.q.get(), down.scale.get(), hidden, T,
@@ -476,8 +481,7 @@ void CudaLayerExec::attn_out(const DeviceLayer& w, const LayerStep& st, uint16_t
         ops::launch_mha_prefill(p, stream_);
         m("attention");
     } else {
-        // Absorbed form: k_b into q, MLA over the cache, v_b out.
-        ops::launch_fill_i32(b.fill_t.get(), std::max(H, 1), T, stream_);
+        // Absorbed form: k_b into q, MLA over the cache, v_b out (fill_t: T per head, begin_step).
         batched(w.k_b, b.q_nope.get(), b.fill_t.get(), T, b.q_lat.get(), T);
         m("bmm_q_absorb");
         ops::MlaAttentionParams p;

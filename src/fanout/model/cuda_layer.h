@@ -138,6 +138,9 @@ class CudaLayerExec {
     // The whole layer: every stage in order. hidden [T, D] bf16 (the residual stream) is updated
     // in place; cache is this layer's. A step of T = 0 (a rank without requests under expert
     // parallelism) runs only the experts' exchange and this rank's experts on what it received.
+    // Once per step, before its first layer (on the stream: inside a captured step too): the
+    // step-wide constants every layer reads.
+    void begin_step(const LayerStep& step);
     void run(const DeviceLayer& w, const LayerStep& step, uint16_t* hidden, uint16_t* cache,
              const KernelMark& mark = {});
     // The stages (see the top), for schedules that interleave them.

@@ -124,6 +124,7 @@ struct CudaModel::Impl {
         st.block_table = block_table.get();
         st.max_blocks = static_cast<int>(max_blocks_per_request);
         st.prefill_ctx = prefill_ctx;
+        exec->begin_step(st);
         for (int64_t l = 0; l < c.num_hidden_layers; ++l)
             exec->run(w.layers[static_cast<size_t>(l)], st, hidden.get(),
                       cache.get() + static_cast<size_t>(l) * cache_layer_elems());
