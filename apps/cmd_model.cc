@@ -318,7 +318,7 @@ void add_model_commands(CLI::App& app) {
     gen->add_option("--max-tokens", r.max_tokens, "tokens to generate at most")->capture_default_str();
     add_rank_options(gen, gen_args->ep, gen_args->ranks);
     gen->add_option("--mtp", gen_args->mtp,
-                    "MTP speculative decoding: draft tokens per step (0 = off; CPU path, one rank)")
+                    "MTP speculative decoding: draft tokens per step (0 = off; CPU path)")
         ->check(CLI::Range(0, engine::Engine::kMaxDraftTokens))
         ->capture_default_str();
     gen->add_option("--temperature", r.sampling.temperature, "0 = greedy")->capture_default_str();

@@ -337,7 +337,7 @@ void add_engine_options(CLI::App* cmd, ServeArgs& aa) {
     cmd->add_option("--mtp", a->mtp,
                     "MTP speculative decoding: tokens the model's multi-token-prediction layer drafts per step, "
                     "checked in the next (0 = off; greedy output is unchanged, sampling keeps its distribution; "
-                    "CPU path, one rank)")
+                    "CPU path)")
         ->check(CLI::Range(0, engine::Engine::kMaxDraftTokens))
         ->capture_default_str();
     cmd->add_option("--dp-policy", a->dp_placement.policy,

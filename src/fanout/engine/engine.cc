@@ -150,10 +150,6 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const io::Tokenizer* tokeniz
                      "--mtp {}: draft tokens must be in 0..{}", config.mtp_draft_tokens, kMaxDraftTokens);
         const std::string why = runner_->mtp_unavailable();
         FANOUT_CHECK(why.empty(), "--mtp {}: {}", config.mtp_draft_tokens, why);
-        FANOUT_CHECK(!config.lockstep,
-                     "--mtp {}: MTP drafting with --ep > 1 is not supported yet (the MTP layer's experts would need "
-                     "every rank to draft in step)",
-                     config.mtp_draft_tokens);
         FANOUT_CHECK(config.mtp_draft_tokens < config.scheduler.prefill_chunk,
                      "--mtp {}: a step must hold the last token and its drafts (--prefill-chunk {})",
                      config.mtp_draft_tokens, config.scheduler.prefill_chunk);
@@ -468,7 +464,10 @@ void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::Step
         for (int64_t r = 0; r < valid; ++r) rows.push_back(results[i].row0 + r);
         if (k > 0) drafting.push_back({&seq, static_cast<int>(k)});
     }
-    if (rows.empty()) return;
+    // A lockstep rank runs the MTP layer K times every step, drafting or not: its MoE layer is a
+    // collective of all ranks, like every other.
+    const bool every_pass = config_.lockstep;
+    if (rows.empty() && !every_pass) return;
     const auto gather = [&](const Tensor& from, const std::vector<int64_t>& at) {
         Tensor h = Tensor::zeros({static_cast<int64_t>(at.size()), D}, DType::kF32);
         for (size_t r = 0; r < at.size(); ++r)
@@ -493,7 +492,7 @@ void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::Step
             from.push_back(static_cast<int64_t>(q));
             next.push_back(&seq);
         }
-        if (next.empty()) break;
+        if (next.empty() && !every_pass) break;
         model::DeepseekV3::Output mc = runner_->forward_mtp(cb.build(), gather(m.hidden, from), cache_);
         std::vector<Drafting> kept;
         for (size_t q = 0; q < next.size(); ++q) {
