@@ -244,6 +244,7 @@ struct RequestResult {
     double latency_s = 0;         // end_s - start_s
     std::vector<double> chunk_s;  // arrival of each chunk that carried text, from the send time
     int64_t prompt_tokens = -1, completion_tokens = -1, cached_tokens = -1;  // -1: not in usage
+    int64_t accepted_predictions = -1, rejected_predictions = -1;            // MTP drafts (-1: not in usage)
     double ttft_s() const { return chunk_s.empty() ? 0 : chunk_s.front(); }
     // Seconds per output token after the first; < 0 when there is at most one token.
     double tpot_s() const {
@@ -265,6 +266,10 @@ void read_usage(const json& u, RequestResult& r) {
     r.completion_tokens = count(u, "completion_tokens");
     if (const auto d = u.find("prompt_tokens_details"); d != u.end() && d->is_object()) {
         r.cached_tokens = count(*d, "cached_tokens");
+    }
+    if (const auto d = u.find("completion_tokens_details"); d != u.end() && d->is_object()) {
+        r.accepted_predictions = count(*d, "accepted_prediction_tokens");
+        r.rejected_predictions = count(*d, "rejected_prediction_tokens");
     }
 }
 
@@ -487,34 +492,6 @@ std::string discover_model(const Target& target, double timeout_s) {
     return j["data"][0]["id"].get<std::string>();
 }
 
-// MTP speculative decoding's counters from a fanout server's GET /metrics (drafted, accepted);
-// nothing when the server has no such route or counters (another server, or fanout router).
-std::optional<std::pair<double, double>> spec_counters(const Target& target) {
-    httplib::Client cli(target.origin);
-    cli.set_connection_timeout(std::chrono::seconds(5));
-    cli.set_read_timeout(std::chrono::seconds(5));
-    const auto res = cli.Get(target.prefix + "/metrics");
-    if (!res || res->status != 200) return std::nullopt;
-    const auto value = [&](const std::string& name) -> std::optional<double> {
-        for (size_t at = res->body.find(name); at != std::string::npos; at = res->body.find(name, at + 1)) {
-            if (at > 0 && res->body[at - 1] != '\n') continue;
-            const size_t eol = res->body.find('\n', at);
-            const std::string line = res->body.substr(at, eol == std::string::npos ? std::string::npos : eol - at);
-            const size_t space = line.rfind(' ');
-            if (space == std::string::npos) return std::nullopt;
-            try {
-                return std::stod(line.substr(space + 1));
-            } catch (const std::exception&) {
-                return std::nullopt;
-            }
-        }
-        return std::nullopt;
-    };
-    const auto drafted = value("fanout_spec_draft_tokens_total"), accepted = value("fanout_spec_accepted_tokens_total");
-    if (!drafted || !accepted) return std::nullopt;
-    return std::pair{*drafted, *accepted};
-}
-
 // ---------------------------------------------------------------------------------------------
 // Report
 
@@ -596,6 +573,10 @@ json to_json(const RequestResult& r, const RequestSpec& s) {
               {"completion_tokens", r.completion_tokens},
               {"cached_tokens", r.cached_tokens},
               {"text_chunks", r.chunk_s.size()}};
+    if (r.accepted_predictions >= 0) {
+        j["accepted_prediction_tokens"] = r.accepted_predictions;
+        j["rejected_prediction_tokens"] = r.rejected_predictions;
+    }
     if (s.group >= 0) j["prefix_group"] = s.group;
     if (s.kind != Kind::kStreamed) j["status"] = r.status;
     if (s.kind == Kind::kMalformed) j["variant"] = kMalformedVariants[s.variant];
@@ -666,6 +647,8 @@ json summarize(const ServeBenchOptions& o, const std::vector<RequestSpec>& specs
     std::vector<double> ttft, tpot, itl, e2e;
     int64_t num_ok = 0, num_normal_ok = 0, prompt_tokens = 0, output_tokens = 0, cached_tokens = 0,
             num_cached_reported = 0, num_usage_missing = 0, num_good = 0;
+    int64_t drafts = 0, accepted_drafts = 0, num_drafting = 0;  // MTP, from usage.completion_tokens_details
+    std::vector<double> accepted_length;  // per drafting request: tokens per step, completion / (completion - accepted)
     double duration_s = 0;
     const RequestResult* first_failure = nullptr;
     for (const RequestResult& r : results) {
@@ -683,6 +666,14 @@ json summarize(const ServeBenchOptions& o, const std::vector<RequestSpec>& specs
         if (r.cached_tokens >= 0) {
             cached_tokens += r.cached_tokens;
             ++num_cached_reported;
+        }
+        if (r.accepted_predictions >= 0 && r.rejected_predictions >= 0) {
+            drafts += r.accepted_predictions + r.rejected_predictions;
+            accepted_drafts += r.accepted_predictions;
+            ++num_drafting;
+            if (r.completion_tokens > r.accepted_predictions)
+                accepted_length.push_back(static_cast<double>(r.completion_tokens) /
+                                          static_cast<double>(r.completion_tokens - r.accepted_predictions));
         }
         if (r.kind == Kind::kPlain) {
             num_good += o.slo_ttft_ms <= 0 || 1e3 * r.latency_s <= o.slo_ttft_ms;
@@ -715,6 +706,14 @@ json summarize(const ServeBenchOptions& o, const std::vector<RequestSpec>& specs
     j["mean_cached_tokens"] = num_normal_ok > 0 ? static_cast<double>(cached_tokens) / num_normal_ok : 0.0;
     j["cached_tokens_reported"] = num_cached_reported;
     j["cache_hit_rate"] = prompt_tokens > 0 ? static_cast<double>(cached_tokens) / prompt_tokens : 0.0;
+    if (num_drafting > 0) {  // MTP: drafts checked and accepted, and tokens per step, over the requests
+        j["mtp_draft_tokens"] = drafts;
+        j["mtp_accepted_tokens"] = accepted_drafts;
+        j["mtp_acceptance_rate"] = drafts > 0 ? static_cast<double>(accepted_drafts) / drafts : 0.0;
+        double mean = 0;
+        for (double l : accepted_length) mean += l / static_cast<double>(accepted_length.size());
+        j["mtp_mean_accepted_length"] = mean;
+    }
     if (o.turns > 1) {
         // The best any placement could do: each later turn reusing its conversation's previous
         // prompt, whole blocks of it (the engine caches whole blocks).
@@ -831,9 +830,8 @@ void print_report(const ServeBenchOptions& o, const json& j) {
         fmt::print("{:<24} not reported by the server\n", "cached prompt tok/req");
     }
     if (j.contains("mtp_acceptance_rate"))
-        fmt::print("{:<24} {:.1f}% of {:.0f} drafts ({:.1f} accepted per request; the server's /metrics)\n",
-                   "MTP acceptance", 100 * num("mtp_acceptance_rate"), num("mtp_draft_tokens"),
-                   num("mtp_accepted_per_request"));
+        fmt::print("{:<24} {:.1f}% of {:.0f} drafts; {:.2f} tokens per step per request (mean)\n", "MTP acceptance",
+                   100 * num("mtp_acceptance_rate"), num("mtp_draft_tokens"), num("mtp_mean_accepted_length"));
     if (const int64_t n = j["requests_without_usage"].get<int64_t>(); n > 0) {
         fmt::print("{:<24} {} requests sent no usage; their tokens are counted as text chunks\n", "note", n);
     }
@@ -1005,7 +1003,6 @@ int run_serve_bench(const ServeBenchOptions& opts) {
         std::fflush(stdout);
     }
 
-    const auto spec_before = spec_counters(target);
     const auto bench_start = clock_type::now();
     double arrival_s = 0;
     // A conversation's turns go one after another on its own thread; a single request is a
@@ -1042,16 +1039,6 @@ int run_serve_bench(const ServeBenchOptions& opts) {
     const SlowClientStats slow_stats = slow ? slow->stop() : SlowClientStats{};
 
     json j = summarize(o, specs, results);
-    if (const auto spec_after = spec_counters(target); spec_before && spec_after) {
-        const double drafted = spec_after->first - spec_before->first,
-                     accepted = spec_after->second - spec_before->second;
-        if (drafted > 0) {
-            j["mtp_draft_tokens"] = drafted;
-            j["mtp_accepted_tokens"] = accepted;
-            j["mtp_acceptance_rate"] = accepted / drafted;
-            j["mtp_accepted_per_request"] = accepted / std::max(1, o.num_requests);
-        }
-    }
     if (slow) j["slow_clients"] = to_json(slow_stats);
     if (sampler) {
         const int64_t warmup = (o.num_requests + 9) / 10;  // 10% of the requests done

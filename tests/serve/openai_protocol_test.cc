@@ -40,6 +40,23 @@ class ProtocolTest : public ::testing::Test {
 };
 io::Tokenizer* ProtocolTest::tokenizer_ = nullptr;
 
+// MTP drafts appear in usage as OpenAI's predicted-output counts, only when the server drafted.
+TEST(Usage, DraftsAreAcceptedAndRejectedPredictionTokens) {
+    engine::RequestEvent ev;
+    ev.prompt_tokens = 12;
+    ev.completion_tokens = 9;
+    ev.cached_tokens = 4;
+    json u = usage_json(ev);
+    EXPECT_EQ(u["total_tokens"], 21);
+    EXPECT_EQ(u["prompt_tokens_details"]["cached_tokens"], 4);
+    EXPECT_FALSE(u.contains("completion_tokens_details"));
+    ev.draft_tokens = 10;
+    ev.accepted_draft_tokens = 7;
+    u = usage_json(ev);
+    EXPECT_EQ(u["completion_tokens_details"]["accepted_prediction_tokens"], 7);
+    EXPECT_EQ(u["completion_tokens_details"]["rejected_prediction_tokens"], 3);
+}
+
 TEST_F(ProtocolTest, BodiesAreParsedWithBounds) {
     const int n = 100000;
     const std::string deep = "{\"a\":" + std::string(n, '[') + std::string(n, ']') + "}";

@@ -13,7 +13,7 @@ using json = nlohmann::json;
 
 // The wire form of the control messages: MessagePack of these JSON shapes.
 //   step (rank 0 → all): {"stop": bool, "assign": [{"rank", "id", "params": {...}}], "cancel": [[rank, id]]}
-//   report (rank → 0):   {"events": [{"id", "text", "tokens", "finished", "reason", "p", "c", "cached"}],
+//   report (rank → 0):   {"events": [{"id", "text", "tokens", "finished", "reason", "p", "c", "cached", "d", "a"}],
 //                         "stats": {...}, "kv": [{"reset", "stored": [hash], "removed": [hash]}]}
 json params_to_json(const RequestParams& p) {
     json bias = json::array();
@@ -250,7 +250,9 @@ std::vector<uint8_t> DpRank::report() {
                               {"reason", ev.finish_reason},
                               {"p", ev.prompt_tokens},
                               {"c", ev.completion_tokens},
-                              {"cached", ev.cached_tokens}});
+                              {"cached", ev.cached_tokens},
+                              {"d", ev.draft_tokens},
+                              {"a", ev.accepted_draft_tokens}});
         }
         it = finished ? running_.erase(it) : std::next(it);
     }
@@ -291,6 +293,8 @@ void DpRank::deliver(const std::vector<std::vector<uint8_t>>& reports) {
                 ev.prompt_tokens = e.at("p").get<int64_t>();
                 ev.completion_tokens = e.at("c").get<int64_t>();
                 ev.cached_tokens = e.at("cached").get<int64_t>();
+                ev.draft_tokens = e.at("d").get<int64_t>();
+                ev.accepted_draft_tokens = e.at("a").get<int64_t>();
                 out.emplace_back(it->second.handle, std::move(ev));
                 if (out.back().second.finished) {
                     --load_requests_[r];

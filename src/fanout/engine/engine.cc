@@ -124,6 +124,7 @@ struct Engine::Active {
     size_t hold = 0;     // bytes held back so a stop string is never sent in part
     clock_type::time_point submitted, last_token;
     bool first_token = true;
+    int64_t drafted = 0, accepted = 0;  // MTP drafts checked, and accepted
 };
 
 namespace {
@@ -245,6 +246,8 @@ void Engine::emit(Active& a, std::string text, std::vector<int32_t> tokens, bool
     ev.prompt_tokens = a.seq->prompt_len;
     ev.completion_tokens = a.seq->num_generated();
     ev.cached_tokens = a.seq->prefix_hit_tokens;
+    ev.draft_tokens = a.drafted;
+    ev.accepted_draft_tokens = a.accepted;
     a.handle->push(std::move(ev));
 }
 
@@ -403,7 +406,8 @@ void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::Step
         r.valid = s.num_tokens;
         row += s.num_tokens;
         if (!s.wants_logits) continue;
-        ops::Sampler& sampler = *active_.at(seq.id)->sampler;
+        Active& a = *active_.at(seq.id);
+        ops::Sampler& sampler = *a.sampler;
         const int64_t last = seq.total_len() - 1 - s.start;  // the last known token's row in the chunk
         const int64_t drafts = s.num_tokens - 1 - last;      // > 0 only in a decode step (last = 0)
         const float* rows = logits + logit_row * V;          // the last known token's, then the drafts'
@@ -417,6 +421,8 @@ void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::Step
         if (j == drafts) r.tokens.push_back(sampler.sample(rows + drafts * V, V));
         drafted += drafts;
         accepted += j;
+        a.drafted += drafts;
+        a.accepted += j;
         r.valid = last + 1 + j;
         s.num_tokens = r.valid;
         seq.draft.clear();

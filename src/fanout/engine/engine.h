@@ -101,6 +101,7 @@ struct RequestEvent {
     bool finished = false;
     std::string finish_reason;  // "stop", "length"; "abort" (cancelled), "error" (a step failed)
     int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+    int64_t draft_tokens = 0, accepted_draft_tokens = 0;  // MTP drafts checked for it so far, and accepted
 };
 
 // A request's events in order, and its cancellation: the consumer's end (next, on_event, cancel)

@@ -65,6 +65,8 @@ void event_to(const engine::RequestEvent& ev, GenerateEvent* out) {
     u->set_prompt_tokens(ev.prompt_tokens);
     u->set_completion_tokens(ev.completion_tokens);
     u->set_cached_tokens(ev.cached_tokens);
+    u->set_draft_tokens(ev.draft_tokens);
+    u->set_accepted_draft_tokens(ev.accepted_draft_tokens);
 }
 
 engine::RequestEvent event_from(const GenerateEvent& e) {
@@ -76,6 +78,8 @@ engine::RequestEvent event_from(const GenerateEvent& e) {
     ev.prompt_tokens = e.usage().prompt_tokens();
     ev.completion_tokens = e.usage().completion_tokens();
     ev.cached_tokens = e.usage().cached_tokens();
+    ev.draft_tokens = e.usage().draft_tokens();
+    ev.accepted_draft_tokens = e.usage().accepted_draft_tokens();
     return ev;
 }
 

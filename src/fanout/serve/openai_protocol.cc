@@ -300,10 +300,16 @@ ApiError engine_error(const std::string& what) {
 }
 
 json usage_json(const engine::RequestEvent& ev) {
-    return {{"prompt_tokens", ev.prompt_tokens},
-            {"completion_tokens", ev.completion_tokens},
-            {"total_tokens", ev.prompt_tokens + ev.completion_tokens},
-            {"prompt_tokens_details", {{"cached_tokens", ev.cached_tokens}}}};
+    json u = {{"prompt_tokens", ev.prompt_tokens},
+              {"completion_tokens", ev.completion_tokens},
+              {"total_tokens", ev.prompt_tokens + ev.completion_tokens},
+              {"prompt_tokens_details", {{"cached_tokens", ev.cached_tokens}}}};
+    // MTP speculative decoding, in OpenAI's fields for predicted tokens: drafts the model accepted
+    // and those it rejected (only when the server drafts).
+    if (ev.draft_tokens > 0)
+        u["completion_tokens_details"] = {{"accepted_prediction_tokens", ev.accepted_draft_tokens},
+                                          {"rejected_prediction_tokens", ev.draft_tokens - ev.accepted_draft_tokens}};
+    return u;
 }
 
 bool is_failure(const engine::RequestEvent& ev) {
