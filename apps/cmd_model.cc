@@ -10,6 +10,7 @@
 #include "fanout/io/chat_template.h"
 #include "fanout/model/ep_group.h"
 #include "fanout/model/generate.h"
+#include "fanout/model/step_cost.h"
 #include "fanout/model/synthetic.h"
 #ifdef FANOUT_WITH_CUDA
 #include "fanout/engine/cuda_runner.h"
@@ -105,6 +106,9 @@ void generate_through_engine(GenerateArgs& a, Deployment& d, const io::Tokenizer
     ec.num_kv_blocks = std::max<int64_t>(1, (context + kv::kDefaultBlockSize - 1) / kv::kDefaultBlockSize);
     ec.mtp_draft_tokens = a.mtp;
     const DType kv_dtype = a.model.kv_dtype == "bf16" ? DType::kBF16 : DType::kF32;
+    // As serve: small query lengths — decode, MTP's checking steps (1 + K rows) — in the absorbed form.
+    model::ForwardOptions opts = forward_options(a.model);
+    opts.absorbed_max_query = std::max<int64_t>(model::absorbed_form_max_query(c), 1 + a.mtp);
     if (a.model.device == "cuda") {
 #ifdef FANOUT_WITH_CUDA
         model::CudaModelOptions o;
@@ -119,16 +123,14 @@ void generate_through_engine(GenerateArgs& a, Deployment& d, const io::Tokenizer
         d.make_rank(std::move(runner), ec, tokenizer);
 #endif
     } else if (a.ep == 1) {
-        d.make_rank(std::make_unique<engine::DeepseekRunner>(load_model(a.model), forward_options(a.model),
-                                                             a.model.threads, kv_dtype),
-                    ec, tokenizer);
+        d.make_rank(std::make_unique<engine::DeepseekRunner>(load_model(a.model), opts, a.model.threads, kv_dtype), ec,
+                    tokenizer);
     } else {
         const int local = a.ranks == "threads" ? a.ep : 1;
         std::vector<std::unique_ptr<model::DeepseekV3>> models;
         for (int r = 0; r < local; ++r) models.push_back(load_model(a.model, {}, ParallelConfig{d.rank + r, a.ep, 1}));
         const int cores = a.model.threads > 0 ? a.model.threads : static_cast<int>(std::thread::hardware_concurrency());
-        d.make_cpu_ranks(std::move(models), ec, forward_options(a.model), std::max(1, cores / a.ep), kv_dtype,
-                         tokenizer);
+        d.make_cpu_ranks(std::move(models), ec, opts, std::max(1, cores / a.ep), kv_dtype, tokenizer);
     }
     if (d.follows()) return d.follow();
     d.start();
@@ -317,8 +319,7 @@ void add_model_commands(CLI::App& app) {
     auto& r = gen_args->req;
     gen->add_option("--max-tokens", r.max_tokens, "tokens to generate at most")->capture_default_str();
     add_rank_options(gen, gen_args->ep, gen_args->ranks);
-    gen->add_option("--mtp", gen_args->mtp,
-                    "MTP speculative decoding: draft tokens per step (0 = off; CPU path)")
+    gen->add_option("--mtp", gen_args->mtp, "MTP speculative decoding: draft tokens per step (0 = off; CPU path)")
         ->check(CLI::Range(0, engine::Engine::kMaxDraftTokens))
         ->capture_default_str();
     gen->add_option("--temperature", r.sampling.temperature, "0 = greedy")->capture_default_str();

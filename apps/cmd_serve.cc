@@ -206,7 +206,9 @@ void run_serve(ServeArgs& a) {
 #endif
     } else {
         model::ForwardOptions opts = forward_options(a.model);
-        opts.absorbed_max_query = model::absorbed_form_max_query(c);
+        // MTP's checking steps (1 + K query rows) run the absorbed form like the decode steps they
+        // replace, so the greedy tokens are the plain ones.
+        opts.absorbed_max_query = std::max<int64_t>(model::absorbed_form_max_query(c), 1 + a.mtp);
         const DType kv_dtype = a.model.kv_dtype == "bf16" ? DType::kBF16 : DType::kF32;
         const kv::KvCacheConfig one = model->kv_cache_config(1, kv_dtype);
         const double block_bytes =
@@ -215,7 +217,8 @@ void run_serve(ServeArgs& a) {
             d.min_over_ranks(std::max<int64_t>(4, static_cast<int64_t>(*mr.kv_bytes / local_ranks / block_bytes)));
         // Each rank its share of the cores (threads of one process, or processes of one host).
         const int cores = static_cast<int>(std::thread::hardware_concurrency());
-        const int threads = a.model.threads > 0 ? a.model.threads : std::max(1, cores / a.ep);
+        const int sharing = a.ranks == "threads" ? a.ep : d.local_processes;  // ranks on this host's cores
+        const int threads = a.model.threads > 0 ? a.model.threads : std::max(1, cores / sharing);
         if (a.ep > 1) {
             rank_models.insert(rank_models.begin(), std::move(model));
             d.make_cpu_ranks(std::move(rank_models), ec, opts, threads, kv_dtype, &tokenizer);
@@ -255,11 +258,12 @@ void run_serve(ServeArgs& a) {
         const int port = a.server.port == 0 ? 0 : a.server.port + d.engine_index;
         rpc::EngineServer server(d.service(), a.server.model_name, fmt::format("{}:{}", a.server.host, port));
         std::fprintf(stderr, "start-up: %s; %.2f s in all\n", breakdown.c_str(), total);
+        // To the launch's router first: MPI is this thread's until the step loop starts.
+        d.announce(fmt::format("{}:{}", reachable_host(a.server.host), server.port()));
         d.start();
         std::fprintf(
             stderr, "fanout engine: serving grpc://%s:%d (%s%s)\n", a.server.host.c_str(), server.port(), what.c_str(),
             d.engines > 1 ? fmt::format("; engine {} of {} in this launch", d.engine_index, d.engines).c_str() : "");
-        d.announce(fmt::format("{}:{}", reachable_host(a.server.host), server.port()));
         while (!g_stop && d.failure().empty()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
         server.shutdown(std::chrono::seconds(20));  // drain: no new calls, those in flight finish (or are cut at 20 s)
         d.stop();

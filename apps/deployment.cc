@@ -140,6 +140,7 @@ void Deployment::join_world(int& ep, std::string& ranks, const std::string& devi
         MPI_Comm_rank(comm, &rank);
         world = group;
         local_rank = mpi->local_rank();
+        local_processes = mpi->local_size();
         MPI_Comm host = MPI_COMM_NULL;
         MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &host);
         int on_host = 0;
@@ -160,6 +161,7 @@ void Deployment::join_world(int& ep, std::string& ranks, const std::string& devi
         launched("RANK / WORLD_SIZE");
         const char* local = std::getenv("LOCAL_WORLD_SIZE");
         one_host = local != nullptr && std::atoi(local) == world;
+        local_processes = local != nullptr ? std::max(1, std::atoi(local)) : 1;
         FANOUT_CHECK(device == "cuda",
                      "RANK={} WORLD_SIZE={} without MPI: CPU ranks as processes exchange their tokens over MPI — start "
                      "them with mpirun (or --ranks processes); GPU ranks (--device cuda) need only this environment",

@@ -54,6 +54,7 @@ struct Deployment {
     int rank = 0, world = 1;                         // this process's rank among the processes of the deployment
     int local_rank = 0;                              // ... among the job's ranks on this host (its GPU)
     int engine_index = 0, engines = 1;               // `fanout engine` under a launcher: which of how many
+    int local_processes = 1;                         // the launch's rank processes on this host (their cores)
 #ifdef FANOUT_WITH_MPI
     MPI_Comm comm = MPI_COMM_NULL;  // the deployment's processes (mpi), owned by the session
 #endif

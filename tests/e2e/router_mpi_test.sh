@@ -32,8 +32,6 @@ base=http://127.0.0.1:$port
 n=$(grep -c "(from the launcher)" "$work/launch.log")
 [[ $n -eq 2 ]] && ok "the router found the launch's 2 engines" || bad "discovery" "$n engines: $(grep router "$work/launch.log")"
 grep -q "2 of 2 engines healthy" "$work/launch.log" && ok "both engines healthy" || bad "health" "$(grep router "$work/launch.log")"
-grep -q "engine 1 of 2 in this launch" "$work/launch.log" && ok "engine processes split into 2 engines of 2 ranks" ||
-    bad "split" "$(grep 'serving grpc' "$work/launch.log")"
 
 body=$(curl -s "$base/v1/chat/completions" -H content-type:application/json \
     -d '{"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":5,"stream":true}')
@@ -58,6 +56,8 @@ for i in 1 2 3 4; do
     cached+=("$c")
 done
 kill "$busy" 2>/dev/null
+grep -q "engine 1 of 2 in this launch" "$work/launch.log" && ok "engine processes split into 2 engines of 2 ranks" ||
+    bad "split" "$(grep 'serving grpc' "$work/launch.log")"
 if [[ ${cached[0]} == 0 && ${cached[1]} -ge 128 && ${cached[2]} -ge 128 && ${cached[3]} -ge 128 ]]; then
     ok "shared prefix served from cache across DP engines (cached tokens ${cached[*]})"
 else

@@ -246,23 +246,30 @@ TEST(GlueCuda, BatchedGemmBf16MatchesCpu) {
     EXPECT_LT(rel(gf, rf), 1e-5);
 }
 
+// cuBLASLt's shapes and the few-row GEMV's (M <= 8, K % 8 == 0: the router's gate at decode), and
+// a K the GEMV cannot take.
 TEST(GlueCuda, GemmBf16F32OutMatchesCpu) {
     REQUIRE_GPU();
-    const int M = 13, N = 72, K = 256;
-    auto x = random_bf16(size_t(M) * K, 9), w = random_bf16(size_t(N) * K, 10);
-    Dev<uint16_t> dx(x.bits), dw(w.bits);
-    Dev<float> y(size_t(M) * N);
-    y.poison();
-    DeviceContext ctx(nullptr);  // the default stream: the copies around it are synchronous
-    launch_gemm_bf16_f32(ctx, dx.ptr, dw.ptr, y.ptr, M, N, K);
-    std::vector<float> ref;
-    for (int m = 0; m < M; ++m)
-        for (int n = 0; n < N; ++n) {
-            double acc = 0;
-            for (int k = 0; k < K; ++k) acc += double(x.f32[m * K + k]) * w.f32[n * K + k];
-            ref.push_back(float(acc));
-        }
-    EXPECT_LT(rel(y.download(), ref), 1e-5);
+    for (auto [M, N, K] :
+         {std::tuple{13, 72, 256}, {1, 256, 7168}, {2, 256, 7168}, {8, 37, 136}, {5, 4096, 64}, {3, 19, 36}}) {
+        auto x = random_bf16(size_t(M) * K, 9 + M), w = random_bf16(size_t(N) * K, 10 + N);
+        Dev<uint16_t> dx(x.bits), dw(w.bits);
+        Dev<float> y(size_t(M) * N);
+        y.poison();
+        DeviceContext ctx(nullptr);  // the default stream: the copies around it are synchronous
+        launch_gemm_bf16_f32(ctx, dx.ptr, dw.ptr, y.ptr, M, N, K);
+        std::vector<float> ref;
+        for (int m = 0; m < M; ++m)
+            for (int n = 0; n < N; ++n) {
+                double acc = 0;
+                for (int k = 0; k < K; ++k) acc += double(x.f32[m * K + k]) * w.f32[n * K + k];
+                ref.push_back(float(acc));
+            }
+        EXPECT_LT(rel(y.download(), ref), 1e-5) << M << "x" << N << "x" << K;
+    }
+    const std::string msg =
+        fanout::testing::error_of([] { launch_gemv_bf16_f32(nullptr, nullptr, nullptr, 9, 8, 8, nullptr); });
+    EXPECT_NE(msg.find("M=9"), std::string::npos) << msg;
 }
 
 // The norm that also quantizes for the next FP8 GEMM gives exactly rms_norm_bf16 then

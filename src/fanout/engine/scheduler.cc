@@ -119,17 +119,22 @@ std::vector<ScheduledSeq> Scheduler::schedule() {
             ++i;
             continue;
         }
+        int64_t n_ok = n;
         bool ok = ensure_blocks(seq, seq->num_computed + n);
+        if (!ok && n > seq->total_len() - seq->num_computed) {  // the draft does not fit: check none this step
+            n_ok = seq->total_len() - seq->num_computed;
+            ok = ensure_blocks(seq, seq->num_computed + n_ok);
+        }
         while (!ok && running_.back().get() != seq) {
             preempt(running_.back().get());
-            ok = ensure_blocks(seq, seq->num_computed + n);
+            ok = ensure_blocks(seq, seq->num_computed + n_ok);
         }
         if (!ok) {  // nothing younger left to preempt: this one waits
             preempt(seq);
             continue;
         }
-        out.push_back({seq, seq->num_computed, n, seq->num_computed + n >= seq->total_len()});
-        budget -= chunk_cost(a, seq->num_computed, n);
+        out.push_back({seq, seq->num_computed, n_ok, seq->num_computed + n_ok >= seq->total_len()});
+        budget -= chunk_cost(a, seq->num_computed, n_ok);
         ++i;
     }
     // 2. Waiting sequences, first come first served (no skipping ahead of one that cannot fit).

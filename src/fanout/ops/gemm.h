@@ -76,8 +76,14 @@ void launch_gemm_fp8_simt(const uint8_t* x, const float* sx, const uint8_t* w, c
 // cuBLASLt on ctx's stream with its handle, workspace and per-shape plans (device_context.h).
 void launch_gemm_bf16(DeviceContext& ctx, const uint16_t* x, const uint16_t* w, uint16_t* y, int M, int N, int K,
                       const uint16_t* residual = nullptr);
-// The same with an f32 result (the MoE router's logits, which the routing compares in f32).
+// The same with an f32 result (the MoE router's logits, which the routing compares in f32); a
+// few rows of a narrow W go to launch_gemv_bf16_f32 instead of cuBLASLt.
 void launch_gemm_bf16_f32(DeviceContext& ctx, const uint16_t* x, const uint16_t* w, float* y, int M, int N, int K);
+// y[M, N] f32 = x[M, K] · W[N, K]ᵀ by a CTA per column (gemv_bf16_cuda.cu): M <= kGemvMaxRows,
+// N <= kGemvMaxColumns, K a multiple of 8, x and W 16-byte aligned (gemv_bf16_f32_fits).
+constexpr int kGemvMaxRows = 8, kGemvMaxColumns = 4096;
+bool gemv_bf16_f32_fits(const uint16_t* x, const uint16_t* w, int M, int N, int K);
+void launch_gemv_bf16_f32(const uint16_t* x, const uint16_t* w, float* y, int M, int N, int K, void* cuda_stream);
 
 // The multiprocessor count of the current device (cached).
 int device_sm_count();

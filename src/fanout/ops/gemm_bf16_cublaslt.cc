@@ -25,6 +25,7 @@ void launch_gemm_bf16(DeviceContext& ctx, const uint16_t* x, const uint16_t* w, 
 void launch_gemm_bf16_f32(DeviceContext& ctx, const uint16_t* x, const uint16_t* w, float* y, int M, int N, int K) {
     FANOUT_CHECK(M >= 0 && N > 0 && K > 0, "gemm_bf16_f32: bad shape M {} N {} K {}", M, N, K);
     if (M == 0) return;
+    if (gemv_bf16_f32_fits(x, w, M, N, K)) return launch_gemv_bf16_f32(x, w, y, M, N, K, ctx.stream());
     const BlasPlan& p = ctx.blas_plan(M, N, K, true);
     const float one = 1.0f, zero = 0.0f;
     FANOUT_CUBLAS_CHECK(cublasLtMatmul(ctx.blas_handle(), p.desc, &one, w, p.a, x, p.b, &zero, y, p.c, y, p.c, &p.algo,

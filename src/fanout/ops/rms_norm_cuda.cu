@@ -90,7 +90,8 @@ __global__ void rms_norm_bf16_kernel(const __nv_bfloat16* x, int64_t x_stride, _
     }
     const float inv = rsqrtf(block_sum<kThreads>(ss) / D + eps);
     if constexpr (kVec) {
-        // Each z element is read here by the thread that wrote it (the same 8-wide slices).
+        // z was written by other threads in split mode (c0 > 0): block_sum's barrier orders it. Without
+        // the split each slice is read by the thread that wrote it, so y may alias x.
         for (int d = c0 + 8 * static_cast<int>(threadIdx.x); d < c1; d += 8 * kThreads) {
             const float4 z0 = reinterpret_cast<const float4*>(z + d)[0], z1 = reinterpret_cast<const float4*>(z + d)[1];
             const float4 w0 = *reinterpret_cast<const float4*>(w + d), w1 = *reinterpret_cast<const float4*>(w + d + 4);

@@ -234,9 +234,7 @@ struct EngineServer::Impl final : public Engine::CallbackService {
       public:
         KvEventsCall(Impl& svc, engine::KvEventHub* hub) : state_(std::make_shared<State>()) {
             if (hub == nullptr) {
-                Finish(
-                    Status(StatusCode::UNIMPLEMENTED,
-                           "this engine publishes no KV events (a data-parallel group: each rank has its own cache)"));
+                Finish(Status(StatusCode::UNIMPLEMENTED, "this engine publishes no KV events"));
                 return;
             }
             std::thread([this, hub, st = state_, &svc] {
