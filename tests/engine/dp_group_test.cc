@@ -214,10 +214,7 @@ TEST(DpGroup, EnginesMustStepInLockstep) {
 // The tiny model's routed experts over 4 EP ranks (threads, the local fabric): a dozen requests
 // handed out over the ranks generate, greedy, exactly what one engine holding every expert does.
 TEST(DpGroup, TinyModelAtEp4GeneratesWhatEp1Generates) {
-    const std::string dir = fanout::testing::temp_dir("dp_group_model");
-    io::ModelConfig c = model::preset_config("tiny", 2);
-    c.vocab_size = 1000;
-    model::write_synthetic_model(dir, c, {});
+    const std::string dir = testing::write_tiny_model("dp_group_model", 1000);
     std::vector<RequestParams> params;
     for (int i = 0; i < 12; ++i) {
         RequestParams p;

@@ -156,10 +156,7 @@ TEST(Engine, RecomputedCachedBlocksDoNotStarveTheAllocator) {
 // to force preemption, give exactly the tokens each gets alone through generate(). With an
 // attention cost the step budget cuts chunks at other, odd places: the tokens are the same.
 void expect_batched_equal_single(double attention_cost_per_pair) {
-    const std::string dir = fanout::testing::temp_dir("engine_model");
-    io::ModelConfig c = model::preset_config("tiny", 2);
-    c.vocab_size = 1000;
-    model::write_synthetic_model(dir, c, {});
+    const std::string dir = testing::write_tiny_model("engine_model", 1000);
     auto alone = model::DeepseekV3::load(dir);
     std::vector<model::GenerateRequest> reqs;
     for (int i = 0; i < 6; ++i) {

@@ -1,5 +1,5 @@
-// Shared by the engine tests (host and GPU runners): reading a request's events to the end, and
-// running a list of requests through a fresh engine.
+// Shared by the engine tests (host and GPU runners): reading a request's events to the end,
+// running a list of requests through a fresh engine, and a tiny random model on disk.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "fanout/engine/engine.h"
+#include "fanout/model/synthetic.h"
+#include "test_util.h"
 
 namespace fanout::engine::testing {
 
@@ -43,6 +45,16 @@ inline std::vector<std::vector<int32_t>> run_engine(std::unique_ptr<ModelRunner>
     for (auto& h : handles) out.push_back(drain(*h));
     engine.stop();
     return out;
+}
+
+// The tiny preset at 2 layers (+ MTP) with `vocab` tokens, random weights, in a fresh temp folder
+// named after `name`; the caller removes it.
+inline std::string write_tiny_model(const std::string& name, int64_t vocab) {
+    const std::string dir = fanout::testing::temp_dir(name);
+    io::ModelConfig c = model::preset_config("tiny", 2);
+    c.vocab_size = vocab;
+    model::write_synthetic_model(dir, c, {});
+    return dir;
 }
 
 }  // namespace fanout::engine::testing

@@ -127,10 +127,7 @@ TEST(Speculative, WrongDraftsAreRejectedAndAlternatingOnesHalfAccepted) {
 // equals greedy without, for requests of different lengths running together and sharing prefixes
 // — a rejected draft's KV must never be read as the sequence's.
 TEST(Speculative, TinyModelGreedyWithDraftsEqualsPlainGreedy) {
-    const std::string dir = fanout::testing::temp_dir("speculative_model");
-    io::ModelConfig c = model::preset_config("tiny", 2);
-    c.vocab_size = 300;
-    model::write_synthetic_model(dir, c, {});
+    const std::string dir = testing::write_tiny_model("speculative_model", 300);
     std::vector<RequestParams> params;
     for (int i = 0; i < 8; ++i) {
         RequestParams p;
@@ -168,10 +165,7 @@ TEST(Speculative, TinyModelGreedyWithDraftsEqualsPlainGreedy) {
 // layer K times a step, drafting or not (its MoE layer is a collective); greedy output with drafts
 // equals one engine's without.
 TEST(Speculative, DpRanksDraftInLockstepAndGreedyIsUnchanged) {
-    const std::string dir = fanout::testing::temp_dir("speculative_dp_model");
-    io::ModelConfig c = model::preset_config("tiny", 2);
-    c.vocab_size = 300;
-    model::write_synthetic_model(dir, c, {});
+    const std::string dir = testing::write_tiny_model("speculative_dp_model", 300);
     std::vector<RequestParams> params;
     for (int i = 0; i < 5; ++i) {
         RequestParams p;
