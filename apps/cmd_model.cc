@@ -106,9 +106,9 @@ void generate_through_engine(GenerateArgs& a, Deployment& d, const io::Tokenizer
     ec.num_kv_blocks = std::max<int64_t>(1, (context + kv::kDefaultBlockSize - 1) / kv::kDefaultBlockSize);
     ec.mtp_draft_tokens = a.mtp;
     const DType kv_dtype = a.model.kv_dtype == "bf16" ? DType::kBF16 : DType::kF32;
-    // As serve: small query lengths — decode, MTP's checking steps (1 + K rows) — in the absorbed form.
+    // As serve: small query lengths in the absorbed form (the engine raises it for MTP's checking steps).
     model::ForwardOptions opts = forward_options(a.model);
-    opts.absorbed_max_query = std::max<int64_t>(model::absorbed_form_max_query(c), 1 + a.mtp);
+    opts.absorbed_max_query = model::absorbed_form_max_query(c);
     if (a.model.device == "cuda") {
 #ifdef FANOUT_WITH_CUDA
         model::CudaModelOptions o;

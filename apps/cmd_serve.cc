@@ -206,9 +206,7 @@ void run_serve(ServeArgs& a) {
 #endif
     } else {
         model::ForwardOptions opts = forward_options(a.model);
-        // MTP's checking steps (1 + K query rows) run the absorbed form like the decode steps they
-        // replace, so the greedy tokens are the plain ones.
-        opts.absorbed_max_query = std::max<int64_t>(model::absorbed_form_max_query(c), 1 + a.mtp);
+        opts.absorbed_max_query = model::absorbed_form_max_query(c);
         const DType kv_dtype = a.model.kv_dtype == "bf16" ? DType::kBF16 : DType::kF32;
         const kv::KvCacheConfig one = model->kv_cache_config(1, kv_dtype);
         const double block_bytes =

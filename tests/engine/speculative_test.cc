@@ -37,7 +37,7 @@ class FakeMtpRunner : public ModelRunner {
     std::vector<int64_t> eos_ids() const override { return {49}; }
     kv::KvCacheConfig kv_cache_config(int64_t num_blocks) const override { return {1, 1, 4, num_blocks, DType::kF32}; }
     Tensor forward(const model::StepBatch& b, kv::PagedKvCache& c) override { return forward_with_hidden(b, c).logits; }
-    std::string mtp_unavailable() const override { return ""; }
+    std::string enable_mtp(int) override { return ""; }
     model::DeepseekV3::Output forward_with_hidden(const model::StepBatch& b, kv::PagedKvCache&) override {
         ++forwards;
         return one_hot(b, [&](size_t r) { return FakeRankRunner::next(b.tokens[r], b.positions[r]); });
@@ -59,7 +59,7 @@ class FakeMtpRunner : public ModelRunner {
         model::DeepseekV3::Output o;
         const int64_t R = static_cast<int64_t>(b.logit_rows.size());
         o.logits = Tensor::zeros({R, V}, DType::kF32);
-        o.hidden = Tensor::zeros({R, 4}, DType::kF32);
+        o.hidden = Tensor::zeros({b.all_hidden ? b.num_tokens() : R, 4}, DType::kF32);  // as DeepseekV3::head
         for (int64_t i = 0; i < R; ++i)
             o.logits.data_as<float>()[i * V + token(static_cast<size_t>(b.logit_rows[static_cast<size_t>(i)]))] = 1.0f;
         return o;

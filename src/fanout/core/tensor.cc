@@ -47,7 +47,8 @@ int64_t Tensor::dim(int i) const {
 }
 
 Tensor Tensor::reshape(Shape shape) const {
-    for (int64_t d : shape) FANOUT_CHECK(d >= 0, "reshape {} -> {}: negative extent", shape_str(shape_), shape_str(shape));
+    for (int64_t d : shape)
+        FANOUT_CHECK(d >= 0, "reshape {} -> {}: negative extent", shape_str(shape_), shape_str(shape));
     FANOUT_CHECK(shape_numel(shape) == numel(), "reshape {} -> {}: element counts differ", shape_str(shape_),
                  shape_str(shape));
     Tensor t = *this;
@@ -65,17 +66,30 @@ Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
     return t;
 }
 
+Tensor Tensor::gather_rows(std::span<const int32_t> rows) const {
+    FANOUT_CHECK(ndim() >= 1, "gather_rows of a scalar");
+    Shape shape = shape_;
+    shape[0] = static_cast<int64_t>(rows.size());
+    Tensor t = zeros(shape, dtype_);
+    const size_t row_bytes = shape_[0] == 0 ? 0 : nbytes() / static_cast<size_t>(shape_[0]);
+    for (size_t i = 0; i < rows.size(); ++i) {
+        FANOUT_CHECK(rows[i] >= 0 && rows[i] < shape_[0], "gather_rows: row {} out of range for shape {}", rows[i],
+                     shape_str(shape_));
+        std::memcpy(static_cast<char*>(t.data_) + i * row_bytes,
+                    static_cast<const char*>(data_) + static_cast<size_t>(rows[i]) * row_bytes, row_bytes);
+    }
+    return t;
+}
+
 void check_tensor(const Tensor& t, const char* name, DType dtype, std::initializer_list<int64_t> shape) {
-    FANOUT_CHECK(t.dtype() == dtype, "{}: dtype {} but expected {}", name, dtype_name(t.dtype()),
-                 dtype_name(dtype));
+    FANOUT_CHECK(t.dtype() == dtype, "{}: dtype {} but expected {}", name, dtype_name(t.dtype()), dtype_name(dtype));
     bool ok = t.ndim() == static_cast<int>(shape.size());
     int i = 0;
     for (int64_t d : shape) {
         if (ok && d >= 0 && t.shape()[i] != d) ok = false;
         ++i;
     }
-    FANOUT_CHECK(ok, "{}: shape {} but expected {} (-1 = any)", name, shape_str(t.shape()),
-                 shape_str(Shape(shape)));
+    FANOUT_CHECK(ok, "{}: shape {} but expected {} (-1 = any)", name, shape_str(t.shape()), shape_str(Shape(shape)));
 }
 
 }  // namespace fanout

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -25,7 +26,7 @@ std::string shape_str(const Shape& shape);
 int64_t shape_numel(const Shape& shape);
 
 class Tensor {
-public:
+  public:
     Tensor() = default;
 
     // A new zero-filled CPU allocation (64-byte aligned).
@@ -37,7 +38,9 @@ public:
     bool defined() const { return data_ != nullptr || numel() == 0; }
     void* data() const { return data_; }
     template <typename T>
-    T* data_as() const { return static_cast<T*>(data_); }
+    T* data_as() const {
+        return static_cast<T*>(data_);
+    }
     DType dtype() const { return dtype_; }
     Device device() const { return device_; }
     const Shape& shape() const { return shape_; }
@@ -50,8 +53,10 @@ public:
     Tensor reshape(Shape shape) const;
     // Rows [begin, end) along the first dimension.
     Tensor slice_rows(int64_t begin, int64_t end) const;
+    // A new tensor of the given rows (along the first dimension), in that order.
+    Tensor gather_rows(std::span<const int32_t> rows) const;
 
-private:
+  private:
     void* data_ = nullptr;
     DType dtype_ = DType::kF32;
     Device device_ = Device::kCPU;

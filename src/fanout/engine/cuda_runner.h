@@ -27,7 +27,7 @@ class CudaRunner : public ModelRunner {
     kv::KvCacheConfig kv_cache_config(int64_t num_blocks) const override;
     Tensor forward(const model::StepBatch& batch, kv::PagedKvCache& cache) override;
     bool samples_on_device() const override { return true; }
-    std::string mtp_unavailable() const override {
+    std::string enable_mtp(int) override {
         return "the GPU runner does not draft with MTP yet (the CPU path does: --device cpu)";
     }
     std::vector<int32_t> forward_sample(const model::StepBatch& batch, kv::PagedKvCache& cache,

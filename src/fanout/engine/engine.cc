@@ -24,16 +24,20 @@ Tensor DeepseekRunner::forward(const model::StepBatch& batch, kv::PagedKvCache& 
     return model_->forward(batch, cache, opts_, Stream{&pool_}).logits;
 }
 
+std::string ModelRunner::enable_mtp(int) { return "this model runner does not draft with MTP"; }
+
 model::DeepseekV3::Output ModelRunner::forward_with_hidden(const model::StepBatch&, kv::PagedKvCache&) {
-    FANOUT_FAIL("MTP drafting: {}", mtp_unavailable());
+    FANOUT_FAIL("this model runner does not draft with MTP (forward_with_hidden)");
 }
 
 model::DeepseekV3::Output ModelRunner::forward_mtp(const model::StepBatch&, const Tensor&, kv::PagedKvCache&) {
-    FANOUT_FAIL("MTP drafting: {}", mtp_unavailable());
+    FANOUT_FAIL("this model runner does not draft with MTP (forward_mtp)");
 }
 
-std::string DeepseekRunner::mtp_unavailable() const {
-    return model_->weights().mtp ? "" : "this model has no MTP layer (num_nextn_predict_layers = 0)";
+std::string DeepseekRunner::enable_mtp(int draft_tokens) {
+    if (!model_->weights().mtp) return "this model has no MTP layer (num_nextn_predict_layers = 0)";
+    opts_.absorbed_max_query = std::max<int64_t>(opts_.absorbed_max_query, 1 + draft_tokens);
+    return "";
 }
 
 model::DeepseekV3::Output DeepseekRunner::forward_with_hidden(const model::StepBatch& batch, kv::PagedKvCache& cache) {
@@ -149,7 +153,7 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const io::Tokenizer* tokeniz
     if (config.mtp_draft_tokens != 0) {
         FANOUT_CHECK(config.mtp_draft_tokens >= 1 && config.mtp_draft_tokens <= kMaxDraftTokens,
                      "--mtp {}: draft tokens must be in 0..{}", config.mtp_draft_tokens, kMaxDraftTokens);
-        const std::string why = runner_->mtp_unavailable();
+        const std::string why = runner_->enable_mtp(config.mtp_draft_tokens);
         FANOUT_CHECK(why.empty(), "--mtp {}: {}", config.mtp_draft_tokens, why);
         FANOUT_CHECK(config.mtp_draft_tokens < config.scheduler.prefill_chunk,
                      "--mtp {}: a step must hold the last token and its drafts (--prefill-chunk {})",
@@ -325,19 +329,22 @@ bool Engine::step() {
     }
     const bool mtp = config_.mtp_draft_tokens > 0;
     model::StepBatchBuilder builder(cache_);
-    std::vector<int32_t> chunk;
+    std::vector<int32_t> with_draft;
     for (const auto& s : work) {
         kv::SequenceBlocks blocks{s.seq->blocks, s.start + s.num_tokens};
-        // The chunk's tokens: known ones, then (a decode step with MTP) the draft after them.
-        chunk.clear();
-        for (int64_t i = s.start; i < s.start + s.num_tokens; ++i)
-            chunk.push_back(i < s.seq->total_len() ? s.seq->tokens[static_cast<size_t>(i)]
-                                                   : s.seq->draft[static_cast<size_t>(i - s.seq->total_len())]);
         // With MTP a chunk holding drafts (a decode step: the last token, then its drafts) needs
         // every row's logits to check them; the hidden states of every token go to the MTP layer.
         using L = model::StepBatchBuilder::Logits;
-        const bool drafts = s.start + s.num_tokens > s.seq->total_len();
-        builder.add(chunk, s.start, blocks, !s.wants_logits ? L::kNone : drafts ? L::kAll : L::kLast);
+        const int64_t drafts = s.start + s.num_tokens - s.seq->total_len();
+        std::span<const int32_t> chunk;
+        if (drafts > 0) {
+            with_draft.assign(s.seq->tokens.begin() + s.start, s.seq->tokens.end());
+            with_draft.insert(with_draft.end(), s.seq->draft.begin(), s.seq->draft.begin() + drafts);
+            chunk = with_draft;
+        } else {
+            chunk = std::span(s.seq->tokens).subspan(static_cast<size_t>(s.start), static_cast<size_t>(s.num_tokens));
+        }
+        builder.add(chunk, s.start, blocks, !s.wants_logits ? L::kNone : drafts > 0 ? L::kAll : L::kLast);
     }
     model::StepBatch batch = builder.build();
     batch.all_hidden = mtp;
@@ -389,7 +396,7 @@ bool Engine::step() {
 // draft for each further one.
 void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::StepBatch& batch) {
     const model::DeepseekV3::Output out = runner_->forward_with_hidden(batch, cache_);
-    const int64_t V = runner_->vocab_size(), D = out.hidden.dim(1);
+    const int64_t V = runner_->vocab_size();
     const float* logits = out.logits.data_as<float>();
     struct Result {
         int64_t id = 0, row0 = 0, valid = 0;  // hidden rows [row0, row0 + valid) hold computed KV
@@ -444,7 +451,7 @@ void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::Step
     using L = model::StepBatchBuilder::Logits;
     const int64_t bs = cache_.config().block_size;
     model::StepBatchBuilder mb(cache_);
-    std::vector<int64_t> rows;
+    std::vector<int32_t> rows;  // of out.hidden, for the MTP layer
     struct Drafting {
         Sequence* seq;
         int k;
@@ -467,27 +474,20 @@ void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::Step
         }
         mb.add(std::span(seq.tokens).subspan(static_cast<size_t>(s.start + 1), static_cast<size_t>(valid)), s.start,
                kv::SequenceBlocks{seq.blocks, s.start + valid}, k > 0 ? L::kLast : L::kNone);
-        for (int64_t r = 0; r < valid; ++r) rows.push_back(results[i].row0 + r);
+        for (int64_t r = 0; r < valid; ++r) rows.push_back(static_cast<int32_t>(results[i].row0 + r));
         if (k > 0) drafting.push_back({&seq, static_cast<int>(k)});
     }
     // A lockstep rank runs the MTP layer K times every step, drafting or not: its MoE layer is a
     // collective of all ranks, like every other.
     const bool every_pass = config_.lockstep;
     if (rows.empty() && !every_pass) return;
-    const auto gather = [&](const Tensor& from, const std::vector<int64_t>& at) {
-        Tensor h = Tensor::zeros({static_cast<int64_t>(at.size()), D}, DType::kF32);
-        for (size_t r = 0; r < at.size(); ++r)
-            std::memcpy(h.data_as<float>() + static_cast<int64_t>(r) * D, from.data_as<float>() + at[r] * D,
-                        static_cast<size_t>(D) * sizeof(float));
-        return h;
-    };
-    model::DeepseekV3::Output m = runner_->forward_mtp(mb.build(), gather(out.hidden, rows), cache_);
+    model::DeepseekV3::Output m = runner_->forward_mtp(mb.build(), out.hidden.gather_rows(rows), cache_);
     for (size_t q = 0; q < drafting.size(); ++q)
         drafting[q].seq->draft = {ops::argmax(m.logits.data_as<float>() + static_cast<int64_t>(q) * V, V)};
     // Further drafts: the MTP layer again, on the draft it just made and its own hidden state.
     for (int c = 1; c < config_.mtp_draft_tokens; ++c) {
         model::StepBatchBuilder cb(cache_);
-        std::vector<int64_t> from;
+        std::vector<int32_t> from;  // rows of the last pass's output, for the drafts that go on
         std::vector<Sequence*> next;
         for (size_t q = 0; q < drafting.size(); ++q) {
             if (drafting[q].k <= c) continue;
@@ -495,11 +495,11 @@ void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::Step
             const int64_t pos = seq.total_len() - 2 + c;
             cb.add(std::span(seq.draft).subspan(static_cast<size_t>(c - 1), 1), pos,
                    kv::SequenceBlocks{seq.blocks, pos + 1}, L::kLast);
-            from.push_back(static_cast<int64_t>(q));
+            from.push_back(static_cast<int32_t>(q));
             next.push_back(&seq);
         }
         if (next.empty() && !every_pass) break;
-        model::DeepseekV3::Output mc = runner_->forward_mtp(cb.build(), gather(m.hidden, from), cache_);
+        model::DeepseekV3::Output mc = runner_->forward_mtp(cb.build(), m.hidden.gather_rows(from), cache_);
         std::vector<Drafting> kept;
         for (size_t q = 0; q < next.size(); ++q) {
             next[q]->draft.push_back(ops::argmax(mc.logits.data_as<float>() + static_cast<int64_t>(q) * V, V));

@@ -52,9 +52,10 @@ class ModelRunner {
                                                 std::span<const ops::SamplingRow> rows,
                                                 std::span<const ops::LogitBias> logit_bias);
 
-    // MTP speculative decoding (EngineConfig::mtp_draft_tokens): whether this runner can draft with
-    // the model's multi-token-prediction layer, or why not (empty: it can).
-    virtual std::string mtp_unavailable() const { return "this model runner does not draft with MTP"; }
+    // MTP speculative decoding (EngineConfig::mtp_draft_tokens; the engine calls it once): readies
+    // the runner for checking steps of 1 + draft_tokens query rows per request, or says why it
+    // cannot draft with the model's multi-token-prediction layer (empty: ready).
+    virtual std::string enable_mtp(int draft_tokens);
     // forward, with the final-normed hidden state of every logit row (the MTP layer's input).
     virtual model::DeepseekV3::Output forward_with_hidden(const model::StepBatch& batch, kv::PagedKvCache& cache);
     // The MTP layer (DeepseekV3::forward_mtp): batch.tokens the next tokens, prev_hidden the
@@ -73,7 +74,9 @@ class DeepseekRunner : public ModelRunner {
     std::vector<int64_t> eos_ids() const override { return model_->config().eos_token_ids; }
     kv::KvCacheConfig kv_cache_config(int64_t num_blocks) const override;
     Tensor forward(const model::StepBatch& batch, kv::PagedKvCache& cache) override;
-    std::string mtp_unavailable() const override;
+    // Checking steps run the absorbed attention form, as the decode steps they replace, so greedy
+    // tokens are the plain ones (ForwardOptions::absorbed_max_query >= 1 + draft_tokens).
+    std::string enable_mtp(int draft_tokens) override;
     model::DeepseekV3::Output forward_with_hidden(const model::StepBatch& batch, kv::PagedKvCache& cache) override;
     model::DeepseekV3::Output forward_mtp(const model::StepBatch& batch, const Tensor& prev_hidden,
                                           kv::PagedKvCache& cache) override;

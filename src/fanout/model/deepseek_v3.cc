@@ -354,21 +354,15 @@ DeepseekV3::Output DeepseekV3::head(const Tensor& hidden, const Tensor& norm, co
                                     const StepBatch& batch, const ForwardOptions& opts, const Stream& s) const {
     const int64_t D = config_.hidden_size, R = static_cast<int64_t>(batch.logit_rows.size());
     Output out;
-    const auto gather = [&](const Tensor& from) {
-        Tensor rows = f32(R, D);
-        for (int64_t i = 0; i < R; ++i)
-            std::memcpy(rows.data_as<float>() + i * D, from.data_as<float>() + batch.logit_rows[i] * D,
-                        static_cast<size_t>(D) * sizeof(float));
-        return rows;
-    };
     Tensor normed;  // the logit rows, normed
     if (batch.all_hidden) {
         out.hidden = f32(batch.num_tokens(), D);
         ops::rms_norm(hidden, norm, static_cast<float>(config_.rms_norm_eps), out.hidden, s);
-        normed = gather(out.hidden);
+        normed = out.hidden.gather_rows(batch.logit_rows);
     } else {
         out.hidden = f32(R, D);
-        ops::rms_norm(gather(hidden), norm, static_cast<float>(config_.rms_norm_eps), out.hidden, s);
+        ops::rms_norm(hidden.gather_rows(batch.logit_rows), norm, static_cast<float>(config_.rms_norm_eps), out.hidden,
+                      s);
         normed = out.hidden;
     }
     out.logits = f32(R, config_.vocab_size);
