@@ -116,6 +116,7 @@ void generate_through_engine(GenerateArgs& a, Deployment& d, const io::Tokenizer
         o.max_context = context;
         o.max_step_tokens = std::min<int64_t>(a.req.prefill_chunk, 256);
         o.num_kv_blocks = ec.num_kv_blocks;
+        o.mtp_draft_tokens = a.mtp;
         ec.scheduler.max_batched_tokens = ec.scheduler.prefill_chunk = o.max_step_tokens;
         auto m = load_model(a.model);
         auto runner = std::make_unique<engine::CudaRunner>(*m, o, load_progress_printer());
@@ -319,7 +320,8 @@ void add_model_commands(CLI::App& app) {
     auto& r = gen_args->req;
     gen->add_option("--max-tokens", r.max_tokens, "tokens to generate at most")->capture_default_str();
     add_rank_options(gen, gen_args->ep, gen_args->ranks);
-    gen->add_option("--mtp", gen_args->mtp, "MTP speculative decoding: draft tokens per step (0 = off; CPU path)")
+    gen->add_option("--mtp", gen_args->mtp,
+                    "MTP speculative decoding: draft tokens per step (0 = off; at most 3 on the GPU)")
         ->check(CLI::Range(0, engine::Engine::kMaxDraftTokens))
         ->capture_default_str();
     gen->add_option("--temperature", r.sampling.temperature, "0 = greedy")->capture_default_str();

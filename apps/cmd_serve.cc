@@ -103,6 +103,7 @@ void run_serve(ServeArgs& a) {
     o.max_requests = a.scheduler.max_num_seqs;
     o.max_step_tokens = a.scheduler.max_batched_tokens;
     o.max_context = pre.max_position_embeddings;  // the most the KV cache can leave it at
+    o.mtp_draft_tokens = a.mtp;
 #endif
     if (a.model.device == "cuda") {
 #ifdef FANOUT_WITH_CUDA
@@ -122,10 +123,10 @@ void run_serve(ServeArgs& a) {
         mr.total_bytes = dm.total_bytes;
         mr.in_use_bytes = dm.total_bytes - dm.free_bytes;
         mr.utilization = a.gpu_memory_utilization;
-        mr.weight_bytes = engine::checkpoint_weight_bytes(dir, pre, ParallelConfig{d.rank, a.ep, 1});
+        mr.weight_bytes = engine::checkpoint_weight_bytes(dir, pre, ParallelConfig{d.rank, a.ep, 1}, a.mtp > 0);
         mr.workspace_bytes = static_cast<double>(model::CudaModel::workspace_bytes(pre, o));
         mr.graph_bytes = static_cast<double>(model::CudaModel::graph_bytes(pre, o));
-        mr.kv_block_bytes = engine::CudaRunner::block_bytes(pre);
+        mr.kv_block_bytes = engine::CudaRunner::block_bytes(pre, a.mtp > 0);
 #else
         FANOUT_FAIL("--device cuda: this fanout was built without CUDA (no nvcc at configure time)");
 #endif
@@ -339,7 +340,7 @@ void add_engine_options(CLI::App* cmd, ServeArgs& aa) {
     cmd->add_option("--mtp", a->mtp,
                     "MTP speculative decoding: tokens the model's multi-token-prediction layer drafts per step, "
                     "checked in the next (0 = off; greedy output is unchanged, sampling keeps its distribution; "
-                    "CPU path)")
+                    "at most 3 on the GPU)")
         ->check(CLI::Range(0, engine::Engine::kMaxDraftTokens))
         ->capture_default_str();
     cmd->add_option("--dp-policy", a->dp_placement.policy,

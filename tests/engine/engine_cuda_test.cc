@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 
 #include "../model/oracle_fixtures.h"
+#include "../model/pinned_routing.h"
 #include "cuda_test_util.h"
 #include "engine_test_util.h"
 #include "fanout/engine/cuda_runner.h"
@@ -31,16 +33,27 @@ std::vector<RequestParams> make_requests() {
     return params;
 }
 
-std::vector<std::vector<int32_t>> run_engine(const model::DeepseekV3& m, const std::vector<RequestParams>& params) {
+std::vector<std::vector<int32_t>> run_engine(const model::DeepseekV3& m, const std::vector<RequestParams>& params,
+                                             int mtp = 0, EngineStats* stats = nullptr) {
     model::CudaModelOptions o;
     o.num_kv_blocks = 32;
     o.max_requests = 8;
     o.max_step_tokens = 64;
     o.max_context = 256;
+    o.mtp_draft_tokens = mtp;
     EngineConfig cfg;
     cfg.num_kv_blocks = 32;
     cfg.scheduler = {8, 64, 16};
-    return testing::run_engine(std::make_unique<CudaRunner>(m, o), cfg, params);
+    cfg.mtp_draft_tokens = mtp;
+    Engine engine(std::make_unique<CudaRunner>(m, o), nullptr, cfg);
+    std::vector<std::shared_ptr<RequestHandle>> handles;
+    for (const auto& p : params) handles.push_back(engine.submit(p));
+    engine.start();
+    std::vector<std::vector<int32_t>> out;
+    for (auto& h : handles) out.push_back(testing::drain(*h));
+    engine.stop();
+    if (stats) *stats = engine.stats();
+    return out;
 }
 
 // Batched in one engine (decode steps from CUDA graphs, several requests per step, absorbed-form
@@ -118,6 +131,70 @@ TEST(EngineCuda, LogitBiasForcesBansAndGrows) {
     for (int32_t t : got[2]) EXPECT_EQ(std::count(before[2].begin(), before[2].end(), t), 0) << t;
     EXPECT_EQ(got[4], before[4]);  // no biases: the same tokens
     EXPECT_EQ(run_engine(*m, params), got) << "a second engine run gave other tokens";
+}
+
+// MTP speculative decoding on the GPU runner (the tiny model with its MTP layer, routing pinned):
+// drafts checked on the device, the MTP layer over hidden states that never leave it, verification
+// steps of 1 + k rows replayed from graphs. Greedy requests give plain greedy's tokens for k = 1..3
+// until a step where plain's own top-2 margin is within the bf16 difference between a 1-row and
+// a (1 + k)-row step (4% of the largest |logit|); seeded sampled requests repeat exactly in a
+// second engine; drafts are made and (random weights) some accepted or none — the counters add up.
+TEST(EngineCuda, MtpGreedyFollowsPlainAndRepeats) {
+    REQUIRE_GPU();
+    const std::string dir = testing::write_tiny_model("engine_cuda_mtp", 512);
+    auto m = model::DeepseekV3::load(dir);
+    fanout::testing::pin_routing(*m);
+    const int64_t V = m->config().vocab_size;
+    const auto params = make_requests();
+    const auto plain = run_engine(*m, params);
+    for (int k = 1; k <= 3; ++k) {
+        EngineStats st;
+        const auto spec = run_engine(*m, params, k, &st);
+        EXPECT_EQ(run_engine(*m, params, k), spec) << "k " << k << ": a second engine run gave other tokens";
+        EXPECT_GT(st.draft_tokens, 0) << "k " << k;
+        EXPECT_LE(st.accepted_draft_tokens, st.draft_tokens);
+        std::printf("k %d: %lld of %lld drafts accepted\n", k, static_cast<long long>(st.accepted_draft_tokens),
+                    static_cast<long long>(st.draft_tokens));
+        for (int i = 0; i < kRequests; i += 2) {  // the greedy ones
+            ASSERT_EQ(spec[i].size(), plain[i].size()) << "k " << k << " request " << i;
+            size_t j = 0;
+            while (j < plain[i].size() && plain[i][j] == spec[i][j]) ++j;
+            std::printf("k %d request %d: follows plain greedy for %zu of %zu tokens\n", k, i, j, plain[i].size());
+            if (j == plain[i].size()) continue;
+            model::CudaModelOptions so;
+            so.max_requests = 1;
+            so.max_context = 128;
+            so.max_step_tokens = 64;
+            model::CudaModel gpu(*m, so);
+            kv::PagedKvCache blocks = gpu.make_block_allocator();
+            std::vector<int32_t> seq = params[i].prompt;
+            seq.insert(seq.end(), plain[i].begin(), plain[i].begin() + j);
+            kv::SequenceBlocks sb;
+            blocks.reserve(sb, static_cast<int64_t>(seq.size()));
+            const Tensor logits = gpu.forward_logits(model::StepBatchBuilder(blocks).add(seq, 0, sb).build());
+            std::vector<float> row(logits.data_as<float>(), logits.data_as<float>() + V);
+            const float max_abs = std::max(std::abs(*std::max_element(row.begin(), row.end())),
+                                           std::abs(*std::min_element(row.begin(), row.end())));
+            std::partial_sort(row.begin(), row.begin() + 2, row.end(), std::greater<float>());
+            EXPECT_LE(row[0] - row[1], 0.04f * max_abs) << "k " << k << " request " << i << " token " << j
+                                                        << " differs where the top-2 margin is " << row[0] - row[1];
+        }
+    }
+    // More drafts than the GPU model was made for is refused, naming both.
+    model::CudaModelOptions o;
+    o.max_context = 256;
+    o.num_kv_blocks = 16;
+    o.mtp_draft_tokens = 1;
+    EngineConfig cfg;
+    cfg.num_kv_blocks = 16;
+    cfg.mtp_draft_tokens = 2;
+    try {
+        Engine engine(std::make_unique<CudaRunner>(*m, o), nullptr, cfg);
+        ADD_FAILURE() << "an engine with 2 drafts on a runner made for 1 was accepted";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("made for 1 draft"), std::string::npos) << e.what();
+    }
+    std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -36,34 +36,39 @@ class FakeMtpRunner : public ModelRunner {
     int64_t max_context() const override { return 4096; }
     std::vector<int64_t> eos_ids() const override { return {49}; }
     kv::KvCacheConfig kv_cache_config(int64_t num_blocks) const override { return {1, 1, 4, num_blocks, DType::kF32}; }
-    Tensor forward(const model::StepBatch& b, kv::PagedKvCache& c) override { return forward_with_hidden(b, c).logits; }
-    std::string enable_mtp(int) override { return ""; }
-    model::DeepseekV3::Output forward_with_hidden(const model::StepBatch& b, kv::PagedKvCache&) override {
+    Tensor forward(const model::StepBatch& b, kv::PagedKvCache&) override {
         ++forwards;
+        if (b.all_hidden) kept_ = b.num_tokens();
         return one_hot(b, [&](size_t r) { return FakeRankRunner::next(b.tokens[r], b.positions[r]); });
     }
-    model::DeepseekV3::Output forward_mtp(const model::StepBatch& b, const Tensor& prev, kv::PagedKvCache&) override {
-        EXPECT_EQ(prev.dim(0), b.num_tokens());
+    std::string enable_mtp(int) override { return ""; }
+    std::vector<int32_t> draft_mtp(const model::StepBatch& b, std::span<const int32_t> hidden_rows, bool chained,
+                                   kv::PagedKvCache&) override {
+        EXPECT_EQ(static_cast<int64_t>(hidden_rows.size()), b.num_tokens());
+        for (int32_t r : hidden_rows) EXPECT_LT(r, chained ? kept_mtp_ : kept_) << (chained ? "chained" : "first");
+        kept_mtp_ = static_cast<int64_t>(b.logit_rows.size());
         ++mtp_forwards;
-        return one_hot(b, [&](size_t r) {
+        std::vector<int32_t> drafts;
+        for (int32_t row : b.logit_rows) {
+            const size_t r = static_cast<size_t>(row);
             const int32_t right = FakeRankRunner::next(b.tokens[r], b.positions[r] + 1);
             const bool ok = drafts_ == Drafts::kRight || (drafts_ == Drafts::kAlternate && b.positions[r] % 2 == 0);
-            return ok ? right : static_cast<int32_t>((right + 1) % V);
-        });
+            drafts.push_back(ok ? right : static_cast<int32_t>((right + 1) % V));
+        }
+        return drafts;
     }
     int forwards = 0, mtp_forwards = 0;
 
   private:
     template <typename F>
-    model::DeepseekV3::Output one_hot(const model::StepBatch& b, F token) {
-        model::DeepseekV3::Output o;
+    Tensor one_hot(const model::StepBatch& b, F token) {
         const int64_t R = static_cast<int64_t>(b.logit_rows.size());
-        o.logits = Tensor::zeros({R, V}, DType::kF32);
-        o.hidden = Tensor::zeros({b.all_hidden ? b.num_tokens() : R, 4}, DType::kF32);  // as DeepseekV3::head
+        Tensor logits = Tensor::zeros({R, V}, DType::kF32);
         for (int64_t i = 0; i < R; ++i)
-            o.logits.data_as<float>()[i * V + token(static_cast<size_t>(b.logit_rows[static_cast<size_t>(i)]))] = 1.0f;
-        return o;
+            logits.data_as<float>()[i * V + token(static_cast<size_t>(b.logit_rows[static_cast<size_t>(i)]))] = 1.0f;
+        return logits;
     }
+    int64_t kept_ = 0, kept_mtp_ = 0;
     Drafts drafts_;
 };
 

@@ -417,6 +417,58 @@ TEST(SamplingCuda, MatchesCpuRule) {
     EXPECT_EQ(differ, 0);
 }
 
+// Draft rows (MTP verification): the device's verdict is check_draft_with_uniforms's, row by row,
+// for every kind of parameters, with drafts that are the favourite, a likely token, an unlikely
+// one, one top-k / top-p drop, and the first and last ids — accepted and rejected both occur.
+TEST(SamplingCuda, DraftRowsMatchCpuCheck) {
+    REQUIRE_GPU();
+    const SamplingRow kinds[] = {{0.0f, 0, 1.0f, 0},  {1.0f, 0, 1.0f, 0}, {0.7f, 50, 1.0f, 0},   {1.3f, 0, 0.9f, 0},
+                                 {0.9f, 20, 0.5f, 0}, {1.0f, 1, 1.0f, 0}, {2.0f, 1000, 0.95f, 0}};
+    std::mt19937_64 rng(9);
+    for (const int V : {37, 32003, 129280}) {
+        std::vector<SamplingRow> rows;
+        for (int i = 0; i < 84; ++i) {
+            SamplingRow r = kinds[i % 7];
+            r.uniform = static_cast<double>(rng() >> 11) * 0x1.0p-53;
+            r.uniform_residual = static_cast<double>(rng() >> 11) * 0x1.0p-53;
+            rows.push_back(r);
+        }
+        const int R = static_cast<int>(rows.size());
+        std::vector<float> logits = fanout::testing::random_floats(size_t(R) * V, 13 + V, 3.0f);
+        for (int r = 0; r < R; ++r) {
+            const int fav = (r * 7919) % V, second = (r * 104729 + 1) % V;
+            logits[size_t(r) * V + fav] = 8.0f;
+            logits[size_t(r) * V + second] = 7.5f;
+            const int which = (r / 7) % 6;
+            rows[r].draft = which == 0   ? fav
+                            : which == 1 ? second
+                            : which == 2 ? static_cast<int32_t>(rng() % V)
+                            : which == 3 ? 0
+                            : which == 4 ? V - 1
+                                         : (fav + 1) % V;
+        }
+        Dev<float> dl(logits);
+        Dev<SamplingRow> dp(rows);
+        Dev<int32_t> out(R);
+        out.poison();
+        launch_sample(dl.ptr, R, V, dp.ptr, nullptr, out.ptr, nullptr);
+        const auto got = out.download();
+        std::vector<std::pair<float, int32_t>> scratch;
+        int accepted = 0, rejected = 0;
+        for (int r = 0; r < R; ++r) {
+            SamplingParams p{rows[r].temperature, rows[r].top_k, rows[r].top_p, 0};
+            const DraftCheck ref = check_draft_with_uniforms(logits.data() + size_t(r) * V, V, p, rows[r].draft,
+                                                             rows[r].uniform, rows[r].uniform_residual, scratch);
+            EXPECT_EQ(got[r], ref.token) << "V " << V << " row " << r << " (T " << p.temperature << " top_k " << p.top_k
+                                         << " top_p " << p.top_p << " draft " << rows[r].draft << ")";
+            EXPECT_EQ(ref.accepted, ref.token == rows[r].draft);
+            (ref.accepted ? accepted : rejected) += 1;
+        }
+        EXPECT_GT(accepted, 0) << V;
+        EXPECT_GT(rejected, 0) << V;
+    }
+}
+
 // Flat logits: every token has the same probability, so the pick is a direct function of u —
 // the tie resolution in id order is what is tested.
 TEST(SamplingCuda, FlatLogitsPickByIdOrder) {

@@ -10,9 +10,21 @@ CudaRunner::CudaRunner(const model::DeepseekV3& model, const model::CudaModelOpt
                        const model::LoadProgress& progress)
     : config_(model.config()), gpu_(std::make_unique<model::CudaModel>(model, opts, progress)) {}
 
-double CudaRunner::block_bytes(const io::ModelConfig& c) {
-    return static_cast<double>(c.num_hidden_layers * kv::kDefaultBlockSize * c.kv_entry_dim()) *
+double CudaRunner::block_bytes(const io::ModelConfig& c, bool with_mtp) {
+    return static_cast<double>((c.num_hidden_layers + (with_mtp ? 1 : 0)) * kv::kDefaultBlockSize * c.kv_entry_dim()) *
            dtype_size(DType::kBF16);
+}
+
+std::string CudaRunner::enable_mtp(int draft_tokens) {
+    const int64_t made = gpu_->options().mtp_draft_tokens;
+    if (made >= draft_tokens) return "";
+    return made == 0 ? "the GPU model was made without the MTP layer (CudaModelOptions::mtp_draft_tokens 0)"
+                     : fmt::format("the GPU model was made for {} draft tokens", made);
+}
+
+std::vector<int32_t> CudaRunner::draft_mtp(const model::StepBatch& batch, std::span<const int32_t> hidden_rows,
+                                           bool chained, kv::PagedKvCache&) {
+    return gpu_->draft_mtp(batch, hidden_rows, chained);
 }
 
 CudaRunner::DeviceMemory CudaRunner::device_memory() {

@@ -27,15 +27,18 @@ class CudaRunner : public ModelRunner {
     kv::KvCacheConfig kv_cache_config(int64_t num_blocks) const override;
     Tensor forward(const model::StepBatch& batch, kv::PagedKvCache& cache) override;
     bool samples_on_device() const override { return true; }
-    std::string enable_mtp(int) override {
-        return "the GPU runner does not draft with MTP yet (the CPU path does: --device cpu)";
-    }
+    // Ready when the GPU model was made with at least this many draft tokens
+    // (CudaModelOptions::mtp_draft_tokens: the MTP layer and its cache layer on the device).
+    std::string enable_mtp(int draft_tokens) override;
     std::vector<int32_t> forward_sample(const model::StepBatch& batch, kv::PagedKvCache& cache,
                                         std::span<const ops::SamplingRow> rows,
                                         std::span<const ops::LogitBias> logit_bias) override;
+    std::vector<int32_t> draft_mtp(const model::StepBatch& batch, std::span<const int32_t> hidden_rows, bool chained,
+                                   kv::PagedKvCache& cache) override;
 
-    // Device bytes of one cache block (every layer), to size the cache from a memory budget.
-    static double block_bytes(const io::ModelConfig& c);
+    // Device bytes of one cache block (every layer; with_mtp: and the MTP layer's), to size the
+    // cache from a memory budget.
+    static double block_bytes(const io::ModelConfig& c, bool with_mtp = false);
     // The current device's name, free and total memory (bytes), for the memory plan.
     struct DeviceMemory {
         std::string name;

@@ -21,17 +21,16 @@ std::vector<int32_t> ModelRunner::forward_sample(const model::StepBatch&, kv::Pa
 }
 
 Tensor DeepseekRunner::forward(const model::StepBatch& batch, kv::PagedKvCache& cache) {
-    return model_->forward(batch, cache, opts_, Stream{&pool_}).logits;
+    model::DeepseekV3::Output out = model_->forward(batch, cache, opts_, Stream{&pool_});
+    if (batch.all_hidden) hidden_ = std::move(out.hidden);
+    return std::move(out.logits);
 }
 
 std::string ModelRunner::enable_mtp(int) { return "this model runner does not draft with MTP"; }
 
-model::DeepseekV3::Output ModelRunner::forward_with_hidden(const model::StepBatch&, kv::PagedKvCache&) {
-    FANOUT_FAIL("this model runner does not draft with MTP (forward_with_hidden)");
-}
-
-model::DeepseekV3::Output ModelRunner::forward_mtp(const model::StepBatch&, const Tensor&, kv::PagedKvCache&) {
-    FANOUT_FAIL("this model runner does not draft with MTP (forward_mtp)");
+std::vector<int32_t> ModelRunner::draft_mtp(const model::StepBatch&, std::span<const int32_t>, bool,
+                                            kv::PagedKvCache&) {
+    FANOUT_FAIL("this model runner does not draft with MTP (draft_mtp)");
 }
 
 std::string DeepseekRunner::enable_mtp(int draft_tokens) {
@@ -40,13 +39,24 @@ std::string DeepseekRunner::enable_mtp(int draft_tokens) {
     return "";
 }
 
-model::DeepseekV3::Output DeepseekRunner::forward_with_hidden(const model::StepBatch& batch, kv::PagedKvCache& cache) {
-    return model_->forward(batch, cache, opts_, Stream{&pool_});
-}
-
-model::DeepseekV3::Output DeepseekRunner::forward_mtp(const model::StepBatch& batch, const Tensor& prev_hidden,
-                                                      kv::PagedKvCache& cache) {
-    return model_->forward_mtp(batch, prev_hidden, cache, opts_, Stream{&pool_});
+std::vector<int32_t> DeepseekRunner::draft_mtp(const model::StepBatch& batch, std::span<const int32_t> hidden_rows,
+                                               bool chained, kv::PagedKvCache& cache) {
+    const Tensor& from = chained ? mtp_hidden_ : hidden_;
+    FANOUT_CHECK(static_cast<int64_t>(hidden_rows.size()) == batch.num_tokens(),
+                 "draft_mtp: {} hidden rows for {} tokens", hidden_rows.size(), batch.num_tokens());
+    Tensor prev = Tensor::zeros({0, model_->config().hidden_size}, DType::kF32);
+    if (!hidden_rows.empty()) {
+        for (int32_t r : hidden_rows)
+            FANOUT_CHECK(from.defined() && r >= 0 && r < from.dim(0), "draft_mtp: hidden row {} of {} kept", r,
+                         from.defined() ? from.dim(0) : 0);
+        prev = from.gather_rows(hidden_rows);
+    }
+    model::DeepseekV3::Output m = model_->forward_mtp(batch, prev, cache, opts_, Stream{&pool_});
+    const int64_t V = model_->config().vocab_size;
+    std::vector<int32_t> drafts;
+    for (int64_t r = 0; r < m.logits.dim(0); ++r) drafts.push_back(ops::argmax(m.logits.data_as<float>() + r * V, V));
+    mtp_hidden_ = std::move(m.hidden);
+    return drafts;
 }
 
 void EngineStats::Histogram::observe(double seconds) {
@@ -386,18 +396,55 @@ bool Engine::step() {
     return true;
 }
 
-// A step with MTP drafting (host sampling): every chunk's logits and hidden states; each
-// sequence that reached its last known token checks its draft against them token by token
-// (Sampler::check_draft: greedy keeps the argmax, sampling the rejection rule), keeping the
-// accepted drafts and one more token — the first that differs, or the one after them all. Only the
-// KV of the known tokens and the accepted drafts counts as computed. Then the MTP layer runs over
-// the positions just computed (its own KV, with the tokens that follow them), and for each
-// sequence still generating its last row proposes the next draft; the layer runs again on that
-// draft for each further one.
+// A step with MTP drafting: every logit row gets its sampling row first — each draft row the
+// draft it checks and two draws, each sequence's last row one draw — so the host and the device
+// pick with the same draws; then the chunk's tokens (sampled where the runner samples) and each
+// sequence that reached its last known token walks its rows (Sampler::pick / SamplingRow::draft:
+// greedy keeps the argmax, sampling the rejection rule), keeping the accepted drafts and one more
+// token — the first that differs, or the one after them all. Only the KV of the known tokens and
+// the accepted drafts counts as computed. Then the MTP layer runs over the positions just computed
+// (its own KV, with the tokens that follow them), and for each sequence still generating its last
+// row proposes the next draft; the layer runs again on that draft for each further one.
 void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::StepBatch& batch) {
-    const model::DeepseekV3::Output out = runner_->forward_with_hidden(batch, cache_);
-    const int64_t V = runner_->vocab_size();
-    const float* logits = out.logits.data_as<float>();
+    std::vector<ops::SamplingRow> sampling;
+    std::vector<ops::LogitBias> bias;
+    for (const auto& s : work) {
+        if (!s.wants_logits) continue;
+        ops::Sampler& sampler = *active_.at(s.seq->id)->sampler;
+        const ops::SamplingParams& p = sampler.params();
+        const int64_t drafts = s.start + s.num_tokens - s.seq->total_len();
+        for (int64_t j = 0; j <= drafts; ++j) {
+            ops::SamplingRow r{p.temperature,
+                               p.top_k,
+                               p.top_p,
+                               sampler.next_uniform(),
+                               static_cast<int32_t>(bias.size()),
+                               static_cast<int32_t>(p.logit_bias.size())};
+            if (j < drafts) {
+                r.draft = s.seq->draft[static_cast<size_t>(j)];
+                r.uniform_residual = sampler.next_uniform();
+            }
+            sampling.push_back(r);
+        }
+        for (const auto& [id, b] : p.logit_bias) bias.push_back({id, b});
+    }
+    std::vector<int32_t> picked;  // one token per logit row
+    if (runner_->samples_on_device()) {
+        picked = runner_->forward_sample(batch, cache_, sampling, bias);
+    } else {
+        const Tensor logits = runner_->forward(batch, cache_);
+        const int64_t V = runner_->vocab_size();
+        size_t row = 0;
+        for (const auto& s : work) {
+            if (!s.wants_logits) continue;
+            ops::Sampler& sampler = *active_.at(s.seq->id)->sampler;
+            const int64_t drafts = s.start + s.num_tokens - s.seq->total_len();
+            for (int64_t j = 0; j <= drafts; ++j, ++row)
+                picked.push_back(sampler.pick(logits.data_as<float>() + static_cast<int64_t>(row) * V, V,
+                                              sampling[row].uniform, sampling[row].draft,
+                                              sampling[row].uniform_residual));
+        }
+    }
     struct Result {
         int64_t id = 0, row0 = 0, valid = 0;  // hidden rows [row0, row0 + valid) hold computed KV
         std::vector<int32_t> tokens;          // to emit
@@ -414,18 +461,16 @@ void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::Step
         row += s.num_tokens;
         if (!s.wants_logits) continue;
         Active& a = *active_.at(seq.id);
-        ops::Sampler& sampler = *a.sampler;
         const int64_t last = seq.total_len() - 1 - s.start;  // the last known token's row in the chunk
         const int64_t drafts = s.num_tokens - 1 - last;      // > 0 only in a decode step (last = 0)
-        const float* rows = logits + logit_row * V;          // the last known token's, then the drafts'
+        const int32_t* tokens = picked.data() + logit_row;   // the last known token's row, then the drafts'
         logit_row += 1 + drafts;
         int64_t j = 0;
         for (; j < drafts; ++j) {
-            const ops::DraftCheck c = sampler.check_draft(rows + j * V, V, seq.draft[static_cast<size_t>(j)]);
-            r.tokens.push_back(c.token);
-            if (!c.accepted) break;
+            r.tokens.push_back(tokens[j]);
+            if (tokens[j] != seq.draft[static_cast<size_t>(j)]) break;  // the emitted token is the draft iff accepted
         }
-        if (j == drafts) r.tokens.push_back(sampler.sample(rows + drafts * V, V));
+        if (j == drafts) r.tokens.push_back(tokens[drafts]);
         drafted += drafts;
         accepted += j;
         a.drafted += drafts;
@@ -451,7 +496,7 @@ void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::Step
     using L = model::StepBatchBuilder::Logits;
     const int64_t bs = cache_.config().block_size;
     model::StepBatchBuilder mb(cache_);
-    std::vector<int32_t> rows;  // of out.hidden, for the MTP layer
+    std::vector<int32_t> hidden_rows;  // of the kept hidden states, for the MTP layer
     struct Drafting {
         Sequence* seq;
         int k;
@@ -474,16 +519,15 @@ void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::Step
         }
         mb.add(std::span(seq.tokens).subspan(static_cast<size_t>(s.start + 1), static_cast<size_t>(valid)), s.start,
                kv::SequenceBlocks{seq.blocks, s.start + valid}, k > 0 ? L::kLast : L::kNone);
-        for (int64_t r = 0; r < valid; ++r) rows.push_back(static_cast<int32_t>(results[i].row0 + r));
+        for (int64_t r = 0; r < valid; ++r) hidden_rows.push_back(static_cast<int32_t>(results[i].row0 + r));
         if (k > 0) drafting.push_back({&seq, static_cast<int>(k)});
     }
     // A lockstep rank runs the MTP layer K times every step, drafting or not: its MoE layer is a
     // collective of all ranks, like every other.
     const bool every_pass = config_.lockstep;
-    if (rows.empty() && !every_pass) return;
-    model::DeepseekV3::Output m = runner_->forward_mtp(mb.build(), out.hidden.gather_rows(rows), cache_);
-    for (size_t q = 0; q < drafting.size(); ++q)
-        drafting[q].seq->draft = {ops::argmax(m.logits.data_as<float>() + static_cast<int64_t>(q) * V, V)};
+    if (hidden_rows.empty() && !every_pass) return;
+    const std::vector<int32_t> first = runner_->draft_mtp(mb.build(), hidden_rows, false, cache_);
+    for (size_t q = 0; q < drafting.size(); ++q) drafting[q].seq->draft = {first.at(q)};
     // Further drafts: the MTP layer again, on the draft it just made and its own hidden state.
     for (int c = 1; c < config_.mtp_draft_tokens; ++c) {
         model::StepBatchBuilder cb(cache_);
@@ -499,14 +543,13 @@ void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::Step
             next.push_back(&seq);
         }
         if (next.empty() && !every_pass) break;
-        model::DeepseekV3::Output mc = runner_->forward_mtp(cb.build(), m.hidden.gather_rows(from), cache_);
+        const std::vector<int32_t> more = runner_->draft_mtp(cb.build(), from, true, cache_);
         std::vector<Drafting> kept;
         for (size_t q = 0; q < next.size(); ++q) {
-            next[q]->draft.push_back(ops::argmax(mc.logits.data_as<float>() + static_cast<int64_t>(q) * V, V));
+            next[q]->draft.push_back(more.at(q));
             kept.push_back(drafting[static_cast<size_t>(from[q])]);
         }
         drafting = std::move(kept);
-        m = std::move(mc);
     }
 }
 

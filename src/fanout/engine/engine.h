@@ -56,12 +56,16 @@ class ModelRunner {
     // the runner for checking steps of 1 + draft_tokens query rows per request, or says why it
     // cannot draft with the model's multi-token-prediction layer (empty: ready).
     virtual std::string enable_mtp(int draft_tokens);
-    // forward, with the final-normed hidden state of every logit row (the MTP layer's input).
-    virtual model::DeepseekV3::Output forward_with_hidden(const model::StepBatch& batch, kv::PagedKvCache& cache);
-    // The MTP layer (DeepseekV3::forward_mtp): batch.tokens the next tokens, prev_hidden the
-    // hidden states at their positions; logits of the token after.
-    virtual model::DeepseekV3::Output forward_mtp(const model::StepBatch& batch, const Tensor& prev_hidden,
-                                                  kv::PagedKvCache& cache);
+    // A speculative step is forward() or forward_sample() of a batch with all_hidden set — the
+    // runner keeps every row's final-normed hidden state (where it computed them: the host or the
+    // device), and forward_sample's rows may check drafts (SamplingRow::draft) — then draft_mtp():
+    // the MTP layer (DeepseekV3::forward_mtp) over `batch`, whose tokens are the tokens after the
+    // positions, token i reading kept hidden state hidden_rows[i] — a row of the last all_hidden
+    // forward, or (`chained`) a logit row of the last draft_mtp — returning the greedy draft of each
+    // logit row and keeping their hidden states for a chained pass. An empty batch is a lockstep
+    // rank's pass of the group.
+    virtual std::vector<int32_t> draft_mtp(const model::StepBatch& batch, std::span<const int32_t> hidden_rows,
+                                           bool chained, kv::PagedKvCache& cache);
 };
 
 // DeepseekV3 on the CPU path.
@@ -77,15 +81,15 @@ class DeepseekRunner : public ModelRunner {
     // Checking steps run the absorbed attention form, as the decode steps they replace, so greedy
     // tokens are the plain ones (ForwardOptions::absorbed_max_query >= 1 + draft_tokens).
     std::string enable_mtp(int draft_tokens) override;
-    model::DeepseekV3::Output forward_with_hidden(const model::StepBatch& batch, kv::PagedKvCache& cache) override;
-    model::DeepseekV3::Output forward_mtp(const model::StepBatch& batch, const Tensor& prev_hidden,
-                                          kv::PagedKvCache& cache) override;
+    std::vector<int32_t> draft_mtp(const model::StepBatch& batch, std::span<const int32_t> hidden_rows, bool chained,
+                                   kv::PagedKvCache& cache) override;
 
   private:
     std::unique_ptr<model::DeepseekV3> model_;
     model::ForwardOptions opts_;
     ThreadPool pool_;
     DType kv_dtype_;
+    Tensor hidden_, mtp_hidden_;  // the last all_hidden forward's rows, the last MTP pass's logit rows
 };
 
 struct RequestParams {

@@ -87,13 +87,15 @@ double checkpoint_file_bytes(const std::string& dir) {
     return bytes;
 }
 
-double checkpoint_weight_bytes(const std::string& dir, const io::ModelConfig& c, const ParallelConfig& parallel) {
+double checkpoint_weight_bytes(const std::string& dir, const io::ModelConfig& c, const ParallelConfig& parallel,
+                               bool with_mtp) {
     const io::Checkpoint ck = io::Checkpoint::open(dir);
     const ParallelConfig::Range mine = parallel.experts(c.n_routed_experts);
+    const int64_t layers = c.num_hidden_layers + (with_mtp ? 1 : 0);
     double bytes = 0;
     for (const auto& name : ck.names()) {
-        if (name.rfind("model.layers.", 0) == 0 && std::atoll(name.c_str() + 13) >= c.num_hidden_layers)
-            continue;  // the MTP layers: not run when serving
+        if (name.rfind("model.layers.", 0) == 0 && std::atoll(name.c_str() + 13) >= layers)
+            continue;  // the MTP layers, unless drafting with the first
         if (const size_t at = name.find(".mlp.experts."); at != std::string::npos) {
             const int64_t e = std::atoll(name.c_str() + at + 13);
             if (e < mine.begin || e >= mine.end) continue;  // another rank's expert

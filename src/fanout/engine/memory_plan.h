@@ -60,8 +60,10 @@ HostRss host_rss();
 double checkpoint_file_bytes(const std::string& dir);
 
 // Bytes of the checkpoint's tensors in `dir` that the GPU runner of one rank of `parallel` holds:
-// all but the MTP layers', its block of each layer's routed experts, kv_b twice more (split per
-// head into k_b and v_b) — read from the safetensors headers; nothing is loaded.
-double checkpoint_weight_bytes(const std::string& dir, const io::ModelConfig& c, const ParallelConfig& parallel = {});
+// all but the MTP layers' (with_mtp: but the first MTP layer's, the one MTP drafting runs), its
+// block of each layer's routed experts, kv_b twice more (split per head into k_b and v_b) — read
+// from the safetensors headers; nothing is loaded.
+double checkpoint_weight_bytes(const std::string& dir, const io::ModelConfig& c, const ParallelConfig& parallel = {},
+                               bool with_mtp = false);
 
 }  // namespace fanout::engine

@@ -185,9 +185,10 @@ BufferElems buffer_elems(const io::ModelConfig& c, const LayerLimits& lim_in) {
     n.attn = T * H * Vh;
     n.gate_up = T * 2 * I;
     n.act = T * I;
-    // The quantized input of any projection (the widest is one of these) or batched GEMM.
+    // The quantized input of any projection (the widest is one of these; 2D: the MTP layer's
+    // eh_proj, through project()) or batched GEMM.
     const size_t P = static_cast<size_t>(std::max<int64_t>(max_prefill_ctx, 0));
-    n.xq = std::max({T * std::max({D, qkv_w, q_w, H * Vh, I}), H * T * std::max(nope, C), P * C});
+    n.xq = std::max({T * std::max({2 * D, qkv_w, q_w, H * Vh, I}), H * T * std::max(nope, C), P * C});
     n.latent = P * C;
     n.k_pe = P * rp;
     n.kv_expanded = P * H * (nope + Vh);

@@ -154,6 +154,10 @@ class CudaLayerExec {
     void experts(const DeviceLayer& w, const LayerStep& step, const KernelMark& mark = {});
     void combine(const DeviceLayer& w, const LayerStep& step, uint16_t* hidden, const KernelMark& mark = {});
 
+    // y [M, w.N] = x [M, w.K] · wᵀ on the exec's stream, through its quantization buffers: a
+    // projection outside the layers (the MTP layer's eh_proj, K = 2 · hidden).
+    void project(const DeviceWeight& w, const uint16_t* x, int M, uint16_t* y) { linear(w, x, M, y); }
+
   private:
     struct Buffers;
     void linear(const DeviceWeight& w, const uint16_t* x, int M, uint16_t* y, const uint16_t* residual = nullptr);

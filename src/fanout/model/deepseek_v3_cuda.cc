@@ -47,11 +47,15 @@ LayerLimits layer_limits(const io::ModelConfig& c, const CudaModelOptions& opts)
     return l;
 }
 
+// The query rows of a decode step: 1, or with MTP the last token and its drafts.
+int64_t decode_query_len(const CudaModelOptions& o) { return 1 + o.mtp_draft_tokens; }
+
 // The request counts decode graphs are captured for: 1, 2, 4, … up to max_requests (and the
 // step's token limit); a step of R requests replays the bucket next_pow2(R).
 std::vector<int64_t> decode_buckets(const CudaModelOptions& o) {
     std::vector<int64_t> out;
-    for (int64_t R = 1; R <= o.max_requests && R <= o.max_step_tokens; R *= 2) out.push_back(R);
+    const int64_t q = decode_query_len(o);
+    for (int64_t R = 1; R <= o.max_requests && R * q <= o.max_step_tokens; R *= 2) out.push_back(R);
     return out;
 }
 
@@ -81,11 +85,18 @@ struct CudaModel::Impl {
     DeviceArray<uint16_t> hidden, rows, rows_normed;
     DeviceArray<float> logits;
     std::unique_ptr<CudaLayerExec> exec;
+    // MTP: every row's final-normed hidden state of the last all_hidden step [T, D]; the MTP
+    // layer's input rows gathered from it (or from mtp_hidden) [T, D], its [enorm | hnorm] input
+    // [T, 2D], its logit rows' head-normed hidden states [L, D]; the rows to gather [T].
+    DeviceArray<uint16_t> normed_all, mtp_prev, mtp_cat, mtp_hidden;
+    DeviceArray<int32_t> prev_rows;
+    int64_t kept_rows = 0, kept_mtp_rows = 0;  // rows of normed_all / mtp_hidden the last steps filled
 
     struct Graph {
         cudaGraphExec_t exec = nullptr;
     };
-    std::map<std::tuple<int64_t, int64_t, bool>, Graph> graphs;  // (q, requests, sampled) -> graph
+    // (q, requests, sampled, every row's logits, hidden states kept) -> graph
+    std::map<std::tuple<int64_t, int64_t, bool, bool, bool>, Graph> graphs;
 
     ~Impl() {
         drop_graphs();
@@ -103,15 +114,10 @@ struct CudaModel::Impl {
         return static_cast<size_t>((num_blocks + 1) * kv::kDefaultBlockSize * c.kv_entry_dim());
     }
 
-    // The whole step on the stream: embedding, layers, final norm and lm_head over the logit rows,
-    // then sampling when `sample`.
-    // prefill_ctx > 0: a one-request prefill chunk over that many context tokens (MHA form).
-    // T = 0 (expert parallelism): this rank's empty step — only the MoE layers' exchanges and its
-    // experts' work for the other ranks.
-    void run(int T, int R, int max_q, int rows_n, bool sample, int prefill_ctx = 0) {
-        const int D = static_cast<int>(c.hidden_size), Vocab = static_cast<int>(c.vocab_size);
-        if (opts.ep) ops::launch_fill_i32(num_tokens.get(), 1, T, stream);  // where the backend reads T
-        ops::launch_embed_bf16(w.embed.get(), tokens.get(), T, D, hidden.get(), stream);
+    int num_layers_cached() const { return static_cast<int>(c.num_hidden_layers + (w.mtp ? 1 : 0)); }
+    uint16_t* cache_layer(int64_t l) { return cache.get() + static_cast<size_t>(l) * cache_layer_elems(); }
+
+    LayerStep layer_step(int T, int R, int max_q, int prefill_ctx) {
         LayerStep st;
         st.num_tokens = num_tokens.get();
         st.T = T;
@@ -124,35 +130,90 @@ struct CudaModel::Impl {
         st.block_table = block_table.get();
         st.max_blocks = static_cast<int>(max_blocks_per_request);
         st.prefill_ctx = prefill_ctx;
+        return st;
+    }
+
+    // The whole step on the stream: embedding, layers, final norm and lm_head over the logit rows,
+    // then sampling when `sample`; keep_hidden: every row's final-normed hidden state into normed_all.
+    // prefill_ctx > 0: a one-request prefill chunk over that many context tokens (MHA form).
+    // T = 0 (expert parallelism): this rank's empty step — only the MoE layers' exchanges and its
+    // experts' work for the other ranks.
+    void run(int T, int R, int max_q, int rows_n, bool sample, bool keep_hidden, int prefill_ctx = 0) {
+        const int D = static_cast<int>(c.hidden_size), Vocab = static_cast<int>(c.vocab_size);
+        const float eps = static_cast<float>(c.rms_norm_eps);
+        if (opts.ep) ops::launch_fill_i32(num_tokens.get(), 1, T, stream);  // where the backend reads T
+        ops::launch_embed_bf16(w.embed.get(), tokens.get(), T, D, hidden.get(), stream);
+        const LayerStep st = layer_step(T, R, max_q, prefill_ctx);
         exec->begin_step(st);
         for (int64_t l = 0; l < c.num_hidden_layers; ++l)
-            exec->run(w.layers[static_cast<size_t>(l)], st, hidden.get(),
-                      cache.get() + static_cast<size_t>(l) * cache_layer_elems());
+            exec->run(w.layers[static_cast<size_t>(l)], st, hidden.get(), cache_layer(l));
+        if (keep_hidden && T > 0) {
+            ops::launch_rms_norm_bf16(hidden.get(), nullptr, w.final_norm.get(), eps, normed_all.get(), T, D, stream);
+            if (rows_n > 0)  // a row gather
+                ops::launch_embed_bf16(normed_all.get(), logit_rows.get(), rows_n, D, rows_normed.get(), stream);
+        } else if (rows_n > 0) {
+            ops::launch_embed_bf16(hidden.get(), logit_rows.get(), rows_n, D, rows.get(), stream);  // a row gather
+            ops::launch_rms_norm_bf16(rows.get(), nullptr, w.final_norm.get(), eps, rows_normed.get(), rows_n, D,
+                                      stream);
+        }
         if (rows_n == 0) return;
-        ops::launch_embed_bf16(hidden.get(), logit_rows.get(), rows_n, D, rows.get(), stream);  // a row gather
-        ops::launch_rms_norm_bf16(rows.get(), nullptr, w.final_norm.get(), static_cast<float>(c.rms_norm_eps),
-                                  rows_normed.get(), rows_n, D, stream);
         ops::launch_gemm_bf16_f32(*ctx, rows_normed.get(), w.lm_head.get(), logits.get(), rows_n, Vocab, D);
         if (sample)
             ops::launch_sample(logits.get(), rows_n, Vocab, sampling.get(), logit_bias.get(), out_tokens.get(), stream);
     }
 
-    // Replays the graph of (q, R requests, sample), capturing it first when there is none; the step's
-    // inputs are already in the fixed arrays.
-    void replay(int64_t q, int64_t R, int max_q, int rows_n, bool sample) {
-        auto& g = graphs[{q, R, sample}];
-        const int T = static_cast<int>(q * R);
+    // The MTP layer over T tokens: embed (the layer's table) → enorm, the gathered previous hidden
+    // states (prev_rows of normed_all, or of mtp_hidden when chained) → hnorm, side by side →
+    // eh_proj → the decoder layer on the MTP cache layer → head_norm of the logit rows (kept in
+    // mtp_hidden) → head → greedy tokens (the sampling rows hold greedy entries).
+    void run_mtp(int T, int R, int max_q, int rows_n, bool chained, int prefill_ctx) {
+        const DeviceMtp& m = *w.mtp;
+        const int D = static_cast<int>(c.hidden_size), Vocab = static_cast<int>(c.vocab_size);
+        const float eps = static_cast<float>(c.rms_norm_eps);
+        if (opts.ep) ops::launch_fill_i32(num_tokens.get(), 1, T, stream);
+        if (T > 0) {
+            ops::launch_embed_bf16(m.embed.get(), tokens.get(), T, D, hidden.get(), stream);
+            ops::launch_rms_norm_bf16_strided(hidden.get(), D, nullptr, m.enorm.get(), eps, mtp_cat.get(), 2 * D, T, D,
+                                              stream);
+            ops::launch_embed_bf16(chained ? mtp_hidden.get() : normed_all.get(), prev_rows.get(), T, D, mtp_prev.get(),
+                                   stream);
+            ops::launch_rms_norm_bf16_strided(mtp_prev.get(), D, nullptr, m.hnorm.get(), eps, mtp_cat.get() + D, 2 * D,
+                                              T, D, stream);
+            exec->project(m.eh_proj, mtp_cat.get(), T, hidden.get());
+        }
+        const LayerStep st = layer_step(T, R, max_q, prefill_ctx);
+        exec->begin_step(st);
+        exec->run(m.layer, st, hidden.get(), cache_layer(c.num_hidden_layers));
+        if (rows_n == 0) return;
+        ops::launch_embed_bf16(hidden.get(), logit_rows.get(), rows_n, D, rows.get(), stream);
+        ops::launch_rms_norm_bf16(rows.get(), nullptr, m.head_norm.get(), eps, mtp_hidden.get(), rows_n, D, stream);
+        ops::launch_gemm_bf16_f32(*ctx, mtp_hidden.get(), m.head.get(), logits.get(), rows_n, Vocab, D);
+        ops::launch_sample(logits.get(), rows_n, Vocab, sampling.get(), nullptr, out_tokens.get(), stream);
+    }
+
+    // Replays the graph of (q, R requests, sample, all_rows, keep_hidden), capturing it first when
+    // there is none; the step's inputs are already in the fixed arrays.
+    void replay(int64_t q, int64_t R, int rows_n, bool sample, bool all_rows, bool keep_hidden) {
+        auto& g = graphs[{q, R, sample, all_rows, keep_hidden}];
+        const int T = static_cast<int>(q * R), max_q = static_cast<int>(q);
         if (g.exec == nullptr) {
             // The step runs eagerly — cuBLASLt plans and workspaces are created outside the
             // capture — and is then captured, not replayed: every step is exactly one run, so under
             // expert parallelism each rank takes part in each MoE exchange once per step.
-            run(T, static_cast<int>(R), max_q, rows_n, sample);
+            run(T, static_cast<int>(R), max_q, rows_n, sample, keep_hidden);
             FANOUT_CUDA_CHECK(cudaStreamSynchronize(stream));
-            g.exec = capture_graph(stream, [&] { run(T, static_cast<int>(R), max_q, rows_n, sample); });
+            g.exec = capture_graph(stream, [&] { run(T, static_cast<int>(R), max_q, rows_n, sample, keep_hidden); });
             return;
         }
         FANOUT_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));
     }
+
+    // Checks a step against the runner's limits (token ids, cache slots, lengths, logit rows).
+    void check_step(const StepBatch& batch) const;
+    // The step's host arrays, padded to pad_R requests of q tokens (a graph bucket; pad_R = R
+    // when eager) — padding requests write the scratch block, one logit row each or q when
+    // all_rows — uploaded to the fixed arrays; returns the logit rows uploaded.
+    int upload_step(const StepBatch& batch, int64_t pad_R, int64_t q, bool all_rows);
 };
 
 CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts, const LoadProgress& progress)
@@ -184,8 +245,14 @@ CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts, cons
     m.num_blocks = opts.num_kv_blocks > 0 ? opts.num_kv_blocks : opts.max_requests * m.max_blocks_per_request;
     m.pad_block = m.num_blocks;
 
-    m.w = upload_model_weights(c, model.weights(), progress, &m.upload);
-    m.cache = DeviceArray<uint16_t>(static_cast<size_t>(c.num_hidden_layers) * m.cache_layer_elems());
+    FANOUT_CHECK(opts.mtp_draft_tokens >= 0 && opts.mtp_draft_tokens < kMaxGraphQueryLen,
+                 "CudaModel: {} MTP draft tokens; the GPU runner takes 0..{}", opts.mtp_draft_tokens,
+                 kMaxGraphQueryLen - 1);
+    FANOUT_CHECK(opts.mtp_draft_tokens == 0 || model.weights().mtp.has_value(),
+                 "MTP draft tokens {}: this model has no MTP layer (num_nextn_predict_layers = 0)",
+                 opts.mtp_draft_tokens);
+    m.w = upload_model_weights(c, model.weights(), progress, &m.upload, opts.mtp_draft_tokens > 0);
+    m.cache = DeviceArray<uint16_t>(static_cast<size_t>(m.num_layers_cached()) * m.cache_layer_elems());
     FANOUT_CUDA_CHECK(cudaMemset(m.cache.get(), 0, m.cache.size() * sizeof(uint16_t)));
 
     const size_t T = static_cast<size_t>(opts.max_step_tokens), R = static_cast<size_t>(opts.max_requests);
@@ -206,6 +273,13 @@ CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts, cons
     m.rows = DeviceArray<uint16_t>(L * D);
     m.rows_normed = DeviceArray<uint16_t>(L * D);
     m.logits = DeviceArray<float>(L * static_cast<size_t>(c.vocab_size));
+    if (opts.mtp_draft_tokens > 0) {
+        m.normed_all = DeviceArray<uint16_t>(T * D);
+        m.mtp_prev = DeviceArray<uint16_t>(T * D);
+        m.mtp_cat = DeviceArray<uint16_t>(T * 2 * D);
+        m.mtp_hidden = DeviceArray<uint16_t>(L * D);
+        m.prev_rows = DeviceArray<int32_t>(T);
+    }
     m.exec = std::make_unique<CudaLayerExec>(c, model.rope(), layer_limits(c, opts), *m.ctx);
     m.exec->set_expert_parallel(opts.ep);
     FANOUT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
@@ -219,8 +293,9 @@ size_t CudaModel::workspace_bytes(const io::ModelConfig& c, const CudaModelOptio
     const size_t blocks_per_request = static_cast<size_t>(ops::ceil_div(opts.max_context, kv::kDefaultBlockSize));
     const size_t i32 = 6 * T + (R + 1) + R + R * blocks_per_request;
     const size_t L = static_cast<size_t>(logit_rows_limit(opts));
+    const size_t mtp = opts.mtp_draft_tokens > 0 ? 4 * T * D * 2 + L * D * 2 + 4 * T : 0;
     return 4 * i32 + T * sizeof(ops::SamplingRow) + kInitialLogitBias * sizeof(ops::LogitBias) + T * D * 2 +
-           2 * L * D * 2 + L * static_cast<size_t>(c.vocab_size) * 4 +
+           2 * L * D * 2 + L * static_cast<size_t>(c.vocab_size) * 4 + mtp +
            CudaLayerExec::buffer_bytes(c, layer_limits(c, opts)) + ops::DeviceContext::workspace_bytes();
 }
 
@@ -249,16 +324,61 @@ kv::PagedKvCache CudaModel::make_block_allocator() const {
     return kv::PagedKvCache(k);
 }
 
-namespace {
+void CudaModel::Impl::check_step(const StepBatch& batch) const {
+    const int64_t T = batch.num_tokens(), R = batch.num_requests(),
+                  rows_n = static_cast<int64_t>(batch.logit_rows.size());
+    FANOUT_CHECK(T >= 1 && T <= opts.max_step_tokens, "GPU step: {} tokens; this runner takes 1..{} per step", T,
+                 opts.max_step_tokens);
+    FANOUT_CHECK(R >= 1 && R <= opts.max_requests, "GPU step: {} requests; this runner takes 1..{}", R,
+                 opts.max_requests);
+    FANOUT_CHECK(batch.max_blocks <= max_blocks_per_request,
+                 "GPU step: a request spans {} cache blocks; max_context {} allows {}", batch.max_blocks,
+                 opts.max_context, max_blocks_per_request);
+    FANOUT_CHECK(rows_n <= logit_rows_limit(opts),
+                 "GPU step: {} logit rows; this runner returns at most {} per step (CudaModelOptions::max_logit_rows)",
+                 rows_n, logit_rows_limit(opts));
+    for (int64_t t = 0; t < T; ++t) {
+        FANOUT_CHECK(batch.tokens[t] >= 0 && batch.tokens[t] < c.vocab_size,
+                     "token id {} at index {} is outside the vocabulary [0, {})", batch.tokens[t], t, c.vocab_size);
+        FANOUT_CHECK(batch.slots[t] >= 0 && batch.slots[t] < num_blocks * kv::kDefaultBlockSize,
+                     "token {} has cache slot {} outside the device cache's {} blocks", t, batch.slots[t], num_blocks);
+    }
+    for (int32_t r : batch.logit_rows) FANOUT_CHECK(r >= 0 && r < T, "logit row {} outside the step's {} tokens", r, T);
+    for (int64_t r = 0; r < R; ++r)
+        FANOUT_CHECK(batch.kv_len[r] >= 1 && batch.kv_len[r] <= opts.max_context,
+                     "request {} has {} cached tokens; max_context is {}", r, batch.kv_len[r], opts.max_context);
+}
 
-// The step's host arrays as the device reads them, padded to `R_pad` requests of `q` tokens when
-// replaying a graph (padding requests write the scratch block).
-struct HostStep {
-    std::vector<int32_t> tokens, positions, slots, query_start, kv_len, block_table, logit_rows;
-    int T = 0, R = 0, max_q = 0;
-};
-
-}  // namespace
+int CudaModel::Impl::upload_step(const StepBatch& batch, int64_t pad_R, int64_t q, bool all_rows) {
+    const int64_t R = batch.num_requests(), W = max_blocks_per_request;
+    std::vector<int32_t> toks = batch.tokens, pos = batch.positions, slot = batch.slots, starts = batch.query_start,
+                         lens = batch.kv_len, rows_out = batch.logit_rows;
+    std::vector<int32_t> table(static_cast<size_t>(pad_R * W), static_cast<int32_t>(pad_block));
+    for (int64_t r = 0; r < R; ++r)
+        for (int64_t b = 0; b < batch.max_blocks; ++b) {
+            const int32_t id = batch.block_table[r * batch.max_blocks + b];
+            if (id >= 0) table[static_cast<size_t>(r * W + b)] = id;
+        }
+    for (int64_t r = R; r < pad_R; ++r) {  // padding requests: q tokens at positions 0.., in the scratch block
+        for (int64_t i = 0; i < q; ++i) {
+            toks.push_back(0);
+            pos.push_back(static_cast<int32_t>(i));
+            slot.push_back(static_cast<int32_t>(pad_block * kv::kDefaultBlockSize + i));
+            if (all_rows) rows_out.push_back(static_cast<int32_t>(r * q + i));
+        }
+        starts.push_back(static_cast<int32_t>((r + 1) * q));
+        lens.push_back(static_cast<int32_t>(q));
+        if (!all_rows) rows_out.push_back(static_cast<int32_t>((r + 1) * q - 1));
+    }
+    tokens.upload(toks.data(), toks.size(), stream);
+    positions.upload(pos.data(), pos.size(), stream);
+    slots.upload(slot.data(), slot.size(), stream);
+    query_start.upload(starts.data(), starts.size(), stream);
+    kv_len.upload(lens.data(), lens.size(), stream);
+    block_table.upload(table.data(), table.size(), stream);
+    logit_rows.upload(rows_out.data(), rows_out.size(), stream);
+    return static_cast<int>(rows_out.size());
+}
 
 std::vector<int32_t> CudaModel::forward_sample(const StepBatch& batch, std::span<const ops::SamplingRow> sampling,
                                                std::span<const ops::LogitBias> logit_bias) {
@@ -266,23 +386,17 @@ std::vector<int32_t> CudaModel::forward_sample(const StepBatch& batch, std::span
     const io::ModelConfig& c = m.c;
     const int64_t T = batch.num_tokens(), R = batch.num_requests(),
                   rows_n = static_cast<int64_t>(batch.logit_rows.size());
+    const bool keep_hidden = batch.all_hidden;
+    FANOUT_CHECK(!keep_hidden || m.w.mtp, "GPU step: all_hidden without MTP (CudaModelOptions::mtp_draft_tokens)");
     if (T == 0 && m.opts.ep) {  // this rank's empty step of the EP group
         FANOUT_CHECK(R == 0 && sampling.empty(), "GPU step: an empty step has no requests and samples nothing");
-        m.run(0, 0, 0, 0, false);
+        m.run(0, 0, 0, 0, false, false);
         FANOUT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
         m.opts.ep->raise_if_failed();
+        m.kept_rows = 0;
         return {};
     }
-    FANOUT_CHECK(T >= 1 && T <= m.opts.max_step_tokens, "GPU step: {} tokens; this runner takes 1..{} per step", T,
-                 m.opts.max_step_tokens);
-    FANOUT_CHECK(R >= 1 && R <= m.opts.max_requests, "GPU step: {} requests; this runner takes 1..{}", R,
-                 m.opts.max_requests);
-    FANOUT_CHECK(batch.max_blocks <= m.max_blocks_per_request,
-                 "GPU step: a request spans {} cache blocks; max_context {} allows {}", batch.max_blocks,
-                 m.opts.max_context, m.max_blocks_per_request);
-    FANOUT_CHECK(rows_n <= logit_rows_limit(m.opts),
-                 "GPU step: {} logit rows; this runner returns at most {} per step (CudaModelOptions::max_logit_rows)",
-                 rows_n, logit_rows_limit(m.opts));
+    m.check_step(batch);
     FANOUT_CHECK(sampling.empty() || static_cast<int64_t>(sampling.size()) == rows_n,
                  "GPU step: {} sampling rows for {} logit rows", sampling.size(), rows_n);
     for (size_t r = 0; r < sampling.size(); ++r) {
@@ -291,71 +405,33 @@ std::vector<int32_t> CudaModel::forward_sample(const StepBatch& batch, std::span
                          static_cast<size_t>(row.bias_begin) + static_cast<size_t>(row.bias_count) <= logit_bias.size(),
                      "GPU step: sampling row {} has logit-bias entries [{}, +{}) of {}", r, row.bias_begin,
                      row.bias_count, logit_bias.size());
+        FANOUT_CHECK(row.draft < c.vocab_size, "GPU step: sampling row {} checks draft token {} outside [0, {})", r,
+                     row.draft, c.vocab_size);
         for (int32_t j = row.bias_begin; j < row.bias_begin + row.bias_count; ++j)
             FANOUT_CHECK(logit_bias[j].id >= 0 && logit_bias[j].id < c.vocab_size,
                          "GPU step: logit_bias token id {} (row {}) is outside the vocabulary [0, {})",
                          logit_bias[j].id, r, c.vocab_size);
     }
-    for (int64_t t = 0; t < T; ++t) {
-        FANOUT_CHECK(batch.tokens[t] >= 0 && batch.tokens[t] < c.vocab_size,
-                     "token id {} at index {} is outside the vocabulary [0, {})", batch.tokens[t], t, c.vocab_size);
-        FANOUT_CHECK(batch.slots[t] >= 0 && batch.slots[t] < m.num_blocks * kv::kDefaultBlockSize,
-                     "token {} has cache slot {} outside the device cache's {} blocks", t, batch.slots[t],
-                     m.num_blocks);
-    }
-    for (int32_t r : batch.logit_rows) FANOUT_CHECK(r >= 0 && r < T, "logit row {} outside the step's {} tokens", r, T);
-    for (int64_t r = 0; r < R; ++r)
-        FANOUT_CHECK(batch.kv_len[r] >= 1 && batch.kv_len[r] <= m.opts.max_context,
-                     "request {} has {} cached tokens; max_context is {}", r, batch.kv_len[r], m.opts.max_context);
 
-    // Graphs serve steps whose requests all have the same query length and one logit row each.
+    // Graphs serve steps whose requests all have the same query length and return the last row's
+    // logits of each (decode) or every row's (MTP verification).
     const int64_t q = batch.query_start[1] - batch.query_start[0];
-    bool uniform = rows_n == R && !sampling.empty();
-    for (int64_t r = 0; r < R && uniform; ++r)
-        uniform =
-            batch.query_start[r + 1] - batch.query_start[r] == q && batch.logit_rows[r] == batch.query_start[r + 1] - 1;
-    const int64_t R_pad = next_pow2(R);
-    const bool graph = m.opts.cuda_graphs && uniform && q <= kMaxGraphQueryLen && R_pad * q <= m.opts.max_step_tokens &&
-                       R_pad <= m.opts.max_requests;
-
-    HostStep h;
-    h.R = static_cast<int>(graph ? R_pad : R);
-    h.T = static_cast<int>(graph ? R_pad * q : T);
-    h.max_q = static_cast<int>(graph ? q : batch.max_query_len());
-    h.tokens = batch.tokens;
-    h.positions = batch.positions;
-    h.slots = batch.slots;
-    h.query_start = batch.query_start;
-    h.kv_len = batch.kv_len;
-    h.logit_rows = batch.logit_rows;
-    const int64_t W = m.max_blocks_per_request;
-    h.block_table.assign(static_cast<size_t>(h.R * W), static_cast<int32_t>(m.pad_block));
-    for (int64_t r = 0; r < R; ++r)
-        for (int64_t b = 0; b < batch.max_blocks; ++b) {
-            const int32_t id = batch.block_table[r * batch.max_blocks + b];
-            if (id >= 0) h.block_table[static_cast<size_t>(r * W + b)] = id;
-        }
-    std::vector<ops::SamplingRow> srows(sampling.begin(), sampling.end());
-    for (int64_t r = R; r < h.R; ++r) {  // padding requests: q tokens at positions 0.., in the scratch block
-        for (int64_t i = 0; i < q; ++i) {
-            h.tokens.push_back(0);
-            h.positions.push_back(static_cast<int32_t>(i));
-            h.slots.push_back(static_cast<int32_t>(m.pad_block * kv::kDefaultBlockSize + i));
-        }
-        h.query_start.push_back(static_cast<int32_t>((r + 1) * q));
-        h.kv_len.push_back(static_cast<int32_t>(q));
-        h.logit_rows.push_back(static_cast<int32_t>((r + 1) * q - 1));
-        srows.push_back({});
+    bool same_q = true, last_rows = rows_n == R, all_rows = rows_n == T;
+    for (int64_t r = 0; r < R; ++r) {
+        same_q = same_q && batch.query_start[r + 1] - batch.query_start[r] == q;
+        last_rows = last_rows && batch.logit_rows[r] == batch.query_start[r + 1] - 1;
     }
-    const int rows_step = static_cast<int>(h.logit_rows.size());
-    m.tokens.upload(h.tokens.data(), h.tokens.size(), m.stream);
-    m.positions.upload(h.positions.data(), h.positions.size(), m.stream);
-    m.slots.upload(h.slots.data(), h.slots.size(), m.stream);
-    m.query_start.upload(h.query_start.data(), h.query_start.size(), m.stream);
-    m.kv_len.upload(h.kv_len.data(), h.kv_len.size(), m.stream);
-    m.block_table.upload(h.block_table.data(), h.block_table.size(), m.stream);
-    m.logit_rows.upload(h.logit_rows.data(), h.logit_rows.size(), m.stream);
-    if (!srows.empty()) m.sampling.upload(srows.data(), srows.size(), m.stream);
+    for (int64_t i = 0; i < rows_n && all_rows; ++i) all_rows = batch.logit_rows[i] == i;
+    if (q == 1) all_rows = false;  // the same rows as last_rows: one graph
+    const int64_t R_pad = next_pow2(R);
+    const bool graph = m.opts.cuda_graphs && same_q && (last_rows || all_rows) && !sampling.empty() &&
+                       q <= kMaxGraphQueryLen && R_pad * q <= m.opts.max_step_tokens && R_pad <= m.opts.max_requests;
+    const int rows_step = m.upload_step(batch, graph ? R_pad : R, q, all_rows);
+    if (!sampling.empty()) {
+        std::vector<ops::SamplingRow> srows(sampling.begin(), sampling.end());
+        srows.resize(static_cast<size_t>(rows_step));  // padding rows: greedy
+        m.sampling.upload(srows.data(), srows.size(), m.stream);
+    }
     if (logit_bias.size() > m.logit_bias.size()) {
         // The graphs read the old array's address: drop them with it (the previous step synced the stream).
         m.drop_graphs();
@@ -365,13 +441,15 @@ std::vector<int32_t> CudaModel::forward_sample(const StepBatch& batch, std::span
     const bool sample = !sampling.empty();
 
     if (graph) {
-        m.replay(q, R_pad, h.max_q, rows_step, sample);
+        m.replay(q, R_pad, rows_step, sample, all_rows, keep_hidden);
     } else {
         // A prefill chunk of one request runs attention in the MHA form; other eager steps (several
         // requests, short queries) in the absorbed form.
         const bool prefill = R == 1 && T > kMaxGraphQueryLen && batch.kv_len[0] <= mha_context_limit(m.opts);
-        m.run(h.T, h.R, h.max_q, rows_step, sample, prefill ? batch.kv_len[0] : 0);
+        m.run(static_cast<int>(T), static_cast<int>(R), static_cast<int>(batch.max_query_len()), rows_step, sample,
+              keep_hidden, prefill ? batch.kv_len[0] : 0);
     }
+    m.kept_rows = keep_hidden ? T : 0;
     std::vector<int32_t> out;
     if (sample) {
         out.resize(static_cast<size_t>(rows_step));
@@ -384,33 +462,63 @@ std::vector<int32_t> CudaModel::forward_sample(const StepBatch& batch, std::span
     return out;
 }
 
+std::vector<int32_t> CudaModel::draft_mtp(const StepBatch& batch, std::span<const int32_t> hidden_rows, bool chained) {
+    Impl& m = *impl_;
+    FANOUT_CHECK(m.w.mtp.has_value(), "draft_mtp: the GPU runner was made without MTP (mtp_draft_tokens 0)");
+    const int64_t T = batch.num_tokens(), R = batch.num_requests(),
+                  rows_n = static_cast<int64_t>(batch.logit_rows.size());
+    FANOUT_CHECK(static_cast<int64_t>(hidden_rows.size()) == T, "draft_mtp: {} hidden rows for {} tokens",
+                 hidden_rows.size(), T);
+    if (T == 0 && m.opts.ep) {  // this rank's pass of the group
+        FANOUT_CHECK(R == 0, "draft_mtp: an empty pass has no requests");
+        m.run_mtp(0, 0, 0, 0, chained, 0);
+        FANOUT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+        m.opts.ep->raise_if_failed();
+        m.kept_mtp_rows = 0;
+        return {};
+    }
+    m.check_step(batch);
+    const int64_t kept = chained ? m.kept_mtp_rows : m.kept_rows;
+    for (int32_t r : hidden_rows)
+        FANOUT_CHECK(r >= 0 && r < kept, "draft_mtp: hidden row {} outside the {} kept by the last {}", r, kept,
+                     chained ? "MTP pass" : "all_hidden step");
+    const int rows_step = m.upload_step(batch, R, 1, false);
+    m.prev_rows.upload(hidden_rows.data(), hidden_rows.size(), m.stream);
+    const std::vector<ops::SamplingRow> greedy(static_cast<size_t>(rows_step));
+    if (rows_step > 0) m.sampling.upload(greedy.data(), greedy.size(), m.stream);
+    const bool prefill = R == 1 && T > kMaxGraphQueryLen && batch.kv_len[0] <= mha_context_limit(m.opts);
+    m.run_mtp(static_cast<int>(T), static_cast<int>(R), static_cast<int>(batch.max_query_len()), rows_step, chained,
+              prefill ? batch.kv_len[0] : 0);
+    std::vector<int32_t> out(static_cast<size_t>(rows_n));
+    if (rows_n > 0)
+        FANOUT_CUDA_CHECK(cudaMemcpyAsync(out.data(), m.out_tokens.get(), out.size() * sizeof(int32_t),
+                                          cudaMemcpyDeviceToHost, m.stream));
+    FANOUT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+    if (m.opts.ep) m.opts.ep->raise_if_failed();
+    m.kept_mtp_rows = rows_n;
+    return out;
+}
+
 std::vector<CudaModel::GraphCapture> CudaModel::capture_decode_graphs() {
     Impl& m = *impl_;
     std::vector<GraphCapture> out;
     if (!m.opts.cuda_graphs) return out;
-    const int64_t W = m.max_blocks_per_request;
+    // The decode shape: one token per request, or with MTP the verification's 1 + drafts, every
+    // row's logits and hidden states kept.
+    const int64_t q = decode_query_len(m.opts);
+    const bool mtp = q > 1;
     for (const int64_t R : decode_buckets(m.opts)) {
-        // R padding requests: one token each at position 0 in the scratch block, greedy.
-        std::vector<int32_t> zeros(static_cast<size_t>(R), 0), rows(static_cast<size_t>(R)),
-            starts(static_cast<size_t>(R) + 1), ones(static_cast<size_t>(R), 1),
-            slots(static_cast<size_t>(R), static_cast<int32_t>(m.pad_block * kv::kDefaultBlockSize)),
-            table(static_cast<size_t>(R * W), static_cast<int32_t>(m.pad_block));
-        for (int64_t r = 0; r <= R; ++r) starts[static_cast<size_t>(r)] = static_cast<int32_t>(r);
-        for (int64_t r = 0; r < R; ++r) rows[static_cast<size_t>(r)] = static_cast<int32_t>(r);
-        const std::vector<ops::SamplingRow> srows(static_cast<size_t>(R));
-        m.tokens.upload(zeros.data(), zeros.size(), m.stream);
-        m.positions.upload(zeros.data(), zeros.size(), m.stream);
-        m.slots.upload(slots.data(), slots.size(), m.stream);
-        m.query_start.upload(starts.data(), starts.size(), m.stream);
-        m.kv_len.upload(ones.data(), ones.size(), m.stream);
-        m.block_table.upload(table.data(), table.size(), m.stream);
-        m.logit_rows.upload(rows.data(), rows.size(), m.stream);
+        // R padding requests of q tokens at positions 0.. in the scratch block, greedy.
+        StepBatch none;
+        none.query_start = {0};
+        const int rows_step = m.upload_step(none, R, q, mtp);
+        const std::vector<ops::SamplingRow> srows(static_cast<size_t>(rows_step));
         m.sampling.upload(srows.data(), srows.size(), m.stream);
         FANOUT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
         size_t free_before = 0, free_after = 0, total = 0;
         FANOUT_CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
         const auto t0 = std::chrono::steady_clock::now();
-        m.replay(1, R, 1, static_cast<int>(R), true);
+        m.replay(q, R, rows_step, true, mtp, mtp);
         FANOUT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
         if (m.opts.ep) m.opts.ep->raise_if_failed();
         FANOUT_CUDA_CHECK(cudaMemGetInfo(&free_after, &total));

@@ -14,14 +14,21 @@
 // prompts); decode, MTP verification and steps of several requests run the absorbed form over the
 // paged cache, which is read, never expanded.
 //
-// CUDA graphs: a step whose requests all have the same query length q ≤ 4 (decode: 1; MTP: 2) is
-// padded to the next bucket of requests (1, 2, 4, 8, …, max_requests) with dummy requests that
-// write a scratch cache block, and replays that bucket's graph, captured on first use. Everything
+// CUDA graphs: a step whose requests all have the same query length q ≤ 4 (decode: 1; MTP
+// verification: 1 + drafts) and return the last row's logits or every row's is padded to the next
+// bucket of requests (1, 2, 4, 8, …, max_requests) with dummy requests that write a scratch cache
+// block, and replays that bucket's graph, captured on first use. Everything
 // the graph reads (tokens, positions, slots, block tables, kv lengths, sampling rows) sits at
 // fixed device addresses refreshed before each replay; MoE expert counts are computed on the
 // device, so one graph serves any routing. Other steps (prefill) run eagerly. (The logit-bias
 // array grows when a step brings more entries than it holds; the graphs, which captured its old
 // address, are then dropped and captured again.)
+//
+// MTP speculative decoding (CudaModelOptions::mtp_draft_tokens): the MTP layer is uploaded and has
+// its own cache layer; a step with batch.all_hidden keeps every row's final-normed hidden state on
+// the device, its sampling rows check the drafts there (SamplingRow::draft), and draft_mtp() runs
+// the MTP layer over those hidden states — nothing but token ids crosses to the host. Start-up
+// captures the verification shape (1 + drafts rows per request) instead of the plain decode one.
 #pragma once
 
 #include <functional>
@@ -58,6 +65,10 @@ struct CudaModelOptions {
     // The stream every step runs on, which the EP backend's calls must share (borrowed); nullptr:
     // the runner makes one of its own.
     cudaStream_t stream = nullptr;
+    // > 0: MTP speculative decoding with this many draft tokens per step (the model must have an
+    // MTP layer): the layer's weights and cache layer on the device, draft_mtp(), and the
+    // verification graphs. 0: the MTP layer is not read.
+    int64_t mtp_draft_tokens = 0;
 };
 
 class CudaModel {
@@ -88,8 +99,15 @@ class CudaModel {
     // One step sampled on the device: one token per logit row (`rows` has one entry per logit row;
     // its bias_begin/bias_count index `logit_bias`, each id in the vocabulary and once per row).
     // Under expert parallelism a batch without tokens is this rank's empty step of the group.
+    // With batch.all_hidden (MTP on), every row's final-normed hidden state stays on the device
+    // for draft_mtp(); a row with SamplingRow::draft checks that draft.
     std::vector<int32_t> forward_sample(const StepBatch& batch, std::span<const ops::SamplingRow> rows,
                                         std::span<const ops::LogitBias> logit_bias = {});
+    // The MTP layer (engine::ModelRunner::draft_mtp): token i of `batch` reads hidden state
+    // hidden_rows[i] — of the last all_hidden step, or (`chained`) of the last draft_mtp's logit
+    // rows; returns the greedy draft of each logit row. Under expert parallelism a batch without
+    // tokens is this rank's pass of the group.
+    std::vector<int32_t> draft_mtp(const StepBatch& batch, std::span<const int32_t> hidden_rows, bool chained);
 
     int64_t graphs_captured() const;
     // Captures the decode graph (one query token per request, sampled) of every request bucket

@@ -341,7 +341,7 @@ int default_weight_readers() {
     return static_cast<int>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 2, kMaxReaders));
 }
 
-WeightPlan plan_weights(const io::ModelConfig& c, const ModelWeights& w) {
+WeightPlan plan_weights(const io::ModelConfig& c, const ModelWeights& w, bool with_mtp) {
     WeightPlan plan;
     Planner p(w, plan);
     FANOUT_CHECK(is_float(w.embed.dtype()), "embed_tokens: dtype {} is not a float type", dtype_name(w.embed.dtype()));
@@ -352,6 +352,26 @@ WeightPlan plan_weights(const io::ModelConfig& c, const ModelWeights& w) {
     plan.final_norm = p.f32_vector(w.final_norm);
     for (int64_t l = 0; l < c.num_hidden_layers; ++l)
         plan.layers.push_back(p.layer(c, w.layers[static_cast<size_t>(l)], l));
+    if (with_mtp) {
+        FANOUT_CHECK(w.mtp.has_value(), "this model has no MTP layer (num_nextn_predict_layers = 0)");
+        const MtpWeights& m = *w.mtp;
+        MtpPlan mp;
+        mp.enorm = p.f32_vector(m.enorm);
+        mp.hnorm = p.f32_vector(m.hnorm);
+        mp.head_norm = p.f32_vector(m.head_norm);
+        mp.eh_proj = p.single(m.eh_proj);
+        mp.layer = p.layer(c, m.layer, c.num_hidden_layers);
+        if (m.embed.data() == w.embed.data()) {
+            mp.embed = plan.embed;
+        } else {
+            FANOUT_CHECK(is_float(m.embed.dtype()), "the MTP layer's embed_tokens: dtype {} is not a float type",
+                         dtype_name(m.embed.dtype()));
+            mp.embed = p.array(static_cast<size_t>(m.embed.numel()) * 2);
+            p.fill(mp.embed, 0, m.embed.data(), m.embed.nbytes(), m.embed.dtype());
+        }
+        mp.head = m.head.data == w.lm_head.data ? plan.lm_head : p.bf16_matrix(m.head);
+        plan.mtp = std::move(mp);
+    }
     return plan;
 }
 

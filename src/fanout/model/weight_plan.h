@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -46,6 +47,15 @@ struct LayerPlan {
     MatrixPlan experts_gate_up, experts_down;
 };
 
+// The MTP layer's arrays (DeviceMtp): its norms, eh_proj, decoder layer, and its embedding and
+// head — the model's own arrays when the checkpoint has none of its own.
+struct MtpPlan {
+    int enorm = -1, hnorm = -1, head_norm = -1;  // f32 [D]
+    MatrixPlan eh_proj;                          // [D, 2D]
+    LayerPlan layer;
+    int embed = -1, head = -1;  // bf16 [vocab, D]
+};
+
 struct WeightPlan {
     static constexpr size_t kAlign = 256;  // every array's offset in the arena
     struct Fill {
@@ -62,7 +72,8 @@ struct WeightPlan {
     std::vector<Array> arrays;
     size_t arena_bytes = 0;
     int embed = -1, lm_head = -1, final_norm = -1;  // bf16 [vocab, D], bf16 [vocab, D], f32 [D]
-    std::vector<LayerPlan> layers;                  // the decoder layers (no MTP layer on the GPU yet)
+    std::vector<LayerPlan> layers;                  // the decoder layers
+    std::optional<MtpPlan> mtp;                     // the MTP layer, when asked for
     double host_bytes = 0;                          // bytes prepared on the host
     double stream_bytes = 0;                        // checkpoint bytes the fills read
     std::set<const void*> host_sources;             // checkpoint tensors the host preparation read
@@ -73,7 +84,9 @@ struct WeightPlan {
 // step buffers can be sized from the config alone.
 bool experts_run_fp8(const io::ModelConfig& c);
 
-WeightPlan plan_weights(const io::ModelConfig& c, const ModelWeights& w);
+// with_mtp: the MTP layer too (the model must have one) — for MTP speculative decoding; without it
+// the layer's tensors are not read.
+WeightPlan plan_weights(const io::ModelConfig& c, const ModelWeights& w, bool with_mtp = false);
 
 // Where stream_weights() puts the arena's bytes. Reader r's calls come from its own thread.
 class WeightTarget {
@@ -109,8 +122,8 @@ int default_weight_readers();
 
 // Fills the arena `target` holds as `plan` says, checking the values `w.unchecked` lists of every
 // tensor the plan reads: those it streams in the staging buffers, those the host preparation read
-// over the mapping; tensors the plan does not hold (the MTP layer, not run on the GPU yet) are not
-// read at all. An Error names the tensor, file and element. Reader r sweeps the r-th of `readers`
+// over the mapping; tensors the plan does not hold (the MTP layer, unless asked for) are not read at
+// all. An Error names the tensor, file and element. Reader r sweeps the r-th of `readers`
 // equal slices of the ranges in file order through its own file descriptors (readahead stays
 // sequential), asking the kernel for its next chunk while it copies the current one. `readers`
 // <= 0: default_weight_readers(). `progress` is called from this thread.

@@ -112,8 +112,8 @@ class ArenaViews {
 }  // namespace
 
 DeviceModelWeights upload_model_weights(const io::ModelConfig& c, const ModelWeights& w, const LoadProgress& progress,
-                                        StreamStats* stats) {
-    const WeightPlan plan = plan_weights(c, w);
+                                        StreamStats* stats, bool with_mtp) {
+    const WeightPlan plan = plan_weights(c, w, with_mtp);
     DeviceModelWeights d;
     d.arena = DeviceArray<uint8_t>(plan.arena_bytes);
     int device = 0;
@@ -128,6 +128,17 @@ DeviceModelWeights upload_model_weights(const io::ModelConfig& c, const ModelWei
     d.lm_head = v.view<uint16_t>(plan.lm_head);
     d.final_norm = v.view<float>(plan.final_norm);
     for (const LayerPlan& l : plan.layers) d.layers.push_back(v.layer(l));
+    if (plan.mtp) {
+        DeviceMtp m;
+        m.enorm = v.view<float>(plan.mtp->enorm);
+        m.hnorm = v.view<float>(plan.mtp->hnorm);
+        m.head_norm = v.view<float>(plan.mtp->head_norm);
+        m.eh_proj = v.matrix(plan.mtp->eh_proj);
+        m.layer = v.layer(plan.mtp->layer);
+        m.embed = v.view<uint16_t>(plan.mtp->embed);
+        m.head = v.view<uint16_t>(plan.mtp->head);
+        d.mtp = std::move(m);
+    }
     return d;
 }
 

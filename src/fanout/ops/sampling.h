@@ -46,18 +46,29 @@ struct DraftCheck {
     bool accepted = false;
 };
 
+// The check of a draft token proposed with certainty (a greedy draft) against the target logits,
+// with its two draws given: greedy accepts it when it is the argmax (and emits the argmax either
+// way); sampling accepts it when u_accept · (kept total) < its weight — probability p(draft) under
+// the request's distribution (temperature, top-k, top-p, bias) — and otherwise emits the kept
+// token, in the rule's order with the draft removed, at which the running weight first exceeds
+// u_residual · (kept total − the draft's weight): the rejection rule for a one-hot draft
+// distribution, so what is emitted follows p exactly. The emitted token is the draft exactly when
+// it is accepted. The GPU sampler (sampling_cuda.h: SamplingRow::draft) computes the same function.
+DraftCheck check_draft_with_uniforms(const float* logits, int64_t vocab, const SamplingParams& p, int32_t draft,
+                                     double u_accept, double u_residual,
+                                     std::vector<std::pair<float, int32_t>>& scratch);
+
 class Sampler {
   public:
     explicit Sampler(const SamplingParams& p);
     // logits: [vocab] f32.
     int32_t sample(const float* logits, int64_t vocab);
-    // A draft token proposed with certainty (a greedy draft) against the target logits: greedy
-    // accepts it when it is the argmax (and emits the argmax either way). Sampling accepts it with
-    // probability p(draft) under this request's distribution (temperature, top-k, top-p, bias)
-    // and otherwise emits a draw from p with the draft removed — the rejection rule for a one-hot
-    // draft distribution, so what is emitted follows p exactly. One draw of the generator, two on a
-    // rejection.
+    // check_draft_with_uniforms with this request's next two draws (none when greedy).
     DraftCheck check_draft(const float* logits, int64_t vocab, int32_t draft);
+    // One row of a step as the GPU sampler reads it (sampling_cuda.h): sample_with_uniform with
+    // row.uniform, or, for a draft row (row.draft >= 0), check_draft_with_uniforms with
+    // row.uniform and row.uniform_residual — this request's parameters, bias included.
+    int32_t pick(const float* logits, int64_t vocab, double uniform, int32_t draft, double uniform_residual);
     // The next draw of this request's generator — one per sampled token, none when greedy — so a
     // GPU step can sample with the same draws the CPU would use.
     double next_uniform();

@@ -121,29 +121,43 @@ int32_t sample_with_uniform(const float* logits, int64_t vocab, const SamplingPa
     return v[keep - 1].second;
 }
 
-DraftCheck Sampler::check_draft(const float* logits, int64_t vocab, int32_t draft) {
+DraftCheck check_draft_with_uniforms(const float* logits, int64_t vocab, const SamplingParams& p, int32_t draft,
+                                     double u_accept, double u_residual,
+                                     std::vector<std::pair<float, int32_t>>& scratch) {
     FANOUT_CHECK(vocab > 0, "check_draft: empty logits");
-    if (params_.temperature == 0.0f) {
-        const int32_t t = argmax(logits, vocab, params_.logit_bias);
+    if (p.temperature == 0.0f) {
+        const int32_t t = argmax(logits, vocab, p.logit_bias);
         return {t, t == draft};
     }
     double total = 0.0;
-    const size_t keep = kept_tokens(logits, vocab, params_, scratch_, &total);
+    const size_t keep = kept_tokens(logits, vocab, p, scratch, &total);
     double w_draft = 0.0;  // p(draft) · total; 0 when top-k / top-p dropped it
     for (size_t i = 0; i < keep; ++i)
-        if (scratch_[i].second == draft) w_draft = scratch_[i].first;
-    if (next_uniform() * total < w_draft) return {draft, true};
+        if (scratch[i].second == draft) w_draft = scratch[i].first;
+    if (u_accept * total < w_draft) return {draft, true};
     // Rejected: a draw from p with the draft removed.
-    const double u = next_uniform() * (total - w_draft);
+    const double u = u_residual * (total - w_draft);
     double cum = 0.0;
-    int32_t last = scratch_[0].second;
+    int32_t last = -1;
     for (size_t i = 0; i < keep; ++i) {
-        if (scratch_[i].second == draft) continue;
-        cum += scratch_[i].first;
-        last = scratch_[i].second;
+        if (scratch[i].second == draft) continue;
+        cum += scratch[i].first;
+        last = scratch[i].second;
         if (u < cum) return {last, false};
     }
-    return {last, false};
+    // Only rounding gets here: the last kept token that is not the draft (none: the draft was
+    // the only one kept, and u_accept · total < total accepted it above).
+    return {last >= 0 ? last : draft, last < 0};
+}
+
+DraftCheck Sampler::check_draft(const float* logits, int64_t vocab, int32_t draft) {
+    const double u_accept = next_uniform(), u_residual = next_uniform();
+    return check_draft_with_uniforms(logits, vocab, params_, draft, u_accept, u_residual, scratch_);
+}
+
+int32_t Sampler::pick(const float* logits, int64_t vocab, double uniform, int32_t draft, double uniform_residual) {
+    if (draft < 0) return sample_with_uniform(logits, vocab, params_, uniform, scratch_);
+    return check_draft_with_uniforms(logits, vocab, params_, draft, uniform, uniform_residual, scratch_).token;
 }
 
 }  // namespace fanout::ops

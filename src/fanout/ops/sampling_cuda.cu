@@ -8,6 +8,9 @@
 // top (32 block-wide sums of the weight of keys ≥ a candidate), then the tie at that key is
 // resolved in id order with a block scan. Sums are in f64 like the CPU's.
 //
+// A draft row (SamplingRow::draft >= 0) checks the draft: accepted when u · total < its weight,
+// else the pick above over the kept set with the draft left out, at u_residual · (total − its weight).
+//
 // A row's logit_bias is added to its logits in place first (each id once, so the block's threads
 // never write the same element), which gives every later read the CPU's logits[i] + bias.
 #include <cub/block/block_reduce.cuh>
@@ -32,7 +35,8 @@ struct Boundary {
     uint32_t key = 0;
     int id = 0;
     bool all = true;
-    __device__ bool keeps(uint32_t k, int i) const { return all || k > key || (k == key && i <= id); }
+    int exclude = -1;  // an id left out of the set (a rejected draft)
+    __device__ bool keeps(uint32_t k, int i) const { return i != exclude && (all || k > key || (k == key && i <= id)); }
 };
 
 struct Row {
@@ -190,6 +194,29 @@ __global__ void __launch_bounds__(kThreads)
             set = cut;
             total = weight_from(row, set, true, 0, sh, &bcast);
         }
+    }
+    if (p.draft >= 0 && p.draft < vocab) {
+        const double w_draft = set.keeps(order_key(row.scaled(p.draft)), p.draft) ? row.weight(p.draft, true) : 0.0;
+        if (p.uniform * total < w_draft) {
+            if (threadIdx.x == 0) tokens[blockIdx.x] = p.draft;
+            return;
+        }
+        // Rejected: the kept set without the draft (select() returns a boundary without the
+        // exclusion, so the rounding fallback below is the only other place it matters).
+        Boundary rest = set;
+        rest.exclude = p.draft;
+        const Boundary pick =
+            select(row, rest, true, p.uniform_residual * (total - w_draft), true, found, sh, &bcast, &found_id);
+        if (threadIdx.x != 0) return;
+        if (found) {
+            tokens[blockIdx.x] = pick.id;
+        } else {
+            // u · rest reached the whole rest only through rounding (as below; never the draft,
+            // which a set of one would have accepted).
+            const int last = set.all ? best_id : set.id;
+            tokens[blockIdx.x] = last != p.draft ? last : best_id;
+        }
+        return;
     }
     const Boundary pick = select(row, set, true, p.uniform * total, true, found, sh, &bcast, &found_id);
     if (threadIdx.x != 0) return;

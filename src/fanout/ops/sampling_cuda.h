@@ -1,5 +1,6 @@
 // Sampling on the device: sample_with_uniform (sampling.h) for every row of a step's logits, one
-// block per row, so the logits never leave the GPU. The uniform draws come from each request's
+// block per row, so the logits never leave the GPU — or, for a row checking a speculative draft
+// token, check_draft_with_uniforms. The uniform draws come from each request's
 // host-side generator (Sampler::next_uniform), so a GPU step picks the tokens the CPU would.
 // fmt-free, so CUDA translation units can include it.
 #pragma once
@@ -24,6 +25,10 @@ struct SamplingRow {
     double uniform = 0.0;
     int32_t bias_begin = 0;
     int32_t bias_count = 0;
+    // >= 0: the row checks this draft token (check_draft_with_uniforms with `uniform` as the
+    // acceptance draw and uniform_residual as the rejected draft's replacement draw).
+    int32_t draft = -1;
+    double uniform_residual = 0.0;
 };
 
 #ifdef FANOUT_WITH_CUDA

