@@ -8,7 +8,8 @@
 # bench: a V3-width checkpoint with its MTP layer (make-model --preset full-layers --layers 2
 #        --dtype fp8) served with --mtp 0, 1 and 2; `fanout bench serve` at concurrency 1, 32, 64
 #        and 128 for each (random weights accept few drafts, so TPOT ≈ the step time with k
-#        drafts; JSON under $OUT). MTP_KS / MTP_CONC override the lists.
+#        drafts; the engine's /metrics split each step into its forward and its MTP passes —
+#        $OUT/mtp_summary.json, one entry per run). MTP_KS / MTP_CONC override the lists.
 set -uo pipefail
 build=${1:-.carry/build}
 mode=${2:-all}
@@ -73,10 +74,15 @@ if [[ $mode == bench || $mode == all ]]; then
             grep -E "memory plan|CUDA graphs|GPU memory|start-up|listening" "$logs/v3_mtp$k.log"
             for c in ${MTP_CONC:-1 32 64 128}; do
                 n=$((c * 3 < 24 ? 24 : c * 3))
+                curl -s http://127.0.0.1:8300/metrics > "$logs/metrics_before.txt"
                 timeout 200 "$fanout" bench serve --base-url http://127.0.0.1:8300 --endpoint completions -n $n \
-                    --max-concurrency $c --prompt-len 128 --output-len 64 --json "$out/mtp${k}_c$c.json" \
+                    --max-concurrency $c --prompt-len 128 --output-len 64 --json "$logs/mtp${k}_c$c.json" \
                     > "$logs/bench_mtp${k}_c$c.log" 2>&1
                 echo "k=$k c=$c rc=$?"; grep -iE "throughput|TPOT|MTP|ok|failed" "$logs/bench_mtp${k}_c$c.log" | head -8
+                curl -s http://127.0.0.1:8300/metrics > "$logs/metrics_after.txt"
+                # The run's steps and the wall time split between the checking steps and the MTP passes.
+                python3 scripts/mtp_step_summary.py "$k" "$c" "$logs/mtp${k}_c$c.json" "$logs/metrics_before.txt" \
+                    "$logs/metrics_after.txt" "$out/mtp_summary.json"
             done
             serve_down
         fi

@@ -7,6 +7,14 @@ namespace fanout::engine {
 
 using clock_type = std::chrono::steady_clock;
 
+namespace {
+
+int64_t microseconds_since(clock_type::time_point t0) {
+    return std::chrono::duration_cast<std::chrono::microseconds>(clock_type::now() - t0).count();
+}
+
+}  // namespace
+
 DeepseekRunner::DeepseekRunner(std::unique_ptr<model::DeepseekV3> model, model::ForwardOptions opts, int threads,
                                DType kv_dtype)
     : model_(std::move(model)), opts_(opts), pool_(threads), kv_dtype_(kv_dtype) {}
@@ -372,13 +380,17 @@ bool Engine::step() {
                             static_cast<int32_t>(p.logit_bias.size())});
             for (const auto& [id, b] : p.logit_bias) bias.push_back({id, b});
         }
+        const auto t0 = clock_type::now();
         const std::vector<int32_t> tokens = runner_->forward_sample(batch, cache_, rows, bias);
+        add_time(&EngineStats::forward_microseconds, t0);
         scheduler_.commit(work);
         size_t row = 0;
         for (const auto& s : work)
             if (s.wants_logits) postprocess(*active_.at(s.seq->id), tokens.at(row++));
     } else {
+        const auto t0 = clock_type::now();
         const Tensor logits = runner_->forward(batch, cache_);
+        add_time(&EngineStats::forward_microseconds, t0);
         scheduler_.commit(work);
         const int64_t V = runner_->vocab_size();
         int64_t row = 0;
@@ -429,10 +441,13 @@ void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::Step
         for (const auto& [id, b] : p.logit_bias) bias.push_back({id, b});
     }
     std::vector<int32_t> picked;  // one token per logit row
+    const auto t0 = clock_type::now();
     if (runner_->samples_on_device()) {
         picked = runner_->forward_sample(batch, cache_, sampling, bias);
+        add_time(&EngineStats::forward_microseconds, t0);
     } else {
         const Tensor logits = runner_->forward(batch, cache_);
+        add_time(&EngineStats::forward_microseconds, t0);
         const int64_t V = runner_->vocab_size();
         size_t row = 0;
         for (const auto& s : work) {
@@ -447,6 +462,8 @@ void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::Step
     }
     struct Result {
         int64_t id = 0, row0 = 0, valid = 0;  // hidden rows [row0, row0 + valid) hold computed KV
+        int64_t rows = 0;                     // rows the chunk had (its drafts included)
+        bool checked = false;                 // the chunk checked drafts
         std::vector<int32_t> tokens;          // to emit
     };
     std::vector<Result> results(work.size());
@@ -457,7 +474,7 @@ void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::Step
         Result& r = results[i];
         r.id = seq.id;
         r.row0 = row;
-        r.valid = s.num_tokens;
+        r.valid = r.rows = s.num_tokens;
         row += s.num_tokens;
         if (!s.wants_logits) continue;
         Active& a = *active_.at(seq.id);
@@ -471,6 +488,7 @@ void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::Step
             if (tokens[j] != seq.draft[static_cast<size_t>(j)]) break;  // the emitted token is the draft iff accepted
         }
         if (j == drafts) r.tokens.push_back(tokens[drafts]);
+        r.checked = drafts > 0;
         drafted += drafts;
         accepted += j;
         a.drafted += drafts;
@@ -492,11 +510,18 @@ void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::Step
         stats_.accepted_draft_tokens += accepted;
     }
     // The MTP layer over the computed positions: at position p it reads the token at p + 1 and
-    // the hidden state at p.
+    // the hidden state at p. A checked chunk goes in whole — its rejected drafts' rows too, with
+    // token 0 where none follows yet — so a decode step's pass has one shape whatever was accepted
+    // (a GPU runner replays it from a graph); their MTP KV lies past the computed length, is never
+    // read, and is overwritten when those positions are computed. The draft comes from the last
+    // computed row.
     using L = model::StepBatchBuilder::Logits;
     const int64_t bs = cache_.config().block_size;
     model::StepBatchBuilder mb(cache_);
     std::vector<int32_t> hidden_rows;  // of the kept hidden states, for the MTP layer
+    std::vector<int32_t> draft_rows;   // the pass's logit rows
+    int64_t mtp_tokens = 0;
+    std::vector<int32_t> pass_tokens;
     struct Drafting {
         Sequence* seq;
         int k;
@@ -517,16 +542,26 @@ void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::Step
                                    max_context_ - seq.total_len(),
                                    static_cast<int64_t>(seq.blocks.size()) * bs - seq.total_len() + 2});
         }
-        mb.add(std::span(seq.tokens).subspan(static_cast<size_t>(s.start + 1), static_cast<size_t>(valid)), s.start,
-               kv::SequenceBlocks{seq.blocks, s.start + valid}, k > 0 ? L::kLast : L::kNone);
-        for (int64_t r = 0; r < valid; ++r) hidden_rows.push_back(static_cast<int32_t>(results[i].row0 + r));
-        if (k > 0) drafting.push_back({&seq, static_cast<int>(k)});
+        const int64_t n = results[i].checked ? results[i].rows : valid;
+        pass_tokens.assign(static_cast<size_t>(n), 0);
+        for (int64_t r = 0; r < n && s.start + r + 1 < seq.total_len(); ++r)
+            pass_tokens[static_cast<size_t>(r)] = seq.tokens[static_cast<size_t>(s.start + r + 1)];
+        mb.add(pass_tokens, s.start, kv::SequenceBlocks{seq.blocks, s.start + n}, L::kNone);
+        for (int64_t r = 0; r < n; ++r) hidden_rows.push_back(static_cast<int32_t>(results[i].row0 + r));
+        if (k > 0) {
+            draft_rows.push_back(static_cast<int32_t>(mtp_tokens + valid - 1));
+            drafting.push_back({&seq, static_cast<int>(k)});
+        }
+        mtp_tokens += n;
     }
     // A lockstep rank runs the MTP layer K times every step, drafting or not: its MoE layer is a
     // collective of all ranks, like every other.
     const bool every_pass = config_.lockstep;
     if (hidden_rows.empty() && !every_pass) return;
-    const std::vector<int32_t> first = runner_->draft_mtp(mb.build(), hidden_rows, false, cache_);
+    const auto draft_start = clock_type::now();
+    model::StepBatch pass = mb.build();
+    pass.logit_rows = std::move(draft_rows);
+    const std::vector<int32_t> first = runner_->draft_mtp(pass, hidden_rows, false, cache_);
     for (size_t q = 0; q < drafting.size(); ++q) drafting[q].seq->draft = {first.at(q)};
     // Further drafts: the MTP layer again, on the draft it just made and its own hidden state.
     for (int c = 1; c < config_.mtp_draft_tokens; ++c) {
@@ -551,6 +586,13 @@ void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::Step
         }
         drafting = std::move(kept);
     }
+    add_time(&EngineStats::draft_microseconds, draft_start);
+}
+
+void Engine::add_time(int64_t EngineStats::*counter, clock_type::time_point t0) {
+    const int64_t us = microseconds_since(t0);
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    stats_.*counter += us;
 }
 
 // Gauges are copied under the stats lock by the engine thread, so stats() never reads the

@@ -168,6 +168,9 @@ struct EngineStats {
     int64_t requests_received = 0, requests_finished = 0, requests_aborted = 0, requests_failed = 0;
     int64_t prompt_tokens = 0, generation_tokens = 0, cached_prompt_tokens = 0, steps = 0, preemptions = 0;
     int64_t draft_tokens = 0, accepted_draft_tokens = 0;  // MTP speculative decoding
+    // Wall time in the runner: its forward passes (with MTP: the checking steps) and the MTP
+    // layer's drafting passes — the step time, split, whatever the runner.
+    int64_t forward_microseconds = 0, draft_microseconds = 0;
     int64_t waiting = 0, running = 0;
     int64_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_cached = 0;
     static constexpr double kBuckets[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
@@ -195,6 +198,8 @@ struct EngineStats {
         {"preemptions", &EngineStats::preemptions},
         {"draft_tokens", &EngineStats::draft_tokens},
         {"accepted_draft_tokens", &EngineStats::accepted_draft_tokens},
+        {"forward_microseconds", &EngineStats::forward_microseconds},
+        {"draft_microseconds", &EngineStats::draft_microseconds},
         {"waiting", &EngineStats::waiting},
         {"running", &EngineStats::running},
         {"kv_blocks_total", &EngineStats::kv_blocks_total},
@@ -266,6 +271,8 @@ class Engine : public RequestService {
     void publish_gauges();
     void postprocess(Active& a, int32_t token);
     void step_speculative(std::vector<ScheduledSeq>& work, const model::StepBatch& batch);
+    // Adds the microseconds since t0 to a timing counter of stats_.
+    void add_time(int64_t EngineStats::*counter, std::chrono::steady_clock::time_point t0);
     void finish(Active& a, const std::string& reason, std::vector<int32_t> tokens = {});
     void emit(Active& a, std::string text, std::vector<int32_t> tokens, bool finished, const std::string& reason);
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <tuple>
@@ -95,8 +96,10 @@ struct CudaModel::Impl {
     struct Graph {
         cudaGraphExec_t exec = nullptr;
     };
-    // (q, requests, sampled, every row's logits, hidden states kept) -> graph
-    std::map<std::tuple<int64_t, int64_t, bool, bool, bool>, Graph> graphs;
+    // What a graph runs: the model's step, or an MTP pass (reading normed_all, or chained mtp_hidden).
+    enum class Pass { kModel, kMtp, kMtpChained };
+    // (pass, q, requests, sampled, every row's logits, hidden states kept) -> graph
+    std::map<std::tuple<Pass, int64_t, int64_t, bool, bool, bool>, Graph> graphs;
 
     ~Impl() {
         drop_graphs();
@@ -191,21 +194,26 @@ struct CudaModel::Impl {
         ops::launch_sample(logits.get(), rows_n, Vocab, sampling.get(), nullptr, out_tokens.get(), stream);
     }
 
-    // Replays the graph of (q, R requests, sample, all_rows, keep_hidden), capturing it first when
-    // there is none; the step's inputs are already in the fixed arrays.
-    void replay(int64_t q, int64_t R, int rows_n, bool sample, bool all_rows, bool keep_hidden) {
-        auto& g = graphs[{q, R, sample, all_rows, keep_hidden}];
-        const int T = static_cast<int>(q * R), max_q = static_cast<int>(q);
+    // Replays the graph of `key`, capturing `body` first when there is none; the step's inputs
+    // are already in the fixed arrays.
+    void replay(const decltype(graphs)::key_type& key, const std::function<void()>& body) {
+        auto& g = graphs[key];
         if (g.exec == nullptr) {
             // The step runs eagerly — cuBLASLt plans and workspaces are created outside the
             // capture — and is then captured, not replayed: every step is exactly one run, so under
             // expert parallelism each rank takes part in each MoE exchange once per step.
-            run(T, static_cast<int>(R), max_q, rows_n, sample, keep_hidden);
+            body();
             FANOUT_CUDA_CHECK(cudaStreamSynchronize(stream));
-            g.exec = capture_graph(stream, [&] { run(T, static_cast<int>(R), max_q, rows_n, sample, keep_hidden); });
+            g.exec = capture_graph(stream, body);
             return;
         }
         FANOUT_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));
+    }
+    // The model's step of R requests of q tokens from its graph.
+    void replay_step(int64_t q, int64_t R, int rows_n, bool sample, bool all_rows, bool keep_hidden) {
+        const int T = static_cast<int>(q * R);
+        replay({Pass::kModel, q, R, sample, all_rows, keep_hidden},
+               [&] { run(T, static_cast<int>(R), static_cast<int>(q), rows_n, sample, keep_hidden); });
     }
 
     // Checks a step against the runner's limits (token ids, cache slots, lengths, logit rows).
@@ -301,7 +309,10 @@ size_t CudaModel::workspace_bytes(const io::ModelConfig& c, const CudaModelOptio
 
 size_t CudaModel::graph_bytes(const io::ModelConfig&, const CudaModelOptions& opts) {
     if (!opts.cuda_graphs) return 0;
-    const size_t buckets = decode_buckets(opts).size();
+    // Per bucket the step's graph, and with MTP the first pass's and (more than one draft) the
+    // chained pass's.
+    const size_t per_bucket = opts.mtp_draft_tokens == 0 ? 1 : opts.mtp_draft_tokens == 1 ? 2 : 3;
+    const size_t buckets = decode_buckets(opts).size() * per_bucket;
     // NOTE: an estimate per graph (its kernel nodes), with room for the MLA workspace and cuBLASLt
     // plans the first run allocates. capture_decode_graphs() measured 38 MB for the first bucket
     // and under the 2 MB page of cudaMemGetInfo for each other at V3's widths (docs/PERF.md).
@@ -441,7 +452,7 @@ std::vector<int32_t> CudaModel::forward_sample(const StepBatch& batch, std::span
     const bool sample = !sampling.empty();
 
     if (graph) {
-        m.replay(q, R_pad, rows_step, sample, all_rows, keep_hidden);
+        m.replay_step(q, R_pad, rows_step, sample, all_rows, keep_hidden);
     } else {
         // A prefill chunk of one request runs attention in the MHA form; other eager steps (several
         // requests, short queries) in the absorbed form.
@@ -482,13 +493,31 @@ std::vector<int32_t> CudaModel::draft_mtp(const StepBatch& batch, std::span<cons
     for (int32_t r : hidden_rows)
         FANOUT_CHECK(r >= 0 && r < kept, "draft_mtp: hidden row {} outside the {} kept by the last {}", r, kept,
                      chained ? "MTP pass" : "all_hidden step");
-    const int rows_step = m.upload_step(batch, R, 1, false);
-    m.prev_rows.upload(hidden_rows.data(), hidden_rows.size(), m.stream);
+    // Graphs serve passes whose requests all have the same query length and one logit row each (at
+    // any of its rows): the engine pads a pass over checked chunks to the chunk's length.
+    const int64_t q = batch.query_start[1] - batch.query_start[0];
+    bool uniform = rows_n == R;
+    for (int64_t r = 0; r < R && uniform; ++r)
+        uniform = batch.query_start[r + 1] - batch.query_start[r] == q && batch.logit_rows[r] >= batch.query_start[r] &&
+                  batch.logit_rows[r] < batch.query_start[r + 1];
+    const int64_t R_pad = next_pow2(R);
+    const bool graph = m.opts.cuda_graphs && uniform && q <= kMaxGraphQueryLen && R_pad * q <= m.opts.max_step_tokens &&
+                       R_pad <= m.opts.max_requests;
+    const int rows_step = m.upload_step(batch, graph ? R_pad : R, q, false);
+    std::vector<int32_t> prev(hidden_rows.begin(), hidden_rows.end());
+    prev.resize(static_cast<size_t>(graph ? R_pad * q : T), 0);  // padding requests read row 0
+    m.prev_rows.upload(prev.data(), prev.size(), m.stream);
     const std::vector<ops::SamplingRow> greedy(static_cast<size_t>(rows_step));
     if (rows_step > 0) m.sampling.upload(greedy.data(), greedy.size(), m.stream);
-    const bool prefill = R == 1 && T > kMaxGraphQueryLen && batch.kv_len[0] <= mha_context_limit(m.opts);
-    m.run_mtp(static_cast<int>(T), static_cast<int>(R), static_cast<int>(batch.max_query_len()), rows_step, chained,
-              prefill ? batch.kv_len[0] : 0);
+    if (graph) {
+        const int Tg = static_cast<int>(R_pad * q);
+        m.replay({chained ? Impl::Pass::kMtpChained : Impl::Pass::kMtp, q, R_pad, true, false, false},
+                 [&] { m.run_mtp(Tg, static_cast<int>(R_pad), static_cast<int>(q), rows_step, chained, 0); });
+    } else {
+        const bool prefill = R == 1 && T > kMaxGraphQueryLen && batch.kv_len[0] <= mha_context_limit(m.opts);
+        m.run_mtp(static_cast<int>(T), static_cast<int>(R), static_cast<int>(batch.max_query_len()), rows_step,
+                  chained, prefill ? batch.kv_len[0] : 0);
+    }
     std::vector<int32_t> out(static_cast<size_t>(rows_n));
     if (rows_n > 0)
         FANOUT_CUDA_CHECK(cudaMemcpyAsync(out.data(), m.out_tokens.get(), out.size() * sizeof(int32_t),
@@ -518,7 +547,23 @@ std::vector<CudaModel::GraphCapture> CudaModel::capture_decode_graphs() {
         size_t free_before = 0, free_after = 0, total = 0;
         FANOUT_CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
         const auto t0 = std::chrono::steady_clock::now();
-        m.replay(q, R, rows_step, true, mtp, mtp);
+        m.replay_step(q, R, rows_step, true, mtp, mtp);
+        if (mtp) {
+            // The MTP passes of a decode step: over the checked chunks (padded to q rows), then
+            // chained over one draft each.
+            const std::vector<int32_t> zeros(static_cast<size_t>(R * q), 0);
+            m.prev_rows.upload(zeros.data(), zeros.size(), m.stream);
+            const int first_rows = m.upload_step(none, R, q, false);
+            m.replay({Impl::Pass::kMtp, q, R, true, false, false}, [&] {
+                m.run_mtp(static_cast<int>(R * q), static_cast<int>(R), static_cast<int>(q), first_rows, false, 0);
+            });
+            if (m.opts.mtp_draft_tokens > 1) {
+                const int chained_rows = m.upload_step(none, R, 1, false);
+                m.replay({Impl::Pass::kMtpChained, 1, R, true, false, false}, [&] {
+                    m.run_mtp(static_cast<int>(R), static_cast<int>(R), 1, chained_rows, true, 0);
+                });
+            }
+        }
         FANOUT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
         if (m.opts.ep) m.opts.ep->raise_if_failed();
         FANOUT_CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
