@@ -2,11 +2,13 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "fanout/core/parallel.h"
+#include "fanout/engine/engine.h"
 #include "fanout/io/tokenizer.h"
 #include "fanout/kv/paged_kv_cache.h"
 #include "fanout/model/deepseek_v3.h"
@@ -49,6 +51,23 @@ model::ForwardOptions forward_options(const ModelArgs& a);
 // --ep N and --ranks threads|processes: the expert-parallel ranks of a command (deployment.h).
 // `ep` 0 means 1, or the world of the MPI launcher.
 void add_rank_options(CLI::App* cmd, int& ep, std::string& ranks);
+// --microbatch on|off|auto and --microbatch-min-tokens N: the two-microbatch schedule
+// (engine::EngineConfig::microbatch).
+struct MicrobatchArgs {
+    std::string mode = "auto";
+    int64_t min_tokens = std::numeric_limits<int64_t>::max();
+    void apply(engine::EngineConfig& c) const {
+        c.microbatch = engine::parse_microbatch(mode);
+        c.microbatch_min_tokens = min_tokens;
+    }
+    // Whether a step of `tokens` tokens runs as two microbatches (one engine, no group).
+    bool on_for(int64_t tokens) const {
+        const auto m = engine::parse_microbatch(mode);
+        return m == engine::EngineConfig::Microbatch::kOn ||
+               (m == engine::EngineConfig::Microbatch::kAuto && tokens >= min_tokens);
+    }
+};
+void add_microbatch_options(CLI::App* cmd, MicrobatchArgs& a);
 kv::PagedKvCache make_cache(const model::DeepseekV3& m, int64_t tokens, const ModelArgs& a);
 // The model folder's tokenizer; the error says how to get one for synthetic models.
 io::Tokenizer load_tokenizer(const std::string& model_dir);

@@ -88,6 +88,7 @@ struct GenerateArgs {
     int ep = 0;  // 0: 1, or the MPI launcher's world
     std::string ranks = "threads";
     int mtp = 0;  // MTP draft tokens per step
+    MicrobatchArgs microbatch;
 };
 
 // generate through the engine — the one runner path `serve` uses: rank 0's engine runs the
@@ -105,6 +106,7 @@ void generate_through_engine(GenerateArgs& a, Deployment& d, const io::Tokenizer
     ec.scheduler.prefill_chunk = a.req.prefill_chunk;
     ec.num_kv_blocks = std::max<int64_t>(1, (context + kv::kDefaultBlockSize - 1) / kv::kDefaultBlockSize);
     ec.mtp_draft_tokens = a.mtp;
+    a.microbatch.apply(ec);
     const DType kv_dtype = a.model.kv_dtype == "bf16" ? DType::kBF16 : DType::kF32;
     // As serve: small query lengths in the absorbed form (the engine raises it for MTP's checking steps).
     model::ForwardOptions opts = forward_options(a.model);
@@ -219,6 +221,7 @@ struct ScoreArgs {
     std::string token_ids, output;
     int ep = 0;  // 0: 1, or the MPI launcher's world
     std::string ranks = "threads";
+    MicrobatchArgs microbatch;
 };
 
 void write_logits(const std::string& path, const Tensor& logits) {
@@ -238,6 +241,8 @@ void run_score(ScoreArgs& a) {
     FANOUT_CHECK(a.ep == 1 || a.model.device == "cpu",
                  "--ep {}: expert parallelism runs on the CPU path so far; the GPU runner holds every expert (--ep 1)",
                  a.ep);
+    FANOUT_CHECK(a.model.device == "cpu" || a.microbatch.mode != "on",
+                 "--microbatch on: the two-microbatch schedule runs on the CPU path so far (--device cpu)");
     std::unique_ptr<model::EpThreadGroup> group;
     std::unique_ptr<model::DeepseekV3> m;
     if (d.world > 1)  // this process's rank; the others are processes of the launcher
@@ -269,6 +274,7 @@ void run_score(ScoreArgs& a) {
         kv::SequenceBlocks seq;
         cache.reserve(seq, T);
         auto batch = model::StepBatchBuilder(cache).add(ids, 0, seq, model::StepBatchBuilder::Logits::kAll).build();
+        batch.microbatch = a.microbatch.on_for(T);
         if (group) {
             logits = group->forward(batch, cache).logits;  // a step of every rank
         } else if (d.world > 1) {
@@ -277,11 +283,15 @@ void run_score(ScoreArgs& a) {
                          "score's ranks as processes exchange tokens over MPI: start them with mpirun");
             // One step of the group: rank 0 the sequence, the others an empty step serving their experts.
             auto ep = comm::make_mpi_ep(m->ep_config(ParallelConfig{d.rank, d.world, 1}, T), d.comm);
+            auto microbatch_ep =
+                comm::make_mpi_ep(m->ep_config(ParallelConfig{d.rank, d.world, 1}, T), d.microbatch_comm());
             model::ForwardOptions o = forward_options(a.model);
             o.ep = ep.get();
+            o.microbatch_ep = microbatch_ep.get();
             ThreadPool pool(a.model.threads);
-            const auto out =
-                m->forward(d.rank == 0 ? batch : model::StepBatchBuilder(cache).build(), cache, o, Stream{&pool});
+            model::StepBatch empty = model::StepBatchBuilder(cache).build();
+            empty.microbatch = batch.microbatch;  // every rank's exchanges the same way
+            const auto out = m->forward(d.rank == 0 ? batch : empty, cache, o, Stream{&pool});
             if (d.rank != 0) return;
             logits = out.logits;
 #endif
@@ -320,6 +330,7 @@ void add_model_commands(CLI::App& app) {
     auto& r = gen_args->req;
     gen->add_option("--max-tokens", r.max_tokens, "tokens to generate at most")->capture_default_str();
     add_rank_options(gen, gen_args->ep, gen_args->ranks);
+    add_microbatch_options(gen, gen_args->microbatch);
     gen->add_option("--mtp", gen_args->mtp,
                     "MTP speculative decoding: draft tokens per step (0 = off; at most 3 on the GPU)")
         ->check(CLI::Range(0, engine::Engine::kMaxDraftTokens))
@@ -337,6 +348,7 @@ void add_model_commands(CLI::App& app) {
     add_model_args(score, score_args->model);
     score->add_option("--token-ids", score_args->token_ids, "token ids, comma-separated")->required();
     add_rank_options(score, score_args->ep, score_args->ranks);
+    add_microbatch_options(score, score_args->microbatch);
     score->add_option("--output", score_args->output, "file for raw little-endian float32 logits [T, vocab]")
         ->required();
     score->callback([score_args] { run_score(*score_args); });

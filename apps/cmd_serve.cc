@@ -48,6 +48,7 @@ struct ServeArgs {
     std::string ep_backend;  // empty: local at EP1 or on the CPU, nvlink for GPU ranks on one host, else nccl
     engine::PlacementConfig dp_placement;
     int mtp = 0;  // MTP draft tokens per step (0 = off)
+    MicrobatchArgs microbatch;
 };
 
 void run_serve(ServeArgs& a) {
@@ -83,6 +84,7 @@ void run_serve(ServeArgs& a) {
     ec.scheduler = a.scheduler;
     ec.dp_placement = a.dp_placement;
     ec.mtp_draft_tokens = a.mtp;
+    a.microbatch.apply(ec);
     // The memory plan before a byte is loaded: what does not fit is refused now (exit 2), naming the
     // flag. CPU: the KV cache is --kv-memory-gb (default 1) of host memory; GPU: --kv-memory-gb, or
     // what is left of --gpu-memory-utilization of the device after weights and step buffers.
@@ -332,6 +334,7 @@ void add_engine_options(CLI::App* cmd, ServeArgs& aa) {
     ServeArgs* a = &aa;
     add_model_args(cmd, a->model);
     add_rank_options(cmd, a->ep, a->ranks);
+    add_microbatch_options(cmd, a->microbatch);
     cmd->add_option("--ep-backend", a->ep_backend,
                     "how GPU ranks exchange tokens: nvlink (NCCL's device API, one NVLink domain) or nccl (anywhere); "
                     "local: one GPU holding every expert (default: local at --ep 1, nvlink when every rank is on this "

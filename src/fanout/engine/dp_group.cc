@@ -12,9 +12,10 @@ namespace {
 using json = nlohmann::json;
 
 // The wire form of the control messages: MessagePack of these JSON shapes.
-//   step (rank 0 → all): {"stop": bool, "assign": [{"rank", "id", "params": {...}}], "cancel": [[rank, id]]}
+//   step (rank 0 → all): {"stop": bool, "microbatch": bool, "assign": [{"rank", "id", "params": {...}}],
+//                         "cancel": [[rank, id]]}
 //   report (rank → 0):   {"events": [{"id", "text", "tokens", "finished", "reason", "p", "c", "cached", "d", "a"}],
-//                         "stats": {...}, "kv": [{"reset", "stored": [hash], "removed": [hash]}]}
+//                         "stats": {...}, "kv": [{"reset", "stored": [hash], "removed": [hash]}], "n": step tokens}
 json params_to_json(const RequestParams& p) {
     json bias = json::array();
     for (const auto& [id, b] : p.sampling.logit_bias) bias.push_back({id, b});
@@ -110,6 +111,7 @@ DpRank::DpRank(std::unique_ptr<Engine> engine, std::unique_ptr<comm::ControlPlan
       load_requests_(static_cast<size_t>(control_->world()), 0),
       load_tokens_(static_cast<size_t>(control_->world()), 0),
       rank_stats_(static_cast<size_t>(control_->world())),
+      last_step_tokens_(static_cast<size_t>(control_->world()), 0),
       placer_(engine_ ? engine_->config().dp_placement : PlacementConfig{}, control_->world()) {
     FANOUT_CHECK(engine_ && engine_->config().lockstep,
                  "DP rank {}: its engine must step in lockstep (EngineConfig::lockstep)", control_->rank());
@@ -184,7 +186,13 @@ Placer::Choice DpRank::place(const std::vector<int32_t>& prompt) const {
 std::vector<uint8_t> DpRank::next_step_message() {
     std::unique_lock lock(mutex_);
     cv_.wait(lock, [&] { return stopping_ || !pending_.empty() || !proxies_.empty(); });
-    json msg = {{"stop", stopping_}, {"assign", json::array()}, {"cancel", json::array()}};
+    // The two-microbatch schedule for the step, the same on every rank (its exchanges are
+    // collectives): under auto, on when the largest rank's last step reached the threshold.
+    const EngineConfig& ec = engine_->config();
+    const int64_t largest =
+        last_step_tokens_.empty() ? 0 : *std::max_element(last_step_tokens_.begin(), last_step_tokens_.end());
+    const bool microbatch = ec.microbatch == EngineConfig::Microbatch::kAuto && largest >= ec.microbatch_min_tokens;
+    json msg = {{"stop", stopping_}, {"microbatch", microbatch}, {"assign", json::array()}, {"cancel", json::array()}};
     if (!stopping_) {
         for (Pending& p : pending_) {
             const int best = placer_.choose(p.hashes, targets_locked()).target;
@@ -209,6 +217,7 @@ void DpRank::apply_step_message(const std::vector<uint8_t>& bytes, bool* stop) {
     try {
         *stop = msg.at("stop").get<bool>();
         if (*stop) return;
+        engine_->set_group_microbatch(msg.at("microbatch").get<bool>());
         for (const auto& a : msg.at("assign")) {
             if (a.at("rank").get<int>() != rank()) continue;
             const int64_t id = a.at("id").get<int64_t>();
@@ -264,7 +273,10 @@ std::vector<uint8_t> DpRank::report() {
             if (c.reset || !c.stored.empty() || !c.removed.empty())
                 kv.push_back({{"reset", c.reset}, {"stored", std::move(c.stored)}, {"removed", std::move(c.removed)}});
     }
-    return json::to_msgpack(json{{"events", events}, {"stats", stats_to_json(engine_->stats())}, {"kv", kv}});
+    return json::to_msgpack(json{{"events", events},
+                                 {"stats", stats_to_json(engine_->stats())},
+                                 {"kv", kv},
+                                 {"n", engine_->last_step_tokens()}});
 }
 
 // Rank 0: every rank's events to the callers' handles.
@@ -275,8 +287,10 @@ void DpRank::deliver(const std::vector<std::vector<uint8_t>>& reports) {
         std::vector<std::pair<std::shared_ptr<RequestHandle>, RequestEvent>> out;
         try {
             EngineStats s = stats_from_json(rep.at("stats"));
+            const int64_t step_tokens = rep.at("n").get<int64_t>();
             std::lock_guard lock(mutex_);
             rank_stats_[r] = s;
+            last_step_tokens_[static_cast<size_t>(r)] = step_tokens;
             for (const auto& c : rep.at("kv"))
                 apply_kv_change_locked(r, c.at("reset").get<bool>(), c.at("stored").get<std::vector<uint64_t>>(),
                                        c.at("removed").get<std::vector<uint64_t>>());
@@ -379,15 +393,15 @@ void DpRank::run() {
     fail_all("", "abort");  // stopped: what was still running ends now
 }
 
-DpThreadGroup::DpThreadGroup(std::vector<std::unique_ptr<Engine>> engines, std::unique_ptr<comm::LocalFabric> fabric,
+DpThreadGroup::DpThreadGroup(std::vector<std::unique_ptr<Engine>> engines,
+                             std::vector<std::unique_ptr<comm::LocalFabric>> fabrics,
                              std::vector<std::unique_ptr<comm::ExpertParallel>> endpoints,
                              std::chrono::milliseconds timeout)
-    : fabric_(std::move(fabric)), endpoints_(std::move(endpoints)) {
+    : fabrics_(std::move(fabrics)), endpoints_(std::move(endpoints)) {
     const int world = static_cast<int>(engines.size());
     FANOUT_CHECK(world >= 1, "DP group: no ranks");
-    comm::LocalFabric* f = fabric_.get();
-    hub_ = std::make_unique<comm::LocalControlHub>(world, timeout, [f](const std::string& reason) {
-        if (f) f->abort(reason);
+    hub_ = std::make_unique<comm::LocalControlHub>(world, timeout, [this](const std::string& reason) {
+        for (auto& f : fabrics_) f->abort(reason);
     });
     for (int r = 0; r < world; ++r)
         ranks_.push_back(std::make_unique<DpRank>(std::move(engines[r]), hub_->endpoint(r)));
@@ -421,21 +435,25 @@ std::unique_ptr<DpThreadGroup> make_cpu_dp_threads(std::vector<std::unique_ptr<m
     const int ep = static_cast<int>(models.size());
     FANOUT_CHECK(ep >= 1, "DP group: no models");
     config.lockstep = true;
-    std::unique_ptr<comm::LocalFabric> fabric;
-    std::vector<std::unique_ptr<comm::ExpertParallel>> endpoints;
+    std::vector<std::unique_ptr<comm::LocalFabric>> fabrics;
+    std::vector<std::unique_ptr<comm::ExpertParallel>> endpoints;  // [fabric][rank], flattened
     if (ep > 1) {
-        fabric = std::make_unique<comm::LocalFabric>(
-            models[0]->ep_config(ParallelConfig{0, ep, 1}, config.scheduler.max_batched_tokens));
-        for (int r = 0; r < ep; ++r) endpoints.push_back(fabric->endpoint(r));
+        const int n = config.microbatch == EngineConfig::Microbatch::kOff ? 1 : 2;
+        for (int f = 0; f < n; ++f) {
+            fabrics.push_back(std::make_unique<comm::LocalFabric>(
+                models[0]->ep_config(ParallelConfig{0, ep, 1}, config.scheduler.max_batched_tokens)));
+            for (int r = 0; r < ep; ++r) endpoints.push_back(fabrics.back()->endpoint(r));
+        }
     }
     std::vector<std::unique_ptr<Engine>> engines;
     for (int r = 0; r < ep; ++r) {
         model::ForwardOptions o = opts;
         o.ep = ep > 1 ? endpoints[r].get() : nullptr;
+        o.microbatch_ep = fabrics.size() > 1 ? endpoints[ep + r].get() : nullptr;
         auto runner = std::make_unique<DeepseekRunner>(std::move(models[r]), o, threads, kv_dtype);
         engines.push_back(std::make_unique<Engine>(std::move(runner), tokenizer, config));
     }
-    return std::make_unique<DpThreadGroup>(std::move(engines), std::move(fabric), std::move(endpoints));
+    return std::make_unique<DpThreadGroup>(std::move(engines), std::move(fabrics), std::move(endpoints));
 }
 
 }  // namespace fanout::engine

@@ -99,6 +99,7 @@ class DpRank : public RequestService {
     std::map<int64_t, Proxy> proxies_;                  // handed out, not finished: the caller's handle and its rank
     std::vector<int64_t> load_requests_, load_tokens_;  // per rank: unfinished requests, tokens left
     std::vector<EngineStats> rank_stats_;
+    std::vector<int64_t> last_step_tokens_;          // per rank: its last step's tokens (auto microbatch)
     Placer placer_;                                  // every rank's cached blocks and the policy
     std::unordered_map<uint64_t, int> union_count_;  // a cached block hash: on how many ranks
     KvEventHub union_events_;                        // its changes: 0 -> 1 ranks stored, 1 -> 0 removed
@@ -112,10 +113,11 @@ class DpRank : public RequestService {
 // the `local` EP fabric joins their models' experts, a local control plane their steps.
 class DpThreadGroup {
   public:
-    // engines[r] is rank r's (lockstep), its runner holding endpoints[r] of `fabric` (null when the
-    // runners need no EP fabric: one rank, or test fakes); the group keeps the fabric and
-    // endpoints alive for the engines, and a failure aborts the fabric too.
-    DpThreadGroup(std::vector<std::unique_ptr<Engine>> engines, std::unique_ptr<comm::LocalFabric> fabric,
+    // engines[r] is rank r's (lockstep), its runner holding endpoints of `fabrics` (none when the
+    // runners need no EP fabric: one rank, or test fakes — else one, and a second for the second
+    // microbatch); the group keeps the fabrics and endpoints alive for the engines, and a failure
+    // aborts the fabrics too.
+    DpThreadGroup(std::vector<std::unique_ptr<Engine>> engines, std::vector<std::unique_ptr<comm::LocalFabric>> fabrics,
                   std::vector<std::unique_ptr<comm::ExpertParallel>> endpoints,
                   std::chrono::milliseconds timeout = std::chrono::minutes(10));
     ~DpThreadGroup();
@@ -132,7 +134,7 @@ class DpThreadGroup {
     std::string failure() const;
 
   private:
-    std::unique_ptr<comm::LocalFabric> fabric_;
+    std::vector<std::unique_ptr<comm::LocalFabric>> fabrics_;
     std::vector<std::unique_ptr<comm::ExpertParallel>> endpoints_;
     std::unique_ptr<comm::LocalControlHub> hub_;
     std::vector<std::unique_ptr<DpRank>> ranks_;
@@ -141,8 +143,9 @@ class DpThreadGroup {
 
 // The CPU path's group: models[r] loaded with ParallelConfig{r, models.size()} (its block of
 // routed experts), each the runner of rank r's engine (`config` with lockstep set; `opts` with
-// the rank's EP endpoint; `threads` CPU threads and `kv_dtype` per rank), joined by one `local`
-// fabric sized for steps of config.scheduler.max_batched_tokens tokens per rank.
+// the rank's EP endpoints; `threads` CPU threads and `kv_dtype` per rank), joined by a `local`
+// fabric sized for steps of config.scheduler.max_batched_tokens tokens per rank — and a second for
+// the second microbatch unless config.microbatch is off.
 std::unique_ptr<DpThreadGroup> make_cpu_dp_threads(std::vector<std::unique_ptr<model::DeepseekV3>> models,
                                                    EngineConfig config, const model::ForwardOptions& opts, int threads,
                                                    DType kv_dtype, const io::Tokenizer* tokenizer);

@@ -41,6 +41,19 @@ std::vector<int32_t> ModelRunner::draft_mtp(const model::StepBatch&, std::span<c
     FANOUT_FAIL("this model runner does not draft with MTP (draft_mtp)");
 }
 
+std::string DeepseekRunner::microbatch_support() const {
+    if (opts_.ep != nullptr && opts_.microbatch_ep == nullptr)
+        return "this rank has no second EP group for the second microbatch";
+    return "";
+}
+
+EngineConfig::Microbatch parse_microbatch(const std::string& name) {
+    if (name == "off") return EngineConfig::Microbatch::kOff;
+    if (name == "on") return EngineConfig::Microbatch::kOn;
+    if (name == "auto") return EngineConfig::Microbatch::kAuto;
+    FANOUT_FAIL("--microbatch '{}': choose on, off or auto", name);
+}
+
 std::string DeepseekRunner::enable_mtp(int draft_tokens) {
     if (!model_->weights().mtp) return "this model has no MTP layer (num_nextn_predict_layers = 0)";
     opts_.absorbed_max_query = std::max<int64_t>(opts_.absorbed_max_query, 1 + draft_tokens);
@@ -168,6 +181,16 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const io::Tokenizer* tokeniz
       max_context_(std::min<int64_t>(runner_->max_context(), config.num_kv_blocks * cache_.config().block_size)),
       eos_(runner_->eos_ids()) {
     stats_.kv_blocks_total = config.num_kv_blocks;
+    FANOUT_CHECK(config.microbatch_min_tokens >= 1, "--microbatch-min-tokens must be >= 1, got {}",
+                 config.microbatch_min_tokens);
+    const bool may_microbatch = config.microbatch == EngineConfig::Microbatch::kOn ||
+                                (config.microbatch == EngineConfig::Microbatch::kAuto &&
+                                 config.microbatch_min_tokens < std::numeric_limits<int64_t>::max());
+    if (may_microbatch) {
+        const std::string why = runner_->microbatch_support();
+        FANOUT_CHECK(why.empty(), "--microbatch {}: {}",
+                     config.microbatch == EngineConfig::Microbatch::kOn ? "on" : "auto", why);
+    }
     if (config.mtp_draft_tokens != 0) {
         FANOUT_CHECK(config.mtp_draft_tokens >= 1 && config.mtp_draft_tokens <= kMaxDraftTokens,
                      "--mtp {}: draft tokens must be in 0..{}", config.mtp_draft_tokens, kMaxDraftTokens);
@@ -366,6 +389,20 @@ bool Engine::step() {
     }
     model::StepBatch batch = builder.build();
     batch.all_hidden = mtp;
+    last_step_tokens_ = batch.num_tokens();
+    switch (config_.microbatch) {
+        case EngineConfig::Microbatch::kOff:
+            batch.microbatch = false;
+            break;
+        case EngineConfig::Microbatch::kOn:
+            batch.microbatch = true;
+            break;
+        case EngineConfig::Microbatch::kAuto:
+            // A lockstep rank runs what its group decided: every rank's exchanges must match.
+            batch.microbatch =
+                config_.lockstep ? group_microbatch_ : batch.num_tokens() >= config_.microbatch_min_tokens;
+            break;
+    }
     if (mtp) {
         std::vector<ScheduledSeq> verified = work;
         step_speculative(verified, batch);
@@ -405,6 +442,7 @@ bool Engine::step() {
     if (work.empty()) return false;  // a lockstep engine's empty step
     std::lock_guard<std::mutex> lock(stats_mutex_);
     ++stats_.steps;
+    if (batch.microbatch) ++stats_.microbatch_steps;
     return true;
 }
 

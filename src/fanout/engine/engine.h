@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -66,6 +67,8 @@ class ModelRunner {
     // rank's pass of the group.
     virtual std::vector<int32_t> draft_mtp(const model::StepBatch& batch, std::span<const int32_t> hidden_rows,
                                            bool chained, kv::PagedKvCache& cache);
+    // The two-microbatch schedule (StepBatch::microbatch): empty when the runner can run it, else why not.
+    virtual std::string microbatch_support() const { return "this model runner does not run two microbatches"; }
 };
 
 // DeepseekV3 on the CPU path.
@@ -83,6 +86,7 @@ class DeepseekRunner : public ModelRunner {
     std::string enable_mtp(int draft_tokens) override;
     std::vector<int32_t> draft_mtp(const model::StepBatch& batch, std::span<const int32_t> hidden_rows, bool chained,
                                    kv::PagedKvCache& cache) override;
+    std::string microbatch_support() const override;
 
   private:
     std::unique_ptr<model::DeepseekV3> model_;
@@ -161,7 +165,18 @@ struct EngineConfig {
     // MTP speculative decoding: draft tokens per decode step (0 = off), proposed by the model's MTP
     // layer (reused for drafts past the first) and verified in the next step.
     int mtp_draft_tokens = 0;
+    // The two-microbatch schedule (StepBatch::microbatch): off, on for every step, or auto — on for
+    // steps of at least microbatch_min_tokens tokens (a DP group: the largest rank's last step,
+    // decided by rank 0 for every rank, since each step's exchanges are collectives). It pays only
+    // where it hides communication, so auto's default threshold is never: the CPU path's exchanges
+    // are memory copies with nothing to hide.
+    enum class Microbatch { kOff, kOn, kAuto };
+    Microbatch microbatch = Microbatch::kAuto;
+    int64_t microbatch_min_tokens = std::numeric_limits<int64_t>::max();
 };
+
+// "off" | "on" | "auto" (the --microbatch flag); throws Error naming the choices.
+EngineConfig::Microbatch parse_microbatch(const std::string& name);
 
 // Counters and latency histograms for /metrics.
 struct EngineStats {
@@ -171,6 +186,7 @@ struct EngineStats {
     // Wall time in the runner: its forward passes (with MTP: the checking steps) and the MTP
     // layer's drafting passes — the step time, split, whatever the runner.
     int64_t forward_microseconds = 0, draft_microseconds = 0;
+    int64_t microbatch_steps = 0;  // steps run as two microbatches
     int64_t waiting = 0, running = 0;
     int64_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_cached = 0;
     static constexpr double kBuckets[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
@@ -200,6 +216,7 @@ struct EngineStats {
         {"accepted_draft_tokens", &EngineStats::accepted_draft_tokens},
         {"forward_microseconds", &EngineStats::forward_microseconds},
         {"draft_microseconds", &EngineStats::draft_microseconds},
+        {"microbatch_steps", &EngineStats::microbatch_steps},
         {"waiting", &EngineStats::waiting},
         {"running", &EngineStats::running},
         {"kv_blocks_total", &EngineStats::kv_blocks_total},
@@ -263,6 +280,11 @@ class Engine : public RequestService {
     int64_t vocab_size() const override { return runner_->vocab_size(); }
     KvEventHub* kv_events() override { return &kv_events_; }
     int64_t kv_block_size() const override { return cache_.config().block_size; }
+    // A lockstep rank under Microbatch::kAuto: whether the group runs its next step as two
+    // microbatches (its DP rank 0 decides for every rank).
+    void set_group_microbatch(bool on) { group_microbatch_ = on; }
+    // Tokens of the last step's batch (0 for an empty step): what auto's group decision reads.
+    int64_t last_step_tokens() const { return last_step_tokens_; }
 
   private:
     struct Active;
@@ -285,6 +307,8 @@ class Engine : public RequestService {
     Scheduler scheduler_;
     int64_t max_context_;
     std::vector<int64_t> eos_;
+    bool group_microbatch_ = false;
+    int64_t last_step_tokens_ = 0;
 
     std::unordered_map<int64_t, std::unique_ptr<Active>> active_;
     std::mutex incoming_mutex_;

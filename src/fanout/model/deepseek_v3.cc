@@ -1,6 +1,7 @@
 #include "fanout/model/deepseek_v3.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "fanout/ops/activation.h"
@@ -49,6 +50,33 @@ int64_t StepBatch::max_query_len() const {
 
 ops::AttentionMetadata StepBatch::attention_metadata() const {
     return {num_requests(), query_start.data(), kv_len.data(), block_table.data(), max_blocks, positions.data()};
+}
+
+std::pair<StepBatch, StepBatch> split_microbatches(const StepBatch& batch) {
+    const int64_t R = batch.num_requests(), T = batch.num_tokens();
+    int64_t r = R == 0 ? 0 : 1;  // the first holds at least one request
+    for (int64_t c = 2; c <= R; ++c)
+        if (std::abs(2 * int64_t{batch.query_start[c]} - T) < std::abs(2 * int64_t{batch.query_start[r]} - T)) r = c;
+    const auto part = [&](int64_t r0, int64_t r1) {
+        StepBatch b;
+        const int32_t t0 = batch.query_start.empty() ? 0 : batch.query_start[r0];
+        const int32_t t1 = batch.query_start.empty() ? 0 : batch.query_start[r1];
+        b.tokens.assign(batch.tokens.begin() + t0, batch.tokens.begin() + t1);
+        b.positions.assign(batch.positions.begin() + t0, batch.positions.begin() + t1);
+        b.slots.assign(batch.slots.begin() + t0, batch.slots.begin() + t1);
+        for (int64_t i = r0; i <= r1 && !batch.query_start.empty(); ++i)
+            b.query_start.push_back(batch.query_start[i] - t0);
+        if (b.query_start.empty()) b.query_start.push_back(0);
+        b.kv_len.assign(batch.kv_len.begin() + r0, batch.kv_len.begin() + r1);
+        b.max_blocks = batch.max_blocks;
+        b.block_table.assign(batch.block_table.begin() + r0 * batch.max_blocks,
+                             batch.block_table.begin() + r1 * batch.max_blocks);
+        for (int32_t row : batch.logit_rows)
+            if (row >= t0 && row < t1) b.logit_rows.push_back(row - t0);
+        b.all_hidden = batch.all_hidden;
+        return b;
+    };
+    return {part(0, r), part(r, R)};
 }
 
 StepBatchBuilder& StepBatchBuilder::add(std::span<const int32_t> tokens, int64_t start, const kv::SequenceBlocks& seq,
@@ -378,9 +406,42 @@ static void check_batch(const StepBatch& batch, const kv::PagedKvCache& cache, i
                      batch.num_tokens());
 }
 
+Tensor DeepseekV3::run_microbatched(const StepBatch& batch, kv::PagedKvCache& cache, const ForwardOptions& opts,
+                                    const Stream& s) const {
+    FANOUT_CHECK(opts.ep == nullptr || opts.microbatch_ep != nullptr,
+                 "a microbatched step under expert parallelism needs the second microbatch's EP group "
+                 "(ForwardOptions::microbatch_ep)");
+    const auto [b0, b1] = split_microbatches(batch);
+    const StepBatch* mb[2] = {&b0, &b1};
+    ForwardOptions o[2] = {opts, opts};
+    o[1].ep = opts.microbatch_ep;
+    LayerState st[2];
+    for (int i = 0; i < 2; ++i) st[i].hidden = embed(weights_.embed, mb[i]->tokens);
+    for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+        const LayerWeights& w = weights_.layers[l];
+        for (int i = 0; i < 2; ++i) {  // the second's attention while the first's tokens are dispatched
+            stage_attn_in(w, l, st[i], *mb[i], cache, s, o[i]);
+            stage_attn_out(w, l, st[i], *mb[i], cache, s, o[i]);
+            stage_dispatch_send(w, st[i], o[i]);
+        }
+        for (int i = 0; i < 2; ++i) {  // the first's experts while the second's tokens are dispatched
+            stage_shared(w, st[i], s, o[i]);
+            stage_experts(w, st[i], s, o[i]);
+        }
+        for (int i = 0; i < 2; ++i) stage_combine(w, st[i], s, o[i]);
+    }
+    const int64_t T0 = st[0].hidden.dim(0), D = config_.hidden_size;
+    Tensor hidden = f32(batch.num_tokens(), D);
+    std::memcpy(hidden.data(), st[0].hidden.data(), st[0].hidden.nbytes());
+    std::memcpy(hidden.data_as<float>() + T0 * D, st[1].hidden.data(), st[1].hidden.nbytes());
+    return hidden;
+}
+
 DeepseekV3::Output DeepseekV3::forward(const StepBatch& batch, kv::PagedKvCache& cache, const ForwardOptions& opts,
                                        const Stream& s) const {
     check_batch(batch, cache, config_.num_hidden_layers - 1);
+    if (batch.microbatch)
+        return head(run_microbatched(batch, cache, opts, s), weights_.final_norm, weights_.lm_head, batch, opts, s);
     LayerState st;
     st.hidden = embed(weights_.embed, batch.tokens);
     for (int64_t l = 0; l < config_.num_hidden_layers; ++l) run_layer(weights_.layers[l], l, st, batch, cache, opts, s);

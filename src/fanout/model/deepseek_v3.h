@@ -19,6 +19,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fanout/comm/ep.h"
@@ -46,6 +47,9 @@ struct ForwardOptions {
     // The server sets model::absorbed_form_max_query (step_cost.h), so small prefill chunks deep in
     // a long context do not re-expand it each step; 1 keeps prefill in the MHA form.
     int64_t absorbed_max_query = 1;
+    // The second microbatch's EP group (StepBatch::microbatch under expert parallelism): a second
+    // endpoint of the same ranks, so both microbatches' exchanges can be in flight at once.
+    comm::ExpertParallel* microbatch_ep = nullptr;
 };
 
 // RoPE's frequencies for a config (YaRN included).
@@ -62,12 +66,22 @@ struct StepBatch {
     int64_t max_blocks = 0;
     std::vector<int32_t> logit_rows;  // rows of [T] whose logits are returned, in order
     bool all_hidden = false;          // Output::hidden for every token, not only the logit rows (MTP drafting)
+    // Run as two microbatches (split_microbatches) whose layers interleave stage by stage, so one's
+    // dispatch and combine are in flight while the other computes (the seed's two-microbatch
+    // schedule). Under expert parallelism every rank of the group runs a step the same way: the
+    // engines agree per step (EngineConfig::microbatch).
+    bool microbatch = false;
 
     int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
     int64_t num_requests() const { return static_cast<int64_t>(kv_len.size()); }
     int64_t max_query_len() const;
     ops::AttentionMetadata attention_metadata() const;
 };
+
+// A step's requests as two microbatches: requests [0, r) and [r, R), r balancing their tokens (the
+// second is empty for one request — it still takes part in the exchanges). Logit rows and
+// positions keep their order: the first's tokens, then the second's, are the step's.
+std::pair<StepBatch, StepBatch> split_microbatches(const StepBatch& batch);
 
 class StepBatchBuilder {
   public:
@@ -142,6 +156,10 @@ class DeepseekV3 {
     Tensor embed(const Tensor& table, std::span<const int32_t> tokens) const;
     void run_layer(const LayerWeights& w, int64_t layer, LayerState& st, const StepBatch& batch,
                    kv::PagedKvCache& cache, const ForwardOptions& opts, const Stream& s) const;
+    // The decoder layers over two microbatches, stage by stage: both attentions and dispatch sends,
+    // then both expert halves, then both combines; returns the residual stream of the whole step.
+    Tensor run_microbatched(const StepBatch& batch, kv::PagedKvCache& cache, const ForwardOptions& opts,
+                            const Stream& s) const;
     Output head(const Tensor& hidden, const Tensor& norm, const ops::LinearWeight& lm_head, const StepBatch& batch,
                 const ForwardOptions& opts, const Stream& s) const;
     void mlp(const MlpWeights& w, const Tensor& x, Tensor& out, const ForwardOptions& opts, const Stream& s) const;

@@ -8,7 +8,12 @@ EpThreadGroup::EpThreadGroup(std::vector<std::unique_ptr<DeepseekV3>> models, in
     FANOUT_CHECK(!models_.empty(), "EP group: no ranks");
     const int ep = size();
     fabric_ = std::make_unique<comm::LocalFabric>(models_[0]->ep_config(ParallelConfig{0, ep, 1}, max_tokens));
-    for (int r = 0; r < ep; ++r) endpoints_.push_back(fabric_->endpoint(r));
+    microbatch_fabric_ =
+        std::make_unique<comm::LocalFabric>(models_[0]->ep_config(ParallelConfig{0, ep, 1}, max_tokens));
+    for (int r = 0; r < ep; ++r) {
+        endpoints_.push_back(fabric_->endpoint(r));
+        microbatch_endpoints_.push_back(microbatch_fabric_->endpoint(r));
+    }
     pool_ = std::make_unique<ThreadPool>(threads_);
     for (int r = 1; r < ep; ++r) followers_.emplace_back([this, r] { follow(r); });
 }
@@ -27,6 +32,7 @@ void EpThreadGroup::fail(int rank, const std::string& what) {
     if (!failure_.empty()) return;
     failure_ = fmt::format("EP rank {} of {} failed: {}", rank, size(), what);
     fabric_->abort(failure_);
+    microbatch_fabric_->abort(failure_);
 }
 
 void EpThreadGroup::follow(int rank) {
@@ -35,16 +41,20 @@ void EpThreadGroup::follow(int rank) {
     ThreadPool pool(threads_);
     ForwardOptions o = opts_;
     o.ep = endpoints_[static_cast<size_t>(rank)].get();
+    o.microbatch_ep = microbatch_endpoints_[static_cast<size_t>(rank)].get();
     int64_t done = 0;
     for (;;) {
+        StepBatch empty = StepBatchBuilder(cache).build();
         {
             std::unique_lock lock(mutex_);
             cv_.wait(lock, [&] { return stopping_ || steps_ > done || !failure_.empty(); });
             if (stopping_ || !failure_.empty()) return;
+            // Rank 0 cannot start the next step before this one's exchanges, which need this rank.
+            empty.microbatch = microbatch_;
         }
         ++done;
         try {
-            m.forward(StepBatchBuilder(cache).build(), cache, o, Stream{&pool});
+            m.forward(empty, cache, o, Stream{&pool});
         } catch (const std::exception& e) {
             fail(rank, e.what());
             return;
@@ -57,10 +67,12 @@ DeepseekV3::Output EpThreadGroup::forward(const StepBatch& batch, kv::PagedKvCac
         std::lock_guard lock(mutex_);
         FANOUT_CHECK(failure_.empty(), "{}", failure_);
         ++steps_;
+        microbatch_ = batch.microbatch;
     }
     cv_.notify_all();
     ForwardOptions o = opts_;
     o.ep = endpoints_[0].get();
+    o.microbatch_ep = microbatch_endpoints_[0].get();
     try {
         return models_[0]->forward(batch, cache, o, Stream{pool_.get()});
     } catch (const std::exception& e) {

@@ -1,7 +1,8 @@
 // Expert-parallel ranks as threads of one process (the CPU path's `--ep N`): N models, each
-// holding its block of routed experts (core/parallel.h), joined by the `local` EP backend. Rank 0
-// is driven by the caller — its forward() is a step of the group — while ranks 1..N-1 follow on
-// their own threads with an empty step each time, serving their experts in every MoE layer's
+// holding its block of routed experts (core/parallel.h), joined by the `local` EP backend (two
+// fabrics: the second microbatch's exchanges have their own). Rank 0 is driven by the caller — its
+// forward() is a step of the group — while ranks 1..N-1 follow on their own threads with an empty
+// step each time (microbatched when rank 0's is), serving their experts in every MoE layer's
 // dispatch and combine. The first failure on any rank stops the group (LocalFabric::abort): the
 // call in progress and every later one throw an Error naming the rank — never a hang.
 #pragma once
@@ -39,12 +40,13 @@ class EpThreadGroup {
 
     std::vector<std::unique_ptr<DeepseekV3>> models_;
     ForwardOptions opts_;
-    std::unique_ptr<comm::LocalFabric> fabric_;
-    std::vector<std::unique_ptr<comm::ExpertParallel>> endpoints_;
+    std::unique_ptr<comm::LocalFabric> fabric_, microbatch_fabric_;
+    std::vector<std::unique_ptr<comm::ExpertParallel>> endpoints_, microbatch_endpoints_;
     std::unique_ptr<ThreadPool> pool_;
     std::mutex mutex_;
     std::condition_variable cv_;
-    int64_t steps_ = 0;  // steps rank 0 has started
+    int64_t steps_ = 0;        // steps rank 0 has started
+    bool microbatch_ = false;  // whether the latest of them runs as two microbatches
     bool stopping_ = false;
     std::string failure_;
     int threads_ = 1;

@@ -49,6 +49,8 @@ std::string render_metrics(const std::string& model_name, const engine::EngineSt
     metric("fanout_kv_cache_cached_blocks", "gauge", "KV blocks held by the prefix cache.", s.kv_blocks_cached);
     metric("fanout_preemptions_total", "counter", "Sequences preempted (recompute).", s.preemptions);
     metric("fanout_engine_steps_total", "counter", "Engine steps run.", s.steps);
+    metric("fanout_engine_microbatch_steps_total", "counter", "Engine steps run as two microbatches.",
+           s.microbatch_steps);
     metric("fanout_engine_forward_seconds_total", "counter",
            "Wall time in the model's forward passes (with MTP: the checking steps).", s.forward_microseconds * 1e-6);
     metric("fanout_spec_draft_seconds_total", "counter", "Wall time in the MTP layer's drafting passes.",
