@@ -150,7 +150,21 @@ void add_microbatch_options(CLI::App* cmd, MicrobatchArgs& a) {
         ->check(CLI::PositiveNumber);
 }
 
-void add_rank_options(CLI::App* cmd, int& ep, std::string& ranks) {
+void check_tp(int tp, int ep, const std::string& ranks, const std::string& device) {
+    if (tp == 1) return;
+    FANOUT_CHECK(ep % tp == 0, "--tp {} must divide --ep {} (EP = DP × TP: each DP group's attention over tp ranks)",
+                 tp, ep);
+    FANOUT_CHECK(device == "cpu", "--tp {}: tensor-parallel attention runs on the CPU path so far (--device cpu)", tp);
+    FANOUT_CHECK(ranks == "threads", "--tp {}: TP groups are ranks as threads of one process so far (--ranks threads)",
+                 tp);
+}
+
+void add_rank_options(CLI::App* cmd, int& ep, std::string& ranks, int& tp) {
+    cmd->add_option("--tp", tp,
+                    "tensor-parallel attention: each DP group's heads split over this many of its --ep ranks (EP = "
+                    "DP × TP; the routed experts stay split over all of them)")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
     cmd->add_option("--ep", ep,
                     "expert-parallel ranks (= data-parallel attention ranks): each holds n_routed_experts / N routed "
                     "experts and runs its own requests, rank 0 taking them in (default 1, or the world of the MPI "

@@ -42,16 +42,16 @@ void require_cuda_build(const ModelArgs& a) {
 
 // The routed experts of the model at a.model split over `ep` ranks, threads of this process
 // (model/ep_group.h), for steps of up to `max_tokens` tokens on rank 0.
-std::unique_ptr<model::EpThreadGroup> load_ep_group(const ModelArgs& a, int ep, int64_t max_tokens) {
+std::unique_ptr<model::EpThreadGroup> load_ep_group(const ModelArgs& a, int ep, int64_t max_tokens, int tp) {
     FANOUT_CHECK(a.device == "cpu",
                  "--ep {}: expert parallelism runs on the CPU path so far (ranks as threads); the GPU runner holds "
                  "every expert (--ep 1)",
                  ep);
     const std::string dir = resolve_model_dir(a.model);
     const io::ModelConfig c = io::load_model_config(dir);
-    validate(ParallelConfig{0, ep, 1}, c.n_routed_experts);  // before loading anything
+    validate(ParallelConfig{0, ep, tp}, c.n_routed_experts);  // before loading anything
     std::vector<std::unique_ptr<model::DeepseekV3>> models;
-    for (int r = 0; r < ep; ++r) models.push_back(load_model(a, {}, ParallelConfig{r, ep, 1}));
+    for (int r = 0; r < ep; ++r) models.push_back(load_model(a, {}, ParallelConfig{r, ep, tp}));
     const int cores = a.threads > 0 ? a.threads : static_cast<int>(std::thread::hardware_concurrency());
     return std::make_unique<model::EpThreadGroup>(std::move(models), max_tokens, forward_options(a),
                                                   std::max(1, cores / ep));
@@ -88,6 +88,7 @@ struct GenerateArgs {
     int ep = 0;  // 0: 1, or the MPI launcher's world
     std::string ranks = "threads";
     int mtp = 0;  // MTP draft tokens per step
+    int tp = 1;   // tensor-parallel attention ranks per DP group
     MicrobatchArgs microbatch;
 };
 
@@ -97,7 +98,8 @@ struct GenerateArgs {
 void generate_through_engine(GenerateArgs& a, Deployment& d, const io::Tokenizer* tokenizer) {
     const std::string dir = resolve_model_dir(a.model.model);
     const io::ModelConfig c = io::load_model_config(dir);
-    validate(ParallelConfig{d.rank, a.ep, 1}, c.n_routed_experts);  // before loading anything
+    check_tp(a.tp, a.ep, a.ranks, a.model.device);
+    validate(ParallelConfig{d.rank, a.ep, a.tp}, c.n_routed_experts);  // before loading anything
     const int64_t context = static_cast<int64_t>(a.req.prompt.size()) + a.req.max_tokens;
     FANOUT_CHECK(a.req.prefill_chunk >= 1, "--prefill-chunk must be >= 1, got {}", a.req.prefill_chunk);
     engine::EngineConfig ec;
@@ -131,9 +133,10 @@ void generate_through_engine(GenerateArgs& a, Deployment& d, const io::Tokenizer
     } else {
         const int local = a.ranks == "threads" ? a.ep : 1;
         std::vector<std::unique_ptr<model::DeepseekV3>> models;
-        for (int r = 0; r < local; ++r) models.push_back(load_model(a.model, {}, ParallelConfig{d.rank + r, a.ep, 1}));
+        for (int r = 0; r < local; ++r)
+            models.push_back(load_model(a.model, {}, ParallelConfig{d.rank + r, a.ep, a.tp}));
         const int cores = a.model.threads > 0 ? a.model.threads : static_cast<int>(std::thread::hardware_concurrency());
-        d.make_cpu_ranks(std::move(models), ec, opts, std::max(1, cores / a.ep), kv_dtype, tokenizer);
+        d.make_cpu_ranks(std::move(models), ec, opts, std::max(1, cores / a.ep), kv_dtype, tokenizer, a.tp);
     }
     if (d.follows()) return d.follow();
     d.start();
@@ -221,6 +224,7 @@ struct ScoreArgs {
     std::string token_ids, output;
     int ep = 0;  // 0: 1, or the MPI launcher's world
     std::string ranks = "threads";
+    int tp = 1;
     MicrobatchArgs microbatch;
 };
 
@@ -238,6 +242,7 @@ void run_score(ScoreArgs& a) {
     require_cuda_build(a.model);
     Deployment d;
     d.join_world(a.ep, a.ranks, a.model.device);
+    check_tp(a.tp, a.ep, a.ranks, a.model.device);
     FANOUT_CHECK(a.ep == 1 || a.model.device == "cpu",
                  "--ep {}: expert parallelism runs on the CPU path so far; the GPU runner holds every expert (--ep 1)",
                  a.ep);
@@ -248,7 +253,7 @@ void run_score(ScoreArgs& a) {
     if (d.world > 1)  // this process's rank; the others are processes of the launcher
         m = load_model(a.model, {}, ParallelConfig{d.rank, d.world, 1});
     else if (a.ep > 1)
-        group = load_ep_group(a.model, a.ep, static_cast<int64_t>(ids.size()));
+        group = load_ep_group(a.model, a.ep, static_cast<int64_t>(ids.size()), a.tp);
     else
         m = load_model(a.model);
     const model::DeepseekV3& lead = group ? group->lead() : *m;
@@ -329,7 +334,7 @@ void add_model_commands(CLI::App& app) {
     gen->add_flag("--chat", gen_args->chat, "render --prompt as a user message with the chat template");
     auto& r = gen_args->req;
     gen->add_option("--max-tokens", r.max_tokens, "tokens to generate at most")->capture_default_str();
-    add_rank_options(gen, gen_args->ep, gen_args->ranks);
+    add_rank_options(gen, gen_args->ep, gen_args->ranks, gen_args->tp);
     add_microbatch_options(gen, gen_args->microbatch);
     gen->add_option("--mtp", gen_args->mtp,
                     "MTP speculative decoding: draft tokens per step (0 = off; at most 3 on the GPU)")
@@ -347,7 +352,7 @@ void add_model_commands(CLI::App& app) {
     auto* score = app.add_subcommand("score", "write the logits of a token sequence");
     add_model_args(score, score_args->model);
     score->add_option("--token-ids", score_args->token_ids, "token ids, comma-separated")->required();
-    add_rank_options(score, score_args->ep, score_args->ranks);
+    add_rank_options(score, score_args->ep, score_args->ranks, score_args->tp);
     add_microbatch_options(score, score_args->microbatch);
     score->add_option("--output", score_args->output, "file for raw little-endian float32 logits [T, vocab]")
         ->required();

@@ -48,6 +48,7 @@ struct ServeArgs {
     std::string ep_backend;  // empty: local at EP1 or on the CPU, nvlink for GPU ranks on one host, else nccl
     engine::PlacementConfig dp_placement;
     int mtp = 0;  // MTP draft tokens per step (0 = off)
+    int tp = 1;   // tensor-parallel attention ranks per DP group
     MicrobatchArgs microbatch;
 };
 
@@ -96,8 +97,9 @@ void run_serve(ServeArgs& a) {
         phase_start = now;
     };
     const io::ModelConfig pre = io::load_model_config(dir);
-    validate(ParallelConfig{d.rank, a.ep, 1}, pre.n_routed_experts);  // before loading anything
-    const int local_ranks = a.ranks == "threads" ? a.ep : 1;          // ranks in this process
+    check_tp(a.tp, a.ep, a.ranks, a.model.device);
+    validate(ParallelConfig{d.rank, a.ep, a.tp}, pre.n_routed_experts);  // before loading anything
+    const int local_ranks = a.ranks == "threads" ? a.ep : 1;             // ranks in this process
     engine::MemoryRequest mr;
     if (a.kv_memory_gb > 0) mr.kv_bytes = a.kv_memory_gb * 1e9;
 #ifdef FANOUT_WITH_CUDA
@@ -152,8 +154,8 @@ void run_serve(ServeArgs& a) {
     phase("plan");
     std::unique_ptr<engine::ModelRunner> runner;
     std::vector<std::unique_ptr<model::DeepseekV3>> rank_models;  // --ep N --ranks threads: ranks 1..N-1
-    for (int r = 1; r < local_ranks; ++r) rank_models.push_back(load_model(a.model, {}, ParallelConfig{r, a.ep, 1}));
-    auto model = load_model(a.model, {}, ParallelConfig{d.rank, a.ep, 1});
+    for (int r = 1; r < local_ranks; ++r) rank_models.push_back(load_model(a.model, {}, ParallelConfig{r, a.ep, a.tp}));
+    auto model = load_model(a.model, {}, ParallelConfig{d.rank, a.ep, a.tp});
     phase(a.model.device == "cuda" ? "bind" : "load and check");
     const io::ModelConfig& c = model->config();
     // Steps are budgeted by work, not tokens (a chunk deep in a long prompt costs more than one at
@@ -222,7 +224,7 @@ void run_serve(ServeArgs& a) {
         const int threads = a.model.threads > 0 ? a.model.threads : std::max(1, cores / sharing);
         if (a.ep > 1) {
             rank_models.insert(rank_models.begin(), std::move(model));
-            d.make_cpu_ranks(std::move(rank_models), ec, opts, threads, kv_dtype, &tokenizer);
+            d.make_cpu_ranks(std::move(rank_models), ec, opts, threads, kv_dtype, &tokenizer, a.tp);
         } else {
             runner = std::make_unique<engine::DeepseekRunner>(std::move(model), opts, a.model.threads, kv_dtype);
         }
@@ -333,7 +335,7 @@ namespace {
 void add_engine_options(CLI::App* cmd, ServeArgs& aa) {
     ServeArgs* a = &aa;
     add_model_args(cmd, a->model);
-    add_rank_options(cmd, a->ep, a->ranks);
+    add_rank_options(cmd, a->ep, a->ranks, a->tp);
     add_microbatch_options(cmd, a->microbatch);
     cmd->add_option("--ep-backend", a->ep_backend,
                     "how GPU ranks exchange tokens: nvlink (NCCL's device API, one NVLink domain) or nccl (anywhere); "

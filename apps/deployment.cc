@@ -183,11 +183,12 @@ void Deployment::join_world(int& ep, std::string& ranks, const std::string& devi
 
 void Deployment::make_cpu_ranks(std::vector<std::unique_ptr<model::DeepseekV3>> models, engine::EngineConfig ec,
                                 const model::ForwardOptions& opts, int threads, DType kv_dtype,
-                                const io::Tokenizer* tokenizer) {
+                                const io::Tokenizer* tokenizer, int tp) {
     if (world == 1) {  // every rank here (world counts processes)
-        this->threads = engine::make_cpu_dp_threads(std::move(models), ec, opts, threads, kv_dtype, tokenizer);
+        this->threads = engine::make_cpu_dp_threads(std::move(models), ec, opts, threads, kv_dtype, tokenizer, tp);
         return;
     }
+    FANOUT_CHECK(tp == 1, "--tp {}: TP groups are ranks as threads of one process so far", tp);
 #ifdef FANOUT_WITH_MPI
     FANOUT_CHECK(mpi != nullptr,
                  "CPU ranks as processes exchange their tokens over MPI: start them with mpirun (or --ranks "

@@ -82,8 +82,10 @@ struct Deployment {
     void announce(const std::string& address);
     // The group's engines from models[r] = rank (this->rank + r)'s model: all ranks as threads when
     // models.size() is the world, else this process's one rank joined to the others over MPI.
+    // `tp`: the models are TP groups of tp consecutive ranks (threads only).
     void make_cpu_ranks(std::vector<std::unique_ptr<model::DeepseekV3>> models, engine::EngineConfig ec,
-                        const model::ForwardOptions& opts, int threads, DType kv_dtype, const io::Tokenizer* tokenizer);
+                        const model::ForwardOptions& opts, int threads, DType kv_dtype, const io::Tokenizer* tokenizer,
+                        int tp = 1);
 
     // This process's rank from its runner (which holds `ep` when world > 1): one engine (world 1),
     // or a lockstep engine joined to the other processes' through the control plane.

@@ -100,6 +100,16 @@ mb4=$("$fanout" generate --model tiny --prompt-ids 1,2,3,4,5 --max-tokens 8 --te
 [[ $ep1 == "$mb4" ]] && ok "generate --ep 4 --microbatch on samples the same tokens as EP1" || bad "generate --microbatch on" "'$mb4' vs '$ep1'"
 mb1=$("$fanout" generate --model tiny --prompt-ids 1,2,3,4,5 --max-tokens 8 --temperature 0.8 --seed 3 --microbatch auto --microbatch-min-tokens 4 2>/dev/null)
 [[ $ep1 == "$mb1" ]] && ok "generate --microbatch auto (prefill microbatched) samples the same tokens" || bad "generate --microbatch auto" "'$mb1' vs '$ep1'"
+# Tensor-parallel attention: EP4 as DP2 × TP2 (threads) — the logits and tokens of EP1.
+"$fanout" score --model tiny --token-ids 1,2,3,4,5 --ep 4 --tp 2 --output "$work/logits_tp2.f32" 2>"$work/stderr"
+diff_tp=$(logits_close "$work/logits.f32" "$work/logits_tp2.f32")
+[[ $diff_tp == equal ]] && ok "score --ep 4 --tp 2 equals EP1 within 1e-5" || bad "score --tp 2" "$diff_tp $(tail -1 "$work/stderr")"
+tp2=$("$fanout" generate --model tiny --prompt-ids 1,2,3,4,5 --max-tokens 8 --temperature 0.8 --seed 3 --ep 4 --tp 2 2>/dev/null)
+[[ $ep1 == "$tp2" ]] && ok "generate --ep 4 --tp 2 samples the same tokens as EP1" || bad "generate --tp 2" "'$tp2' vs '$ep1'"
+expect_error "--tp that does not divide --ep" "--tp 3 must divide --ep 4" \
+    "$fanout" generate --model tiny --prompt-ids 1,2 --ep 4 --tp 3
+expect_error "--tp on the GPU" "tensor-parallel attention runs on the CPU path so far" \
+    "$fanout" score --model tiny --device cuda --token-ids 1,2 --ep 2 --tp 2 --output "$work/x.f32"
 expect_error "--microbatch with a bad mode" "--microbatch: sometimes not in {on,off,auto}" \
     "$fanout" generate --model tiny --prompt-ids 1,2 --microbatch sometimes
 # Ranks as processes: under mpirun (the world from the launcher), and self-launched.

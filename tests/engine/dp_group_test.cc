@@ -214,7 +214,8 @@ TEST(DpGroup, EnginesMustStepInLockstep) {
 // The tiny model's routed experts over 4 EP ranks (threads, the local fabric): a dozen requests
 // handed out over the ranks generate, greedy, exactly what one engine holding every expert does —
 // also with every step as two microbatches (a second fabric), with auto's choice per step (rank 0
-// deciding for every rank from their last steps: some steps each way), and with MTP drafts too.
+// deciding for every rank from their last steps: some steps each way), with MTP drafts, and as two
+// DP ranks of TP groups of two (tensor-parallel attention: EP4 = DP2 × TP2).
 TEST(DpGroup, TinyModelAtEp4GeneratesWhatEp1Generates) {
     const std::string dir = testing::write_tiny_model("dp_group_model", 1000);
     std::vector<RequestParams> params;
@@ -234,25 +235,28 @@ TEST(DpGroup, TinyModelAtEp4GeneratesWhatEp1Generates) {
     struct Mode {
         M microbatch;
         int64_t min_tokens;
-        int mtp;
+        int mtp, tp;
     };
-    for (const Mode mode : {Mode{M::kOff, 1, 0}, Mode{M::kOn, 1, 0}, Mode{M::kAuto, 12, 0}, Mode{M::kOn, 1, 2}}) {
-        SCOPED_TRACE(fmt::format("microbatch {} (min tokens {}), mtp {}", static_cast<int>(mode.microbatch),
-                                 mode.min_tokens, mode.mtp));
+    for (const Mode mode : {Mode{M::kOff, 1, 0, 1}, Mode{M::kOn, 1, 0, 1}, Mode{M::kAuto, 12, 0, 1},
+                            Mode{M::kOn, 1, 2, 1}, Mode{M::kOff, 1, 0, 2}, Mode{M::kOn, 1, 2, 2}}) {
+        SCOPED_TRACE(fmt::format("microbatch {} (min tokens {}), mtp {}, tp {}", static_cast<int>(mode.microbatch),
+                                 mode.min_tokens, mode.mtp, mode.tp));
         EngineConfig c = cfg;
         c.microbatch = mode.microbatch;
         c.microbatch_min_tokens = mode.min_tokens;
         c.mtp_draft_tokens = mode.mtp;
         std::vector<std::unique_ptr<model::DeepseekV3>> models;
-        for (int r = 0; r < 4; ++r) models.push_back(model::DeepseekV3::load(dir, ParallelConfig{r, 4, 1}));
-        auto group = make_cpu_dp_threads(std::move(models), c, model::ForwardOptions{}, 1, DType::kF32, nullptr);
+        for (int r = 0; r < 4; ++r) models.push_back(model::DeepseekV3::load(dir, ParallelConfig{r, 4, mode.tp}));
+        auto group =
+            make_cpu_dp_threads(std::move(models), c, model::ForwardOptions{}, 1, DType::kF32, nullptr, mode.tp);
+        ASSERT_EQ(group->size(), 4 / mode.tp);  // DP = EP / TP
         std::vector<std::shared_ptr<RequestHandle>> handles;
         for (const auto& p : params) handles.push_back(group->lead().submit(p));
         group->start();
         for (size_t i = 0; i < handles.size(); ++i) EXPECT_EQ(drain(*handles[i]), want[i]) << "request " << i;
-        for (int r = 0; r < 4; ++r) {
+        for (int r = 0; r < group->size(); ++r) {
             const EngineStats st = group->rank(r).engine().stats();
-            EXPECT_EQ(st.requests_received, 3) << "rank " << r;
+            EXPECT_EQ(st.requests_received, 12 / group->size()) << "rank " << r;
             if (mode.microbatch == M::kOff) EXPECT_EQ(st.microbatch_steps, 0) << "rank " << r;
             if (mode.microbatch == M::kOn) EXPECT_EQ(st.microbatch_steps, st.steps) << "rank " << r;
         }

@@ -40,7 +40,7 @@ class LocalEndpoint final : public ExpertParallel {
     }
 
     void dispatch_recv() override {
-        fabric_.arrive_and_wait(config_.rank, "dispatch");  // every rank's sends are in the outboxes
+        fabric_.barrier_.arrive_and_wait(config_.rank, "dispatch");  // every rank's sends are in the outboxes
         const size_t pb = static_cast<size_t>(config_.payload_bytes()),
                      nb = static_cast<size_t>(config_.scale_blocks());
         const bool fp8 = config_.payload == Payload::kFp8;
@@ -53,7 +53,7 @@ class LocalEndpoint final : public ExpertParallel {
                             fp8 ? box.scales.data() + i * nb : nullptr);
             }
         }
-        fabric_.arrive_and_wait(config_.rank, "dispatch (inboxes read)");  // senders may reuse them
+        fabric_.barrier_.arrive_and_wait(config_.rank, "dispatch (inboxes read)");  // senders may reuse them
     }
 
     ExpertBatch recv_batch() const override { return recv_.batch(); }
@@ -70,7 +70,7 @@ class LocalEndpoint final : public ExpertParallel {
     }
 
     void combine_recv(const float* topk_weight, void* out) override {
-        fabric_.arrive_and_wait(config_.rank, "combine");  // every rank's expert outputs are back
+        fabric_.barrier_.arrive_and_wait(config_.rank, "combine");  // every rank's expert outputs are back
         const int K = config_.experts_per_token;
         const size_t row_bytes = static_cast<size_t>(config_.hidden) * config_.output_bytes();
         const std::vector<uint8_t>& ret = fabric_.returned_[config_.rank];
@@ -98,8 +98,7 @@ class LocalEndpoint final : public ExpertParallel {
 
 LocalFabric::LocalFabric(const EpConfig& config, std::chrono::milliseconds timeout)
     : config_(config),
-      timeout_(timeout),
-      rank_generation_(static_cast<size_t>(std::max(config.world, 0)), -1),
+      barrier_(config.world, timeout, "EP local"),
       outbox_(static_cast<size_t>(config.world), std::vector<Outbox>(static_cast<size_t>(config.world))),
       returned_(static_cast<size_t>(config.world)),
       returned_valid_(static_cast<size_t>(config.world)) {
@@ -110,36 +109,7 @@ LocalFabric::LocalFabric(const EpConfig& config, std::chrono::milliseconds timeo
 
 LocalFabric::~LocalFabric() = default;
 
-void LocalFabric::abort(const std::string& reason) {
-    std::lock_guard lock(mutex_);
-    if (abort_reason_.empty()) abort_reason_ = reason;
-    cv_.notify_all();
-}
-
-void LocalFabric::arrive_and_wait(int rank, const char* phase) {
-    std::unique_lock lock(mutex_);
-    FANOUT_CHECK(abort_reason_.empty(), "EP local: {}", abort_reason_);
-    const int64_t gen = generation_;
-    rank_generation_[static_cast<size_t>(rank)] = gen;
-    if (++arrived_ == config_.world) {
-        arrived_ = 0;
-        ++generation_;
-        cv_.notify_all();
-        return;
-    }
-    const bool done = cv_.wait_for(lock, timeout_, [&] { return generation_ != gen || !abort_reason_.empty(); });
-    FANOUT_CHECK(generation_ != gen || abort_reason_.empty(), "EP local: {}", abort_reason_);
-    if (!done) {
-        std::string missing;
-        for (int r = 0; r < config_.world; ++r)
-            if (rank_generation_[static_cast<size_t>(r)] != gen)
-                missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-        abort_reason_ =
-            fmt::format("rank {} waited {} ms at {} for rank(s) {}", rank, timeout_.count(), phase, missing);
-        cv_.notify_all();
-        FANOUT_FAIL("EP local: {}", abort_reason_);
-    }
-}
+void LocalFabric::abort(const std::string& reason) { barrier_.abort(reason); }
 
 std::unique_ptr<ExpertParallel> LocalFabric::endpoint(int rank) {
     FANOUT_CHECK(rank >= 0 && rank < config_.world, "EP local: rank {} outside [0, {})", rank, config_.world);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "fanout/comm/ep.h"
+#include "fanout/comm/thread_barrier.h"
 
 namespace fanout::comm {
 
@@ -44,18 +45,8 @@ class LocalFabric {
         std::vector<float> scales;     // scale_blocks per entry (fp8)
     };
 
-    // Waits until all `world` ranks arrived (a generation-counting barrier), or throws on abort or
-    // timeout.
-    void arrive_and_wait(int rank, const char* phase);
-
     EpConfig config_;
-    std::chrono::milliseconds timeout_;
-    std::mutex mutex_;
-    std::condition_variable cv_;
-    int arrived_ = 0;
-    int64_t generation_ = 0;
-    std::vector<int64_t> rank_generation_;  // the barrier generation each rank last arrived at
-    std::string abort_reason_;
+    ThreadBarrier barrier_;                             // every half's synchronization of the `world` ranks
     std::vector<std::vector<Outbox>> outbox_;           // [src][dst]
     std::vector<std::vector<uint8_t>> returned_;        // [src] [T, K, hidden] expert outputs (output_bytes each)
     std::vector<std::vector<uint8_t>> returned_valid_;  // [src] [T, K]

@@ -431,9 +431,10 @@ std::string DpThreadGroup::failure() const { return hub_->abort_reason(); }
 
 std::unique_ptr<DpThreadGroup> make_cpu_dp_threads(std::vector<std::unique_ptr<model::DeepseekV3>> models,
                                                    EngineConfig config, const model::ForwardOptions& opts, int threads,
-                                                   DType kv_dtype, const io::Tokenizer* tokenizer) {
+                                                   DType kv_dtype, const io::Tokenizer* tokenizer, int tp) {
     const int ep = static_cast<int>(models.size());
     FANOUT_CHECK(ep >= 1, "DP group: no models");
+    FANOUT_CHECK(tp >= 1 && ep % tp == 0, "DP group: --tp {} must divide the {} ranks", tp, ep);
     config.lockstep = true;
     std::vector<std::unique_ptr<comm::LocalFabric>> fabrics;
     std::vector<std::unique_ptr<comm::ExpertParallel>> endpoints;  // [fabric][rank], flattened
@@ -446,11 +447,17 @@ std::unique_ptr<DpThreadGroup> make_cpu_dp_threads(std::vector<std::unique_ptr<m
         }
     }
     std::vector<std::unique_ptr<Engine>> engines;
-    for (int r = 0; r < ep; ++r) {
-        model::ForwardOptions o = opts;
-        o.ep = ep > 1 ? endpoints[r].get() : nullptr;
-        o.microbatch_ep = fabrics.size() > 1 ? endpoints[ep + r].get() : nullptr;
-        auto runner = std::make_unique<DeepseekRunner>(std::move(models[r]), o, threads, kv_dtype);
+    for (int d = 0; d < ep / tp; ++d) {  // DP rank d: the TP group of ranks [d·tp, (d+1)·tp)
+        std::vector<std::unique_ptr<model::DeepseekV3>> group;
+        std::vector<model::ForwardOptions> group_opts;
+        for (int r = d * tp; r < (d + 1) * tp; ++r) {
+            model::ForwardOptions o = opts;
+            o.ep = ep > 1 ? endpoints[r].get() : nullptr;
+            o.microbatch_ep = fabrics.size() > 1 ? endpoints[ep + r].get() : nullptr;
+            group.push_back(std::move(models[r]));
+            group_opts.push_back(o);
+        }
+        auto runner = std::make_unique<DeepseekRunner>(std::move(group), std::move(group_opts), threads, kv_dtype);
         engines.push_back(std::make_unique<Engine>(std::move(runner), tokenizer, config));
     }
     return std::make_unique<DpThreadGroup>(std::move(engines), std::move(fabrics), std::move(endpoints));

@@ -141,13 +141,14 @@ class DpThreadGroup {
     std::vector<std::thread> threads_;
 };
 
-// The CPU path's group: models[r] loaded with ParallelConfig{r, models.size()} (its block of
-// routed experts), each the runner of rank r's engine (`config` with lockstep set; `opts` with
-// the rank's EP endpoints; `threads` CPU threads and `kv_dtype` per rank), joined by a `local`
-// fabric sized for steps of config.scheduler.max_batched_tokens tokens per rank — and a second for
-// the second microbatch unless config.microbatch is off.
+// The CPU path's group: models[r] loaded with ParallelConfig{r, models.size(), tp} (its block of
+// routed experts, at tp > 1 its share of the heads); DP rank d's engine runs on the TP group of
+// models [d·tp, (d+1)·tp) (`config` with lockstep set; `opts` with each rank's EP endpoints;
+// `threads` CPU threads and `kv_dtype` per rank), all joined by a `local` fabric sized for steps of
+// config.scheduler.max_batched_tokens tokens per rank — and a second for the second microbatch
+// unless config.microbatch is off.
 std::unique_ptr<DpThreadGroup> make_cpu_dp_threads(std::vector<std::unique_ptr<model::DeepseekV3>> models,
                                                    EngineConfig config, const model::ForwardOptions& opts, int threads,
-                                                   DType kv_dtype, const io::Tokenizer* tokenizer);
+                                                   DType kv_dtype, const io::Tokenizer* tokenizer, int tp = 1);
 
 }  // namespace fanout::engine

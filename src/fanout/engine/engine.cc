@@ -15,23 +15,9 @@ int64_t microseconds_since(clock_type::time_point t0) {
 
 }  // namespace
 
-DeepseekRunner::DeepseekRunner(std::unique_ptr<model::DeepseekV3> model, model::ForwardOptions opts, int threads,
-                               DType kv_dtype)
-    : model_(std::move(model)), opts_(opts), pool_(threads), kv_dtype_(kv_dtype) {}
-
-kv::KvCacheConfig DeepseekRunner::kv_cache_config(int64_t num_blocks) const {
-    return model_->kv_cache_config(num_blocks, kv_dtype_);
-}
-
 std::vector<int32_t> ModelRunner::forward_sample(const model::StepBatch&, kv::PagedKvCache&,
                                                  std::span<const ops::SamplingRow>, std::span<const ops::LogitBias>) {
     FANOUT_FAIL("this model runner samples on the host (forward_sample is for device runners)");
-}
-
-Tensor DeepseekRunner::forward(const model::StepBatch& batch, kv::PagedKvCache& cache) {
-    model::DeepseekV3::Output out = model_->forward(batch, cache, opts_, Stream{&pool_});
-    if (batch.all_hidden) hidden_ = std::move(out.hidden);
-    return std::move(out.logits);
 }
 
 std::string ModelRunner::enable_mtp(int) { return "this model runner does not draft with MTP"; }
@@ -41,43 +27,11 @@ std::vector<int32_t> ModelRunner::draft_mtp(const model::StepBatch&, std::span<c
     FANOUT_FAIL("this model runner does not draft with MTP (draft_mtp)");
 }
 
-std::string DeepseekRunner::microbatch_support() const {
-    if (opts_.ep != nullptr && opts_.microbatch_ep == nullptr)
-        return "this rank has no second EP group for the second microbatch";
-    return "";
-}
-
 EngineConfig::Microbatch parse_microbatch(const std::string& name) {
     if (name == "off") return EngineConfig::Microbatch::kOff;
     if (name == "on") return EngineConfig::Microbatch::kOn;
     if (name == "auto") return EngineConfig::Microbatch::kAuto;
     FANOUT_FAIL("--microbatch '{}': choose on, off or auto", name);
-}
-
-std::string DeepseekRunner::enable_mtp(int draft_tokens) {
-    if (!model_->weights().mtp) return "this model has no MTP layer (num_nextn_predict_layers = 0)";
-    opts_.absorbed_max_query = std::max<int64_t>(opts_.absorbed_max_query, 1 + draft_tokens);
-    return "";
-}
-
-std::vector<int32_t> DeepseekRunner::draft_mtp(const model::StepBatch& batch, std::span<const int32_t> hidden_rows,
-                                               bool chained, kv::PagedKvCache& cache) {
-    const Tensor& from = chained ? mtp_hidden_ : hidden_;
-    FANOUT_CHECK(static_cast<int64_t>(hidden_rows.size()) == batch.num_tokens(),
-                 "draft_mtp: {} hidden rows for {} tokens", hidden_rows.size(), batch.num_tokens());
-    Tensor prev = Tensor::zeros({0, model_->config().hidden_size}, DType::kF32);
-    if (!hidden_rows.empty()) {
-        for (int32_t r : hidden_rows)
-            FANOUT_CHECK(from.defined() && r >= 0 && r < from.dim(0), "draft_mtp: hidden row {} of {} kept", r,
-                         from.defined() ? from.dim(0) : 0);
-        prev = from.gather_rows(hidden_rows);
-    }
-    model::DeepseekV3::Output m = model_->forward_mtp(batch, prev, cache, opts_, Stream{&pool_});
-    const int64_t V = model_->config().vocab_size;
-    std::vector<int32_t> drafts;
-    for (int64_t r = 0; r < m.logits.dim(0); ++r) drafts.push_back(ops::argmax(m.logits.data_as<float>() + r * V, V));
-    mtp_hidden_ = std::move(m.hidden);
-    return drafts;
 }
 
 void EngineStats::Histogram::observe(double seconds) {

@@ -71,14 +71,22 @@ class ModelRunner {
     virtual std::string microbatch_support() const { return "this model runner does not run two microbatches"; }
 };
 
-// DeepseekV3 on the CPU path.
+// DeepseekV3 on the CPU path: one model, or the tp ranks of one DP group under tensor-parallel
+// attention (deepseek_runner.cc).
 class DeepseekRunner : public ModelRunner {
   public:
     DeepseekRunner(std::unique_ptr<model::DeepseekV3> model, model::ForwardOptions opts, int threads,
                    DType kv_dtype = DType::kF32);
-    int64_t vocab_size() const override { return model_->config().vocab_size; }
-    int64_t max_context() const override { return model_->config().max_position_embeddings; }
-    std::vector<int64_t> eos_ids() const override { return model_->config().eos_token_ids; }
+    // A TP group: models[i] holds TP rank i's heads (loaded with tp = models.size()), opts[i] its EP
+    // endpoints. The runner joins them with a TP group of threads; every step runs on all of them —
+    // rank 0 on the calling thread with the engine's cache, the others on threads of their own, each
+    // with a cache of the same geometry (the latent KV is every head's: each rank holds all of it).
+    DeepseekRunner(std::vector<std::unique_ptr<model::DeepseekV3>> models, std::vector<model::ForwardOptions> opts,
+                   int threads, DType kv_dtype = DType::kF32);
+    ~DeepseekRunner() override;
+    int64_t vocab_size() const override { return lead().config().vocab_size; }
+    int64_t max_context() const override { return lead().config().max_position_embeddings; }
+    std::vector<int64_t> eos_ids() const override { return lead().config().eos_token_ids; }
     kv::KvCacheConfig kv_cache_config(int64_t num_blocks) const override;
     Tensor forward(const model::StepBatch& batch, kv::PagedKvCache& cache) override;
     // Checking steps run the absorbed attention form, as the decode steps they replace, so greedy
@@ -89,11 +97,23 @@ class DeepseekRunner : public ModelRunner {
     std::string microbatch_support() const override;
 
   private:
-    std::unique_ptr<model::DeepseekV3> model_;
-    model::ForwardOptions opts_;
-    ThreadPool pool_;
+    struct Member;
+    const model::DeepseekV3& lead() const;
+    // `job` on every member (rank 0 here with `cache`, the others on their threads with theirs);
+    // the first failure aborts the TP group and is thrown here.
+    void run_all(const std::function<void(Member&, kv::PagedKvCache&)>& job, kv::PagedKvCache& cache);
+    void follow(size_t i);
+
+    std::vector<std::unique_ptr<Member>> members_;
+    std::unique_ptr<comm::LocalTpGroup> tp_;
     DType kv_dtype_;
-    Tensor hidden_, mtp_hidden_;  // the last all_hidden forward's rows, the last MTP pass's logit rows
+    std::mutex mutex_;
+    std::condition_variable cv_;
+    std::function<void(Member&, kv::PagedKvCache&)> job_;
+    int64_t jobs_ = 0, done_ = 0;  // jobs handed to the followers, follower jobs finished
+    std::string failure_;
+    bool stopping_ = false;
+    std::vector<std::thread> followers_;
 };
 
 struct RequestParams {

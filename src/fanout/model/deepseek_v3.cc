@@ -160,8 +160,13 @@ void DeepseekV3::mlp(const MlpWeights& w, const Tensor& x, Tensor& out, const Fo
 void DeepseekV3::stage_attn_in(const LayerWeights& w, int64_t layer, LayerState& st, const StepBatch& batch,
                                kv::PagedKvCache& cache, const Stream& s, const ForwardOptions& opts) const {
     const io::ModelConfig& c = config_;
-    const int64_t T = batch.num_tokens(), D = c.hidden_size, H = c.num_attention_heads;
+    const int64_t T = batch.num_tokens(), D = c.hidden_size, H = heads();
     const int64_t kv_lora = c.kv_lora_rank, rope = c.qk_rope_head_dim;
+    FANOUT_CHECK(weights_.parallel.tp == 1 || (opts.tp != nullptr && opts.tp->size() == weights_.parallel.tp &&
+                                               opts.tp->rank() == weights_.parallel.tp_rank()),
+                 "this model holds TP rank {} of {}'s heads: its steps need that rank of a TP group "
+                 "(ForwardOptions::tp)",
+                 weights_.parallel.tp_rank(), weights_.parallel.tp);
     const AttentionWeights& a = w.attn;
     Tensor x = f32(T, D);
     ops::rms_norm(st.hidden, w.input_norm, static_cast<float>(c.rms_norm_eps), x, s);
@@ -199,7 +204,7 @@ void DeepseekV3::stage_attn_in(const LayerWeights& w, int64_t layer, LayerState&
 void DeepseekV3::stage_attn_out(const LayerWeights& w, int64_t layer, LayerState& st, const StepBatch& batch,
                                 kv::PagedKvCache& cache, const Stream& s, const ForwardOptions& opts) const {
     const io::ModelConfig& c = config_;
-    const int64_t T = batch.num_tokens(), D = c.hidden_size, H = c.num_attention_heads;
+    const int64_t T = batch.num_tokens(), D = c.hidden_size, H = heads();
     ops::LatentCache lc{cache.layer_data(layer), cache.config().dtype, cache.config().num_blocks,
                         cache.config().block_size, cache.config().entry_dim};
     const ops::AttentionMetadata meta = batch.attention_metadata();
@@ -216,15 +221,25 @@ void DeepseekV3::stage_attn_out(const LayerWeights& w, int64_t layer, LayerState
     }
     Tensor o = f32(T, D);
     ops::linear(attn.reshape({T, H * c.v_head_dim}), w.attn.o, o, opts.fp8_mode, s);
+    if (opts.tp != nullptr) opts.tp->all_reduce_sum(o.data_as<float>(), T * D);  // every rank's heads
     add_inplace(st.hidden, o);
-    st.normed = f32(T, D);
+    st.tp_tokens = T;
+    if (opts.tp != nullptr) {  // the MoE half on this rank's slice of the tokens
+        const int r = opts.tp->rank(), n = opts.tp->size();
+        const int64_t b = comm::tp_slice_begin(T, r, n), e = comm::tp_slice_begin(T, r + 1, n);
+        Tensor part = f32(e - b, D);
+        std::memcpy(part.data(), st.hidden.data_as<float>() + b * D, static_cast<size_t>((e - b) * D) * sizeof(float));
+        st.hidden = std::move(part);
+    }
+    const int64_t Tm = st.hidden.dim(0);
+    st.normed = f32(Tm, D);
     ops::rms_norm(st.hidden, w.post_norm, static_cast<float>(c.rms_norm_eps), st.normed, s);
     if (!w.is_moe) return;
     const int64_t E = c.n_routed_experts, K = c.num_experts_per_tok;
-    Tensor logits = f32(T, E);
+    Tensor logits = f32(Tm, E);
     ops::linear(st.normed, w.moe.router, logits, opts.fp8_mode, s);
-    st.topk_idx = Tensor::zeros({T, K}, DType::kI32);
-    st.topk_weight = f32(T, K);
+    st.topk_idx = Tensor::zeros({Tm, K}, DType::kI32);
+    st.topk_weight = f32(Tm, K);
     const ops::RouterParams rp{static_cast<int>(E),
                                static_cast<int>(K),
                                static_cast<int>(c.n_group),
@@ -341,6 +356,17 @@ void DeepseekV3::stage_experts(const LayerWeights& w, LayerState& st, const Stre
 
 void DeepseekV3::stage_combine(const LayerWeights& w, LayerState& st, const Stream& s,
                                const ForwardOptions& opts) const {
+    combine_into_residual(w, st, s, opts);
+    if (opts.tp == nullptr) return;
+    // Every rank's slice back into the whole step's residual stream, for the next attention.
+    const int64_t D = config_.hidden_size, T = st.tp_tokens;
+    Tensor full = f32(T, D);
+    opts.tp->all_gather_rows(st.hidden.data_as<float>(), st.hidden.dim(0), D, full.data_as<float>());
+    st.hidden = std::move(full);
+}
+
+void DeepseekV3::combine_into_residual(const LayerWeights& w, LayerState& st, const Stream& s,
+                                       const ForwardOptions& opts) const {
     const int64_t T = st.hidden.dim(0), D = config_.hidden_size, K = config_.num_experts_per_tok;
     float* h = st.hidden.data_as<float>();
     const float* shared = st.shared_out.data_as<float>();

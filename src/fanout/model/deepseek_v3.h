@@ -8,7 +8,9 @@
 // Each decoder layer runs as the seed's stages (DESIGN §4), as separate methods over a LayerState
 // so that a scheduler can interleave two microbatches stage by stage:
 //   1 attn_in:  input norm, q / kv_a projections, RoPE, KV append
-//   2 attn_out: attention (MHA form or absorbed form), o_proj, residual, post norm, router
+//   2 attn_out: attention (MHA form or absorbed form), o_proj, residual, post norm, router (under
+//               tensor parallelism: this rank's heads, o_proj's sum over the TP group, then the
+//               rank's slice of the tokens on through stage 6, all-gathered at its end)
 //   3 dispatch send (EP): this rank's tokens to the ranks holding their top-k experts
 //   4 shared:   the shared expert (runs between dispatch send and recv)
 //   5 experts:  routed experts over per-expert contiguous rows (the grouped-GEMM layout) — under
@@ -23,6 +25,7 @@
 #include <vector>
 
 #include "fanout/comm/ep.h"
+#include "fanout/comm/tensor_parallel.h"
 #include "fanout/core/thread_pool.h"
 #include "fanout/io/model_config.h"
 #include "fanout/kv/paged_kv_cache.h"
@@ -50,6 +53,10 @@ struct ForwardOptions {
     // The second microbatch's EP group (StepBatch::microbatch under expert parallelism): a second
     // endpoint of the same ranks, so both microbatches' exchanges can be in flight at once.
     comm::ExpertParallel* microbatch_ep = nullptr;
+    // This rank's TP group (a model loaded with tp > 1): the tp ranks of a DP group run the same
+    // step, each its share of the heads; o_proj's partial sums are all-reduced, the MoE half runs
+    // on the rank's slice of the tokens (comm::tp_slice_begin) and the slices are all-gathered.
+    comm::TensorParallel* tp = nullptr;
 };
 
 // RoPE's frequencies for a config (YaRN included).
@@ -110,6 +117,7 @@ struct LayerState {
     Tensor shared_out;            // [T, D]
     Tensor expert_rows;           // [T * top_k, D] expert outputs, grouped by expert (EP: [local, max_m, D])
     std::vector<int32_t> row_of;  // [T * top_k] assignment (t, k) -> row in expert_rows
+    int64_t tp_tokens = 0;        // the step's tokens (under TP, hidden holds the rank's slice of them)
 };
 
 class DeepseekV3 {
@@ -121,6 +129,8 @@ class DeepseekV3 {
     const io::ModelConfig& config() const { return config_; }
     const ModelWeights& weights() const { return weights_; }
     const ops::RopeTable& rope() const { return rope_; }
+    // Attention heads this rank computes: all of them, or its share under tensor parallelism.
+    int64_t heads() const { return config_.num_attention_heads / weights_.parallel.tp; }
     // Cache layers: the decoder layers, then the MTP layer if any.
     kv::KvCacheConfig kv_cache_config(int64_t num_blocks, DType dtype = DType::kF32) const;
 
@@ -163,6 +173,9 @@ class DeepseekV3 {
     Output head(const Tensor& hidden, const Tensor& norm, const ops::LinearWeight& lm_head, const StepBatch& batch,
                 const ForwardOptions& opts, const Stream& s) const;
     void mlp(const MlpWeights& w, const Tensor& x, Tensor& out, const ForwardOptions& opts, const Stream& s) const;
+    // stage_combine's sum into the residual (the rank's slice under TP).
+    void combine_into_residual(const LayerWeights& w, LayerState& st, const Stream& s,
+                               const ForwardOptions& opts) const;
 
     io::ModelConfig config_;
     ModelWeights weights_;

@@ -233,6 +233,10 @@ CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts, cons
     FANOUT_CHECK(opts.max_step_tokens >= 1 && opts.max_requests >= 1 && opts.max_context >= 1,
                  "CudaModel: max_step_tokens {}, max_requests {}, max_context {} must be positive",
                  opts.max_step_tokens, opts.max_requests, opts.max_context);
+    FANOUT_CHECK(model.weights().parallel.tp == 1,
+                 "the GPU runner computes every attention head: tensor-parallel attention (tp {}) runs on the CPU "
+                 "path so far",
+                 model.weights().parallel.tp);
     const int64_t local = opts.ep ? opts.ep->config().local_experts() : c.n_routed_experts;
     FANOUT_CHECK(model.weights().layers.empty() || c.n_routed_experts == 0 ||
                      std::all_of(model.weights().layers.begin(), model.weights().layers.end(),
@@ -515,8 +519,8 @@ std::vector<int32_t> CudaModel::draft_mtp(const StepBatch& batch, std::span<cons
                  [&] { m.run_mtp(Tg, static_cast<int>(R_pad), static_cast<int>(q), rows_step, chained, 0); });
     } else {
         const bool prefill = R == 1 && T > kMaxGraphQueryLen && batch.kv_len[0] <= mha_context_limit(m.opts);
-        m.run_mtp(static_cast<int>(T), static_cast<int>(R), static_cast<int>(batch.max_query_len()), rows_step,
-                  chained, prefill ? batch.kv_len[0] : 0);
+        m.run_mtp(static_cast<int>(T), static_cast<int>(R), static_cast<int>(batch.max_query_len()), rows_step, chained,
+                  prefill ? batch.kv_len[0] : 0);
     }
     std::vector<int32_t> out(static_cast<size_t>(rows_n));
     if (rows_n > 0)
@@ -559,9 +563,8 @@ std::vector<CudaModel::GraphCapture> CudaModel::capture_decode_graphs() {
             });
             if (m.opts.mtp_draft_tokens > 1) {
                 const int chained_rows = m.upload_step(none, R, 1, false);
-                m.replay({Impl::Pass::kMtpChained, 1, R, true, false, false}, [&] {
-                    m.run_mtp(static_cast<int>(R), static_cast<int>(R), 1, chained_rows, true, 0);
-                });
+                m.replay({Impl::Pass::kMtpChained, 1, R, true, false, false},
+                         [&] { m.run_mtp(static_cast<int>(R), static_cast<int>(R), 1, chained_rows, true, 0); });
             }
         }
         FANOUT_CUDA_CHECK(cudaStreamSynchronize(m.stream));

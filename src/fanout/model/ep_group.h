@@ -3,8 +3,10 @@
 // fabrics: the second microbatch's exchanges have their own). Rank 0 is driven by the caller — its
 // forward() is a step of the group — while ranks 1..N-1 follow on their own threads with an empty
 // step each time (microbatched when rank 0's is), serving their experts in every MoE layer's
-// dispatch and combine. The first failure on any rank stops the group (LocalFabric::abort): the
-// call in progress and every later one throw an Error naming the rank — never a hang.
+// dispatch and combine. Models loaded with tp > 1 form TP groups of consecutive ranks (threads'
+// TP groups): rank 0's — ranks 0..tp-1 — all run rank 0's step, each with its own copy of its
+// cache (same geometry); the others' run empty steps together. The first failure on any rank stops the group
+// (LocalFabric::abort): the call in progress and every later one throw an Error naming the rank — never a hang.
 #pragma once
 
 #include <condition_variable>
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "fanout/comm/local_ep.h"
+#include "fanout/comm/tensor_parallel.h"
 #include "fanout/model/deepseek_v3.h"
 
 namespace fanout::model {
@@ -42,6 +45,11 @@ class EpThreadGroup {
     ForwardOptions opts_;
     std::unique_ptr<comm::LocalFabric> fabric_, microbatch_fabric_;
     std::vector<std::unique_ptr<comm::ExpertParallel>> endpoints_, microbatch_endpoints_;
+    std::vector<std::unique_ptr<comm::LocalTpGroup>> tp_groups_;       // one per DP group (tp > 1)
+    std::vector<std::unique_ptr<comm::TensorParallel>> tp_endpoints_;  // per rank (tp > 1)
+    int tp_ = 1;
+    StepBatch batch_;                 // rank 0's latest step, which its TP group's ranks run too
+    kv::KvCacheConfig cache_config_;  // rank 0's cache geometry, for its TP group's copies
     std::unique_ptr<ThreadPool> pool_;
     std::mutex mutex_;
     std::condition_variable cv_;

@@ -172,6 +172,38 @@ AttentionWeights load_attention(Binder& b, const std::string& p, const io::Model
     return a;
 }
 
+// Rows [r0, r0 + n) of w as an f32 matrix in `owned`.
+ops::LinearWeight f32_rows(const ops::LinearWeight& w, int64_t r0, int64_t n, std::vector<Tensor>& owned) {
+    Tensor t = Tensor::zeros({n, w.in_features}, DType::kF32);
+    for (int64_t r = 0; r < n; ++r) w.row_f32(r0 + r, t.data_as<float>() + r * w.in_features);
+    owned.push_back(t);
+    return {DType::kF32, t.data(), n, w.in_features, nullptr};
+}
+
+// Columns [c0, c0 + k) of w as an f32 matrix in `owned`.
+ops::LinearWeight f32_cols(const ops::LinearWeight& w, int64_t c0, int64_t k, std::vector<Tensor>& owned) {
+    Tensor t = Tensor::zeros({w.out_features, k}, DType::kF32);
+    std::vector<float> row(static_cast<size_t>(w.in_features));
+    for (int64_t n = 0; n < w.out_features; ++n) {
+        w.row_f32(n, row.data());
+        std::copy(row.begin() + c0, row.begin() + c0 + k, t.data_as<float>() + n * k);
+    }
+    owned.push_back(t);
+    return {DType::kF32, t.data(), w.out_features, k, nullptr};
+}
+
+// Tensor-parallel attention: this rank's heads of the per-head projections.
+void shard_heads(AttentionWeights& a, const io::ModelConfig& c, const ParallelConfig& plan,
+                 std::vector<Tensor>& owned) {
+    if (plan.tp == 1) return;
+    const int64_t h = c.num_attention_heads / plan.tp, h0 = h * plan.tp_rank();
+    ops::LinearWeight& q = c.q_lora_rank > 0 ? a.q_b : a.q_proj;
+    q = f32_rows(q, h0 * c.qk_head_dim(), h * c.qk_head_dim(), owned);
+    const int64_t kv = c.qk_nope_head_dim + c.v_head_dim;
+    a.kv_b = f32_rows(a.kv_b, h0 * kv, h * kv, owned);
+    a.o = f32_cols(a.o, h0 * c.v_head_dim, h * c.v_head_dim, owned);
+}
+
 LayerWeights load_layer(Binder& b, int64_t layer, const io::ModelConfig& c, const ParallelConfig& plan) {
     const std::string p = fmt::format("model.layers.{}.", layer);
     LayerWeights lw;
@@ -278,9 +310,11 @@ void warn_unused(const Checkpoint& ck, const std::vector<std::string>& unused) {
 ModelWeights load_weights(io::Checkpoint checkpoint, const io::ModelConfig& c, const ParallelConfig& plan,
                           const LoadOptions& opts) {
     validate(plan, c.n_routed_experts);
-    FANOUT_CHECK(plan.tp == 1, "tensor-parallel attention (tp={}) is not implemented yet", plan.tp);
+    FANOUT_CHECK(c.num_attention_heads % plan.tp == 0, "--tp {}: the model's {} attention heads do not split evenly",
+                 plan.tp, c.num_attention_heads);
     ModelWeights w;
     w.checkpoint = std::move(checkpoint);
+    w.parallel = plan;
     const Checkpoint& ck = w.checkpoint;
     // HF writes num_nextn_predict_layers: 1 by default without MTP tensors; such a model has no MTP head.
     const std::string mtp_probe = fmt::format("model.layers.{}.eh_proj.weight", c.num_hidden_layers);
@@ -302,6 +336,7 @@ ModelWeights load_weights(io::Checkpoint checkpoint, const io::ModelConfig& c, c
     progress("embeddings and head", 1);
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
         w.layers.push_back(load_layer(b, l, c, plan));
+        shard_heads(w.layers.back().attn, c, plan, w.owned);
         progress(fmt::format("layer {}", l), l + 2);
     }
     check_no_mtp_in_decoder_layers(ck, c);
@@ -313,6 +348,7 @@ ModelWeights load_weights(io::Checkpoint checkpoint, const io::ModelConfig& c, c
         m.hnorm = b.get_f32(p + "hnorm.weight", c.hidden_size);
         m.eh_proj = load_linear(b, p + "eh_proj", c.hidden_size, 2 * c.hidden_size);
         m.layer = load_layer(b, l, c, plan);
+        shard_heads(m.layer.attn, c, plan, w.owned);
         m.head_norm = b.get_f32(p + "shared_head.norm.weight", c.hidden_size);
         m.head = ck.has(p + "shared_head.head.weight")
                      ? load_linear(b, p + "shared_head.head", c.vocab_size, c.hidden_size)

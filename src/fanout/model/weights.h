@@ -71,7 +71,11 @@ struct WeightCheck {
 
 struct ModelWeights {
     io::Checkpoint checkpoint;  // keeps the mappings alive
-    Tensor embed;               // [vocab, hidden] in the checkpoint's dtype
+    ParallelConfig parallel;    // what this rank holds: its experts, and at tp > 1 its attention heads
+    // tp > 1: the rank's heads of q_b (or q_proj), kv_b and o_proj, copied out of the mapping as f32
+    // (the values the dequant path computes with); the attention's LinearWeights point here.
+    std::vector<Tensor> owned;
+    Tensor embed;  // [vocab, hidden] in the checkpoint's dtype
     Tensor final_norm;
     ops::LinearWeight lm_head;
     std::vector<LayerWeights> layers;
@@ -103,8 +107,10 @@ struct LoadOptions {
 // layer included — or any NaN / Inf in a weight, or an fp8 weight_scale_inv that is not positive
 // and finite (naming the tensor and the first bad element). Tensors the model never reads are a
 // warning on stderr (rank 0 only), listed in ModelWeights::unused_tensors.
-// `parallel`: which part this rank holds (core/parallel.h) — its block of routed experts; attention
-// and the shared expert are replicated (tp > 1 is refused until TP attention exists).
+// `parallel`: which part this rank holds (core/parallel.h) — its block of routed experts, and at
+// tp > 1 the heads [tp_rank·H/tp, (tp_rank+1)·H/tp) of every attention (q_b or q_proj rows, kv_b
+// rows, o_proj columns: f32 copies in ModelWeights::owned); the latent projections, norms, router
+// and shared expert are replicated.
 ModelWeights load_weights(io::Checkpoint checkpoint, const io::ModelConfig& config, const ParallelConfig& parallel,
                           const LoadOptions& opts = {});
 
