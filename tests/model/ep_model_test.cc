@@ -15,22 +15,17 @@
 #include "fanout/model/ep_group.h"
 #include "fanout/model/generate.h"
 #include "fanout/model/synthetic.h"
+#include "small_models.h"
 #include "test_util.h"
 
 namespace fanout::model {
 namespace {
 
-namespace fs = std::filesystem;
 using fanout::testing::error_of;
 using ::testing::HasSubstr;
-
-constexpr int64_t kMaxTokens = 64;
-
-io::ModelConfig small_config() {
-    io::ModelConfig c = preset_config("tiny");
-    c.vocab_size = 1000;
-    return c;
-}
+using testing::kMaxTokens;
+using testing::max_diff;
+using testing::small_config;
 
 // One rank: its model (its experts), cache and EP endpoint.
 struct Rank {
@@ -109,28 +104,7 @@ Tensor reference_logits(const std::string& dir, const std::vector<int32_t>& ids)
         .logits;
 }
 
-double max_diff(const Tensor& a, const Tensor& b) {
-    EXPECT_EQ(a.shape(), b.shape());
-    return fanout::testing::max_abs_diff(a.data_as<float>(), b.data_as<float>(), static_cast<size_t>(a.numel()));
-}
-
-class EpModelTest : public ::testing::TestWithParam<std::string> {
-  protected:
-    static void SetUpTestSuite() {
-        dir_ = new std::string(fanout::testing::temp_dir("ep_model"));
-        write_synthetic_model(*dir_ + "/bf16", small_config(), {});
-        io::ModelConfig fp8 = small_config();
-        fp8.fp8 = io::Fp8QuantConfig{};
-        write_synthetic_model(*dir_ + "/fp8", fp8, {});
-    }
-    static void TearDownTestSuite() {
-        fs::remove_all(*dir_);
-        delete dir_;
-    }
-    std::string dir() const { return *dir_ + "/" + GetParam(); }
-    static std::string* dir_;
-};
-std::string* EpModelTest::dir_ = nullptr;
+class EpModelTest : public testing::SmallModels {};
 
 const std::vector<int32_t> kPrompt = {5, 17, 300, 2, 999, 41, 7, 7, 123, 64, 1, 500, 88, 3, 250, 600, 12};
 

@@ -12,22 +12,17 @@
 #include "fanout/comm/local_ep.h"
 #include "fanout/model/ep_group.h"
 #include "fanout/model/synthetic.h"
+#include "small_models.h"
 #include "test_util.h"
 
 namespace fanout::model {
 namespace {
 
-namespace fs = std::filesystem;
 using fanout::testing::error_of;
 using ::testing::HasSubstr;
-
-constexpr int64_t kMaxTokens = 64;
-
-double max_diff(const Tensor& a, const Tensor& b) {
-    EXPECT_EQ(a.shape(), b.shape());
-    if (a.shape() != b.shape()) return 1e9;
-    return fanout::testing::max_abs_diff(a.data_as<float>(), b.data_as<float>(), static_cast<size_t>(a.numel()));
-}
+using testing::ids;
+using testing::kMaxTokens;
+using testing::max_diff;
 
 // Requests of these lengths (prefill chunks and decode-sized ones) with their cached prefixes, on
 // `cache`: a request of length n starting at position `start`.
@@ -49,27 +44,8 @@ StepBatch make_batch(kv::PagedKvCache& cache, std::vector<kv::SequenceBlocks>& s
     return batch;
 }
 
-std::vector<int32_t> ids(int n, int seed) {
-    std::vector<int32_t> v;
-    for (int i = 0; i < n; ++i) v.push_back((seed * 131 + i * 37 + 5) % 997);
-    return v;
-}
-
-class Microbatch : public ::testing::Test {
-  protected:
-    static void SetUpTestSuite() {
-        dir_ = new std::string(fanout::testing::temp_dir("microbatch_model"));
-        io::ModelConfig c = preset_config("tiny");
-        c.vocab_size = 1000;
-        write_synthetic_model(*dir_, c, {});
-    }
-    static void TearDownTestSuite() {
-        fs::remove_all(*dir_);
-        delete dir_;
-    }
-    static std::string* dir_;
-};
-std::string* Microbatch::dir_ = nullptr;
+// The bf16 checkpoint of the small models.
+class Microbatch : public testing::SmallModels {};
 
 TEST(SplitMicrobatches, BalancesTokensKeepsOrderAndLeavesTheSecondEmptyForOneRequest) {
     kv::PagedKvCache cache(kv::KvCacheConfig{1, 64, 4, 32, DType::kF32});
@@ -104,8 +80,8 @@ TEST(SplitMicrobatches, BalancesTokensKeepsOrderAndLeavesTheSecondEmptyForOneReq
 // One process, every expert local: the same step whole and as two microbatches — a prefill step of
 // several requests, one of a single request (the second microbatch empty), and a decode-like step
 // over what they cached.
-TEST_F(Microbatch, LogitsEqualTheStepRunWholeAtEp1) {
-    auto m = DeepseekV3::load(*dir_);
+TEST_P(Microbatch, LogitsEqualTheStepRunWholeAtEp1) {
+    auto m = DeepseekV3::load(dir());
     ThreadPool pool(2);
     const std::vector<std::vector<Req>> steps = {
         {{ids(9, 1), 0}, {ids(3, 2), 0}, {ids(12, 3), 0}, {ids(2, 4), 0}},
@@ -142,10 +118,10 @@ TEST_F(Microbatch, LogitsEqualTheStepRunWholeAtEp1) {
 // EP4, ranks as threads, each with its own batch: 4 requests, 1 request (an empty second
 // microbatch), none (two empty ones), 2 requests. Every rank's logits with the schedule on equal
 // its logits with it off.
-TEST_F(Microbatch, LogitsEqualTheStepRunWholeAtEp4WithEmptyRanks) {
+TEST_P(Microbatch, LogitsEqualTheStepRunWholeAtEp4WithEmptyRanks) {
     constexpr int kEp = 4;
     std::vector<std::unique_ptr<DeepseekV3>> models;
-    for (int r = 0; r < kEp; ++r) models.push_back(DeepseekV3::load(*dir_, ParallelConfig{r, kEp, 1}));
+    for (int r = 0; r < kEp; ++r) models.push_back(DeepseekV3::load(dir(), ParallelConfig{r, kEp, 1}));
     comm::LocalFabric first(models[0]->ep_config(ParallelConfig{0, kEp, 1}, kMaxTokens)),
         second(models[0]->ep_config(ParallelConfig{0, kEp, 1}, kMaxTokens));
     std::vector<std::unique_ptr<comm::ExpertParallel>> ep0, ep1;
@@ -203,9 +179,9 @@ TEST_F(Microbatch, LogitsEqualTheStepRunWholeAtEp4WithEmptyRanks) {
 }
 
 // EpThreadGroup (score --ep N): the followers' empty steps take rank 0's schedule.
-TEST_F(Microbatch, AThreadGroupFollowsRankZerosSchedule) {
+TEST_P(Microbatch, AThreadGroupFollowsRankZerosSchedule) {
     std::vector<std::unique_ptr<DeepseekV3>> models;
-    for (int r = 0; r < 4; ++r) models.push_back(DeepseekV3::load(*dir_, ParallelConfig{r, 4, 1}));
+    for (int r = 0; r < 4; ++r) models.push_back(DeepseekV3::load(dir(), ParallelConfig{r, 4, 1}));
     EpThreadGroup group(std::move(models), kMaxTokens, {}, 1);
     std::vector<Tensor> got;
     for (const bool microbatch : {false, true, false, true}) {
@@ -217,6 +193,8 @@ TEST_F(Microbatch, AThreadGroupFollowsRankZerosSchedule) {
     }
     for (size_t i = 1; i < got.size(); ++i) EXPECT_LE(max_diff(got[0], got[i]), 1e-5) << i;
 }
+
+INSTANTIATE_TEST_SUITE_P(Checkpoints, Microbatch, ::testing::Values("bf16", "fp8"));
 
 }  // namespace
 }  // namespace fanout::model

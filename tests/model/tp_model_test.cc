@@ -15,28 +15,17 @@
 #include "fanout/comm/tensor_parallel.h"
 #include "fanout/model/ep_group.h"
 #include "fanout/model/synthetic.h"
+#include "small_models.h"
 #include "test_util.h"
 
 namespace fanout::model {
 namespace {
 
-namespace fs = std::filesystem;
 using fanout::testing::error_of;
 using ::testing::HasSubstr;
-
-constexpr int64_t kMaxTokens = 64;
-
-double max_diff(const Tensor& a, const Tensor& b) {
-    EXPECT_EQ(a.shape(), b.shape());
-    if (a.shape() != b.shape()) return 1e9;
-    return fanout::testing::max_abs_diff(a.data_as<float>(), b.data_as<float>(), static_cast<size_t>(a.numel()));
-}
-
-std::vector<int32_t> ids(int n, int seed) {
-    std::vector<int32_t> v;
-    for (int i = 0; i < n; ++i) v.push_back((seed * 131 + i * 37 + 5) % 997);
-    return v;
-}
+using testing::ids;
+using testing::kMaxTokens;
+using testing::max_diff;
 
 // Requests (tokens from position 0) as one step on `cache`, every row's logits.
 StepBatch prefill(kv::PagedKvCache& cache, std::vector<kv::SequenceBlocks>& seqs,
@@ -50,23 +39,8 @@ StepBatch prefill(kv::PagedKvCache& cache, std::vector<kv::SequenceBlocks>& seqs
     return b.build();
 }
 
-class TpModel : public ::testing::TestWithParam<std::string> {
+class TpModel : public testing::SmallModels {
   protected:
-    static void SetUpTestSuite() {
-        dir_ = new std::string(fanout::testing::temp_dir("tp_model"));
-        io::ModelConfig c = preset_config("tiny");
-        c.vocab_size = 1000;
-        write_synthetic_model(*dir_ + "/bf16", c, {});
-        c.fp8 = io::Fp8QuantConfig{};
-        write_synthetic_model(*dir_ + "/fp8", c, {});
-    }
-    static void TearDownTestSuite() {
-        fs::remove_all(*dir_);
-        delete dir_;
-    }
-    std::string dir() const { return *dir_ + "/" + GetParam(); }
-    static std::string* dir_;
-
     // The logits of `reqs` from the model holding everything.
     Tensor reference(const std::vector<std::vector<int32_t>>& reqs) {
         auto m = DeepseekV3::load(dir());
@@ -120,7 +94,6 @@ class TpModel : public ::testing::TestWithParam<std::string> {
         return out;
     }
 };
-std::string* TpModel::dir_ = nullptr;
 
 TEST_P(TpModel, WeightsHoldTheRanksHeads) {
     auto full = DeepseekV3::load(dir());

@@ -379,6 +379,16 @@ TEST(GlueCuda, BatchedGemmBf16OverBlocksMatchesCpu) {
     EXPECT_LT(rel(gv, rv), 1e-2);
 }
 
+// The device sampler's tokens for `rows` over `logits` [rows, V] (no logit bias).
+std::vector<int32_t> sample_on_device(const std::vector<float>& logits, int V, const std::vector<SamplingRow>& rows) {
+    Dev<float> dl(logits);
+    Dev<SamplingRow> dp(rows);
+    Dev<int32_t> out(rows.size());
+    out.poison();
+    launch_sample(dl.ptr, static_cast<int>(rows.size()), V, dp.ptr, nullptr, out.ptr, nullptr);
+    return out.download();
+}
+
 // The device sampler picks what sample_with_uniform picks, row by row, for greedy, temperature,
 // top-k, top-p and their mixes, over the real vocabulary size with many draws.
 TEST(SamplingCuda, MatchesCpuRule) {
@@ -397,12 +407,7 @@ TEST(SamplingCuda, MatchesCpuRule) {
     std::vector<float> logits = fanout::testing::random_floats(size_t(R) * V, 12, 6.0f);
     for (int r = 0; r < R; ++r) logits[size_t(r) * V + (r * 7919) % V] = 30.0f;  // a clear favourite in each row
     for (int r = 0; r < R; r += 5) logits[size_t(r) * V + 17] = 30.0f;           // and a tie in some
-    Dev<float> dl(logits);
-    Dev<SamplingRow> dp(rows);
-    Dev<int32_t> out(R);
-    out.poison();
-    launch_sample(dl.ptr, R, V, dp.ptr, nullptr, out.ptr, nullptr);
-    const auto got = out.download();
+    const auto got = sample_on_device(logits, V, rows);
     std::vector<std::pair<float, int32_t>> scratch;
     int differ = 0;
     for (int r = 0; r < R; ++r) {
@@ -447,12 +452,7 @@ TEST(SamplingCuda, DraftRowsMatchCpuCheck) {
                             : which == 4 ? V - 1
                                          : (fav + 1) % V;
         }
-        Dev<float> dl(logits);
-        Dev<SamplingRow> dp(rows);
-        Dev<int32_t> out(R);
-        out.poison();
-        launch_sample(dl.ptr, R, V, dp.ptr, nullptr, out.ptr, nullptr);
-        const auto got = out.download();
+        const auto got = sample_on_device(logits, V, rows);
         std::vector<std::pair<float, int32_t>> scratch;
         int accepted = 0, rejected = 0;
         for (int r = 0; r < R; ++r) {

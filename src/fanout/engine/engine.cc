@@ -9,6 +9,23 @@ using clock_type = std::chrono::steady_clock;
 
 namespace {
 
+// A logit row of `sampler`'s request as the device samples it: its parameters, its generator's
+// next draw, and its biases — entries [bias.size(), + its count) of the step's bias array, which
+// the caller appends once per request (append_bias) after that request's rows.
+ops::SamplingRow sampling_row(ops::Sampler& sampler, const std::vector<ops::LogitBias>& bias) {
+    const ops::SamplingParams& p = sampler.params();
+    return {p.temperature,
+            p.top_k,
+            p.top_p,
+            sampler.next_uniform(),
+            static_cast<int32_t>(bias.size()),
+            static_cast<int32_t>(p.logit_bias.size())};
+}
+
+void append_bias(std::vector<ops::LogitBias>& bias, const ops::Sampler& sampler) {
+    for (const auto& [id, b] : sampler.params().logit_bias) bias.push_back({id, b});
+}
+
 int64_t microseconds_since(clock_type::time_point t0) {
     return std::chrono::duration_cast<std::chrono::microseconds>(clock_type::now() - t0).count();
 }
@@ -366,10 +383,8 @@ bool Engine::step() {
         for (const auto& s : work) {
             if (!s.wants_logits) continue;
             ops::Sampler& sampler = *active_.at(s.seq->id)->sampler;
-            const ops::SamplingParams& p = sampler.params();
-            rows.push_back({p.temperature, p.top_k, p.top_p, sampler.next_uniform(), static_cast<int32_t>(bias.size()),
-                            static_cast<int32_t>(p.logit_bias.size())});
-            for (const auto& [id, b] : p.logit_bias) bias.push_back({id, b});
+            rows.push_back(sampling_row(sampler, bias));
+            append_bias(bias, sampler);
         }
         const auto t0 = clock_type::now();
         const std::vector<int32_t> tokens = runner_->forward_sample(batch, cache_, rows, bias);
@@ -415,22 +430,16 @@ void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::Step
     for (const auto& s : work) {
         if (!s.wants_logits) continue;
         ops::Sampler& sampler = *active_.at(s.seq->id)->sampler;
-        const ops::SamplingParams& p = sampler.params();
         const int64_t drafts = s.start + s.num_tokens - s.seq->total_len();
         for (int64_t j = 0; j <= drafts; ++j) {
-            ops::SamplingRow r{p.temperature,
-                               p.top_k,
-                               p.top_p,
-                               sampler.next_uniform(),
-                               static_cast<int32_t>(bias.size()),
-                               static_cast<int32_t>(p.logit_bias.size())};
+            ops::SamplingRow r = sampling_row(sampler, bias);
             if (j < drafts) {
                 r.draft = s.seq->draft[static_cast<size_t>(j)];
                 r.uniform_residual = sampler.next_uniform();
             }
             sampling.push_back(r);
         }
-        for (const auto& [id, b] : p.logit_bias) bias.push_back({id, b});
+        append_bias(bias, sampler);
     }
     std::vector<int32_t> picked;  // one token per logit row
     const auto t0 = clock_type::now();
