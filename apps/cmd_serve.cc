@@ -137,7 +137,9 @@ void run_serve(ServeArgs& a) {
     } else {
         mr.where = "this host (MemTotal)";
         mr.total_bytes = engine::host_memory_bytes();
-        mr.weight_bytes = engine::checkpoint_file_bytes(dir);  // mapped whole
+        // Mapped whole; tensor-parallel ranks add their heads' f32 copies (one whole copy per DP group).
+        mr.weight_bytes = engine::checkpoint_file_bytes(dir) +
+                          engine::tp_attention_copy_bytes(pre, a.tp, local_ranks / std::max(a.tp, 1));
         // Each rank of this process its step buffers and KV cache (--kv-memory-gb each); the
         // checkpoint is mapped once.
         mr.workspace_bytes = local_ranks * engine::cpu_step_workspace_bytes(pre, a.scheduler.max_num_seqs,

@@ -4,6 +4,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
+#include "engine_test_util.h"
 #include "fanout/model/synthetic.h"
 
 namespace fanout::engine {
@@ -70,6 +73,21 @@ TEST(MemoryPlan, CpuWorkspaceGrowsWithTheLimits) {
     EXPECT_GT(cpu_step_workspace_bytes(c, 100000000, 2048), 5e13);
     EXPECT_GT(cpu_step_workspace_bytes(c, 64, 4096), base);
     EXPECT_DOUBLE_EQ(kv_block_bytes(c, false, 64, 4), static_cast<double>(c.num_hidden_layers) * 64 * 80 * 4);
+}
+
+// Tensor-parallel attention's copies: the plan's bytes are what a TP group's ranks hold.
+TEST(MemoryPlan, TpAttentionCopiesAreWhatTheRanksHold) {
+    const std::string dir = testing::write_tiny_model("memory_plan_tp", 300);
+    const io::ModelConfig c = io::load_model_config(dir);
+    double held = 0;
+    for (int r = 0; r < 2; ++r) {
+        const auto m = model::DeepseekV3::load(dir, ParallelConfig{r, 2, 2});
+        for (const Tensor& t : m->weights().owned) held += static_cast<double>(t.nbytes());
+    }
+    EXPECT_DOUBLE_EQ(tp_attention_copy_bytes(c, 2, 1), held);
+    EXPECT_DOUBLE_EQ(tp_attention_copy_bytes(c, 2, 3), 3 * held);
+    EXPECT_EQ(tp_attention_copy_bytes(c, 1, 4), 0);
+    std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -4,8 +4,8 @@
 // One definition for everything that asks "which experts, which heads are mine": the weight
 // loader's shard (model/weights.h), the EP group (comm/ep.h: EpConfig::for_rank), the planner.
 // World = ep: every rank holds n_routed_experts / ep routed experts in one contiguous block and
-// runs attention for its own requests (dp = ep / tp attention replicas). tp > 1 — heads split
-// over tp ranks of a DP group — is the seam for the overlap issue; loaders refuse it for now.
+// runs attention for its own requests (dp = ep / tp attention replicas). tp > 1: the heads of a
+// DP group's attention split over its tp consecutive ranks (model/weights.h; the CPU path).
 #pragma once
 
 #include <cstdint>

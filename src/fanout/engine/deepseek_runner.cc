@@ -61,6 +61,11 @@ kv::KvCacheConfig DeepseekRunner::kv_cache_config(int64_t num_blocks) const {
     return lead().kv_cache_config(num_blocks, kv_dtype_);
 }
 
+void DeepseekRunner::fail(const std::string& reason) {
+    if (tp_) tp_->abort(reason);
+    if (abort_) abort_(reason);
+}
+
 void DeepseekRunner::follow(size_t i) {
     Member& m = *members_[i];
     int64_t seen = 0;
@@ -78,7 +83,7 @@ void DeepseekRunner::follow(size_t i) {
             job(m, *m.cache);
         } catch (const std::exception& e) {
             error = fmt::format("TP rank {} of {} failed: {}", i, members_.size(), e.what());
-            tp_->abort(error);
+            fail(error);
         }
         {
             std::lock_guard lock(mutex_);
@@ -107,7 +112,7 @@ void DeepseekRunner::run_all(const std::function<void(Member&, kv::PagedKvCache&
     } catch (const std::exception& e) {
         // Not waiting for the others: they may be in an exchange that only the group's failure ends.
         const std::string error = fmt::format("TP rank 0 of {} failed: {}", members_.size(), e.what());
-        tp_->abort(error);
+        fail(error);
         std::lock_guard lock(mutex_);
         if (failure_.empty()) failure_ = error;
         throw Error(failure_);

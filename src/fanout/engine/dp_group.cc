@@ -458,6 +458,13 @@ std::unique_ptr<DpThreadGroup> make_cpu_dp_threads(std::vector<std::unique_ptr<m
             group_opts.push_back(o);
         }
         auto runner = std::make_unique<DeepseekRunner>(std::move(group), std::move(group_opts), threads, kv_dtype);
+        // A TP rank's failure stops the exchanges every rank may be waiting in (the group, which
+        // owns the fabrics, outlives the engines).
+        std::vector<comm::LocalFabric*> f;
+        for (auto& fabric : fabrics) f.push_back(fabric.get());
+        runner->on_failure([f](const std::string& reason) {
+            for (comm::LocalFabric* x : f) x->abort(reason);
+        });
         engines.push_back(std::make_unique<Engine>(std::move(runner), tokenizer, config));
     }
     return std::make_unique<DpThreadGroup>(std::move(engines), std::move(fabrics), std::move(endpoints));

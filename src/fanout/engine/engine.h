@@ -95,9 +95,13 @@ class DeepseekRunner : public ModelRunner {
     std::vector<int32_t> draft_mtp(const model::StepBatch& batch, std::span<const int32_t> hidden_rows, bool chained,
                                    kv::PagedKvCache& cache) override;
     std::string microbatch_support() const override;
+    // Called with the reason when a TP rank fails: whoever owns the exchanges the other ranks may
+    // be waiting in (the EP fabrics) stops them, so no rank waits out a timeout.
+    void on_failure(std::function<void(const std::string&)> abort) { abort_ = std::move(abort); }
 
   private:
     struct Member;
+    void fail(const std::string& reason);  // the group's failure: TP group and abort_ (mutex_ not held)
     const model::DeepseekV3& lead() const;
     // `job` on every member (rank 0 here with `cache`, the others on their threads with theirs);
     // the first failure aborts the TP group and is thrown here.
@@ -113,6 +117,7 @@ class DeepseekRunner : public ModelRunner {
     int64_t jobs_ = 0, done_ = 0;  // jobs handed to the followers, follower jobs finished
     std::string failure_;
     bool stopping_ = false;
+    std::function<void(const std::string&)> abort_;
     std::vector<std::thread> followers_;
 };
 

@@ -73,6 +73,17 @@ double cpu_step_workspace_bytes(const io::ModelConfig& c, int64_t max_num_seqs, 
     return 4.0 * (static_cast<double>(max_batched_tokens) * per_token + logits + expansion);
 }
 
+double tp_attention_copy_bytes(const io::ModelConfig& c, int tp, int groups) {
+    if (tp <= 1) return 0;
+    const double H = static_cast<double>(c.num_attention_heads), D = static_cast<double>(c.hidden_size);
+    const double q_in = static_cast<double>(c.q_lora_rank > 0 ? c.q_lora_rank : c.hidden_size);
+    const double per_layer = H * static_cast<double>(c.qk_head_dim()) * q_in +
+                             H * static_cast<double>(c.qk_nope_head_dim + c.v_head_dim) * c.kv_lora_rank +
+                             D * H * static_cast<double>(c.v_head_dim);
+    const double layers = static_cast<double>(c.num_hidden_layers + c.num_nextn_predict_layers);
+    return 4.0 * per_layer * layers * groups;
+}
+
 double kv_block_bytes(const io::ModelConfig& c, bool with_mtp, int64_t block_size, int64_t element_bytes) {
     const double layers = static_cast<double>(c.num_hidden_layers + (with_mtp ? c.num_nextn_predict_layers : 0));
     return layers * static_cast<double>(block_size) * static_cast<double>(c.kv_entry_dim()) *

@@ -43,6 +43,11 @@ MemoryPlan plan_memory(const MemoryRequest& r);
 // expansion of the longest context through kv_b (one layer at a time).
 double cpu_step_workspace_bytes(const io::ModelConfig& c, int64_t max_num_seqs, int64_t max_batched_tokens);
 
+// Host bytes of tensor-parallel attention's per-head copies (model/weights.h: q_b or q_proj, kv_b
+// and o_proj of every layer and the MTP layer, f32) held by `groups` TP groups: each group's ranks
+// together hold one whole copy. 0 when tp is 1.
+double tp_attention_copy_bytes(const io::ModelConfig& c, int tp, int groups);
+
 // KV bytes per block (all layers, MTP included when present) for an element size.
 double kv_block_bytes(const io::ModelConfig& c, bool with_mtp, int64_t block_size, int64_t element_bytes);
 

@@ -440,7 +440,8 @@ std::vector<int32_t> CudaModel::forward_sample(const StepBatch& batch, std::span
     if (q == 1) all_rows = false;  // the same rows as last_rows: one graph
     const int64_t R_pad = next_pow2(R);
     const bool graph = m.opts.cuda_graphs && same_q && (last_rows || all_rows) && !sampling.empty() &&
-                       q <= kMaxGraphQueryLen && R_pad * q <= m.opts.max_step_tokens && R_pad <= m.opts.max_requests;
+                       q <= kMaxGraphQueryLen && R_pad * q <= m.opts.max_step_tokens && R_pad <= m.opts.max_requests &&
+                       (all_rows ? R_pad * q : R_pad) <= logit_rows_limit(m.opts);  // the padded rows fit
     const int rows_step = m.upload_step(batch, graph ? R_pad : R, q, all_rows);
     if (!sampling.empty()) {
         std::vector<ops::SamplingRow> srows(sampling.begin(), sampling.end());
@@ -506,7 +507,7 @@ std::vector<int32_t> CudaModel::draft_mtp(const StepBatch& batch, std::span<cons
                   batch.logit_rows[r] < batch.query_start[r + 1];
     const int64_t R_pad = next_pow2(R);
     const bool graph = m.opts.cuda_graphs && uniform && q <= kMaxGraphQueryLen && R_pad * q <= m.opts.max_step_tokens &&
-                       R_pad <= m.opts.max_requests;
+                       R_pad <= m.opts.max_requests && R_pad <= logit_rows_limit(m.opts);
     const int rows_step = m.upload_step(batch, graph ? R_pad : R, q, false);
     std::vector<int32_t> prev(hidden_rows.begin(), hidden_rows.end());
     prev.resize(static_cast<size_t>(graph ? R_pad * q : T), 0);  // padding requests read row 0

@@ -211,8 +211,10 @@ __global__ void __launch_bounds__(kThreads)
         if (found) {
             tokens[blockIdx.x] = pick.id;
         } else {
-            // u · rest reached the whole rest only through rounding (as below; never the draft,
-            // which a set of one would have accepted).
+            // u · rest reached the whole rest only through rounding (u_residual within ~1e-11 of
+            // 1). The CPU takes the last kept token that is not the draft, which is not tracked
+            // here: the set's boundary, or its argmax when that is the draft — the draft itself
+            // only when it is the argmax of a set kept whole, an error of that rounding's size.
             const int last = set.all ? best_id : set.id;
             tokens[blockIdx.x] = last != p.draft ? last : best_id;
         }
