@@ -2,6 +2,7 @@
 # `fanout serve --ep N` (data-parallel / expert-parallel ranks in lockstep, CPU path) end to end, in
 # three deployments:
 #   threads    fanout serve --model tiny --ep 4                      (ranks are threads)
+#   tp         ... --ep 4 --tp 2 --microbatch on --mtp 1             (2 DP ranks of 2 TP ranks, threads)
 #   mpirun     mpirun -np 4 ... fanout serve --model tiny            (one process per rank, launcher's world)
 #   processes  fanout serve --model tiny --ep 2 --ranks processes    (fanout execs mpirun on itself)
 # For each: 64 concurrent requests through the official openai client (serve_ep_client.mjs: chat and
@@ -35,7 +36,7 @@ tagged() {  # tagged TAG: the live processes carrying it (zombies have no enviro
 kill_tagged() { local p; for p in $(tagged "$1"); do kill -9 "$p" 2>/dev/null; done; }
 cleanup() {
     stop_servers
-    for name in threads mpirun mpirun_rank0 processes; do kill_tagged "${tag_base}_$name"; done
+    for name in threads tp mpirun mpirun_rank0 processes; do kill_tagged "${tag_base}_$name"; done
 }
 trap cleanup EXIT
 
@@ -173,6 +174,18 @@ if started threads; then
     check_load threads
     idle_check threads 15 "$pid"
     stop_group threads 1 0
+fi
+
+# (a2) the same 4 ranks as two DP ranks of TP groups of two (tensor-parallel attention), every step
+# as two microbatches and with one MTP draft: the same greedy completions and counts.
+launch tp "$fanout" serve --port 0 "${serve_args[@]}" --ep 4 --tp 2 --microbatch on --mtp 1
+if started tp; then
+    check_load tp
+    curl -s "http://127.0.0.1:$port/metrics" > "$work/metrics"
+    steps=$(metric fanout_engine_steps_total) mb=$(metric fanout_engine_microbatch_steps_total)
+    [[ -n $steps && $steps == "$mb" && $steps != 0 ]] && ok "tp: every one of the $steps steps ran as two microbatches" ||
+        bad "tp: microbatch steps" "steps $steps, microbatched $mb"
+    stop_group tp 1 0
 fi
 
 if ! command -v mpirun > /dev/null; then
