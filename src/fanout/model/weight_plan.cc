@@ -361,7 +361,8 @@ WeightPlan plan_weights(const io::ModelConfig& c, const ModelWeights& w, bool wi
         mp.head_norm = p.f32_vector(m.head_norm);
         mp.eh_proj = p.single(m.eh_proj);
         mp.layer = p.layer(c, m.layer, c.num_hidden_layers);
-        if (m.embed.data() == w.embed.data()) {
+        // The model's own arrays when the MTP layer has none, or copies of them (DeepSeek-V3's).
+        if (same_bytes(m.embed, w.embed)) {
             mp.embed = plan.embed;
         } else {
             FANOUT_CHECK(is_float(m.embed.dtype()), "the MTP layer's embed_tokens: dtype {} is not a float type",
@@ -369,7 +370,7 @@ WeightPlan plan_weights(const io::ModelConfig& c, const ModelWeights& w, bool wi
             mp.embed = p.array(static_cast<size_t>(m.embed.numel()) * 2);
             p.fill(mp.embed, 0, m.embed.data(), m.embed.nbytes(), m.embed.dtype());
         }
-        mp.head = m.head.data == w.lm_head.data ? plan.lm_head : p.bf16_matrix(m.head);
+        mp.head = same_bytes(m.head, w.lm_head) ? plan.lm_head : p.bf16_matrix(m.head);
         plan.mtp = std::move(mp);
     }
     return plan;

@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <set>
 #include <string_view>
@@ -367,6 +368,22 @@ ModelWeights load_weights(io::Checkpoint checkpoint, const io::ModelConfig& c, c
         w.unchecked.clear();
     }
     return w;
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+    if (a.data() == b.data()) return a.dtype() == b.dtype() && a.shape() == b.shape();
+    return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
+}
+
+bool same_bytes(const ops::LinearWeight& a, const ops::LinearWeight& b) {
+    if (a.dtype != b.dtype || a.out_features != b.out_features || a.in_features != b.in_features) return false;
+    const size_t n = static_cast<size_t>(a.out_features * a.in_features) * dtype_size(a.dtype);
+    if (a.data != b.data && std::memcmp(a.data, b.data, n) != 0) return false;
+    if ((a.scale_inv == nullptr) != (b.scale_inv == nullptr)) return false;
+    if (a.scale_inv == nullptr || a.scale_inv == b.scale_inv) return true;
+    const size_t blocks = static_cast<size_t>(ops::ceil_div(a.out_features, ops::kFp8Block) *
+                                              ops::ceil_div(a.in_features, ops::kFp8Block));
+    return std::memcmp(a.scale_inv, b.scale_inv, blocks * sizeof(float)) == 0;
 }
 
 int64_t first_bad_weight_value(const WeightCheck& check, const void* data, int64_t first, int64_t count) {

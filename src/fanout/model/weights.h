@@ -114,6 +114,12 @@ struct LoadOptions {
 ModelWeights load_weights(io::Checkpoint checkpoint, const io::ModelConfig& config, const ParallelConfig& parallel,
                           const LoadOptions& opts = {});
 
+// Whether two bound tensors (or weights, scales included) hold the same values: dtype, shape and
+// bytes, compared through the mapping. The MTP layer's embed_tokens and shared_head.head are copies
+// of the model's in DeepSeek-V3's checkpoint; the GPU keeps one of each then.
+bool same_bytes(const Tensor& a, const Tensor& b);
+bool same_bytes(const ops::LinearWeight& a, const ops::LinearWeight& b);
+
 // The first bad element among elements [0, count) of `check`'s tensor that start at element
 // `first` and lie at `data` (a staging copy or the mapping), or -1.
 int64_t first_bad_weight_value(const WeightCheck& check, const void* data, int64_t first, int64_t count);
