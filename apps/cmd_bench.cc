@@ -144,6 +144,9 @@ void add_bench_command(CLI::App& app) {
         ->check(CLI::IsMember({"emulated", "nvlink", "nccl"}))
         ->capture_default_str();
     layer->add_option("--gpus", l->gpus, "GPUs for --comm nvlink|nccl (0: every visible one)")->capture_default_str();
+    layer->add_flag("--microbatch", l->microbatch,
+                    "also each emulated MoE point as two interleaved microbatches (the split's cost: communication "
+                    "is not included)");
     layer->add_option("--json", l->json_out, "JSON output ('' to skip)")->capture_default_str();
     layer->callback([l] {
 #ifdef FANOUT_WITH_CUDA

@@ -360,6 +360,103 @@ int run_layer_bench(const LayerBenchOptions& opts) {
     bench_points(0);
     for (int ep : opts.eps) bench_points(ep);
 
+    // The two-microbatch schedule on the emulated points: two execs (each its own device context
+    // and emulated backend, on the one stream) whose stages interleave as the CPU model's schedule
+    // does; one graph per point, timed as a whole.
+    if (opts.microbatch) {
+        Rig rig_b(c, max_batch, q, opts.kv_len, s);
+        for (int ep : opts.eps) {
+            const int64_t local = c.n_routed_experts / ep;
+            const int max_m =
+                static_cast<int>(std::ceil(double(max_T) * c.num_experts_per_tok * ep / c.n_routed_experts));
+            const model::DeviceLayer w = model::random_layer(c, true, local, 100 + static_cast<uint64_t>(ep));
+            model::LayerLimits lim;
+            lim.max_tokens = max_T;
+            lim.max_masked_tokens = max_T;
+            lim.num_local_experts = local;
+            lim.max_dispatch_m = max_m;
+            CudaLayerExec ea(c, rope, lim, rig.ctx), eb(c, rope, lim, rig_b.ctx);
+            comm::EpConfig ec = comm::EpConfig::for_rank(ParallelConfig{0, ep, 1}, static_cast<int>(c.n_routed_experts),
+                                                         static_cast<int>(c.num_experts_per_tok),
+                                                         static_cast<int>(c.hidden_size), max_T, comm::Payload::kFp8);
+            ec.max_m = max_m;
+            EmulatedEp emu_a(ec, s), emu_b(ec, s);
+            ea.set_expert_parallel(&emu_a);
+            eb.set_expert_parallel(&emu_b);
+            std::printf("\nMoE layer, EP%d emulated, two microbatches (µs; communication not included)\n", ep);
+            std::printf("%-8s %12s %12s %8s\n", "batch", "one batch", "microbatch", "ratio");
+            for (int b : opts.batches) {
+                if (b < 2) continue;  // one request: the second half would be empty
+                const int ba = b / 2, bb = b - ba;
+                model::LayerStep st[2] = {rig.step_for(ba), rig_b.step_for(bb)};
+                CudaLayerExec* ex[2] = {&ea, &eb};
+                Rig* rg[2] = {&rig, &rig_b};
+                EmulatedEp* emu[2] = {&emu_a, &emu_b};
+                for (int i = 0; i < 2; ++i) {
+                    const int m = std::max(1, static_cast<int>(std::ceil(double(st[i].R) * q * c.num_experts_per_tok *
+                                                                         ep / c.n_routed_experts)));
+                    emu[i]->set_rows(m);
+                    st[i].expected_m = m;
+                }
+                const auto layer = [&] {
+                    for (int i = 0; i < 2; ++i) {
+                        FANOUT_CUDA_CHECK(cudaMemcpyAsync(rg[i]->hidden.get(), rg[i]->pristine.get(),
+                                                          static_cast<size_t>(st[i].T * c.hidden_size) * 2,
+                                                          cudaMemcpyDeviceToDevice, s));
+                        ex[i]->begin_step(st[i]);
+                    }
+                    for (int i = 0; i < 2; ++i) {  // the second's attention while the first's tokens travel
+                        ex[i]->attn_in(w, st[i], rg[i]->hidden.get(), rg[i]->cache.get());
+                        ex[i]->attn_out(w, st[i], rg[i]->hidden.get(), rg[i]->cache.get());
+                        ex[i]->gate(w, st[i]);
+                        ex[i]->dispatch_send(w, st[i]);
+                    }
+                    for (int i = 0; i < 2; ++i) {  // the first's experts while the second's travel
+                        ex[i]->shared(w, st[i], rg[i]->hidden.get());
+                        ex[i]->experts(w, st[i]);
+                    }
+                    for (int i = 0; i < 2; ++i) ex[i]->combine(w, st[i], rg[i]->hidden.get());
+                };
+                layer();  // plans and workspaces outside the capture
+                FANOUT_CUDA_CHECK(cudaStreamSynchronize(s));
+                cudaEvent_t e0, e1;
+                FANOUT_CUDA_CHECK(cudaEventCreate(&e0));
+                FANOUT_CUDA_CHECK(cudaEventCreate(&e1));
+                const cudaGraphExec_t ge = capture_graph(s, [&] {
+                    FANOUT_CUDA_CHECK(cudaEventRecordWithFlags(e0, s, cudaEventRecordExternal));
+                    layer();
+                    FANOUT_CUDA_CHECK(cudaEventRecordWithFlags(e1, s, cudaEventRecordExternal));
+                });
+                double total = 0;
+                for (int r = 0; r < opts.replays + 2; ++r) {
+                    FANOUT_CUDA_CHECK(cudaGraphLaunch(ge, s));
+                    FANOUT_CUDA_CHECK(cudaStreamSynchronize(s));
+                    float ms = 0;
+                    FANOUT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+                    if (r >= 2) total += ms * 1000.0 / opts.replays;
+                }
+                cudaGraphExecDestroy(ge);
+                cudaEventDestroy(e0);
+                cudaEventDestroy(e1);
+                double whole = 0;
+                for (const auto& p : points)
+                    if (p["ep"] == ep && p["batch"] == b && p["schedule"] == "no_overlap") whole = p["total_us"];
+                std::printf("%-8d %12.1f %12.1f %8.3f\n", b, whole, total, whole > 0 ? total / whole : 0.0);
+                points.push_back({{"ep", ep},
+                                  {"layer", "moe"},
+                                  {"tp", 1},
+                                  {"batch", b},
+                                  {"query_len", q},
+                                  {"kv_len", opts.kv_len},
+                                  {"schedule", "microbatch"},
+                                  {"communication", "not included"},
+                                  {"local_experts", local},
+                                  {"total_us", total},
+                                  {"one_batch_us", whole}});
+            }
+        }
+    }
+
     // Real dispatch and combine: EP over the visible GPUs, one rank per GPU (a thread each, one
     // NCCL communicator), every rank's step the same batch, the routing the router's own.
     if (opts.comm != "emulated") {

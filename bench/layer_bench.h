@@ -27,6 +27,11 @@ struct LayerBenchOptions {
     // (0: every visible one), EP = that many ranks.
     std::string comm = "emulated";
     int gpus = 0;
+    // Also each emulated MoE point as two microbatches (the seed's schedule on the layer's stages:
+    // both halves' attention and dispatch send, both expert halves, both combines), beside the one-
+    // batch layer: with the emulated backend nothing is in flight, so this is the split's cost —
+    // what the hidden communication must outweigh for the schedule to pay.
+    bool microbatch = false;
     std::string json_out = "layer_bench.json";
 };
 
