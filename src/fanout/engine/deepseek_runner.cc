@@ -1,4 +1,6 @@
 // DeepseekRunner (engine.h): the CPU path's runner, one model or a TP group of them.
+#include <memory>
+
 #include "fanout/engine/engine.h"
 
 namespace fanout::engine {
@@ -122,12 +124,20 @@ void DeepseekRunner::run_all(const std::function<void(Member&, kv::PagedKvCache&
     FANOUT_CHECK(failure_.empty(), "{}", failure_);
 }
 
-Tensor DeepseekRunner::forward(const model::StepBatch& batch, kv::PagedKvCache& cache) {
+// What a job reads of its caller's arguments: the caller's own for one member; a copy for a TP
+// group, whose followers may still read it after rank 0 threw and returned.
+template <typename T>
+std::shared_ptr<const T> job_arg(const T& arg, size_t members) {
+    return members > 1 ? std::make_shared<const T>(arg) : std::shared_ptr<const T>(&arg, [](const T*) {});
+}
+
+Tensor DeepseekRunner::forward(const model::StepBatch& step, kv::PagedKvCache& cache) {
     Tensor logits;
     Member* leader = members_[0].get();
-    // The batch by value: a follower may still read it after rank 0 threw.
+    const auto b = job_arg(step, members_.size());
     run_all(
-        [batch, leader, &logits](Member& m, kv::PagedKvCache& c) {
+        [b, leader, &logits](Member& m, kv::PagedKvCache& c) {
+            const model::StepBatch& batch = *b;
             model::DeepseekV3::Output out = m.model->forward(batch, c, m.opts, Stream{&m.pool});
             if (batch.all_hidden) m.hidden = std::move(out.hidden);
             if (&m == leader) logits = std::move(out.logits);
@@ -150,23 +160,25 @@ std::string DeepseekRunner::enable_mtp(int draft_tokens) {
     return "";
 }
 
-std::vector<int32_t> DeepseekRunner::draft_mtp(const model::StepBatch& batch, std::span<const int32_t> hidden_rows,
+std::vector<int32_t> DeepseekRunner::draft_mtp(const model::StepBatch& step, std::span<const int32_t> hidden_rows,
                                                bool chained, kv::PagedKvCache& cache) {
-    FANOUT_CHECK(static_cast<int64_t>(hidden_rows.size()) == batch.num_tokens(),
-                 "draft_mtp: {} hidden rows for {} tokens", hidden_rows.size(), batch.num_tokens());
+    FANOUT_CHECK(static_cast<int64_t>(hidden_rows.size()) == step.num_tokens(),
+                 "draft_mtp: {} hidden rows for {} tokens", hidden_rows.size(), step.num_tokens());
     std::vector<int32_t> drafts;
     Member* leader = members_[0].get();
-    const std::vector<int32_t> rows(hidden_rows.begin(), hidden_rows.end());
+    const auto b = job_arg(step, members_.size());
+    const auto rows = std::make_shared<const std::vector<int32_t>>(hidden_rows.begin(), hidden_rows.end());
     run_all(
-        [batch, rows, chained, leader, &drafts](Member& m, kv::PagedKvCache& c) {
+        [b, rows, chained, leader, &drafts](Member& m, kv::PagedKvCache& c) {
+            const model::StepBatch& batch = *b;
             const Tensor& from = chained ? m.mtp_hidden : m.hidden;
             const int64_t D = m.model->config().hidden_size;
             Tensor prev = Tensor::zeros({0, D}, DType::kF32);
-            if (!rows.empty()) {
-                for (int32_t r : rows)
+            if (!rows->empty()) {
+                for (int32_t r : *rows)
                     FANOUT_CHECK(from.defined() && r >= 0 && r < from.dim(0), "draft_mtp: hidden row {} of {} kept", r,
                                  from.defined() ? from.dim(0) : 0);
-                prev = from.gather_rows(rows);
+                prev = from.gather_rows(*rows);
             }
             model::DeepseekV3::Output out = m.model->forward_mtp(batch, prev, c, m.opts, Stream{&m.pool});
             m.mtp_hidden = std::move(out.hidden);

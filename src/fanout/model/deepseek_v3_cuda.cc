@@ -401,6 +401,7 @@ std::vector<int32_t> CudaModel::forward_sample(const StepBatch& batch, std::span
     const io::ModelConfig& c = m.c;
     const int64_t T = batch.num_tokens(), R = batch.num_requests(),
                   rows_n = static_cast<int64_t>(batch.logit_rows.size());
+    FANOUT_CHECK(!batch.microbatch, "the GPU runner does not run two microbatches yet (the CPU path does)");
     const bool keep_hidden = batch.all_hidden;
     FANOUT_CHECK(!keep_hidden || m.w.mtp, "GPU step: all_hidden without MTP (CudaModelOptions::mtp_draft_tokens)");
     if (T == 0 && m.opts.ep) {  // this rank's empty step of the EP group
