@@ -140,13 +140,14 @@ void print_upload_summary(const model::StreamStats& s) {
 void add_microbatch_options(CLI::App* cmd, MicrobatchArgs& a) {
     cmd->add_option("--microbatch", a.mode,
                     "the two-microbatch schedule: each step's requests as two microbatches whose layers interleave, "
-                    "one's expert exchanges in flight while the other computes (CPU path so far); auto: on for "
-                    "steps of at least --microbatch-min-tokens tokens (a DP group: its largest rank's)")
+                    "one's expert exchanges in flight while the other computes; auto: on for steps of at least "
+                    "--microbatch-min-tokens tokens (a DP group: its largest rank's)")
         ->check(CLI::IsMember({"on", "off", "auto"}))
         ->capture_default_str();
     cmd->add_option("--microbatch-min-tokens", a.min_tokens,
-                    "--microbatch auto: the step size from which it is on (default: never — the CPU path's "
-                    "exchanges are memory copies, with no transfer to hide)")
+                    "--microbatch auto: the step size from which it is on (default: on the GPU under expert "
+                    "parallelism, measured at start-up — both schedules timed at every decode bucket; otherwise "
+                    "never: one GPU, or the CPU path's memory-copy exchanges, have no transfer to hide)")
         ->check(CLI::PositiveNumber);
 }
 

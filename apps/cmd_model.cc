@@ -21,9 +21,12 @@ namespace fanout::cli {
 namespace {
 
 #ifdef FANOUT_WITH_CUDA
-// The GPU runner for one request of up to `context` tokens, taking `step_tokens` per step.
-std::unique_ptr<model::CudaModel> make_cuda_model(const model::DeepseekV3& m, int64_t context, int64_t step_tokens) {
+// The GPU runner for one request of up to `context` tokens, taking `step_tokens` per step
+// (`microbatch`: with the two-microbatch schedule).
+std::unique_ptr<model::CudaModel> make_cuda_model(const model::DeepseekV3& m, int64_t context, int64_t step_tokens,
+                                                  bool microbatch) {
     model::CudaModelOptions o;
+    o.microbatch = microbatch;
     o.max_requests = 1;
     o.max_context = context;
     o.max_step_tokens = step_tokens;
@@ -121,6 +124,7 @@ void generate_through_engine(GenerateArgs& a, Deployment& d, const io::Tokenizer
         o.max_step_tokens = std::min<int64_t>(a.req.prefill_chunk, 256);
         o.num_kv_blocks = ec.num_kv_blocks;
         o.mtp_draft_tokens = a.mtp;
+        o.microbatch = ec.microbatch == engine::EngineConfig::Microbatch::kOn;  // EP1: auto has nothing to hide
         ec.scheduler.max_batched_tokens = ec.scheduler.prefill_chunk = o.max_step_tokens;
         auto m = load_model(a.model);
         auto runner = std::make_unique<engine::CudaRunner>(*m, o, load_progress_printer());
@@ -265,11 +269,12 @@ void run_score(ScoreArgs& a) {
     Tensor logits;
     if (a.model.device == "cuda") {
 #ifdef FANOUT_WITH_CUDA
-        auto gpu = make_cuda_model(*m, T, T);
+        auto gpu = make_cuda_model(*m, T, T, a.microbatch.on_for(T));
         kv::PagedKvCache blocks = gpu->make_block_allocator();
         kv::SequenceBlocks seq;
         blocks.reserve(seq, T);
         auto batch = model::StepBatchBuilder(blocks).add(ids, 0, seq, model::StepBatchBuilder::Logits::kAll).build();
+        batch.microbatch = a.microbatch.on_for(T);  // one request: all in the first microbatch
         logits = gpu->forward_logits(batch);
 #endif
     } else {

@@ -108,6 +108,13 @@ void run_serve(ServeArgs& a) {
     o.max_step_tokens = a.scheduler.max_batched_tokens;
     o.max_context = pre.max_position_embeddings;  // the most the KV cache can leave it at
     o.mtp_draft_tokens = a.mtp;
+    // The two-microbatch schedule on the GPU: on, or auto under expert parallelism (at EP1 there
+    // is no exchange to hide: auto is off); auto without --microbatch-min-tokens is calibrated by
+    // the graph captures, which time both schedules at every decode bucket.
+    const bool auto_microbatch = ec.microbatch == engine::EngineConfig::Microbatch::kAuto;
+    o.microbatch = ec.microbatch == engine::EngineConfig::Microbatch::kOn || (auto_microbatch && a.ep_backend != "local");
+    const bool calibrate_microbatch = auto_microbatch && o.microbatch &&
+                                      ec.microbatch_min_tokens == std::numeric_limits<int64_t>::max();
 #endif
     if (a.model.device == "cuda") {
 #ifdef FANOUT_WITH_CUDA
@@ -119,7 +126,8 @@ void run_serve(ServeArgs& a) {
                                          static_cast<int>(pre.num_experts_per_tok), static_cast<int>(pre.hidden_size),
                                          static_cast<int>(o.max_step_tokens),
                                          model::experts_run_fp8(pre) ? comm::Payload::kFp8 : comm::Payload::kBf16);
-            o.ep = d.make_gpu_ep(a.ep_backend, ep);
+            o.ep = d.make_gpu_ep(a.ep_backend, ep, o.microbatch);
+            o.microbatch_ep = d.microbatch_ep.get();
             o.stream = d.gpu->stream;
         }
         const engine::CudaRunner::DeviceMemory dm = engine::CudaRunner::device_memory();
@@ -187,16 +195,36 @@ void run_serve(ServeArgs& a) {
         const double free_loaded = engine::CudaRunner::device_memory().free_bytes;
         // Every decode bucket's graph now, inside the plan, so no request waits on a capture.
         double graph_bytes = 0;
-        std::string buckets;
+        std::string buckets, schedules;
+        std::vector<engine::MicrobatchTiming> timings;
         d.barrier();  // under EP every capture is a step of the group: all ranks loaded first
         for (const auto& g : gpu->model().capture_decode_graphs()) {
             graph_bytes += g.bytes;
             buckets += fmt::format("{}{}: {:.0f} MB {:.2f} s", buckets.empty() ? "" : ", ", g.requests, g.bytes / 1e6,
                                    g.seconds);
+            if (g.microbatch_step_us > 0) {
+                timings.push_back({g.tokens, g.step_us, g.microbatch_step_us});
+                schedules += fmt::format("{}{}: {:.0f} / {:.0f}", schedules.empty() ? "" : ", ", g.tokens, g.step_us,
+                                         g.microbatch_step_us);
+            }
         }
         if (!buckets.empty())
             std::fprintf(stderr, "CUDA graphs captured (requests: memory, time): %s; %.2f GB in all\n", buckets.c_str(),
                          graph_bytes / 1e9);
+        if (!schedules.empty() && d.rank == 0)
+            std::fprintf(stderr, "decode step µs as one batch / two microbatches (tokens: times): %s\n",
+                         schedules.c_str());
+        if (calibrate_microbatch) {
+            // Rank 0 decides every step of a DP group; the others' thresholds are never read.
+            ec.microbatch_min_tokens = engine::microbatch_min_tokens_from(timings);
+            if (d.rank == 0) {
+                if (ec.microbatch_min_tokens == std::numeric_limits<int64_t>::max())
+                    std::fprintf(stderr, "--microbatch auto: off (one batch was faster at the largest step measured)\n");
+                else
+                    std::fprintf(stderr, "--microbatch auto: on for steps of %lld tokens and more (measured)\n",
+                                 static_cast<long long>(ec.microbatch_min_tokens));
+            }
+        }
         phase("graph capture");
         const double free_after = engine::CudaRunner::device_memory().free_bytes;
         std::fprintf(stderr,

@@ -266,7 +266,8 @@ void Deployment::select_gpu() {
     FANOUT_CUDA_CHECK(cudaSetDevice(local_rank % count));
 }
 
-comm::ExpertParallel* Deployment::make_gpu_ep(const std::string& backend, const comm::EpConfig& config) {
+comm::ExpertParallel* Deployment::make_gpu_ep(const std::string& backend, const comm::EpConfig& config,
+                                              bool microbatch) {
     const comm::GpuBackend b = comm::gpu_backend_from_name(backend);
     gpu = std::make_unique<GpuGroup>();
     ncclUniqueId id{};
@@ -283,6 +284,7 @@ comm::ExpertParallel* Deployment::make_gpu_ep(const std::string& backend, const 
     FANOUT_NCCL_CHECK(ncclCommInitRank(&gpu->comm, world, id, rank));
     FANOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&gpu->stream, cudaStreamNonBlocking));
     ep = comm::make_gpu_ep(b, config, gpu->comm, gpu->stream);
+    if (microbatch) microbatch_ep = comm::make_gpu_ep(b, config, gpu->comm, gpu->stream);
     return ep.get();
 }
 #endif

@@ -46,7 +46,7 @@ struct Deployment {
     std::unique_ptr<GpuGroup> gpu;
 #endif
     std::unique_ptr<comm::ExpertParallel> ep;             // this process's EP endpoint (one rank per process)
-    std::unique_ptr<comm::ExpertParallel> microbatch_ep;  // ... for the second microbatch (CPU ranks)
+    std::unique_ptr<comm::ExpertParallel> microbatch_ep;  // ... for the second microbatch
     std::unique_ptr<comm::ControlPlane> control;          // world > 1, until make_rank hands it to the rank
     std::unique_ptr<engine::Engine> engine;               // one rank
     std::unique_ptr<engine::DpThreadGroup> threads;       // ranks as threads
@@ -97,8 +97,11 @@ struct Deployment {
     void select_gpu();
     // This rank's GPU EP backend ("nvlink" or "nccl") over the processes of the deployment (this
     // process alone at world 1): the NCCL communicator (its id from rank 0 over MPI, or over TCP
-    // at MASTER_ADDR:MASTER_PORT), the stream (gpu->stream) and the backend, kept in `ep`.
-    comm::ExpertParallel* make_gpu_ep(const std::string& backend, const comm::EpConfig& config);
+    // at MASTER_ADDR:MASTER_PORT), the stream (gpu->stream) and the backend, kept in `ep`; with
+    // `microbatch` a second backend on the same communicator and stream for the second
+    // microbatch's exchanges, kept in `microbatch_ep`.
+    comm::ExpertParallel* make_gpu_ep(const std::string& backend, const comm::EpConfig& config,
+                                      bool microbatch = false);
 #endif
 
     // Before make_rank, through the control plane (nothing at world 1): waits for every process

@@ -361,8 +361,8 @@ int run_layer_bench(const LayerBenchOptions& opts) {
     for (int ep : opts.eps) bench_points(ep);
 
     // The two-microbatch schedule on the emulated points: two execs (each its own device context
-    // and emulated backend, on the one stream) whose stages interleave as the CPU model's schedule
-    // does; one graph per point, timed as a whole.
+    // and emulated backend, on the one stream) through model::run_microbatched — the GPU runner's
+    // schedule; one graph per point, timed as a whole.
     if (opts.microbatch) {
         Rig rig_b(c, max_batch, q, opts.kv_len, s);
         for (int ep : opts.eps) {
@@ -405,17 +405,8 @@ int run_layer_bench(const LayerBenchOptions& opts) {
                                                           cudaMemcpyDeviceToDevice, s));
                         ex[i]->begin_step(st[i]);
                     }
-                    for (int i = 0; i < 2; ++i) {  // the second's attention while the first's tokens travel
-                        ex[i]->attn_in(w, st[i], rg[i]->hidden.get(), rg[i]->cache.get());
-                        ex[i]->attn_out(w, st[i], rg[i]->hidden.get(), rg[i]->cache.get());
-                        ex[i]->gate(w, st[i]);
-                        ex[i]->dispatch_send(w, st[i]);
-                    }
-                    for (int i = 0; i < 2; ++i) {  // the first's experts while the second's travel
-                        ex[i]->shared(w, st[i], rg[i]->hidden.get());
-                        ex[i]->experts(w, st[i]);
-                    }
-                    for (int i = 0; i < 2; ++i) ex[i]->combine(w, st[i], rg[i]->hidden.get());
+                    model::run_microbatched(w, {model::Microbatch{ex[0], st[0], rg[0]->hidden.get(), rg[0]->cache.get()},
+                                                model::Microbatch{ex[1], st[1], rg[1]->hidden.get(), rg[1]->cache.get()}});
                 };
                 layer();  // plans and workspaces outside the capture
                 FANOUT_CUDA_CHECK(cudaStreamSynchronize(s));

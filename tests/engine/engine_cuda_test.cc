@@ -34,8 +34,9 @@ std::vector<RequestParams> make_requests() {
 }
 
 std::vector<std::vector<int32_t>> run_engine(const model::DeepseekV3& m, const std::vector<RequestParams>& params,
-                                             int mtp = 0, EngineStats* stats = nullptr) {
+                                             int mtp = 0, EngineStats* stats = nullptr, bool microbatch = false) {
     model::CudaModelOptions o;
+    o.microbatch = microbatch;
     o.num_kv_blocks = 32;
     o.max_requests = 8;
     o.max_step_tokens = 64;
@@ -45,6 +46,7 @@ std::vector<std::vector<int32_t>> run_engine(const model::DeepseekV3& m, const s
     cfg.num_kv_blocks = 32;
     cfg.scheduler = {8, 64, 16};
     cfg.mtp_draft_tokens = mtp;
+    cfg.microbatch = microbatch ? EngineConfig::Microbatch::kOn : EngineConfig::Microbatch::kOff;
     Engine engine(std::make_unique<CudaRunner>(m, o), nullptr, cfg);
     std::vector<std::shared_ptr<RequestHandle>> handles;
     for (const auto& p : params) handles.push_back(engine.submit(p));
@@ -188,6 +190,50 @@ TEST(EngineCuda, MtpGreedyFollowsPlainAndRepeats) {
         ADD_FAILURE() << "an engine with 2 drafts on a runner made for 1 was accepted";
     } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find("made for 1 draft"), std::string::npos) << e.what();
+    }
+    std::filesystem::remove_all(dir);
+}
+
+// `--microbatch on` on the GPU: every step as two microbatches (prefill chunks, mixed steps,
+// decode graphs of both schedules), without and with MTP. Greedy requests follow the one-batch
+// engine's tokens until a step where its own top-2 margin is within the bf16 difference (the
+// split changes the GEMMs' row counts); seeded sampled requests repeat exactly in a second
+// engine; every step counted as microbatched. An engine asking for the schedule from a runner
+// made without it is refused, naming the option.
+TEST(EngineCuda, MicrobatchFollowsOneBatchAndRepeats) {
+    REQUIRE_GPU();
+    const std::string dir = testing::write_tiny_model("engine_cuda_microbatch", 512);
+    auto m = model::DeepseekV3::load(dir);
+    fanout::testing::pin_routing(*m);
+    const auto params = make_requests();
+    for (const int mtp : {0, 1}) {
+        const auto plain = run_engine(*m, params, mtp);
+        EngineStats st;
+        const auto two = run_engine(*m, params, mtp, &st, true);
+        EXPECT_EQ(run_engine(*m, params, mtp, nullptr, true), two) << "mtp " << mtp << ": a second run differs";
+        EXPECT_GT(st.steps, 0);
+        EXPECT_EQ(st.microbatch_steps, st.steps) << "mtp " << mtp;
+        for (int i = 0; i < kRequests; i += 2) {  // the greedy ones
+            ASSERT_EQ(two[i].size(), plain[i].size()) << "mtp " << mtp << " request " << i;
+            size_t j = 0;
+            while (j < plain[i].size() && plain[i][j] == two[i][j]) ++j;
+            std::printf("mtp %d request %d: two microbatches follow one batch for %zu of %zu tokens\n", mtp, i, j,
+                        plain[i].size());
+            if (j < plain[i].size())
+                expect_near_tie(*m, params[i], plain[i], j, fmt::format("mtp {} request {}", mtp, i));
+        }
+    }
+    model::CudaModelOptions o;
+    o.max_context = 256;
+    o.num_kv_blocks = 16;
+    EngineConfig cfg;
+    cfg.num_kv_blocks = 16;
+    cfg.microbatch = EngineConfig::Microbatch::kOn;
+    try {
+        Engine engine(std::make_unique<CudaRunner>(*m, o), nullptr, cfg);
+        ADD_FAILURE() << "--microbatch on over a runner without the schedule was accepted";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("CudaModelOptions::microbatch"), std::string::npos) << e.what();
     }
     std::filesystem::remove_all(dir);
 }

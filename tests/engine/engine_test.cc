@@ -282,5 +282,29 @@ TEST(Engine, RejectsLogitBiasOutsideTheVocabulary) {
     EXPECT_NO_THROW(engine.submit(p));
 }
 
+// --microbatch auto's calibration: the threshold is the smallest measured size from which the
+// two-microbatch schedule won at that size and every larger one, so the choice is the faster
+// schedule at each size wherever the crossover is single; losing at the largest size (or nothing
+// measured) is never; a win below a loss does not count; bad timings are named.
+TEST(Engine, MicrobatchThresholdFromMeasuredStepTimes) {
+    constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+    EXPECT_EQ(microbatch_min_tokens_from({}), kNever);
+    // One GPU: nothing to hide, the split only costs.
+    EXPECT_EQ(microbatch_min_tokens_from({{1, 100, 190}, {8, 120, 200}, {64, 300, 380}, {128, 500, 690}}), kNever);
+    // A crossover between 16 and 32 tokens, sizes given in any order.
+    const std::vector<MicrobatchTiming> cross = {{64, 400, 330}, {8, 200, 260}, {32, 300, 290}, {16, 250, 270}};
+    const int64_t from = microbatch_min_tokens_from(cross);
+    EXPECT_EQ(from, 32);
+    for (const MicrobatchTiming& t : cross)  // auto picks the faster schedule at every size measured
+        EXPECT_EQ(t.tokens >= from, t.microbatch_us < t.one_batch_us) << t.tokens << " tokens";
+    // A win at 8 below a loss at 16 is noise, not a second crossover: on from 32.
+    EXPECT_EQ(microbatch_min_tokens_from({{8, 200, 150}, {16, 250, 270}, {32, 300, 290}}), 32);
+    // Winning everywhere: on from the smallest; losing only at the largest: never.
+    EXPECT_EQ(microbatch_min_tokens_from({{2, 10, 9}, {4, 20, 19}}), 2);
+    EXPECT_EQ(microbatch_min_tokens_from({{2, 10, 9}, {4, 20, 21}}), kNever);
+    const std::string err = fanout::testing::error_of([] { microbatch_min_tokens_from({{4, 20, 0}}); });
+    EXPECT_NE(err.find("4 tokens"), std::string::npos) << err;
+}
+
 }  // namespace
 }  // namespace fanout::engine

@@ -416,6 +416,99 @@ TEST(CudaModel, BatchedDecodeMatchesSingleRequests) {
     EXPECT_NE(err.find("outside the vocabulary"), std::string::npos) << err;
 }
 
+// The two-microbatch schedule (CudaModelOptions::microbatch) against one batch, on the tiny
+// model with its routing pinned: five prompts as one-request prefill chunks (all in the first
+// microbatch, the second empty), an eager step of the five requests with 1..5 new tokens each
+// (split where their tokens balance), then greedy decode steps replayed from graphs (bucket 8,
+// four requests each side, three of them padding). The same kernels run on other row counts,
+// so the logits agree to GEMM-tile rounding — bound 0.5% of the largest |logit| at every row —
+// and the greedy tokens are the same. A microbatched step on a runner made without the schedule
+// is refused.
+TEST(CudaModel, MicrobatchedStepsMatchOneBatch) {
+    REQUIRE_GPU();
+    const std::string dir = fanout::testing::temp_dir("tiny_microbatch_cuda");
+    write_synthetic_model(dir, preset_config("tiny", 3), {});
+    auto m = DeepseekV3::load(dir);
+    pin_routing(*m);
+    const int64_t V = m->config().vocab_size;
+    constexpr int kReq = 5, kDecode = 4;
+    CudaModelOptions o;
+    o.max_requests = 8;
+    o.max_context = 128;
+    o.max_step_tokens = 64;
+    o.max_logit_rows = 64;
+    // Runs the same steps on `gpu`, every step microbatched or none: the eager steps' logits
+    // (concatenated) and the greedy tokens of the decode steps.
+    const auto steps = [&](CudaModel& gpu, bool microbatch, std::vector<int32_t>* tokens) {
+        kv::PagedKvCache blocks = gpu.make_block_allocator();
+        std::vector<kv::SequenceBlocks> seqs(kReq);
+        std::vector<std::vector<int32_t>> ids(kReq);
+        std::vector<float> logits;
+        const auto keep = [&](const Tensor& t) {
+            logits.insert(logits.end(), t.data_as<float>(), t.data_as<float>() + t.numel());
+        };
+        for (int r = 0; r < kReq; ++r) {
+            for (int i = 0; i < 6 + 9 * r; ++i) ids[r].push_back(static_cast<int32_t>((r * 131 + i * 7919 + 5) % V));
+            blocks.reserve(seqs[r], static_cast<int64_t>(ids[r].size()) + 5 + kDecode);
+            auto b = StepBatchBuilder(blocks).add(ids[r], 0, seqs[r], StepBatchBuilder::Logits::kAll).build();
+            b.microbatch = microbatch;
+            keep(gpu.forward_logits(b));
+        }
+        StepBatchBuilder sb(blocks);
+        std::vector<std::vector<int32_t>> more(kReq);
+        for (int r = 0; r < kReq; ++r) {
+            for (int i = 0; i <= r; ++i) more[r].push_back(static_cast<int32_t>((r * 17 + i * 101 + 3) % V));
+            sb.add(more[r], static_cast<int64_t>(ids[r].size()), seqs[r], StepBatchBuilder::Logits::kAll);
+        }
+        auto mixed = sb.build();
+        mixed.microbatch = microbatch;
+        keep(gpu.forward_logits(mixed));
+        std::vector<int32_t> last(kReq);
+        for (int r = 0; r < kReq; ++r) {
+            ids[r].insert(ids[r].end(), more[r].begin(), more[r].end());
+            last[r] = ids[r].back();
+        }
+        for (int step = 0; step < kDecode; ++step) {
+            StepBatchBuilder db(blocks);
+            for (int r = 0; r < kReq; ++r)
+                db.add(std::span(&last[r], 1), static_cast<int64_t>(ids[r].size()) + step, seqs[r]);
+            auto b = db.build();
+            b.microbatch = microbatch;
+            const std::vector<ops::SamplingRow> greedy(kReq);
+            last = gpu.forward_sample(b, greedy);
+            tokens->insert(tokens->end(), last.begin(), last.end());
+        }
+        return logits;
+    };
+    std::vector<int32_t> want_tokens, got_tokens;
+    std::vector<float> want, got;
+    {
+        CudaModel plain(*m, o);
+        want = steps(plain, false, &want_tokens);
+        kv::PagedKvCache blocks = plain.make_block_allocator();
+        kv::SequenceBlocks seq;
+        blocks.reserve(seq, 2);
+        const int32_t one[1] = {1};
+        auto b = StepBatchBuilder(blocks).add(one, 0, seq).build();
+        b.microbatch = true;
+        const std::string err = fanout::testing::error_of([&] { plain.forward_logits(b); });
+        EXPECT_NE(err.find("CudaModelOptions::microbatch"), std::string::npos) << err;
+    }
+    CudaModelOptions mo = o;
+    mo.microbatch = true;
+    CudaModel two(*m, mo);
+    got = steps(two, true, &got_tokens);
+    ASSERT_EQ(got.size(), want.size());
+    const int64_t rows = static_cast<int64_t>(want.size()) / V;
+    double max_logit = 0;
+    for (float x : want) max_logit = std::max(max_logit, std::abs(double(x)));
+    expect_close(position_diffs(got.data(), want.data(), rows, V), max_logit, Bounds{0.005, 0.005, 1.0},
+                 "two microbatches vs one batch");
+    EXPECT_EQ(got_tokens, want_tokens) << "greedy decode as two microbatches differs from one batch";
+    EXPECT_GE(two.graphs_captured(), 1);
+    fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace fanout::model
 
@@ -430,7 +523,10 @@ namespace {
 // bf16 before the residual add, the local un-permute only after, which moves the logits by a
 // median 0.55% of the largest |logit| at world 1 (measured on an H200; max 0.8%): the bound is 1%
 // median, 2% at every position.
-void check_ep_matches_ep1(comm::GpuBackend backend) {
+// With `microbatch`, every step of every rank runs as two microbatches (a second backend on the
+// same communicator and stream): rank 0's one request in the first, the second empty, and the
+// other ranks' empty steps — each exchange twice per layer.
+void check_ep_matches_ep1(comm::GpuBackend backend, bool microbatch = false) {
     REQUIRE_GPU();
     int gpus = 0;
     FANOUT_CUDA_CHECK(cudaGetDeviceCount(&gpus));
@@ -451,17 +547,18 @@ void check_ep_matches_ep1(comm::GpuBackend backend) {
         kv::PagedKvCache blocks = gpu.make_block_allocator();
         kv::SequenceBlocks seq;
         blocks.reserve(seq, T + kDecode);
-        *prefill =
-            gpu.forward_logits(StepBatchBuilder(blocks).add(ids, 0, seq, StepBatchBuilder::Logits::kAll).build());
+        auto first = StepBatchBuilder(blocks).add(ids, 0, seq, StepBatchBuilder::Logits::kAll).build();
+        first.microbatch = microbatch && gpu.options().microbatch;
+        *prefill = gpu.forward_logits(first);
         const int64_t V = gpu.config().vocab_size;
         const float* last = prefill->data_as<float>() + (T - 1) * V;
         std::vector<int32_t> toks = {static_cast<int32_t>(std::max_element(last, last + V) - last)};
         for (int i = 1; i < kDecode; ++i) {
             const ops::SamplingRow greedy{};
             const std::vector<int32_t> one = {toks.back()};
-            toks.push_back(
-                gpu.forward_sample(StepBatchBuilder(blocks).add(one, T + i - 1, seq).build(), std::span(&greedy, 1))
-                    .at(0));
+            auto b = StepBatchBuilder(blocks).add(one, T + i - 1, seq).build();
+            b.microbatch = microbatch && gpu.options().microbatch;
+            toks.push_back(gpu.forward_sample(b, std::span(&greedy, 1)).at(0));
         }
         return toks;
     };
@@ -480,34 +577,44 @@ void check_ep_matches_ep1(comm::GpuBackend backend) {
         auto m = DeepseekV3::load(dir, ParallelConfig{r, world, 1});
         pin_routing(*m);
         const io::ModelConfig& c = m->config();
-        auto ep = comm::make_gpu_ep(
-            backend,
+        const comm::EpConfig ec =
             comm::EpConfig::for_rank(ParallelConfig{r, world, 1}, static_cast<int>(c.n_routed_experts),
                                      static_cast<int>(c.num_experts_per_tok), static_cast<int>(c.hidden_size),
-                                     static_cast<int>(T), comm::Payload::kBf16),
-            ranks.comm(r), ranks.stream(r));
+                                     static_cast<int>(T), comm::Payload::kBf16);
+        auto ep = comm::make_gpu_ep(backend, ec, ranks.comm(r), ranks.stream(r));
+        std::unique_ptr<comm::ExpertParallel> ep_mb;
+        if (microbatch) ep_mb = comm::make_gpu_ep(backend, ec, ranks.comm(r), ranks.stream(r));
         CudaModelOptions ro = o;
         ro.ep = ep.get();
+        ro.microbatch = microbatch;
+        ro.microbatch_ep = ep_mb.get();
         ro.stream = ranks.stream(r);
         CudaModel gpu(*m, ro);
         kv::PagedKvCache blocks = gpu.make_block_allocator();
         if (r == 0) {
             got = lead(gpu, &got_logits);
         } else {
-            for (int i = 0; i < kDecode; ++i) gpu.forward_sample(StepBatchBuilder(blocks).build(), {});
+            for (int i = 0; i < kDecode; ++i) {
+                auto empty = StepBatchBuilder(blocks).build();
+                empty.microbatch = microbatch;
+                gpu.forward_sample(empty, {});
+            }
         }
     });
     for (int r = 0; r < world; ++r) ASSERT_EQ(failures[r], "") << "rank " << r;
     const int64_t V = want_logits.dim(1);
     expect_close(position_diffs(got_logits.data_as<float>(), want_logits.data_as<float>(), T, V), max_abs(want_logits),
                  Bounds{0.01, 0.02, 1.0},
-                 fmt::format("EP{} ({}) prefill vs EP1", world, comm::gpu_backend_name(backend)));
+                 fmt::format("EP{} ({}{}) prefill vs EP1", world, comm::gpu_backend_name(backend),
+                             microbatch ? ", two microbatches" : ""));
     EXPECT_EQ(got, want) << "greedy tokens at EP" << world << " differ from EP1";
     fs::remove_all(dir);
 }
 
 TEST(CudaModelEp, NcclBackendOverVisibleGpusMatchesEp1) { check_ep_matches_ep1(comm::GpuBackend::kNccl); }
 TEST(CudaModelEp, NvlinkBackendOverVisibleGpusMatchesEp1) { check_ep_matches_ep1(comm::GpuBackend::kNvlink); }
+TEST(CudaModelEp, NcclBackendMicrobatchedMatchesEp1) { check_ep_matches_ep1(comm::GpuBackend::kNccl, true); }
+TEST(CudaModelEp, NvlinkBackendMicrobatchedMatchesEp1) { check_ep_matches_ep1(comm::GpuBackend::kNvlink, true); }
 
 }  // namespace
 }  // namespace fanout::model

@@ -22,6 +22,12 @@ std::string CudaRunner::enable_mtp(int draft_tokens) {
                      : fmt::format("the GPU model was made for {} draft tokens", made);
 }
 
+std::string CudaRunner::microbatch_support() const {
+    return gpu_->options().microbatch
+               ? ""
+               : "the GPU model was made without the two-microbatch schedule (CudaModelOptions::microbatch)";
+}
+
 std::vector<int32_t> CudaRunner::draft_mtp(const model::StepBatch& batch, std::span<const int32_t> hidden_rows,
                                            bool chained, kv::PagedKvCache&) {
     return gpu_->draft_mtp(batch, hidden_rows, chained);

@@ -35,9 +35,9 @@ class CudaRunner : public ModelRunner {
                                         std::span<const ops::LogitBias> logit_bias) override;
     std::vector<int32_t> draft_mtp(const model::StepBatch& batch, std::span<const int32_t> hidden_rows, bool chained,
                                    kv::PagedKvCache& cache) override;
-    std::string microbatch_support() const override {
-        return "the GPU runner does not run two microbatches yet (the CPU path does)";
-    }
+    // Ready when the GPU model was made with the two-microbatch schedule
+    // (CudaModelOptions::microbatch: the second layer exec, and under EP its second backend).
+    std::string microbatch_support() const override;
 
     // Device bytes of one cache block (every layer; with_mtp: and the MTP layer's), to size the
     // cache from a memory budget.

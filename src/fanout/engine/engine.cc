@@ -51,6 +51,19 @@ EngineConfig::Microbatch parse_microbatch(const std::string& name) {
     FANOUT_FAIL("--microbatch '{}': choose on, off or auto", name);
 }
 
+int64_t microbatch_min_tokens_from(std::vector<MicrobatchTiming> timings) {
+    for (const MicrobatchTiming& t : timings)
+        FANOUT_CHECK(t.tokens >= 1 && t.one_batch_us > 0 && t.microbatch_us > 0,
+                     "microbatch timing of {} tokens: {} µs as one batch, {} µs as two microbatches (all must be "
+                     "positive)",
+                     t.tokens, t.one_batch_us, t.microbatch_us);
+    std::sort(timings.begin(), timings.end(),
+              [](const MicrobatchTiming& a, const MicrobatchTiming& b) { return a.tokens < b.tokens; });
+    int64_t from = std::numeric_limits<int64_t>::max();
+    for (auto t = timings.rbegin(); t != timings.rend() && t->microbatch_us < t->one_batch_us; ++t) from = t->tokens;
+    return from;
+}
+
 void EngineStats::Histogram::observe(double seconds) {
     int b = 0;
     while (b < kNumBuckets && seconds > kBuckets[b]) ++b;

@@ -193,8 +193,9 @@ struct EngineConfig {
     // The two-microbatch schedule (StepBatch::microbatch): off, on for every step, or auto — on for
     // steps of at least microbatch_min_tokens tokens (a DP group: the largest rank's last step,
     // decided by rank 0 for every rank, since each step's exchanges are collectives). It pays only
-    // where it hides communication, so auto's default threshold is never: the CPU path's exchanges
-    // are memory copies with nothing to hide.
+    // where it hides communication, so auto's default threshold is never on the CPU path, whose
+    // exchanges are memory copies with nothing to hide; the GPU runner under expert parallelism
+    // measures both schedules at start-up (microbatch_min_tokens_from).
     enum class Microbatch { kOff, kOn, kAuto };
     Microbatch microbatch = Microbatch::kAuto;
     int64_t microbatch_min_tokens = std::numeric_limits<int64_t>::max();
@@ -202,6 +203,19 @@ struct EngineConfig {
 
 // "off" | "on" | "auto" (the --microbatch flag); throws Error naming the choices.
 EngineConfig::Microbatch parse_microbatch(const std::string& name);
+
+// One step size timed both ways (the GPU runner's graph captures): as one batch and as two
+// microbatches.
+struct MicrobatchTiming {
+    int64_t tokens = 0;
+    double one_batch_us = 0, microbatch_us = 0;
+};
+// --microbatch auto's threshold from measured step times: the smallest step size from which the
+// two-microbatch schedule was faster there and at every larger size measured — so the choice is
+// the faster schedule at each size measured wherever the crossover is single; never
+// (int64 max) when it lost at the largest size, or nothing was measured. Sizes in any order;
+// a timing that is not positive is an error naming it.
+int64_t microbatch_min_tokens_from(std::vector<MicrobatchTiming> timings);
 
 // Counters and latency histograms for /metrics.
 struct EngineStats {

@@ -395,6 +395,20 @@ void CudaLayerExec::run(const DeviceLayer& w, const LayerStep& st, uint16_t* hid
     combine(w, st, hidden, mark);
 }
 
+void run_microbatched(const DeviceLayer& w, const std::array<Microbatch, 2>& mb, const KernelMark& mark) {
+    for (const Microbatch& m : mb) {  // the second's attention while the first's tokens are dispatched
+        m.exec->attn_in(w, m.step, m.hidden, m.cache, mark);
+        m.exec->attn_out(w, m.step, m.hidden, m.cache, mark);
+        m.exec->gate(w, m.step, mark);
+        m.exec->dispatch_send(w, m.step, mark);
+    }
+    for (const Microbatch& m : mb) {  // the first's experts while the second's tokens are dispatched
+        m.exec->shared(w, m.step, m.hidden, mark);
+        m.exec->experts(w, m.step, mark);
+    }
+    for (const Microbatch& m : mb) m.exec->combine(w, m.step, m.hidden, mark);
+}
+
 void CudaLayerExec::attn_in(const DeviceLayer& w, const LayerStep& st, uint16_t* hidden, uint16_t* cache,
                             const KernelMark& mark) {
     if (st.T == 0) return;

@@ -33,6 +33,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <array>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -191,5 +192,22 @@ class CudaLayerExec {
     cudaStream_t stream_ = nullptr;
     std::unique_ptr<Buffers> b_;
 };
+
+// One microbatch of the two-microbatch schedule: its exec (step buffers and EP backend — each
+// microbatch its own, so both can be in flight), its step, residual stream and cache layer.
+struct Microbatch {
+    CudaLayerExec* exec = nullptr;
+    LayerStep step;
+    uint16_t* hidden = nullptr;
+    uint16_t* cache = nullptr;
+};
+
+// Two microbatches through one layer on one stream, stage by stage (the seed's two-microbatch
+// schedule, as the CPU model's run_microbatched): both attentions, each ending in its dispatch
+// send; then each one's shared expert and experts — the first's while the second's tokens are in
+// flight — each ending in its combine send; then both combines. The backends' sends only enqueue
+// (ep_gpu.h), so what one microbatch has in flight overlaps the other's kernels. A microbatch of
+// T = 0 takes part in every exchange (expert parallelism) and computes nothing else.
+void run_microbatched(const DeviceLayer& w, const std::array<Microbatch, 2>& mb, const KernelMark& mark = {});
 
 }  // namespace fanout::model

@@ -52,11 +52,17 @@ ops::AttentionMetadata StepBatch::attention_metadata() const {
     return {num_requests(), query_start.data(), kv_len.data(), block_table.data(), max_blocks, positions.data()};
 }
 
-std::pair<StepBatch, StepBatch> split_microbatches(const StepBatch& batch) {
-    const int64_t R = batch.num_requests(), T = batch.num_tokens();
+int64_t microbatch_split(std::span<const int32_t> query_start) {
+    const int64_t R = query_start.empty() ? 0 : static_cast<int64_t>(query_start.size()) - 1;
+    const int64_t T = R == 0 ? 0 : query_start[static_cast<size_t>(R)];
     int64_t r = R == 0 ? 0 : 1;  // the first holds at least one request
     for (int64_t c = 2; c <= R; ++c)
-        if (std::abs(2 * int64_t{batch.query_start[c]} - T) < std::abs(2 * int64_t{batch.query_start[r]} - T)) r = c;
+        if (std::abs(2 * int64_t{query_start[c]} - T) < std::abs(2 * int64_t{query_start[r]} - T)) r = c;
+    return r;
+}
+
+std::pair<StepBatch, StepBatch> split_microbatches(const StepBatch& batch) {
+    const int64_t R = batch.num_requests(), r = microbatch_split(batch.query_start);
     const auto part = [&](int64_t r0, int64_t r1) {
         StepBatch b;
         const int32_t t0 = batch.query_start.empty() ? 0 : batch.query_start[r0];

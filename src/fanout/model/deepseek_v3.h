@@ -85,10 +85,13 @@ struct StepBatch {
     ops::AttentionMetadata attention_metadata() const;
 };
 
-// A step's requests as two microbatches: requests [0, r) and [r, R), r balancing their tokens (the
+// A step's requests as two microbatches: requests [0, r) and [r, R), r = microbatch_split (the
 // second is empty for one request — it still takes part in the exchanges). Logit rows and
 // positions keep their order: the first's tokens, then the second's, are the step's.
 std::pair<StepBatch, StepBatch> split_microbatches(const StepBatch& batch);
+// Where a step of these request boundaries (StepBatch::query_start) splits: the r that balances
+// the two microbatches' tokens, with at least one request in the first (0 for no requests).
+int64_t microbatch_split(std::span<const int32_t> query_start);
 
 class StepBatchBuilder {
   public:

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -48,6 +49,15 @@ LayerLimits layer_limits(const io::ModelConfig& c, const CudaModelOptions& opts)
     return l;
 }
 
+// The second microbatch's exec: the same steps and backend rows, but never the MHA-form prefill
+// (a one-request chunk is all in the first microbatch).
+LayerLimits microbatch_limits(const io::ModelConfig& c, const CudaModelOptions& opts) {
+    LayerLimits l = layer_limits(c, opts);
+    l.max_prefill_ctx = 0;
+    if (opts.microbatch_ep) l.max_dispatch_m = opts.microbatch_ep->config().rows_per_expert();
+    return l;
+}
+
 // The query rows of a decode step: 1, or with MTP the last token and its drafts.
 int64_t decode_query_len(const CudaModelOptions& o) { return 1 + o.mtp_draft_tokens; }
 
@@ -65,6 +75,13 @@ int64_t next_pow2(int64_t n) {
     while (b < n) b *= 2;
     return b;
 }
+
+// How a step splits: the first microbatch holds requests [0, R0) — tokens [0, T0) — the second
+// the rest (cuda_layer.h's run_microbatched). !on: one batch.
+struct StepSplit {
+    bool on = false;
+    int R0 = 0, T0 = 0;
+};
 
 }  // namespace
 
@@ -86,6 +103,11 @@ struct CudaModel::Impl {
     DeviceArray<uint16_t> hidden, rows, rows_normed;
     DeviceArray<float> logits;
     std::unique_ptr<CudaLayerExec> exec;
+    // The two-microbatch schedule (opts.microbatch): the second microbatch's exec, and its
+    // requests' starts from 0 (its other step inputs are views into the arrays above).
+    std::unique_ptr<CudaLayerExec> exec_mb;
+    DeviceArray<int32_t> query_start_mb;
+    using Split = StepSplit;
     // MTP: every row's final-normed hidden state of the last all_hidden step [T, D]; the MTP
     // layer's input rows gathered from it (or from mtp_hidden) [T, D], its [enorm | hnorm] input
     // [T, 2D], its logit rows' head-normed hidden states [L, D]; the rows to gather [T].
@@ -98,11 +120,12 @@ struct CudaModel::Impl {
     };
     // What a graph runs: the model's step, or an MTP pass (reading normed_all, or chained mtp_hidden).
     enum class Pass { kModel, kMtp, kMtpChained };
-    // (pass, q, requests, sampled, every row's logits, hidden states kept) -> graph
-    std::map<std::tuple<Pass, int64_t, int64_t, bool, bool, bool>, Graph> graphs;
+    // (pass, q, requests, sampled, every row's logits, hidden states kept, two microbatches) -> graph
+    std::map<std::tuple<Pass, int64_t, int64_t, bool, bool, bool, bool>, Graph> graphs;
 
     ~Impl() {
         drop_graphs();
+        exec_mb.reset();
         exec.reset();
         ctx.reset();
     }
@@ -136,20 +159,53 @@ struct CudaModel::Impl {
         return st;
     }
 
+    // The two microbatches of `whole` split at `mb`: the first the whole step's arrays cut at R0 /
+    // T0, the second views past them (its request starts from query_start_mb, its token count in
+    // num_tokens[1]); a one-request prefill chunk is all in the first.
+    std::array<Microbatch, 2> microbatches(const LayerStep& whole, const Split& mb) {
+        LayerStep a = whole, b = whole;
+        a.T = mb.T0;
+        a.R = mb.R0;
+        b.T = whole.T - mb.T0;
+        b.R = whole.R - mb.R0;
+        b.positions += mb.T0;
+        b.slots += mb.T0;
+        b.query_start = query_start_mb.get();
+        b.kv_len += mb.R0;
+        b.block_table += static_cast<int64_t>(mb.R0) * whole.max_blocks;
+        b.num_tokens = num_tokens.get() + 1;
+        b.prefill_ctx = 0;
+        return {Microbatch{exec.get(), a, hidden.get(), nullptr},
+                Microbatch{exec_mb.get(), b, hidden.get() + static_cast<int64_t>(mb.T0) * c.hidden_size, nullptr}};
+    }
+
     // The whole step on the stream: embedding, layers, final norm and lm_head over the logit rows,
     // then sampling when `sample`; keep_hidden: every row's final-normed hidden state into normed_all.
     // prefill_ctx > 0: a one-request prefill chunk over that many context tokens (MHA form).
     // T = 0 (expert parallelism): this rank's empty step — only the MoE layers' exchanges and its
-    // experts' work for the other ranks.
-    void run(int T, int R, int max_q, int rows_n, bool sample, bool keep_hidden, int prefill_ctx = 0) {
+    // experts' work for the other ranks. mb.on: the layers run as two microbatches.
+    void run(int T, int R, int max_q, int rows_n, bool sample, bool keep_hidden, int prefill_ctx = 0,
+             const Split& mb = {}) {
         const int D = static_cast<int>(c.hidden_size), Vocab = static_cast<int>(c.vocab_size);
         const float eps = static_cast<float>(c.rms_norm_eps);
-        if (opts.ep) ops::launch_fill_i32(num_tokens.get(), 1, T, stream);  // where the backend reads T
+        if (opts.ep) {  // where the backends read T
+            ops::launch_fill_i32(num_tokens.get(), 1, mb.on ? mb.T0 : T, stream);
+            if (mb.on) ops::launch_fill_i32(num_tokens.get() + 1, 1, T - mb.T0, stream);
+        }
         ops::launch_embed_bf16(w.embed.get(), tokens.get(), T, D, hidden.get(), stream);
         const LayerStep st = layer_step(T, R, max_q, prefill_ctx);
-        exec->begin_step(st);
-        for (int64_t l = 0; l < c.num_hidden_layers; ++l)
-            exec->run(w.layers[static_cast<size_t>(l)], st, hidden.get(), cache_layer(l));
+        if (mb.on) {
+            std::array<Microbatch, 2> lanes = microbatches(st, mb);
+            for (const Microbatch& lane : lanes) lane.exec->begin_step(lane.step);
+            for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+                for (Microbatch& lane : lanes) lane.cache = cache_layer(l);
+                run_microbatched(w.layers[static_cast<size_t>(l)], lanes);
+            }
+        } else {
+            exec->begin_step(st);
+            for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+                exec->run(w.layers[static_cast<size_t>(l)], st, hidden.get(), cache_layer(l));
+        }
         if (keep_hidden && T > 0) {
             ops::launch_rms_norm_bf16(hidden.get(), nullptr, w.final_norm.get(), eps, normed_all.get(), T, D, stream);
             if (rows_n > 0)  // a row gather
@@ -209,19 +265,27 @@ struct CudaModel::Impl {
         }
         FANOUT_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));
     }
-    // The model's step of R requests of q tokens from its graph.
-    void replay_step(int64_t q, int64_t R, int rows_n, bool sample, bool all_rows, bool keep_hidden) {
+    // The model's step of R requests of q tokens from its graph (split at mb: two microbatches).
+    void replay_step(int64_t q, int64_t R, int rows_n, bool sample, bool all_rows, bool keep_hidden,
+                     const Split& mb = {}) {
         const int T = static_cast<int>(q * R);
-        replay({Pass::kModel, q, R, sample, all_rows, keep_hidden},
-               [&] { run(T, static_cast<int>(R), static_cast<int>(q), rows_n, sample, keep_hidden); });
+        replay({Pass::kModel, q, R, sample, all_rows, keep_hidden, mb.on},
+               [&] { run(T, static_cast<int>(R), static_cast<int>(q), rows_n, sample, keep_hidden, 0, mb); });
     }
+    // Mean time of `n` replays of the captured graph of `key` (after one unmeasured), in µs.
+    double time_replays(const decltype(graphs)::key_type& key, int n);
 
     // Checks a step against the runner's limits (token ids, cache slots, lengths, logit rows).
     void check_step(const StepBatch& batch) const;
     // The step's host arrays, padded to pad_R requests of q tokens (a graph bucket; pad_R = R
     // when eager) — padding requests write the scratch block, one logit row each or q when
-    // all_rows — uploaded to the fixed arrays; returns the logit rows uploaded.
-    int upload_step(const StepBatch& batch, int64_t pad_R, int64_t q, bool all_rows);
+    // all_rows — uploaded to the fixed arrays; returns the logit rows uploaded and, when
+    // `microbatch`, where the padded step splits (its second microbatch's starts uploaded too).
+    struct Uploaded {
+        int rows = 0;
+        Split split;
+    };
+    Uploaded upload_step(const StepBatch& batch, int64_t pad_R, int64_t q, bool all_rows, bool microbatch = false);
 };
 
 CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts, const LoadProgress& progress)
@@ -263,6 +327,11 @@ CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts, cons
     FANOUT_CHECK(opts.mtp_draft_tokens == 0 || model.weights().mtp.has_value(),
                  "MTP draft tokens {}: this model has no MTP layer (num_nextn_predict_layers = 0)",
                  opts.mtp_draft_tokens);
+    FANOUT_CHECK(!opts.microbatch || (opts.ep == nullptr) == (opts.microbatch_ep == nullptr),
+                 "CudaModel: the two-microbatch schedule under expert parallelism needs a second EP backend "
+                 "(CudaModelOptions::microbatch_ep)");
+    FANOUT_CHECK(opts.microbatch_ep == nullptr || (opts.microbatch && opts.microbatch_ep != opts.ep),
+                 "CudaModel: microbatch_ep must be a second backend, for the two-microbatch schedule");
     m.w = upload_model_weights(c, model.weights(), progress, &m.upload, opts.mtp_draft_tokens > 0);
     m.cache = DeviceArray<uint16_t>(static_cast<size_t>(m.num_layers_cached()) * m.cache_layer_elems());
     FANOUT_CUDA_CHECK(cudaMemset(m.cache.get(), 0, m.cache.size() * sizeof(uint16_t)));
@@ -277,7 +346,7 @@ CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts, cons
     m.block_table = DeviceArray<int32_t>(R * static_cast<size_t>(m.max_blocks_per_request));
     m.logit_rows = DeviceArray<int32_t>(T);
     m.out_tokens = DeviceArray<int32_t>(T);
-    m.num_tokens = DeviceArray<int32_t>(1);
+    m.num_tokens = DeviceArray<int32_t>(2);  // one per microbatch
     m.sampling = DeviceArray<ops::SamplingRow>(T);
     m.logit_bias = DeviceArray<ops::LogitBias>(kInitialLogitBias);
     m.hidden = DeviceArray<uint16_t>(T * D);
@@ -294,6 +363,11 @@ CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts, cons
     }
     m.exec = std::make_unique<CudaLayerExec>(c, model.rope(), layer_limits(c, opts), *m.ctx);
     m.exec->set_expert_parallel(opts.ep);
+    if (opts.microbatch) {  // one stream: the two execs share the context's scratch, used in turn
+        m.exec_mb = std::make_unique<CudaLayerExec>(c, model.rope(), microbatch_limits(c, opts), *m.ctx);
+        m.exec_mb->set_expert_parallel(opts.microbatch_ep);
+        m.query_start_mb = DeviceArray<int32_t>(R + 1);
+    }
     FANOUT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
 }
 
@@ -303,19 +377,23 @@ size_t CudaModel::workspace_bytes(const io::ModelConfig& c, const CudaModelOptio
     const size_t T = static_cast<size_t>(opts.max_step_tokens), R = static_cast<size_t>(opts.max_requests);
     const size_t D = static_cast<size_t>(c.hidden_size);
     const size_t blocks_per_request = static_cast<size_t>(ops::ceil_div(opts.max_context, kv::kDefaultBlockSize));
-    const size_t i32 = 6 * T + (R + 1) + R + R * blocks_per_request;
+    const size_t i32 = 6 * T + 2 + (R + 1) + R + R * blocks_per_request + (opts.microbatch ? R + 1 : 0);
     const size_t L = static_cast<size_t>(logit_rows_limit(opts));
     const size_t mtp = opts.mtp_draft_tokens > 0 ? 4 * T * D * 2 + L * D * 2 + 4 * T : 0;
     return 4 * i32 + T * sizeof(ops::SamplingRow) + kInitialLogitBias * sizeof(ops::LogitBias) + T * D * 2 +
            2 * L * D * 2 + L * static_cast<size_t>(c.vocab_size) * 4 + mtp +
-           CudaLayerExec::buffer_bytes(c, layer_limits(c, opts)) + ops::DeviceContext::workspace_bytes();
+           CudaLayerExec::buffer_bytes(c, layer_limits(c, opts)) +
+           (opts.microbatch ? CudaLayerExec::buffer_bytes(c, microbatch_limits(c, opts)) : 0) +
+           ops::DeviceContext::workspace_bytes();
 }
 
 size_t CudaModel::graph_bytes(const io::ModelConfig&, const CudaModelOptions& opts) {
     if (!opts.cuda_graphs) return 0;
-    // Per bucket the step's graph, and with MTP the first pass's and (more than one draft) the
-    // chained pass's.
-    const size_t per_bucket = opts.mtp_draft_tokens == 0 ? 1 : opts.mtp_draft_tokens == 1 ? 2 : 3;
+    // Per bucket the step's graph (twice with the two-microbatch schedule), and with MTP the first
+    // pass's and (more than one draft) the chained pass's.
+    const size_t per_bucket = (opts.microbatch ? 2 : 1) + (opts.mtp_draft_tokens == 0   ? 0
+                                                           : opts.mtp_draft_tokens == 1 ? 1
+                                                                                        : 2);
     const size_t buckets = decode_buckets(opts).size() * per_bucket;
     // NOTE: an estimate per graph (its kernel nodes), with room for the MLA workspace and cuBLASLt
     // plans the first run allocates. capture_decode_graphs() measured 38 MB for the first bucket
@@ -364,7 +442,8 @@ void CudaModel::Impl::check_step(const StepBatch& batch) const {
                      "request {} has {} cached tokens; max_context is {}", r, batch.kv_len[r], opts.max_context);
 }
 
-int CudaModel::Impl::upload_step(const StepBatch& batch, int64_t pad_R, int64_t q, bool all_rows) {
+CudaModel::Impl::Uploaded CudaModel::Impl::upload_step(const StepBatch& batch, int64_t pad_R, int64_t q, bool all_rows,
+                                                        bool microbatch) {
     const int64_t R = batch.num_requests(), W = max_blocks_per_request;
     std::vector<int32_t> toks = batch.tokens, pos = batch.positions, slot = batch.slots, starts = batch.query_start,
                          lens = batch.kv_len, rows_out = batch.logit_rows;
@@ -392,7 +471,15 @@ int CudaModel::Impl::upload_step(const StepBatch& batch, int64_t pad_R, int64_t 
     kv_len.upload(lens.data(), lens.size(), stream);
     block_table.upload(table.data(), table.size(), stream);
     logit_rows.upload(rows_out.data(), rows_out.size(), stream);
-    return static_cast<int>(rows_out.size());
+    Uploaded up{static_cast<int>(rows_out.size()), {}};
+    if (microbatch) {
+        const int64_t r = microbatch_split(starts);
+        up.split = {true, static_cast<int>(r), starts[static_cast<size_t>(r)]};
+        std::vector<int32_t> second(starts.begin() + r, starts.end());
+        for (int32_t& v : second) v -= up.split.T0;
+        query_start_mb.upload(second.data(), second.size(), stream);
+    }
+    return up;
 }
 
 std::vector<int32_t> CudaModel::forward_sample(const StepBatch& batch, std::span<const ops::SamplingRow> sampling,
@@ -401,14 +488,17 @@ std::vector<int32_t> CudaModel::forward_sample(const StepBatch& batch, std::span
     const io::ModelConfig& c = m.c;
     const int64_t T = batch.num_tokens(), R = batch.num_requests(),
                   rows_n = static_cast<int64_t>(batch.logit_rows.size());
-    FANOUT_CHECK(!batch.microbatch, "the GPU runner does not run two microbatches yet (the CPU path does)");
+    FANOUT_CHECK(!batch.microbatch || m.exec_mb,
+                 "GPU step: two microbatches, but the runner was made without the two-microbatch schedule "
+                 "(CudaModelOptions::microbatch)");
     const bool keep_hidden = batch.all_hidden;
     FANOUT_CHECK(!keep_hidden || m.w.mtp, "GPU step: all_hidden without MTP (CudaModelOptions::mtp_draft_tokens)");
     if (T == 0 && m.opts.ep) {  // this rank's empty step of the EP group
         FANOUT_CHECK(R == 0 && sampling.empty(), "GPU step: an empty step has no requests and samples nothing");
-        m.run(0, 0, 0, 0, false, false);
+        m.run(0, 0, 0, 0, false, false, 0, Impl::Split{batch.microbatch, 0, 0});
         FANOUT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
         m.opts.ep->raise_if_failed();
+        if (batch.microbatch) m.opts.microbatch_ep->raise_if_failed();
         m.kept_rows = 0;
         return {};
     }
@@ -443,7 +533,8 @@ std::vector<int32_t> CudaModel::forward_sample(const StepBatch& batch, std::span
     const bool graph = m.opts.cuda_graphs && same_q && (last_rows || all_rows) && !sampling.empty() &&
                        q <= kMaxGraphQueryLen && R_pad * q <= m.opts.max_step_tokens && R_pad <= m.opts.max_requests &&
                        (all_rows ? R_pad * q : R_pad) <= logit_rows_limit(m.opts);  // the padded rows fit
-    const int rows_step = m.upload_step(batch, graph ? R_pad : R, q, all_rows);
+    const Impl::Uploaded up = m.upload_step(batch, graph ? R_pad : R, q, all_rows, batch.microbatch);
+    const int rows_step = up.rows;
     if (!sampling.empty()) {
         std::vector<ops::SamplingRow> srows(sampling.begin(), sampling.end());
         srows.resize(static_cast<size_t>(rows_step));  // padding rows: greedy
@@ -458,13 +549,13 @@ std::vector<int32_t> CudaModel::forward_sample(const StepBatch& batch, std::span
     const bool sample = !sampling.empty();
 
     if (graph) {
-        m.replay_step(q, R_pad, rows_step, sample, all_rows, keep_hidden);
+        m.replay_step(q, R_pad, rows_step, sample, all_rows, keep_hidden, up.split);
     } else {
         // A prefill chunk of one request runs attention in the MHA form; other eager steps (several
         // requests, short queries) in the absorbed form.
         const bool prefill = R == 1 && T > kMaxGraphQueryLen && batch.kv_len[0] <= mha_context_limit(m.opts);
         m.run(static_cast<int>(T), static_cast<int>(R), static_cast<int>(batch.max_query_len()), rows_step, sample,
-              keep_hidden, prefill ? batch.kv_len[0] : 0);
+              keep_hidden, prefill ? batch.kv_len[0] : 0, up.split);
     }
     m.kept_rows = keep_hidden ? T : 0;
     std::vector<int32_t> out;
@@ -475,6 +566,7 @@ std::vector<int32_t> CudaModel::forward_sample(const StepBatch& batch, std::span
     }
     FANOUT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
     if (m.opts.ep) m.opts.ep->raise_if_failed();
+    if (m.opts.microbatch_ep && batch.microbatch) m.opts.microbatch_ep->raise_if_failed();
     out.resize(static_cast<size_t>(std::min<int64_t>(rows_n, static_cast<int64_t>(out.size()))));
     return out;
 }
@@ -509,7 +601,7 @@ std::vector<int32_t> CudaModel::draft_mtp(const StepBatch& batch, std::span<cons
     const int64_t R_pad = next_pow2(R);
     const bool graph = m.opts.cuda_graphs && uniform && q <= kMaxGraphQueryLen && R_pad * q <= m.opts.max_step_tokens &&
                        R_pad <= m.opts.max_requests && R_pad <= logit_rows_limit(m.opts);
-    const int rows_step = m.upload_step(batch, graph ? R_pad : R, q, false);
+    const int rows_step = m.upload_step(batch, graph ? R_pad : R, q, false).rows;
     std::vector<int32_t> prev(hidden_rows.begin(), hidden_rows.end());
     prev.resize(static_cast<size_t>(graph ? R_pad * q : T), 0);  // padding requests read row 0
     m.prev_rows.upload(prev.data(), prev.size(), m.stream);
@@ -517,7 +609,7 @@ std::vector<int32_t> CudaModel::draft_mtp(const StepBatch& batch, std::span<cons
     if (rows_step > 0) m.sampling.upload(greedy.data(), greedy.size(), m.stream);
     if (graph) {
         const int Tg = static_cast<int>(R_pad * q);
-        m.replay({chained ? Impl::Pass::kMtpChained : Impl::Pass::kMtp, q, R_pad, true, false, false},
+        m.replay({chained ? Impl::Pass::kMtpChained : Impl::Pass::kMtp, q, R_pad, true, false, false, false},
                  [&] { m.run_mtp(Tg, static_cast<int>(R_pad), static_cast<int>(q), rows_step, chained, 0); });
     } else {
         const bool prefill = R == 1 && T > kMaxGraphQueryLen && batch.kv_len[0] <= mha_context_limit(m.opts);
@@ -534,6 +626,23 @@ std::vector<int32_t> CudaModel::draft_mtp(const StepBatch& batch, std::span<cons
     return out;
 }
 
+double CudaModel::Impl::time_replays(const decltype(graphs)::key_type& key, int n) {
+    const cudaGraphExec_t g = graphs.at(key).exec;
+    cudaEvent_t e0 = nullptr, e1 = nullptr;
+    FANOUT_CUDA_CHECK(cudaEventCreate(&e0));
+    FANOUT_CUDA_CHECK(cudaEventCreate(&e1));
+    FANOUT_CUDA_CHECK(cudaGraphLaunch(g, stream));
+    FANOUT_CUDA_CHECK(cudaEventRecord(e0, stream));
+    for (int i = 0; i < n; ++i) FANOUT_CUDA_CHECK(cudaGraphLaunch(g, stream));
+    FANOUT_CUDA_CHECK(cudaEventRecord(e1, stream));
+    FANOUT_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    FANOUT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return 1000.0 * ms / n;
+}
+
 std::vector<CudaModel::GraphCapture> CudaModel::capture_decode_graphs() {
     Impl& m = *impl_;
     std::vector<GraphCapture> out;
@@ -542,38 +651,48 @@ std::vector<CudaModel::GraphCapture> CudaModel::capture_decode_graphs() {
     // row's logits and hidden states kept.
     const int64_t q = decode_query_len(m.opts);
     const bool mtp = q > 1;
+    const bool two = m.exec_mb != nullptr;
+    constexpr int kTimedReplays = 5;
     for (const int64_t R : decode_buckets(m.opts)) {
         // R padding requests of q tokens at positions 0.. in the scratch block, greedy.
         StepBatch none;
         none.query_start = {0};
-        const int rows_step = m.upload_step(none, R, q, mtp);
-        const std::vector<ops::SamplingRow> srows(static_cast<size_t>(rows_step));
+        const Impl::Uploaded up = m.upload_step(none, R, q, mtp, two);
+        const std::vector<ops::SamplingRow> srows(static_cast<size_t>(up.rows));
         m.sampling.upload(srows.data(), srows.size(), m.stream);
         FANOUT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
         size_t free_before = 0, free_after = 0, total = 0;
         FANOUT_CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
         const auto t0 = std::chrono::steady_clock::now();
-        m.replay_step(q, R, rows_step, true, mtp, mtp);
+        m.replay_step(q, R, up.rows, true, mtp, mtp);
+        if (two) m.replay_step(q, R, up.rows, true, mtp, mtp, up.split);
+        GraphCapture g{R, R * q};
+        if (two) {  // both schedules of this bucket, timed (under EP every rank replays them together)
+            g.step_us = m.time_replays({Impl::Pass::kModel, q, R, true, mtp, mtp, false}, kTimedReplays);
+            g.microbatch_step_us = m.time_replays({Impl::Pass::kModel, q, R, true, mtp, mtp, true}, kTimedReplays);
+        }
         if (mtp) {
             // The MTP passes of a decode step: over the checked chunks (padded to q rows), then
             // chained over one draft each.
             const std::vector<int32_t> zeros(static_cast<size_t>(R * q), 0);
             m.prev_rows.upload(zeros.data(), zeros.size(), m.stream);
-            const int first_rows = m.upload_step(none, R, q, false);
-            m.replay({Impl::Pass::kMtp, q, R, true, false, false}, [&] {
+            const int first_rows = m.upload_step(none, R, q, false).rows;
+            m.replay({Impl::Pass::kMtp, q, R, true, false, false, false}, [&] {
                 m.run_mtp(static_cast<int>(R * q), static_cast<int>(R), static_cast<int>(q), first_rows, false, 0);
             });
             if (m.opts.mtp_draft_tokens > 1) {
-                const int chained_rows = m.upload_step(none, R, 1, false);
-                m.replay({Impl::Pass::kMtpChained, 1, R, true, false, false},
+                const int chained_rows = m.upload_step(none, R, 1, false).rows;
+                m.replay({Impl::Pass::kMtpChained, 1, R, true, false, false, false},
                          [&] { m.run_mtp(static_cast<int>(R), static_cast<int>(R), 1, chained_rows, true, 0); });
             }
         }
         FANOUT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
         if (m.opts.ep) m.opts.ep->raise_if_failed();
+        if (m.opts.microbatch_ep) m.opts.microbatch_ep->raise_if_failed();
         FANOUT_CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
-        out.push_back({R, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-                       static_cast<double>(free_before) - static_cast<double>(free_after)});
+        g.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        g.bytes = static_cast<double>(free_before) - static_cast<double>(free_after);
+        out.push_back(g);
     }
     return out;
 }

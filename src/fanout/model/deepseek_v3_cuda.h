@@ -17,7 +17,8 @@
 // CUDA graphs: a step whose requests all have the same query length q ≤ 4 (decode: 1; MTP
 // verification: 1 + drafts) and return the last row's logits or every row's is padded to the next
 // bucket of requests (1, 2, 4, 8, …, max_requests) with dummy requests that write a scratch cache
-// block, and replays that bucket's graph, captured on first use. Everything
+// block, and replays that bucket's graph (one per schedule: as one batch, or as two microbatches
+// of half the bucket each), captured on first use. Everything
 // the graph reads (tokens, positions, slots, block tables, kv lengths, sampling rows) sits at
 // fixed device addresses refreshed before each replay; MoE expert counts are computed on the
 // device, so one graph serves any routing. Other steps (prefill) run eagerly. (The logit-bias
@@ -69,6 +70,13 @@ struct CudaModelOptions {
     // MTP layer): the layer's weights and cache layer on the device, draft_mtp(), and the
     // verification graphs. 0: the MTP layer is not read.
     int64_t mtp_draft_tokens = 0;
+    // The two-microbatch schedule (StepBatch::microbatch; cuda_layer.h's run_microbatched): a
+    // second layer exec with its own step buffers (the absorbed form only: a one-request prefill
+    // chunk runs in the first microbatch, the second empty) and, under expert parallelism,
+    // microbatch_ep — a second backend of the same ranks on the same stream, so both microbatches'
+    // exchanges can be in flight at once. false: a microbatched step is refused.
+    bool microbatch = false;
+    comm::ExpertParallel* microbatch_ep = nullptr;
 };
 
 class CudaModel {
@@ -115,9 +123,13 @@ class CudaModel {
     // took: its bucket, seconds, and the device memory it cost (free memory before − after).
     // Under expert parallelism each capture's eager run is a step of the group: every rank calls
     // this together (after a barrier: a rank still loading would leave the others waiting).
+    // With the two-microbatch schedule (CudaModelOptions::microbatch) each bucket's step is also
+    // captured as two microbatches, and both graphs are replayed a few times and timed: what
+    // `--microbatch auto` chooses by (engine::microbatch_min_tokens_from).
     struct GraphCapture {
-        int64_t requests = 0;
+        int64_t requests = 0, tokens = 0;  // the bucket: requests, and its step's query tokens
         double seconds = 0, bytes = 0;
+        double step_us = 0, microbatch_step_us = 0;  // replay times (0: not measured)
     };
     std::vector<GraphCapture> capture_decode_graphs();
     // What streaming the weights did (weight_upload.h).
