@@ -127,13 +127,15 @@ bool same_point(const plan::LayerMeasurement& m, const plan::Deployment& d, bool
 void print_measured_points(const std::vector<plan::LayerMeasurement>& measured, const plan::Hardware& hw,
                            const plan::Profile& prof) {
     std::printf("\nall measured points (model: %s)\n", "compute-only sum where communication is not included");
-    std::printf("%-6s %5s %6s %10s %10s %8s\n", "layer", "EP", "batch", "model us", "measured", "model/m");
+    std::printf("%-6s %5s %6s %-12s %10s %10s %8s\n", "layer", "EP", "batch", "schedule", "model us", "measured",
+                "model/m");
     for (const auto& m : measured) {
         if (std::isnan(m.total_us)) continue;
         const double model = m.comm_included ? plan::moe_layer_time(m.d, hw, prof).total_us
                                              : plan::layer_compute_us(m.d, hw, prof, m.dense);
-        std::printf("%-6s %5s %6d %10.1f %10.1f %8.2f\n", m.dense ? "dense" : "moe",
-                    m.dense ? "-" : std::to_string(m.d.ep).c_str(), m.d.batch, model, m.total_us, model / m.total_us);
+        std::printf("%-6s %5s %6d %-12s %10.1f %10.1f %8.2f\n", m.dense ? "dense" : "moe",
+                    m.dense ? "-" : std::to_string(m.d.ep).c_str(), m.d.batch, plan::schedule_name(m.d.schedule), model,
+                    m.total_us, model / m.total_us);
     }
 }
 

@@ -502,9 +502,11 @@ int run_layer_bench(const LayerBenchOptions& opts) {
                world, per_rank[0], false);
     }
 
-    // The EP8 point beside the seed and the targets.
+    // The EP8 point beside the seed and the targets (the one-batch points: the
+    // microbatch ones carry no per-kernel split).
+    const auto one_batch = [](const nlohmann::json& p) { return p.value("schedule", "") != "microbatch"; };
     for (const auto& p : points)
-        if (p["ep"] == 8 && p["batch"] == 128) {
+        if (p["ep"] == 8 && p["batch"] == 128 && one_batch(p)) {
             std::printf(
                 "\nEP8, batch 128, query 2, KV 5000 (no communication): layer %.0f µs (target <= %.0f; seed's "
                 "H100 layer with communication %.0f), grouped GEMM %.0f µs (target <= %.0f; seed %.0f)\n",
@@ -512,7 +514,7 @@ int run_layer_bench(const LayerBenchOptions& opts) {
                 kTargetGroupedEp8Us, kSeedGroupGemmUs[0][1]);
         }
     for (const auto& p : points)
-        if (p["ep"] == 128 && p["batch"] == 128)
+        if (p["ep"] == 128 && p["batch"] == 128 && one_batch(p))
             std::printf("EP128, batch 128: grouped GEMM %.0f µs (seed %.0f)\n", p["grouped_gemm_us"].get<double>(),
                         kSeedGroupGemmUs[1][1]);
     nlohmann::json out = {{"benchmark", "layer"},

@@ -226,6 +226,29 @@ TEST_F(PlanCalibrationH200, KernelCalibratedModelMatchesBenchLayer) {
     EXPECT_GE(checked, 3);
 }
 
+// The two-microbatch schedule's split cost on one H200 (`fanout bench layer --microbatch`, no
+// communication: both halves' kernels, each re-reading the weights), and the one-batch points of
+// the same run, against the model calibrated on the same run's kernel, MLA and batch-1 layer
+// rows: ±15% at batch 8, 32 and 128 for both schedules at EP8 and EP128 (docs/PERF.md).
+TEST_F(PlanCalibrationH200, ModelMatchesBenchLayerForBothSchedules) {
+    const std::string dir = FANOUT_SOURCE_DIR "/docs/bench/microbatch_gpu/";
+    const std::string layer = dir + "layer_microbatch_h200.json";
+    const Profile p =
+        calibrate(default_profile(), {dir + "kernels_bench_h200.json", dir + "mla_bench_h200.json", layer}, h200_sxm(),
+                  nullptr);
+    int microbatch = 0, one_batch = 0;
+    for (const auto& m : read_layer_bench(layer)) {
+        if (std::isnan(m.total_us) || (m.d.batch != 8 && m.d.batch != 32 && m.d.batch != 128)) continue;
+        const double model = model_us(m, p);
+        EXPECT_NEAR(model / m.total_us, 1.0, 0.15)
+            << (m.dense ? "dense" : "moe") << " " << schedule_name(m.d.schedule) << " batch " << m.d.batch << " EP"
+            << m.d.ep << ": model " << model << " us, measured " << m.total_us;
+        ++(m.d.schedule == Schedule::kMicroBatch ? microbatch : one_batch);
+    }
+    EXPECT_EQ(microbatch, 6);  // EP8 and EP128 at batch 8, 32, 128
+    EXPECT_GE(one_batch, 9);
+}
+
 // The check above is honest only if the layer calibration reads none of the rows it checks:
 // doubling every kernel at the checked batches must not change the calibrated profile.
 TEST_F(PlanCalibrationH200, LayerCalibrationReadsOnlyTheSmallestBatch) {

@@ -207,10 +207,11 @@ std::vector<KernelCost> layer_kernels(const Deployment& d, const Hardware& hw, c
 }
 
 double layer_compute_us(const Deployment& d, const Hardware& hw, const Profile& prof, bool dense) {
+    const bool micro = d.schedule == Schedule::kMicroBatch;
     double s = 0;
-    for (const auto& k : layer_kernels(d, hw, prof, d.batch, dense))
+    for (const auto& k : layer_kernels(d, hw, prof, micro ? d.batch / 2.0 : d.batch, dense))
         if (k.kind != "comm") s += k.us;
-    return s;
+    return micro ? 2 * s : s;
 }
 
 LayerTime moe_layer_time(const Deployment& d, const Hardware& hw, const Profile& prof) {

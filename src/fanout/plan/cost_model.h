@@ -63,6 +63,8 @@ std::vector<KernelCost> layer_kernels(const Deployment& d, const Hardware& hw, c
 
 // The layer's kernels without its communication (dispatch, combine, TP collectives), one after
 // another: what `fanout bench layer` measures when a point says "communication": "not included".
+// Under the microbatch schedule, both halves' kernels (batch / 2 each): with nothing to hide,
+// the split's cost alone.
 double layer_compute_us(const Deployment& d, const Hardware& hw, const Profile& prof, bool dense = false);
 
 // One MoE layer under the deployment's schedule, with the seed's breakdown columns.
