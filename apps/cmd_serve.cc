@@ -112,9 +112,10 @@ void run_serve(ServeArgs& a) {
     // is no exchange to hide: auto is off); auto without --microbatch-min-tokens is calibrated by
     // the graph captures, which time both schedules at every decode bucket.
     const bool auto_microbatch = ec.microbatch == engine::EngineConfig::Microbatch::kAuto;
-    o.microbatch = ec.microbatch == engine::EngineConfig::Microbatch::kOn || (auto_microbatch && a.ep_backend != "local");
-    const bool calibrate_microbatch = auto_microbatch && o.microbatch &&
-                                      ec.microbatch_min_tokens == std::numeric_limits<int64_t>::max();
+    o.microbatch =
+        ec.microbatch == engine::EngineConfig::Microbatch::kOn || (auto_microbatch && a.ep_backend != "local");
+    const bool calibrate_microbatch =
+        auto_microbatch && o.microbatch && ec.microbatch_min_tokens == std::numeric_limits<int64_t>::max();
 #endif
     if (a.model.device == "cuda") {
 #ifdef FANOUT_WITH_CUDA
@@ -219,7 +220,8 @@ void run_serve(ServeArgs& a) {
             ec.microbatch_min_tokens = engine::microbatch_min_tokens_from(timings);
             if (d.rank == 0) {
                 if (ec.microbatch_min_tokens == std::numeric_limits<int64_t>::max())
-                    std::fprintf(stderr, "--microbatch auto: off (one batch was faster at the largest step measured)\n");
+                    std::fprintf(stderr,
+                                 "--microbatch auto: off (one batch was faster at the largest step measured)\n");
                 else
                     std::fprintf(stderr, "--microbatch auto: on for steps of %lld tokens and more (measured)\n",
                                  static_cast<long long>(ec.microbatch_min_tokens));

@@ -405,8 +405,9 @@ int run_layer_bench(const LayerBenchOptions& opts) {
                                                           cudaMemcpyDeviceToDevice, s));
                         ex[i]->begin_step(st[i]);
                     }
-                    model::run_microbatched(w, {model::Microbatch{ex[0], st[0], rg[0]->hidden.get(), rg[0]->cache.get()},
-                                                model::Microbatch{ex[1], st[1], rg[1]->hidden.get(), rg[1]->cache.get()}});
+                    model::run_microbatched(w,
+                                            {model::Microbatch{ex[0], st[0], rg[0]->hidden.get(), rg[0]->cache.get()},
+                                             model::Microbatch{ex[1], st[1], rg[1]->hidden.get(), rg[1]->cache.get()}});
                 };
                 layer();  // plans and workspaces outside the capture
                 FANOUT_CUDA_CHECK(cudaStreamSynchronize(s));

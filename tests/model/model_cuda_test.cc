@@ -577,10 +577,9 @@ void check_ep_matches_ep1(comm::GpuBackend backend, bool microbatch = false) {
         auto m = DeepseekV3::load(dir, ParallelConfig{r, world, 1});
         pin_routing(*m);
         const io::ModelConfig& c = m->config();
-        const comm::EpConfig ec =
-            comm::EpConfig::for_rank(ParallelConfig{r, world, 1}, static_cast<int>(c.n_routed_experts),
-                                     static_cast<int>(c.num_experts_per_tok), static_cast<int>(c.hidden_size),
-                                     static_cast<int>(T), comm::Payload::kBf16);
+        const comm::EpConfig ec = comm::EpConfig::for_rank(
+            ParallelConfig{r, world, 1}, static_cast<int>(c.n_routed_experts), static_cast<int>(c.num_experts_per_tok),
+            static_cast<int>(c.hidden_size), static_cast<int>(T), comm::Payload::kBf16);
         auto ep = comm::make_gpu_ep(backend, ec, ranks.comm(r), ranks.stream(r));
         std::unique_ptr<comm::ExpertParallel> ep_mb;
         if (microbatch) ep_mb = comm::make_gpu_ep(backend, ec, ranks.comm(r), ranks.stream(r));

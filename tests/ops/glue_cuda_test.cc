@@ -107,6 +107,10 @@ TEST(GlueCuda, QSplitMatchesRopeApply) {
                 ref_pe.push_back(ref.data_as<float>()[(t * H + h) * (nope + rope) + nope + d]);
         }
     EXPECT_LT(rel(p, ref_pe), 1e-2);
+    // Without the head-major copy (the runner's k_b reads q in place): the same q_pe.
+    pe.poison();
+    launch_mla_q_split(dq.ptr, T, H, nope, dpos.ptr, {freq.ptr, rope, tab.attention_factor}, nullptr, pe.ptr, nullptr);
+    EXPECT_EQ(to_f32(pe.download()), p);
 }
 
 // kv append: the latent normalized, k_pe rotated, written at the slots (other slots untouched).
@@ -244,6 +248,56 @@ TEST(GlueCuda, BatchedGemmBf16MatchesCpu) {
             }
     EXPECT_LT(rel(gv, rv), 1e-2);
     EXPECT_LT(rel(gf, rf), 1e-5);
+}
+
+// The strided-batched BF16 GEMM in the absorbed attention's two layouts, on odd shapes: k_b reading
+// each head's first `nope` values of q rows [T, H, nope + rope] in place into [H, T, C], and v_b
+// from [H, T, C] writing [T, H, v] in place — columns between the written ones stay poisoned. A
+// second launch of the same shape reuses its plan; bad strides are refused.
+TEST(GlueCuda, StridedBatchedGemmBf16MatchesCpu) {
+    REQUIRE_GPU();
+    DeviceContext ctx(nullptr);
+    // The last: strides of 52 / 156 / 360 bytes, batches off 16-byte alignment.
+    for (auto [T, H, nope, rope, C, V] :
+         {std::tuple{7, 3, 24, 8, 40, 16}, {1, 5, 128, 64, 512, 128}, {33, 2, 16, 8, 72, 24}, {5, 3, 20, 6, 36, 12}}) {
+        const int qw = nope + rope;
+        auto q = random_bf16(size_t(T) * H * qw, 30 + T), kb = random_bf16(size_t(H) * C * nope, 31);
+        auto ol = random_bf16(size_t(H) * T * C, 32), vb = random_bf16(size_t(H) * V * C, 33);
+        Dev<uint16_t> dq(q.bits), dkb(kb.bits), dol(ol.bits), dvb(vb.bits), lat(size_t(H) * T * C),
+            out(size_t(T) * H * V);
+        lat.poison();
+        out.poison();
+        for (int rep = 0; rep < 2; ++rep) {
+            launch_gemm_bf16_batched(ctx, {H, T, C, nope, dq.ptr, int64_t(H) * qw, qw, dkb.ptr, nope, int64_t(C) * nope,
+                                           lat.ptr, C, int64_t(T) * C});
+            launch_gemm_bf16_batched(
+                ctx, {H, T, V, C, dol.ptr, C, int64_t(T) * C, dvb.ptr, C, int64_t(V) * C, out.ptr, int64_t(H) * V, V});
+        }
+        FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<float> ref_lat, ref_out;
+        for (int h = 0; h < H; ++h)
+            for (int t = 0; t < T; ++t)
+                for (int c = 0; c < C; ++c) {
+                    double acc = 0;
+                    for (int d = 0; d < nope; ++d)
+                        acc += double(q.f32[(size_t(t) * H + h) * qw + d]) * kb.f32[(size_t(h) * C + c) * nope + d];
+                    ref_lat.push_back(float(acc));
+                }
+        for (int t = 0; t < T; ++t)
+            for (int h = 0; h < H; ++h)
+                for (int v = 0; v < V; ++v) {
+                    double acc = 0;
+                    for (int c = 0; c < C; ++c)
+                        acc += double(ol.f32[(size_t(h) * T + t) * C + c]) * vb.f32[(size_t(h) * V + v) * C + c];
+                    ref_out.push_back(float(acc));
+                }
+        EXPECT_LT(rel(to_f32(lat.download()), ref_lat), 1e-2) << "k_b, T " << T << " H " << H;
+        EXPECT_LT(rel(to_f32(out.download()), ref_out), 1e-2) << "v_b, T " << T << " H " << H;
+    }
+    const std::string msg = fanout::testing::error_of([&] {
+        launch_gemm_bf16_batched(ctx, {2, 4, 8, 16, nullptr, 8, 64, nullptr, 16, 128, nullptr, 8, 32});
+    });
+    EXPECT_NE(msg.find("row strides x 8"), std::string::npos) << msg;
 }
 
 // cuBLASLt's shapes and the few-row GEMV's (M <= 8, K % 8 == 0: the router's gate at decode), and

@@ -233,9 +233,8 @@ TEST_F(PlanCalibrationH200, KernelCalibratedModelMatchesBenchLayer) {
 TEST_F(PlanCalibrationH200, ModelMatchesBenchLayerForBothSchedules) {
     const std::string dir = FANOUT_SOURCE_DIR "/docs/bench/microbatch_gpu/";
     const std::string layer = dir + "layer_microbatch_h200.json";
-    const Profile p =
-        calibrate(default_profile(), {dir + "kernels_bench_h200.json", dir + "mla_bench_h200.json", layer}, h200_sxm(),
-                  nullptr);
+    const Profile p = calibrate(
+        default_profile(), {dir + "kernels_bench_h200.json", dir + "mla_bench_h200.json", layer}, h200_sxm(), nullptr);
     int microbatch = 0, one_batch = 0;
     for (const auto& m : read_layer_bench(layer)) {
         if (std::isnan(m.total_us) || (m.d.batch != 8 && m.d.batch != 32 && m.d.batch != 128)) continue;

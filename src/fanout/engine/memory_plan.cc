@@ -121,9 +121,11 @@ double checkpoint_weight_bytes(const std::string& dir, const io::ModelConfig& c,
             const int64_t e = std::atoll(name.c_str() + at + 13);
             if (e < mine.begin || e >= mine.end) continue;  // another rank's expert
         }
-        // kv_b is held twice more, split per head for the absorbed form (k_b transposed, v_b).
-        const bool kv_b = name.find("kv_b_proj.weight") != std::string::npos;
-        bytes += static_cast<double>(ck.entry(name).nbytes) * (kv_b ? 2 : 1);
+        // kv_b is held again split per head for the absorbed form (k_b transposed, v_b), in bf16.
+        const io::TensorEntry& e = ck.entry(name);
+        bytes += static_cast<double>(e.nbytes);
+        if (name.size() >= 16 && name.compare(name.size() - 16, 16, "kv_b_proj.weight") == 0)
+            bytes += 2.0 * static_cast<double>(e.nbytes) / static_cast<double>(dtype_size(e.dtype));
     }
     return bytes;
 }

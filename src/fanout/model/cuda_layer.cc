@@ -34,6 +34,17 @@ DeviceWeight random_weight(int64_t batch, int64_t N, int64_t K, uint64_t seed) {
     return d;
 }
 
+// Random bf16 weights (the absorbed attention's per-head k_b / v_b) of magnitude ~1/sqrt(K).
+DeviceWeight random_bf16_weight(int64_t batch, int64_t N, int64_t K, uint64_t seed) {
+    DeviceWeight d;
+    d.batch = batch;
+    d.N = N;
+    d.K = K;
+    d.bf16 = DeviceArray<uint16_t>(static_cast<size_t>(batch * N * K));
+    ops::launch_random_bf16(d.bf16.get(), d.bf16.size(), 1.0f / std::sqrt(static_cast<float>(K)), seed, nullptr);
+    return d;
+}
+
 DeviceArray<float> random_norm(int64_t n, uint64_t seed) {
     DeviceArray<float> d(static_cast<size_t>(n));
     ops::launch_random_f32(d.get(), d.size(), 0.5f, 1.5f, seed, nullptr);
@@ -52,8 +63,8 @@ DeviceLayer random_layer(const io::ModelConfig& c, bool moe, int64_t num_local_e
     d.q_a_norm = random_norm(std::max<int64_t>(c.q_lora_rank, 1), seed + 3);
     d.qkv_a = random_weight(1, c.q_lora_rank + C + rope, D, seed + 10);
     d.q_b = random_weight(1, H * (nope + rope), c.q_lora_rank > 0 ? c.q_lora_rank : D, seed + 20);
-    d.k_b = random_weight(H, C, nope, seed + 30);
-    d.v_b = random_weight(H, V, C, seed + 40);
+    d.k_b = random_bf16_weight(H, C, nope, seed + 30);
+    d.v_b = random_bf16_weight(H, V, C, seed + 40);
     d.kv_b = random_weight(1, H * (nope + V), C, seed + 45);
     d.o = random_weight(1, D, H * V, seed + 50);
     d.moe = moe;
@@ -76,7 +87,7 @@ DeviceLayer random_layer(const io::ModelConfig& c, bool moe, int64_t num_local_e
 
 // Step buffers, sized once for max_tokens.
 struct CudaLayerExec::Buffers {
-    DeviceArray<uint16_t> normed, qkv, q_a, q, q_nope, q_pe, q_lat, o_lat, attn_hm, attn, gate_up, act;
+    DeviceArray<uint16_t> normed, qkv, q_a, q, q_pe, q_lat, o_lat, attn, gate_up, act;
     DeviceArray<uint8_t> xq;
     DeviceArray<float> xs, router_logits, topk_weight;
     DeviceArray<int32_t> topk_idx, counts, fill_t, slot, spill_block_expert;
@@ -140,15 +151,14 @@ ExpertRowLimits expert_row_limits(const io::ModelConfig& c, int64_t max_tokens, 
 // Element counts of every step buffer for a set of limits: the constructor allocates exactly
 // these, and buffer_bytes() counts them for the memory plan before anything is allocated.
 struct BufferElems {
-    size_t normed, qkv, q_a, q, q_nope, q_pe, q_lat, o_lat, attn_hm, attn, gate_up, act;  // bf16
-    size_t latent, k_pe, kv_expanded;                                                     // bf16, MHA prefill
+    size_t normed, qkv, q_a, q, q_pe, q_lat, o_lat, attn, gate_up, act;  // bf16
+    size_t latent, k_pe, kv_expanded;                                    // bf16, MHA prefill
     size_t xq, xs, router_logits, topk_idx, topk_weight, counts, fill_t, slot, spill_blocks;
     size_t perm_q, perm_s, expert_act_q, expert_act_s, perm_bf16, expert_act, expert_gate_up, expert_out, combined;
 
     size_t bytes() const {
-        const size_t bf16 = normed + qkv + q_a + q + q_nope + q_pe + q_lat + o_lat + attn_hm + attn + gate_up + act +
-                            latent + k_pe + kv_expanded + perm_bf16 + expert_act + expert_gate_up + expert_out +
-                            combined;
+        const size_t bf16 = normed + qkv + q_a + q + q_pe + q_lat + o_lat + attn + gate_up + act + latent + k_pe +
+                            kv_expanded + perm_bf16 + expert_act + expert_gate_up + expert_out + combined;
         const size_t u8 = xq + perm_q + expert_act_q;
         const size_t f32 = xs + router_logits + topk_weight + perm_s + expert_act_s;
         const size_t i32 = topk_idx + counts + fill_t + slot + spill_blocks;
@@ -177,18 +187,16 @@ BufferElems buffer_elems(const io::ModelConfig& c, const LayerLimits& lim_in) {
     n.qkv = T * qkv_w;
     n.q_a = T * ql;
     n.q = T * q_w;
-    n.q_nope = H * T * nope;
     n.q_pe = T * H * rp;
     n.q_lat = H * T * C;
     n.o_lat = H * T * C;
-    n.attn_hm = H * T * Vh;
     n.attn = T * H * Vh;
     n.gate_up = T * 2 * I;
     n.act = T * I;
     // The quantized input of any projection (the widest is one of these; 2D: the MTP layer's
     // eh_proj, through project()) or batched GEMM.
     const size_t P = static_cast<size_t>(std::max<int64_t>(max_prefill_ctx, 0));
-    n.xq = std::max({T * std::max({2 * D, qkv_w, q_w, H * Vh, I}), H * T * std::max(nope, C), P * C});
+    n.xq = std::max(T * std::max({2 * D, qkv_w, q_w, H * Vh, I}), P * C);
     n.latent = P * C;
     n.k_pe = P * rp;
     n.kv_expanded = P * H * (nope + Vh);
@@ -197,7 +205,7 @@ BufferElems buffer_elems(const io::ModelConfig& c, const LayerLimits& lim_in) {
     n.topk_idx = T * K;
     n.topk_weight = T * K;
     n.counts = EL;
-    n.fill_t = std::max<size_t>(H, 1);
+    n.fill_t = 1;
     n.slot = T * K;
     if (c.n_routed_experts > 0) {
         const size_t nbD = static_cast<size_t>(ops::ceil_div(static_cast<int64_t>(D), ops::kFp8Block));
@@ -251,11 +259,9 @@ CudaLayerExec::CudaLayerExec(const io::ModelConfig& c, const ops::RopeTable& rop
     b.qkv = DeviceArray<uint16_t>(n.qkv);
     b.q_a = DeviceArray<uint16_t>(n.q_a);
     b.q = DeviceArray<uint16_t>(n.q);
-    b.q_nope = DeviceArray<uint16_t>(n.q_nope);
     b.q_pe = DeviceArray<uint16_t>(n.q_pe);
     b.q_lat = DeviceArray<uint16_t>(n.q_lat);
     b.o_lat = DeviceArray<uint16_t>(n.o_lat);
-    b.attn_hm = DeviceArray<uint16_t>(n.attn_hm);
     b.attn = DeviceArray<uint16_t>(n.attn);
     b.gate_up = DeviceArray<uint16_t>(n.gate_up);
     b.act = DeviceArray<uint16_t>(n.act);
@@ -302,37 +308,9 @@ void CudaLayerExec::linear(const DeviceWeight& w, const uint16_t* x, int M, uint
     }
 }
 
-void CudaLayerExec::batched(const DeviceWeight& w, const uint16_t* x, const int32_t* counts, int max_m, uint16_t* y,
-                            int expected_m, const uint8_t* xq, const float* xs) {
-    Buffers& b = *b_;
-    const int B = static_cast<int>(w.batch), N = static_cast<int>(w.N), K = static_cast<int>(w.K);
-    if (w.fp8) {
-        if (xq == nullptr) {
-            ops::launch_act_quant_bf16(x, b.xq.get(), b.xs.get(), B * max_m, K, stream_);
-            xq = b.xq.get();
-            xs = b.xs.get();
-        }
-        ops::launch_grouped_gemm_fp8_masked(xq, xs, counts, B, max_m, w.q.get(), w.scale.get(), N, K, y,
-                                            std::max(expected_m, 1), stream_);
-        return;
-    }
-    ops::BatchedGemmBf16 g;
-    g.x = x;
-    g.x_batch_stride = static_cast<int64_t>(max_m) * K;
-    g.x_row_stride = K;
-    g.w = w.bf16.get();
-    g.counts = counts;
-    g.batch = B;
-    g.M = max_m;
-    g.N = N;
-    g.K = K;
-    g.y = y;
-    ops::launch_batched_gemm_bf16(g, stream_);
-}
-
 void CudaLayerExec::begin_step(const LayerStep& st) {
-    // Every layer's masked GEMMs over "T rows per head" (the absorbed attention's k_b / v_b, the
-    // dense MLP's activation quantization) read this count: one fill per step, not two per layer.
+    // Every layer's MLP activation quantization (a masked kernel over one group of T rows) reads
+    // this count: one fill per step, not one per layer.
     if (st.T > 0) ops::launch_fill_i32(b_->fill_t.get(), static_cast<int>(b_->fill_t.size()), st.T, stream_);
 }
 
@@ -448,7 +426,7 @@ void CudaLayerExec::attn_in(const DeviceLayer& w, const LayerStep& st, uint16_t*
                      max_prefill_ctx_, st.R, st.prefill_ctx);
         ops::launch_rope_q_inplace(b.q.get(), T, H, nope, st.positions, rd, stream_);
     } else {
-        ops::launch_mla_q_split(b.q.get(), T, H, nope, st.positions, rd, b.q_nope.get(), b.q_pe.get(), stream_);
+        ops::launch_mla_q_split(b.q.get(), T, H, nope, st.positions, rd, nullptr, b.q_pe.get(), stream_);
     }
     ops::launch_mla_kv_append(kv_a, qkv_width, T, C, w.kv_a_norm.get(), kLatentNormEps, st.positions, rd, st.slots,
                               cache, stream_);
@@ -496,8 +474,13 @@ void CudaLayerExec::attn_out(const DeviceLayer& w, const LayerStep& st, uint16_t
         ops::launch_mha_prefill(p, stream_);
         m("attention");
     } else {
-        // Absorbed form: k_b into q, MLA over the cache, v_b out (fill_t: T per head, begin_step).
-        batched(w.k_b, b.q_nope.get(), b.fill_t.get(), T, b.q_lat.get(), T);
+        // Absorbed form: k_b into q, MLA over the cache, v_b out — the per-head projections in bf16
+        // (DeepSeek's reference inference dequantizes kv_b for them too), cuBLASLt strided-batched:
+        // k_b reads each head's nope part of q_b's output in place, q_lat [H, T, C].
+        FANOUT_CHECK(!w.k_b.fp8 && !w.v_b.fp8, "the absorbed form runs k_b / v_b in bf16 (model/weight_plan.h)");
+        const int64_t qw = nope + rope_dim;
+        ops::launch_gemm_bf16_batched(ctx_, {H, T, C, nope, b.q.get(), int64_t{H} * qw, qw, w.k_b.bf16.get(), nope,
+                                             int64_t{C} * nope, b.q_lat.get(), C, int64_t{T} * C});
         m("bmm_q_absorb");
         ops::MlaAttentionParams p;
         p.num_tokens = T;
@@ -525,9 +508,10 @@ void CudaLayerExec::attn_out(const DeviceLayer& w, const LayerStep& st, uint16_t
         p.out_stride_h = static_cast<int64_t>(T) * C;
         ops::launch_mla_attention(p, &ctx_.mla_workspace(), stream_);
         m("attention");
-        batched(w.v_b, b.o_lat.get(), b.fill_t.get(), T, b.attn_hm.get(), T);
+        // v_b writes o_proj's input [T, H, v] as it is.
+        ops::launch_gemm_bf16_batched(ctx_, {H, T, V, C, b.o_lat.get(), C, int64_t{T} * C, w.v_b.bf16.get(), C,
+                                             int64_t{V} * C, b.attn.get(), int64_t{H} * V, V});
         m("bmm_v");
-        ops::launch_heads_to_tokens(b.attn_hm.get(), H, T, V, b.attn.get(), stream_);
     }
     linear(w.o, b.attn.get(), T, hidden, hidden);
     m("o_proj");

@@ -7,10 +7,10 @@
 // (run() calls them in order):
 //   attn_in:       input norm · fused q_a|kv_a GEMM · q_a norm · q_b GEMM · q split + RoPE ·
 //                  kv norm + RoPE + cache append
-//   attn_out:      k_b batched GEMM (absorbs W_UK into q) · MLA over the cache · v_b batched GEMM ·
-//                  heads→tokens — or, for a one-request prefill chunk (LayerStep::prefill_ctx), the
-//                  MHA form: gather the context's latent · kv_b GEMM · causal flash attention —
-//                  then o_proj GEMM (+ residual) · post norm
+//   attn_out:      k_b batched GEMM (absorbs W_UK into q) · MLA over the cache · v_b batched GEMM
+//                  (both bf16, strided over the heads in place) — or, for a one-request prefill
+//                  chunk (LayerStep::prefill_ctx), the MHA form: gather the context's latent ·
+//                  kv_b GEMM · causal flash attention — then o_proj GEMM (+ residual) · post norm
 //   gate:          router GEMM (f32) · top-k (MoE layers)
 //   dispatch_send: the routed experts' rows leave: with every expert on this GPU the local
 //                  permute (moe_permute.h: a masked part capped per expert for decode steps, the
@@ -31,9 +31,9 @@
 
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstdint>
 #include <functional>
-#include <array>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -66,8 +66,8 @@ struct DeviceLayer {
     DeviceArray<float> input_norm, post_norm, q_a_norm, kv_a_norm;
     DeviceWeight qkv_a;  // [q_lora + kv_lora + rope, D], or kv_a alone without q_lora
     DeviceWeight q_b;    // q_b, or q_proj without q_lora
-    DeviceWeight k_b;    // [H][kv_lora][nope]: W_UK[h]ᵀ, the absorbed form's query projection
-    DeviceWeight v_b;    // [H][v][kv_lora]
+    DeviceWeight k_b;    // [H][kv_lora][nope] bf16: W_UK[h]ᵀ, the absorbed form's query projection
+    DeviceWeight v_b;    // [H][v][kv_lora] bf16
     DeviceWeight kv_b;   // [H · (nope + v), kv_lora]: the MHA form's expansion of the latent (prefill)
     DeviceWeight o;
     bool moe = false;
@@ -162,8 +162,6 @@ class CudaLayerExec {
   private:
     struct Buffers;
     void linear(const DeviceWeight& w, const uint16_t* x, int M, uint16_t* y, const uint16_t* residual = nullptr);
-    void batched(const DeviceWeight& w, const uint16_t* x, const int32_t* counts, int max_m, uint16_t* y,
-                 int expected_m, const uint8_t* xq = nullptr, const float* xs = nullptr);
     // hidden += down(silu(gate) · up) of normed; `prequantized`: xq / xs already hold normed for FP8.
     void mlp(const DeviceWeight& gu, const DeviceWeight& down, int T, uint16_t* hidden, bool prequantized,
              const KernelMark& mark);

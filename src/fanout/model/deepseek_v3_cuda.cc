@@ -443,7 +443,7 @@ void CudaModel::Impl::check_step(const StepBatch& batch) const {
 }
 
 CudaModel::Impl::Uploaded CudaModel::Impl::upload_step(const StepBatch& batch, int64_t pad_R, int64_t q, bool all_rows,
-                                                        bool microbatch) {
+                                                       bool microbatch) {
     const int64_t R = batch.num_requests(), W = max_blocks_per_request;
     std::vector<int32_t> toks = batch.tokens, pos = batch.positions, slot = batch.slots, starts = batch.query_start,
                          lens = batch.kv_len, rows_out = batch.logit_rows;

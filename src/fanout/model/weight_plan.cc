@@ -233,48 +233,23 @@ class Planner {
 };
 
 // kv_b [H·(nope + v), C] split into the absorbed form's per-head weights: k_b[h] = W_UK[h]ᵀ
-// [C, nope] and v_b[h] = W_UV[h] [v, C]. FP8 with each head's W_UK and W_UV starting on a 128-row
-// block (nope and nope + v multiples of 128, as V3's 128 and 256): the bytes are transposed and
-// sliced as they are, each 128×128 block keeping its scale. Otherwise from dequantized values.
+// [C, nope] and v_b[h] = W_UV[h] [v, C], dequantized to bf16 whatever the checkpoint's type — the
+// GPU runs these per-head projections in bf16 (cuda_layer.h), as DeepSeek's reference inference
+// does with the dequantized kv_b, and as the CPU model's absorbed form reads kv_b.
 void Planner::split_kv_b(const io::ModelConfig& c, const LinearWeight& kv_b, LayerPlan& d) {
     const int64_t H = c.num_attention_heads, nope = c.qk_nope_head_dim, v = c.v_head_dim, C = c.kv_lora_rank;
-    const bool fp8 = kv_b.dtype == DType::kFP8E4M3;
-    if (fp8 && nope % kBlock == 0 && (nope + v) % kBlock == 0 && tma_friendly(C, nope) && tma_friendly(v, C)) {
-        const int64_t nbC = ops::ceil_div(C, kBlock), nb_head = (nope + v) / kBlock, nb_nope = nope / kBlock;
-        const int64_t nb_v = v / kBlock;
-        const std::vector<uint8_t> q = read(kv_b.data, static_cast<size_t>(H * (nope + v) * C));
-        const std::vector<uint8_t> sb = read(kv_b.scale_inv, static_cast<size_t>(H * nb_head * nbC) * sizeof(float));
-        std::vector<float> scale(sb.size() / sizeof(float));
-        std::memcpy(scale.data(), sb.data(), sb.size());
-        std::vector<uint8_t> kq(static_cast<size_t>(H * C * nope)), vq(static_cast<size_t>(H * v * C));
-        std::vector<float> ks(static_cast<size_t>(H * nbC * nb_nope)), vs(static_cast<size_t>(H * nb_v * nbC));
-        for (int64_t h = 0; h < H; ++h) {
-            const uint8_t* wuk = q.data() + h * (nope + v) * C;  // [nope, C]
-            uint8_t* kb = kq.data() + h * C * nope;              // [C, nope]
-            for (int64_t n = 0; n < nope; ++n)
-                for (int64_t cc = 0; cc < C; ++cc) kb[cc * nope + n] = wuk[n * C + cc];
-            std::memcpy(vq.data() + h * v * C, wuk + nope * C, static_cast<size_t>(v * C));
-            for (int64_t cb = 0; cb < nbC; ++cb)
-                for (int64_t nb = 0; nb < nb_nope; ++nb)
-                    ks[static_cast<size_t>((h * nbC + cb) * nb_nope + nb)] =
-                        scale[static_cast<size_t>((h * nb_head + nb) * nbC + cb)];
-            std::memcpy(vs.data() + h * nb_v * nbC, scale.data() + (h * nb_head + nb_nope) * nbC,
-                        static_cast<size_t>(nb_v * nbC) * sizeof(float));
-        }
-        d.k_b = {true, H, C, nope, host_array(kq), host_array(ks)};
-        d.v_b = {true, H, v, C, host_array(vq), host_array(vs)};
-        return;
-    }
     std::vector<float> f, kb, vb;
     append_rows(kv_b, f);  // [H·(nope + v), C]
+    kb.reserve(static_cast<size_t>(H * C * nope));
+    vb.reserve(static_cast<size_t>(H * v * C));
     for (int64_t h = 0; h < H; ++h) {
         const float* wuk = f.data() + h * (nope + v) * C;
         for (int64_t c2 = 0; c2 < C; ++c2)
             for (int64_t n = 0; n < nope; ++n) kb.push_back(wuk[n * C + c2]);
         vb.insert(vb.end(), wuk + nope * C, wuk + (nope + v) * C);
     }
-    d.k_b = host_matrices(kb, H, C, nope, fp8 && tma_friendly(C, nope));
-    d.v_b = host_matrices(vb, H, v, C, fp8 && tma_friendly(v, C));
+    d.k_b = host_matrices(kb, H, C, nope, false);
+    d.v_b = host_matrices(vb, H, v, C, false);
 }
 
 LayerPlan Planner::layer(const io::ModelConfig& c, const LayerWeights& lw, int64_t layer_index) {

@@ -30,6 +30,7 @@ void DeviceContext::init() {
 
 DeviceContext::~DeviceContext() {
     plans_.clear();
+    batched_plans_.clear();
     cudaFree(blas_workspace_);
     if (blas_) cublasLtDestroy(blas_);
     if (owns_stream_) cudaStreamDestroy(stream_);
@@ -37,6 +38,73 @@ DeviceContext::~DeviceContext() {
 
 size_t DeviceContext::workspace_bytes() {
     return kBlasWorkspaceBytes + GemmWorkspace::kDefaultBytes + MlaWorkspace::kDefaultBytes;
+}
+
+namespace {
+// The heuristic's first algorithm for p's descriptors (bf16 or f32 output).
+// `align`: the bytes every A, B, C / D address is a multiple of (0: the default, 256).
+void pick_algo(cublasLtHandle_t blas, BlasPlan& p, const char* what, int M, int N, int K,
+               const uint32_t* align = nullptr) {
+    cublasLtMatmulPreference_t pref;
+    FANOUT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const size_t ws = DeviceContext::kBlasWorkspaceBytes;
+    FANOUT_CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    if (align != nullptr) {
+        const cublasLtMatmulPreferenceAttributes_t attr[4] = {
+            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+        for (int i = 0; i < 4; ++i)
+            FANOUT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr[i], &align[i], sizeof(uint32_t)));
+    }
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(blas, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    FANOUT_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0, "cuBLASLt has no {} algorithm for M {} N {} K {}", what, M,
+                 N, K);
+    p.algo = result.algo;
+}
+
+}  // namespace
+
+uint32_t strided_alignment(int64_t ld, int64_t stride) {
+    uint32_t a = 16;
+    while (a > 2 && ((2 * ld) % a != 0 || (2 * stride) % a != 0)) a /= 2;
+    return a;
+}
+
+namespace {
+void set_batch(cublasLtMatrixLayout_t l, int batch, int64_t stride) {
+    FANOUT_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof(batch)));
+    FANOUT_CUBLAS_CHECK(
+        cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+}
+}  // namespace
+
+const BlasPlan& DeviceContext::blas_batched_plan(const StridedBatchedGemm& g) {
+    auto& slot = batched_plans_[{g.batch, g.M, g.N, g.K, g.ldx, g.stride_x, g.ldw, g.stride_w, g.ldy, g.stride_y}];
+    if (slot) return *slot;
+    // Column-major, as blas_plan: D[N, M] (ld ldy) = W[K, N]ᵀ (ld ldw) · x[K, M] (ld ldx), per batch.
+    auto p = std::make_unique<BlasPlan>();
+    FANOUT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t t = CUBLAS_OP_T;
+    FANOUT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
+    FANOUT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, g.K, g.N, g.ldw));
+    FANOUT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, g.K, g.M, g.ldx));
+    FANOUT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_16BF, g.N, g.M, g.ldy));
+    set_batch(p->a, g.batch, g.stride_w);
+    set_batch(p->b, g.batch, g.stride_x);
+    set_batch(p->c, g.batch, g.stride_y);
+    // Strides that are not multiples of 16 bytes move the batches' addresses off 16-byte alignment:
+    // the heuristic is told (strided_alignment), and the launch checks the pointers against it.
+    const uint32_t y_align = strided_alignment(g.ldy, g.stride_y);
+    const uint32_t align[4] = {strided_alignment(g.ldw, g.stride_w), strided_alignment(g.ldx, g.stride_x), y_align,
+                               y_align};
+    pick_algo(blas_, *p, "strided-batched BF16", g.M, g.N, g.K, align);
+    slot = std::move(p);
+    return *slot;
 }
 
 const BlasPlan& DeviceContext::blas_plan(int M, int N, int K, bool f32_out) {
@@ -50,19 +118,7 @@ const BlasPlan& DeviceContext::blas_plan(int M, int N, int K, bool f32_out) {
     FANOUT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, K, N, K));
     FANOUT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, K, M, K));
     FANOUT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, f32_out ? CUDA_R_32F : CUDA_R_16BF, N, M, N));
-    cublasLtMatmulPreference_t pref;
-    FANOUT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    const size_t ws = kBlasWorkspaceBytes;
-    FANOUT_CUBLAS_CHECK(
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    const cublasStatus_t st =
-        cublasLtMatmulAlgoGetHeuristic(blas_, p->desc, p->a, p->b, p->c, p->c, pref, 1, &result, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
-    FANOUT_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0, "cuBLASLt has no BF16 algorithm for M {} N {} K {}", M, N,
-                 K);
-    p->algo = result.algo;
+    pick_algo(blas_, *p, "BF16", M, N, K);
     slot = std::move(p);
     return *slot;
 }

@@ -1,8 +1,9 @@
 // One GPU stream's context: what every launch of a model step, a benchmark or a test needs
 // besides its operands — the device and its SM count, the stream, cuBLASLt's handle with its
 // workspace and per-shape plans, the FP8 GEMM's split-K scratch and the MLA decode's partials.
-// Scratch belongs to the context, so two microbatches in flight use two contexts (they must not
-// share it); one context serves any sequence of launches on its stream, CUDA graphs included. The
+// Scratch belongs to the context: launches on two streams at once use two contexts (they must not
+// share it); one context serves any sequence of launches on its stream — the two microbatches of
+// the GPU runner's schedule, which take turns on one stream, included — CUDA graphs too. The
 // model runner (model/deepseek_v3_cuda.h) owns one and hands it to its layers; the EP backends
 // take its stream.
 #pragma once
@@ -30,6 +31,10 @@ struct BlasPlan {
     ~BlasPlan();
 };
 
+// The alignment (bytes, 2…16) every batch's bf16 matrix keeps when the first is 16-byte aligned:
+// the largest power of two dividing both strides' bytes, at most 16.
+uint32_t strided_alignment(int64_t ld, int64_t stride);
+
 class DeviceContext {
   public:
     static constexpr size_t kBlasWorkspaceBytes = size_t{32} << 20;
@@ -50,6 +55,8 @@ class DeviceContext {
     void* blas_workspace() const { return blas_workspace_; }
     // y[M, N] = x[M, K] · Wᵀ in bf16 with bf16 or (f32_out) f32 output: made on first use.
     const BlasPlan& blas_plan(int M, int N, int K, bool f32_out);
+    // The strided-batched bf16 GEMM's plan for g's shape and strides (its pointers are not read).
+    const BlasPlan& blas_batched_plan(const StridedBatchedGemm& g);
     GemmWorkspace& gemm_workspace() { return gemm_ws_; }
     MlaWorkspace& mla_workspace() { return mla_ws_; }
 
@@ -64,6 +71,9 @@ class DeviceContext {
     cublasLtHandle_t blas_ = nullptr;
     void* blas_workspace_ = nullptr;
     std::map<std::tuple<int, int, int, bool>, std::unique_ptr<BlasPlan>> plans_;
+    std::map<std::tuple<int, int, int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>,
+             std::unique_ptr<BlasPlan>>
+        batched_plans_;
     GemmWorkspace gemm_ws_;
     MlaWorkspace mla_ws_;
 };

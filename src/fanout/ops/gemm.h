@@ -76,6 +76,21 @@ void launch_gemm_fp8_simt(const uint8_t* x, const float* sx, const uint8_t* w, c
 // cuBLASLt on ctx's stream with its handle, workspace and per-shape plans (device_context.h).
 void launch_gemm_bf16(DeviceContext& ctx, const uint16_t* x, const uint16_t* w, uint16_t* y, int M, int N, int K,
                       const uint16_t* residual = nullptr);
+// Strided-batched BF16: y[b] = x[b] · W[b]ᵀ for b < batch — x[b] [M, K], W[b] [N, K], y[b] [M, N],
+// bf16 with f32 accumulation, each operand with its own row stride (ld*) and batch stride
+// (stride_*, elements). The absorbed attention's per-head projections (k_b, v_b) in place: k_b
+// reads q_b's output rows as they are, v_b writes o_proj's input [T, H, v]. Through cuBLASLt on
+// ctx (its plans cached per shape and strides, made on the first launch — outside a capture).
+struct StridedBatchedGemm {
+    int batch = 1, M = 0, N = 0, K = 0;
+    const uint16_t* x = nullptr;
+    int64_t ldx = 0, stride_x = 0;
+    const uint16_t* w = nullptr;
+    int64_t ldw = 0, stride_w = 0;
+    uint16_t* y = nullptr;
+    int64_t ldy = 0, stride_y = 0;
+};
+void launch_gemm_bf16_batched(DeviceContext& ctx, const StridedBatchedGemm& g);
 // The same with an f32 result (the MoE router's logits, which the routing compares in f32); a
 // few rows of a narrow W go to launch_gemv_bf16_f32 instead of cuBLASLt.
 void launch_gemm_bf16_f32(DeviceContext& ctx, const uint16_t* x, const uint16_t* w, float* y, int M, int N, int K);

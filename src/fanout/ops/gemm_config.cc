@@ -1,7 +1,7 @@
 // The tile table of the FP8 GEMM (gemm.h): which block shape and K split each dense shape runs
 // with. The rows are the fastest configurations of `fanout bench kernels --sweep` on an H200 (132
-// SMs) for DeepSeek-V3's six shapes (docs/PERF.md has the sweep); other shapes take the rule
-// below, which those measurements suggest.
+// SMs) for DeepSeek-V3's six shapes and its dense layers' MLP (docs/PERF.md has the sweep); other
+// shapes take the rule below, which those measurements suggest.
 #include <algorithm>
 #include <array>
 
@@ -37,6 +37,12 @@ constexpr std::array kTable = {
     Row{7168, 2048, 64, {64, 64, 1, 1}},      Row{7168, 2048, 128, {128, 64, 1, 1}},
     Row{7168, 2048, 256, {128, 128, 1, 1}},   Row{7168, 2048, 1024, {128, 256, 1, 1}},
     Row{7168, 2048, 1 << 30, {128, 256, 1, 2}},
+    // the dense layers' MLP gate+up 36864 × 7168 (intermediate 18432; sweep of 2026-12-02)
+    Row{36864, 7168, 64, {64, 64, 1, 1}},     Row{36864, 7168, 128, {64, 128, 1, 2}},
+    Row{36864, 7168, 256, {128, 128, 1, 1}},  Row{36864, 7168, 1 << 30, {128, 256, 1, 2}},
+    // the dense layers' MLP down 7168 × 18432
+    Row{7168, 18432, 64, {64, 128, 2, 1}},    Row{7168, 18432, 128, {128, 128, 2, 1}},
+    Row{7168, 18432, 256, {128, 256, 2, 2}},  Row{7168, 18432, 1 << 30, {128, 256, 1, 2}},
 };
 // clang-format on
 

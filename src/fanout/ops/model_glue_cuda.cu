@@ -45,7 +45,7 @@ __global__ void mla_q_split_kernel(const bf16* __restrict__ q, int T, int H, int
     const int h0 = blockIdx.y * kHeadsPerBlock, nh = min(kHeadsPerBlock, H - h0);
     const float pos = static_cast<float>(positions[t]);
     const bf16* row = q + static_cast<size_t>(t) * H * width;
-    for (int i = threadIdx.x; i < nh * nope; i += kThreads) {
+    for (int i = threadIdx.x; q_nope_hm != nullptr && i < nh * nope; i += kThreads) {
         const int h = h0 + i / nope, d = i % nope;
         q_nope_hm[(static_cast<size_t>(h) * T + t) * nope + d] = row[h * width + d];
     }

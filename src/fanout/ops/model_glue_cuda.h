@@ -25,8 +25,9 @@ struct RopeDevice {
     float attention_factor = 1.0f;
 };
 
-// q: [T, H, nope + rope] bf16 (q_b's output) -> q_nope_hm: [H, T, nope] (head-major: the k_b GEMM's
-// input), q_pe: [T, H, rope] rotated by positions[t] (interleaved pairs, as rope_apply).
+// q: [T, H, nope + rope] bf16 (q_b's output) -> q_nope_hm: [H, T, nope] (head-major; nullptr:
+// not written — the runner's k_b GEMM reads q in place), q_pe: [T, H, rope] rotated by
+// positions[t] (interleaved pairs, as rope_apply).
 void launch_mla_q_split(const uint16_t* q, int T, int H, int nope, const int32_t* positions, RopeDevice rope,
                         uint16_t* q_nope_hm, uint16_t* q_pe, void* cuda_stream);
 
