@@ -3,6 +3,7 @@
 // benchmarks against the measured layer (±15%, the bound).
 #include "fanout/plan/calibration.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -246,6 +247,32 @@ TEST_F(PlanCalibrationH200, ModelMatchesBenchLayerForBothSchedules) {
     }
     EXPECT_EQ(microbatch, 6);  // EP8 and EP128 at batch 8, 32, 128
     EXPECT_GE(one_batch, 9);
+}
+
+// MTP's verification steps: the same layer at query length 1 (plain decode) and 2 (one draft),
+// measured on one H200 (`fanout bench layer --query-len 1|2 --eps 8`), against the model
+// calibrated on each file's batch-1 rows and the same day's kernel and MLA benchmarks: ±15% at
+// batch 32, 64 and 128 for both — so the planner's MTP step cost (a layer at 1 + k query tokens)
+// stands on measured figures.
+TEST_F(PlanCalibrationH200, ModelMatchesBenchLayerAtMtpQueryLengths) {
+    const std::string dir = FANOUT_SOURCE_DIR "/docs/bench/";
+    const std::string kernels = dir + "microbatch_gpu/kernels_bench_h200.json",
+                      mla = dir + "microbatch_gpu/mla_bench_h200.json";
+    for (const int q : {1, 2}) {
+        const std::string layer = dir + fmt::format("mtp_gpu/layer_q{}_ep8_h200.json", q);
+        const Profile p = calibrate(default_profile(), {kernels, mla, layer}, h200_sxm(), nullptr);
+        int checked = 0;
+        for (const auto& m : read_layer_bench(layer)) {
+            if (std::isnan(m.total_us) || m.d.batch < 32) continue;
+            ASSERT_EQ(m.d.query_len(), q);
+            const double model = model_us(m, p);
+            EXPECT_NEAR(model / m.total_us, 1.0, 0.15)
+                << (m.dense ? "dense" : "moe") << " q " << q << " batch " << m.d.batch << ": model " << model
+                << " us, measured " << m.total_us;
+            ++checked;
+        }
+        EXPECT_EQ(checked, 6) << "q " << q;  // dense and MoE EP8 at batch 32, 64, 128
+    }
 }
 
 // The check above is honest only if the layer calibration reads none of the rows it checks:
