@@ -151,13 +151,11 @@ void add_microbatch_options(CLI::App* cmd, MicrobatchArgs& a) {
         ->check(CLI::PositiveNumber);
 }
 
-void check_tp(int tp, int ep, const std::string& ranks, const std::string& device) {
+void check_tp(int tp, int ep, const std::string& device) {
     if (tp == 1) return;
     FANOUT_CHECK(ep % tp == 0, "--tp {} must divide --ep {} (EP = DP × TP: each DP group's attention over tp ranks)",
                  tp, ep);
     FANOUT_CHECK(device == "cpu", "--tp {}: tensor-parallel attention runs on the CPU path so far (--device cpu)", tp);
-    FANOUT_CHECK(ranks == "threads", "--tp {}: TP groups are ranks as threads of one process so far (--ranks threads)",
-                 tp);
 }
 
 void add_rank_options(CLI::App* cmd, int& ep, std::string& ranks, int& tp) {

@@ -52,9 +52,9 @@ model::ForwardOptions forward_options(const ModelArgs& a);
 // (deployment.h) and the tensor-parallel split of each DP group's attention. `ep` 0 means 1, or the
 // world of the MPI launcher.
 void add_rank_options(CLI::App* cmd, int& ep, std::string& ranks, int& tp);
-// Checks --tp against --ep and the launch (before anything loads): tp divides ep, and tp > 1 runs
-// on the CPU path with ranks as threads.
-void check_tp(int tp, int ep, const std::string& ranks, const std::string& device);
+// Checks --tp against --ep (before anything loads): tp divides ep, and tp > 1 runs on the CPU path
+// (ranks as threads of one process, or as processes under MPI).
+void check_tp(int tp, int ep, const std::string& device);
 // --microbatch on|off|auto and --microbatch-min-tokens N: the two-microbatch schedule
 // (engine::EngineConfig::microbatch).
 struct MicrobatchArgs {

@@ -101,7 +101,7 @@ struct GenerateArgs {
 void generate_through_engine(GenerateArgs& a, Deployment& d, const io::Tokenizer* tokenizer) {
     const std::string dir = resolve_model_dir(a.model.model);
     const io::ModelConfig c = io::load_model_config(dir);
-    check_tp(a.tp, a.ep, a.ranks, a.model.device);
+    check_tp(a.tp, a.ep, a.model.device);
     validate(ParallelConfig{d.rank, a.ep, a.tp}, c.n_routed_experts);  // before loading anything
     const int64_t context = static_cast<int64_t>(a.req.prompt.size()) + a.req.max_tokens;
     FANOUT_CHECK(a.req.prefill_chunk >= 1, "--prefill-chunk must be >= 1, got {}", a.req.prefill_chunk);
@@ -246,14 +246,14 @@ void run_score(ScoreArgs& a) {
     require_cuda_build(a.model);
     Deployment d;
     d.join_world(a.ep, a.ranks, a.model.device);
-    check_tp(a.tp, a.ep, a.ranks, a.model.device);
+    check_tp(a.tp, a.ep, a.model.device);
     FANOUT_CHECK(a.ep == 1 || a.model.device == "cpu",
                  "--ep {}: expert parallelism runs on the CPU path so far; the GPU runner holds every expert (--ep 1)",
                  a.ep);
     std::unique_ptr<model::EpThreadGroup> group;
     std::unique_ptr<model::DeepseekV3> m;
     if (d.world > 1)  // this process's rank; the others are processes of the launcher
-        m = load_model(a.model, {}, ParallelConfig{d.rank, d.world, 1});
+        m = load_model(a.model, {}, ParallelConfig{d.rank, d.world, a.tp});
     else if (a.ep > 1)
         group = load_ep_group(a.model, a.ep, static_cast<int64_t>(ids.size()), a.tp);
     else
@@ -289,17 +289,23 @@ void run_score(ScoreArgs& a) {
 #ifdef FANOUT_WITH_MPI
             FANOUT_CHECK(d.mpi != nullptr,
                          "score's ranks as processes exchange tokens over MPI: start them with mpirun");
-            // One step of the group: rank 0 the sequence, the others an empty step serving their experts.
-            auto ep = comm::make_mpi_ep(m->ep_config(ParallelConfig{d.rank, d.world, 1}, T), d.comm);
-            auto microbatch_ep =
-                comm::make_mpi_ep(m->ep_config(ParallelConfig{d.rank, d.world, 1}, T), d.microbatch_comm());
+            // One step of the group: the first DP rank's TP ranks (rank 0 alone without TP) the
+            // sequence, the others an empty step serving their experts.
+            const ParallelConfig pc{d.rank, d.world, a.tp};
+            auto ep = comm::make_mpi_ep(m->ep_config(pc, T), d.comm);
+            auto microbatch_ep = comm::make_mpi_ep(m->ep_config(pc, T), d.microbatch_comm());
             model::ForwardOptions o = forward_options(a.model);
             o.ep = ep.get();
             o.microbatch_ep = microbatch_ep.get();
+            Deployment::TpGroup g;
+            if (a.tp > 1) {
+                g = d.join_tp_group(a.tp, false);
+                o.tp = g.tp.get();
+            }
             ThreadPool pool(a.model.threads);
             model::StepBatch empty = model::StepBatchBuilder(cache).build();
             empty.microbatch = batch.microbatch;  // every rank's exchanges the same way
-            const auto out = m->forward(d.rank == 0 ? batch : empty, cache, o, Stream{&pool});
+            const auto out = m->forward(d.rank < a.tp ? batch : empty, cache, o, Stream{&pool});
             if (d.rank != 0) return;
             logits = out.logits;
 #endif

@@ -97,7 +97,7 @@ void run_serve(ServeArgs& a) {
         phase_start = now;
     };
     const io::ModelConfig pre = io::load_model_config(dir);
-    check_tp(a.tp, a.ep, a.ranks, a.model.device);
+    check_tp(a.tp, a.ep, a.model.device);
     validate(ParallelConfig{d.rank, a.ep, a.tp}, pre.n_routed_experts);  // before loading anything
     const int local_ranks = a.ranks == "threads" ? a.ep : 1;             // ranks in this process
     engine::MemoryRequest mr;
@@ -108,14 +108,14 @@ void run_serve(ServeArgs& a) {
     o.max_step_tokens = a.scheduler.max_batched_tokens;
     o.max_context = pre.max_position_embeddings;  // the most the KV cache can leave it at
     o.mtp_draft_tokens = a.mtp;
-    // The two-microbatch schedule on the GPU: on, or auto under expert parallelism (at EP1 there
-    // is no exchange to hide: auto is off); auto without --microbatch-min-tokens is calibrated by
-    // the graph captures, which time both schedules at every decode bucket.
+    // The two-microbatch schedule on the GPU: on; auto with --microbatch-min-tokens; or auto under
+    // expert parallelism, calibrated by the graph captures, which time both schedules at every
+    // decode bucket (at EP1 without a threshold there is no exchange to hide: auto is off).
     const bool auto_microbatch = ec.microbatch == engine::EngineConfig::Microbatch::kAuto;
-    o.microbatch =
-        ec.microbatch == engine::EngineConfig::Microbatch::kOn || (auto_microbatch && a.ep_backend != "local");
-    const bool calibrate_microbatch =
-        auto_microbatch && o.microbatch && ec.microbatch_min_tokens == std::numeric_limits<int64_t>::max();
+    const bool given_threshold = ec.microbatch_min_tokens != std::numeric_limits<int64_t>::max();
+    o.microbatch = ec.microbatch == engine::EngineConfig::Microbatch::kOn ||
+                   (auto_microbatch && (given_threshold || a.ep_backend != "local"));
+    const bool calibrate_microbatch = auto_microbatch && o.microbatch && !given_threshold;
 #endif
     if (a.model.device == "cuda") {
 #ifdef FANOUT_WITH_CUDA
@@ -146,9 +146,11 @@ void run_serve(ServeArgs& a) {
     } else {
         mr.where = "this host (MemTotal)";
         mr.total_bytes = engine::host_memory_bytes();
-        // Mapped whole; tensor-parallel ranks add their heads' f32 copies (one whole copy per DP group).
+        // Mapped whole; tensor-parallel ranks add their heads' f32 copies (one whole copy per DP
+        // group: a process of a TP group its share).
         mr.weight_bytes = engine::checkpoint_file_bytes(dir) +
-                          engine::tp_attention_copy_bytes(pre, a.tp, local_ranks / std::max(a.tp, 1));
+                          (local_ranks >= a.tp ? engine::tp_attention_copy_bytes(pre, a.tp, local_ranks / a.tp)
+                                               : engine::tp_attention_copy_bytes(pre, a.tp, 1) / a.tp);
         // Each rank of this process its step buffers and KV cache (--kv-memory-gb each); the
         // checkpoint is mapped once.
         mr.workspace_bytes = local_ranks * engine::cpu_step_workspace_bytes(pre, a.scheduler.max_num_seqs,

@@ -138,7 +138,7 @@ void Deployment::join_world(int& ep, std::string& ranks, const std::string& devi
         engine_index = mpi->rank() / group;
         comm = engines == 1 ? mpi->comm() : mpi->split(engine_index, mpi->rank());
         MPI_Comm_rank(comm, &rank);
-        world = group;
+        world = dp_world = group;
         local_rank = mpi->local_rank();
         local_processes = mpi->local_size();
         MPI_Comm host = MPI_COMM_NULL;
@@ -155,7 +155,7 @@ void Deployment::join_world(int& ep, std::string& ranks, const std::string& devi
     const comm::RankInfo env = comm::rank_info_from_env();
     if (env.world > 1) {  // Kubernetes / torchrun style: the world from RANK / WORLD_SIZE
         rank = env.rank;
-        world = env.world;
+        world = dp_world = env.world;
         local_rank = env.local_rank;
         env_launched = true;
         launched("RANK / WORLD_SIZE");
@@ -188,15 +188,16 @@ void Deployment::make_cpu_ranks(std::vector<std::unique_ptr<model::DeepseekV3>> 
         this->threads = engine::make_cpu_dp_threads(std::move(models), ec, opts, threads, kv_dtype, tokenizer, tp);
         return;
     }
-    FANOUT_CHECK(tp == 1, "--tp {}: TP groups are ranks as threads of one process so far", tp);
 #ifdef FANOUT_WITH_MPI
     FANOUT_CHECK(mpi != nullptr,
                  "CPU ranks as processes exchange their tokens over MPI: start them with mpirun (or --ranks "
                  "processes), not with RANK / WORLD_SIZE alone");
     FANOUT_CHECK(models.size() == 1, "a rank process holds one model, got {}", models.size());
+    FANOUT_CHECK(tp >= 1 && world % tp == 0, "--tp {} must divide the launcher's {} processes", tp, world);
     model::DeepseekV3& m = *models[0];
+    // Every process is an EP rank (EP = DP × TP): the experts split over all of them.
     const comm::EpConfig epc =
-        m.ep_config(ParallelConfig{rank, world, 1}, std::max<int64_t>(1, ec.scheduler.max_batched_tokens));
+        m.ep_config(ParallelConfig{rank, world, tp}, std::max<int64_t>(1, ec.scheduler.max_batched_tokens));
     ep = comm::make_mpi_ep(epc, comm);
     model::ForwardOptions o = opts;
     o.ep = ep.get();
@@ -204,13 +205,50 @@ void Deployment::make_cpu_ranks(std::vector<std::unique_ptr<model::DeepseekV3>> 
         microbatch_ep = comm::make_mpi_ep(epc, microbatch_comm());
         o.microbatch_ep = microbatch_ep.get();
     }
-    make_rank(std::make_unique<engine::DeepseekRunner>(std::move(models[0]), o, threads, kv_dtype), ec, tokenizer);
+    if (tp == 1) {
+        make_rank(std::make_unique<engine::DeepseekRunner>(std::move(models[0]), o, threads, kv_dtype), ec, tokenizer);
+        return;
+    }
+    // TP groups of tp consecutive processes: the group's rank 0 is its DP rank (an engine, whose
+    // runner sends every step to the others over the group's channel); the DP group's control
+    // plane is theirs alone.
+    TpGroup g = join_tp_group(tp, true);
+    control.reset();  // (every process: the plane over all of them was a collective's)
+    MPI_Comm leaders = MPI_COMM_NULL;
+    MPI_Comm_split(comm, g.tp->rank() == 0 ? 0 : MPI_UNDEFINED, rank, &leaders);
+    dp_world = world / tp;
+    if (g.tp->rank() > 0) {
+        tp_follower = [this, g = std::make_shared<TpGroup>(std::move(g)),
+                       model = std::make_shared<decltype(models)>(std::move(models)), o, threads, kv_dtype]() mutable {
+            engine::run_tp_follower(std::move((*model)[0]), o, threads, kv_dtype, std::move(g->tp), *g->channel);
+        };
+        return;
+    }
+    if (dp_world > 1) control = comm::make_mpi_control(leaders);
+    MPI_Comm_free(&leaders);
+    make_rank(std::make_unique<engine::DeepseekRunner>(std::move(models[0]), o, threads, kv_dtype, std::move(g.tp),
+                                                       std::move(g.channel)),
+              ec, tokenizer);
 #else
     FANOUT_FAIL("CPU ranks as processes exchange their tokens over MPI: this fanout was built without it");
 #endif
 }
 
 #ifdef FANOUT_WITH_MPI
+Deployment::TpGroup Deployment::join_tp_group(int tp, bool channel) {
+    FANOUT_CHECK(mpi != nullptr && tp >= 1 && world % tp == 0,
+                 "--tp {}: TP groups as processes need mpirun and a "
+                 "multiple of {} processes (the launcher started {})",
+                 tp, tp, world);
+    MPI_Comm group = MPI_COMM_NULL;
+    MPI_Comm_split(comm, rank / tp, rank, &group);  // a collective of every process
+    TpGroup g;
+    g.tp = comm::make_mpi_tp(group);
+    if (channel) g.channel = comm::make_mpi_control(group);
+    MPI_Comm_free(&group);  // both hold duplicates
+    return g;
+}
+
 MPI_Comm Deployment::microbatch_comm() {
     if (microbatch_comm_ == MPI_COMM_NULL) MPI_Comm_dup(comm, &microbatch_comm_);
     return microbatch_comm_;
@@ -219,7 +257,7 @@ MPI_Comm Deployment::microbatch_comm() {
 
 void Deployment::make_rank(std::unique_ptr<engine::ModelRunner> runner, engine::EngineConfig ec,
                            const io::Tokenizer* tokenizer) {
-    if (world == 1) {
+    if (dp_world == 1) {
         engine = std::make_unique<engine::Engine>(std::move(runner), tokenizer, ec);
         return;
     }
@@ -299,10 +337,11 @@ void Deployment::announce(const std::string& address) {
 #endif
 }
 
-bool Deployment::follows() const { return process_rank && rank != 0; }
+bool Deployment::follows() const { return (process_rank && rank != 0) || tp_follower != nullptr; }
 
 void Deployment::follow() {
     FANOUT_CHECK(follows(), "rank {} leads the deployment; only ranks past 0 follow", rank);
+    if (tp_follower) return tp_follower();
     process_rank->run();
 }
 

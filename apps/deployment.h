@@ -6,6 +6,7 @@
 // CPU path's tokens travel over MPI). `serve` and `generate` share it.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -56,12 +57,23 @@ struct Deployment {
     int local_rank = 0;                                   // ... among the job's ranks on this host (its GPU)
     int engine_index = 0, engines = 1;                    // `fanout engine` under a launcher: which of how many
     int local_processes = 1;                              // the launch's rank processes on this host (their cores)
+    int dp_world = 1;                                     // DP ranks (engines): world, or world / tp (TP processes)
+    // A TP rank past 0 as a process (make_cpu_ranks with tp > 1): what follow() runs.
+    std::function<void()> tp_follower;
 #ifdef FANOUT_WITH_MPI
     MPI_Comm comm = MPI_COMM_NULL;  // the deployment's processes (mpi), owned by the session
     // A duplicate of `comm` for the second microbatch's exchanges (made on first use: a collective
     // of the deployment's processes; freed with MPI).
     MPI_Comm microbatch_comm();
     MPI_Comm microbatch_comm_ = MPI_COMM_NULL;
+    // This process's TP group under MPI: its tp consecutive ranks (a collective of every process).
+    // `tp`: this rank's endpoint of the group's collectives; `channel` (when asked for): the group's
+    // control plane, over which its rank 0's runner sends every step.
+    struct TpGroup {
+        std::unique_ptr<comm::TensorParallel> tp;
+        std::unique_ptr<comm::ControlPlane> channel;
+    };
+    TpGroup join_tp_group(int tp, bool channel);
 #endif
     bool one_host = true;       // every rank of the deployment is on this host
     bool env_launched = false;  // RANK / WORLD_SIZE without MPI: TCP control plane, NCCL id over TCP

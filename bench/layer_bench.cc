@@ -360,9 +360,10 @@ int run_layer_bench(const LayerBenchOptions& opts) {
     bench_points(0);
     for (int ep : opts.eps) bench_points(ep);
 
-    // The two-microbatch schedule on the emulated points: two execs (each its own device context
-    // and emulated backend, on the one stream) through model::run_microbatched — the GPU runner's
-    // schedule; one graph per point, timed as a whole.
+    // The two-microbatch schedule on the emulated points: two execs (each its own emulated backend,
+    // on the one stream) through model::run_microbatched — the GPU runner's schedule (the runner's
+    // two execs share one device context, these one each: on one stream either is the same); one
+    // graph per point, timed as a whole.
     if (opts.microbatch) {
         Rig rig_b(c, max_batch, q, opts.kv_len, s);
         for (int ep : opts.eps) {

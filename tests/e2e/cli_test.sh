@@ -126,6 +126,16 @@ if command -v mpirun >/dev/null; then
     "${np4[@]}" "$fanout" score --model tiny --token-ids 1,2,3,4,5 --microbatch on --output "$work/logits_mpimb.f32" 2>"$work/stderr"
     diff_ep=$(logits_close "$work/logits.f32" "$work/logits_mpimb.f32")
     [[ $diff_ep == equal ]] && ok "mpirun -np 4 score --microbatch on equals EP1 within 1e-5" || bad "mpirun score --microbatch on" "$diff_ep $(tail -3 "$work/stderr")"
+    # Tensor-parallel attention with the TP ranks as processes: DP2 × TP2 (score: DP rank 0's TP
+    # group runs the sequence), its rank 0 carrying every step to its follower.
+    "${np4[@]}" "$fanout" score --model tiny --token-ids 1,2,3,4,5 --tp 2 --output "$work/logits_mpitp.f32" 2>"$work/stderr"
+    diff_ep=$(logits_close "$work/logits.f32" "$work/logits_mpitp.f32")
+    [[ $diff_ep == equal ]] && ok "mpirun -np 4 score --tp 2 equals EP1 within 1e-5" || bad "mpirun score --tp 2" "$diff_ep $(tail -3 "$work/stderr")"
+    mpitp=$("${np4[@]}" "$fanout" generate --model tiny --prompt-ids 1,2,3,4,5 --max-tokens 8 --temperature 0.8 --seed 3 --tp 2 2>"$work/stderr")
+    [[ $ep1 == "$mpitp" ]] && ok "mpirun -np 4 generate --tp 2 samples the same tokens as EP1" || bad "mpirun generate --tp 2" "'$mpitp' vs '$ep1' $(tail -3 "$work/stderr")"
+    greedy1=$("$fanout" generate --model tiny --prompt-ids 1,2,3,4,5 --max-tokens 8 --temperature 0 2>/dev/null)
+    mpitp4=$("${np4[@]}" "$fanout" generate --model tiny --prompt-ids 1,2,3,4,5 --max-tokens 8 --temperature 0 --tp 4 --mtp 2 --microbatch on 2>"$work/stderr")
+    [[ -n $greedy1 && $greedy1 == "$mpitp4" ]] && ok "mpirun -np 4 generate --tp 4 --mtp 2 --microbatch on: plain greedy tokens" || bad "mpirun generate --tp 4" "'$mpitp4' vs '$greedy1' $(tail -3 "$work/stderr")"
     proc2=$("$fanout" generate --model tiny --prompt-ids 1,2,3,4,5 --max-tokens 8 --temperature 0.8 --seed 3 --ep 2 --ranks processes 2>"$work/stderr")
     [[ $ep1 == "$proc2" ]] && ok "generate --ep 2 --ranks processes samples the same tokens as EP1" || bad "--ranks processes" "'$proc2' vs '$ep1' $(tail -3 "$work/stderr")"
     # A bad input under the launcher: every rank names it and the job ends (no rank left waiting).

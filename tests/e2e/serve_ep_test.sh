@@ -4,6 +4,7 @@
 #   threads    fanout serve --model tiny --ep 4                      (ranks are threads)
 #   tp         ... --ep 4 --tp 2 --microbatch on --mtp 1             (2 DP ranks of 2 TP ranks, threads)
 #   mpirun     mpirun -np 4 ... fanout serve --model tiny            (one process per rank, launcher's world)
+#   mpirun_tp  mpirun -np 4 ... fanout serve --model tiny --tp 2 --mtp 1 (2 DP ranks of 2 TP processes)
 #   processes  fanout serve --model tiny --ep 2 --ranks processes    (fanout execs mpirun on itself)
 # For each: 64 concurrent requests through the official openai client (serve_ep_client.mjs: chat and
 # completions, streamed and not, max_tokens 1..24 so ranks go idle at different times) all finish with
@@ -36,7 +37,7 @@ tagged() {  # tagged TAG: the live processes carrying it (zombies have no enviro
 kill_tagged() { local p; for p in $(tagged "$1"); do kill -9 "$p" 2>/dev/null; done; }
 cleanup() {
     stop_servers
-    for name in threads tp mpirun mpirun_rank0 processes; do kill_tagged "${tag_base}_$name"; done
+    for name in threads tp mpirun mpirun_tp mpirun_rank0 processes; do kill_tagged "${tag_base}_$name"; done
 }
 trap cleanup EXIT
 
@@ -203,6 +204,13 @@ else
         check_load mpirun
         idle_check mpirun 50 $(tagged "${tag_base}_mpirun")
         stop_group mpirun 4 ""
+    fi
+    # (b2) TP groups as processes: ranks 0 and 2 are the DP ranks (engines), 1 and 3 their TP
+    # followers, which every step reaches through their group's channel.
+    launch mpirun_tp "${mpirun[@]}" "$fanout" serve --port 0 "${serve_args[@]}" --tp 2 --mtp 1
+    if started mpirun_tp; then
+        check_load mpirun_tp
+        stop_group mpirun_tp 4 ""
     fi
     # ... and SIGTERM to rank 0's process (it stops the group) shows every rank exiting 0: mpirun's
     # status is 0 only when all of its processes' are.

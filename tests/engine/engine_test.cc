@@ -282,10 +282,11 @@ TEST(Engine, RejectsLogitBiasOutsideTheVocabulary) {
     EXPECT_NO_THROW(engine.submit(p));
 }
 
-// --microbatch auto's calibration: the threshold is the smallest measured size from which the
-// two-microbatch schedule won at that size and every larger one, so the choice is the faster
-// schedule at each size wherever the crossover is single; losing at the largest size (or nothing
-// measured) is never; a win below a loss does not count; bad timings are named.
+// --microbatch auto's calibration over bucket sizes: on for every step past the last size where the
+// two-microbatch schedule lost (a step of 17..32 tokens replays the 32 bucket), so the choice is the
+// faster schedule at each bucket wherever the crossover is single; losing at the largest size (or
+// nothing measured) is never; a win below a loss does not count; a win within the 2% margin is not
+// a win; bad timings are named.
 TEST(Engine, MicrobatchThresholdFromMeasuredStepTimes) {
     constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
     EXPECT_EQ(microbatch_min_tokens_from({}), kNever);
@@ -294,14 +295,15 @@ TEST(Engine, MicrobatchThresholdFromMeasuredStepTimes) {
     // A crossover between 16 and 32 tokens, sizes given in any order.
     const std::vector<MicrobatchTiming> cross = {{64, 400, 330}, {8, 200, 260}, {32, 300, 290}, {16, 250, 270}};
     const int64_t from = microbatch_min_tokens_from(cross);
-    EXPECT_EQ(from, 32);
-    for (const MicrobatchTiming& t : cross)  // auto picks the faster schedule at every size measured
+    EXPECT_EQ(from, 17);
+    for (const MicrobatchTiming& t : cross)  // auto picks the faster schedule at every bucket measured
         EXPECT_EQ(t.tokens >= from, t.microbatch_us < t.one_batch_us) << t.tokens << " tokens";
-    // A win at 8 below a loss at 16 is noise, not a second crossover: on from 32.
-    EXPECT_EQ(microbatch_min_tokens_from({{8, 200, 150}, {16, 250, 270}, {32, 300, 290}}), 32);
-    // Winning everywhere: on from the smallest; losing only at the largest: never.
-    EXPECT_EQ(microbatch_min_tokens_from({{2, 10, 9}, {4, 20, 19}}), 2);
+    // A win at 8 below a loss at 16 is noise, not a second crossover: on past 16.
+    EXPECT_EQ(microbatch_min_tokens_from({{8, 200, 150}, {16, 250, 270}, {32, 300, 280}}), 17);
+    // Winning everywhere: on for every step; losing only at the largest, or winning by under 2%: never.
+    EXPECT_EQ(microbatch_min_tokens_from({{2, 10, 9}, {4, 20, 18}}), 1);
     EXPECT_EQ(microbatch_min_tokens_from({{2, 10, 9}, {4, 20, 21}}), kNever);
+    EXPECT_EQ(microbatch_min_tokens_from({{2, 10, 9}, {4, 20, 19.8}}), kNever);
     const std::string err = fanout::testing::error_of([] { microbatch_min_tokens_from({{4, 20, 0}}); });
     EXPECT_NE(err.find("4 tokens"), std::string::npos) << err;
 }

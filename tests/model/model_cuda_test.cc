@@ -505,7 +505,32 @@ TEST(CudaModel, MicrobatchedStepsMatchOneBatch) {
     expect_close(position_diffs(got.data(), want.data(), rows, V), max_logit, Bounds{0.005, 0.005, 1.0},
                  "two microbatches vs one batch");
     EXPECT_EQ(got_tokens, want_tokens) << "greedy decode as two microbatches differs from one batch";
-    EXPECT_GE(two.graphs_captured(), 1);
+    EXPECT_EQ(two.graphs_captured(), 1);  // the microbatched decode bucket (8), replayed four times
+    // The same steps through the nvlink EP backend (world 1: its kernels run, nothing crosses a
+    // link), the second microbatch with tokens through a second backend: the same greedy tokens,
+    // the logits within the combine's bf16 rounding (see check_ep_matches_ep1).
+    comm::LocalGpus gpus(1);
+    std::vector<float> got_ep;
+    std::vector<int32_t> got_ep_tokens;
+    const auto failures = gpus.run([&](int r) {
+        const io::ModelConfig& c = m->config();
+        const comm::EpConfig ec = comm::EpConfig::for_rank(
+            ParallelConfig{0, 1, 1}, static_cast<int>(c.n_routed_experts), static_cast<int>(c.num_experts_per_tok),
+            static_cast<int>(c.hidden_size), static_cast<int>(o.max_step_tokens), comm::Payload::kBf16);
+        auto ep = comm::make_gpu_ep(comm::GpuBackend::kNvlink, ec, gpus.comm(r), gpus.stream(r));
+        auto ep2 = comm::make_gpu_ep(comm::GpuBackend::kNvlink, ec, gpus.comm(r), gpus.stream(r));
+        CudaModelOptions eo = mo;
+        eo.ep = ep.get();
+        eo.microbatch_ep = ep2.get();
+        eo.stream = gpus.stream(r);
+        CudaModel gpu(*m, eo);
+        got_ep = steps(gpu, true, &got_ep_tokens);
+    });
+    ASSERT_EQ(failures[0], "");
+    ASSERT_EQ(got_ep.size(), want.size());
+    expect_close(position_diffs(got_ep.data(), want.data(), rows, V), max_logit, Bounds{0.01, 0.02, 1.0},
+                 "two microbatches through the nvlink backend vs one batch");
+    EXPECT_EQ(got_ep_tokens, want_tokens) << "greedy decode as two microbatches under EP differs";
     fs::remove_all(dir);
 }
 

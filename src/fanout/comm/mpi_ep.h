@@ -75,6 +75,12 @@ std::unique_ptr<ExpertParallel> make_mpi_ep(const EpConfig& config, MPI_Comm com
 std::unique_ptr<ControlPlane> make_mpi_control(MPI_Comm comm,
                                                std::chrono::milliseconds timeout = std::chrono::minutes(10));
 
+// A TP group's endpoint (tensor_parallel.h) over `comm` — the TP ranks of one DP group as
+// processes — on a duplicate of it. The all-reduce adds the ranks' values in rank order on every
+// rank, as the local group does.
+class TensorParallel;
+std::unique_ptr<TensorParallel> make_mpi_tp(MPI_Comm comm);
+
 // Rank 0's `blob` on every rank of `comm` (size first, then bytes): how NCCL's unique id travels
 // when the launcher is mpirun.
 std::vector<uint8_t> mpi_broadcast(std::vector<uint8_t> blob, MPI_Comm comm);

@@ -3,8 +3,8 @@
 // of the layer runs on a slice of the tokens per rank (rank r's rows [T·r/tp, T·(r+1)/tp)), whose
 // results every rank needs again for the next layer's attention.
 //
-// `local` (threads of one process, the CPU path) is the one implementation so far; on GPUs these
-// are NCCL's all-reduce / all-gather on the DP group's communicator.
+// `local` (threads of one process) and `mpi` (processes, mpi_ep.h's make_mpi_tp) on the CPU path;
+// on GPUs these will be NCCL's all-reduce / all-gather on the DP group's communicator.
 #pragma once
 
 #include <chrono>

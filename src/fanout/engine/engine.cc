@@ -59,9 +59,13 @@ int64_t microbatch_min_tokens_from(std::vector<MicrobatchTiming> timings) {
                      t.tokens, t.one_batch_us, t.microbatch_us);
     std::sort(timings.begin(), timings.end(),
               [](const MicrobatchTiming& a, const MicrobatchTiming& b) { return a.tokens < b.tokens; });
-    int64_t from = std::numeric_limits<int64_t>::max();
-    for (auto t = timings.rbegin(); t != timings.rend() && t->microbatch_us < t->one_batch_us; ++t) from = t->tokens;
-    return from;
+    const auto wins = [](const MicrobatchTiming& t) { return t.microbatch_us < kMicrobatchMargin * t.one_batch_us; };
+    if (timings.empty() || !wins(timings.back())) return std::numeric_limits<int64_t>::max();
+    // The winning sizes at the top: a step larger than the last losing size replays a winning
+    // size's graph (sizes are buckets: a step pads up to the next one).
+    auto t = timings.rbegin();
+    while (t != timings.rend() && wins(*t)) ++t;
+    return t == timings.rend() ? 1 : t->tokens + 1;
 }
 
 void EngineStats::Histogram::observe(double seconds) {

@@ -23,6 +23,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "fanout/comm/control_plane.h"
+#include "fanout/comm/tensor_parallel.h"
 #include "fanout/engine/kv_events.h"
 #include "fanout/engine/placement.h"
 #include "fanout/engine/scheduler.h"
@@ -83,6 +85,12 @@ class DeepseekRunner : public ModelRunner {
     // with a cache of the same geometry (the latent KV is every head's: each rank holds all of it).
     DeepseekRunner(std::vector<std::unique_ptr<model::DeepseekV3>> models, std::vector<model::ForwardOptions> opts,
                    int threads, DType kv_dtype = DType::kF32);
+    // A TP group whose ranks past 0 are processes of their own (run_tp_follower there): `model`
+    // holds TP rank 0's heads, `tp` is this rank's endpoint of the group's collectives
+    // (comm::make_mpi_tp), `followers` the group's control plane, this rank its rank 0, which
+    // carries every step to them; destroying the runner stops them.
+    DeepseekRunner(std::unique_ptr<model::DeepseekV3> model, model::ForwardOptions opts, int threads, DType kv_dtype,
+                   std::unique_ptr<comm::TensorParallel> tp, std::unique_ptr<comm::ControlPlane> followers);
     ~DeepseekRunner() override;
     int64_t vocab_size() const override { return lead().config().vocab_size; }
     int64_t max_context() const override { return lead().config().max_position_embeddings; }
@@ -100,26 +108,46 @@ class DeepseekRunner : public ModelRunner {
     void on_failure(std::function<void(const std::string&)> abort) { abort_ = std::move(abort); }
 
   private:
+    friend void run_tp_follower(std::unique_ptr<model::DeepseekV3>, model::ForwardOptions, int, DType,
+                                std::unique_ptr<comm::TensorParallel>, comm::ControlPlane&);
     struct Member;
+    struct Job;  // one step of the group, as every rank runs it (and as bytes between processes)
+    struct Result {
+        Tensor logits;                // kForward: the leader's logits
+        std::vector<int32_t> drafts;  // kDraft: the leader's greedy drafts
+    };
+    static std::vector<uint8_t> encode(const Job& job);
+    static Job parse(const std::vector<uint8_t>& bytes);
+    // `job` on one rank with its cache; `lead`: TP rank 0, whose result is returned.
+    static Result run_job(Member& m, const Job& job, kv::PagedKvCache& cache, bool lead);
     void fail(const std::string& reason);  // the group's failure: TP group and abort_ (mutex_ not held)
     const model::DeepseekV3& lead() const;
-    // `job` on every member (rank 0 here with `cache`, the others on their threads with theirs);
-    // the first failure aborts the TP group and is thrown here.
-    void run_all(const std::function<void(Member&, kv::PagedKvCache&)>& job, kv::PagedKvCache& cache);
+    // `job` on every member (rank 0 here with `cache`, the others on their threads with theirs, or
+    // in their processes); the first failure aborts the TP group and is thrown here.
+    Result run_all(Job job, kv::PagedKvCache& cache);
     void follow(size_t i);
 
     std::vector<std::unique_ptr<Member>> members_;
     std::unique_ptr<comm::LocalTpGroup> tp_;
+    std::unique_ptr<comm::ControlPlane> remote_;  // TP ranks past 0 as processes: the channel to them
     DType kv_dtype_;
     std::mutex mutex_;
     std::condition_variable cv_;
-    std::function<void(Member&, kv::PagedKvCache&)> job_;
+    std::shared_ptr<const Job> job_;
     int64_t jobs_ = 0, done_ = 0;  // jobs handed to the followers, follower jobs finished
     std::string failure_;
     bool stopping_ = false;
     std::function<void(const std::string&)> abort_;
     std::vector<std::thread> followers_;
 };
+
+// A TP rank past 0 as a process of its own (`mpirun ... --tp T` on the CPU path): `model` holds
+// this rank's heads, `tp` its endpoint of the group's collectives, `leader` the group's control
+// plane (this rank past 0). Runs every step its TP rank 0's DeepseekRunner sends — forward passes
+// and MTP drafting, each also this rank's part of every MoE exchange — until that runner stops;
+// a failure aborts the group (the launcher's job) naming this rank, and is rethrown.
+void run_tp_follower(std::unique_ptr<model::DeepseekV3> model, model::ForwardOptions opts, int threads, DType kv_dtype,
+                     std::unique_ptr<comm::TensorParallel> tp, comm::ControlPlane& leader);
 
 struct RequestParams {
     std::vector<int32_t> prompt;
@@ -210,11 +238,14 @@ struct MicrobatchTiming {
     int64_t tokens = 0;
     double one_batch_us = 0, microbatch_us = 0;
 };
-// --microbatch auto's threshold from measured step times: the smallest step size from which the
-// two-microbatch schedule was faster there and at every larger size measured — so the choice is
-// the faster schedule at each size measured wherever the crossover is single; never
-// (int64 max) when it lost at the largest size, or nothing was measured. Sizes in any order;
-// a timing that is not positive is an error naming it.
+// --microbatch auto's threshold from measured step times, the sizes being the graph buckets a step
+// pads up to: one more than the largest size at which the two-microbatch schedule did not win, when
+// it won at every larger size measured — so every step replays the faster bucket's schedule
+// wherever the crossover is single — 1 when it won everywhere; never (int64 max) when it lost at
+// the largest size, or nothing was measured. A win is a clear one: under kMicrobatchMargin of the
+// one-batch time (replay timings carry a percent of noise). Sizes in any order; a timing that is
+// not positive is an error naming it.
+constexpr double kMicrobatchMargin = 0.98;
 int64_t microbatch_min_tokens_from(std::vector<MicrobatchTiming> timings);
 
 // Counters and latency histograms for /metrics.

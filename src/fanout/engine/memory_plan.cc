@@ -122,10 +122,10 @@ double checkpoint_weight_bytes(const std::string& dir, const io::ModelConfig& c,
             if (e < mine.begin || e >= mine.end) continue;  // another rank's expert
         }
         // kv_b is held again split per head for the absorbed form (k_b transposed, v_b), in bf16.
-        const io::TensorEntry& e = ck.entry(name);
-        bytes += static_cast<double>(e.nbytes);
-        if (name.size() >= 16 && name.compare(name.size() - 16, 16, "kv_b_proj.weight") == 0)
-            bytes += 2.0 * static_cast<double>(e.nbytes) / static_cast<double>(dtype_size(e.dtype));
+        const io::TensorEntry& entry = ck.entry(name);
+        bytes += static_cast<double>(entry.nbytes);
+        if (name.ends_with("kv_b_proj.weight"))
+            bytes += 2.0 * static_cast<double>(entry.nbytes) / static_cast<double>(dtype_size(entry.dtype));
     }
     return bytes;
 }

@@ -194,7 +194,7 @@ BufferElems buffer_elems(const io::ModelConfig& c, const LayerLimits& lim_in) {
     n.gate_up = T * 2 * I;
     n.act = T * I;
     // The quantized input of any projection (the widest is one of these; 2D: the MTP layer's
-    // eh_proj, through project()) or batched GEMM.
+    // eh_proj, through project()), or of the MHA-form prefill's kv_b over its context.
     const size_t P = static_cast<size_t>(std::max<int64_t>(max_prefill_ctx, 0));
     n.xq = std::max(T * std::max({2 * D, qkv_w, q_w, H * Vh, I}), P * C);
     n.latent = P * C;
@@ -426,7 +426,7 @@ void CudaLayerExec::attn_in(const DeviceLayer& w, const LayerStep& st, uint16_t*
                      max_prefill_ctx_, st.R, st.prefill_ctx);
         ops::launch_rope_q_inplace(b.q.get(), T, H, nope, st.positions, rd, stream_);
     } else {
-        ops::launch_mla_q_split(b.q.get(), T, H, nope, st.positions, rd, nullptr, b.q_pe.get(), stream_);
+        ops::launch_mla_q_rope(b.q.get(), T, H, nope, st.positions, rd, b.q_pe.get(), stream_);
     }
     ops::launch_mla_kv_append(kv_a, qkv_width, T, C, w.kv_a_norm.get(), kLatentNormEps, st.positions, rd, st.slots,
                               cache, stream_);

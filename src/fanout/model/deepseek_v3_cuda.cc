@@ -332,6 +332,12 @@ CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts, cons
                  "(CudaModelOptions::microbatch_ep)");
     FANOUT_CHECK(opts.microbatch_ep == nullptr || (opts.microbatch && opts.microbatch_ep != opts.ep),
                  "CudaModel: microbatch_ep must be a second backend, for the two-microbatch schedule");
+    FANOUT_CHECK(opts.microbatch_ep == nullptr || (opts.microbatch_ep->config().rank == opts.ep->config().rank &&
+                                                   opts.microbatch_ep->config().world == opts.ep->config().world),
+                 "CudaModel: the second microbatch's EP backend is rank {} of {}, the first's rank {} of {}",
+                 opts.microbatch_ep ? opts.microbatch_ep->config().rank : 0,
+                 opts.microbatch_ep ? opts.microbatch_ep->config().world : 0, opts.ep ? opts.ep->config().rank : 0,
+                 opts.ep ? opts.ep->config().world : 0);
     m.w = upload_model_weights(c, model.weights(), progress, &m.upload, opts.mtp_draft_tokens > 0);
     m.cache = DeviceArray<uint16_t>(static_cast<size_t>(m.num_layers_cached()) * m.cache_layer_elems());
     FANOUT_CUDA_CHECK(cudaMemset(m.cache.get(), 0, m.cache.size() * sizeof(uint16_t)));
@@ -628,18 +634,22 @@ std::vector<int32_t> CudaModel::draft_mtp(const StepBatch& batch, std::span<cons
 
 double CudaModel::Impl::time_replays(const decltype(graphs)::key_type& key, int n) {
     const cudaGraphExec_t g = graphs.at(key).exec;
-    cudaEvent_t e0 = nullptr, e1 = nullptr;
-    FANOUT_CUDA_CHECK(cudaEventCreate(&e0));
-    FANOUT_CUDA_CHECK(cudaEventCreate(&e1));
+    struct Events {  // destroyed on every path out
+        cudaEvent_t e[2] = {nullptr, nullptr};
+        ~Events() {
+            for (cudaEvent_t x : e)
+                if (x) cudaEventDestroy(x);
+        }
+    } ev;
+    FANOUT_CUDA_CHECK(cudaEventCreate(&ev.e[0]));
+    FANOUT_CUDA_CHECK(cudaEventCreate(&ev.e[1]));
     FANOUT_CUDA_CHECK(cudaGraphLaunch(g, stream));
-    FANOUT_CUDA_CHECK(cudaEventRecord(e0, stream));
+    FANOUT_CUDA_CHECK(cudaEventRecord(ev.e[0], stream));
     for (int i = 0; i < n; ++i) FANOUT_CUDA_CHECK(cudaGraphLaunch(g, stream));
-    FANOUT_CUDA_CHECK(cudaEventRecord(e1, stream));
-    FANOUT_CUDA_CHECK(cudaEventSynchronize(e1));
+    FANOUT_CUDA_CHECK(cudaEventRecord(ev.e[1], stream));
+    FANOUT_CUDA_CHECK(cudaEventSynchronize(ev.e[1]));
     float ms = 0;
-    FANOUT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
+    FANOUT_CUDA_CHECK(cudaEventElapsedTime(&ms, ev.e[0], ev.e[1]));
     return 1000.0 * ms / n;
 }
 
@@ -666,7 +676,7 @@ std::vector<CudaModel::GraphCapture> CudaModel::capture_decode_graphs() {
         const auto t0 = std::chrono::steady_clock::now();
         m.replay_step(q, R, up.rows, true, mtp, mtp);
         if (two) m.replay_step(q, R, up.rows, true, mtp, mtp, up.split);
-        GraphCapture g{R, R * q};
+        GraphCapture g{.requests = R, .tokens = R * q};
         if (two) {  // both schedules of this bucket, timed (under EP every rank replays them together)
             g.step_us = m.time_replays({Impl::Pass::kModel, q, R, true, mtp, mtp, false}, kTimedReplays);
             g.microbatch_step_us = m.time_replays({Impl::Pass::kModel, q, R, true, mtp, mtp, true}, kTimedReplays);

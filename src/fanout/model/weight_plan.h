@@ -5,10 +5,10 @@
 // byte ranges of checkpoint tensors, copied as they are or converted to bf16 on the way, or bytes
 // prepared on the host. FP8 weights go as they are, with their weight_scale_inv, wherever their
 // 128×128 blocks line up with the GPU layout (DeepSeek-V3's all do: q_a|kv_a, gate|up and the
-// experts stack at multiples of 128 rows; kv_b's per-head k_b / v_b start at multiples of 128 and
-// are transposed or sliced block by block on the host, each block keeping its scale). Only a fused
-// weight whose blocks straddle (the tiny model's 96-row q_a) is dequantized and re-quantized on
-// the host. Planning reads nothing but those host-side pieces.
+// experts stack at multiples of 128 rows). kv_b's per-head k_b / v_b are dequantized to bf16 on the
+// host (the absorbed form runs them in bf16), and a fused weight whose blocks straddle (the tiny
+// model's 96-row q_a) is dequantized and re-quantized there. Planning reads nothing but those
+// host-side pieces.
 //
 // stream_weights() then reads every checkpoint range once with pread — several reader threads
 // over the ranges in file order, each with two staging buffers so one is read while the other is

@@ -45,8 +45,14 @@ namespace {
 // `align`: the bytes every A, B, C / D address is a multiple of (0: the default, 256).
 void pick_algo(cublasLtHandle_t blas, BlasPlan& p, const char* what, int M, int N, int K,
                const uint32_t* align = nullptr) {
-    cublasLtMatmulPreference_t pref;
-    FANOUT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    struct Pref {  // destroyed on every path out
+        cublasLtMatmulPreference_t p = nullptr;
+        ~Pref() {
+            if (p) cublasLtMatmulPreferenceDestroy(p);
+        }
+    } holder;
+    FANOUT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&holder.p));
+    const cublasLtMatmulPreference_t pref = holder.p;
     const size_t ws = DeviceContext::kBlasWorkspaceBytes;
     FANOUT_CUBLAS_CHECK(
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
@@ -61,7 +67,6 @@ void pick_algo(cublasLtHandle_t blas, BlasPlan& p, const char* what, int M, int 
     int found = 0;
     const cublasStatus_t st =
         cublasLtMatmulAlgoGetHeuristic(blas, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
     FANOUT_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0, "cuBLASLt has no {} algorithm for M {} N {} K {}", what, M,
                  N, K);
     p.algo = result.algo;

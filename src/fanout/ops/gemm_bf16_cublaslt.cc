@@ -26,10 +26,10 @@ void launch_gemm_bf16_batched(DeviceContext& ctx, const StridedBatchedGemm& g) {
     FANOUT_CHECK(g.batch >= 1 && g.M >= 0 && g.N > 0 && g.K > 0 && g.ldx >= g.K && g.ldw >= g.K && g.ldy >= g.N,
                  "gemm_bf16_batched: bad shape batch {} M {} N {} K {} or row strides x {} w {} y {}", g.batch, g.M,
                  g.N, g.K, g.ldx, g.ldw, g.ldy);
-    const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-    FANOUT_CHECK(aligned(g.x) && aligned(g.w) && aligned(g.y),
-                 "gemm_bf16_batched: x, W and y must start on 16-byte boundaries");
     if (g.M == 0) return;
+    const auto aligned = [](const void* ptr) { return ptr != nullptr && reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+    FANOUT_CHECK(aligned(g.x) && aligned(g.w) && aligned(g.y),
+                 "gemm_bf16_batched: x, W and y must be device pointers on 16-byte boundaries");
     const BlasPlan& p = ctx.blas_batched_plan(g);
     const float one = 1.0f, zero = 0.0f;
     FANOUT_CUBLAS_CHECK(cublasLtMatmul(ctx.blas_handle(), p.desc, &one, g.w, p.a, g.x, p.b, &zero, g.y, p.c, g.y, p.c,

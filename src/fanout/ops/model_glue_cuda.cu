@@ -38,17 +38,12 @@ __device__ inline void rope_pair(float& a, float& b, float pos, int i, const Rop
 // the parallelism: every head's nope part to the head-major buffer, the rope part rotated.
 constexpr int kHeadsPerBlock = 4;
 
-__global__ void mla_q_split_kernel(const bf16* __restrict__ q, int T, int H, int nope,
-                                   const int32_t* __restrict__ positions, RopeDevice rope, bf16* __restrict__ q_nope_hm,
-                                   bf16* __restrict__ q_pe) {
+__global__ void mla_q_rope_kernel(const bf16* __restrict__ q, int H, int nope, const int32_t* __restrict__ positions,
+                                  RopeDevice rope, bf16* __restrict__ q_pe) {
     const int t = blockIdx.x, width = nope + rope.dim, half = rope.dim / 2;
     const int h0 = blockIdx.y * kHeadsPerBlock, nh = min(kHeadsPerBlock, H - h0);
     const float pos = static_cast<float>(positions[t]);
     const bf16* row = q + static_cast<size_t>(t) * H * width;
-    for (int i = threadIdx.x; q_nope_hm != nullptr && i < nh * nope; i += kThreads) {
-        const int h = h0 + i / nope, d = i % nope;
-        q_nope_hm[(static_cast<size_t>(h) * T + t) * nope + d] = row[h * width + d];
-    }
     for (int i = threadIdx.x; i < nh * half; i += kThreads) {
         const int h = h0 + i / half, p = i % half;
         const bf16* src = row + h * width + nope + 2 * p;
@@ -113,17 +108,6 @@ __global__ void mla_kv_append_kernel(const bf16* __restrict__ kv_a, int64_t row_
         rope_pair(a, b, pos, p, rope);
         entry[kv_lora + 2 * p] = __float2bfloat16(a);
         entry[kv_lora + 2 * p + 1] = __float2bfloat16(b);
-    }
-}
-
-// A block per (token, kChunk values of its H·V).
-constexpr int kChunk = 1024;
-
-__global__ void heads_to_tokens_kernel(const bf16* __restrict__ x, int H, int T, int V, bf16* __restrict__ y) {
-    const int t = blockIdx.x, end = min(H * V, static_cast<int>(blockIdx.y + 1) * kChunk);
-    for (int i = blockIdx.y * kChunk + threadIdx.x; i < end; i += kThreads) {
-        const int h = i / V, v = i % V;
-        y[static_cast<size_t>(t) * H * V + i] = x[(static_cast<size_t>(h) * T + t) * V + v];
     }
 }
 
@@ -221,16 +205,15 @@ void launch_embed_bf16(const uint16_t* table, const int32_t* tokens, int T, int 
     FANOUT_CUDA_CHECK_LAUNCH("embed_kernel");
 }
 
-void launch_mla_q_split(const uint16_t* q, int T, int H, int nope, const int32_t* positions, RopeDevice rope,
-                        uint16_t* q_nope_hm, uint16_t* q_pe, void* cuda_stream) {
+void launch_mla_q_rope(const uint16_t* q, int T, int H, int nope, const int32_t* positions, RopeDevice rope,
+                       uint16_t* q_pe, void* cuda_stream) {
     FANOUT_DEVICE_REQUIRE(rope.dim % 2 == 0,
-                          "mla_q_split: the rope width must be even, got " + std::to_string(rope.dim));
+                          "mla_q_rope: the rope width must be even, got " + std::to_string(rope.dim));
     if (T <= 0) return;
     const dim3 grid(T, (H + kHeadsPerBlock - 1) / kHeadsPerBlock);
-    mla_q_split_kernel<<<grid, kThreads, 0, as_stream(cuda_stream)>>>(
-        reinterpret_cast<const bf16*>(q), T, H, nope, positions, rope, reinterpret_cast<bf16*>(q_nope_hm),
-        reinterpret_cast<bf16*>(q_pe));
-    FANOUT_CUDA_CHECK_LAUNCH("mla_q_split_kernel");
+    mla_q_rope_kernel<<<grid, kThreads, 0, as_stream(cuda_stream)>>>(reinterpret_cast<const bf16*>(q), H, nope,
+                                                                     positions, rope, reinterpret_cast<bf16*>(q_pe));
+    FANOUT_CUDA_CHECK_LAUNCH("mla_q_rope_kernel");
 }
 
 void launch_mla_kv_append(const uint16_t* kv_a, int64_t row_stride, int T, int kv_lora, const float* norm_w, float eps,
@@ -264,14 +247,6 @@ void launch_gather_latent(const uint16_t* cache, const int32_t* block_table, int
         reinterpret_cast<const bf16*>(cache), block_table, block_size, kv_lora, rope, reinterpret_cast<bf16*>(latent),
         reinterpret_cast<bf16*>(k_pe));
     FANOUT_CUDA_CHECK_LAUNCH("gather_latent_kernel");
-}
-
-void launch_heads_to_tokens(const uint16_t* x, int H, int T, int V, uint16_t* y, void* cuda_stream) {
-    if (T <= 0) return;
-    const dim3 grid(T, (H * V + kChunk - 1) / kChunk);
-    heads_to_tokens_kernel<<<grid, kThreads, 0, as_stream(cuda_stream)>>>(reinterpret_cast<const bf16*>(x), H, T, V,
-                                                                          reinterpret_cast<bf16*>(y));
-    FANOUT_CUDA_CHECK_LAUNCH("heads_to_tokens_kernel");
 }
 
 namespace {

@@ -25,11 +25,11 @@ struct RopeDevice {
     float attention_factor = 1.0f;
 };
 
-// q: [T, H, nope + rope] bf16 (q_b's output) -> q_nope_hm: [H, T, nope] (head-major; nullptr:
-// not written — the runner's k_b GEMM reads q in place), q_pe: [T, H, rope] rotated by
-// positions[t] (interleaved pairs, as rope_apply).
-void launch_mla_q_split(const uint16_t* q, int T, int H, int nope, const int32_t* positions, RopeDevice rope,
-                        uint16_t* q_nope_hm, uint16_t* q_pe, void* cuda_stream);
+// q: [T, H, nope + rope] bf16 (q_b's output) -> q_pe: [T, H, rope], each head's rope part rotated
+// by positions[t] (interleaved pairs, as rope_apply) for the absorbed attention; the nope parts
+// stay where they are (the k_b GEMM reads them in place).
+void launch_mla_q_rope(const uint16_t* q, int T, int H, int nope, const int32_t* positions, RopeDevice rope,
+                       uint16_t* q_pe, void* cuda_stream);
 
 // kv_a's rows (stride `row_stride` elements): [latent (kv_lora) | k_pe (rope)] -> the cache entry
 // [rms_norm(latent) · norm_w | rope(k_pe)] written at cache[slots[t]] ([slots, kv_lora + rope] bf16).
@@ -46,9 +46,6 @@ void launch_rope_q_inplace(uint16_t* q, int T, int H, int nope, const int32_t* p
 // (entry = kv_lora + rope). block_table: the request's row of the table, on the device.
 void launch_gather_latent(const uint16_t* cache, const int32_t* block_table, int block_size, int ctx_len, int kv_lora,
                           int rope, uint16_t* latent, uint16_t* k_pe, void* cuda_stream);
-
-// x: [H, T, V] -> y: [T, H * V].
-void launch_heads_to_tokens(const uint16_t* x, int H, int T, int V, uint16_t* y, void* cuda_stream);
 
 // y[i] = bf16(y[i] + x[i]) in f32, i < n: an EP combine's output joining the residual stream.
 void launch_add_bf16(const uint16_t* x, uint16_t* y, int64_t n, void* cuda_stream);

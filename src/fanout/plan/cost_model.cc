@@ -24,10 +24,11 @@ class LayerBuilder {
     void gemm_bf16(const std::string& name, int stage, double m, double n, double k) {
         add(name, stage, "gemm", 2 * (m * k + n * k + m * n), 2 * m * n * k, prof_.gemm, hw_.bf16_flops);
     }
-    // `heads` FP8 BMMs [m, k] × [k, n] with BF16 operands in and out (the MLA absorb / v BMMs).
+    // `heads` BF16 BMMs [m, k] × [k, n], weights and operands bf16 (the MLA absorb / v BMMs: kv_b
+    // dequantized at load, as DeepSeek's reference runs them).
     void bmm(const std::string& name, int stage, double heads, double m, double n, double k) {
-        add(name, stage, "gemm", heads * (n * k * kFp8 + 2 * m * k + 2 * m * n), 2 * heads * m * n * k, prof_.gemm,
-            hw_.fp8_flops);
+        add(name, stage, "gemm", heads * (2 * n * k + 2 * m * k + 2 * m * n), 2 * heads * m * n * k, prof_.gemm,
+            hw_.bf16_flops);
     }
     void grouped(const std::string& name, int stage, double experts, double tokens, double n, double k) {
         add(name, stage, "grouped", grouped_gemm_bytes(experts, tokens, n, k), 2 * tokens * n * k, prof_.grouped,
