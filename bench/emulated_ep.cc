@@ -15,6 +15,7 @@ EmulatedEp::EmulatedEp(const comm::EpConfig& config, cudaStream_t stream) : conf
     // Any finite values do: the GEMMs' time does not depend on them.
     ops::launch_random_fp8(tokens_.get(), tokens_.size(), 7, stream_);
     ops::launch_random_f32(scales_.get(), scales_.size(), 0.01f, 0.02f, 8, stream_);
+    scratch_ = model::DeviceArray<uint16_t>(static_cast<size_t>(config_.max_tokens_per_rank) * config_.hidden);
     set_rows(0);
 }
 

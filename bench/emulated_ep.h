@@ -25,6 +25,9 @@ class EmulatedEp final : public comm::ExpertParallel {
     comm::ExpertBatch recv_batch() const override;
     void combine_send(const void*) override {}
     void combine_recv(const float*, void* out) override;
+    // As the GPU backends' fused combine is timed here: combine_recv's stand-in (into a scratch
+    // buffer), the residual untouched.
+    void combine_recv_add(const float* w, void*) override { combine_recv(w, scratch_.get()); }
 
   private:
     comm::EpConfig config_;
@@ -32,6 +35,7 @@ class EmulatedEp final : public comm::ExpertParallel {
     model::DeviceArray<int32_t> counts_;
     model::DeviceArray<uint8_t> tokens_;
     model::DeviceArray<float> scales_;
+    model::DeviceArray<uint16_t> scratch_;  // combine_recv_add's stand-in output [max tokens, hidden]
 };
 
 }  // namespace fanout::bench

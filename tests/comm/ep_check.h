@@ -125,8 +125,9 @@ inline std::vector<uint8_t> stand_in_outputs(const EpConfig& cfg, const ExpertBa
 // stand-in experts: the weighted sum over the choices that got a row at their expert (their
 // (rank, token, choice)-ordered position there < max_m); the others were dropped and add nothing.
 // f32 must be exact (the same sums in the same choice order); bf16 within its rounding.
-inline std::string check_combined(const EpConfig& cfg, const std::vector<RankInput>& inputs, int max_m,
-                                  const void* out) {
+// `residual` (bf16 outputs only): out is combine_recv_add's — the residual's values plus the sum.
+inline std::string check_combined(const EpConfig& cfg, const std::vector<RankInput>& inputs, int max_m, const void* out,
+                                  const uint16_t* residual = nullptr) {
     const bool f32 = cfg.payload == Payload::kF32;
     const int r = cfg.rank, W = cfg.world, K = cfg.experts_per_token, H = cfg.hidden;
     const size_t pb = size_t(cfg.payload_bytes());
@@ -142,7 +143,7 @@ inline std::string check_combined(const EpConfig& cfg, const std::vector<RankInp
             }
     for (int t = 0; t < T; ++t)
         for (int c = 0; c < H; ++c) {
-            float want = 0.0f;
+            float want = residual != nullptr ? bf16_to_f32(residual[size_t(t) * H + c]) : 0.0f;
             for (int k = 0; k < K; ++k)
                 if (kept[size_t(t) * K + k]) {
                     const float v = expert_value(in.tokens[size_t(t) * pb], in.topk[size_t(t) * K + k], c);

@@ -68,7 +68,6 @@ void upload(void* dst, const std::vector<T>& src, cudaStream_t s) {
         FANOUT_CUDA_CHECK(cudaMemcpyAsync(dst, src.data(), src.size() * sizeof(T), cudaMemcpyHostToDevice, s));
 }
 
-
 // Every rank's inputs for `step`: per rank 0 tokens, the maximum, or a random count, in turn.
 std::vector<RankInput> step_inputs(const EpConfig& cfg, int step, std::mt19937& rng) {
     std::vector<RankInput> inputs;
@@ -171,7 +170,16 @@ std::string eager_step(ExpertParallel& ep, RankBuffers& d, const std::vector<Ran
     const auto out = download_combined(d, inputs[cfg.rank].T, s);
     ep.raise_if_failed();
     if (f.empty()) f = testing::check_combined(cfg, inputs, hb.max_m, out.data());
-    return f;
+    if (cfg.payload == Payload::kF32 || !f.empty()) return f;
+    // The same returned rows added into a residual (the GPU layer's combine): residual + the sum.
+    const int T = inputs[cfg.rank].T;
+    std::vector<uint16_t> residual(size_t(T) * cfg.hidden);
+    for (size_t i = 0; i < residual.size(); ++i) residual[i] = f32_to_bf16(float(int(i % 23) - 11) / 8.0f);
+    upload(d.combined(), residual, s);
+    ep.combine_recv_add(d.weights(), d.combined());
+    const auto added = download_combined(d, T, s);
+    ep.raise_if_failed();
+    return testing::check_combined(cfg, inputs, hb.max_m, added.data(), residual.data());
 }
 
 // One whole step on the device: the four halves around the device stand-in experts.
@@ -451,7 +459,8 @@ TEST_P(EpGpu, AMissingPeerIsATimeoutNamingIt) {
         done.arrive_and_wait();  // no rank frees its window while rank 0's kernels may still store into it
     });
     for (const auto& f : failures) EXPECT_TRUE(f.empty()) << f;
-    EXPECT_NE(message.find("timed out in dispatch (waiting for its token counts) waiting for rank 1"), std::string::npos)
+    EXPECT_NE(message.find("timed out in dispatch (waiting for its token counts) waiting for rank 1"),
+              std::string::npos)
         << "rank 0's error: '" << message << "'";
 }
 

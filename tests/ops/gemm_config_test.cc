@@ -24,6 +24,21 @@ TEST(GemmConfig, MeasuredRowsForTheV3Shapes) {
     EXPECT_TRUE(same(pick_gemm_config(256, 7168, 18432, 132, false), {128, 256, 1, 2}));  // ... no workspace
 }
 
+// cuBLASLt's block-scaled FP8 at prefill sizes (where `fanout bench kernels` measured it faster),
+// the tile kernel at decode sizes.
+TEST(GemmConfig, CublasLtAtPrefillSizesOnly) {
+    EXPECT_TRUE(pick_gemm_config(4096, 7168, 16384, 132, true).cublaslt);  // o_proj
+    EXPECT_TRUE(pick_gemm_config(4096, 24576, 1536, 132, true).cublaslt);  // q_b
+    EXPECT_TRUE(pick_gemm_config(200, 7168, 16384, 132, true).cublaslt);   // o_proj from 129
+    EXPECT_FALSE(pick_gemm_config(128, 7168, 16384, 132, true).cublaslt);
+    for (int M : {1, 64, 128, 256}) {
+        EXPECT_FALSE(pick_gemm_config(M, 2112, 7168, 132, true).cublaslt) << M;  // qkv_a
+        EXPECT_FALSE(pick_gemm_config(M, 4096, 7168, 132, true).cublaslt) << M;  // shared gate+up
+        EXPECT_FALSE(pick_gemm_config(M, 384, 512, 132, true).cublaslt) << M;    // the rule
+    }
+    EXPECT_TRUE(pick_gemm_config(600, 384, 512, 132, true).cublaslt);  // the rule, past M = 256
+}
+
 TEST(GemmConfig, NoSplitWithoutAWorkspace) {
     EXPECT_EQ(pick_gemm_config(64, 2112, 7168, 132, false).splits, 1);
     EXPECT_EQ(pick_gemm_config(3, 100, 4096, 132, false).splits, 1);

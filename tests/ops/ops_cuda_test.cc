@@ -131,7 +131,11 @@ void expect_close_bf16(const uint16_t* got, const float* ref, size_t n, const st
                        << (first < n ? ref[first] : 0.f);
 }
 
-void run_dense(const Fp8Operands& o, GemmConfig cfg, GemmWorkspace* ws, bool with_residual, ThreadPool& pool) {
+// One dense GEMM of o's operands on the device by `launch` (y, the residual or nullptr) against
+// the CPU reference.
+void run_dense_with(const Fp8Operands& o, bool with_residual, ThreadPool& pool,
+                    const std::function<void(const DeviceFp8&, uint16_t*, const uint16_t*)>& launch,
+                    const std::string& what) {
     const int64_t M = o.M, N = o.N, K = o.K;
     std::vector<float> ref(size_t(M * N));
     o.reference(0, M, 0, ref.data(), pool);
@@ -147,16 +151,24 @@ void run_dense(const Fp8Operands& o, GemmConfig cfg, GemmWorkspace* ws, bool wit
         dres.upload(res.data());
     }
     dy.poison();
-    launch_gemm_fp8(d.x.ptr, d.sx.ptr, d.w.ptr, d.sw.ptr, dy.ptr, int(M), int(N), int(K), nullptr,
-                    with_residual ? dres.ptr : nullptr, ws, cfg);
+    launch(d, dy.ptr, with_residual ? dres.ptr : nullptr);
     FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<uint16_t> got(ref.size());
     dy.download(got.data());
     expect_close_bf16(got.data(), ref.data(), ref.size(),
-                      "M " + std::to_string(M) + " N " + std::to_string(N) + " K " + std::to_string(K) + " block " +
-                          std::to_string(cfg.block_m) + "x" + std::to_string(cfg.block_n) + " splits " +
-                          std::to_string(cfg.splits) + " cluster " + std::to_string(cfg.cluster) +
+                      "M " + std::to_string(M) + " N " + std::to_string(N) + " K " + std::to_string(K) + " " + what +
                           (with_residual ? " +residual" : ""));
+}
+
+void run_dense(const Fp8Operands& o, GemmConfig cfg, GemmWorkspace* ws, bool with_residual, ThreadPool& pool) {
+    run_dense_with(
+        o, with_residual, pool,
+        [&](const DeviceFp8& d, uint16_t* y, const uint16_t* res) {
+            launch_gemm_fp8(d.x.ptr, d.sx.ptr, d.w.ptr, d.sw.ptr, y, int(o.M), int(o.N), int(o.K), nullptr, res, ws,
+                            cfg);
+        },
+        "block " + std::to_string(cfg.block_m) + "x" + std::to_string(cfg.block_n) + " splits " +
+            std::to_string(cfg.splits) + " cluster " + std::to_string(cfg.cluster));
 }
 
 TEST(GemmFp8Cuda, MatchesCpuReferenceWithTheMeasuredTable) {
@@ -198,6 +210,79 @@ TEST(GemmFp8Cuda, EveryTileShapeSplitClusterAndTheResidual) {
                     // N % 8 != 0: every row block stores from registers (no TMA store).
                     run_dense(Fp8Operands(70, 131, 256, seed + 2), cfg, &ws, splits == 1, pool);
                 }
+}
+
+TEST(TransposeScalesCuda, MatchesHostTranspose) {
+    REQUIRE_GPU();
+    for (auto [M, nb] : {std::pair{1, 1}, {33, 56}, {1001, 12}, {64, 144}}) {
+        const auto in = fanout::testing::random_floats(size_t(M) * nb, 17 + M, 1.0f);
+        DeviceBuffer<float> din(in.size()), dout(in.size());
+        din.upload(in.data());
+        dout.poison();
+        launch_transpose_scales(din.ptr, dout.ptr, M, nb, nullptr);
+        FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<float> got(in.size());
+        dout.download(got.data());
+        for (int m = 0; m < M; ++m)
+            for (int k = 0; k < nb; ++k)
+                ASSERT_EQ(got[size_t(k) * M + m], in[size_t(m) * nb + k]) << M << "x" << nb << " at " << m << "," << k;
+    }
+}
+
+// cuBLASLt's block-scaled FP8 with DeepSeek's scales (x's transposed to M-major first) computes
+// the same GEMM: odd M and N, partial N blocks, the residual; shapes it cannot take are refused
+// (false, nothing launched) and the DeviceContext launch then runs the tile kernel.
+TEST(GemmFp8Cuda, CublasLtBlockScaledMatchesCpuReference) {
+    REQUIRE_GPU();
+    ThreadPool pool(0);
+    DeviceContext ctx(nullptr);
+    int ran = 0;
+    for (auto [M, N, K] : {std::tuple{1024, 2112, 1024},
+                           {304, 200, 512},
+                           {512, 7168, 2048},
+                           {300, 384, 1536},
+                           {1001, 136, 512},
+                           {1, 256, 512}}) {
+        for (bool residual : {false, true}) {
+            bool lt = false;
+            run_dense_with(
+                Fp8Operands(M, N, K, 71 + M + N + residual), residual, pool,
+                [&](const DeviceFp8& d, uint16_t* y, const uint16_t* res) {
+                    lt = launch_gemm_fp8_cublaslt(ctx, d.x.ptr, d.sx.ptr, d.w.ptr, d.sw.ptr, y, M, N, K, res);
+                    if (!lt) launch_gemm_fp8(ctx, d.x.ptr, d.sx.ptr, d.w.ptr, d.sw.ptr, y, M, N, K, res);
+                },
+                "cuBLASLt");
+            std::printf("  M %d N %d K %d%s: %s\n", M, N, K, residual ? " +residual" : "",
+                        lt ? "cuBLASLt" : "refused by cuBLASLt, tile kernel");
+            ran += lt;
+            if (M % 16 == 0) {
+                EXPECT_TRUE(lt) << "cuBLASLt refused M " << M << " N " << N << " K " << K;
+            }
+        }
+    }
+    EXPECT_GT(ran, 0);
+    // K not a multiple of 512: W's scale rows are not cuBLASLt's layout — refused.
+    DeviceBuffer<uint8_t> x(64 * 640), w(128 * 640);
+    DeviceBuffer<float> s(64 * 5);
+    DeviceBuffer<uint16_t> y(64 * 128);
+    EXPECT_FALSE(launch_gemm_fp8_cublaslt(ctx, x.ptr, s.ptr, w.ptr, s.ptr, y.ptr, 64, 128, 640));
+}
+
+// The model's launch picks cuBLASLt where the table measured it faster (prefill sizes) and the
+// tile kernel at decode sizes; both compute the GEMM.
+TEST(GemmFp8Cuda, DeviceContextLaunchFollowsTheTable) {
+    REQUIRE_GPU();
+    ASSERT_FALSE(pick_gemm_config(7, 384, 512, 132, true).cublaslt);  // (the table's rows: gemm_config_test)
+    ASSERT_TRUE(pick_gemm_config(600, 384, 512, 132, true).cublaslt);
+    ThreadPool pool(0);
+    DeviceContext ctx(nullptr);
+    for (int M : {7, 600})
+        run_dense_with(
+            Fp8Operands(M, 384, 512, 91 + M), true, pool,
+            [&](const DeviceFp8& d, uint16_t* y, const uint16_t* res) {
+                launch_gemm_fp8(ctx, d.x.ptr, d.sx.ptr, d.w.ptr, d.sw.ptr, y, M, 384, 512, res);
+            },
+            "DeviceContext launch");
 }
 
 TEST(GemmFp8Cuda, SplitKWithoutWorkspaceIsAnError) {

@@ -4,6 +4,13 @@
 
 namespace fanout::comm {
 
+void ExpertParallel::combine_recv_add(const float*, void*) {
+    FANOUT_FAIL(
+        "this EP backend (rank {} of {}) combines into an output of its own (combine_recv), not into the "
+        "residual",
+        config().rank, config().world);
+}
+
 void validate(const EpConfig& c) {
     FANOUT_CHECK(c.world >= 1, "EP config: world must be >= 1, got {}", c.world);
     FANOUT_CHECK(c.rank >= 0 && c.rank < c.world, "EP config: rank {} outside [0, {})", c.rank, c.world);

@@ -106,6 +106,11 @@ class ExpertParallel {
     // choice order, [T, hidden] of output values, for this rank's T tokens of the step (the
     // dispatch input's order).
     virtual void combine_recv(const float* topk_weight, void* out) = 0;
+    // residual[t] (bf16 [T, hidden]) += the same sum: the combine and the residual add in one pass,
+    // accumulated in f32 from the residual's value in choice order and rounded once — the local
+    // un-permute's arithmetic. The GPU backends' (the GPU layer's combine); the host backends hand
+    // back outputs for the CPU model's own add, and throw here.
+    virtual void combine_recv_add(const float* topk_weight, void* residual);
     // GPU backends: after the caller synchronized the stream, throws fanout::Error if a device-side
     // wait timed out (naming the peer and the phase). Host backends fail inside the calls instead.
     virtual void raise_if_failed() {}

@@ -313,16 +313,26 @@ __global__ void __launch_bounds__(kCopyThreads)
     }
 }
 
-// A block per token: out[t] = Σ_k weight[t, k] · (its returned row), f32 sums, bf16 out.
+// A block per token: out[t] = Σ_k weight[t, k] · (its returned row) — from out[t] when `add` — f32
+// sums, bf16 out.
 template <int kVec>  // bf16 values per access: 8 when hidden % 8 == 0, else 1
 __global__ void __launch_bounds__(kCopyThreads)
     combine_kernel(Shape sh, const int* step_tokens, const int* slot, const float* weight, const uint8_t* return_send,
-                   const uint8_t* return_recv, PacketLayout lay, uint16_t* out) {
+                   const uint8_t* return_recv, PacketLayout lay, uint16_t* out, bool add) {
     const int T = *step_tokens, K = sh.top_k, H = sh.hidden;
     for (int t = blockIdx.x; t < T; t += gridDim.x) {
         for (int c0 = threadIdx.x * kVec; c0 < H; c0 += kCopyThreads * kVec) {
             float acc[kVec];
-            for (int j = 0; j < kVec; ++j) acc[j] = 0.0f;
+            if (add && kVec == 8) {  // same thread, same elements as the store below
+                const int4 v = *reinterpret_cast<const int4*>(out + size_t(t) * H + c0);
+                const auto* h = reinterpret_cast<const __nv_bfloat16*>(&v);
+                for (int j = 0; j < kVec; ++j) acc[j] = __bfloat162float(h[j]);
+            } else {
+                for (int j = 0; j < kVec; ++j)
+                    acc[j] =
+                        add ? __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(out + size_t(t) * H + c0 + j))
+                            : 0.0f;
+            }
             for (int k = 0; k < K; ++k) {
                 const int s = slot[t * K + k];
                 if (s < 0) continue;
@@ -480,17 +490,22 @@ class NcclEp final : public ExpertParallel {
         exchange(return_send_.get(), return_recv_.get(), lay_.return_bytes, combine_fork_, combine_join_);
     }
 
-    void combine_recv(const float* topk_weight, void* out_bytes) override {
+    void combine_recv(const float* topk_weight, void* out) override { reduce(topk_weight, out, false); }
+    void combine_recv_add(const float* topk_weight, void* residual) override { reduce(topk_weight, residual, true); }
+
+    void reduce(const float* topk_weight, void* out_bytes, bool add) {
         auto* out = static_cast<uint16_t*>(out_bytes);
         FANOUT_DEVICE_REQUIRE(topk_weight != nullptr && out != nullptr, "EP nccl: combine_recv needs weights and out");
         FANOUT_CUDA_CHECK(cudaStreamWaitEvent(stream_, combine_join_, 0));
         const int grid = std::min(shape_.max_tokens, sms_ * 4);
         if (config_.hidden % 8 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0)
             combine_kernel<8><<<grid, kCopyThreads, 0, stream_>>>(shape_, step_tokens_.get(), slot_.get(), topk_weight,
-                                                                  return_send_.get(), return_recv_.get(), lay_, out);
+                                                                  return_send_.get(), return_recv_.get(), lay_, out,
+                                                                  add);
         else
             combine_kernel<1><<<grid, kCopyThreads, 0, stream_>>>(shape_, step_tokens_.get(), slot_.get(), topk_weight,
-                                                                  return_send_.get(), return_recv_.get(), lay_, out);
+                                                                  return_send_.get(), return_recv_.get(), lay_, out,
+                                                                  add);
         FANOUT_CUDA_CHECK_LAUNCH("combine_kernel");
     }
 

@@ -273,7 +273,7 @@ constexpr int kCombineChunk = 1024;
 
 __global__ void __launch_bounds__(kThreads)
     combine_reduce_kernel(Params p, const int32_t* __restrict__ num_tokens, const float* __restrict__ weight,
-                          __nv_bfloat16* __restrict__ out) {
+                          __nv_bfloat16* __restrict__ out, bool add) {
     const int T = min(max(*num_tokens, 0), p.T_max), t = blockIdx.x;
     if (t >= T) return;
     const unsigned long long step = *p.step;
@@ -282,7 +282,7 @@ __global__ void __launch_bounds__(kThreads)
     const unsigned short* ret = at<unsigned short>(p, p.rank, p.layout.returned) + size_t(t) * p.K * p.D;
     const int end = min(p.D, static_cast<int>(blockIdx.y + 1) * kCombineChunk);
     for (int d = blockIdx.y * kCombineChunk + threadIdx.x; d < end; d += kThreads) {
-        float acc = 0.0f;
+        float acc = add ? __bfloat162float(out[size_t(t) * p.D + d]) : 0.0f;  // same thread, same element
         for (int k = 0; k < p.K; ++k)
             if (p.valid[size_t(t) * p.K + k])
                 acc += weight[size_t(t) * p.K + k] *
@@ -406,13 +406,8 @@ class NvlinkEp final : public ExpertParallel {
         FANOUT_CUDA_CHECK_LAUNCH("combine_rows_kernel");
     }
 
-    void combine_recv(const float* topk_weight, void* out) override {
-        FANOUT_DEVICE_REQUIRE(num_tokens_ != nullptr, "nvlink EP: combine_recv before dispatch_send");
-        const dim3 grid(params_.T_max, (params_.D + kCombineChunk - 1) / kCombineChunk);
-        combine_reduce_kernel<<<grid, kThreads, 0, stream_>>>(params_, num_tokens_, topk_weight,
-                                                              static_cast<__nv_bfloat16*>(out));
-        FANOUT_CUDA_CHECK_LAUNCH("combine_reduce_kernel");
-    }
+    void combine_recv(const float* topk_weight, void* out) override { reduce(topk_weight, out, false); }
+    void combine_recv_add(const float* topk_weight, void* residual) override { reduce(topk_weight, residual, true); }
 
     void raise_if_failed() override {
         const volatile ErrorRecord& v = *error_host_;  // written by the device through the mapping
@@ -429,6 +424,13 @@ class NvlinkEp final : public ExpertParallel {
     }
 
   private:
+    void reduce(const float* topk_weight, void* out, bool add) {
+        FANOUT_DEVICE_REQUIRE(num_tokens_ != nullptr, "nvlink EP: combine_recv before dispatch_send");
+        const dim3 grid(params_.T_max, (params_.D + kCombineChunk - 1) / kCombineChunk);
+        combine_reduce_kernel<<<grid, kThreads, 0, stream_>>>(params_, num_tokens_, topk_weight,
+                                                              static_cast<__nv_bfloat16*>(out), add);
+        FANOUT_CUDA_CHECK_LAUNCH("combine_reduce_kernel");
+    }
     // Enough warps for `items` rows, at most kRowBlocks blocks (grid-stride beyond).
     static int rows_blocks(size_t items) {
         return static_cast<int>(std::max<size_t>(1, std::min<size_t>(kRowBlocks, (items + kWarps - 1) / kWarps)));

@@ -92,10 +92,10 @@ struct CudaLayerExec::Buffers {
     DeviceArray<float> xs, router_logits, topk_weight;
     DeviceArray<int32_t> topk_idx, counts, fill_t, slot, spill_block_expert;
     // The routed experts' rows (moe_permute.h's layout; the GEMMs' outputs also an EP backend's
-    // receive layout) and, under EP, the combined rows before they join the residual.
+    // receive layout).
     DeviceArray<uint8_t> perm_q, expert_act_q;
     DeviceArray<float> perm_s, expert_act_s;
-    DeviceArray<uint16_t> perm_bf16, expert_gate_up, expert_act, expert_out, combined;
+    DeviceArray<uint16_t> perm_bf16, expert_gate_up, expert_act, expert_out;
     DeviceArray<float> inv_freq;
     DeviceArray<uint16_t> latent, k_pe,
         kv_expanded;  // MHA-form prefill: [ctx, kv_lora], [ctx, rope], [ctx, H·(nope+v)]
@@ -154,11 +154,11 @@ struct BufferElems {
     size_t normed, qkv, q_a, q, q_pe, q_lat, o_lat, attn, gate_up, act;  // bf16
     size_t latent, k_pe, kv_expanded;                                    // bf16, MHA prefill
     size_t xq, xs, router_logits, topk_idx, topk_weight, counts, fill_t, slot, spill_blocks;
-    size_t perm_q, perm_s, expert_act_q, expert_act_s, perm_bf16, expert_act, expert_gate_up, expert_out, combined;
+    size_t perm_q, perm_s, expert_act_q, expert_act_s, perm_bf16, expert_act, expert_gate_up, expert_out;
 
     size_t bytes() const {
         const size_t bf16 = normed + qkv + q_a + q + q_pe + q_lat + o_lat + attn + gate_up + act + latent + k_pe +
-                            kv_expanded + perm_bf16 + expert_act + expert_gate_up + expert_out + combined;
+                            kv_expanded + perm_bf16 + expert_act + expert_gate_up + expert_out;
         const size_t u8 = xq + perm_q + expert_act_q;
         const size_t f32 = xs + router_logits + topk_weight + perm_s + expert_act_s;
         const size_t i32 = topk_idx + counts + fill_t + slot + spill_blocks;
@@ -224,7 +224,6 @@ BufferElems buffer_elems(const io::ModelConfig& c, const LayerLimits& lim_in) {
         n.expert_act_s = fp8 ? rows * nbI : 0;
         n.expert_act = fp8 ? 0 : rows * Ie;
         n.expert_out = rows * D;
-        n.combined = max_dispatch_m > 0 ? T * D : 0;
     }
     return n;
 }
@@ -288,7 +287,6 @@ CudaLayerExec::CudaLayerExec(const io::ModelConfig& c, const ops::RopeTable& rop
         b.expert_act = DeviceArray<uint16_t>(n.expert_act);
         b.expert_gate_up = DeviceArray<uint16_t>(n.expert_gate_up);
         b.expert_out = DeviceArray<uint16_t>(n.expert_out);
-        if (n.combined > 0) b.combined = DeviceArray<uint16_t>(n.combined);
     }
     b.inv_freq = DeviceArray<float>(rope.inv_freq.data(), rope.inv_freq.size());
     FANOUT_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -301,8 +299,8 @@ void CudaLayerExec::linear(const DeviceWeight& w, const uint16_t* x, int M, uint
     if (w.fp8) {
         // x == nullptr: the input is already quantized in xq / xs (by the norm in front).
         if (x != nullptr) ops::launch_act_quant_bf16(x, b.xq.get(), b.xs.get(), M, static_cast<int>(w.K), stream_);
-        ops::launch_gemm_fp8(b.xq.get(), b.xs.get(), w.q.get(), w.scale.get(), y, M, static_cast<int>(w.N),
-                             static_cast<int>(w.K), stream_, residual, &ctx_.gemm_workspace());
+        ops::launch_gemm_fp8(ctx_, b.xq.get(), b.xs.get(), w.q.get(), w.scale.get(), y, M, static_cast<int>(w.N),
+                             static_cast<int>(w.K), residual);
     } else {
         ops::launch_gemm_bf16(ctx_, x, w.bf16.get(), y, M, static_cast<int>(w.N), static_cast<int>(w.K), residual);
     }
@@ -323,8 +321,8 @@ void CudaLayerExec::mlp(const DeviceWeight& gu, const DeviceWeight& down, int T,
     if (down.fp8) {  // fill_t holds T (begin_step)
         ops::launch_silu_mul_quant_masked(b.gate_up.get(), b.fill_t.get(), 1, T, I, b.xq.get(), b.xs.get(), stream_);
         if (mark) mark("shared_silu_quant");
-        ops::launch_gemm_fp8(b.xq.get(), b.xs.get(), down.q.get(), down.scale.get(), hidden, T,
-                             static_cast<int>(down.N), I, stream_, hidden, &ctx_.gemm_workspace());
+        ops::launch_gemm_fp8(ctx_, b.xq.get(), b.xs.get(), down.q.get(), down.scale.get(), hidden, T,
+                             static_cast<int>(down.N), I, hidden);
     } else {
         ops::launch_silu_mul_bf16(b.gate_up.get(), T, I, b.act.get(), stream_);
         if (mark) mark("shared_silu_quant");
@@ -348,8 +346,8 @@ void CudaLayerExec::set_expert_parallel(comm::ExpertParallel* ep) {
             "EP backend delivers up to {} rows per expert, the layer buffers hold {} (LayerLimits::max_dispatch_m)",
             e.rows_per_expert(), max_dispatch_m_);
         FANOUT_CHECK(e.max_tokens_per_rank == max_tokens_,
-                     "EP backend sized for steps of {} tokens, the layer for {}: they must agree (the combined rows' "
-                     "buffer holds the layer's)",
+                     "EP backend sized for steps of {} tokens, the layer for {}: they must agree (its combine "
+                     "writes the layer's residual rows)",
                      e.max_tokens_per_rank, max_tokens_);
         FANOUT_CHECK(e.payload == (fp8_experts_ ? comm::Payload::kFp8 : comm::Payload::kBf16),
                      "EP backend carries {}, the experts run {}", e.payload == comm::Payload::kFp8 ? "fp8" : "bf16/f32",
@@ -617,11 +615,9 @@ void CudaLayerExec::combine(const DeviceLayer& w, const LayerStep& st, uint16_t*
     if (!w.moe) return;
     Buffers& b = *b_;
     const int T = st.T, D = static_cast<int>(c_.hidden_size), K = static_cast<int>(c_.num_experts_per_tok);
-    if (ep_ != nullptr) {
-        ep_->combine_recv(b.topk_weight.get(), b.combined.get());
+    if (ep_ != nullptr) {  // the returned rows' weighted sum added into the residual, one pass
+        ep_->combine_recv_add(b.topk_weight.get(), hidden);
         if (mark) mark("combine_recv");
-        if (T > 0) ops::launch_add_bf16(b.combined.get(), hidden, int64_t{T} * D, stream_);
-        if (mark) mark("combine_add");
         return;
     }
     if (T == 0) return;

@@ -20,7 +20,7 @@
 //   experts:       (EP: dispatch receive) · grouped gate|up · silu·mul·quant · grouped down ·
 //                  (EP: combine send)
 //   combine:       the weighted sum into the residual: the local un-permute, or the EP backend's
-//                  combine receive and an add
+//                  combine receive adding into it (ExpertParallel::combine_recv_add)
 // Norms in front of FP8 projections write the quantized input too (one kernel, no act_quant).
 //
 // Expert parallelism is a backend (comm/ep.h) handed to set_expert_parallel(): the GPU backends

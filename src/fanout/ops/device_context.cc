@@ -26,25 +26,28 @@ void DeviceContext::init() {
     FANOUT_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_));
     FANOUT_CUBLAS_CHECK(cublasLtCreate(&blas_));
     FANOUT_CUDA_CHECK(cudaMalloc(&blas_workspace_, kBlasWorkspaceBytes));
+    FANOUT_CUDA_CHECK(cudaMalloc(&fp8_scale_scratch_, kFp8ScaleScratchFloats * sizeof(float)));
 }
 
 DeviceContext::~DeviceContext() {
     plans_.clear();
     batched_plans_.clear();
+    fp8_plans_.clear();
     cudaFree(blas_workspace_);
+    cudaFree(fp8_scale_scratch_);
     if (blas_) cublasLtDestroy(blas_);
     if (owns_stream_) cudaStreamDestroy(stream_);
 }
 
 size_t DeviceContext::workspace_bytes() {
-    return kBlasWorkspaceBytes + GemmWorkspace::kDefaultBytes + MlaWorkspace::kDefaultBytes;
+    return kBlasWorkspaceBytes + kFp8ScaleScratchFloats * sizeof(float) + GemmWorkspace::kDefaultBytes +
+           MlaWorkspace::kDefaultBytes;
 }
 
 namespace {
-// The heuristic's first algorithm for p's descriptors (bf16 or f32 output).
-// `align`: the bytes every A, B, C / D address is a multiple of (0: the default, 256).
-void pick_algo(cublasLtHandle_t blas, BlasPlan& p, const char* what, int M, int N, int K,
-               const uint32_t* align = nullptr) {
+// The heuristic's first algorithm for p's descriptors (bf16 or f32 output); false when it has
+// none. `align`: the bytes every A, B, C / D address is a multiple of (0: the default, 256).
+bool find_algo(cublasLtHandle_t blas, BlasPlan& p, const uint32_t* align = nullptr) {
     struct Pref {  // destroyed on every path out
         cublasLtMatmulPreference_t p = nullptr;
         ~Pref() {
@@ -67,9 +70,15 @@ void pick_algo(cublasLtHandle_t blas, BlasPlan& p, const char* what, int M, int 
     int found = 0;
     const cublasStatus_t st =
         cublasLtMatmulAlgoGetHeuristic(blas, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
-    FANOUT_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0, "cuBLASLt has no {} algorithm for M {} N {} K {}", what, M,
-                 N, K);
+    if (st != CUBLAS_STATUS_SUCCESS || found == 0) return false;
     p.algo = result.algo;
+    return true;
+}
+
+// find_algo or a clear error.
+void pick_algo(cublasLtHandle_t blas, BlasPlan& p, const char* what, int M, int N, int K,
+               const uint32_t* align = nullptr) {
+    FANOUT_CHECK(find_algo(blas, p, align), "cuBLASLt has no {} algorithm for M {} N {} K {}", what, M, N, K);
 }
 
 }  // namespace
@@ -126,6 +135,34 @@ const BlasPlan& DeviceContext::blas_plan(int M, int N, int K, bool f32_out) {
     pick_algo(blas_, *p, "BF16", M, N, K);
     slot = std::move(p);
     return *slot;
+}
+
+const BlasPlan* DeviceContext::blas_fp8_plan(int M, int N, int K) {
+    const auto key = std::make_tuple(M, N, K);
+    if (const auto it = fp8_plans_.find(key); it != fp8_plans_.end()) return it->second.get();
+    // Column-major, as blas_plan: D[N, M] = W[K, N]ᵀ · x[K, M], W's scales per 128×128 block, x's
+    // per 128 values of a row.
+    auto p = std::make_unique<BlasPlan>();
+    FANOUT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t t = CUBLAS_OP_T;
+    FANOUT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
+    const cublasLtMatmulMatrixScale_t w_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+                                      x_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    FANOUT_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &w_mode, sizeof(w_mode)));
+    FANOUT_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &x_mode, sizeof(x_mode)));
+    // Each launch sets its scales' addresses; the heuristic sees aligned stand-ins.
+    const float* stand_in = fp8_scale_scratch_;
+    for (const auto attr : {CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER})
+        FANOUT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, attr, &stand_in, sizeof(stand_in)));
+    FANOUT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_8F_E4M3, K, N, K));
+    FANOUT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_8F_E4M3, K, M, K));
+    FANOUT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_16BF, N, M, N));
+    if (!find_algo(blas_, *p)) p.reset();
+    auto& slot = fp8_plans_[key];
+    slot = std::move(p);
+    return slot.get();
 }
 
 }  // namespace fanout::ops

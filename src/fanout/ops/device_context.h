@@ -1,6 +1,7 @@
 // One GPU stream's context: what every launch of a model step, a benchmark or a test needs
 // besides its operands — the device and its SM count, the stream, cuBLASLt's handle with its
-// workspace and per-shape plans, the FP8 GEMM's split-K scratch and the MLA decode's partials.
+// workspace and per-shape plans, the FP8 GEMMs' split-K and scale scratch and the MLA decode's
+// partials.
 // Scratch belongs to the context: launches on two streams at once use two contexts (they must not
 // share it); one context serves any sequence of launches on its stream — the two microbatches of
 // the GPU runner's schedule, which take turns on one stream, included — CUDA graphs too. The
@@ -57,6 +58,13 @@ class DeviceContext {
     const BlasPlan& blas_plan(int M, int N, int K, bool f32_out);
     // The strided-batched bf16 GEMM's plan for g's shape and strides (its pointers are not read).
     const BlasPlan& blas_batched_plan(const StridedBatchedGemm& g);
+    // cuBLASLt's block-scaled FP8 plan for y[M, N] = x[M, K] · Wᵀ (bf16 out, beta = 1 with a
+    // residual), or nullptr when its heuristic has no algorithm for the shape (remembered too).
+    // The scale pointers are set by each launch (launch_gemm_fp8_cublaslt).
+    const BlasPlan* blas_fp8_plan(int M, int N, int K);
+    // Scratch for x's scales transposed into the M-major layout cuBLASLt's VEC128 scales take.
+    static constexpr size_t kFp8ScaleScratchFloats = size_t{4} << 20;
+    float* fp8_scale_scratch() const { return fp8_scale_scratch_; }
     GemmWorkspace& gemm_workspace() { return gemm_ws_; }
     MlaWorkspace& mla_workspace() { return mla_ws_; }
 
@@ -70,7 +78,9 @@ class DeviceContext {
     bool owns_stream_ = false;
     cublasLtHandle_t blas_ = nullptr;
     void* blas_workspace_ = nullptr;
+    float* fp8_scale_scratch_ = nullptr;
     std::map<std::tuple<int, int, int, bool>, std::unique_ptr<BlasPlan>> plans_;
+    std::map<std::tuple<int, int, int>, std::unique_ptr<BlasPlan>> fp8_plans_;  // null: no algorithm
     std::map<std::tuple<int, int, int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>,
              std::unique_ptr<BlasPlan>>
         batched_plans_;

@@ -30,6 +30,9 @@ void weight_dequant_row(const uint8_t* q, const float* scale_inv, int64_t N, int
 void launch_act_quant(const float* x, uint8_t* q, float* scales, int M, int K, void* cuda_stream);
 // The same from bf16 activations (uint16_t storage): the quantization in front of every FP8 GEMM.
 void launch_act_quant_bf16(const uint16_t* x, uint8_t* q, float* scales, int M, int K, void* cuda_stream);
+// Activation scales [M, nb] (act_quant's layout) into the M-major [nb, M] that cuBLASLt's
+// VEC128 scales take (gemm_fp8_cublaslt.cc).
+void launch_transpose_scales(const float* scales, float* out, int M, int nb, void* cuda_stream);
 #endif
 
 }  // namespace fanout::ops

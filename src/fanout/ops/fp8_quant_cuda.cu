@@ -89,7 +89,31 @@ void launch(const T* x, uint8_t* q, float* scales, int M, int K, void* cuda_stre
     FANOUT_CUDA_CHECK_LAUNCH("act_quant_kernel");
 }
 
+constexpr int kTile = 32;
+
+// out[k][m] = in[m][k] for an [M, nb] matrix, through a shared tile (coalesced both ways).
+__global__ void transpose_scales_kernel(const float* __restrict__ in, float* __restrict__ out, int M, int nb) {
+    __shared__ float tile[kTile][kTile + 1];
+    const int m0 = blockIdx.x * kTile, k0 = blockIdx.y * kTile;
+    for (int r = threadIdx.y; r < kTile; r += blockDim.y) {
+        const int m = m0 + r, k = k0 + threadIdx.x;
+        if (m < M && k < nb) tile[r][threadIdx.x] = in[size_t(m) * nb + k];
+    }
+    __syncthreads();
+    for (int r = threadIdx.y; r < kTile; r += blockDim.y) {
+        const int k = k0 + r, m = m0 + threadIdx.x;
+        if (k < nb && m < M) out[size_t(k) * M + m] = tile[threadIdx.x][r];
+    }
+}
+
 }  // namespace
+
+void launch_transpose_scales(const float* scales, float* out, int M, int nb, void* cuda_stream) {
+    if (M <= 0 || nb <= 0) return;
+    const dim3 grid((M + kTile - 1) / kTile, (nb + kTile - 1) / kTile), block(kTile, 8);
+    transpose_scales_kernel<<<grid, block, 0, static_cast<cudaStream_t>(cuda_stream)>>>(scales, out, M, nb);
+    FANOUT_CUDA_CHECK_LAUNCH("transpose_scales_kernel");
+}
 
 void launch_act_quant(const float* x, uint8_t* q, float* scales, int M, int K, void* cuda_stream) {
     launch(x, q, scales, M, K, cuda_stream);

@@ -28,12 +28,15 @@ void gemm_fp8_cpu(const uint8_t* x, const float* sx, const uint8_t* w, const flo
 // block_n ∈ {64, 128, 256} columns, K split `splits` ways, and `cluster` CTAs (1 or 2; not for the
 // contiguous grouped layout)
 // that compute tiles stacked along M and fetch their shared W tile once, multicast to both.
-// block_m = 0 asks for the measured table.
+// block_m = 0 asks for the measured table. `cublaslt`: the table measured cuBLASLt's block-scaled
+// FP8 faster for this shape and M (prefill sizes): the DeviceContext launch runs it there, the
+// tile shape is the fallback (and what the stream-only launch runs).
 struct GemmConfig {
     int block_m = 0;
     int block_n = 0;
     int splits = 1;
     int cluster = 1;
+    bool cublaslt = false;
 };
 
 // The measured choice for a dense shape on a GPU with `num_sms` multiprocessors; splits > 1 only
@@ -67,6 +70,20 @@ class GemmWorkspace {
 void launch_gemm_fp8(const uint8_t* x, const float* sx, const uint8_t* w, const float* sw, uint16_t* y, int M, int N,
                      int K, void* cuda_stream, const uint16_t* residual = nullptr, GemmWorkspace* workspace = nullptr,
                      GemmConfig cfg = {});
+
+// The same on ctx's stream with its split-K workspace, and where the table says so (GemmConfig::
+// cublaslt) through cuBLASLt's block-scaled FP8 (gemm_fp8_cublaslt.cc) when that can run it —
+// the model's path.
+void launch_gemm_fp8(DeviceContext& ctx, const uint8_t* x, const float* sx, const uint8_t* w, const float* sw,
+                     uint16_t* y, int M, int N, int K, const uint16_t* residual = nullptr);
+// cuBLASLt's FP8 GEMM with DeepSeek's scales (x per 1×128, W per 128×128 blocks: VEC128_32F /
+// BLK128x128_32F) on ctx's stream; x's scales are first transposed into the M-major layout cuBLASLt
+// reads (ctx's scale scratch). Needs K a multiple of 512 (whole blocks, and W's scale rows a
+// multiple of 4 blocks as cuBLASLt lays them out), N a multiple of 8, 16-byte aligned operands and
+// an algorithm from cuBLASLt's heuristic for (M, N, K); returns false without launching when one
+// of these fails.
+bool launch_gemm_fp8_cublaslt(DeviceContext& ctx, const uint8_t* x, const float* sx, const uint8_t* w, const float* sw,
+                              uint16_t* y, int M, int N, int K, const uint16_t* residual = nullptr);
 
 // The plain SIMT kernel (no tensor cores): any K; the fallback and the baseline.
 void launch_gemm_fp8_simt(const uint8_t* x, const float* sx, const uint8_t* w, const float* sw, uint16_t* y, int M,
