@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -273,6 +274,32 @@ TEST_F(PlanCalibrationH200, ModelMatchesBenchLayerAtMtpQueryLengths) {
         }
         EXPECT_EQ(checked, 6) << "q " << q;  // dense and MoE EP8 at batch 32, 64, 128
     }
+}
+
+// The prefill-size GEMMs through cuBLASLt (2026-12-02, docs/bench/prefill19): the model
+// calibrated on that run's kernel rows (the launch the model runs, cuBLASLt where the table says
+// so) and decode layer's batch-1 rows against the same run's layer at batch 32 and 128, and
+// against prefill steps of 1,024 and 4,096 tokens (query 1,024) — ±15%.
+TEST_F(PlanCalibrationH200, ModelMatchesBenchLayerWithPrefillGemmsOnCublasLt) {
+    const std::string dir = FANOUT_SOURCE_DIR "/docs/bench/";
+    const std::string kernels = dir + "prefill19/kernels_bench_h200.json",
+                      mla = dir + "microbatch_gpu/mla_bench_h200.json", layer = dir + "prefill19/layer_bench_h200.json",
+                      prefill = dir + "prefill19/layer_prefill_q1024_h200.json";
+    const Profile p = calibrate(default_profile(), {kernels, mla, layer}, h200_sxm(), nullptr);
+    int checked = 0;
+    for (const std::string& file : {layer, prefill})
+        for (const auto& m : read_layer_bench(file)) {
+            if (std::isnan(m.total_us) || (file == layer && m.d.batch < 32)) continue;
+            const double model = model_us(m, p);
+            std::printf("%s EP%d batch %d query %d: model %.1f us, measured %.1f us (%.2f)\n",
+                        m.dense ? "dense" : "moe", m.d.ep, m.d.batch, m.d.query_len(), model, m.total_us,
+                        model / m.total_us);
+            EXPECT_NEAR(model / m.total_us, 1.0, 0.15)
+                << (m.dense ? "dense" : "moe") << " EP" << m.d.ep << " batch " << m.d.batch << " query "
+                << m.d.query_len() << ": model " << model << " us, measured " << m.total_us;
+            ++checked;
+        }
+    EXPECT_EQ(checked, 10);  // dense, EP8, EP128 at batch 32 and 128; dense and EP8 at 1,024 and 4,096 tokens
 }
 
 // The check above is honest only if the layer calibration reads none of the rows it checks:
