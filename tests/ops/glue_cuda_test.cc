@@ -151,6 +151,38 @@ TEST(GlueCuda, KvAppendMatchesCpuChain) {
         if (!written[s]) ASSERT_EQ(got[s * (C + rope)], 0xffff) << "slot " << s << " was written";
 }
 
+// The fused launch writes what the two separate ones write, bit for bit (both checked against the
+// CPU above): odd head counts (a partial last block of heads), rows with padding, a poisoned cache.
+TEST(GlueCuda, QRopeKvAppendFusedEqualsTheTwoLaunches) {
+    REQUIRE_GPU();
+    for (auto [T, H, nope, C, rope] : {std::tuple{7, 5, 24, 40, 8}, {1, 128, 128, 512, 64}, {33, 6, 16, 32, 16}}) {
+        const int stride = 3 + C + rope + 5;
+        auto q = random_bf16(size_t(T) * H * (nope + rope), 11);
+        auto rows = random_bf16(size_t(T) * stride, 12, 3.0f);
+        auto w = fanout::testing::random_floats(C, 13);
+        std::vector<int32_t> pos, slots;
+        for (int t = 0; t < T; ++t) {
+            pos.push_back(40 + t * 57);
+            slots.push_back(2 * t + 1);
+        }
+        const RopeTable tab = yarn_table(rope);
+        const size_t cache_n = size_t(2 * T + 2) * (C + rope);
+        Dev<uint16_t> dq(q.bits), drows(rows.bits), pe_a(size_t(T) * H * rope), pe_b(size_t(T) * H * rope),
+            cache_a(cache_n), cache_b(cache_n);
+        Dev<float> dw(w), freq(tab.inv_freq);
+        Dev<int32_t> dpos(pos), dslots(slots);
+        for (auto* d : {&pe_a, &pe_b, &cache_a, &cache_b}) d->poison();
+        const RopeDevice rd{freq.ptr, rope, tab.attention_factor};
+        launch_mla_q_rope(dq.ptr, T, H, nope, dpos.ptr, rd, pe_a.ptr, nullptr);
+        launch_mla_kv_append(drows.ptr + 3, stride, T, C, dw.ptr, 1e-6f, dpos.ptr, rd, dslots.ptr, cache_a.ptr,
+                             nullptr);
+        launch_mla_q_rope_kv_append(dq.ptr, T, H, nope, pe_b.ptr, drows.ptr + 3, stride, C, dw.ptr, 1e-6f, dpos.ptr, rd,
+                                    dslots.ptr, cache_b.ptr, nullptr);
+        EXPECT_EQ(pe_a.download(), pe_b.download()) << "q_pe, T " << T << " H " << H;
+        EXPECT_EQ(cache_a.download(), cache_b.download()) << "cache, T " << T << " C " << C;
+    }
+}
+
 TEST(GlueCuda, SiluMulMatchesCpu) {
     REQUIRE_GPU();
     const int R = 6, I = 45;

@@ -423,11 +423,12 @@ void CudaLayerExec::attn_in(const DeviceLayer& w, const LayerStep& st, uint16_t*
                      "MHA-form prefill: one request with a context of {}..{} tokens, got {} requests, context {}", T,
                      max_prefill_ctx_, st.R, st.prefill_ctx);
         ops::launch_rope_q_inplace(b.q.get(), T, H, nope, st.positions, rd, stream_);
-    } else {
-        ops::launch_mla_q_rope(b.q.get(), T, H, nope, st.positions, rd, b.q_pe.get(), stream_);
+        ops::launch_mla_kv_append(kv_a, qkv_width, T, C, w.kv_a_norm.get(), kLatentNormEps, st.positions, rd, st.slots,
+                                  cache, stream_);
+    } else {  // q's rope part into q_pe and the cache entry, one launch
+        ops::launch_mla_q_rope_kv_append(b.q.get(), T, H, nope, b.q_pe.get(), kv_a, qkv_width, C, w.kv_a_norm.get(),
+                                         kLatentNormEps, st.positions, rd, st.slots, cache, stream_);
     }
-    ops::launch_mla_kv_append(kv_a, qkv_width, T, C, w.kv_a_norm.get(), kLatentNormEps, st.positions, rd, st.slots,
-                              cache, stream_);
     m("latent_norm_rope_append");
 }
 

@@ -38,11 +38,10 @@ __device__ inline void rope_pair(float& a, float& b, float pos, int i, const Rop
 // the parallelism: every head's nope part to the head-major buffer, the rope part rotated.
 constexpr int kHeadsPerBlock = 4;
 
-__global__ void mla_q_rope_kernel(const bf16* __restrict__ q, int H, int nope, const int32_t* __restrict__ positions,
-                                  RopeDevice rope, bf16* __restrict__ q_pe) {
-    const int t = blockIdx.x, width = nope + rope.dim, half = rope.dim / 2;
-    const int h0 = blockIdx.y * kHeadsPerBlock, nh = min(kHeadsPerBlock, H - h0);
-    const float pos = static_cast<float>(positions[t]);
+// Token t's heads [h0, h0 + kHeadsPerBlock): each head's rope part of q rotated into q_pe.
+__device__ inline void q_rope_block(const bf16* __restrict__ q, int H, int nope, float pos, RopeDevice rope,
+                                    bf16* __restrict__ q_pe, int t, int h0) {
+    const int width = nope + rope.dim, half = rope.dim / 2, nh = min(kHeadsPerBlock, H - h0);
     const bf16* row = q + static_cast<size_t>(t) * H * width;
     for (int i = threadIdx.x; i < nh * half; i += kThreads) {
         const int h = h0 + i / half, p = i % half;
@@ -53,6 +52,12 @@ __global__ void mla_q_rope_kernel(const bf16* __restrict__ q, int H, int nope, c
         dst[0] = __float2bfloat16(a);
         dst[1] = __float2bfloat16(b);
     }
+}
+
+__global__ void mla_q_rope_kernel(const bf16* __restrict__ q, int H, int nope, const int32_t* __restrict__ positions,
+                                  RopeDevice rope, bf16* __restrict__ q_pe) {
+    q_rope_block(q, H, nope, static_cast<float>(positions[blockIdx.x]), rope, q_pe, blockIdx.x,
+                 blockIdx.y * kHeadsPerBlock);
 }
 
 // A block per (token, kHeadsPerBlock heads): the rope part of each head rotated in place.
@@ -86,12 +91,11 @@ __global__ void gather_latent_kernel(const bf16* __restrict__ cache, const int32
     }
 }
 
-// One block per token: the latent's sum of squares, then the normalized latent and the roped k_pe
-// written straight into the token's cache slot.
-__global__ void mla_kv_append_kernel(const bf16* __restrict__ kv_a, int64_t row_stride, int kv_lora,
-                                     const float* __restrict__ norm_w, float eps, const int32_t* __restrict__ positions,
-                                     RopeDevice rope, const int32_t* __restrict__ slots, bf16* __restrict__ cache) {
-    const int t = blockIdx.x;
+// Token t's cache entry (a whole block): the latent's sum of squares, then the normalized latent
+// and the roped k_pe written straight into the token's cache slot.
+__device__ inline void kv_append_block(const bf16* __restrict__ kv_a, int64_t row_stride, int kv_lora,
+                                       const float* __restrict__ norm_w, float eps, float pos, RopeDevice rope,
+                                       int32_t slot, bf16* __restrict__ cache, int t) {
     const bf16* row = kv_a + static_cast<size_t>(t) * row_stride;
     float ss = 0.0f;
     for (int d = threadIdx.x; d < kv_lora; d += kThreads) {
@@ -99,15 +103,37 @@ __global__ void mla_kv_append_kernel(const bf16* __restrict__ kv_a, int64_t row_
         ss += v * v;
     }
     const float inv = rsqrtf(block_sum<kThreads>(ss) / kv_lora + eps);
-    bf16* entry = cache + static_cast<size_t>(slots[t]) * (kv_lora + rope.dim);
+    bf16* entry = cache + static_cast<size_t>(slot) * (kv_lora + rope.dim);
     for (int d = threadIdx.x; d < kv_lora; d += kThreads)
         entry[d] = __float2bfloat16(__bfloat162float(row[d]) * inv * norm_w[d]);
-    const float pos = static_cast<float>(positions[t]);
     for (int p = threadIdx.x; p < rope.dim / 2; p += kThreads) {
         float a = __bfloat162float(row[kv_lora + 2 * p]), b = __bfloat162float(row[kv_lora + 2 * p + 1]);
         rope_pair(a, b, pos, p, rope);
         entry[kv_lora + 2 * p] = __float2bfloat16(a);
         entry[kv_lora + 2 * p + 1] = __float2bfloat16(b);
+    }
+}
+
+__global__ void mla_kv_append_kernel(const bf16* __restrict__ kv_a, int64_t row_stride, int kv_lora,
+                                     const float* __restrict__ norm_w, float eps, const int32_t* __restrict__ positions,
+                                     RopeDevice rope, const int32_t* __restrict__ slots, bf16* __restrict__ cache) {
+    const int t = blockIdx.x;
+    kv_append_block(kv_a, row_stride, kv_lora, norm_w, eps, static_cast<float>(positions[t]), rope, slots[t], cache, t);
+}
+
+// Both in one launch (the absorbed form's attention input): blocks (t, y < gridDim.y − 1) rotate
+// token t's heads, block (t, gridDim.y − 1) appends its cache entry — one launch fewer per layer.
+__global__ void mla_q_rope_kv_append_kernel(const bf16* __restrict__ q, int H, int nope, bf16* __restrict__ q_pe,
+                                            const bf16* __restrict__ kv_a, int64_t row_stride, int kv_lora,
+                                            const float* __restrict__ norm_w, float eps,
+                                            const int32_t* __restrict__ positions, RopeDevice rope,
+                                            const int32_t* __restrict__ slots, bf16* __restrict__ cache) {
+    const int t = blockIdx.x;
+    const float pos = static_cast<float>(positions[t]);
+    if (blockIdx.y + 1 < gridDim.y) {
+        q_rope_block(q, H, nope, pos, rope, q_pe, t, blockIdx.y * kHeadsPerBlock);
+    } else {  // the whole block takes this branch: kv_append_block's block_sum sees every thread
+        kv_append_block(kv_a, row_stride, kv_lora, norm_w, eps, pos, rope, slots[t], cache, t);
     }
 }
 
@@ -227,6 +253,21 @@ void launch_mla_kv_append(const uint16_t* kv_a, int64_t row_stride, int T, int k
                                                                      kv_lora, norm_w, eps, positions, rope, slots,
                                                                      reinterpret_cast<bf16*>(cache));
     FANOUT_CUDA_CHECK_LAUNCH("mla_kv_append_kernel");
+}
+
+void launch_mla_q_rope_kv_append(const uint16_t* q, int T, int H, int nope, uint16_t* q_pe, const uint16_t* kv_a,
+                                 int64_t row_stride, int kv_lora, const float* norm_w, float eps,
+                                 const int32_t* positions, RopeDevice rope, const int32_t* slots, uint16_t* cache,
+                                 void* cuda_stream) {
+    FANOUT_DEVICE_REQUIRE(rope.dim % 2 == 0 && row_stride >= kv_lora + rope.dim,
+                          "mla_q_rope_kv_append: rope width " + std::to_string(rope.dim) + ", row stride " +
+                              std::to_string(row_stride) + " for a " + std::to_string(kv_lora) + "-wide latent");
+    if (T <= 0) return;
+    const dim3 grid(T, (H + kHeadsPerBlock - 1) / kHeadsPerBlock + 1);
+    mla_q_rope_kv_append_kernel<<<grid, kThreads, 0, as_stream(cuda_stream)>>>(
+        reinterpret_cast<const bf16*>(q), H, nope, reinterpret_cast<bf16*>(q_pe), reinterpret_cast<const bf16*>(kv_a),
+        row_stride, kv_lora, norm_w, eps, positions, rope, slots, reinterpret_cast<bf16*>(cache));
+    FANOUT_CUDA_CHECK_LAUNCH("mla_q_rope_kv_append_kernel");
 }
 
 void launch_rope_q_inplace(uint16_t* q, int T, int H, int nope, const int32_t* positions, RopeDevice rope,

@@ -37,6 +37,13 @@ void launch_mla_kv_append(const uint16_t* kv_a, int64_t row_stride, int T, int k
                           const int32_t* positions, RopeDevice rope, const int32_t* slots, uint16_t* cache,
                           void* cuda_stream);
 
+// launch_mla_q_rope and launch_mla_kv_append in one launch (a grid row of blocks per token, the
+// last block of each row appending its cache entry): the same results, one launch fewer.
+void launch_mla_q_rope_kv_append(const uint16_t* q, int T, int H, int nope, uint16_t* q_pe, const uint16_t* kv_a,
+                                 int64_t row_stride, int kv_lora, const float* norm_w, float eps,
+                                 const int32_t* positions, RopeDevice rope, const int32_t* slots, uint16_t* cache,
+                                 void* cuda_stream);
+
 // q: [T, H, nope + rope] rotated in place (the rope part of each head), as rope_apply.
 void launch_rope_q_inplace(uint16_t* q, int T, int H, int nope, const int32_t* positions, RopeDevice rope,
                            void* cuda_stream);
