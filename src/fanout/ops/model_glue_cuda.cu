@@ -207,6 +207,13 @@ __global__ void random_kernel(void* p, size_t n, Fill kind, float a, float b, ui
     }
 }
 
+// The cache append's rows: [latent (kv_lora) | k_pe (rope, an even width)] within row_stride.
+void check_kv_append(const char* what, int64_t row_stride, int kv_lora, const RopeDevice& rope) {
+    FANOUT_DEVICE_REQUIRE(rope.dim % 2 == 0 && row_stride >= kv_lora + rope.dim,
+                          std::string(what) + ": rope width " + std::to_string(rope.dim) + ", row stride " +
+                              std::to_string(row_stride) + " for a " + std::to_string(kv_lora) + "-wide latent");
+}
+
 void random_fill(void* p, size_t n, Fill kind, float a, float b, uint64_t seed, void* s) {
     if (n == 0) return;
     const size_t blocks = std::min<size_t>((n + kThreads - 1) / kThreads, 4096);
@@ -245,9 +252,7 @@ void launch_mla_q_rope(const uint16_t* q, int T, int H, int nope, const int32_t*
 void launch_mla_kv_append(const uint16_t* kv_a, int64_t row_stride, int T, int kv_lora, const float* norm_w, float eps,
                           const int32_t* positions, RopeDevice rope, const int32_t* slots, uint16_t* cache,
                           void* cuda_stream) {
-    FANOUT_DEVICE_REQUIRE(rope.dim % 2 == 0 && row_stride >= kv_lora + rope.dim,
-                          "mla_kv_append: rope width " + std::to_string(rope.dim) + ", row stride " +
-                              std::to_string(row_stride) + " for a " + std::to_string(kv_lora) + "-wide latent");
+    check_kv_append("mla_kv_append", row_stride, kv_lora, rope);
     if (T <= 0) return;
     mla_kv_append_kernel<<<T, kThreads, 0, as_stream(cuda_stream)>>>(reinterpret_cast<const bf16*>(kv_a), row_stride,
                                                                      kv_lora, norm_w, eps, positions, rope, slots,
@@ -259,9 +264,7 @@ void launch_mla_q_rope_kv_append(const uint16_t* q, int T, int H, int nope, uint
                                  int64_t row_stride, int kv_lora, const float* norm_w, float eps,
                                  const int32_t* positions, RopeDevice rope, const int32_t* slots, uint16_t* cache,
                                  void* cuda_stream) {
-    FANOUT_DEVICE_REQUIRE(rope.dim % 2 == 0 && row_stride >= kv_lora + rope.dim,
-                          "mla_q_rope_kv_append: rope width " + std::to_string(rope.dim) + ", row stride " +
-                              std::to_string(row_stride) + " for a " + std::to_string(kv_lora) + "-wide latent");
+    check_kv_append("mla_q_rope_kv_append", row_stride, kv_lora, rope);
     if (T <= 0) return;
     const dim3 grid(T, (H + kHeadsPerBlock - 1) / kHeadsPerBlock + 1);
     mla_q_rope_kv_append_kernel<<<grid, kThreads, 0, as_stream(cuda_stream)>>>(
