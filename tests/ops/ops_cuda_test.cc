@@ -230,8 +230,9 @@ TEST(TransposeScalesCuda, MatchesHostTranspose) {
 }
 
 // cuBLASLt's block-scaled FP8 with DeepSeek's scales (x's transposed to M-major first) computes
-// the same GEMM: odd M and N, partial N blocks, the residual; shapes it cannot take are refused
-// (false, nothing launched) and the DeviceContext launch then runs the tile kernel.
+// the same GEMM: M off 16 and 128, N with a partial 128-block (200, 2112, 136), the residual;
+// shapes it cannot take are refused (false, nothing launched) and the DeviceContext launch then
+// runs the tile kernel.
 TEST(GemmFp8Cuda, CublasLtBlockScaledMatchesCpuReference) {
     REQUIRE_GPU();
     ThreadPool pool(0);
@@ -268,9 +269,9 @@ TEST(GemmFp8Cuda, CublasLtBlockScaledMatchesCpuReference) {
     EXPECT_FALSE(launch_gemm_fp8_cublaslt(ctx, x.ptr, s.ptr, w.ptr, s.ptr, y.ptr, 64, 128, 640));
 }
 
-// The model's launch picks cuBLASLt where the table measured it faster (prefill sizes) and the
-// tile kernel at decode sizes; both compute the GEMM.
-TEST(GemmFp8Cuda, DeviceContextLaunchFollowsTheTable) {
+// The model's launch (cuBLASLt where the table says so, the tile kernel elsewhere) computes the
+// GEMM with a residual at a size of each kind.
+TEST(GemmFp8Cuda, DeviceContextLaunchComputesTheGemmAtBothKindsOfSize) {
     REQUIRE_GPU();
     ASSERT_FALSE(pick_gemm_config(7, 384, 512, 132, true).cublaslt);  // (the table's rows: gemm_config_test)
     ASSERT_TRUE(pick_gemm_config(600, 384, 512, 132, true).cublaslt);

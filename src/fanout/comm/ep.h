@@ -9,7 +9,7 @@
 // The four halves are separate calls so that work can run between send and recv (the seed's
 // dispatch overlap and microbatch schedules need exactly this):
 //   dispatch_send → [shared expert] → dispatch_recv → experts on recv_batch() → combine_send →
-//   [other work] → combine_recv.
+//   [other work] → combine_recv (or combine_recv_add: the sum added into the residual).
 // Every rank makes the same calls in the same order; a rank with no tokens still takes part.
 //
 // Memory: all pointers are in the backend's memory space (host for `local` and `mpi`, device for

@@ -493,22 +493,6 @@ class NcclEp final : public ExpertParallel {
     void combine_recv(const float* topk_weight, void* out) override { reduce(topk_weight, out, false); }
     void combine_recv_add(const float* topk_weight, void* residual) override { reduce(topk_weight, residual, true); }
 
-    void reduce(const float* topk_weight, void* out_bytes, bool add) {
-        auto* out = static_cast<uint16_t*>(out_bytes);
-        FANOUT_DEVICE_REQUIRE(topk_weight != nullptr && out != nullptr, "EP nccl: combine_recv needs weights and out");
-        FANOUT_CUDA_CHECK(cudaStreamWaitEvent(stream_, combine_join_, 0));
-        const int grid = std::min(shape_.max_tokens, sms_ * 4);
-        if (config_.hidden % 8 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0)
-            combine_kernel<8><<<grid, kCopyThreads, 0, stream_>>>(shape_, step_tokens_.get(), slot_.get(), topk_weight,
-                                                                  return_send_.get(), return_recv_.get(), lay_, out,
-                                                                  add);
-        else
-            combine_kernel<1><<<grid, kCopyThreads, 0, stream_>>>(shape_, step_tokens_.get(), slot_.get(), topk_weight,
-                                                                  return_send_.get(), return_recv_.get(), lay_, out,
-                                                                  add);
-        FANOUT_CUDA_CHECK_LAUNCH("combine_kernel");
-    }
-
     void raise_if_failed() override {
         ncclResult_t async = ncclSuccess;
         FANOUT_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
@@ -534,6 +518,23 @@ class NcclEp final : public ExpertParallel {
     }
 
   private:
+    // combine_recv(_add): the weighted sum of the returned rows into out, or added to it.
+    void reduce(const float* topk_weight, void* out_bytes, bool add) {
+        auto* out = static_cast<uint16_t*>(out_bytes);
+        FANOUT_DEVICE_REQUIRE(topk_weight != nullptr && out != nullptr, "EP nccl: combine_recv needs weights and out");
+        FANOUT_CUDA_CHECK(cudaStreamWaitEvent(stream_, combine_join_, 0));
+        const int grid = std::min(shape_.max_tokens, sms_ * 4);
+        if (config_.hidden % 8 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0)
+            combine_kernel<8><<<grid, kCopyThreads, 0, stream_>>>(shape_, step_tokens_.get(), slot_.get(), topk_weight,
+                                                                  return_send_.get(), return_recv_.get(), lay_, out,
+                                                                  add);
+        else
+            combine_kernel<1><<<grid, kCopyThreads, 0, stream_>>>(shape_, step_tokens_.get(), slot_.get(), topk_weight,
+                                                                  return_send_.get(), return_recv_.get(), lay_, out,
+                                                                  add);
+        FANOUT_CUDA_CHECK_LAUNCH("combine_kernel");
+    }
+
     int grid_for(size_t rows) const {
         const size_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
         return int(std::max<size_t>(1, std::min<size_t>(blocks, size_t(sms_) * 8)));

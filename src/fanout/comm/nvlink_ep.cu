@@ -21,6 +21,7 @@
 //   combine_send:  a warp per received row stores the expert output into the source's returned
 //                  slot (token, choice); the last block raises the returns flag on every rank
 //   combine_recv:  wait for every source's returns flag; weighted sum per token in f32 → bf16
+//                  (combine_recv_add: starting from the residual's value, written back in place)
 // Rows go to a destination in (source rank, token, choice) order per expert — the order of the
 // CPU backends — with no atomics on the data path, so results are deterministic.
 //

@@ -141,25 +141,29 @@ const BlasPlan* DeviceContext::blas_fp8_plan(int M, int N, int K) {
     const auto key = std::make_tuple(M, N, K);
     if (const auto it = fp8_plans_.find(key); it != fp8_plans_.end()) return it->second.get();
     // Column-major, as blas_plan: D[N, M] = W[K, N]ᵀ · x[K, M], W's scales per 128×128 block, x's
-    // per 128 values of a row.
+    // per 128 values of a row. Any step refused — a cuBLASLt or GPU without these scale modes
+    // included — leaves no plan (the tile kernel runs), remembered like a heuristic without an
+    // algorithm. The heuristic assumes its default 256-byte operand alignment, which the launch
+    // checks.
     auto p = std::make_unique<BlasPlan>();
-    FANOUT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t t = CUBLAS_OP_T;
-    FANOUT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
     const cublasLtMatmulMatrixScale_t w_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
                                       x_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-    FANOUT_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &w_mode, sizeof(w_mode)));
-    FANOUT_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &x_mode, sizeof(x_mode)));
-    // Each launch sets its scales' addresses; the heuristic sees aligned stand-ins.
-    const float* stand_in = fp8_scale_scratch_;
-    for (const auto attr : {CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER})
-        FANOUT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, attr, &stand_in, sizeof(stand_in)));
-    FANOUT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_8F_E4M3, K, N, K));
-    FANOUT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_8F_E4M3, K, M, K));
-    FANOUT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_16BF, N, M, N));
-    if (!find_algo(blas_, *p)) p.reset();
+    const float* stand_in = fp8_scale_scratch_;  // each launch sets its scales' addresses
+    const auto ok = [](cublasStatus_t st) { return st == CUBLAS_STATUS_SUCCESS; };
+    const bool made =
+        ok(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F)) &&
+        ok(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t))) &&
+        ok(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &w_mode, sizeof(w_mode))) &&
+        ok(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &x_mode, sizeof(x_mode))) &&
+        ok(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &stand_in,
+                                          sizeof(stand_in))) &&
+        ok(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &stand_in,
+                                          sizeof(stand_in))) &&
+        ok(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_8F_E4M3, K, N, K)) &&
+        ok(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_8F_E4M3, K, M, K)) &&
+        ok(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_16BF, N, M, N)) && find_algo(blas_, *p);
+    if (!made) p.reset();
     auto& slot = fp8_plans_[key];
     slot = std::move(p);
     return slot.get();

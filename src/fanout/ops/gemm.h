@@ -79,9 +79,10 @@ void launch_gemm_fp8(DeviceContext& ctx, const uint8_t* x, const float* sx, cons
 // cuBLASLt's FP8 GEMM with DeepSeek's scales (x per 1×128, W per 128×128 blocks: VEC128_32F /
 // BLK128x128_32F) on ctx's stream; x's scales are first transposed into the M-major layout cuBLASLt
 // reads (ctx's scale scratch). Needs K a multiple of 512 (whole blocks, and W's scale rows a
-// multiple of 4 blocks as cuBLASLt lays them out), N a multiple of 8, 16-byte aligned operands and
-// an algorithm from cuBLASLt's heuristic for (M, N, K); returns false without launching when one
-// of these fails.
+// multiple of 4 blocks as cuBLASLt lays them out), N a multiple of 8, x, W, y and the residual on
+// 256-byte boundaries (the heuristic's assumption; W's scales on 16), M × K/128 within the scratch
+// and an algorithm from cuBLASLt's heuristic for (M, N, K); returns false without launching when
+// one of these fails. y may be the residual (in place).
 bool launch_gemm_fp8_cublaslt(DeviceContext& ctx, const uint8_t* x, const float* sx, const uint8_t* w, const float* sw,
                               uint16_t* y, int M, int N, int K, const uint16_t* residual = nullptr);
 

@@ -20,17 +20,18 @@
 namespace fanout::ops {
 namespace {
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+// cuBLASLt's heuristic picked the plan's algorithm for its default operand alignment.
+bool aligned256(const void* p) { return reinterpret_cast<uintptr_t>(p) % 256 == 0; }
 
 }  // namespace
 
 bool launch_gemm_fp8_cublaslt(DeviceContext& ctx, const uint8_t* x, const float* sx, const uint8_t* w, const float* sw,
                               uint16_t* y, int M, int N, int K, const uint16_t* residual) {
-    if (M <= 0 || N <= 0 || K % 512 != 0 || N % 8 != 0) return false;
+    if (M <= 0 || N <= 0 || K <= 0 || K % 512 != 0 || N % 8 != 0) return false;
     const int kb = K / 128;
     if (size_t(M) * kb > DeviceContext::kFp8ScaleScratchFloats) return false;
-    if (!aligned16(x) || !aligned16(w) || !aligned16(y) || !aligned16(sw) ||
-        (residual != nullptr && !aligned16(residual)))
+    if (!aligned256(x) || !aligned256(w) || !aligned256(y) || reinterpret_cast<uintptr_t>(sw) % 16 != 0 ||
+        (residual != nullptr && !aligned256(residual)))
         return false;
     const BlasPlan* p = ctx.blas_fp8_plan(M, N, K);
     if (p == nullptr) return false;
