@@ -18,11 +18,6 @@ out=${OUT:-/tmp/gpu_mtp_out}
 logs=/tmp/gpu_mtp_logs
 mkdir -p "$out" "$logs"
 source "$(dirname "$0")/gpu_serve_common.sh"
-greedy() {  # the greedy completion of the tiny model's test prompt, as one line
-    curl -s http://127.0.0.1:8300/v1/completions -H content-type:application/json \
-        -d '{"model":"tiny","prompt":"The capital of France is","max_tokens":24,"temperature":0,"ignore_eos":true}' |
-        python3 -c 'import json,sys; print("greedy:", repr(json.load(sys.stdin)["choices"][0]["text"]))'
-}
 
 if [[ $mode == tiny || $mode == all ]]; then
     for k in 0 2; do

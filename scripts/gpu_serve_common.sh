@@ -1,5 +1,6 @@
-# Sourced by the GPU serving scripts (gpu_ep_serve.sh, gpu_mtp_check.sh): the carried libraries,
-# NCCL and the tokenizer in the environment, and a server started and stopped on port 8300.
+# Sourced by the GPU serving scripts (gpu_ep_serve.sh, gpu_mtp_check.sh, gpu_microbatch_check.sh):
+# the carried libraries, NCCL and the tokenizer in the environment, a server started and stopped
+# on port 8300, and the tiny model's greedy completion from it.
 # Expects $build (the carried build folder) and $logs; sets $fanout and $status.
 fanout=$build/apps/fanout
 cuda_lib=$(ls -d /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-13*/targets/x86_64-linux/lib 2>/dev/null | head -1)
@@ -19,3 +20,9 @@ serve_up() {
     echo "FAIL server did not start: $(tail -5 "$log")"; status=1; return 1
 }
 serve_down() { kill -INT $server 2>/dev/null; wait $server; echo "server exit $?"; }
+# greedy: the tiny model's greedy completion of the test prompt from the server, as one line.
+greedy() {
+    curl -s http://127.0.0.1:8300/v1/completions -H content-type:application/json \
+        -d '{"model":"tiny","prompt":"The capital of France is","max_tokens":24,"temperature":0,"ignore_eos":true}' |
+        python3 -c 'import json,sys; print("greedy:", repr(json.load(sys.stdin)["choices"][0]["text"]))'
+}

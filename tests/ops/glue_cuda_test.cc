@@ -262,6 +262,23 @@ TEST(GlueCuda, BatchedGemmBf16MatchesCpu) {
     EXPECT_LT(rel(gf, rf), 1e-5);
 }
 
+// y of a strided-batched GEMM on the host (f64 sums): y[b·stride_y + m·ldy + n] =
+// Σ_k x[b·stride_x + m·ldx + k] · w[b·stride_w + n·ldw + k], into a y of `y_size` values.
+std::vector<float> strided_reference(const StridedBatchedGemm& g, const std::vector<float>& x,
+                                     const std::vector<float>& w, size_t y_size) {
+    std::vector<float> y(y_size, 0.0f);
+    for (int b = 0; b < g.batch; ++b)
+        for (int m = 0; m < g.M; ++m)
+            for (int n = 0; n < g.N; ++n) {
+                double acc = 0;
+                for (int k = 0; k < g.K; ++k)
+                    acc +=
+                        double(x[size_t(b * g.stride_x + m * g.ldx + k)]) * w[size_t(b * g.stride_w + n * g.ldw + k)];
+                y[size_t(b * g.stride_y + m * g.ldy + n)] = float(acc);
+            }
+    return y;
+}
+
 // The strided-batched BF16 GEMM in the absorbed attention's two layouts, on odd shapes: k_b reading
 // each head's first `nope` values of q rows [T, H, nope + rope] in place into [H, T, C], and v_b
 // from [H, T, C] writing [T, H, v] in place (outputs poisoned first: every value is written). Each
@@ -279,30 +296,17 @@ TEST(GlueCuda, StridedBatchedGemmBf16MatchesCpu) {
             out(size_t(T) * H * V);
         lat.poison();
         out.poison();
+        const StridedBatchedGemm k_b{
+            H, T, C, nope, dq.ptr, int64_t(H) * qw, qw, dkb.ptr, nope, int64_t(C) * nope, lat.ptr, C, int64_t(T) * C};
+        const StridedBatchedGemm v_b{
+            H, T, V, C, dol.ptr, C, int64_t(T) * C, dvb.ptr, C, int64_t(V) * C, out.ptr, int64_t(H) * V, V};
         for (int rep = 0; rep < 2; ++rep) {
-            launch_gemm_bf16_batched(ctx, {H, T, C, nope, dq.ptr, int64_t(H) * qw, qw, dkb.ptr, nope, int64_t(C) * nope,
-                                           lat.ptr, C, int64_t(T) * C});
-            launch_gemm_bf16_batched(
-                ctx, {H, T, V, C, dol.ptr, C, int64_t(T) * C, dvb.ptr, C, int64_t(V) * C, out.ptr, int64_t(H) * V, V});
+            launch_gemm_bf16_batched(ctx, k_b);
+            launch_gemm_bf16_batched(ctx, v_b);
         }
         FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
-        std::vector<float> ref_lat, ref_out;
-        for (int h = 0; h < H; ++h)
-            for (int t = 0; t < T; ++t)
-                for (int c = 0; c < C; ++c) {
-                    double acc = 0;
-                    for (int d = 0; d < nope; ++d)
-                        acc += double(q.f32[(size_t(t) * H + h) * qw + d]) * kb.f32[(size_t(h) * C + c) * nope + d];
-                    ref_lat.push_back(float(acc));
-                }
-        for (int t = 0; t < T; ++t)
-            for (int h = 0; h < H; ++h)
-                for (int v = 0; v < V; ++v) {
-                    double acc = 0;
-                    for (int c = 0; c < C; ++c)
-                        acc += double(ol.f32[(size_t(h) * T + t) * C + c]) * vb.f32[(size_t(h) * V + v) * C + c];
-                    ref_out.push_back(float(acc));
-                }
+        const std::vector<float> ref_lat = strided_reference(k_b, q.f32, kb.f32, lat.n),
+                                 ref_out = strided_reference(v_b, ol.f32, vb.f32, out.n);
         EXPECT_LT(rel(to_f32(lat.download()), ref_lat), 1e-2) << "k_b, T " << T << " H " << H;
         EXPECT_LT(rel(to_f32(out.download()), ref_out), 1e-2) << "v_b, T " << T << " H " << H;
     }

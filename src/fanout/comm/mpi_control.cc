@@ -15,12 +15,6 @@
 namespace fanout::comm {
 namespace {
 
-#define FANOUT_MPI_CHECK(stmt)                                                                               \
-    do {                                                                                                     \
-        const int mpi_rc_ = (stmt);                                                                          \
-        FANOUT_CHECK(mpi_rc_ == MPI_SUCCESS, "control plane (mpi): {} failed with code {}", #stmt, mpi_rc_); \
-    } while (0)
-
 class MpiControl final : public ControlPlane {
   public:
     MpiControl(MPI_Comm comm, std::chrono::milliseconds timeout) : timeout_(timeout) {

@@ -12,17 +12,6 @@
 namespace fanout::comm {
 namespace {
 
-#define FANOUT_MPI_CHECK(stmt)                                                              \
-    do {                                                                                    \
-        const int mpi_rc_ = (stmt);                                                         \
-        if (mpi_rc_ != MPI_SUCCESS) {                                                       \
-            char mpi_msg_[MPI_MAX_ERROR_STRING];                                            \
-            int mpi_len_ = 0;                                                               \
-            MPI_Error_string(mpi_rc_, mpi_msg_, &mpi_len_);                                 \
-            ::fanout::throw_api_error(__FILE__, __LINE__, "MPI", #stmt, mpi_rc_, mpi_msg_); \
-        }                                                                                   \
-    } while (0)
-
 // Displacements of a count vector.
 std::vector<int> prefix(const std::vector<int>& counts) {
     std::vector<int> d(counts.size(), 0);

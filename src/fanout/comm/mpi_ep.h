@@ -16,6 +16,20 @@
 
 #include "fanout/comm/control_plane.h"
 #include "fanout/comm/ep.h"
+#include "fanout/core/api_error.h"
+
+// An MPI call that must succeed: fanout::Error naming the statement, the code and MPI's own text
+// (the EP backend, the control plane and the TP group share it).
+#define FANOUT_MPI_CHECK(stmt)                                                              \
+    do {                                                                                    \
+        const int mpi_rc_ = (stmt);                                                         \
+        if (mpi_rc_ != MPI_SUCCESS) {                                                       \
+            char mpi_msg_[MPI_MAX_ERROR_STRING];                                            \
+            int mpi_len_ = 0;                                                               \
+            MPI_Error_string(mpi_rc_, mpi_msg_, &mpi_len_);                                 \
+            ::fanout::throw_api_error(__FILE__, __LINE__, "MPI", #stmt, mpi_rc_, mpi_msg_); \
+        }                                                                                   \
+    } while (0)
 
 namespace fanout::comm {
 

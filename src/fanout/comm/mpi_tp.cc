@@ -12,18 +12,12 @@
 namespace fanout::comm {
 namespace {
 
-#define FANOUT_TP_MPI_CHECK(stmt)                                                                 \
-    do {                                                                                          \
-        const int mpi_rc_ = (stmt);                                                               \
-        FANOUT_CHECK(mpi_rc_ == MPI_SUCCESS, "TP (mpi): {} failed with code {}", #stmt, mpi_rc_); \
-    } while (0)
-
 class MpiTensorParallel final : public TensorParallel {
   public:
     explicit MpiTensorParallel(MPI_Comm comm) {
-        FANOUT_TP_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
-        FANOUT_TP_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
-        FANOUT_TP_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+        FANOUT_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
+        FANOUT_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+        FANOUT_MPI_CHECK(MPI_Comm_size(comm_, &size_));
     }
     ~MpiTensorParallel() override { MPI_Comm_free(&comm_); }
 
@@ -33,13 +27,13 @@ class MpiTensorParallel final : public TensorParallel {
     void all_reduce_sum(float* data, int64_t n) override {
         // Every rank's n first: a mismatch is an error naming both, not a short read.
         std::vector<int64_t> ns(static_cast<size_t>(size_));
-        FANOUT_TP_MPI_CHECK(MPI_Allgather(&n, 1, MPI_INT64_T, ns.data(), 1, MPI_INT64_T, comm_));
+        FANOUT_MPI_CHECK(MPI_Allgather(&n, 1, MPI_INT64_T, ns.data(), 1, MPI_INT64_T, comm_));
         for (int r = 0; r < size_; ++r)
             FANOUT_CHECK(ns[static_cast<size_t>(r)] == n, "TP (mpi): all-reduce of {} values on rank {}, {} on rank {}",
                          n, rank_, ns[static_cast<size_t>(r)], r);
         FANOUT_CHECK(n <= INT_MAX, "TP (mpi): an all-reduce of {} values exceeds one MPI message", n);
         std::vector<float> all(static_cast<size_t>(n) * static_cast<size_t>(size_));
-        FANOUT_TP_MPI_CHECK(
+        FANOUT_MPI_CHECK(
             MPI_Allgather(data, static_cast<int>(n), MPI_FLOAT, all.data(), static_cast<int>(n), MPI_FLOAT, comm_));
         for (int64_t i = 0; i < n; ++i) {
             float sum = 0.0f;
@@ -50,7 +44,7 @@ class MpiTensorParallel final : public TensorParallel {
 
     void all_gather_rows(const float* mine, int64_t rows, int64_t width, float* out) override {
         std::vector<int64_t> all_rows(static_cast<size_t>(size_));
-        FANOUT_TP_MPI_CHECK(MPI_Allgather(&rows, 1, MPI_INT64_T, all_rows.data(), 1, MPI_INT64_T, comm_));
+        FANOUT_MPI_CHECK(MPI_Allgather(&rows, 1, MPI_INT64_T, all_rows.data(), 1, MPI_INT64_T, comm_));
         std::vector<int> counts(static_cast<size_t>(size_)), displs(static_cast<size_t>(size_));
         int64_t at = 0;
         for (int r = 0; r < size_; ++r) {
@@ -61,8 +55,8 @@ class MpiTensorParallel final : public TensorParallel {
             displs[static_cast<size_t>(r)] = static_cast<int>(at);
             at += n;
         }
-        FANOUT_TP_MPI_CHECK(MPI_Allgatherv(mine, static_cast<int>(rows * width), MPI_FLOAT, out, counts.data(),
-                                           displs.data(), MPI_FLOAT, comm_));
+        FANOUT_MPI_CHECK(MPI_Allgatherv(mine, static_cast<int>(rows * width), MPI_FLOAT, out, counts.data(),
+                                        displs.data(), MPI_FLOAT, comm_));
     }
 
   private:
