@@ -113,12 +113,15 @@ void add_bench_command(CLI::App& app) {
     });
 
     auto a = std::make_shared<bench::MlaBenchOptions>();
-    auto* mla =
-        bench->add_subcommand("mla", "MLA decode attention (absorbed form, paged cache) beside the bf16 peak (GPU)");
+    auto* mla = bench->add_subcommand(
+        "mla", "MLA decode attention (absorbed form, paged cache) and MHA-form prefill beside the bf16 peak (GPU)");
     mla->add_option("--batches", a->batches, "requests per step")->delimiter(',')->capture_default_str();
     mla->add_option("--query-len", a->query_len, "query tokens per request")->capture_default_str();
     mla->add_option("--kv-len", a->kv_len, "cached positions per request")->capture_default_str();
     mla->add_option("--heads", a->heads, "query heads (128 at TP1)")->capture_default_str();
+    mla->add_option("--prefill", a->prefill_shapes, "MHA-form prefill points heads:tokens:prefix ('' for none)")
+        ->delimiter(',')
+        ->capture_default_str();
     mla->add_option("--json", a->json_out, "JSON output ('' to skip)")->capture_default_str();
     mla->callback([a] {
 #ifdef FANOUT_WITH_CUDA

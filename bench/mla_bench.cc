@@ -3,12 +3,10 @@
 // cache holds random bf16 values (never zeros); each request owns its own blocks, in order.
 #include "mla_bench.h"
 
-#include "gpu_timing.h"
-#include "kernels_bench.h"
-
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <random>
 #include <vector>
@@ -16,7 +14,10 @@
 #include "fanout/core/cuda_check.h"
 #include "fanout/core/dtype.h"
 #include "fanout/ops/gemm.h"
+#include "fanout/ops/mha_prefill_cuda.h"
 #include "fanout/ops/mla_attention_cuda.h"
+#include "gpu_timing.h"
+#include "kernels_bench.h"
 
 namespace fanout::bench {
 namespace {
@@ -33,6 +34,38 @@ void fill_random_bf16(uint16_t* dst, size_t n, uint64_t seed, float scale) {
     }
 }
 
+// One MHA-form prefill point through `kernel`: random bf16 q, k_nope, k_pe, v in the model's
+// layout (kv_b's output interleaves k_nope and v per head).
+nlohmann::json run_mha_prefill_point(int heads, int T, int prefix, ops::MhaPrefillKernel kernel, double peak_tflops,
+                                     FILE* table_out) {
+    constexpr int kNope = 128, kRope = 64, kV = 128;
+    const int ctx = prefix + T;
+    DevicePtr<uint16_t> q(size_t(T) * heads * (kNope + kRope)), kv(size_t(ctx) * heads * (kNope + kV)),
+        kpe(size_t(ctx) * kRope), out(size_t(T) * heads * kV);
+    fill_random_bf16(q.p, size_t(T) * heads * (kNope + kRope), 6, 1.0f);
+    fill_random_bf16(kv.p, size_t(ctx) * heads * (kNope + kV), 7, 1.0f);
+    fill_random_bf16(kpe.p, size_t(ctx) * kRope, 8, 1.0f);
+    ops::MhaPrefillParams p;
+    p.num_tokens = T, p.ctx_len = ctx, p.num_heads = heads, p.nope = kNope, p.rope = kRope, p.v_dim = kV;
+    p.scale = 1.0f / 13.856f;
+    p.q = q.p, p.q_stride_t = int64_t(heads) * (kNope + kRope), p.q_stride_h = kNope + kRope;
+    p.k_nope = kv.p, p.k_stride_t = int64_t(heads) * (kNope + kV), p.k_stride_h = kNope + kV;
+    p.v = kv.p + kNope, p.v_stride_t = p.k_stride_t, p.v_stride_h = p.k_stride_h;
+    p.k_pe = kpe.p, p.k_pe_stride_t = kRope;
+    p.out = out.p, p.out_stride_t = int64_t(heads) * kV, p.out_stride_h = kV;
+    cudaStream_t stream;
+    FANOUT_CUDA_CHECK(cudaStreamCreate(&stream));
+    const double us = time_graph_us(stream, 3, [&] { ops::launch_mha_prefill(p, stream, kernel); });
+    FANOUT_CUDA_CHECK(cudaStreamDestroy(stream));
+    const double pairs = double(T) * prefix + double(T) * (T + 1) / 2;  // visible (query, key) pairs
+    const double flops = 2.0 * (kNope + kRope + kV) * heads * pairs, tflops = flops / us / 1e6;
+    const double pct = peak_tflops > 0 ? 100 * tflops / peak_tflops : 0.0;
+    const char* name = ops::mha_prefill_kernel_name(kernel);
+    if (table_out)
+        std::fprintf(table_out, "%6d %6d %6d  %-9s %10.1f %8.1f %7.0f%%\n", heads, T, ctx, name, us, tflops, pct);
+    return {{"heads", heads}, {"tokens", T},          {"ctx_len", ctx},   {"kernel", name},
+            {"us", us},       {"gflop", flops / 1e9}, {"tflops", tflops}, {"pct_bf16_peak", pct}};
+}
 
 }  // namespace
 
@@ -116,12 +149,33 @@ nlohmann::json run_mla_bench(const MlaBenchOptions& opts, FILE* table_out) {
     for (int batch : opts.batches)
         rows.push_back(
             run_mla_bench_point(batch, opts.query_len, opts.kv_len, opts.heads, opts.calls, peak, table_out));
+    nlohmann::json prefill = nlohmann::json::array();
+    if (table_out && std::any_of(opts.prefill_shapes.begin(), opts.prefill_shapes.end(),
+                                 [](const std::string& s) { return !s.empty(); })) {
+        std::fprintf(table_out,
+                     "\nMLA prefill attention, MHA form (nope 128 + rope 64, v 128, causal; target >= 450 "
+                     "TFLOP/s at 128 heads x 4096 tokens)\n");
+        std::fprintf(table_out, "%6s %6s %6s  %-9s %10s %8s %8s\n", "heads", "tokens", "ctx", "kernel", "us", "TFLOP/s",
+                     "%bf16");
+    }
+    for (const std::string& shape : opts.prefill_shapes) {
+        if (shape.empty()) continue;
+        int heads = 0, T = 0, prefix = 0;
+        char tail = 0;
+        FANOUT_CHECK(std::sscanf(shape.c_str(), "%d:%d:%d%c", &heads, &T, &prefix, &tail) == 3 && heads > 0 && T > 0 &&
+                         prefix >= 0,
+                     "prefill shape '{}': expected heads:tokens:prefix, e.g. 128:4096:0", shape);
+        for (ops::MhaPrefillKernel k : {ops::MhaPrefillKernel::kWgmma, ops::MhaPrefillKernel::kMmaSync})
+            prefill.push_back(run_mha_prefill_point(heads, T, prefix, k, peak, table_out));
+    }
     nlohmann::json out = {{"benchmark", "mla"},
                           {"gpu", prop.name},
                           {"sms", prop.multiProcessorCount},
                           {"bf16_gemm_8192_tflops", peak},
                           {"flashmla_h800_tflops_reference", 660},
-                          {"rows", rows}};
+                          {"rows", rows},
+                          {"prefill_target_tflops", 450},
+                          {"prefill", prefill}};
     if (!opts.json_out.empty()) {
         std::ofstream(opts.json_out) << out.dump(2) << "\n";
         if (table_out) std::fprintf(table_out, "wrote %s\n", opts.json_out.c_str());

@@ -35,8 +35,7 @@ if [[ $mode == model || $mode == all ]]; then
     if [[ ${SANITIZE:-0} == 1 ]]; then
         for tool in memcheck racecheck; do
             run "sanitize_glue_$tool" compute-sanitizer --tool $tool --error-exitcode 1 "$build/tests/ops/glue_cuda_test"
-            run "sanitize_mha_$tool" compute-sanitizer --tool $tool --error-exitcode 1 "$build/tests/ops/mha_prefill_cuda_test" \
-                --gtest_filter=-*Timing*
+            run "sanitize_mha_$tool" compute-sanitizer --tool $tool --error-exitcode 1 "$build/tests/ops/mha_prefill_cuda_test"
         done
         # The MLA decode kernel hands row maxima between warpgroups with named barriers
         # (bar.arrive / bar.sync), which racecheck reports as hazards (docs/PERF.md): memcheck only.

@@ -10,7 +10,7 @@
 // Tolerance (per (token, head) row ‖got − ref‖ / ‖ref‖ ≤ 1e-2; whole output ≤ 5e-3): the inputs are
 // the same bf16 values on both sides and scores are exact bf16 products summed in f32, so the
 // kernels differ from the f32 reference only by the bf16 output (2^-9 relative rounding per value)
-// and, in the tensor-core kernel, by P fed to P·V in bf16 (2^-9 per weight, averaging out over the
+// and, in the tensor-core kernels, by P fed to P·V in bf16 (2^-9 per weight, averaging out over the
 // keys). A correct kernel stays near 3e-3 per row. A mask that admits or drops one key moves a row
 // by about 1/√(visible keys) — 3% at 1000 — and no mask at all moves the early rows by far more;
 // `ToleranceCatchesWrongMasks` checks both claims on the CPU.
@@ -28,17 +28,16 @@
 #include <tuple>
 #include <vector>
 
+#include "cuda_test_util.h"
 #include "fanout/core/cuda_check.h"
 #include "fanout/core/dtype.h"
 #include "fanout/ops/mla_attention.h"
-#include "cuda_test_util.h"
 #include "test_util.h"
 
 namespace fanout::ops {
 namespace {
 
 using fanout::testing::DeviceBuffer;
-
 
 constexpr uint16_t kBf16NaN = 0x7fc0;
 constexpr int kNanKeyRows = 64;  // NaN rows after the last key
@@ -52,7 +51,7 @@ struct Case {
                                   // k_pe the tail of [ctx][lora + rope] rows (the latent cache entry)
     int q_pad = 0;                // NaN elements after each q row; not a multiple of 8: misaligned rows
     float q_scale = 1.0f;         // larger: peakier softmax, larger jumps of the running maximum
-    bool force_generic = false;   // launch_mha_prefill_generic whatever the widths
+    bool force_generic = false;   // only the generic kernel, whatever the widths
 };
 
 std::string describe(const Case& c) {
@@ -204,36 +203,35 @@ struct DeviceProblem {
     }
 };
 
-const char* kernel_name(MhaPrefillKernel k) {
-    return k == MhaPrefillKernel::kTensorCore ? "tensor-core (mma.sync)" : "generic";
-}
-
 void run_case(const Case& c, ThreadPool& pool) {
     SCOPED_TRACE(describe(c));
     const Problem pb(c, 1234 + uint64_t(c.heads) * 7919 + uint64_t(c.T) * 31 + uint64_t(c.prefix));
     const std::vector<float> ref = pb.reference(pool);
     DeviceProblem dev(pb);
     const MhaPrefillParams p = dev.params(pb);
-    const bool fast_dims = c.nope == 128 && c.rope == 64 && c.v_dim == 128;
-    const MhaPrefillKernel expected =
-        !c.force_generic && fast_dims && c.q_pad % 8 == 0 ? MhaPrefillKernel::kTensorCore : MhaPrefillKernel::kGeneric;
-    if (!c.force_generic) {
-        EXPECT_EQ(mha_prefill_kernel_for(p), expected) << describe(c) << ": routed to the wrong kernel";
+    const bool fast = c.nope == 128 && c.rope == 64 && c.v_dim == 128 && c.q_pad % 8 == 0;
+    EXPECT_EQ(mha_prefill_kernel_for(p), fast ? MhaPrefillKernel::kWgmma : MhaPrefillKernel::kGeneric)
+        << describe(c) << ": routed to the wrong kernel";
+    // The default launch, then every other kernel that takes these params.
+    std::vector<std::pair<bool, MhaPrefillKernel>> runs = {{true, mha_prefill_kernel_for(p)}};
+    if (fast) runs.push_back({false, MhaPrefillKernel::kMmaSync});
+    if (c.force_generic) runs = {{false, MhaPrefillKernel::kGeneric}};
+    for (const auto& [by_default, kernel] : runs) {
+        dev.out.poison();
+        if (by_default)
+            launch_mha_prefill(p, nullptr);
+        else
+            launch_mha_prefill(p, nullptr, kernel);
+        FANOUT_CUDA_CHECK(cudaGetLastError());
+        FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+        const Comparison cmp = compare(pb, pb.to_thv(dev.out.download()), ref);
+        const std::string what = describe(c) + " kernel " + mha_prefill_kernel_name(kernel);
+        EXPECT_LE(cmp.worst_row, 1e-2) << what << "\n  " << cmp.detail;
+        EXPECT_LE(cmp.overall, 5e-3) << what << "\n  " << cmp.detail;
     }
-    dev.out.poison();
-    if (c.force_generic)
-        launch_mha_prefill_generic(p, nullptr);
-    else
-        launch_mha_prefill(p, nullptr);
-    FANOUT_CUDA_CHECK(cudaGetLastError());
-    FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
-    const Comparison cmp = compare(pb, pb.to_thv(dev.out.download()), ref);
-    const std::string what = describe(c) + " kernel " + kernel_name(expected);
-    EXPECT_LE(cmp.worst_row, 1e-2) << what << "\n  " << cmp.detail;
-    EXPECT_LE(cmp.overall, 5e-3) << what << "\n  " << cmp.detail;
 }
 
-TEST(MhaPrefillCuda, TensorCoreKernelMatchesCpuReference) {
+TEST(MhaPrefillCuda, TensorCoreKernelsMatchCpuReference) {
     REQUIRE_GPU();
     ThreadPool pool(0);
     std::vector<Case> cases;
@@ -254,6 +252,11 @@ TEST(MhaPrefillCuda, TensorCoreKernelMatchesCpuReference) {
             cases.push_back(c);
         }
     cases.push_back({"prefix a multiple of the tile", 16, 128, 64, 128, 128, 64});
+    // The wgmma kernel's 128-row blocks and 128-key tiles: chunks one past a block, three blocks
+    // with a partial last one, a prefix that puts the diagonal mid-tile.
+    cases.push_back({"129 tokens", 8, 128, 64, 128, 129, 0});
+    cases.push_back({"300 tokens after 200", 8, 128, 64, 128, 300, 200, true});
+    cases.push_back({"256 tokens after 127, interleaved kv", 8, 128, 64, 128, 256, 127, false, true});
     cases.push_back({"prefix 1: masked tiles straddle", 16, 128, 64, 128, 127, 1, true, true});
     cases.push_back({"padded q rows (16-byte aligned)", 16, 128, 64, 128, 100, 30, false, false, 8});
     cases.push_back({"peaky scores", 16, 128, 64, 128, 130, 70, false, false, 0, 8.0f});
@@ -338,56 +341,20 @@ TEST(MhaPrefillCuda, RejectsBadParams) {
         b.edit(p);
         const std::string msg = fanout::testing::error_of([&] { launch_mha_prefill(p, nullptr); });
         EXPECT_NE(msg.find(b.what), std::string::npos) << "message does not name " << b.what << ": " << msg;
-        const std::string msg2 = fanout::testing::error_of([&] { launch_mha_prefill_generic(p, nullptr); });
+        const std::string msg2 =
+            fanout::testing::error_of([&] { launch_mha_prefill(p, nullptr, MhaPrefillKernel::kGeneric); });
         EXPECT_NE(msg2.find(b.what), std::string::npos) << "message does not name " << b.what << ": " << msg2;
+    }
+    // The tensor-core kernels refuse widths they were not written for, naming them.
+    for (MhaPrefillKernel k : {MhaPrefillKernel::kWgmma, MhaPrefillKernel::kMmaSync}) {
+        const std::string msg = fanout::testing::error_of([&] { launch_mha_prefill(good, nullptr, k); });
+        EXPECT_NE(msg.find("nope=16"), std::string::npos) << mha_prefill_kernel_name(k) << ": " << msg;
     }
     // An empty chunk is a no-op (no launch, even with null pointers).
     MhaPrefillParams empty = good;
     empty.num_tokens = 0;
     empty.q = nullptr, empty.out = nullptr;
     EXPECT_NO_THROW(launch_mha_prefill(empty, nullptr));
-}
-
-// Prints the tensor-core kernel's time on DeepSeek-V3 shapes; checks nothing.
-TEST(MhaPrefillCuda, Timing) {
-    REQUIRE_GPU();
-    struct Shape {
-        int heads, T, prefix;
-    };
-    for (const Shape& s : {Shape{128, 4096, 0}, Shape{128, 4096, 12288}, Shape{16, 8192, 0}, Shape{128, 512, 0}}) {
-        const int H = s.heads, T = s.T, ctx = s.prefix + s.T;
-        DeviceBuffer<uint16_t> q(size_t(T) * H * 192), k(size_t(ctx) * H * 128), kp(size_t(ctx) * 64),
-            v(size_t(ctx) * H * 128), out(size_t(T) * H * 128);
-        // 0x3c3c = bf16 0.0115: timing only.
-        for (auto* b : {&q, &k, &kp, &v}) FANOUT_CUDA_CHECK(cudaMemset(b->ptr, 0x3c, b->n * sizeof(uint16_t)));
-        MhaPrefillParams p;
-        p.num_tokens = T, p.ctx_len = ctx, p.num_heads = H, p.nope = 128, p.rope = 64, p.v_dim = 128;
-        p.scale = 1.0f / std::sqrt(192.0f);
-        p.q = q.ptr, p.q_stride_t = int64_t(H) * 192, p.q_stride_h = 192;
-        p.k_nope = k.ptr, p.k_stride_t = int64_t(H) * 128, p.k_stride_h = 128;
-        p.k_pe = kp.ptr, p.k_pe_stride_t = 64;
-        p.v = v.ptr, p.v_stride_t = int64_t(H) * 128, p.v_stride_h = 128;
-        p.out = out.ptr, p.out_stride_t = int64_t(H) * 128, p.out_stride_h = 128;
-        cudaEvent_t start, stop;
-        FANOUT_CUDA_CHECK(cudaEventCreate(&start));
-        FANOUT_CUDA_CHECK(cudaEventCreate(&stop));
-        for (int i = 0; i < 3; ++i) launch_mha_prefill(p, nullptr);
-        const int iters = 10;
-        FANOUT_CUDA_CHECK(cudaEventRecord(start));
-        for (int i = 0; i < iters; ++i) launch_mha_prefill(p, nullptr);
-        FANOUT_CUDA_CHECK(cudaEventRecord(stop));
-        FANOUT_CUDA_CHECK(cudaEventSynchronize(stop));
-        float ms = 0;
-        FANOUT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-        ms /= iters;
-        // Scores actually needed: Σ_i (prefix + i + 1); 2·(192 + 128) FLOPs each per head.
-        const double scores = double(T) * s.prefix + double(T) * (T + 1) / 2;
-        const double tflops = 2.0 * (192 + 128) * H * scores / (ms * 1e-3) / 1e12;
-        std::printf("mha prefill %s: H=%d T=%d ctx_len=%d: %.3f ms, %.1f TFLOP/s (causal FLOPs)\n",
-                    kernel_name(mha_prefill_kernel_for(p)), H, T, ctx, ms, tflops);
-        cudaEventDestroy(start);
-        cudaEventDestroy(stop);
-    }
 }
 
 }  // namespace

@@ -30,7 +30,6 @@ namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
-
 // Two f32 → bf16x2 (round to nearest even), `lo` in the low half.
 __device__ __forceinline__ uint32_t pack_bf16_rn(float lo, float hi) {
     uint32_t d;
@@ -384,34 +383,62 @@ bool fast_path_fits(const MhaPrefillParams& p) {
 
 }  // namespace
 
-MhaPrefillKernel mha_prefill_kernel_for(const MhaPrefillParams& p) {
-    return fast_path_fits(p) ? MhaPrefillKernel::kTensorCore : MhaPrefillKernel::kGeneric;
+const char* mha_prefill_kernel_name(MhaPrefillKernel k) {
+    switch (k) {
+        case MhaPrefillKernel::kWgmma:
+            return "wgmma";
+        case MhaPrefillKernel::kMmaSync:
+            return "mma.sync";
+        case MhaPrefillKernel::kGeneric:
+            return "generic";
+    }
+    return "?";
 }
 
-void launch_mha_prefill_generic(const MhaPrefillParams& p, void* cuda_stream) {
-    check_params(p);
-    if (p.num_tokens == 0) return;
-    const unsigned blocks = unsigned((p.num_tokens + kGenWarps - 1) / kGenWarps);
-    mha_generic_kernel<<<dim3(blocks, unsigned(p.num_heads)), kGenThreads, 0, static_cast<cudaStream_t>(cuda_stream)>>>(
-        p, p.scale * kLog2e);
-    FANOUT_CUDA_CHECK_LAUNCH("mha_generic_kernel");
+MhaPrefillKernel mha_prefill_kernel_for(const MhaPrefillParams& p) {
+    return fast_path_fits(p) ? MhaPrefillKernel::kWgmma : MhaPrefillKernel::kGeneric;
 }
 
 void launch_mha_prefill(const MhaPrefillParams& p, void* cuda_stream) {
     check_params(p);
+    launch_mha_prefill(p, cuda_stream, mha_prefill_kernel_for(p));
+}
+
+void launch_mha_prefill(const MhaPrefillParams& p, void* cuda_stream, MhaPrefillKernel kernel) {
+    check_params(p);
+    const auto stream = static_cast<cudaStream_t>(cuda_stream);
+    FANOUT_DEVICE_REQUIRE(kernel == MhaPrefillKernel::kGeneric || fast_path_fits(p),
+                          std::string("mha prefill: the ") + mha_prefill_kernel_name(kernel) +
+                              " kernel needs nope 128, rope 64, v_dim 128, 16-byte-aligned pointers and strides "
+                              "that are multiples of 8 elements (nope=" +
+                              std::to_string(p.nope) + " rope=" + std::to_string(p.rope) +
+                              " v_dim=" + std::to_string(p.v_dim) + ")");
     if (p.num_tokens == 0) return;
-    if (!fast_path_fits(p)) {
-        launch_mha_prefill_generic(p, cuda_stream);
-        return;
+    switch (kernel) {
+        case MhaPrefillKernel::kWgmma:
+            FANOUT_DEVICE_REQUIRE(
+                p.num_tokens <= 65535 * 128,
+                "mha prefill: at most 8,388,480 tokens per launch, got " + std::to_string(p.num_tokens));
+            detail::launch_mha_prefill_wgmma(p, cuda_stream);
+            return;
+        case MhaPrefillKernel::kMmaSync: {
+            // NOTE: set on every launch (a host-side attribute write, graph-capture safe): a once-per-process
+            // flag would cover only the device that was current the first time.
+            FANOUT_CUDA_CHECK(
+                cudaFuncSetAttribute(mha_fast_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kFastSmemBytes));
+            const unsigned blocks = unsigned((p.num_tokens + kBlockM - 1) / kBlockM);
+            mha_fast_kernel<<<dim3(blocks, unsigned(p.num_heads)), kFastThreads, kFastSmemBytes, stream>>>(
+                p, p.scale * kLog2e);
+            FANOUT_CUDA_CHECK_LAUNCH("mha_fast_kernel");
+            return;
+        }
+        case MhaPrefillKernel::kGeneric: {
+            const unsigned blocks = unsigned((p.num_tokens + kGenWarps - 1) / kGenWarps);
+            mha_generic_kernel<<<dim3(blocks, unsigned(p.num_heads)), kGenThreads, 0, stream>>>(p, p.scale * kLog2e);
+            FANOUT_CUDA_CHECK_LAUNCH("mha_generic_kernel");
+            return;
+        }
     }
-    // NOTE: set on every launch (a host-side attribute write, graph-capture safe): a once-per-process
-    // flag would cover only the device that was current the first time.
-    FANOUT_CUDA_CHECK(
-        cudaFuncSetAttribute(mha_fast_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kFastSmemBytes));
-    const unsigned blocks = unsigned((p.num_tokens + kBlockM - 1) / kBlockM);
-    mha_fast_kernel<<<dim3(blocks, unsigned(p.num_heads)), kFastThreads, kFastSmemBytes,
-                      static_cast<cudaStream_t>(cuda_stream)>>>(p, p.scale * kLog2e);
-    FANOUT_CUDA_CHECK_LAUNCH("mha_fast_kernel");
 }
 
 }  // namespace fanout::ops

@@ -8,11 +8,12 @@
 // k_pe is shared by all heads (MLA's decoupled rope key). The keys are a cached prefix of
 // ctx_len − T positions followed by the chunk itself.
 //
-// Two kernels (mha_prefill_cuda.cu), picked by launch_mha_prefill:
-//  * tensor cores (mma.sync m16n8k16 bf16, FlashAttention-2 style) for DeepSeek-V3's widths —
-//    nope 128, rope 64, v 128 — with 16-byte-aligned pointers and strides that are multiples of 8
-//    elements: a CTA per (64 query rows, head), K/V tiles of 64 keys double-buffered by cp.async,
-//    online softmax in f32, key tiles past the CTA's last query skipped;
+// Three kernels, picked by launch_mha_prefill:
+//  * wgmma (mha_prefill_sm90.cu, FlashAttention-3 style: TMA, a producer warpgroup, two consumer
+//    warpgroups, P·V from registers) for DeepSeek-V3's widths — nope 128, rope 64, v 128 — with
+//    16-byte-aligned pointers and strides that are multiples of 8 elements;
+//  * mma.sync m16n8k16 (mha_prefill_cuda.cu, FlashAttention-2 style) for the same widths and
+//    alignment: the kernel before the wgmma one, kept for comparison (tests, `fanout bench mla`);
 //  * a plain f32 kernel for any other widths (nope + rope ≤ 1024, v_dim ≤ 256, any alignment).
 //
 // Graph-safe: the grid depends only on num_tokens and num_heads. No host synchronization.
@@ -45,15 +46,23 @@ struct MhaPrefillParams {
     int64_t out_stride_t = 0, out_stride_h = 0;
 };
 
+enum class MhaPrefillKernel { kWgmma, kMmaSync, kGeneric };
+const char* mha_prefill_kernel_name(MhaPrefillKernel k);
+
 // Which kernel launch_mha_prefill runs for these params (tests and benchmarks report it).
-enum class MhaPrefillKernel { kTensorCore, kGeneric };
 MhaPrefillKernel mha_prefill_kernel_for(const MhaPrefillParams& p);
 
 // Runs the attention on `cuda_stream` (a cudaStream_t; null: the legacy default stream).
 // Throws fanout::Error naming the values on a broken precondition (counts, widths, null pointers).
 void launch_mha_prefill(const MhaPrefillParams& p, void* cuda_stream);
 
-// The generic kernel whatever the widths (tests compare both kernels on DeepSeek-V3's widths).
-void launch_mha_prefill_generic(const MhaPrefillParams& p, void* cuda_stream);
+// The same through the named kernel (tests and benchmarks compare them); throws when that kernel
+// cannot take these params (the tensor-core kernels: widths and alignment).
+void launch_mha_prefill(const MhaPrefillParams& p, void* cuda_stream, MhaPrefillKernel kernel);
+
+namespace detail {
+// The wgmma kernel's launch (mha_prefill_sm90.cu); the params are checked by the caller.
+void launch_mha_prefill_wgmma(const MhaPrefillParams& p, void* cuda_stream);
+}  // namespace detail
 
 }  // namespace fanout::ops

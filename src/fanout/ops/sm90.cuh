@@ -77,6 +77,14 @@ __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorM
         "l"(reinterpret_cast<uint64_t>(tmap)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "h"(cta_mask)
         : "memory");
 }
+// A 3-D box (c0 innermost) of `tmap` into shared memory, completing on bar.
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* tmap, uint64_t* bar, int c0, int c1, int c2) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];" ::
+            "r"(smem_addr(dst)),
+        "l"(reinterpret_cast<uint64_t>(tmap)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2)
+        : "memory");
+}
 // A 2-D box from shared memory to `tmap` at (c0, c1) (rows/columns past the tensor are not
 // written), in the calling thread's bulk group.
 __device__ __forceinline__ void tma_store_2d(const CUtensorMap* tmap, const void* src, int c0, int c1) {
@@ -293,6 +301,44 @@ __device__ __forceinline__ void wgmma_pv_rs(float (&d)[128], uint32_t a0, uint32
 }
 #undef FANOUT_SM90_D128
 #undef FANOUT_SM90_D128_OUT
+
+#define FANOUT_SM90_D64                                                                             \
+    "{"                                                                                            \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                       \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "             \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "             \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"               \
+    "}, "
+#define FANOUT_SM90_D64_OUT(d)                                                                                    \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),  \
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),   \
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),  \
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),  \
+        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),  \
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),  \
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),  \
+        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+
+// ---- bf16 wgmma at n128 (the MHA-form prefill kernel) ----
+// d[64, 128] (+)= a · bᵀ, bf16 operands from shared memory, both K-major; scale_d = 0 overwrites d.
+__device__ __forceinline__ void wgmma_bf16_n128(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FANOUT_SM90_D64 "%64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : FANOUT_SM90_D64_OUT(d)
+                 : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// d[64, 128] += a · b, a from registers (bf16 pairs in the accumulator fragment layout: k-step
+// columns 16kk.. are a0..a3 = pairs 4kk..4kk+3), b N-major from shared memory.
+__device__ __forceinline__ void wgmma_bf16_n128_rs(float (&d)[64], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                   uint64_t desc_b) {
+    asm volatile("{\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FANOUT_SM90_D64
+                 "{%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n}\n"
+                 : FANOUT_SM90_D64_OUT(d)
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b));
+}
+#undef FANOUT_SM90_D64
+#undef FANOUT_SM90_D64_OUT
 
 
 }  // namespace fanout::ops::sm90

@@ -1,0 +1,322 @@
+// MLA prefill attention in MHA form on Hopper's wgmma (mha_prefill_cuda.h has the math and the
+// contract; this is the kernel launch_mha_prefill picks at DeepSeek-V3's widths — nope 128, rope 64,
+// v 128 — on sm_90). FlashAttention-3's structure, written for these widths:
+//
+// * A CTA owns 128 query rows of one head and three warpgroups. Warpgroup 0 is the producer: one
+//   thread has TMA load Q once (three 64-dim panels of 128 rows: nope 0–63, nope 64–127, rope) and
+//   then each key tile of 128 positions — K as the same three panels (k_pe, shared by the heads,
+//   is the third), V as two 64-dim panels — into a two-stage ring (80 KB a stage, 128-byte
+//   swizzle), one mbarrier `full` per stage; the consumers hand a stage back on `empty`.
+// * Warpgroups 1 and 2 are consumers, 64 query rows each: S = Q·Kᵀ by wgmma m64n128k16 with both
+//   operands in shared memory (12 k-steps over the 192 dims), online softmax in f32 registers
+//   (base 2, the scale folded in), P packed to bf16 in registers in the accumulator's own fragment
+//   layout, O += P·V by wgmma m64n128k16 with P from registers and V read N-major from the same
+//   swizzled panels TMA wrote (no transpose pass).
+// * Within a consumer, tile n + 1's S is issued before tile n's P·V, so its softmax runs while the
+//   tensor cores do P·V; the two consumers interleave on the tensor cores as well.
+// * Causal: a CTA reads the key tiles up to its last row's position; tiles that reach past its
+//   warpgroup's first row get the per-element mask (keys past ctx_len are masked too: TMA fills
+//   them with zeros). Key 0 is visible to every query, so each row's running maximum is finite
+//   after the first tile.
+// * Grid (heads, row blocks), row blocks longest first: the block scheduler starts the CTAs with
+//   the most key tiles in the first wave.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "fanout/core/cuda_check.h"
+#include "fanout/ops/mha_prefill_cuda.h"
+#include "fanout/ops/sm90.cuh"
+#include "fanout/ops/tensor_map.h"
+
+namespace fanout::ops {
+namespace {
+
+using namespace sm90;
+
+constexpr int kBM = 128;                 // query rows per CTA: two consumer warpgroups of 64
+constexpr int kBN = 128;                 // key positions per tile
+constexpr int kStages = 2;               // key tiles in flight
+constexpr int kPanel = 128 * 128;        // one 64-dim panel of 128 rows, 128-byte rows: 16 KB
+constexpr int kQBytes = 3 * kPanel;      // Q: nope 0–63, nope 64–127, rope
+constexpr int kStageBytes = 5 * kPanel;  // K (three panels), then V (two)
+constexpr int kSmemBytes = kQBytes + kStages * kStageBytes + 1024;  // + alignment slack
+constexpr int kThreads = 384;
+static_assert(kSmemBytes <= 227 * 1024, "the MHA prefill kernel's shared memory");
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128·40 + 256·232 ≤ 64K registers per SM
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Tensor-map coordinates of (head h, row r) for a [rows][heads] or [heads][rows] map (the map's
+// dims follow the strides: the smaller stride is the inner one).
+struct RowsHeads {
+    bool heads_inner;
+    __device__ int c1(int h, int r) const { return heads_inner ? h : r; }
+    __device__ int c2(int h, int r) const { return heads_inner ? r : h; }
+};
+
+struct Maps {
+    RowsHeads q, k, v;
+};
+
+// Scores of one key tile to log2 units, the mask applied when `mask` (key col visible to the
+// thread's rows while col < lim0 / lim1); returns the two rows' maxima, quad-reduced.
+// Fragment: register 4j + i is column 8j + 2·tig + (i & 1), row r0 for i < 2 and r0 + 8 otherwise.
+__device__ __forceinline__ void scale_mask(float (&s)[64], bool mask, int col0, int lim0, int lim1, float scale_log2,
+                                           float& mx0, float& mx1) {
+    mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int col = col0 + 8 * j + i;
+            float a = s[4 * j + i] * scale_log2, b = s[4 * j + 2 + i] * scale_log2;
+            if (mask) {
+                a = col < lim0 ? a : -INFINITY;
+                b = col < lim1 ? b : -INFINITY;
+            }
+            s[4 * j + i] = a, s[4 * j + 2 + i] = b;
+            mx0 = fmaxf(mx0, a), mx1 = fmaxf(mx1, b);
+        }
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+    }
+}
+
+// The online softmax of one tile: new running maxima m0/m1, s ← 2^(s − m), l ← l·corr + Σ s;
+// returns the factors the running output must be multiplied by (0 on the first tile: m was −∞).
+__device__ __forceinline__ void softmax_tile(float (&s)[64], float mx0, float mx1, float& m0, float& m1, float& l0,
+                                             float& l1, float& corr0, float& corr1) {
+    const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);  // finite: key 0 is in the first tile
+    corr0 = exp2f(m0 - n0), corr1 = exp2f(m1 - n1);
+    m0 = n0, m1 = n1;
+    float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            s[4 * j + i] = exp2f(s[4 * j + i] - n0);
+            s[4 * j + 2 + i] = exp2f(s[4 * j + 2 + i] - n1);
+            sum0 += s[4 * j + i];
+            sum1 += s[4 * j + 2 + i];
+        }
+    l0 = l0 * corr0 + sum0;
+    l1 = l1 * corr1 + sum1;
+}
+
+__device__ __forceinline__ void pack_p(const float (&s)[64], uint32_t (&pk)[32]) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) pk[i] = pack_bf16_rn(s[2 * i], s[2 * i + 1]);
+}
+
+// S = Q·Kᵀ for the consumer's 64 rows (qa: its rows of the Q panels) over one stage, committed.
+__device__ __forceinline__ void issue_s(float (&s)[64], const uint8_t* qa, const uint8_t* stage) {
+    wgmma_fence();
+#pragma unroll
+    for (int pn = 0; pn < 3; ++pn)
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb)
+            wgmma_bf16_n128(s, desc_k_major_sw128(qa + pn * kPanel + kb * 32),
+                            desc_k_major_sw128(stage + pn * kPanel + kb * 32), pn > 0 || kb > 0 ? 1 : 0);
+    wgmma_commit();
+}
+
+// O += P·V over one stage's V panels (N-major: 64-dim panels kPanel apart), committed.
+__device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pk)[32], const uint8_t* stage) {
+    wgmma_fence();
+    const uint8_t* v = stage + 3 * kPanel;
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk)
+        wgmma_bf16_n128_rs(o, pk[4 * kk], pk[4 * kk + 1], pk[4 * kk + 2], pk[4 * kk + 3],
+                           desc_mn_major_sw128(v + kk * 16 * 128, kPanel));
+    wgmma_commit();
+}
+
+__device__ __forceinline__ void scale_rows(float (&o)[64], float f0, float f1) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        o[4 * j] *= f0;
+        o[4 * j + 1] *= f0;
+        o[4 * j + 2] *= f1;
+        o[4 * j + 3] *= f1;
+    }
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    mha_prefill_wgmma_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                             const __grid_constant__ CUtensorMap tm_kpe, const __grid_constant__ CUtensorMap tm_v,
+                             const Maps maps, const MhaPrefillParams p, float scale_log2) {
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+    uint8_t* sq = smem;
+    uint8_t* ring = smem + kQBytes;
+    __shared__ uint64_t q_full, full[kStages], empty[kStages];
+
+    const int h = static_cast<int>(blockIdx.x);
+    const int m0 = (static_cast<int>(gridDim.y) - 1 - static_cast<int>(blockIdx.y)) * kBM;  // longest first
+    const int T = p.num_tokens, ctx = p.ctx_len, offset = ctx - T;  // query i sits at position offset + i
+    const int last_row = min(m0 + kBM, T) - 1;
+    const int n_tiles = (offset + last_row) / kBN + 1;  // keys 0 .. offset + last_row
+
+    if (threadIdx.x == 0) {
+        mbar_init(&q_full, 1);
+        for (int s = 0; s < kStages; ++s) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], 256);  // every consumer thread
+        }
+        mbar_fence_init();
+        tma_prefetch_descriptor(&tm_q);
+        tma_prefetch_descriptor(&tm_k);
+        tma_prefetch_descriptor(&tm_kpe);
+        tma_prefetch_descriptor(&tm_v);
+    }
+    __syncthreads();
+
+    const int wg = static_cast<int>(threadIdx.x) / 128;
+    if (wg == 0) {
+        setmaxnreg_dec<kProducerRegs>();
+        if (threadIdx.x == 0) {
+            mbar_arrive_expect_tx(&q_full, kQBytes);
+            for (int pn = 0; pn < 3; ++pn)
+                tma_load_3d(sq + pn * kPanel, &tm_q, &q_full, 64 * pn, maps.q.c1(h, m0), maps.q.c2(h, m0));
+            int s = 0;
+            uint32_t phase = 0;
+            for (int n = 0; n < n_tiles; ++n) {
+                const int key = n * kBN;
+                mbar_wait(&empty[s], phase ^ 1);
+                mbar_arrive_expect_tx(&full[s], kStageBytes);
+                uint8_t* st = ring + s * kStageBytes;
+                tma_load_3d(st, &tm_k, &full[s], 0, maps.k.c1(h, key), maps.k.c2(h, key));
+                tma_load_3d(st + kPanel, &tm_k, &full[s], 64, maps.k.c1(h, key), maps.k.c2(h, key));
+                tma_load_2d(st + 2 * kPanel, &tm_kpe, &full[s], 0, key);
+                tma_load_3d(st + 3 * kPanel, &tm_v, &full[s], 0, maps.v.c1(h, key), maps.v.c2(h, key));
+                tma_load_3d(st + 4 * kPanel, &tm_v, &full[s], 64, maps.v.c1(h, key), maps.v.c2(h, key));
+                if (++s == kStages) s = 0, phase ^= 1;
+            }
+        }
+        return;
+    }
+
+    setmaxnreg_inc<kConsumerRegs>();
+    const int c = wg - 1;
+    const int tid = static_cast<int>(threadIdx.x) % 128, warp = tid / 32, lane = tid % 32, tig = lane % 4;
+    const int row0 = m0 + 64 * c + 16 * warp + lane / 4, row1 = row0 + 8;  // this thread's query rows
+    const int lim0 = min(offset + row0 + 1, ctx), lim1 = min(offset + row1 + 1, ctx);
+    const int first_lim = min(offset + m0 + 64 * c + 1, ctx);  // the warpgroup's smallest limit
+    const uint8_t* qa = sq + c * 64 * 128;
+
+    float o[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+    float m_0 = -INFINITY, m_1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    float sc[64];
+    uint32_t pk[32];
+    float mx0, mx1, corr0, corr1;
+
+    mbar_wait(&q_full, 0);
+    // Tile 0's scores and P.
+    mbar_wait(&full[0], 0);
+    issue_s(sc, qa, ring);
+    wgmma_wait<0>();
+    fence_regs(sc);
+    scale_mask(sc, kBN > first_lim, 2 * tig, lim0, lim1, scale_log2, mx0, mx1);
+    softmax_tile(sc, mx0, mx1, m_0, m_1, l0, l1, corr0, corr1);
+    pack_p(sc, pk);
+
+    int s = 0;
+    uint32_t phase = 0;
+    // Tile n's P·V with tile n + 1's scores in flight ahead of it.
+    for (int n = 0; n + 1 < n_tiles; ++n) {
+        const int s_next = s + 1 == kStages ? 0 : s + 1;
+        const uint32_t phase_next = s + 1 == kStages ? phase ^ 1 : phase;
+        mbar_wait(&full[s_next], phase_next);
+        issue_s(sc, qa, ring + s_next * kStageBytes);
+        issue_pv(o, pk, ring + s * kStageBytes);
+        wgmma_wait<1>();  // the scores are in
+        fence_regs(sc);
+        const int col0 = (n + 1) * kBN;
+        scale_mask(sc, col0 + kBN > first_lim, col0 + 2 * tig, lim0, lim1, scale_log2, mx0, mx1);
+        softmax_tile(sc, mx0, mx1, m_0, m_1, l0, l1, corr0, corr1);
+        wgmma_wait<0>();  // P·V of tile n is in; its stage is free
+        fence_regs(o);
+        mbar_arrive(&empty[s]);
+        scale_rows(o, corr0, corr1);
+        pack_p(sc, pk);
+        s = s_next, phase = phase_next;
+    }
+    issue_pv(o, pk, ring + s * kStageBytes);
+    wgmma_wait<0>();
+    fence_regs(o);
+    mbar_arrive(&empty[s]);
+
+    // Output: 1 / l per row (l ≥ 1: the maximum's own term), bf16 pairs straight from the fragment.
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, off);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+    }
+    const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
+    uint16_t* out0 = p.out + int64_t(row0) * p.out_stride_t + int64_t(h) * p.out_stride_h + 2 * tig;
+    uint16_t* out1 = p.out + int64_t(row1) * p.out_stride_t + int64_t(h) * p.out_stride_h + 2 * tig;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        if (row0 < T) *reinterpret_cast<uint32_t*>(out0 + 8 * j) = pack_bf16_rn(o[4 * j] * inv0, o[4 * j + 1] * inv0);
+        if (row1 < T)
+            *reinterpret_cast<uint32_t*>(out1 + 8 * j) = pack_bf16_rn(o[4 * j + 2] * inv1, o[4 * j + 3] * inv1);
+    }
+}
+
+// A [rows][heads][width] or [heads][rows][width] bf16 tensor (element strides) in boxes of
+// 64 values × one head × box_rows rows.
+CUtensorMap rows_heads_map(const uint16_t* base, int width, int heads, int rows, int64_t stride_row,
+                           int64_t stride_head, uint32_t box_rows, bool& heads_inner, const char* what) {
+    heads_inner = stride_head <= stride_row;
+    TensorMapSpec s;
+    s.base = base;
+    s.rank = 3;
+    s.dims[0] = uint64_t(width);
+    s.dims[1] = uint64_t(heads_inner ? heads : rows);
+    s.dims[2] = uint64_t(heads_inner ? rows : heads);
+    s.strides[0] = uint64_t(heads_inner ? stride_head : stride_row) * 2;
+    s.strides[1] = uint64_t(heads_inner ? stride_row : stride_head) * 2;
+    s.box[0] = 64;
+    s.box[1] = heads_inner ? 1 : box_rows;
+    s.box[2] = heads_inner ? box_rows : 1;
+    return make_tensor_map(s, what);
+}
+
+}  // namespace
+
+namespace detail {
+
+void launch_mha_prefill_wgmma(const MhaPrefillParams& p, void* cuda_stream) {
+    Maps maps{};
+    const CUtensorMap tq = rows_heads_map(p.q, p.nope + p.rope, p.num_heads, p.num_tokens, p.q_stride_t, p.q_stride_h,
+                                          kBM, maps.q.heads_inner, "mha prefill q");
+    const CUtensorMap tk = rows_heads_map(p.k_nope, p.nope, p.num_heads, p.ctx_len, p.k_stride_t, p.k_stride_h, kBN,
+                                          maps.k.heads_inner, "mha prefill k_nope");
+    const CUtensorMap tv = rows_heads_map(p.v, p.v_dim, p.num_heads, p.ctx_len, p.v_stride_t, p.v_stride_h, kBN,
+                                          maps.v.heads_inner, "mha prefill v");
+    TensorMapSpec kpe;
+    kpe.base = p.k_pe;
+    kpe.rank = 2;
+    kpe.dims[0] = uint64_t(p.rope);
+    kpe.dims[1] = uint64_t(p.ctx_len);
+    kpe.strides[0] = uint64_t(p.k_pe_stride_t) * 2;
+    kpe.box[0] = 64;
+    kpe.box[1] = kBN;
+    const CUtensorMap tkpe = make_tensor_map(kpe, "mha prefill k_pe");
+    // NOTE: set on every launch (a host-side attribute write, graph-capture safe): a once-per-process
+    // flag would cover only the device that was current the first time.
+    FANOUT_CUDA_CHECK(
+        cudaFuncSetAttribute(mha_prefill_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    const unsigned row_blocks = unsigned((p.num_tokens + kBM - 1) / kBM);
+    mha_prefill_wgmma_kernel<<<dim3(unsigned(p.num_heads), row_blocks), kThreads, kSmemBytes,
+                               static_cast<cudaStream_t>(cuda_stream)>>>(tq, tk, tkpe, tv, maps, p, p.scale * kLog2e);
+    FANOUT_CUDA_CHECK_LAUNCH("mha_prefill_wgmma_kernel");
+}
+
+}  // namespace detail
+}  // namespace fanout::ops
