@@ -34,12 +34,13 @@ void fill_random_bf16(uint16_t* dst, size_t n, uint64_t seed, float scale) {
     }
 }
 
-// One MHA-form prefill point through `kernel`: random bf16 q, k_nope, k_pe, v in the model's
+// One MHA-form prefill point through launch_mha_prefill: `requests` chunks of `tokens` queries, each
+// over its own prefix + tokens keys, in one launch; random bf16 q, k_nope, k_pe, v in the model's
 // layout (kv_b's output interleaves k_nope and v per head).
-nlohmann::json run_mha_prefill_point(int heads, int T, int prefix, ops::MhaPrefillKernel kernel, double peak_tflops,
+nlohmann::json run_mha_prefill_point(int heads, int tokens, int prefix, int requests, double peak_tflops,
                                      FILE* table_out) {
     constexpr int kNope = 128, kRope = 64, kV = 128;
-    const int ctx = prefix + T;
+    const int T = tokens * requests, ctx = (prefix + tokens) * requests;
     DevicePtr<uint16_t> q(size_t(T) * heads * (kNope + kRope)), kv(size_t(ctx) * heads * (kNope + kV)),
         kpe(size_t(ctx) * kRope), out(size_t(T) * heads * kV);
     fill_random_bf16(q.p, size_t(T) * heads * (kNope + kRope), 6, 1.0f);
@@ -53,11 +54,23 @@ nlohmann::json run_mha_prefill_point(int heads, int T, int prefix, ops::MhaPrefi
     p.v = kv.p + kNope, p.v_stride_t = p.k_stride_t, p.v_stride_h = p.k_stride_h;
     p.k_pe = kpe.p, p.k_pe_stride_t = kRope;
     p.out = out.p, p.out_stride_t = int64_t(heads) * kV, p.out_stride_h = kV;
+    // Several requests: each `tokens` queries over its own prefix + tokens keys, back to back.
+    std::vector<int32_t> qs(requests + 1), ks(requests + 1);
+    for (int r = 0; r <= requests; ++r) qs[r] = r * tokens, ks[r] = r * (prefix + tokens);
+    DevicePtr<int32_t> d_qs(qs.size()), d_ks(ks.size());
+    FANOUT_CUDA_CHECK(cudaMemcpy(d_qs.p, qs.data(), qs.size() * 4, cudaMemcpyHostToDevice));
+    FANOUT_CUDA_CHECK(cudaMemcpy(d_ks.p, ks.data(), ks.size() * 4, cudaMemcpyHostToDevice));
+    if (requests > 1) {
+        p.num_requests = requests, p.max_query_len = tokens;
+        p.query_start = d_qs.p, p.kv_start = d_ks.p;
+    }
+    const ops::MhaPrefillKernel kernel = ops::mha_prefill_kernel_for(p);
     cudaStream_t stream;
     FANOUT_CUDA_CHECK(cudaStreamCreate(&stream));
-    const double us = time_graph_us(stream, 3, [&] { ops::launch_mha_prefill(p, stream, kernel); });
+    const double us = time_graph_us(stream, 3, [&] { ops::launch_mha_prefill(p, stream); });
     FANOUT_CUDA_CHECK(cudaStreamDestroy(stream));
-    const double pairs = double(T) * prefix + double(T) * (T + 1) / 2;  // visible (query, key) pairs
+    const double pairs =
+        requests * (double(tokens) * prefix + double(tokens) * (tokens + 1) / 2);  // visible (query, key)
     const double flops = 2.0 * (kNope + kRope + kV) * heads * pairs, tflops = flops / us / 1e6;
     const double pct = peak_tflops > 0 ? 100 * tflops / peak_tflops : 0.0;
     const char* name = ops::mha_prefill_kernel_name(kernel);
@@ -155,18 +168,18 @@ nlohmann::json run_mla_bench(const MlaBenchOptions& opts, FILE* table_out) {
         std::fprintf(table_out,
                      "\nMLA prefill attention, MHA form (nope 128 + rope 64, v 128, causal; target >= 450 "
                      "TFLOP/s at 128 heads x 4096 tokens)\n");
-        std::fprintf(table_out, "%6s %6s %6s  %-9s %10s %8s %8s\n", "heads", "tokens", "ctx", "kernel", "us", "TFLOP/s",
-                     "%bf16");
+        std::fprintf(table_out, "%6s %8s %6s %6s  %-9s %10s %8s %8s\n", "heads", "requests", "tokens", "ctx", "kernel",
+                     "us", "TFLOP/s", "%bf16");
     }
     for (const std::string& shape : opts.prefill_shapes) {
         if (shape.empty()) continue;
-        int heads = 0, T = 0, prefix = 0;
+        int heads = 0, T = 0, prefix = 0, requests = 1;
         char tail = 0;
-        FANOUT_CHECK(std::sscanf(shape.c_str(), "%d:%d:%d%c", &heads, &T, &prefix, &tail) == 3 && heads > 0 && T > 0 &&
-                         prefix >= 0,
-                     "prefill shape '{}': expected heads:tokens:prefix, e.g. 128:4096:0", shape);
-        for (ops::MhaPrefillKernel k : {ops::MhaPrefillKernel::kWgmma, ops::MhaPrefillKernel::kMmaSync})
-            prefill.push_back(run_mha_prefill_point(heads, T, prefix, k, peak, table_out));
+        const int n = std::sscanf(shape.c_str(), "%d:%d:%d:%d%c", &heads, &T, &prefix, &requests, &tail);
+        FANOUT_CHECK((n == 3 || n == 4) && heads > 0 && T > 0 && prefix >= 0 && requests >= 1,
+                     "prefill shape '{}': expected heads:tokens:prefix[:requests], e.g. 128:4096:0 or 128:1024:0:4",
+                     shape);
+        prefill.push_back(run_mha_prefill_point(heads, T, prefix, requests, peak, table_out));
     }
     nlohmann::json out = {{"benchmark", "mla"},
                           {"gpu", prop.name},

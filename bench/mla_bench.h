@@ -3,8 +3,8 @@
 // 64-position blocks — beside the bf16 tensor-core ceiling measured in the same run (cuBLASLt
 // through ops::launch_gemm_bf16 on 8192³). The issue's point is batch 128 × query 2 × kv 5000 ×
 // 128 heads: 356 GFLOP counting 2·(576 + 512) flops per (query row, position).
-// Then the MHA-form prefill attention (ops/mha_prefill_cuda.h: causal, one request's chunk over
-// kv_b-expanded K/V, nope 128 + rope 64, v 128) at `prefill_shapes`, each tensor-core kernel,
+// Then the MHA-form prefill attention (ops/mha_prefill_cuda.h: causal, requests' chunks over
+// kv_b-expanded K/V, nope 128 + rope 64, v 128) at `prefill_shapes` through the wgmma kernel,
 // FLOPs counted over the causal part only (2·(192 + 128) per visible (query, key) pair and head);
 // issue 19 asks for ≥ 450 TFLOP/s at 128 heads × 4,096 tokens.
 // Timing only: the kernels' numbers are checked by mla_cuda_test and mha_prefill_cuda_test.
@@ -24,8 +24,10 @@ struct MlaBenchOptions {
     int heads = 128;                                 // query heads on this GPU (128 at TP1)
     int calls = 20;                                  // back-to-back calls per timed graph (best of 5 replays)
     std::string json_out = "mla_bench.json";         // "" = no file
-    // Prefill points "heads:tokens:prefix" (ctx_len = prefix + tokens); empty: none.
-    std::vector<std::string> prefill_shapes = {"128:4096:0", "128:4096:12288", "16:8192:0", "128:512:0", "128:1024:0"};
+    // Prefill points "heads:tokens:prefix[:requests]" (each request: tokens queries over prefix +
+    // tokens keys; several requests go in one launch); empty: none.
+    std::vector<std::string> prefill_shapes = {"128:4096:0", "128:4096:12288", "16:8192:0",   "128:512:0",
+                                               "128:1024:0", "128:1024:0:4",   "128:512:0:8", "16:4096:0"};
 };
 
 // One point: µs per call, TFLOP/s, GB/s of cache read; `peak_tflops` (0 = unknown) adds the

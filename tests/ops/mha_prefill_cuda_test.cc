@@ -212,26 +212,21 @@ void run_case(const Case& c, ThreadPool& pool) {
     const bool fast = c.nope == 128 && c.rope == 64 && c.v_dim == 128 && c.q_pad % 8 == 0;
     EXPECT_EQ(mha_prefill_kernel_for(p), fast ? MhaPrefillKernel::kWgmma : MhaPrefillKernel::kGeneric)
         << describe(c) << ": routed to the wrong kernel";
-    // The default launch, then every other kernel that takes these params.
-    std::vector<std::pair<bool, MhaPrefillKernel>> runs = {{true, mha_prefill_kernel_for(p)}};
-    if (fast) runs.push_back({false, MhaPrefillKernel::kMmaSync});
-    if (c.force_generic) runs = {{false, MhaPrefillKernel::kGeneric}};
-    for (const auto& [by_default, kernel] : runs) {
-        dev.out.poison();
-        if (by_default)
-            launch_mha_prefill(p, nullptr);
-        else
-            launch_mha_prefill(p, nullptr, kernel);
-        FANOUT_CUDA_CHECK(cudaGetLastError());
-        FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
-        const Comparison cmp = compare(pb, pb.to_thv(dev.out.download()), ref);
-        const std::string what = describe(c) + " kernel " + mha_prefill_kernel_name(kernel);
-        EXPECT_LE(cmp.worst_row, 1e-2) << what << "\n  " << cmp.detail;
-        EXPECT_LE(cmp.overall, 5e-3) << what << "\n  " << cmp.detail;
-    }
+    const MhaPrefillKernel kernel = c.force_generic ? MhaPrefillKernel::kGeneric : mha_prefill_kernel_for(p);
+    dev.out.poison();
+    if (c.force_generic)
+        launch_mha_prefill(p, nullptr, kernel);
+    else
+        launch_mha_prefill(p, nullptr);
+    FANOUT_CUDA_CHECK(cudaGetLastError());
+    FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+    const Comparison cmp = compare(pb, pb.to_thv(dev.out.download()), ref);
+    const std::string what = describe(c) + " kernel " + mha_prefill_kernel_name(kernel);
+    EXPECT_LE(cmp.worst_row, 1e-2) << what << "\n  " << cmp.detail;
+    EXPECT_LE(cmp.overall, 5e-3) << what << "\n  " << cmp.detail;
 }
 
-TEST(MhaPrefillCuda, TensorCoreKernelsMatchCpuReference) {
+TEST(MhaPrefillCuda, WgmmaKernelMatchesCpuReference) {
     REQUIRE_GPU();
     ThreadPool pool(0);
     std::vector<Case> cases;
@@ -281,6 +276,78 @@ TEST(MhaPrefillCuda, GenericKernelMatchesCpuReference) {
     cases.push_back({"widest 768/256/256", 2, 768, 256, 256, 37, 50});
     cases.push_back({"odd widths 24/8/40, 3 heads", 3, 24, 8, 40, 45, 20, true});
     for (const Case& c : cases) run_case(c, pool);
+}
+
+// Several requests in one launch (query_start / kv_start), as the model's batched prefill calls it:
+// queries and the kv_b-expanded keys of each request back to back (k_nope and v interleaved, k_pe
+// the tail of latent-cache rows), NaN rows after the last request's keys. Each request must come
+// out as its own reference — its keys only, its own positions — including a request with no
+// queries (it has keys but writes nothing) and blocks that straddle requests.
+void run_requests(int nope, int rope, int v_dim, int heads, const std::vector<std::pair<int, int>>& chunks,
+                  ThreadPool& pool) {
+    std::vector<Problem> reqs;
+    std::vector<int32_t> qs{0}, ks{0};
+    for (const auto& [T, prefix] : chunks) {
+        Case c{"request", heads, nope, rope, v_dim, T, prefix};
+        c.kv_interleaved = true;
+        reqs.emplace_back(c, 77 + uint64_t(T) * 13 + uint64_t(prefix));
+        qs.push_back(qs.back() + T);
+        ks.push_back(ks.back() + T + prefix);
+    }
+    const Problem& p0 = reqs[0];
+    const int T = qs.back(), ctx = ks.back(), H = heads, V = v_dim;
+    std::vector<uint16_t> q, k, kp;
+    std::vector<float> ref;
+    int max_q = 0;
+    for (const Problem& pb : reqs) {
+        q.insert(q.end(), pb.q.begin(), pb.q.end());
+        k.insert(k.end(), pb.k.begin(), pb.k.begin() + pb.ctx * pb.k_st);
+        kp.insert(kp.end(), pb.kp.begin(), pb.kp.begin() + pb.ctx * pb.kp_st);
+        const std::vector<float> r = pb.reference(pool);
+        ref.insert(ref.end(), r.begin(), r.end());
+        max_q = std::max(max_q, pb.T);
+    }
+    k.resize(k.size() + kNanKeyRows * p0.k_st, kBf16NaN);
+    kp.resize(kp.size() + kNanKeyRows * p0.kp_st, kBf16NaN);
+    DeviceBuffer<uint16_t> dq(q.size()), dk(k.size()), dkp(kp.size()), out(size_t(T) * H * V);
+    DeviceBuffer<int32_t> dqs(qs.size()), dks(ks.size());
+    dq.upload(q), dk.upload(k), dkp.upload(kp), dqs.upload(qs), dks.upload(ks);
+    MhaPrefillParams p;
+    p.num_tokens = T, p.ctx_len = ctx, p.num_heads = H, p.nope = nope, p.rope = rope, p.v_dim = V;
+    p.scale = p0.scale;
+    p.q = dq.ptr, p.q_stride_t = p0.q_st, p.q_stride_h = p0.q_sh;
+    p.k_nope = dk.ptr, p.k_stride_t = p0.k_st, p.k_stride_h = p0.k_sh;
+    p.k_pe = dkp.ptr + p0.kp_off, p.k_pe_stride_t = p0.kp_st;
+    p.v = dk.ptr + p0.v_off, p.v_stride_t = p0.v_st, p.v_stride_h = p0.v_sh;
+    p.out = out.ptr, p.out_stride_t = int64_t(H) * V, p.out_stride_h = V;
+    p.num_requests = int(chunks.size()), p.max_query_len = max_q;
+    p.query_start = dqs.ptr, p.kv_start = dks.ptr;
+    const MhaPrefillKernel kernel = mha_prefill_kernel_for(p);
+    out.poison();
+    launch_mha_prefill(p, nullptr);
+    FANOUT_CUDA_CHECK(cudaGetLastError());
+    FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> got(size_t(T) * H * V);
+    const std::vector<uint16_t> raw = out.download();
+    for (size_t i = 0; i < got.size(); ++i) got[i] = bf16_to_f32(raw[i]);
+    for (size_t r = 0; r < reqs.size(); ++r) {
+        const size_t a = size_t(qs[r]) * H * V, b = size_t(qs[r + 1]) * H * V;
+        const Comparison cmp = compare(reqs[r], std::vector<float>(got.begin() + a, got.begin() + b),
+                                       std::vector<float>(ref.begin() + a, ref.begin() + b));
+        const std::string what = "request " + std::to_string(r) + " of " + std::to_string(reqs.size()) + " (" +
+                                 std::to_string(reqs[r].T) + " tokens after " + std::to_string(reqs[r].c.prefix) +
+                                 "), kernel " + mha_prefill_kernel_name(kernel);
+        EXPECT_LE(cmp.worst_row, 1e-2) << what << "\n  " << cmp.detail;
+        EXPECT_LE(cmp.overall, 5e-3) << what << "\n  " << cmp.detail;
+    }
+}
+
+TEST(MhaPrefillCuda, SeveralRequestsInOneLaunchMatchEachAlone) {
+    REQUIRE_GPU();
+    ThreadPool pool(0);
+    const std::vector<std::pair<int, int>> chunks = {{37, 0}, {200, 50}, {1, 300}, {0, 5}, {129, 127}, {64, 1000}};
+    run_requests(128, 64, 128, 8, chunks, pool);  // the wgmma kernel
+    run_requests(32, 16, 32, 3, chunks, pool);    // the generic kernel
 }
 
 // The comparison can fail: references whose mask is wrong differ from the true one by more than
@@ -346,9 +413,23 @@ TEST(MhaPrefillCuda, RejectsBadParams) {
         EXPECT_NE(msg2.find(b.what), std::string::npos) << "message does not name " << b.what << ": " << msg2;
     }
     // The tensor-core kernels refuse widths they were not written for, naming them.
-    for (MhaPrefillKernel k : {MhaPrefillKernel::kWgmma, MhaPrefillKernel::kMmaSync}) {
-        const std::string msg = fanout::testing::error_of([&] { launch_mha_prefill(good, nullptr, k); });
-        EXPECT_NE(msg.find("nope=16"), std::string::npos) << mha_prefill_kernel_name(k) << ": " << msg;
+    const std::string wgmma =
+        fanout::testing::error_of([&] { launch_mha_prefill(good, nullptr, MhaPrefillKernel::kWgmma); });
+    EXPECT_NE(wgmma.find("nope=16"), std::string::npos) << wgmma;
+    // Several requests need both offset arrays and a max_query_len.
+    static int32_t offsets[3];
+    const Bad bad_requests[] = {
+        {"num_requests=2", [](MhaPrefillParams& p) { p.num_requests = 2; }},
+        {"come together", [](MhaPrefillParams& p) { p.query_start = offsets; }},
+        {"max_query_len=0", [](MhaPrefillParams& p) { p.query_start = p.kv_start = offsets, p.num_requests = 2; }},
+        {"max_query_len=11",
+         [](MhaPrefillParams& p) { p.query_start = p.kv_start = offsets, p.num_requests = 2, p.max_query_len = 11; }},
+    };
+    for (const Bad& b : bad_requests) {
+        MhaPrefillParams p = good;
+        b.edit(p);
+        const std::string msg = fanout::testing::error_of([&] { launch_mha_prefill(p, nullptr); });
+        EXPECT_NE(msg.find(b.what), std::string::npos) << "message does not name " << b.what << ": " << msg;
     }
     // An empty chunk is a no-op (no launch, even with null pointers).
     MhaPrefillParams empty = good;

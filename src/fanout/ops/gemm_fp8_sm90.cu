@@ -27,7 +27,6 @@
 // lookup and the grid is the same for every routing.
 // Only fmt-free headers here.
 #include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 
 #include <string>
@@ -37,6 +36,7 @@
 #include "fanout/ops/gemm.h"
 #include "fanout/ops/grouped_gemm_cuda.h"
 #include "fanout/ops/sm90.cuh"
+#include "fanout/ops/tensor_map.h"
 
 namespace fanout::ops {
 namespace {
@@ -491,36 +491,23 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
 
 // ---- host side ----
 
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-    static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-        void* f = nullptr;
-        cudaDriverEntryPointQueryResult q{};
-        FANOUT_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q));
-        FANOUT_DEVICE_REQUIRE(q == cudaDriverEntryPointSuccess && f != nullptr,
-                              "the CUDA driver has no cuTensorMapEncodeTiled (TMA needs driver >= 12.0)");
-        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-    }();
-    return fn;
-}
-
 // A row-major [rows, cols] matrix of `elem_bytes`-byte elements in boxes of [box_rows × box_cols]
 // with 128-byte swizzle (box_cols · elem_bytes = 128); loads past the edges fill zeros, stores
 // past them are dropped.
 CUtensorMap tmap_2d(CUtensorMapDataType type, int elem_bytes, const void* base, uint64_t rows, uint64_t cols,
                     uint32_t box_rows, uint32_t box_cols, CUtensorMapL2promotion promotion, const char* what) {
-    CUtensorMap m;
-    const cuuint64_t dims[2] = {cols, rows};
-    const cuuint64_t strides[1] = {cols * elem_bytes};
-    const cuuint32_t box[2] = {box_cols, box_rows};
-    const cuuint32_t elem[2] = {1, 1};
-    const CUresult r =
-        encode_fn()(&m, type, 2, const_cast<void*>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                    CU_TENSOR_MAP_SWIZZLE_128B, promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS)
-        throw_api_error(
-            __FILE__, __LINE__, "CUDA driver", "cuTensorMapEncodeTiled", static_cast<int>(r),
-            (std::string(what) + ": rows " + std::to_string(rows) + ", columns " + std::to_string(cols)).c_str());
-    return m;
+    TensorMapSpec s;
+    s.type = type;
+    s.elem_bytes = elem_bytes;
+    s.base = base;
+    s.rank = 2;
+    s.dims[0] = cols;
+    s.dims[1] = rows;
+    s.strides[0] = cols * elem_bytes;
+    s.box[0] = box_cols;
+    s.box[1] = box_rows;
+    s.promotion = promotion;
+    return make_tensor_map(s, what);
 }
 
 // x or W: [rows, K] e4m3 in [box_rows × 128] boxes (one K block).

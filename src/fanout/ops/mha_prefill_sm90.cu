@@ -23,7 +23,9 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include "fanout/core/cuda_check.h"
 #include "fanout/ops/mha_prefill_cuda.h"
@@ -59,24 +61,22 @@ struct Maps {
     RowsHeads q, k, v;
 };
 
-// Scores of one key tile to log2 units, the mask applied when `mask` (key col visible to the
-// thread's rows while col < lim0 / lim1); returns the two rows' maxima, quad-reduced.
-// Fragment: register 4j + i is column 8j + 2·tig + (i & 1), row r0 for i < 2 and r0 + 8 otherwise.
-__device__ __forceinline__ void scale_mask(float (&s)[64], bool mask, int col0, int lim0, int lim1, float scale_log2,
-                                           float& mx0, float& mx1) {
+// The mask of one key tile when `mask` (key col visible to the thread's rows while col < lim0 /
+// lim1: −∞ otherwise) and the two rows' maxima of the raw scores, quad-reduced. Fragment:
+// register 4j + i is column 8j + 2·tig + (i & 1), row r0 for i < 2 and r0 + 8 otherwise.
+__device__ __forceinline__ void mask_max(float (&s)[64], bool mask, int col0, int lim0, int lim1, float& mx0,
+                                         float& mx1) {
     mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
     for (int j = 0; j < 16; ++j)
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             const int col = col0 + 8 * j + i;
-            float a = s[4 * j + i] * scale_log2, b = s[4 * j + 2 + i] * scale_log2;
             if (mask) {
-                a = col < lim0 ? a : -INFINITY;
-                b = col < lim1 ? b : -INFINITY;
+                s[4 * j + i] = col < lim0 ? s[4 * j + i] : -INFINITY;
+                s[4 * j + 2 + i] = col < lim1 ? s[4 * j + 2 + i] : -INFINITY;
             }
-            s[4 * j + i] = a, s[4 * j + 2 + i] = b;
-            mx0 = fmaxf(mx0, a), mx1 = fmaxf(mx1, b);
+            mx0 = fmaxf(mx0, s[4 * j + i]), mx1 = fmaxf(mx1, s[4 * j + 2 + i]);
         }
 #pragma unroll
     for (int off = 1; off < 4; off <<= 1) {
@@ -85,11 +85,13 @@ __device__ __forceinline__ void scale_mask(float (&s)[64], bool mask, int col0, 
     }
 }
 
-// The online softmax of one tile: new running maxima m0/m1, s ← 2^(s − m), l ← l·corr + Σ s;
-// returns the factors the running output must be multiplied by (0 on the first tile: m was −∞).
-__device__ __forceinline__ void softmax_tile(float (&s)[64], float mx0, float mx1, float& m0, float& m1, float& l0,
-                                             float& l1, float& corr0, float& corr1) {
-    const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);  // finite: key 0 is in the first tile
+// The online softmax of one tile in log2 units (scale_log2 = softmax scale · log2 e, > 0, so the
+// raw maxima scale to the scaled ones): new running maxima m0/m1, s ← 2^(s·scale_log2 − m) (one
+// FFMA and one ex2 each), l ← l·corr + Σ s; returns the factors the running output must be
+// multiplied by (0 on the first tile: m was −∞).
+__device__ __forceinline__ void softmax_tile(float (&s)[64], float mx0, float mx1, float scale_log2, float& m0,
+                                             float& m1, float& l0, float& l1, float& corr0, float& corr1) {
+    const float n0 = fmaxf(m0, mx0 * scale_log2), n1 = fmaxf(m1, mx1 * scale_log2);  // finite: key 0 is in tile 0
     corr0 = exp2f(m0 - n0), corr1 = exp2f(m1 - n1);
     m0 = n0, m1 = n1;
     float sum0 = 0.0f, sum1 = 0.0f;
@@ -97,8 +99,8 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], float mx0, float mx
     for (int j = 0; j < 16; ++j)
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-            s[4 * j + i] = exp2f(s[4 * j + i] - n0);
-            s[4 * j + 2 + i] = exp2f(s[4 * j + 2 + i] - n1);
+            s[4 * j + i] = exp2f(fmaf(s[4 * j + i], scale_log2, -n0));
+            s[4 * j + 2 + i] = exp2f(fmaf(s[4 * j + 2 + i], scale_log2, -n1));
             sum0 += s[4 * j + i];
             sum1 += s[4 * j + 2 + i];
         }
@@ -144,21 +146,41 @@ __device__ __forceinline__ void scale_rows(float (&o)[64], float f0, float f1) {
     }
 }
 
+// Named barriers of the consumers' ping-pong (0 is __syncthreads): consumer c may issue its
+// wgmma once the other has issued its own (kBarTurn + c: c syncs, the other arrives).
+constexpr int kBarTurn = 1;
+
+template <bool kPingPong>
 __global__ void __launch_bounds__(kThreads, 1)
     mha_prefill_wgmma_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                              const __grid_constant__ CUtensorMap tm_kpe, const __grid_constant__ CUtensorMap tm_v,
-                             const Maps maps, const MhaPrefillParams p, float scale_log2) {
+                             const Maps maps, const MhaPrefillParams p, float scale_log2, int heads_per_group) {
     extern __shared__ uint8_t smem_raw[];
     uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
     uint8_t* sq = smem;
     uint8_t* ring = smem + kQBytes;
     __shared__ uint64_t q_full, full[kStages], empty[kStages];
 
-    const int h = static_cast<int>(blockIdx.x);
-    const int m0 = (static_cast<int>(gridDim.y) - 1 - static_cast<int>(blockIdx.y)) * kBM;  // longest first
-    const int T = p.num_tokens, ctx = p.ctx_len, offset = ctx - T;  // query i sits at position offset + i
+    // CTA order: groups of heads_per_group heads (their K/V fit in L2 together), and within a group
+    // the row blocks with the most key tiles first, then requests, heads fastest.
+    const int R = p.num_requests;
+    const int blocks_per_req = ((p.query_start ? p.max_query_len : p.num_tokens) + kBM - 1) / kBM;
+    const int group_ctas = heads_per_group * R * blocks_per_req;
+    const int g = static_cast<int>(blockIdx.x) / group_ctas, r = static_cast<int>(blockIdx.x) - g * group_ctas;
+    const int heads_here = min(heads_per_group, p.num_heads - g * heads_per_group);
+    const int h = g * heads_per_group + r % heads_here, unit = r / heads_here;
+    const int req = unit % R, m0 = (blocks_per_req - 1 - unit / R) * kBM;
+    // The request's queries from q0 (T of them) over its keys from k0 (ctx of them); query i sits at
+    // position offset + i.
+    int q0 = 0, T = p.num_tokens, k0 = 0, ctx = p.ctx_len;
+    if (p.query_start != nullptr) {
+        q0 = p.query_start[req], T = p.query_start[req + 1] - q0;
+        k0 = p.kv_start[req], ctx = p.kv_start[req + 1] - k0;
+    }
+    const int offset = ctx - T;
     const int last_row = min(m0 + kBM, T) - 1;
     const int n_tiles = (offset + last_row) / kBN + 1;  // keys 0 .. offset + last_row
+    if (m0 >= T || offset < 0) return;                  // past this request's rows (or a malformed request)
 
     if (threadIdx.x == 0) {
         mbar_init(&q_full, 1);
@@ -180,17 +202,17 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (threadIdx.x == 0) {
             mbar_arrive_expect_tx(&q_full, kQBytes);
             for (int pn = 0; pn < 3; ++pn)
-                tma_load_3d(sq + pn * kPanel, &tm_q, &q_full, 64 * pn, maps.q.c1(h, m0), maps.q.c2(h, m0));
+                tma_load_3d(sq + pn * kPanel, &tm_q, &q_full, 64 * pn, maps.q.c1(h, q0 + m0), maps.q.c2(h, q0 + m0));
             int s = 0;
             uint32_t phase = 0;
             for (int n = 0; n < n_tiles; ++n) {
-                const int key = n * kBN;
+                const int key = k0 + n * kBN;
                 mbar_wait(&empty[s], phase ^ 1);
                 mbar_arrive_expect_tx(&full[s], kStageBytes);
                 uint8_t* st = ring + s * kStageBytes;
                 tma_load_3d(st, &tm_k, &full[s], 0, maps.k.c1(h, key), maps.k.c2(h, key));
                 tma_load_3d(st + kPanel, &tm_k, &full[s], 64, maps.k.c1(h, key), maps.k.c2(h, key));
-                tma_load_2d(st + 2 * kPanel, &tm_kpe, &full[s], 0, key);
+                tma_load_2d(st + 2 * kPanel, &tm_kpe, &full[s], 0, key);  // keys past the request: masked
                 tma_load_3d(st + 3 * kPanel, &tm_v, &full[s], 0, maps.v.c1(h, key), maps.v.c2(h, key));
                 tma_load_3d(st + 4 * kPanel, &tm_v, &full[s], 64, maps.v.c1(h, key), maps.v.c2(h, key));
                 if (++s == kStages) s = 0, phase ^= 1;
@@ -215,14 +237,29 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t pk[32];
     float mx0, mx1, corr0, corr1;
 
+    // Ping-pong: each batch of wgmma waits for the other consumer's previous batch to be issued,
+    // so one consumer's softmax runs while the other's wgmma hold the tensor cores. Consumer 1
+    // lets consumer 0 go first and skips its last hand-over (nobody waits for it).
+    const auto my_turn = [&] {
+        if constexpr (kPingPong) named_barrier(kBarTurn + c, 256);
+    };
+    const auto your_turn = [&](bool last) {
+        if constexpr (kPingPong)
+            if (c == 0 || !last) named_barrier_arrive(kBarTurn + (1 - c), 256);
+    };
+    if constexpr (kPingPong)
+        if (c == 1) named_barrier_arrive(kBarTurn, 256);
+
     mbar_wait(&q_full, 0);
     // Tile 0's scores and P.
     mbar_wait(&full[0], 0);
+    my_turn();
     issue_s(sc, qa, ring);
+    your_turn(false);
     wgmma_wait<0>();
     fence_regs(sc);
-    scale_mask(sc, kBN > first_lim, 2 * tig, lim0, lim1, scale_log2, mx0, mx1);
-    softmax_tile(sc, mx0, mx1, m_0, m_1, l0, l1, corr0, corr1);
+    mask_max(sc, kBN > first_lim, 2 * tig, lim0, lim1, mx0, mx1);
+    softmax_tile(sc, mx0, mx1, scale_log2, m_0, m_1, l0, l1, corr0, corr1);
     pack_p(sc, pk);
 
     int s = 0;
@@ -232,13 +269,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int s_next = s + 1 == kStages ? 0 : s + 1;
         const uint32_t phase_next = s + 1 == kStages ? phase ^ 1 : phase;
         mbar_wait(&full[s_next], phase_next);
+        my_turn();
         issue_s(sc, qa, ring + s_next * kStageBytes);
         issue_pv(o, pk, ring + s * kStageBytes);
+        your_turn(false);
         wgmma_wait<1>();  // the scores are in
         fence_regs(sc);
         const int col0 = (n + 1) * kBN;
-        scale_mask(sc, col0 + kBN > first_lim, col0 + 2 * tig, lim0, lim1, scale_log2, mx0, mx1);
-        softmax_tile(sc, mx0, mx1, m_0, m_1, l0, l1, corr0, corr1);
+        mask_max(sc, col0 + kBN > first_lim, col0 + 2 * tig, lim0, lim1, mx0, mx1);
+        softmax_tile(sc, mx0, mx1, scale_log2, m_0, m_1, l0, l1, corr0, corr1);
         wgmma_wait<0>();  // P·V of tile n is in; its stage is free
         fence_regs(o);
         mbar_arrive(&empty[s]);
@@ -246,7 +285,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         pack_p(sc, pk);
         s = s_next, phase = phase_next;
     }
+    my_turn();
     issue_pv(o, pk, ring + s * kStageBytes);
+    your_turn(true);
     wgmma_wait<0>();
     fence_regs(o);
     mbar_arrive(&empty[s]);
@@ -258,8 +299,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         l1 += __shfl_xor_sync(0xffffffffu, l1, off);
     }
     const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
-    uint16_t* out0 = p.out + int64_t(row0) * p.out_stride_t + int64_t(h) * p.out_stride_h + 2 * tig;
-    uint16_t* out1 = p.out + int64_t(row1) * p.out_stride_t + int64_t(h) * p.out_stride_h + 2 * tig;
+    uint16_t* out0 = p.out + int64_t(q0 + row0) * p.out_stride_t + int64_t(h) * p.out_stride_h + 2 * tig;
+    uint16_t* out1 = p.out + int64_t(q0 + row1) * p.out_stride_t + int64_t(h) * p.out_stride_h + 2 * tig;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
         if (row0 < T) *reinterpret_cast<uint32_t*>(out0 + 8 * j) = pack_bf16_rn(o[4 * j] * inv0, o[4 * j + 1] * inv0);
@@ -308,13 +349,23 @@ void launch_mha_prefill_wgmma(const MhaPrefillParams& p, void* cuda_stream) {
     kpe.box[0] = 64;
     kpe.box[1] = kBN;
     const CUtensorMap tkpe = make_tensor_map(kpe, "mha prefill k_pe");
+    // Heads per group: as many as fit half of L2 with their K and V (the rest of L2 for k_pe, Q, out).
+    int dev = 0, l2_bytes = 0;
+    FANOUT_CUDA_CHECK(cudaGetDevice(&dev));
+    FANOUT_CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, dev));
+    const int64_t head_bytes = std::max<int64_t>(int64_t(p.ctx_len) / p.num_requests, 1) * (p.nope + p.v_dim) * 2;
+    int group = int(std::clamp<int64_t>(l2_bytes / 2 / head_bytes, 1, p.num_heads));
+    if (const char* e = std::getenv("FANOUT_MHA_GROUP")) group = std::clamp(std::atoi(e), 1, p.num_heads);
+    const bool ping_pong =
+        std::getenv("FANOUT_MHA_PINGPONG") == nullptr || std::atoi(std::getenv("FANOUT_MHA_PINGPONG")) != 0;
+    const auto kernel = ping_pong ? mha_prefill_wgmma_kernel<true> : mha_prefill_wgmma_kernel<false>;
     // NOTE: set on every launch (a host-side attribute write, graph-capture safe): a once-per-process
     // flag would cover only the device that was current the first time.
-    FANOUT_CUDA_CHECK(
-        cudaFuncSetAttribute(mha_prefill_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-    const unsigned row_blocks = unsigned((p.num_tokens + kBM - 1) / kBM);
-    mha_prefill_wgmma_kernel<<<dim3(unsigned(p.num_heads), row_blocks), kThreads, kSmemBytes,
-                               static_cast<cudaStream_t>(cuda_stream)>>>(tq, tk, tkpe, tv, maps, p, p.scale * kLog2e);
+    FANOUT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    const int rows = p.query_start ? p.max_query_len : p.num_tokens;
+    const int64_t ctas = int64_t(p.num_heads) * p.num_requests * ((rows + kBM - 1) / kBM);
+    kernel<<<unsigned(ctas), kThreads, kSmemBytes, static_cast<cudaStream_t>(cuda_stream)>>>(tq, tk, tkpe, tv, maps, p,
+                                                                                             p.scale * kLog2e, group);
     FANOUT_CUDA_CHECK_LAUNCH("mha_prefill_wgmma_kernel");
 }
 

@@ -19,7 +19,6 @@
 // graph stays valid for any lengths. A split that sees no position of a row writes lse = −inf,
 // which the combine skips.
 #include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -32,6 +31,7 @@
 #include "fanout/ops/gemm.h"
 #include "fanout/ops/mla_attention_cuda.h"
 #include "fanout/ops/sm90.cuh"
+#include "fanout/ops/tensor_map.h"
 
 namespace fanout::ops {
 namespace {
@@ -94,7 +94,7 @@ __device__ __forceinline__ void wgmma_s_panels(float (&s)[32], const uint8_t* sq
         for (int kb = 0; kb < 4; ++kb) {
             const int off = (first + i) * kPanelBytes + kb * 32;
             sm90::wgmma_s(s, sm90::desc_k_major_sw128(sq + off), sm90::desc_k_major_sw128(kv + off),
-                    overwrite && i == 0 && kb == 0 ? 0 : 1);
+                          overwrite && i == 0 && kb == 0 ? 0 : 1);
         }
 }
 
@@ -103,7 +103,7 @@ __device__ __forceinline__ void pv_from_regs(float (&o)[128], const uint32_t (&p
 #pragma unroll
     for (int kk = 0; kk < kTile / 16; ++kk)
         sm90::wgmma_pv_rs(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
-                    sm90::desc_mn_major_sw128(kv + half * 4 * kPanelBytes + kk * 16 * 128, kPanelBytes));
+                          sm90::desc_mn_major_sw128(kv + half * 4 * kPanelBytes + kk * 16 * 128, kPanelBytes));
 }
 
 // The same with P from shared memory (the other warpgroup's, in a buffer's k_pe panel).
@@ -111,7 +111,7 @@ __device__ __forceinline__ void pv_from_smem(float (&o)[128], const uint8_t* sp,
 #pragma unroll
     for (int kk = 0; kk < kTile / 16; ++kk)
         sm90::wgmma_pv(o, sm90::desc_k_major_sw128(sp + kk * 32),
-                 sm90::desc_mn_major_sw128(kv + half * 4 * kPanelBytes + kk * 16 * 128, kPanelBytes));
+                       sm90::desc_mn_major_sw128(kv + half * 4 * kPanelBytes + kk * 16 * 128, kPanelBytes));
 }
 
 // Scores of kv tile `tile` to log2 units, −inf at columns a row may not see; row maxima of the
@@ -538,7 +538,7 @@ __global__ void __launch_bounds__(kGenThreads)
     }
     for (int d = tid; d < D; d += kGenThreads)
         sq[d] = bf16_bits_to_float(d < C ? p.q_lat[t * p.q_lat_stride_t + h * p.q_lat_stride_h + d]
-                                    : p.q_pe[t * p.q_pe_stride_t + h * p.q_pe_stride_h + d - C]);
+                                         : p.q_pe[t * p.q_pe_stride_t + h * p.q_pe_stride_h + d - C]);
     __syncthreads();
 
     const int32_t* blocks = p.block_table + int64_t(r) * p.max_blocks;
@@ -699,27 +699,15 @@ void launch_combine(const MlaAttentionParams& p, int splits, const float* part_o
 
 // The cache as a [kTmapRows, 576] bf16 matrix in 64 × 64 boxes (one swizzled panel of one block).
 CUtensorMap cache_tensor_map(const uint16_t* cache) {
-    static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-        void* fn = nullptr;
-        cudaDriverEntryPointQueryResult q{};
-        FANOUT_CUDA_CHECK(
-            cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
-        FANOUT_DEVICE_REQUIRE(
-            q == cudaDriverEntryPointSuccess && fn != nullptr,
-            "mla attention: the CUDA driver has no cuTensorMapEncodeTiled (TMA needs driver >= 12.0)");
-        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-    }();
-    CUtensorMap m;
-    const cuuint64_t dims[2] = {kDim, kTmapRows};
-    const cuuint64_t strides[1] = {kDim * sizeof(uint16_t)};
-    const cuuint32_t box[2] = {64, kTile};
-    const cuuint32_t elem[2] = {1, 1};
-    const CUresult r = encode(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(cache), dims, strides, box,
-                              elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    FANOUT_DEVICE_REQUIRE(r == CUDA_SUCCESS, "mla attention: cuTensorMapEncodeTiled failed for the cache (error " +
-                                                 std::to_string(int(r)) + ")");
-    return m;
+    TensorMapSpec s;
+    s.base = cache;
+    s.rank = 2;
+    s.dims[0] = kDim;
+    s.dims[1] = kTmapRows;
+    s.strides[0] = kDim * sizeof(uint16_t);
+    s.box[0] = 64;
+    s.box[1] = kTile;
+    return make_tensor_map(s, "mla attention: the cache");
 }
 
 }  // namespace
