@@ -148,6 +148,8 @@ void add_bench_command(CLI::App& app) {
         ->check(CLI::IsMember({"emulated", "nvlink", "nccl"}))
         ->capture_default_str();
     layer->add_option("--gpus", l->gpus, "GPUs for --comm nvlink|nccl (0: every visible one)")->capture_default_str();
+    layer->add_flag("--mha", l->mha,
+                    "attention in the MHA form, as the model runs prefill chunks (needs --query-len > 4)");
     layer->add_flag("--microbatch", l->microbatch,
                     "also each emulated MoE point as two interleaved microbatches (the split's cost: communication "
                     "is not included)");

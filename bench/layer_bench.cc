@@ -163,9 +163,10 @@ Timing time_layer(CudaLayerExec& exec, const model::DeviceLayer& w, const model:
 // One GPU's side of the benchmark: a cache of max_batch requests of kv_len random entries (block
 // tables in order), the residual stream and its pristine copy, and the step's metadata.
 struct Rig {
-    Rig(const io::ModelConfig& c, int max_batch, int q, int kv_len, cudaStream_t s)
+    Rig(const io::ModelConfig& c, int max_batch, int q, int kv_len, cudaStream_t s, bool mha = false)
         : q(q),
           kv_len(kv_len),
+          mha(mha),
           per_req((kv_len + kv::kDefaultBlockSize - 1) / kv::kDefaultBlockSize),
           s(s),
           cache(static_cast<size_t>(max_batch * per_req * kv::kDefaultBlockSize) *
@@ -175,6 +176,7 @@ struct Rig {
           positions(static_cast<size_t>(max_batch * q)),
           slots(static_cast<size_t>(max_batch * q)),
           query_start(static_cast<size_t>(max_batch + 1)),
+          kv_start(static_cast<size_t>(max_batch + 1)),
           kv_lens(static_cast<size_t>(max_batch)),
           block_table(static_cast<size_t>(max_batch * per_req)),
           num_tokens(1),
@@ -190,9 +192,10 @@ struct Rig {
     // The step of `batch` requests of q tokens each at the end of kv_len cached positions.
     model::LayerStep step_for(int batch) {
         const int64_t block = kv::kDefaultBlockSize;
-        std::vector<int32_t> pos, slot, qs, kl;
+        std::vector<int32_t> pos, slot, qs, kl, ks;
         for (int r = 0; r < batch; ++r) {
             qs.push_back(r * q);
+            ks.push_back(r * kv_len);
             kl.push_back(kv_len);
             for (int i = 0; i < q; ++i) {
                 const int p = kv_len - q + i;
@@ -202,6 +205,8 @@ struct Rig {
             }
         }
         qs.push_back(batch * q);
+        ks.push_back(batch * kv_len);
+        kv_start.upload(ks.data(), ks.size(), s);
         positions.upload(pos.data(), pos.size(), s);
         slots.upload(slot.data(), slot.size(), s);
         query_start.upload(qs.data(), qs.size(), s);
@@ -220,14 +225,16 @@ struct Rig {
         st.kv_len = kv_lens.get();
         st.block_table = block_table.get();
         st.max_blocks = static_cast<int>(per_req);
+        if (mha) st.prefill_ctx = batch * kv_len, st.kv_start = kv_start.get();
         return st;
     }
 
     int q, kv_len;
+    bool mha;
     int64_t per_req;
     cudaStream_t s;
     DeviceArray<uint16_t> cache, hidden, pristine;
-    DeviceArray<int32_t> positions, slots, query_start, kv_lens, block_table, num_tokens;
+    DeviceArray<int32_t> positions, slots, query_start, kv_start, kv_lens, block_table, num_tokens;
     std::vector<int32_t> table;
     ops::DeviceContext ctx;  // on s: the layer's cuBLASLt, GEMM and MLA scratch
 };
@@ -241,6 +248,10 @@ int run_layer_bench(const LayerBenchOptions& opts) {
                  opts.kv_len);
     for (int ep : opts.eps)
         FANOUT_CHECK(ep >= 1 && 256 % ep == 0, "bench layer: EP {} must divide DeepSeek-V3's 256 experts", ep);
+    FANOUT_CHECK(!opts.mha || (opts.query_len > 4 && opts.comm == "emulated" && !opts.microbatch),
+                 "bench layer --mha: the MHA form is for prefill chunks (--query-len > 4, got {}) on the emulated "
+                 "backend without --microbatch",
+                 opts.query_len);
     cudaDeviceProp prop{};
     FANOUT_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     const GpuCeilings ceil = measure_gpu_ceilings();
@@ -257,7 +268,7 @@ int run_layer_bench(const LayerBenchOptions& opts) {
     const int q = opts.query_len, max_T = max_batch * q;
     cudaStream_t s;
     FANOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    Rig rig(c, max_batch, q, opts.kv_len, s);
+    Rig rig(c, max_batch, q, opts.kv_len, s, opts.mha);
 
     nlohmann::json points = nlohmann::json::array();
     const auto report = [&](const char* title, int ep, const std::vector<std::pair<int, Timing>>& rows,
@@ -305,6 +316,7 @@ int run_layer_bench(const LayerBenchOptions& opts) {
                           {"query_len", q},
                           {"kv_len", opts.kv_len},
                           {"schedule", "no_overlap"},
+                          {"attention_form", opts.mha ? "mha" : "absorbed"},
                           {"communication", comm},
                           {"tokens_per_expert", m},
                           {"local_experts", local},
@@ -325,6 +337,7 @@ int run_layer_bench(const LayerBenchOptions& opts) {
         lim.max_masked_tokens = max_T;
         lim.num_local_experts = local;
         lim.max_dispatch_m = max_m;
+        if (opts.mha) lim.max_prefill_ctx = int64_t{max_batch} * opts.kv_len;
         CudaLayerExec exec(c, rope, lim, rig.ctx);
         // One rank of EP-N: the emulated backend delivers what N-way dispatch would (emulated_ep.h).
         std::unique_ptr<EmulatedEp> emu;

@@ -32,6 +32,10 @@ struct LayerBenchOptions {
     // batch layer: with the emulated backend nothing is in flight, so this is the split's cost —
     // what the hidden communication must outweigh for the schedule to pay.
     bool microbatch = false;
+    // Attention in the MHA form, as the model runs prefill chunks (every request's context gathered
+    // and expanded by kv_b, the wgmma flash attention over all requests in one launch) instead of
+    // the absorbed form; needs query_len > 4 (a prefill chunk) and the emulated backend only.
+    bool mha = false;
     std::string json_out = "layer_bench.json";
 };
 

@@ -75,9 +75,17 @@ nlohmann::json run_mha_prefill_point(int heads, int tokens, int prefix, int requ
     const double pct = peak_tflops > 0 ? 100 * tflops / peak_tflops : 0.0;
     const char* name = ops::mha_prefill_kernel_name(kernel);
     if (table_out)
-        std::fprintf(table_out, "%6d %6d %6d  %-9s %10.1f %8.1f %7.0f%%\n", heads, T, ctx, name, us, tflops, pct);
-    return {{"heads", heads}, {"tokens", T},          {"ctx_len", ctx},   {"kernel", name},
-            {"us", us},       {"gflop", flops / 1e9}, {"tflops", tflops}, {"pct_bf16_peak", pct}};
+        std::fprintf(table_out, "%6d %8d %6d %6d  %-9s %10.1f %8.1f %7.0f%%\n", heads, requests, tokens,
+                     prefix + tokens, name, us, tflops, pct);
+    return {{"heads", heads},
+            {"requests", requests},
+            {"tokens_per_request", tokens},
+            {"ctx_len_per_request", prefix + tokens},
+            {"kernel", name},
+            {"us", us},
+            {"gflop", flops / 1e9},
+            {"tflops", tflops},
+            {"pct_bf16_peak", pct}};
 }
 
 }  // namespace

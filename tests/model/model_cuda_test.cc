@@ -380,6 +380,51 @@ TEST(TinyFp8Cuda, LogitsMatchCpuW8A8) {
     check_logits(*m, ids, ops::Fp8Mode::kW8A8, b, "tiny fp8 (routing pinned)");
 }
 
+// Prefill chunks of several requests in one step run attention in the MHA form, every request in
+// one launch (their contexts gathered back to back): a first chunk, a second chunk after a cached
+// prefix, and a short one, against the CPU's logits of each request's whole sequence.
+TEST(CudaModel, BatchedPrefillChunksMatchTheCpu) {
+    REQUIRE_GPU();
+    const std::string dir = (oracle_dir() / fixture_names().front()).string();
+    auto m = DeepseekV3::load(dir);
+    const auto ids = input_ids(dir);
+    const int64_t V = m->config().vocab_size;
+    CudaModelOptions o;
+    o.max_requests = 4;
+    o.max_context = 128;
+    o.max_step_tokens = 64;
+    o.max_logit_rows = 64;
+    CudaModel gpu(*m, o);
+    kv::PagedKvCache blocks = gpu.make_block_allocator();
+    // Request 1's first 12 tokens alone, then in one step: request 0's 20, request 1's next 18,
+    // request 2's 9 (each more than a decode graph's 4 query tokens: the MHA form).
+    struct Chunk {
+        int start, len;
+    };
+    const Chunk chunks[3] = {{0, 20}, {12, 18}, {0, 9}};
+    std::vector<kv::SequenceBlocks> seqs(3);
+    for (int r = 0; r < 3; ++r) blocks.reserve(seqs[r], chunks[r].start + chunks[r].len);
+    gpu.forward_logits(StepBatchBuilder(blocks).add(std::span(ids).subspan(0, 12), 0, seqs[1]).build());
+    StepBatchBuilder sb(blocks);
+    for (int r = 0; r < 3; ++r)
+        sb.add(std::span(ids).subspan(chunks[r].start, chunks[r].len), chunks[r].start, seqs[r],
+               StepBatchBuilder::Logits::kAll);
+    const Tensor got = gpu.forward_logits(sb.build());
+    std::vector<double> diffs;
+    double max_logit = 0;
+    int64_t row = 0;
+    for (int r = 0; r < 3; ++r) {
+        const int end = chunks[r].start + chunks[r].len;
+        const Tensor ref = cpu_logits(*m, std::vector<int32_t>(ids.begin(), ids.begin() + end), ops::Fp8Mode::kDequant);
+        const std::vector<double> d = position_diffs(
+            got.data_as<float>() + row * V, ref.data_as<float>() + int64_t(chunks[r].start) * V, chunks[r].len, V);
+        diffs.insert(diffs.end(), d.begin(), d.end());
+        max_logit = std::max(max_logit, max_abs(ref));
+        row += chunks[r].len;
+    }
+    expect_close(diffs, max_logit, kOracle, "three prefill chunks in one step (MHA form)");
+}
+
 // Several requests of different lengths in one step, and bad steps rejected with a message.
 TEST(CudaModel, BatchedDecodeMatchesSingleRequests) {
     REQUIRE_GPU();

@@ -419,9 +419,10 @@ void CudaLayerExec::attn_in(const DeviceLayer& w, const LayerStep& st, uint16_t*
     m("q_b");
     const ops::RopeDevice rd{b.inv_freq.get(), rope_dim, rope_factor_};
     if (st.prefill_ctx > 0) {
-        FANOUT_CHECK(st.R == 1 && st.prefill_ctx <= max_prefill_ctx_ && st.prefill_ctx >= T,
-                     "MHA-form prefill: one request with a context of {}..{} tokens, got {} requests, context {}", T,
-                     max_prefill_ctx_, st.R, st.prefill_ctx);
+        FANOUT_CHECK(st.kv_start != nullptr && st.prefill_ctx <= max_prefill_ctx_ && st.prefill_ctx >= T,
+                     "MHA-form prefill: contexts of {}..{} keys in all with their offsets, got {} keys for {} "
+                     "requests{}",
+                     T, max_prefill_ctx_, st.prefill_ctx, st.R, st.kv_start ? "" : " and no offsets");
         ops::launch_rope_q_inplace(b.q.get(), T, H, nope, st.positions, rd, stream_);
         ops::launch_mla_kv_append(kv_a, qkv_width, T, C, w.kv_a_norm.get(), kLatentNormEps, st.positions, rd, st.slots,
                                   cache, stream_);
@@ -442,10 +443,10 @@ void CudaLayerExec::attn_out(const DeviceLayer& w, const LayerStep& st, uint16_t
     const int T = st.T;
     const auto [D, H, nope, rope_dim, C, V, ql] = dims_;
     if (st.prefill_ctx > 0) {
-        // MHA form: the context's latent expanded by kv_b into per-head K and V.
+        // MHA form: the contexts' latents, back to back, expanded by kv_b into per-head K and V.
         const int ctx = st.prefill_ctx;
-        ops::launch_gather_latent(cache, st.block_table, static_cast<int>(kv::kDefaultBlockSize), ctx, C, rope_dim,
-                                  b.latent.get(), b.k_pe.get(), stream_);
+        ops::launch_gather_latent(cache, st.block_table, st.max_blocks, static_cast<int>(kv::kDefaultBlockSize),
+                                  st.kv_start, st.R, ctx, C, rope_dim, b.latent.get(), b.k_pe.get(), stream_);
         linear(w.kv_b, b.latent.get(), ctx, b.kv_expanded.get());
         m("kv_b_expand");
         ops::MhaPrefillParams p;
@@ -470,6 +471,10 @@ void CudaLayerExec::attn_out(const DeviceLayer& w, const LayerStep& st, uint16_t
         p.out = b.attn.get();  // [T, H, v]: o_proj's input as it is
         p.out_stride_t = static_cast<int64_t>(H) * V;
         p.out_stride_h = V;
+        p.num_requests = st.R;
+        p.max_query_len = st.max_q;
+        p.query_start = st.query_start;
+        p.kv_start = st.kv_start;
         ops::launch_mha_prefill(p, stream_);
         m("attention");
     } else {

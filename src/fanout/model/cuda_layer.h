@@ -8,9 +8,10 @@
 //   attn_in:       input norm · fused q_a|kv_a GEMM · q_a norm · q_b GEMM · q split + RoPE ·
 //                  kv norm + RoPE + cache append
 //   attn_out:      k_b batched GEMM (absorbs W_UK into q) · MLA over the cache · v_b batched GEMM
-//                  (both bf16, strided over the heads in place) — or, for a one-request prefill
-//                  chunk (LayerStep::prefill_ctx), the MHA form: gather the context's latent ·
-//                  kv_b GEMM · causal flash attention — then o_proj GEMM (+ residual) · post norm
+//                  (both bf16, strided over the heads in place) — or, for prefill chunks
+//                  (LayerStep::prefill_ctx), the MHA form: gather the contexts' latents · kv_b
+//                  GEMM · causal flash attention, every request in one launch — then o_proj GEMM
+//                  (+ residual) · post norm
 //   gate:          router GEMM (f32) · top-k (MoE layers)
 //   dispatch_send: the routed experts' rows leave: with every expert on this GPU the local
 //                  permute (moe_permute.h: a masked part capped per expert for decode steps, the
@@ -92,10 +93,12 @@ struct LayerStep {
     const int32_t* kv_len = nullptr;
     const int32_t* block_table = nullptr;
     int max_blocks = 0;
-    // > 0: a prefill chunk of one request (R = 1) whose context — cached prefix and this chunk —
-    // is this long: attention runs in the MHA form (kv_b expands the latent; one kernel per
-    // request). 0: the absorbed form (decode, MTP verification, several requests).
+    // > 0: prefill chunks whose contexts — each request's cached prefix and its chunk — are this
+    // many keys in all: attention runs in the MHA form (the contexts' latents gathered back to
+    // back at kv_start, kv_b expands them, one launch for every request). 0: the absorbed form
+    // (decode, MTP verification, mixed steps).
     int prefill_ctx = 0;
+    const int32_t* kv_start = nullptr;  // device, R + 1 key offsets (prefix sums of kv_len); with prefill_ctx
     // T on the device, where an EP backend reads it (expert parallelism only).
     const int32_t* num_tokens = nullptr;
     // Tokens per local expert the grouped GEMMs should expect under expert parallelism (picks

@@ -34,6 +34,21 @@ int64_t logit_rows_limit(const CudaModelOptions& o) {
 
 int64_t mha_context_limit(const CudaModelOptions& o) { return std::min(o.max_context, o.max_mha_context); }
 
+// The keys of the step's contexts when its attention runs in the MHA form, else 0: every request a
+// prefill chunk (more query tokens than a graph's), their contexts together within the MHA
+// buffers, and several requests only when the step is one batch (the second microbatch's exec has
+// no MHA buffers; a one-request chunk is all in the first).
+int64_t mha_keys(const StepBatch& batch, const CudaModelOptions& o) {
+    const int64_t R = batch.num_requests();
+    if (R == 0 || (R > 1 && batch.microbatch)) return 0;
+    int64_t keys = 0;
+    for (int64_t r = 0; r < R; ++r) {
+        if (batch.query_start[r + 1] - batch.query_start[r] <= kMaxGraphQueryLen) return 0;
+        keys += batch.kv_len[r];
+    }
+    return keys <= mha_context_limit(o) ? keys : 0;
+}
+
 // The layer's step buffers for the runner's limits: every expert on this GPU (EP1) or the EP
 // rank's block with the backend's receive rows, decode steps (up to max_requests × the graphs'
 // query length) in the capped masked layout, FP8 experts when the weight plan makes them
@@ -98,6 +113,7 @@ struct CudaModel::Impl {
 
     // Step inputs at fixed addresses (what a captured graph reads).
     DeviceArray<int32_t> tokens, positions, slots, query_start, kv_len, block_table, logit_rows, out_tokens, num_tokens;
+    DeviceArray<int32_t> kv_start;  // the MHA form's key offsets per request (prefix sums of kv_len)
     DeviceArray<ops::SamplingRow> sampling;
     DeviceArray<ops::LogitBias> logit_bias;
     DeviceArray<uint16_t> hidden, rows, rows_normed;
@@ -156,6 +172,7 @@ struct CudaModel::Impl {
         st.block_table = block_table.get();
         st.max_blocks = static_cast<int>(max_blocks_per_request);
         st.prefill_ctx = prefill_ctx;
+        st.kv_start = prefill_ctx > 0 ? kv_start.get() : nullptr;
         return st;
     }
 
@@ -181,7 +198,8 @@ struct CudaModel::Impl {
 
     // The whole step on the stream: embedding, layers, final norm and lm_head over the logit rows,
     // then sampling when `sample`; keep_hidden: every row's final-normed hidden state into normed_all.
-    // prefill_ctx > 0: a one-request prefill chunk over that many context tokens (MHA form).
+    // prefill_ctx > 0: prefill chunks over that many context tokens in all, their offsets in
+    // kv_start (MHA form; upload_mha_keys).
     // T = 0 (expert parallelism): this rank's empty step — only the MoE layers' exchanges and its
     // experts' work for the other ranks. mb.on: the layers run as two microbatches.
     void run(int T, int R, int max_q, int rows_n, bool sample, bool keep_hidden, int prefill_ctx = 0,
@@ -286,6 +304,17 @@ struct CudaModel::Impl {
         Split split;
     };
     Uploaded upload_step(const StepBatch& batch, int64_t pad_R, int64_t q, bool all_rows, bool microbatch = false);
+
+    // mha_keys of an eager step, its key offsets uploaded to kv_start when the MHA form runs.
+    int upload_mha_keys(const StepBatch& batch) {
+        const int64_t keys = mha_keys(batch, opts);
+        if (keys > 0) {
+            std::vector<int32_t> starts(batch.kv_len.size() + 1, 0);
+            for (size_t r = 0; r < batch.kv_len.size(); ++r) starts[r + 1] = starts[r] + batch.kv_len[r];
+            kv_start.upload(starts.data(), starts.size(), stream);
+        }
+        return static_cast<int>(keys);
+    }
 };
 
 CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts, const LoadProgress& progress)
@@ -348,6 +377,7 @@ CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts, cons
     m.positions = DeviceArray<int32_t>(T);
     m.slots = DeviceArray<int32_t>(T);
     m.query_start = DeviceArray<int32_t>(R + 1);
+    m.kv_start = DeviceArray<int32_t>(R + 1);
     m.kv_len = DeviceArray<int32_t>(R);
     m.block_table = DeviceArray<int32_t>(R * static_cast<size_t>(m.max_blocks_per_request));
     m.logit_rows = DeviceArray<int32_t>(T);
@@ -557,11 +587,10 @@ std::vector<int32_t> CudaModel::forward_sample(const StepBatch& batch, std::span
     if (graph) {
         m.replay_step(q, R_pad, rows_step, sample, all_rows, keep_hidden, up.split);
     } else {
-        // A prefill chunk of one request runs attention in the MHA form; other eager steps (several
-        // requests, short queries) in the absorbed form.
-        const bool prefill = R == 1 && T > kMaxGraphQueryLen && batch.kv_len[0] <= mha_context_limit(m.opts);
+        // Prefill chunks run attention in the MHA form; other eager steps (short queries, mixed
+        // steps) in the absorbed form.
         m.run(static_cast<int>(T), static_cast<int>(R), static_cast<int>(batch.max_query_len()), rows_step, sample,
-              keep_hidden, prefill ? batch.kv_len[0] : 0, up.split);
+              keep_hidden, m.upload_mha_keys(batch), up.split);
     }
     m.kept_rows = keep_hidden ? T : 0;
     std::vector<int32_t> out;
@@ -618,9 +647,8 @@ std::vector<int32_t> CudaModel::draft_mtp(const StepBatch& batch, std::span<cons
         m.replay({chained ? Impl::Pass::kMtpChained : Impl::Pass::kMtp, q, R_pad, true, false, false, false},
                  [&] { m.run_mtp(Tg, static_cast<int>(R_pad), static_cast<int>(q), rows_step, chained, 0); });
     } else {
-        const bool prefill = R == 1 && T > kMaxGraphQueryLen && batch.kv_len[0] <= mha_context_limit(m.opts);
         m.run_mtp(static_cast<int>(T), static_cast<int>(R), static_cast<int>(batch.max_query_len()), rows_step, chained,
-                  prefill ? batch.kv_len[0] : 0);
+                  m.upload_mha_keys(batch));
     }
     std::vector<int32_t> out(static_cast<size_t>(rows_n));
     if (rows_n > 0)

@@ -13,19 +13,24 @@
 //   layout, O += P·V by wgmma m64n128k16 with P from registers and V read N-major from the same
 //   swizzled panels TMA wrote (no transpose pass).
 // * Within a consumer, tile n + 1's S is issued before tile n's P·V, so its softmax runs while the
-//   tensor cores do P·V; the two consumers interleave on the tensor cores as well.
+//   tensor cores do P·V; across the two consumers a ping-pong of named barriers makes each issue
+//   its wgmma only after the other has issued its own, so one's softmax runs under the other's
+//   matrix work (+7% at 4,096 tokens over letting them interleave freely).
 // * Causal: a CTA reads the key tiles up to its last row's position; tiles that reach past its
 //   warpgroup's first row get the per-element mask (keys past ctx_len are masked too: TMA fills
 //   them with zeros). Key 0 is visible to every query, so each row's running maximum is finite
 //   after the first tile.
-// * Grid (heads, row blocks), row blocks longest first: the block scheduler starts the CTAs with
-//   the most key tiles in the first wave.
+// * Several requests per launch: a CTA's (request, row block) comes from its index; the request's
+//   offsets (query_start / kv_start) place its rows in Q and out and its keys in K/V; keys past the
+//   request's own are masked like keys past ctx_len.
+// * The grid is one-dimensional, in groups of up to 8 heads; within a group the row blocks with
+//   the most key tiles come first (then requests, heads fastest), so the CTAs running at once share
+//   a few heads' K/V in L2 and the block scheduler starts the longest work first.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 
 #include "fanout/core/cuda_check.h"
 #include "fanout/ops/mha_prefill_cuda.h"
@@ -150,7 +155,6 @@ __device__ __forceinline__ void scale_rows(float (&o)[64], float f0, float f1) {
 // wgmma once the other has issued its own (kBarTurn + c: c syncs, the other arrives).
 constexpr int kBarTurn = 1;
 
-template <bool kPingPong>
 __global__ void __launch_bounds__(kThreads, 1)
     mha_prefill_wgmma_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                              const __grid_constant__ CUtensorMap tm_kpe, const __grid_constant__ CUtensorMap tm_v,
@@ -240,15 +244,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Ping-pong: each batch of wgmma waits for the other consumer's previous batch to be issued,
     // so one consumer's softmax runs while the other's wgmma hold the tensor cores. Consumer 1
     // lets consumer 0 go first and skips its last hand-over (nobody waits for it).
-    const auto my_turn = [&] {
-        if constexpr (kPingPong) named_barrier(kBarTurn + c, 256);
-    };
+    const auto my_turn = [&] { named_barrier(kBarTurn + c, 256); };
     const auto your_turn = [&](bool last) {
-        if constexpr (kPingPong)
-            if (c == 0 || !last) named_barrier_arrive(kBarTurn + (1 - c), 256);
+        if (c == 0 || !last) named_barrier_arrive(kBarTurn + (1 - c), 256);
     };
-    if constexpr (kPingPong)
-        if (c == 1) named_barrier_arrive(kBarTurn, 256);
+    if (c == 1) named_barrier_arrive(kBarTurn, 256);
 
     mbar_wait(&q_full, 0);
     // Tile 0's scores and P.
@@ -349,16 +349,15 @@ void launch_mha_prefill_wgmma(const MhaPrefillParams& p, void* cuda_stream) {
     kpe.box[0] = 64;
     kpe.box[1] = kBN;
     const CUtensorMap tkpe = make_tensor_map(kpe, "mha prefill k_pe");
-    // Heads per group: as many as fit half of L2 with their K and V (the rest of L2 for k_pe, Q, out).
-    int dev = 0, l2_bytes = 0;
-    FANOUT_CUDA_CHECK(cudaGetDevice(&dev));
-    FANOUT_CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, dev));
-    const int64_t head_bytes = std::max<int64_t>(int64_t(p.ctx_len) / p.num_requests, 1) * (p.nope + p.v_dim) * 2;
-    int group = int(std::clamp<int64_t>(l2_bytes / 2 / head_bytes, 1, p.num_heads));
-    if (const char* e = std::getenv("FANOUT_MHA_GROUP")) group = std::clamp(std::atoi(e), 1, p.num_heads);
-    const bool ping_pong =
-        std::getenv("FANOUT_MHA_PINGPONG") == nullptr || std::atoi(std::getenv("FANOUT_MHA_PINGPONG")) != 0;
-    const auto kernel = ping_pong ? mha_prefill_wgmma_kernel<true> : mha_prefill_wgmma_kernel<false>;
+    // Heads per group: the largest divisor of H up to 8. Measured on an H200 (docs/PERF.md, the
+    // sweep over 2 … 128): 8 is within 4% of the best group at every shape (128 heads × 1,024 …
+    // 16,384 keys, 16 and 32 heads, four requests) while all 128 heads at once lose 15–18% at 4,096
+    // keys (each head's K/V read from DRAM by one CTA at a time), and groups that do not divide H
+    // lose up to 15%.
+    int group = 1;
+    for (int g = 1; g <= std::min(8, p.num_heads); ++g)
+        if (p.num_heads % g == 0) group = g;
+    const auto kernel = mha_prefill_wgmma_kernel;
     // NOTE: set on every launch (a host-side attribute write, graph-capture safe): a once-per-process
     // flag would cover only the device that was current the first time.
     FANOUT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));

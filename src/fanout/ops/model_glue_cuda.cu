@@ -77,11 +77,24 @@ __global__ void rope_q_inplace_kernel(bf16* __restrict__ q, int H, int nope, con
 
 // A block per position: its cache entry split into the latent row and the k_pe row.
 __global__ void gather_latent_kernel(const bf16* __restrict__ cache, const int32_t* __restrict__ block_table,
-                                     int block_size, int kv_lora, int rope, bf16* __restrict__ latent,
+                                     int max_blocks, int block_size, const int32_t* __restrict__ kv_start,
+                                     int num_requests, int kv_lora, int rope, bf16* __restrict__ latent,
                                      bf16* __restrict__ k_pe) {
     const int j = blockIdx.x, entry = kv_lora + rope;
-    const size_t slot = static_cast<size_t>(block_table[j / block_size]) * block_size + j % block_size;
-    const bf16* src = cache + slot * entry;
+    int r = 0, pos = j;  // row j is position pos of request r
+    if (kv_start != nullptr) {
+        int hi = num_requests - 1;  // the last request starting at or before j
+        while (r < hi) {
+            const int mid = (r + hi + 1) / 2;
+            if (kv_start[mid] <= j)
+                r = mid;
+            else
+                hi = mid - 1;
+        }
+        pos = j - kv_start[r];
+    }
+    const int32_t block = block_table[static_cast<size_t>(r) * max_blocks + pos / block_size];
+    const bf16* src = cache + (static_cast<size_t>(block) * block_size + pos % block_size) * entry;
     for (int d = threadIdx.x; d < entry; d += kThreads) {
         if (d < kv_lora) {
             latent[static_cast<size_t>(j) * kv_lora + d] = src[d];
@@ -284,12 +297,19 @@ void launch_rope_q_inplace(uint16_t* q, int T, int H, int nope, const int32_t* p
     FANOUT_CUDA_CHECK_LAUNCH("rope_q_inplace_kernel");
 }
 
-void launch_gather_latent(const uint16_t* cache, const int32_t* block_table, int block_size, int ctx_len, int kv_lora,
-                          int rope, uint16_t* latent, uint16_t* k_pe, void* cuda_stream) {
-    if (ctx_len <= 0) return;
-    gather_latent_kernel<<<ctx_len, kThreads, 0, as_stream(cuda_stream)>>>(
-        reinterpret_cast<const bf16*>(cache), block_table, block_size, kv_lora, rope, reinterpret_cast<bf16*>(latent),
-        reinterpret_cast<bf16*>(k_pe));
+void launch_gather_latent(const uint16_t* cache, const int32_t* block_table, int max_blocks, int block_size,
+                          const int32_t* kv_start, int num_requests, int total_rows, int kv_lora, int rope,
+                          uint16_t* latent, uint16_t* k_pe, void* cuda_stream) {
+    FANOUT_DEVICE_REQUIRE(
+        num_requests >= 1 && (num_requests == 1 || kv_start != nullptr) && block_size >= 1 && max_blocks >= 1,
+        "gather_latent: needs num_requests >= 1 (several need kv_start), block_size >= 1, "
+        "max_blocks >= 1; got num_requests=" +
+            std::to_string(num_requests) + " block_size=" + std::to_string(block_size) +
+            " max_blocks=" + std::to_string(max_blocks));
+    if (total_rows <= 0) return;
+    gather_latent_kernel<<<total_rows, kThreads, 0, as_stream(cuda_stream)>>>(
+        reinterpret_cast<const bf16*>(cache), block_table, max_blocks, block_size, kv_start, num_requests, kv_lora,
+        rope, reinterpret_cast<bf16*>(latent), reinterpret_cast<bf16*>(k_pe));
     FANOUT_CUDA_CHECK_LAUNCH("gather_latent_kernel");
 }
 

@@ -48,11 +48,14 @@ void launch_mla_q_rope_kv_append(const uint16_t* q, int T, int H, int nope, uint
 void launch_rope_q_inplace(uint16_t* q, int T, int H, int nope, const int32_t* positions, RopeDevice rope,
                            void* cuda_stream);
 
-// One request's cached entries, positions 0 … ctx_len − 1, out of the paged cache ([slots, entry]
-// bf16, blocks of `block_size`) into latent: [ctx_len, kv_lora] and k_pe: [ctx_len, rope]
-// (entry = kv_lora + rope). block_table: the request's row of the table, on the device.
-void launch_gather_latent(const uint16_t* cache, const int32_t* block_table, int block_size, int ctx_len, int kv_lora,
-                          int rope, uint16_t* latent, uint16_t* k_pe, void* cuda_stream);
+// Several requests' cached entries back to back, out of the paged cache ([slots, entry] bf16,
+// blocks of `block_size`, entry = kv_lora + rope): rows [kv_start[r], kv_start[r + 1]) of latent
+// ([rows, kv_lora]) and k_pe ([rows, rope]) are request r's positions 0, 1, … through row r of
+// block_table (max_blocks entries per request). kv_start: device, num_requests + 1 offsets, null
+// for one request; total_rows = kv_start[num_requests], a host value (the grid).
+void launch_gather_latent(const uint16_t* cache, const int32_t* block_table, int max_blocks, int block_size,
+                          const int32_t* kv_start, int num_requests, int total_rows, int kv_lora, int rope,
+                          uint16_t* latent, uint16_t* k_pe, void* cuda_stream);
 
 // y[i] = bf16(y[i] + x[i]) in f32, i < n: an EP combine's output joining the residual stream.
 void launch_add_bf16(const uint16_t* x, uint16_t* y, int64_t n, void* cuda_stream);
