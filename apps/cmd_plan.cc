@@ -226,6 +226,7 @@ void run_profile_cmd(const std::string& hardware, const CommonArgs& c) {
     roof("gemm", p.gemm);
     roof("grouped", p.grouped);
     roof("attention", p.attention);
+    roof("mha prefill", p.mha_attention);
     roof("elementwise", p.elementwise);
     auto link = [](const char* n, const plan::LinkModel& l) {
         std::printf("%-16s latency %5.1f us, %3.0f%% of the link   [%s]\n", n, l.latency_us, 100 * l.eff,
@@ -238,6 +239,8 @@ void run_profile_cmd(const std::string& hardware, const CommonArgs& c) {
     link("TP collective", p.tp_collective);
     for (const auto& q : p.attention_curve)
         std::printf("attention curve: %6.0f query rows -> %4.1f%% of the BF16 peak\n", q.rows, 100 * q.eff);
+    for (const auto& q : p.mha_attention_curve)
+        std::printf("mha prefill curve: %6.0f tokens per request -> %4.1f%% of the BF16 peak\n", q.rows, 100 * q.eff);
     for (const auto& [name, us] : p.kernel_extra_us) std::printf("kernel extra %-24s %+6.1f us\n", name.c_str(), us);
 }
 

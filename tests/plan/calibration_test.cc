@@ -302,6 +302,49 @@ TEST_F(PlanCalibrationH200, ModelMatchesBenchLayerWithPrefillGemmsOnCublasLt) {
     EXPECT_EQ(checked, 10);  // dense, EP8, EP128 at batch 32 and 128; dense and EP8 at 1,024 and 4,096 tokens
 }
 
+// Prefill chunks in the MHA form (2026-12-02, docs/bench/mha19): the model calibrated on the
+// prefill19 kernel rows and decode layer's batch-1 rows, and on `bench mla`'s prefill rows (the
+// wgmma kernel), against `bench layer --mha` at one and four requests of 1,024 tokens and one of
+// 4,096 — and the same steps in the absorbed form, measured in the same run — ±15%. The form each
+// row ran comes from its "attention_form".
+TEST_F(PlanCalibrationH200, ModelMatchesBenchLayerWithPrefillInTheMhaForm) {
+    const std::string dir = FANOUT_SOURCE_DIR "/docs/bench/";
+    const std::string kernels = dir + "prefill19/kernels_bench_h200.json", mla = dir + "mha19/mla_bench_h200.json",
+                      layer = dir + "prefill19/layer_bench_h200.json";
+    std::vector<std::string> notes;
+    const Profile p = calibrate(default_profile(), {kernels, mla, layer}, h200_sxm(), &notes);
+    EXPECT_FALSE(p.mha_attention_curve.empty()) << "the MLA file has no prefill rows at 128 heads";
+    int mha = 0, absorbed = 0;
+    // Not checked: the absorbed form at one 4,096-token chunk (layer_prefill4k_absorbed_h200.json). The
+    // model prices absorbed attention by every key for every query at the decode curve's
+    // efficiency — right at decode, 1.34–1.43× the measured time for a whole first chunk, which
+    // the runner now runs in the MHA form (the absorbed form only past 16,384 keys of contexts).
+    for (const std::string file : {"mha19/layer_prefill_mha_h200.json", "mha19/layer_prefill_absorbed_h200.json",
+                                   "mha19/layer_prefill4k_mha_h200.json"})
+        for (const auto& m : read_layer_bench(dir + file)) {
+            if (std::isnan(m.total_us)) continue;
+            const double model = model_us(m, p);
+            const bool is_mha = m.d.mha_form();
+            std::printf("%s %s EP%d batch %d query %d: model %.1f us, measured %.1f us (%.2f)\n",
+                        is_mha ? "mha" : "absorbed", m.dense ? "dense" : "moe", m.d.ep, m.d.batch, m.d.query_len(),
+                        model, m.total_us, model / m.total_us);
+            EXPECT_NEAR(model / m.total_us, 1.0, 0.15)
+                << file << (m.dense ? " dense" : " moe") << " batch " << m.d.batch << ": model " << model
+                << " us, measured " << m.total_us;
+            ++(is_mha ? mha : absorbed);
+        }
+    EXPECT_EQ(mha, 6);       // dense and EP8 at 1 and 4 requests of 1,024 tokens and one of 4,096
+    EXPECT_EQ(absorbed, 4);  // the 1,024-token steps in the absorbed form
+    // The runner's rule: the MHA form for prefill chunks whose contexts fit 16,384 keys.
+    Deployment d;
+    d.draft_tokens = 1023, d.kv_len = 1024, d.batch = 16;
+    EXPECT_TRUE(d.mha_form());
+    d.batch = 17;
+    EXPECT_FALSE(d.mha_form());
+    d.batch = 1, d.draft_tokens = 3;
+    EXPECT_FALSE(d.mha_form());
+}
+
 // The check above is honest only if the layer calibration reads none of the rows it checks:
 // doubling every kernel at the checked batches must not change the calibrated profile.
 TEST_F(PlanCalibrationH200, LayerCalibrationReadsOnlyTheSmallestBatch) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -245,13 +246,46 @@ void calibrate_mla(Profile& p, const json& j, const Reader& r, const Hardware& h
     }
     if (curve.empty()) {
         notes.push_back(fmt::format("{}: no rows: attention kept", r.file()));
-        return;
+    } else {
+        std::sort(curve.begin(), curve.end(), [](const auto& a, const auto& b) { return a.rows < b.rows; });
+        p.attention_curve = curve;
+        p.attention.source = fmt::format("measured curve from {} ({} points)", r.file(), curve.size());
+        notes.push_back(
+            fmt::format("{}: attention at a measured share of the BF16 peak, by batch (query {}, {} heads): {}",
+                        r.file(), rows[0].value("query_len", 0), rows[0].value("heads", 0), effs));
     }
-    std::sort(curve.begin(), curve.end(), [](const auto& a, const auto& b) { return a.rows < b.rows; });
-    p.attention_curve = curve;
-    p.attention.source = fmt::format("measured curve from {} ({} points)", r.file(), curve.size());
-    notes.push_back(fmt::format("{}: attention at a measured share of the BF16 peak, by batch (query {}, {} heads): {}",
-                                r.file(), rows[0].value("query_len", 0), rows[0].value("heads", 0), effs));
+    // The MHA-form prefill rows (optional): efficiency by query tokens per request, single-request
+    // points only at 128 heads (the planner's TP1 layer); the cost model's accounting (causal
+    // pairs, 192 + 128 dims).
+    if (!j.contains("prefill")) return;
+    const json& pre = r.array(j, "prefill", "top level");
+    std::map<double, EfficiencyPoint> by_tokens;
+    for (size_t i = 0; i < pre.size(); ++i) {
+        const std::string where = fmt::format("prefill[{}]", i);
+        if (!pre[i].is_object() || !pre[i].contains("tokens_per_request")) continue;  // an older file's rows
+        const double heads = r.num(pre[i], "heads", where), tokens = r.num(pre[i], "tokens_per_request", where);
+        const double requests = r.opt_num(pre[i], "requests", where).value_or(1);
+        const double ctx = r.num(pre[i], "ctx_len_per_request", where), us = r.time(pre[i], "us", where);
+        FANOUT_CHECK(heads >= 1 && tokens >= 1 && requests >= 1 && ctx >= tokens,
+                     "{}: {} needs positive heads, tokens_per_request, requests and ctx_len_per_request >= tokens",
+                     r.file(), where);
+        if (heads != v3::kHeads || requests != 1) continue;
+        const double pairs = tokens * (ctx - tokens) + tokens * (tokens + 1) / 2;
+        const double eff = 2 * heads * pairs * (v3::kNope + v3::kRope + v3::kV) / (us * 1e-6) / hw.bf16_flops;
+        auto [it, fresh] = by_tokens.try_emplace(tokens, EfficiencyPoint{tokens, eff});
+        if (!fresh) it->second.eff = std::min(it->second.eff, eff);  // several contexts: the slower
+    }
+    if (by_tokens.empty()) return;
+    p.mha_attention_curve.clear();
+    std::string list;
+    for (const auto& [tokens, pt] : by_tokens) {
+        p.mha_attention_curve.push_back(pt);
+        list += fmt::format("{}{:.0f}: {:.1f}%", list.empty() ? "" : ", ", tokens, 100 * pt.eff);
+    }
+    p.mha_attention.source = fmt::format("measured curve from {} ({} points)", r.file(), by_tokens.size());
+    notes.push_back(fmt::format(
+        "{}: MHA-form prefill attention at a measured share of the BF16 peak, by query tokens per request: {}",
+        r.file(), list));
 }
 
 // Kernel classes a kernel benchmark runs as the very kernel the layer runs (the grouped GEMM, MLA):
@@ -332,6 +366,14 @@ std::vector<LayerMeasurement> read_layer_bench(const std::string& path) {
         m.d.draft_tokens = int(r.opt_num(q, "query_len", where).value_or(2)) - 1;
         m.d.kv_len = int(r.opt_num(q, "kv_len", where).value_or(5000));
         m.d.schedule = Schedule::kNoOverlap;
+        // The form attention ran in; files before the MHA form was benchmarked ran the absorbed one.
+        m.d.attention = AttentionForm::kAbsorbed;
+        if (q.contains("attention_form")) {
+            FANOUT_CHECK(
+                q["attention_form"].is_string() && (q["attention_form"] == "mha" || q["attention_form"] == "absorbed"),
+                "{}: {}.attention_form must be \"mha\" or \"absorbed\"", path, where);
+            if (q["attention_form"] == "mha") m.d.attention = AttentionForm::kMha;
+        }
         if (q.contains("schedule")) {
             FANOUT_CHECK(q["schedule"].is_string(), "{}: {}.schedule must be a string", path, where);
             m.d.schedule = parse_schedule(q["schedule"].get<std::string>());

@@ -11,6 +11,12 @@ namespace {
 
 using namespace v3;
 
+// The GPU runner's choice of attention form (model/deepseek_v3_cuda.cc, mha_keys): prefill chunks
+// of more query tokens than its decode graphs take, whose contexts fit CudaModelOptions::
+// max_mha_context keys in all, run the MHA form.
+constexpr int kMhaMinQuery = 4;
+constexpr double kMhaMaxKeys = 16384;
+
 // Builds the kernel list of one layer; every add_* call prices one kernel with the profile.
 class LayerBuilder {
   public:
@@ -50,6 +56,23 @@ class LayerBuilder {
         }
         const double eff = interpolate_efficiency(prof_.attention_curve, tokens * heads);
         const double us = std::max(flops / (eff * hw_.bf16_flops), bytes / (prof_.attention.bw_eff * hw_.hbm_bw)) * 1e6;
+        push({"attention", stage, "attention", bytes, flops, us});
+    }
+    // MLA prefill in the MHA form: `requests` chunks of `query` tokens, each over its kv_len keys
+    // (the chunk last), `heads` heads; causal flash attention, scores over 192 dims and values over
+    // 128 for every visible (query, key) pair; K/V (kv_b's output) and k_pe read once per head.
+    void mha_attention(int stage, double requests, double query, double kv_len, double heads) {
+        const double pairs = requests * (query * (kv_len - query) + query * (query + 1) / 2);
+        const double flops = 2 * heads * pairs * (kNope + kRope + kV);
+        const double bytes =
+            requests * (kv_len * (heads * (kNope + kV) + kRope) * 2 + query * heads * (kNope + kRope + kV) * 2);
+        if (prof_.mha_attention_curve.empty()) {
+            add("attention", stage, "attention", bytes, flops, prof_.mha_attention, hw_.bf16_flops);
+            return;
+        }
+        const double eff = interpolate_efficiency(prof_.mha_attention_curve, query);
+        const double us =
+            std::max(flops / (eff * hw_.bf16_flops), bytes / (prof_.mha_attention.bw_eff * hw_.hbm_bw)) * 1e6;
         push({"attention", stage, "attention", bytes, flops, us});
     }
     void comm(const std::string& name, int stage, double nvlink_bytes, double ib_bytes, const LinkModel& nv,
@@ -140,6 +163,11 @@ void validate(const Deployment& d, const Hardware& hw) {
                  "plan: microbatch splits the batch in two and needs batch >= 2 (got {})", d.batch);
 }
 
+bool Deployment::mha_form() const {
+    if (attention != AttentionForm::kAuto) return attention == AttentionForm::kMha;
+    return query_len() > kMhaMinQuery && double(batch) * kv_len <= kMhaMaxKeys;
+}
+
 std::vector<KernelCost> layer_kernels(const Deployment& d, const Hardware& hw, const Profile& prof, double batch,
                                       bool dense) {
     LayerBuilder b(hw, prof);
@@ -154,10 +182,16 @@ std::vector<KernelCost> layer_kernels(const Deployment& d, const Hardware& hw, c
     b.elementwise("q_a_norm", 1, tokens * kQLora * 2 * 2);
     b.elementwise("latent_norm_rope_append", 1, tokens * (kQLora + kKvLora + kRope) * 2 * 3);
     b.gemm("q_b", 1, tokens, heads * (kNope + kRope), kQLora);
-    b.bmm("bmm_q_absorb", 1, heads, tokens, kKvLora, kNope);
+    const bool mha = d.mha_form();
+    if (!mha) b.bmm("bmm_q_absorb", 1, heads, tokens, kKvLora, kNope);
     // Stage 2.
-    b.attention(2, batch, d.query_len(), d.kv_len, heads);
-    b.bmm("bmm_v", 2, heads, tokens, kV, kKvLora);
+    if (mha) {  // the contexts' latents gathered (a copy) and expanded by kv_b, then flash attention
+        b.gemm("kv_b_expand", 2, batch * d.kv_len, heads * (kNope + kV), kKvLora);
+        b.mha_attention(2, batch, d.query_len(), d.kv_len, heads);
+    } else {
+        b.attention(2, batch, d.query_len(), d.kv_len, heads);
+        b.bmm("bmm_v", 2, heads, tokens, kV, kKvLora);
+    }
     b.gemm("o_proj", 2, tokens, kHidden, heads * kV);
     const double tp_bytes = (t - 1) / t * tokens * act;
     if (d.tp > 1) b.comm("tp_reduce_scatter", 2, tp_bytes, 0, prof.tp_collective, prof.tp_collective);

@@ -31,6 +31,8 @@ enum class Schedule { kNoOverlap, kDispatchOverlap, kMicroBatch };
 const char* schedule_name(Schedule s);  // "no_overlap", "dispatch_overlap", "microbatch"
 Schedule parse_schedule(const std::string& name);
 
+enum class AttentionForm { kAuto, kAbsorbed, kMha };
+
 struct Deployment {
     int ep = 8;
     int tp = 1;
@@ -39,8 +41,13 @@ struct Deployment {
     int draft_tokens = 1;  // MTP draft tokens per step: query length = 1 + draft_tokens
     double acceptance = 0.6;
     Schedule schedule = Schedule::kDispatchOverlap;
+    // How attention runs: as the GPU runner picks (kAuto: the MHA form for prefill chunks — more
+    // than 4 query tokens — whose contexts fit its 16,384-key buffers, else the absorbed form),
+    // or the form a benchmark ran.
+    AttentionForm attention = AttentionForm::kAuto;
 
     int query_len() const { return 1 + draft_tokens; }
+    bool mha_form() const;
     int dp() const { return ep / tp; }
 };
 

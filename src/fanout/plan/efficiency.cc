@@ -131,6 +131,10 @@ Profile default_profile() {
         // FlashMLA on an H800 (REFERENCE §3): up to 3000 GB/s of its 3.35 TB/s HBM, 660 of its 989
         // dense BF16 TFLOP/s; the fixed cost is the GEMM fit's (no small-batch anchor).
         p.attention = {p.gemm.fixed_us, 3000.0 / 3350.0, 660.0 / 989.0, 0, "FlashMLA anchors (REFERENCE §3)"};
+        // No anchor for prefill attention in REFERENCE: half the BF16 rate (FlashAttention-3's
+        // class on Hopper) until `bench mla`'s prefill rows calibrate it. Stated assumption.
+        p.mha_attention = {p.gemm.fixed_us, 3000.0 / 3350.0, 0.5, 0,
+                           "assumption: half the BF16 rate (no REFERENCE anchor)"};
         // No anchor: ~2 µs per small kernel in a CUDA graph and half the HBM bandwidth. Stated
         // assumption; at decode sizes these kernels are a few % of a layer.
         p.elementwise = {2.0, 0.5, 1.0, 0, "assumption: 2 us fixed, 50% of HBM bandwidth"};

@@ -46,10 +46,11 @@ struct LinkModel {
 };
 
 struct Profile {
-    Roofline gemm;         // dense FP8 GEMMs and the MLA BMMs (block-scaled)
-    Roofline grouped;      // the routed experts' grouped GEMM (masked layout)
-    Roofline attention;    // MLA decode (absorbed form), BF16 math
-    Roofline elementwise;  // norms, RoPE + KV append, activation quant, silu·mul, top-k
+    Roofline gemm;           // dense FP8 GEMMs and the MLA BMMs (block-scaled)
+    Roofline grouped;        // the routed experts' grouped GEMM (masked layout)
+    Roofline attention;      // MLA decode (absorbed form), BF16 math
+    Roofline mha_attention;  // MLA prefill in the MHA form (causal flash attention), BF16 math
+    Roofline elementwise;    // norms, RoPE + KV append, activation quant, silu·mul, top-k
     LinkModel dispatch_nvlink, combine_nvlink, dispatch_ib, combine_ib;
     LinkModel tp_collective;  // reduce-scatter / all-gather inside a TP group (NVLink)
     // MLA decode measured as a whole kernel (`bench mla`): its fraction of the BF16 datasheet rate
@@ -57,6 +58,10 @@ struct Profile {
     // at the ends; the time is max(FLOPs / (eff · rate), bytes / the attention roofline's bandwidth).
     // Empty: the `attention` roofline.
     std::vector<EfficiencyPoint> attention_curve;
+    // The MHA-form prefill kernel measured by `bench mla` (its "prefill" rows): its fraction of the
+    // BF16 datasheet rate against the query tokens per request, interpolated the same way. Empty:
+    // the `mha_attention` roofline.
+    std::vector<EfficiencyPoint> mha_attention_curve;
     // Per named kernel, µs added to the class model: what our runner's kernel costs beyond what a
     // kernel benchmark runs (the activation-quant launch before each FP8 GEMM, small kernels'
     // launch and setup), from a `bench layer` JSON's smallest-batch points (calibration.h).
