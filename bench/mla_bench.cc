@@ -13,6 +13,7 @@
 
 #include "fanout/core/cuda_check.h"
 #include "fanout/core/dtype.h"
+#include "fanout/ops/device_context.h"
 #include "fanout/ops/gemm.h"
 #include "fanout/ops/mha_prefill_cuda.h"
 #include "fanout/ops/mla_attention_cuda.h"
@@ -65,10 +66,8 @@ nlohmann::json run_mha_prefill_point(int heads, int tokens, int prefix, int requ
         p.query_start = d_qs.p, p.kv_start = d_ks.p;
     }
     const ops::MhaPrefillKernel kernel = ops::mha_prefill_kernel_for(p);
-    cudaStream_t stream;
-    FANOUT_CUDA_CHECK(cudaStreamCreate(&stream));
-    const double us = time_graph_us(stream, 3, [&] { ops::launch_mha_prefill(p, stream); });
-    FANOUT_CUDA_CHECK(cudaStreamDestroy(stream));
+    ops::DeviceContext dc;  // its own stream and the kernel's work counters
+    const double us = time_graph_us(dc.stream(), 3, [&] { ops::launch_mha_prefill(dc, p); });
     const double pairs =
         requests * (double(tokens) * prefix + double(tokens) * (tokens + 1) / 2);  // visible (query, key)
     const double flops = 2.0 * (kNope + kRope + kV) * heads * pairs, tflops = flops / us / 1e6;

@@ -31,6 +31,7 @@
 #include "cuda_test_util.h"
 #include "fanout/core/cuda_check.h"
 #include "fanout/core/dtype.h"
+#include "fanout/ops/device_context.h"
 #include "fanout/ops/mla_attention.h"
 #include "test_util.h"
 
@@ -38,6 +39,13 @@ namespace fanout::ops {
 namespace {
 
 using fanout::testing::DeviceBuffer;
+
+// The launches' context: the legacy default stream (the tests' copies are synchronous), made on
+// first use — after REQUIRE_GPU, so the parameter checks run without a GPU too.
+DeviceContext& launch_ctx() {
+    static DeviceContext c(nullptr);
+    return c;
+}
 
 constexpr uint16_t kBf16NaN = 0x7fc0;
 constexpr int kNanKeyRows = 64;  // NaN rows after the last key
@@ -215,9 +223,9 @@ void run_case(const Case& c, ThreadPool& pool) {
     const MhaPrefillKernel kernel = c.force_generic ? MhaPrefillKernel::kGeneric : mha_prefill_kernel_for(p);
     dev.out.poison();
     if (c.force_generic)
-        launch_mha_prefill(p, nullptr, kernel);
+        launch_mha_prefill(launch_ctx(), p, kernel);
     else
-        launch_mha_prefill(p, nullptr);
+        launch_mha_prefill(launch_ctx(), p);
     FANOUT_CUDA_CHECK(cudaGetLastError());
     FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
     const Comparison cmp = compare(pb, pb.to_thv(dev.out.download()), ref);
@@ -324,7 +332,7 @@ void run_requests(int nope, int rope, int v_dim, int heads, const std::vector<st
     p.query_start = dqs.ptr, p.kv_start = dks.ptr;
     const MhaPrefillKernel kernel = mha_prefill_kernel_for(p);
     out.poison();
-    launch_mha_prefill(p, nullptr);
+    launch_mha_prefill(launch_ctx(), p);
     FANOUT_CUDA_CHECK(cudaGetLastError());
     FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<float> got(size_t(T) * H * V);
@@ -380,7 +388,8 @@ TEST(MhaPrefillCuda, ToleranceCatchesWrongMasks) {
                 none.worst_row, cmp_fewer.worst_row, cmp_more.worst_row);
 }
 
-// Broken preconditions throw before anything reaches the GPU, naming the values.
+// Broken preconditions throw before anything reaches the GPU, naming the values (check_mha_prefill,
+// which the launch runs first: no GPU needed).
 TEST(MhaPrefillCuda, RejectsBadParams) {
     static uint16_t dummy[16];
     MhaPrefillParams good;
@@ -406,15 +415,13 @@ TEST(MhaPrefillCuda, RejectsBadParams) {
     for (const Bad& b : bads) {
         MhaPrefillParams p = good;
         b.edit(p);
-        const std::string msg = fanout::testing::error_of([&] { launch_mha_prefill(p, nullptr); });
+        const std::string msg = fanout::testing::error_of([&] { check_mha_prefill(p, mha_prefill_kernel_for(p)); });
         EXPECT_NE(msg.find(b.what), std::string::npos) << "message does not name " << b.what << ": " << msg;
-        const std::string msg2 =
-            fanout::testing::error_of([&] { launch_mha_prefill(p, nullptr, MhaPrefillKernel::kGeneric); });
+        const std::string msg2 = fanout::testing::error_of([&] { check_mha_prefill(p, MhaPrefillKernel::kGeneric); });
         EXPECT_NE(msg2.find(b.what), std::string::npos) << "message does not name " << b.what << ": " << msg2;
     }
     // The tensor-core kernels refuse widths they were not written for, naming them.
-    const std::string wgmma =
-        fanout::testing::error_of([&] { launch_mha_prefill(good, nullptr, MhaPrefillKernel::kWgmma); });
+    const std::string wgmma = fanout::testing::error_of([&] { check_mha_prefill(good, MhaPrefillKernel::kWgmma); });
     EXPECT_NE(wgmma.find("nope=16"), std::string::npos) << wgmma;
     // Several requests need both offset arrays and a max_query_len.
     static int32_t offsets[3];
@@ -428,14 +435,20 @@ TEST(MhaPrefillCuda, RejectsBadParams) {
     for (const Bad& b : bad_requests) {
         MhaPrefillParams p = good;
         b.edit(p);
-        const std::string msg = fanout::testing::error_of([&] { launch_mha_prefill(p, nullptr); });
+        const std::string msg = fanout::testing::error_of([&] { check_mha_prefill(p, mha_prefill_kernel_for(p)); });
         EXPECT_NE(msg.find(b.what), std::string::npos) << "message does not name " << b.what << ": " << msg;
     }
-    // An empty chunk is a no-op (no launch, even with null pointers).
+    // The launch checks the same before it touches the GPU, and an empty chunk is a no-op (no
+    // launch, even with null pointers) — with a GPU to make the launches' context on.
+    if (!fanout::testing::have_gpu()) return;
+    MhaPrefillParams bad = good;
+    bad.ctx_len = 5;
+    EXPECT_NE(fanout::testing::error_of([&] { launch_mha_prefill(launch_ctx(), bad); }).find("ctx_len=5"),
+              std::string::npos);
     MhaPrefillParams empty = good;
     empty.num_tokens = 0;
     empty.q = nullptr, empty.out = nullptr;
-    EXPECT_NO_THROW(launch_mha_prefill(empty, nullptr));
+    EXPECT_NO_THROW(launch_mha_prefill(launch_ctx(), empty));
 }
 
 }  // namespace

@@ -475,7 +475,7 @@ void CudaLayerExec::attn_out(const DeviceLayer& w, const LayerStep& st, uint16_t
         p.max_query_len = st.max_q;
         p.query_start = st.query_start;
         p.kv_start = st.kv_start;
-        ops::launch_mha_prefill(p, stream_);
+        ops::launch_mha_prefill(ctx_, p);
         m("attention");
     } else {
         // Absorbed form: k_b into q, MLA over the cache, v_b out — the per-head projections in bf16

@@ -27,6 +27,8 @@ void DeviceContext::init() {
     FANOUT_CUBLAS_CHECK(cublasLtCreate(&blas_));
     FANOUT_CUDA_CHECK(cudaMalloc(&blas_workspace_, kBlasWorkspaceBytes));
     FANOUT_CUDA_CHECK(cudaMalloc(&fp8_scale_scratch_, kFp8ScaleScratchFloats * sizeof(float)));
+    FANOUT_CUDA_CHECK(cudaMalloc(&work_counters_, 2 * sizeof(int)));
+    FANOUT_CUDA_CHECK(cudaMemset(work_counters_, 0, 2 * sizeof(int)));
 }
 
 DeviceContext::~DeviceContext() {
@@ -35,13 +37,14 @@ DeviceContext::~DeviceContext() {
     fp8_plans_.clear();
     cudaFree(blas_workspace_);
     cudaFree(fp8_scale_scratch_);
+    cudaFree(work_counters_);
     if (blas_) cublasLtDestroy(blas_);
     if (owns_stream_) cudaStreamDestroy(stream_);
 }
 
 size_t DeviceContext::workspace_bytes() {
-    return kBlasWorkspaceBytes + kFp8ScaleScratchFloats * sizeof(float) + GemmWorkspace::kDefaultBytes +
-           MlaWorkspace::kDefaultBytes;
+    return kBlasWorkspaceBytes + kFp8ScaleScratchFloats * sizeof(float) + 2 * sizeof(int) +
+           GemmWorkspace::kDefaultBytes + MlaWorkspace::kDefaultBytes;
 }
 
 namespace {

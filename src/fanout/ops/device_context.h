@@ -1,7 +1,7 @@
 // One GPU stream's context: what every launch of a model step, a benchmark or a test needs
 // besides its operands — the device and its SM count, the stream, cuBLASLt's handle with its
 // workspace and per-shape plans, the FP8 GEMMs' split-K and scale scratch and the MLA decode's
-// partials.
+// partials, the work counters of persistent kernels.
 // Scratch belongs to the context: launches on two streams at once use two contexts (they must not
 // share it); one context serves any sequence of launches on its stream — the two microbatches of
 // the GPU runner's schedule, which take turns on one stream, included — CUDA graphs too. The
@@ -65,6 +65,9 @@ class DeviceContext {
     // Scratch for x's scales transposed into the M-major layout cuBLASLt's VEC128 scales take.
     static constexpr size_t kFp8ScaleScratchFloats = size_t{4} << 20;
     float* fp8_scale_scratch() const { return fp8_scale_scratch_; }
+    // Two device ints, zero, for a persistent kernel that hands out its work items by atomics (the
+    // MHA-form prefill): such a kernel leaves them zero when it ends.
+    int* work_counters() const { return work_counters_; }
     GemmWorkspace& gemm_workspace() { return gemm_ws_; }
     MlaWorkspace& mla_workspace() { return mla_ws_; }
 
@@ -79,6 +82,7 @@ class DeviceContext {
     cublasLtHandle_t blas_ = nullptr;
     void* blas_workspace_ = nullptr;
     float* fp8_scale_scratch_ = nullptr;
+    int* work_counters_ = nullptr;
     std::map<std::tuple<int, int, int, bool>, std::unique_ptr<BlasPlan>> plans_;
     std::map<std::tuple<int, int, int>, std::unique_ptr<BlasPlan>> fp8_plans_;  // null: no algorithm
     std::map<std::tuple<int, int, int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>,

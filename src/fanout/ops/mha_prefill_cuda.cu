@@ -10,6 +10,7 @@
 
 #include "fanout/core/cuda_check.h"
 #include "fanout/ops/bf16_bits.cuh"
+#include "fanout/ops/device_context.h"
 #include "fanout/ops/mha_prefill_cuda.h"
 
 namespace fanout::ops {
@@ -160,34 +161,38 @@ MhaPrefillKernel mha_prefill_kernel_for(const MhaPrefillParams& p) {
     return fast_path_fits(p) ? MhaPrefillKernel::kWgmma : MhaPrefillKernel::kGeneric;
 }
 
-void launch_mha_prefill(const MhaPrefillParams& p, void* cuda_stream) {
+void check_mha_prefill(const MhaPrefillParams& p, MhaPrefillKernel kernel) {
     check_params(p);
-    launch_mha_prefill(p, cuda_stream, mha_prefill_kernel_for(p));
-}
-
-void launch_mha_prefill(const MhaPrefillParams& p, void* cuda_stream, MhaPrefillKernel kernel) {
-    check_params(p);
-    const auto stream = static_cast<cudaStream_t>(cuda_stream);
     FANOUT_DEVICE_REQUIRE(kernel == MhaPrefillKernel::kGeneric || fast_path_fits(p),
                           std::string("mha prefill: the ") + mha_prefill_kernel_name(kernel) +
                               " kernel needs nope 128, rope 64, v_dim 128, 16-byte-aligned pointers and strides "
                               "that are multiples of 8 elements (nope=" +
                               std::to_string(p.nope) + " rope=" + std::to_string(p.rope) +
                               " v_dim=" + std::to_string(p.v_dim) + ")");
+    FANOUT_DEVICE_REQUIRE(
+        kernel != MhaPrefillKernel::kWgmma ||
+            int64_t(p.num_heads) * p.num_requests * (((p.query_start ? p.max_query_len : p.num_tokens) + 127) / 128) <=
+                0x7fffffff,
+        "mha prefill: heads × requests × ⌈query tokens / 128⌉ must stay below 2^31 (num_tokens=" +
+            std::to_string(p.num_tokens) + " num_heads=" + std::to_string(p.num_heads) + ")");
+}
+
+void launch_mha_prefill(DeviceContext& ctx, const MhaPrefillParams& p) {
+    check_params(p);
+    launch_mha_prefill(ctx, p, mha_prefill_kernel_for(p));
+}
+
+void launch_mha_prefill(DeviceContext& ctx, const MhaPrefillParams& p, MhaPrefillKernel kernel) {
+    check_mha_prefill(p, kernel);
     if (p.num_tokens == 0) return;
     switch (kernel) {
         case MhaPrefillKernel::kWgmma:
-            FANOUT_DEVICE_REQUIRE(
-                int64_t(p.num_heads) * p.num_requests *
-                        (((p.query_start ? p.max_query_len : p.num_tokens) + 127) / 128) <=
-                    0x7fffffff,
-                "mha prefill: heads × requests × ⌈query tokens / 128⌉ must stay below 2^31 (num_tokens=" +
-                    std::to_string(p.num_tokens) + " num_heads=" + std::to_string(p.num_heads) + ")");
-            detail::launch_mha_prefill_wgmma(p, cuda_stream);
+            detail::launch_mha_prefill_wgmma(ctx, p);
             return;
         case MhaPrefillKernel::kGeneric: {
             const unsigned blocks = unsigned((p.num_tokens + kGenWarps - 1) / kGenWarps);
-            mha_generic_kernel<<<dim3(blocks, unsigned(p.num_heads)), kGenThreads, 0, stream>>>(p, p.scale * kLog2e);
+            mha_generic_kernel<<<dim3(blocks, unsigned(p.num_heads)), kGenThreads, 0, ctx.stream()>>>(p,
+                                                                                                      p.scale * kLog2e);
             FANOUT_CUDA_CHECK_LAUNCH("mha_generic_kernel");
             return;
         }

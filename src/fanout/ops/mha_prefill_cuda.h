@@ -64,17 +64,25 @@ const char* mha_prefill_kernel_name(MhaPrefillKernel k);
 // Which kernel launch_mha_prefill runs for these params (tests and benchmarks report it).
 MhaPrefillKernel mha_prefill_kernel_for(const MhaPrefillParams& p);
 
-// Runs the attention on `cuda_stream` (a cudaStream_t; null: the legacy default stream).
-// Throws fanout::Error naming the values on a broken precondition (counts, widths, null pointers).
-void launch_mha_prefill(const MhaPrefillParams& p, void* cuda_stream);
+class DeviceContext;
 
-// The same through the named kernel (tests and benchmarks compare them); throws when that kernel
-// cannot take these params (the tensor-core kernels: widths and alignment).
-void launch_mha_prefill(const MhaPrefillParams& p, void* cuda_stream, MhaPrefillKernel kernel);
+// What launch_mha_prefill checks before anything reaches the GPU: throws fanout::Error naming the
+// values when `kernel` cannot run these params (counts, widths, alignment, null pointers, request
+// offsets).
+void check_mha_prefill(const MhaPrefillParams& p, MhaPrefillKernel kernel);
+
+// Runs the attention on ctx's stream (the wgmma kernel takes its work counters too; launches on
+// one context follow each other, as its stream orders them). Throws fanout::Error naming the
+// values on a broken precondition (counts, widths, null pointers).
+void launch_mha_prefill(DeviceContext& ctx, const MhaPrefillParams& p);
+
+// The same through the named kernel (tests compare them); throws when that kernel cannot take
+// these params (the wgmma kernel: widths and alignment).
+void launch_mha_prefill(DeviceContext& ctx, const MhaPrefillParams& p, MhaPrefillKernel kernel);
 
 namespace detail {
 // The wgmma kernel's launch (mha_prefill_sm90.cu); the params are checked by the caller.
-void launch_mha_prefill_wgmma(const MhaPrefillParams& p, void* cuda_stream);
+void launch_mha_prefill_wgmma(DeviceContext& ctx, const MhaPrefillParams& p);
 }  // namespace detail
 
 }  // namespace fanout::ops

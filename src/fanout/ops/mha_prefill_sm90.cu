@@ -2,11 +2,14 @@
 // contract; this is the kernel launch_mha_prefill picks at DeepSeek-V3's widths — nope 128, rope 64,
 // v 128 — on sm_90). FlashAttention-3's structure, written for these widths:
 //
-// * A CTA owns 128 query rows of one head and three warpgroups. Warpgroup 0 is the producer: one
-//   thread has TMA load Q once (three 64-dim panels of 128 rows: nope 0–63, nope 64–127, rope) and
-//   then each key tile of 128 positions — K as the same three panels (k_pe, shared by the heads,
-//   is the third), V as two 64-dim panels — into a two-stage ring (80 KB a stage, 128-byte
-//   swizzle), one mbarrier `full` per stage; the consumers hand a stage back on `empty`.
+// * A work item is 128 query rows of one request and one head. The kernel is persistent — one CTA
+//   per SM of three warpgroups, taking items from a counter until none is left (item_at, the
+//   kernel). Warpgroup 0 is the producer: one thread has TMA load an item's Q (three 64-dim panels
+//   of 128 rows: nope 0–63, nope 64–127, rope) and then each key tile of 128 positions — K as the
+//   same three panels (k_pe, shared by the heads, is the third), V as two 64-dim panels — into a
+//   two-stage ring (80 KB a stage, 128-byte swizzle), one mbarrier `full` per stage; the consumers
+//   hand a stage back on `empty` and Q on `q_empty`, so the next item's Q and first tiles load
+//   under the current item's last P·V and output.
 // * Warpgroups 1 and 2 are consumers, 64 query rows each: S = Q·Kᵀ by wgmma m64n128k16 with both
 //   operands in shared memory (12 k-steps over the 192 dims), online softmax in f32 registers
 //   (base 2, the scale folded in), P packed to bf16 in registers in the accumulator's own fragment
@@ -16,16 +19,16 @@
 //   tensor cores do P·V; across the two consumers a ping-pong of named barriers makes each issue
 //   its wgmma only after the other has issued its own, so one's softmax runs under the other's
 //   matrix work (+7% at 4,096 tokens over letting them interleave freely).
-// * Causal: a CTA reads the key tiles up to its last row's position; tiles that reach past its
+// * Causal: an item reads the key tiles up to its last row's position; tiles that reach past its
 //   warpgroup's first row get the per-element mask (keys past ctx_len are masked too: TMA fills
 //   them with zeros). Key 0 is visible to every query, so each row's running maximum is finite
 //   after the first tile.
-// * Several requests per launch: a CTA's (request, row block) comes from its index; the request's
-//   offsets (query_start / kv_start) place its rows in Q and out and its keys in K/V; keys past the
+// * Several requests per launch: an item's request comes from its index; the request's offsets
+//   (query_start / kv_start) place its rows in Q and out and its keys in K/V; keys past the
 //   request's own are masked like keys past ctx_len.
-// * The grid is one-dimensional, in groups of up to 8 heads; within a group the row blocks with
-//   the most key tiles come first (then requests, heads fastest), so the CTAs running at once share
-//   a few heads' K/V in L2 and the block scheduler starts the longest work first.
+// * Item order: groups of up to 8 heads; within a group the row blocks with the most key tiles
+//   come first (then requests, heads fastest), so the items in flight share a few heads' K/V in L2
+//   and the longest work starts first.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -33,6 +36,7 @@
 #include <cstdint>
 
 #include "fanout/core/cuda_check.h"
+#include "fanout/ops/device_context.h"
 #include "fanout/ops/mha_prefill_cuda.h"
 #include "fanout/ops/sm90.cuh"
 #include "fanout/ops/tensor_map.h"
@@ -155,39 +159,58 @@ __device__ __forceinline__ void scale_rows(float (&o)[64], float f0, float f1) {
 // wgmma once the other has issued its own (kBarTurn + c: c syncs, the other arrives).
 constexpr int kBarTurn = 1;
 
+// One work item: 128 query rows (from m0) of one request and one head.
+struct Item {
+    int h, m0;
+    int q0, T;    // the request's queries: rows q0 .. q0 + T − 1 of q and out
+    int k0, ctx;  // its keys: rows k0 .. k0 + ctx − 1 of K/V; query i sits at position ctx − T + i
+    int n_tiles;  // key tiles the item reads: keys 0 .. ctx − T + its last row
+    bool valid;   // false: past the request's rows (or a malformed request with fewer keys than queries)
+};
+
+// Item u of the launch. The order: groups of heads_per_group heads (their K/V stay in L2 together),
+// within a group the row blocks with the most key tiles first, then requests, heads fastest. CTAs
+// take the next item from a counter as they free up, so the items in flight are a window of
+// consecutive ones and the longest start first.
+__device__ __forceinline__ Item item_at(const MhaPrefillParams& p, int u, int heads_per_group, int blocks_per_req) {
+    const int R = p.num_requests, group_items = heads_per_group * R * blocks_per_req;
+    const int g = u / group_items, r = u - g * group_items;
+    const int heads_here = min(heads_per_group, p.num_heads - g * heads_per_group);
+    const int unit = r / heads_here, req = unit % R;
+    Item it;
+    it.h = g * heads_per_group + r % heads_here;
+    it.m0 = (blocks_per_req - 1 - unit / R) * kBM;
+    it.q0 = 0, it.T = p.num_tokens, it.k0 = 0, it.ctx = p.ctx_len;
+    if (p.query_start != nullptr) {
+        it.q0 = p.query_start[req], it.T = p.query_start[req + 1] - it.q0;
+        it.k0 = p.kv_start[req], it.ctx = p.kv_start[req + 1] - it.k0;
+    }
+    const int offset = it.ctx - it.T, last_row = min(it.m0 + kBM, it.T) - 1;
+    it.n_tiles = (offset + last_row) / kBN + 1;
+    it.valid = it.m0 < it.T && offset >= 0;
+    return it;
+}
+
+// Persistent: one CTA per SM. Its producer takes items from counters[0] (skipping the ones past
+// their request's rows) and hands each to the consumers through shared memory with its Q, so the
+// next item's Q and first key tiles load while the consumers finish the current one (its last
+// P·V and the output). An index past the end tells the consumers to stop. The last CTA to run out
+// resets the counters (counters[1] counts the CTAs that ran out) for the next launch.
 __global__ void __launch_bounds__(kThreads, 1)
     mha_prefill_wgmma_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                              const __grid_constant__ CUtensorMap tm_kpe, const __grid_constant__ CUtensorMap tm_v,
-                             const Maps maps, const MhaPrefillParams p, float scale_log2, int heads_per_group) {
+                             const Maps maps, const MhaPrefillParams p, float scale_log2, int heads_per_group,
+                             int blocks_per_req, int num_items, int* counters) {
     extern __shared__ uint8_t smem_raw[];
     uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
     uint8_t* sq = smem;
     uint8_t* ring = smem + kQBytes;
-    __shared__ uint64_t q_full, full[kStages], empty[kStages];
-
-    // CTA order: groups of heads_per_group heads (their K/V fit in L2 together), and within a group
-    // the row blocks with the most key tiles first, then requests, heads fastest.
-    const int R = p.num_requests;
-    const int blocks_per_req = ((p.query_start ? p.max_query_len : p.num_tokens) + kBM - 1) / kBM;
-    const int group_ctas = heads_per_group * R * blocks_per_req;
-    const int g = static_cast<int>(blockIdx.x) / group_ctas, r = static_cast<int>(blockIdx.x) - g * group_ctas;
-    const int heads_here = min(heads_per_group, p.num_heads - g * heads_per_group);
-    const int h = g * heads_per_group + r % heads_here, unit = r / heads_here;
-    const int req = unit % R, m0 = (blocks_per_req - 1 - unit / R) * kBM;
-    // The request's queries from q0 (T of them) over its keys from k0 (ctx of them); query i sits at
-    // position offset + i.
-    int q0 = 0, T = p.num_tokens, k0 = 0, ctx = p.ctx_len;
-    if (p.query_start != nullptr) {
-        q0 = p.query_start[req], T = p.query_start[req + 1] - q0;
-        k0 = p.kv_start[req], ctx = p.kv_start[req + 1] - k0;
-    }
-    const int offset = ctx - T;
-    const int last_row = min(m0 + kBM, T) - 1;
-    const int n_tiles = (offset + last_row) / kBN + 1;  // keys 0 .. offset + last_row
-    if (m0 >= T || offset < 0) return;                  // past this request's rows (or a malformed request)
+    __shared__ uint64_t q_full, q_empty, full[kStages], empty[kStages];
+    __shared__ int item_slot[2];  // the item handed over with the Q load of parity 0 / 1
 
     if (threadIdx.x == 0) {
         mbar_init(&q_full, 1);
+        mbar_init(&q_empty, 256);  // every consumer thread, once its item's scores are all computed
         for (int s = 0; s < kStages; ++s) {
             mbar_init(&full[s], 1);
             mbar_init(&empty[s], 256);  // every consumer thread
@@ -204,22 +227,41 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (wg == 0) {
         setmaxnreg_dec<kProducerRegs>();
         if (threadIdx.x == 0) {
-            mbar_arrive_expect_tx(&q_full, kQBytes);
-            for (int pn = 0; pn < 3; ++pn)
-                tma_load_3d(sq + pn * kPanel, &tm_q, &q_full, 64 * pn, maps.q.c1(h, q0 + m0), maps.q.c2(h, q0 + m0));
             int s = 0;
-            uint32_t phase = 0;
-            for (int n = 0; n < n_tiles; ++n) {
-                const int key = k0 + n * kBN;
-                mbar_wait(&empty[s], phase ^ 1);
-                mbar_arrive_expect_tx(&full[s], kStageBytes);
-                uint8_t* st = ring + s * kStageBytes;
-                tma_load_3d(st, &tm_k, &full[s], 0, maps.k.c1(h, key), maps.k.c2(h, key));
-                tma_load_3d(st + kPanel, &tm_k, &full[s], 64, maps.k.c1(h, key), maps.k.c2(h, key));
-                tma_load_2d(st + 2 * kPanel, &tm_kpe, &full[s], 0, key);  // keys past the request: masked
-                tma_load_3d(st + 3 * kPanel, &tm_v, &full[s], 0, maps.v.c1(h, key), maps.v.c2(h, key));
-                tma_load_3d(st + 4 * kPanel, &tm_v, &full[s], 64, maps.v.c1(h, key), maps.v.c2(h, key));
-                if (++s == kStages) s = 0, phase ^= 1;
+            uint32_t phase = 0, q_phase = 0;
+            for (;;) {
+                int u = atomicAdd(&counters[0], 1);
+                while (u < num_items && !item_at(p, u, heads_per_group, blocks_per_req).valid)
+                    u = atomicAdd(&counters[0], 1);
+                mbar_wait(&q_empty, q_phase ^ 1);  // the previous item's scores are done with Q
+                item_slot[q_phase] = u;
+                if (u >= num_items) {
+                    mbar_arrive(&q_full);  // no load: the consumers read the end
+                    __threadfence();       // this CTA's last take happens before its count
+                    if (atomicAdd(&counters[1], 1) == static_cast<int>(gridDim.x) - 1) {
+                        counters[0] = 0;  // every CTA has run out: no take is left in this launch
+                        counters[1] = 0;
+                    }
+                    break;
+                }
+                const Item it = item_at(p, u, heads_per_group, blocks_per_req);
+                const int h = it.h, row = it.q0 + it.m0;
+                mbar_arrive_expect_tx(&q_full, kQBytes);
+                for (int pn = 0; pn < 3; ++pn)
+                    tma_load_3d(sq + pn * kPanel, &tm_q, &q_full, 64 * pn, maps.q.c1(h, row), maps.q.c2(h, row));
+                q_phase ^= 1;
+                for (int n = 0; n < it.n_tiles; ++n) {
+                    const int key = it.k0 + n * kBN;
+                    mbar_wait(&empty[s], phase ^ 1);
+                    mbar_arrive_expect_tx(&full[s], kStageBytes);
+                    uint8_t* st = ring + s * kStageBytes;
+                    tma_load_3d(st, &tm_k, &full[s], 0, maps.k.c1(h, key), maps.k.c2(h, key));
+                    tma_load_3d(st + kPanel, &tm_k, &full[s], 64, maps.k.c1(h, key), maps.k.c2(h, key));
+                    tma_load_2d(st + 2 * kPanel, &tm_kpe, &full[s], 0, key);  // keys past the request: masked
+                    tma_load_3d(st + 3 * kPanel, &tm_v, &full[s], 0, maps.v.c1(h, key), maps.v.c2(h, key));
+                    tma_load_3d(st + 4 * kPanel, &tm_v, &full[s], 64, maps.v.c1(h, key), maps.v.c2(h, key));
+                    if (++s == kStages) s = 0, phase ^= 1;
+                }
             }
         }
         return;
@@ -228,85 +270,96 @@ __global__ void __launch_bounds__(kThreads, 1)
     setmaxnreg_inc<kConsumerRegs>();
     const int c = wg - 1;
     const int tid = static_cast<int>(threadIdx.x) % 128, warp = tid / 32, lane = tid % 32, tig = lane % 4;
-    const int row0 = m0 + 64 * c + 16 * warp + lane / 4, row1 = row0 + 8;  // this thread's query rows
-    const int lim0 = min(offset + row0 + 1, ctx), lim1 = min(offset + row1 + 1, ctx);
-    const int first_lim = min(offset + m0 + 64 * c + 1, ctx);  // the warpgroup's smallest limit
     const uint8_t* qa = sq + c * 64 * 128;
 
-    float o[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] = 0.0f;
-    float m_0 = -INFINITY, m_1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-    float sc[64];
-    uint32_t pk[32];
-    float mx0, mx1, corr0, corr1;
-
     // Ping-pong: each batch of wgmma waits for the other consumer's previous batch to be issued,
-    // so one consumer's softmax runs while the other's wgmma hold the tensor cores. Consumer 1
-    // lets consumer 0 go first and skips its last hand-over (nobody waits for it).
+    // so one consumer's softmax runs while the other's wgmma hold the tensor cores. The turns run
+    // on across items (both consumers issue the same batches).
     const auto my_turn = [&] { named_barrier(kBarTurn + c, 256); };
-    const auto your_turn = [&](bool last) {
-        if (c == 0 || !last) named_barrier_arrive(kBarTurn + (1 - c), 256);
-    };
+    const auto your_turn = [&] { named_barrier_arrive(kBarTurn + (1 - c), 256); };
+    // Consumer 1 lets consumer 0 go first; at the end consumer 0 takes consumer 1's last hand-over.
     if (c == 1) named_barrier_arrive(kBarTurn, 256);
 
-    mbar_wait(&q_full, 0);
-    // Tile 0's scores and P.
-    mbar_wait(&full[0], 0);
-    my_turn();
-    issue_s(sc, qa, ring);
-    your_turn(false);
-    wgmma_wait<0>();
-    fence_regs(sc);
-    mask_max(sc, kBN > first_lim, 2 * tig, lim0, lim1, mx0, mx1);
-    softmax_tile(sc, mx0, mx1, scale_log2, m_0, m_1, l0, l1, corr0, corr1);
-    pack_p(sc, pk);
-
     int s = 0;
-    uint32_t phase = 0;
-    // Tile n's P·V with tile n + 1's scores in flight ahead of it.
-    for (int n = 0; n + 1 < n_tiles; ++n) {
-        const int s_next = s + 1 == kStages ? 0 : s + 1;
-        const uint32_t phase_next = s + 1 == kStages ? phase ^ 1 : phase;
-        mbar_wait(&full[s_next], phase_next);
+    uint32_t phase = 0, q_phase = 0;
+    for (;;) {
+        mbar_wait(&q_full, q_phase);  // the item and its Q
+        const int u = item_slot[q_phase];
+        if (u >= num_items) break;
+        const Item it = item_at(p, u, heads_per_group, blocks_per_req);
+        const int offset = it.ctx - it.T;
+        const int row0 = it.m0 + 64 * c + 16 * warp + lane / 4, row1 = row0 + 8;  // this thread's query rows
+        const int lim0 = min(offset + row0 + 1, it.ctx), lim1 = min(offset + row1 + 1, it.ctx);
+        const int first_lim = min(offset + it.m0 + 64 * c + 1, it.ctx);  // the warpgroup's smallest limit
+
+        float o[64];
+#pragma unroll
+        for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+        float m_0 = -INFINITY, m_1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+        float sc[64];
+        uint32_t pk[32];
+        float mx0, mx1, corr0, corr1;
+
+        // Tile 0's scores and P.
+        mbar_wait(&full[s], phase);
         my_turn();
-        issue_s(sc, qa, ring + s_next * kStageBytes);
-        issue_pv(o, pk, ring + s * kStageBytes);
-        your_turn(false);
-        wgmma_wait<1>();  // the scores are in
+        issue_s(sc, qa, ring + s * kStageBytes);
+        your_turn();
+        wgmma_wait<0>();
         fence_regs(sc);
-        const int col0 = (n + 1) * kBN;
-        mask_max(sc, col0 + kBN > first_lim, col0 + 2 * tig, lim0, lim1, mx0, mx1);
+        mask_max(sc, kBN > first_lim, 2 * tig, lim0, lim1, mx0, mx1);
         softmax_tile(sc, mx0, mx1, scale_log2, m_0, m_1, l0, l1, corr0, corr1);
-        wgmma_wait<0>();  // P·V of tile n is in; its stage is free
+        pack_p(sc, pk);
+
+        // Tile n's P·V with tile n + 1's scores in flight ahead of it.
+        for (int n = 0; n + 1 < it.n_tiles; ++n) {
+            const int s_next = s + 1 == kStages ? 0 : s + 1;
+            const uint32_t phase_next = s + 1 == kStages ? phase ^ 1 : phase;
+            mbar_wait(&full[s_next], phase_next);
+            my_turn();
+            issue_s(sc, qa, ring + s_next * kStageBytes);
+            issue_pv(o, pk, ring + s * kStageBytes);
+            your_turn();
+            wgmma_wait<1>();  // the scores are in
+            fence_regs(sc);
+            const int col0 = (n + 1) * kBN;
+            mask_max(sc, col0 + kBN > first_lim, col0 + 2 * tig, lim0, lim1, mx0, mx1);
+            softmax_tile(sc, mx0, mx1, scale_log2, m_0, m_1, l0, l1, corr0, corr1);
+            wgmma_wait<0>();  // P·V of tile n is in; its stage is free
+            fence_regs(o);
+            mbar_arrive(&empty[s]);
+            scale_rows(o, corr0, corr1);
+            pack_p(sc, pk);
+            s = s_next, phase = phase_next;
+        }
+        mbar_arrive(&q_empty);  // every score of the item is computed: the next item's Q may come
+        q_phase ^= 1;
+        my_turn();
+        issue_pv(o, pk, ring + s * kStageBytes);
+        your_turn();
+        wgmma_wait<0>();
         fence_regs(o);
         mbar_arrive(&empty[s]);
-        scale_rows(o, corr0, corr1);
-        pack_p(sc, pk);
-        s = s_next, phase = phase_next;
-    }
-    my_turn();
-    issue_pv(o, pk, ring + s * kStageBytes);
-    your_turn(true);
-    wgmma_wait<0>();
-    fence_regs(o);
-    mbar_arrive(&empty[s]);
+        if (++s == kStages) s = 0, phase ^= 1;
 
-    // Output: 1 / l per row (l ≥ 1: the maximum's own term), bf16 pairs straight from the fragment.
+            // Output: 1 / l per row (l ≥ 1: the maximum's own term), bf16 pairs straight from the fragment.
 #pragma unroll
-    for (int off = 1; off < 4; off <<= 1) {
-        l0 += __shfl_xor_sync(0xffffffffu, l0, off);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, off);
-    }
-    const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
-    uint16_t* out0 = p.out + int64_t(q0 + row0) * p.out_stride_t + int64_t(h) * p.out_stride_h + 2 * tig;
-    uint16_t* out1 = p.out + int64_t(q0 + row1) * p.out_stride_t + int64_t(h) * p.out_stride_h + 2 * tig;
+        for (int off = 1; off < 4; off <<= 1) {
+            l0 += __shfl_xor_sync(0xffffffffu, l0, off);
+            l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+        }
+        const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
+        uint16_t* out0 = p.out + int64_t(it.q0 + row0) * p.out_stride_t + int64_t(it.h) * p.out_stride_h + 2 * tig;
+        uint16_t* out1 = p.out + int64_t(it.q0 + row1) * p.out_stride_t + int64_t(it.h) * p.out_stride_h + 2 * tig;
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-        if (row0 < T) *reinterpret_cast<uint32_t*>(out0 + 8 * j) = pack_bf16_rn(o[4 * j] * inv0, o[4 * j + 1] * inv0);
-        if (row1 < T)
-            *reinterpret_cast<uint32_t*>(out1 + 8 * j) = pack_bf16_rn(o[4 * j + 2] * inv1, o[4 * j + 3] * inv1);
+        for (int j = 0; j < 16; ++j) {
+            if (row0 < it.T)
+                *reinterpret_cast<uint32_t*>(out0 + 8 * j) = pack_bf16_rn(o[4 * j] * inv0, o[4 * j + 1] * inv0);
+            if (row1 < it.T)
+                *reinterpret_cast<uint32_t*>(out1 + 8 * j) = pack_bf16_rn(o[4 * j + 2] * inv1, o[4 * j + 3] * inv1);
+        }
     }
+    if (c == 0) named_barrier(kBarTurn, 256);  // consumer 1's last hand-over
 }
 
 // A [rows][heads][width] or [heads][rows][width] bf16 tensor (element strides) in boxes of
@@ -332,7 +385,7 @@ CUtensorMap rows_heads_map(const uint16_t* base, int width, int heads, int rows,
 
 namespace detail {
 
-void launch_mha_prefill_wgmma(const MhaPrefillParams& p, void* cuda_stream) {
+void launch_mha_prefill_wgmma(DeviceContext& ctx, const MhaPrefillParams& p) {
     Maps maps{};
     const CUtensorMap tq = rows_heads_map(p.q, p.nope + p.rope, p.num_heads, p.num_tokens, p.q_stride_t, p.q_stride_h,
                                           kBM, maps.q.heads_inner, "mha prefill q");
@@ -361,10 +414,11 @@ void launch_mha_prefill_wgmma(const MhaPrefillParams& p, void* cuda_stream) {
     // NOTE: set on every launch (a host-side attribute write, graph-capture safe): a once-per-process
     // flag would cover only the device that was current the first time.
     FANOUT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-    const int rows = p.query_start ? p.max_query_len : p.num_tokens;
-    const int64_t ctas = int64_t(p.num_heads) * p.num_requests * ((rows + kBM - 1) / kBM);
-    kernel<<<unsigned(ctas), kThreads, kSmemBytes, static_cast<cudaStream_t>(cuda_stream)>>>(tq, tk, tkpe, tv, maps, p,
-                                                                                             p.scale * kLog2e, group);
+    const int rows = p.query_start ? p.max_query_len : p.num_tokens, blocks_per_req = (rows + kBM - 1) / kBM;
+    const int64_t items = int64_t(p.num_heads) * p.num_requests * blocks_per_req;
+    const unsigned ctas = unsigned(std::min<int64_t>(items, ctx.sm_count()));  // one per SM (shared memory: one fits)
+    kernel<<<ctas, kThreads, kSmemBytes, ctx.stream()>>>(tq, tk, tkpe, tv, maps, p, p.scale * kLog2e, group,
+                                                         blocks_per_req, int(items), ctx.work_counters());
     FANOUT_CUDA_CHECK_LAUNCH("mha_prefill_wgmma_kernel");
 }
 
