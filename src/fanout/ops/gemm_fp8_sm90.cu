@@ -35,6 +35,7 @@
 #include "fanout/ops/fp8_constants.h"
 #include "fanout/ops/gemm.h"
 #include "fanout/ops/grouped_gemm_cuda.h"
+#include "fanout/ops/search.cuh"
 #include "fanout/ops/sm90.cuh"
 #include "fanout/ops/tensor_map.h"
 
@@ -107,15 +108,8 @@ struct Scheduler {
         Tile tile{};
         const int sw_per_expert = ((p.N + kBK - 1) / kBK) * p.nkb;
         if constexpr (L == Layout::kMasked) {
-            int lo = 0, hi = p.num_experts - 1;  // the expert e with prefix[e] <= t < prefix[e + 1]
-            while (lo < hi) {
-                const int mid = (lo + hi + 1) / 2;
-                if (prefix[mid] <= t)
-                    lo = mid;
-                else
-                    hi = mid - 1;
-            }
-            const int e = lo, local = t - prefix[e];
+            const int e = segment_of(prefix, p.num_experts, t),
+                      local = t - prefix[e];  // prefix[e] <= t < prefix[e + 1]
             const int count = min(max(p.counts[e], 0), p.rows);
             const int units = ((count + BM - 1) / BM + CL - 1) / CL;  // row blocks of the expert, CL per unit
             const int m0 = (CL * (local % units) + rank) * BM;

@@ -12,6 +12,7 @@
 #include "fanout/ops/bf16_bits.cuh"
 #include "fanout/ops/device_context.h"
 #include "fanout/ops/mha_prefill_cuda.h"
+#include "fanout/ops/search.cuh"
 
 namespace fanout::ops {
 namespace {
@@ -38,14 +39,7 @@ __global__ void __launch_bounds__(kGenThreads) mha_generic_kernel(const MhaPrefi
     // The token's request: its queries from q0 (q_len of them), its keys from k0 (kv_len).
     int q0 = 0, q_len = p.num_tokens, k0 = 0, kv_len = p.ctx_len;
     if (p.query_start != nullptr) {
-        int lo = 0, hi = p.num_requests - 1;  // the last request starting at or before t
-        while (lo < hi) {
-            const int mid = (lo + hi + 1) / 2;
-            if (p.query_start[mid] <= t)
-                lo = mid;
-            else
-                hi = mid - 1;
-        }
+        const int lo = segment_of(p.query_start, p.num_requests, t);
         q0 = p.query_start[lo], q_len = p.query_start[lo + 1] - q0;
         k0 = p.kv_start[lo], kv_len = p.kv_start[lo + 1] - k0;
     }

@@ -145,16 +145,6 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pk)[32
     wgmma_commit();
 }
 
-__device__ __forceinline__ void scale_rows(float (&o)[64], float f0, float f1) {
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-        o[4 * j] *= f0;
-        o[4 * j + 1] *= f0;
-        o[4 * j + 2] *= f1;
-        o[4 * j + 3] *= f1;
-    }
-}
-
 // Named barriers of the consumers' ping-pong (0 is __syncthreads): consumer c may issue its
 // wgmma once the other has issued its own (kBarTurn + c: c syncs, the other arrives).
 constexpr int kBarTurn = 1;

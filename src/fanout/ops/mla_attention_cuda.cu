@@ -30,6 +30,7 @@
 #include "fanout/ops/bf16_bits.cuh"
 #include "fanout/ops/gemm.h"
 #include "fanout/ops/mla_attention_cuda.h"
+#include "fanout/ops/search.cuh"
 #include "fanout/ops/sm90.cuh"
 #include "fanout/ops/tensor_map.h"
 
@@ -164,16 +165,6 @@ __device__ __forceinline__ void store_p(uint8_t* sp, const float (&s)[32], int r
             sm90::pack_bf16_rn(s[4 * j] * f0, s[4 * j + 1] * f0);
         *reinterpret_cast<uint32_t*>(sp + r1 * 128 + ((j ^ (r1 & 7)) << 4) + tig * 4) =
             sm90::pack_bf16_rn(s[4 * j + 2] * f1, s[4 * j + 3] * f1);
-    }
-}
-
-__device__ __forceinline__ void scale_rows(float (&o)[128], float f0, float f1) {
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-        o[4 * j] *= f0;
-        o[4 * j + 1] *= f0;
-        o[4 * j + 2] *= f1;
-        o[4 * j + 3] *= f1;
     }
 }
 
@@ -341,7 +332,7 @@ __global__ void __launch_bounds__(kFastThreads, 1)
             l1 = l1 * corr1 + sum1;
 #pragma unroll
             for (int i = 0; i < 16; ++i) pk[i] = sm90::pack_bf16_rn(s[2 * i], s[2 * i + 1]);
-            scale_rows(o, corr0, corr1);
+            sm90::scale_rows(o, corr0, corr1);
             sm90::fence_regs(o);
             sm90::fence_u32(pk);
             sm90::wgmma_fence();
@@ -363,7 +354,7 @@ __global__ void __launch_bounds__(kFastThreads, 1)
             sm90::fence_regs(o);
             sm90::fence_u32(pk);
             if (2 * k + 2 < num_local && tid == 0) load_part(ta + 2, 0);
-            scale_rows(o, f0, f1);
+            sm90::scale_rows(o, f0, f1);
             if (has_b) {
                 sm90::named_barrier(kBarPRight, 256);
                 sm90::mbar_wait(&bars[2], parity);
@@ -409,7 +400,7 @@ __global__ void __launch_bounds__(kFastThreads, 1)
             m0 = mb0, m1 = mb1;
             l0 *= corr0;
             l1 *= corr1;
-            scale_rows(o, corr0, corr1);
+            sm90::scale_rows(o, corr0, corr1);
             if (has_b) {
                 float sum0, sum1;
                 exp_scores(s, base0, base1, sum0, sum1);
@@ -518,16 +509,7 @@ __global__ void __launch_bounds__(kGenThreads)
     __shared__ float scratch[kGenThreads / 32];
     const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z, tid = threadIdx.x;
     const int H = p.num_heads, C = p.kv_lora, D = p.kv_lora + p.rope_dim, bs = p.block_size;
-    // The request of token t: the last r with query_start[r] <= t.
-    int lo = 0, hi = p.num_requests - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (p.query_start[mid] <= t)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    const int r = lo;
+    const int r = segment_of(p.query_start, p.num_requests, t);  // token t's request
     const int visible = min(p.positions[t] + 1, p.kv_len[r]);
     const int per_split = (visible + num_splits - 1) / num_splits;
     const int begin = split * per_split, end = min(visible, begin + per_split);

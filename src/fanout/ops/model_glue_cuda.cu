@@ -7,6 +7,7 @@
 #include "fanout/core/cuda_check.h"
 #include "fanout/ops/block_reduce.cuh"
 #include "fanout/ops/model_glue_cuda.h"
+#include "fanout/ops/search.cuh"
 
 namespace fanout::ops {
 namespace {
@@ -83,14 +84,7 @@ __global__ void gather_latent_kernel(const bf16* __restrict__ cache, const int32
     const int j = blockIdx.x, entry = kv_lora + rope;
     int r = 0, pos = j;  // row j is position pos of request r
     if (kv_start != nullptr) {
-        int hi = num_requests - 1;  // the last request starting at or before j
-        while (r < hi) {
-            const int mid = (r + hi + 1) / 2;
-            if (kv_start[mid] <= j)
-                r = mid;
-            else
-                hi = mid - 1;
-        }
+        r = segment_of(kv_start, num_requests, j);
         pos = j - kv_start[r];
     }
     const int32_t block = block_table[static_cast<size_t>(r) * max_blocks + pos / block_size];

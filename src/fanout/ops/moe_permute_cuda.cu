@@ -21,6 +21,7 @@
 #include "fanout/core/cuda_check.h"
 #include "fanout/ops/fp8_constants.h"
 #include "fanout/ops/moe_permute.h"
+#include "fanout/ops/search.cuh"
 
 namespace fanout::ops {
 namespace {
@@ -95,20 +96,6 @@ __device__ void spill_segments(const int32_t* __restrict__ counts, int num_local
     }
     if (threadIdx.x == 0) begin[num_local] = carry;
     __syncthreads();
-}
-
-// The local expert whose spill segment holds region row `row` (< begin[num_local]): the last e
-// with begin[e] <= row — experts that spill nothing share the next one's start and come before it.
-__device__ int segment_of(const int* begin, int num_local, int row) {
-    int lo = 0, hi = num_local - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (begin[mid] <= row)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return lo;
 }
 
 __global__ void __launch_bounds__(kThreads)

@@ -208,6 +208,19 @@ __device__ __forceinline__ void fence_regs(float (&d)[R]) {
     for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// Multiplies an accumulator fragment's two rows by f0 (row r0) and f1 (row r0 + 8): the online
+// softmax's rescale of a running output.
+template <int R>
+__device__ __forceinline__ void scale_rows(float (&o)[R], float f0, float f1) {
+#pragma unroll
+    for (int j = 0; j < R / 4; ++j) {
+        o[4 * j] *= f0;
+        o[4 * j + 1] *= f0;
+        o[4 * j + 2] *= f1;
+        o[4 * j + 3] *= f1;
+    }
+}
+
 // ---- bf16 wgmma (the MLA decode kernel): 64×64 scores from shared memory, 64×256 outputs with A
 // from shared memory or registers ----
 
@@ -253,7 +266,7 @@ __device__ __forceinline__ void wgmma_s(float (&d)[32], uint64_t desc_a, uint64_
         : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
-#define FANOUT_SM90_D128                                                                              \
+#define FANOUT_SM90_D128                                                                             \
     "{"                                                                                              \
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                         \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "               \
@@ -264,7 +277,7 @@ __device__ __forceinline__ void wgmma_s(float (&d)[32], uint64_t desc_a, uint64_
     "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "   \
     "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127" \
     "}, "
-#define FANOUT_SM90_D128_OUT(d)                                                                                       \
+#define FANOUT_SM90_D128_OUT(d)                                                                                      \
     "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),      \
         "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),       \
         "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),      \
@@ -302,30 +315,31 @@ __device__ __forceinline__ void wgmma_pv_rs(float (&d)[128], uint32_t a0, uint32
 #undef FANOUT_SM90_D128
 #undef FANOUT_SM90_D128_OUT
 
-#define FANOUT_SM90_D64                                                                             \
-    "{"                                                                                            \
-    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                       \
-    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "             \
-    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "             \
-    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"               \
+#define FANOUT_SM90_D64                                                                \
+    "{"                                                                                \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "           \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"   \
     "}, "
-#define FANOUT_SM90_D64_OUT(d)                                                                                    \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),  \
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),   \
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),  \
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),  \
-        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),  \
-        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),  \
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),  \
+#define FANOUT_SM90_D64_OUT(d)                                                                                  \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),  \
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), \
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), \
+        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), \
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), \
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), \
         "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
 
 // ---- bf16 wgmma at n128 (the MHA-form prefill kernel) ----
 // d[64, 128] (+)= a · bᵀ, bf16 operands from shared memory, both K-major; scale_d = 0 overwrites d.
 __device__ __forceinline__ void wgmma_bf16_n128(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FANOUT_SM90_D64 "%64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : FANOUT_SM90_D64_OUT(d)
-                 : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FANOUT_SM90_D64 "%64, %65, p, 1, 1, 0, 0;\n}\n"
+        : FANOUT_SM90_D64_OUT(d)
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
 // d[64, 128] += a · b, a from registers (bf16 pairs in the accumulator fragment layout: k-step
@@ -339,6 +353,5 @@ __device__ __forceinline__ void wgmma_bf16_n128_rs(float (&d)[64], uint32_t a0, 
 }
 #undef FANOUT_SM90_D64
 #undef FANOUT_SM90_D64_OUT
-
 
 }  // namespace fanout::ops::sm90
