@@ -171,14 +171,21 @@ std::string eager_step(ExpertParallel& ep, RankBuffers& d, const std::vector<Ran
     ep.raise_if_failed();
     if (f.empty()) f = testing::check_combined(cfg, inputs, hb.max_m, out.data());
     if (cfg.payload == Payload::kF32 || !f.empty()) return f;
-    // The same returned rows added into a residual (the GPU layer's combine): residual + the sum.
+    // The same returned rows added into a residual (the GPU layer's combine): residual + the sum,
+    // and the rows past T (the rest of the residual buffer) left as they were.
     const int T = inputs[cfg.rank].T;
-    std::vector<uint16_t> residual(size_t(T) * cfg.hidden);
-    for (size_t i = 0; i < residual.size(); ++i) residual[i] = f32_to_bf16(float(int(i % 23) - 11) / 8.0f);
+    const size_t all = size_t(cfg.max_tokens_per_rank) * cfg.hidden, mine = size_t(T) * cfg.hidden;
+    std::vector<uint16_t> residual(all);
+    for (size_t i = 0; i < residual.size(); ++i)
+        residual[i] = i < mine ? f32_to_bf16(float(int(i % 23) - 11) / 8.0f) : uint16_t(0x7f00 + i % 97);
     upload(d.combined(), residual, s);
     ep.combine_recv_add(d.weights(), d.combined());
-    const auto added = download_combined(d, T, s);
+    const auto added = download_combined(d, cfg.max_tokens_per_rank, s);
     ep.raise_if_failed();
+    for (size_t i = mine; i < all; ++i)
+        if (added[i] != residual[i])
+            return "combine_recv_add wrote row " + std::to_string(i / cfg.hidden) + " past the rank's " +
+                   std::to_string(T) + " tokens (value " + std::to_string(i % cfg.hidden) + ")";
     return testing::check_combined(cfg, inputs, hb.max_m, added.data(), residual.data());
 }
 

@@ -156,38 +156,43 @@ TEST(GlueCuda, KvAppendMatchesCpuChain) {
 // against the host's copy of the same entries; bits must match (a copy).
 TEST(GlueCuda, GatherLatentOfSeveralRequestsCopiesTheirEntries) {
     REQUIRE_GPU();
-    const int C = 40, rope = 8, E = C + rope, bs = 16, max_blocks = 4, num_blocks = 12;
-    const auto cache = random_bf16(size_t(num_blocks) * bs * E, 21);
-    const std::vector<int32_t> lens = {37, 1, 64, 16};
-    const std::vector<int32_t> table = {5, 2, 9, 0, /**/ 7, 0, 0, 0, /**/ 11, 1, 3, 4, /**/ 10, 0, 0, 0};
-    std::vector<int32_t> starts{0};
-    for (int32_t n : lens) starts.push_back(starts.back() + n);
-    const int rows = starts.back();
-    Dev<uint16_t> dcache(cache.bits), latent(size_t(rows) * C), k_pe(size_t(rows) * rope);
-    Dev<int32_t> dtable(table), dstarts(starts);
-    for (const bool several : {true, false}) {
-        latent.poison(), k_pe.poison();
-        const int R = several ? int(lens.size()) : 1, total = several ? rows : lens[0];
-        launch_gather_latent(dcache.ptr, dtable.ptr, max_blocks, bs, several ? dstarts.ptr : nullptr, R, total, C, rope,
-                             latent.ptr, k_pe.ptr, nullptr);
-        FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
-        const auto lat = latent.download(), pe = k_pe.download();
-        for (int r = 0; r < R; ++r)
-            for (int pos = 0; pos < lens[r]; ++pos) {
-                const size_t slot = size_t(table[r * max_blocks + pos / bs]) * bs + pos % bs, row = starts[r] + pos;
-                for (int d = 0; d < E; ++d) {
-                    const uint16_t want = cache.bits[slot * E + d];
-                    const uint16_t g = d < C ? lat[row * C + d] : pe[row * rope + d - C];
-                    ASSERT_EQ(g, want) << "request " << r << " position " << pos << " value " << d
-                                       << (several ? " (several requests)" : " (one request)");
+    // 40 + 8: the 16-byte copies; 36 + 6: value by value (rows not a multiple of 16 bytes).
+    for (const auto [C, rope] : {std::pair{40, 8}, std::pair{36, 6}}) {
+        const int E = C + rope, bs = 16, max_blocks = 4, num_blocks = 12;
+        const auto cache = random_bf16(size_t(num_blocks) * bs * E, 21);
+        const std::vector<int32_t> lens = {37, 1, 64, 16};
+        const std::vector<int32_t> table = {5, 2, 9, 0, /**/ 7, 0, 0, 0, /**/ 11, 1, 3, 4, /**/ 10, 0, 0, 0};
+        std::vector<int32_t> starts{0};
+        for (int32_t n : lens) starts.push_back(starts.back() + n);
+        const int rows = starts.back();
+        Dev<uint16_t> dcache(cache.bits), latent(size_t(rows) * C), k_pe(size_t(rows) * rope);
+        Dev<int32_t> dtable(table), dstarts(starts);
+        for (const bool several : {true, false}) {
+            latent.poison(), k_pe.poison();
+            const int R = several ? int(lens.size()) : 1, total = several ? rows : lens[0];
+            launch_gather_latent(dcache.ptr, dtable.ptr, max_blocks, bs, several ? dstarts.ptr : nullptr, R, total, C,
+                                 rope, latent.ptr, k_pe.ptr, nullptr);
+            FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+            const auto lat = latent.download(), pe = k_pe.download();
+            for (int r = 0; r < R; ++r)
+                for (int pos = 0; pos < lens[r]; ++pos) {
+                    const size_t slot = size_t(table[r * max_blocks + pos / bs]) * bs + pos % bs, row = starts[r] + pos;
+                    for (int d = 0; d < E; ++d) {
+                        const uint16_t want = cache.bits[slot * E + d];
+                        const uint16_t g = d < C ? lat[row * C + d] : pe[row * rope + d - C];
+                        ASSERT_EQ(g, want) << "request " << r << " position " << pos << " value " << d
+                                           << (several ? " (several requests)" : " (one request)") << ", widths " << C
+                                           << " + " << rope;
+                    }
                 }
-            }
+        }
+        if (C != 40) continue;
+        EXPECT_NE(fanout::testing::error_of([&] {
+                      launch_gather_latent(dcache.ptr, dtable.ptr, max_blocks, bs, nullptr, 2, rows, C, rope,
+                                           latent.ptr, k_pe.ptr, nullptr);
+                  }).find("kv_start"),
+                  std::string::npos);
     }
-    EXPECT_NE(fanout::testing::error_of([&] {
-                  launch_gather_latent(dcache.ptr, dtable.ptr, max_blocks, bs, nullptr, 2, rows, C, rope, latent.ptr,
-                                       k_pe.ptr, nullptr);
-              }).find("kv_start"),
-              std::string::npos);
 }
 
 // The fused launch writes what the two separate ones write, bit for bit (both checked against the

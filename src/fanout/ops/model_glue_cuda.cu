@@ -76,12 +76,16 @@ __global__ void rope_q_inplace_kernel(bf16* __restrict__ q, int H, int nope, con
     }
 }
 
-// A block per position: its cache entry split into the latent row and the k_pe row.
-__global__ void gather_latent_kernel(const bf16* __restrict__ cache, const int32_t* __restrict__ block_table,
-                                     int max_blocks, int block_size, const int32_t* __restrict__ kv_start,
-                                     int num_requests, int kv_lora, int rope, bf16* __restrict__ latent,
-                                     bf16* __restrict__ k_pe) {
-    const int j = blockIdx.x, entry = kv_lora + rope;
+// A warp per position (kThreads / 32 positions per block): its cache entry split into the latent
+// row and the k_pe row, in 16-byte pieces when every row boundary allows (kv_lora and rope
+// multiples of 8, 16-byte-aligned bases), else value by value.
+__global__ void __launch_bounds__(kThreads)
+    gather_latent_kernel(const bf16* __restrict__ cache, const int32_t* __restrict__ block_table, int max_blocks,
+                         int block_size, const int32_t* __restrict__ kv_start, int num_requests, int total_rows,
+                         int kv_lora, int rope, bf16* __restrict__ latent, bf16* __restrict__ k_pe, bool vec16) {
+    const int j = blockIdx.x * (kThreads / 32) + static_cast<int>(threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (j >= total_rows) return;
+    const int entry = kv_lora + rope;
     int r = 0, pos = j;  // row j is position pos of request r
     if (kv_start != nullptr) {
         r = segment_of(kv_start, num_requests, j);
@@ -89,12 +93,23 @@ __global__ void gather_latent_kernel(const bf16* __restrict__ cache, const int32
     }
     const int32_t block = block_table[static_cast<size_t>(r) * max_blocks + pos / block_size];
     const bf16* src = cache + (static_cast<size_t>(block) * block_size + pos % block_size) * entry;
-    for (int d = threadIdx.x; d < entry; d += kThreads) {
-        if (d < kv_lora) {
-            latent[static_cast<size_t>(j) * kv_lora + d] = src[d];
-        } else {
-            k_pe[static_cast<size_t>(j) * rope + d - kv_lora] = src[d];
+    bf16* lat = latent + static_cast<size_t>(j) * kv_lora;
+    bf16* pe = k_pe + static_cast<size_t>(j) * rope;
+    if (vec16) {
+        for (int c = lane; c < entry / 8; c += 32) {
+            const uint4 v = reinterpret_cast<const uint4*>(src)[c];
+            if (c < kv_lora / 8)
+                reinterpret_cast<uint4*>(lat)[c] = v;
+            else
+                reinterpret_cast<uint4*>(pe)[c - kv_lora / 8] = v;
         }
+        return;
+    }
+    for (int d = lane; d < entry; d += 32) {
+        if (d < kv_lora)
+            lat[d] = src[d];
+        else
+            pe[d - kv_lora] = src[d];
     }
 }
 
@@ -301,9 +316,12 @@ void launch_gather_latent(const uint16_t* cache, const int32_t* block_table, int
             std::to_string(num_requests) + " block_size=" + std::to_string(block_size) +
             " max_blocks=" + std::to_string(max_blocks));
     if (total_rows <= 0) return;
-    gather_latent_kernel<<<total_rows, kThreads, 0, as_stream(cuda_stream)>>>(
-        reinterpret_cast<const bf16*>(cache), block_table, max_blocks, block_size, kv_start, num_requests, kv_lora,
-        rope, reinterpret_cast<bf16*>(latent), reinterpret_cast<bf16*>(k_pe));
+    const auto a16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+    const bool vec16 = kv_lora % 8 == 0 && rope % 8 == 0 && a16(cache) && a16(latent) && a16(k_pe);
+    constexpr int kRowsPerBlock = kThreads / 32;
+    gather_latent_kernel<<<(total_rows + kRowsPerBlock - 1) / kRowsPerBlock, kThreads, 0, as_stream(cuda_stream)>>>(
+        reinterpret_cast<const bf16*>(cache), block_table, max_blocks, block_size, kv_start, num_requests, total_rows,
+        kv_lora, rope, reinterpret_cast<bf16*>(latent), reinterpret_cast<bf16*>(k_pe), vec16);
     FANOUT_CUDA_CHECK_LAUNCH("gather_latent_kernel");
 }
 
