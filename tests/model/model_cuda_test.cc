@@ -462,6 +462,13 @@ TEST(CudaModel, BatchedDecodeMatchesSingleRequests) {
     auto b = StepBatchBuilder(blocks).add(bad, 0, s).build();
     const std::string err = fanout::testing::error_of([&] { gpu.forward_logits(b); });
     EXPECT_NE(err.find("outside the vocabulary"), std::string::npos) << err;
+    // A request with fewer cached tokens than query tokens (its chunk is part of them) is refused
+    // before any kernel reads its cache rows.
+    const int32_t two[2] = {1, 2};
+    auto short_kv = StepBatchBuilder(blocks).add(two, 0, s).build();
+    short_kv.kv_len[0] = 1;
+    const std::string err2 = fanout::testing::error_of([&] { gpu.forward_logits(short_kv); });
+    EXPECT_NE(err2.find("2 query tokens but 1 cached"), std::string::npos) << err2;
 }
 
 // The two-microbatch schedule (CudaModelOptions::microbatch) against one batch, on the tiny

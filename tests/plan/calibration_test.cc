@@ -343,6 +343,10 @@ TEST_F(PlanCalibrationH200, ModelMatchesBenchLayerWithPrefillInTheMhaForm) {
     EXPECT_FALSE(d.mha_form());
     d.batch = 1, d.draft_tokens = 3;
     EXPECT_FALSE(d.mha_form());
+    d.batch = 2, d.draft_tokens = 1023, d.schedule = Schedule::kMicroBatch;  // two microbatches: absorbed
+    EXPECT_FALSE(d.mha_form());
+    d.batch = 1;  // one request: all in the first microbatch
+    EXPECT_TRUE(d.mha_form());
 }
 
 // The check above is honest only if the layer calibration reads none of the rows it checks:

@@ -473,9 +473,19 @@ void CudaModel::Impl::check_step(const StepBatch& batch) const {
                      "token {} has cache slot {} outside the device cache's {} blocks", t, batch.slots[t], num_blocks);
     }
     for (int32_t r : batch.logit_rows) FANOUT_CHECK(r >= 0 && r < T, "logit row {} outside the step's {} tokens", r, T);
-    for (int64_t r = 0; r < R; ++r)
+    FANOUT_CHECK(static_cast<int64_t>(batch.query_start.size()) == R + 1 && batch.query_start[0] == 0 &&
+                     batch.query_start[R] == T,
+                 "GPU step: query_start has {} entries from {} to {}; {} requests of {} tokens need {} from 0 to {}",
+                 batch.query_start.size(), batch.query_start.empty() ? 0 : batch.query_start.front(),
+                 batch.query_start.empty() ? 0 : batch.query_start.back(), R, T, R + 1, T);
+    for (int64_t r = 0; r < R; ++r) {
+        const int64_t q = batch.query_start[r + 1] - batch.query_start[r];
         FANOUT_CHECK(batch.kv_len[r] >= 1 && batch.kv_len[r] <= opts.max_context,
                      "request {} has {} cached tokens; max_context is {}", r, batch.kv_len[r], opts.max_context);
+        FANOUT_CHECK(q >= 0 && batch.kv_len[r] >= q,
+                     "GPU step: request {} has {} query tokens but {} cached tokens (which include them)", r, q,
+                     batch.kv_len[r]);
+    }
 }
 
 CudaModel::Impl::Uploaded CudaModel::Impl::upload_step(const StepBatch& batch, int64_t pad_R, int64_t q, bool all_rows,

@@ -28,7 +28,8 @@ void DeviceContext::init() {
     FANOUT_CUDA_CHECK(cudaMalloc(&blas_workspace_, kBlasWorkspaceBytes));
     FANOUT_CUDA_CHECK(cudaMalloc(&fp8_scale_scratch_, kFp8ScaleScratchFloats * sizeof(float)));
     FANOUT_CUDA_CHECK(cudaMalloc(&work_counters_, 2 * sizeof(int)));
-    FANOUT_CUDA_CHECK(cudaMemset(work_counters_, 0, 2 * sizeof(int)));
+    // On the context's stream: a non-blocking stream does not wait for the legacy one.
+    FANOUT_CUDA_CHECK(cudaMemsetAsync(work_counters_, 0, 2 * sizeof(int), stream_));
 }
 
 DeviceContext::~DeviceContext() {

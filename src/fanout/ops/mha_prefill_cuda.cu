@@ -42,6 +42,8 @@ __global__ void __launch_bounds__(kGenThreads) mha_generic_kernel(const MhaPrefi
         const int lo = segment_of(p.query_start, p.num_requests, t);
         q0 = p.query_start[lo], q_len = p.query_start[lo + 1] - q0;
         k0 = p.kv_start[lo], kv_len = p.kv_start[lo + 1] - k0;
+        // Malformed offsets (a request past the tensors, fewer keys than queries): nothing read or written.
+        if (q0 < 0 || k0 < 0 || q0 + q_len > p.num_tokens || k0 + kv_len > p.ctx_len || kv_len < q_len) return;
     }
     const int nope = p.nope, qk = p.nope + p.rope, V = p.v_dim;
     float* q = s_q[warp];
@@ -163,12 +165,14 @@ void check_mha_prefill(const MhaPrefillParams& p, MhaPrefillKernel kernel) {
                               "that are multiples of 8 elements (nope=" +
                               std::to_string(p.nope) + " rope=" + std::to_string(p.rope) +
                               " v_dim=" + std::to_string(p.v_dim) + ")");
+    // The wgmma kernel's item counter runs past the last item by up to one take per CTA: 2^30 leaves room.
     FANOUT_DEVICE_REQUIRE(
         kernel != MhaPrefillKernel::kWgmma ||
             int64_t(p.num_heads) * p.num_requests * (((p.query_start ? p.max_query_len : p.num_tokens) + 127) / 128) <=
-                0x7fffffff,
-        "mha prefill: heads × requests × ⌈query tokens / 128⌉ must stay below 2^31 (num_tokens=" +
-            std::to_string(p.num_tokens) + " num_heads=" + std::to_string(p.num_heads) + ")");
+                (int64_t{1} << 30),
+        "mha prefill: heads × requests × ⌈query tokens / 128⌉ must stay within 2^30 (num_tokens=" +
+            std::to_string(p.num_tokens) + " num_heads=" + std::to_string(p.num_heads) +
+            " num_requests=" + std::to_string(p.num_requests) + ")");
 }
 
 void launch_mha_prefill(DeviceContext& ctx, const MhaPrefillParams& p) {

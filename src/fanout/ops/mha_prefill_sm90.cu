@@ -177,7 +177,10 @@ __device__ __forceinline__ Item item_at(const MhaPrefillParams& p, int u, int he
     }
     const int offset = it.ctx - it.T, last_row = min(it.m0 + kBM, it.T) - 1;
     it.n_tiles = (offset + last_row) / kBN + 1;
-    it.valid = it.m0 < it.T && offset >= 0;
+    // Malformed offsets (a request past the tensors, fewer keys than queries) make the item invalid:
+    // skipped, nothing read or written for it.
+    it.valid = it.m0 < it.T && offset >= 0 && it.q0 >= 0 && it.k0 >= 0 && it.q0 + it.T <= p.num_tokens &&
+               it.k0 + it.ctx <= p.ctx_len;
     return it;
 }
 

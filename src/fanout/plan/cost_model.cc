@@ -62,6 +62,7 @@ class LayerBuilder {
     // (the chunk last), `heads` heads; causal flash attention, scores over 192 dims and values over
     // 128 for every visible (query, key) pair; K/V (kv_b's output) and k_pe read once per head.
     void mha_attention(int stage, double requests, double query, double kv_len, double heads) {
+        kv_len = std::max(kv_len, query);  // the keys include the chunk
         const double pairs = requests * (query * (kv_len - query) + query * (query + 1) / 2);
         const double flops = 2 * heads * pairs * (kNope + kRope + kV);
         const double bytes =
@@ -165,6 +166,9 @@ void validate(const Deployment& d, const Hardware& hw) {
 
 bool Deployment::mha_form() const {
     if (attention != AttentionForm::kAuto) return attention == AttentionForm::kMha;
+    // Several requests take the MHA form only in a one-batch step (the runner's second microbatch
+    // has no MHA buffers).
+    if (schedule == Schedule::kMicroBatch && batch > 1) return false;
     return query_len() > kMhaMinQuery && double(batch) * kv_len <= kMhaMaxKeys;
 }
 
