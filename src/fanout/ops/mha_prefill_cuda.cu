@@ -176,8 +176,7 @@ void check_mha_prefill(const MhaPrefillParams& p, MhaPrefillKernel kernel) {
 }
 
 void launch_mha_prefill(DeviceContext& ctx, const MhaPrefillParams& p) {
-    check_params(p);
-    launch_mha_prefill(ctx, p, mha_prefill_kernel_for(p));
+    launch_mha_prefill(ctx, p, mha_prefill_kernel_for(p));  // which checks p first
 }
 
 void launch_mha_prefill(DeviceContext& ctx, const MhaPrefillParams& p, MhaPrefillKernel kernel) {

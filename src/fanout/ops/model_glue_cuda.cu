@@ -325,21 +325,6 @@ void launch_gather_latent(const uint16_t* cache, const int32_t* block_table, int
     FANOUT_CUDA_CHECK_LAUNCH("gather_latent_kernel");
 }
 
-namespace {
-__global__ void add_bf16_kernel(const bf16* __restrict__ x, bf16* __restrict__ y, int64_t n) {
-    for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
-        y[i] = __float2bfloat16(__bfloat162float(y[i]) + __bfloat162float(x[i]));
-}
-}  // namespace
-
-void launch_add_bf16(const uint16_t* x, uint16_t* y, int64_t n, void* cuda_stream) {
-    if (n <= 0) return;
-    const int blocks = static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 4096));
-    add_bf16_kernel<<<blocks, kThreads, 0, as_stream(cuda_stream)>>>(reinterpret_cast<const bf16*>(x),
-                                                                     reinterpret_cast<bf16*>(y), n);
-    FANOUT_CUDA_CHECK_LAUNCH("add_bf16_kernel");
-}
-
 void launch_silu_mul_bf16(const uint16_t* gate_up, int R, int I, uint16_t* out, void* cuda_stream) {
     if (R <= 0) return;
     silu_mul_kernel<<<R, kThreads, 0, as_stream(cuda_stream)>>>(reinterpret_cast<const bf16*>(gate_up), I,

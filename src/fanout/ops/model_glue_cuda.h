@@ -57,9 +57,6 @@ void launch_gather_latent(const uint16_t* cache, const int32_t* block_table, int
                           const int32_t* kv_start, int num_requests, int total_rows, int kv_lora, int rope,
                           uint16_t* latent, uint16_t* k_pe, void* cuda_stream);
 
-// y[i] = bf16(y[i] + x[i]) in f32, i < n: an EP combine's output joining the residual stream.
-void launch_add_bf16(const uint16_t* x, uint16_t* y, int64_t n, void* cuda_stream);
-
 // gate_up: [R, 2I] bf16 (gate | up) -> out: [R, I] = silu(gate) · up, bf16.
 void launch_silu_mul_bf16(const uint16_t* gate_up, int R, int I, uint16_t* out, void* cuda_stream);
 
