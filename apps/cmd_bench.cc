@@ -150,6 +150,11 @@ void add_bench_command(CLI::App& app) {
     layer->add_option("--gpus", l->gpus, "GPUs for --comm nvlink|nccl (0: every visible one)")->capture_default_str();
     layer->add_flag("--mha", l->mha,
                     "attention in the MHA form, as the model runs prefill chunks (needs --query-len > 4)");
+    layer
+        ->add_option("--decodes", l->decodes,
+                     "one-token decode requests ahead of each point's requests in the same step (a mixed step)")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
     layer->add_flag("--microbatch", l->microbatch,
                     "also each emulated MoE point as two interleaved microbatches (the split's cost: communication "
                     "is not included)");

@@ -46,8 +46,10 @@ Cost add(Cost a, Cost b) { return {a.bytes + b.bytes, a.flops + b.flops, a.bf16 
 // Bytes and FLOPs of each kernel the layer marks, for T tokens of R requests.
 // `emulated`: every local expert receives m rows (the emulated backend); else the step's own
 // routing, which reaches at most T·top_k of them — only those experts' weights are read.
+// `decodes` of the T tokens are one-token requests ahead of the R requests, attended apart
+// ("decode_attention").
 std::map<std::string, Cost> layer_costs(const io::ModelConfig& c, double R, double T, double kv, int ep, double m,
-                                        bool emulated = true) {
+                                        bool emulated = true, double decodes = 0) {
     const double D = c.hidden_size, H = c.num_attention_heads, C = c.kv_lora_rank, nope = c.qk_nope_head_dim;
     const double rope = c.qk_rope_head_dim, V = c.v_head_dim, ql = c.q_lora_rank, E = c.n_routed_experts;
     const double K = c.num_experts_per_tok, Ie = c.moe_intermediate_size, EL = E / std::max(ep, 1);
@@ -60,7 +62,11 @@ std::map<std::string, Cost> layer_costs(const io::ModelConfig& c, double R, doub
     k["latent_norm_rope_append"] = {T * H * (nope + rope) * 4 + T * (C + rope) * 4, 0};
     k["bmm_q_absorb"] = add(gemm(T, C, nope), {(H - 1) * C * nope, 2 * (H - 1) * T * C * nope});
     k["bmm_q_absorb"].bytes = H * C * nope + H * T * nope * 4 + H * T * C * 2;
-    k["attention"] = {R * kv * (C + rope) * 2 + T * H * (C + rope + C) * 2, 2 * T * H * kv * (C + rope + C), true};
+    const auto absorbed = [&](double r, double t) {
+        return Cost{r * kv * (C + rope) * 2 + t * H * (C + rope + C) * 2, 2 * t * H * kv * (C + rope + C), true};
+    };
+    k["attention"] = absorbed(R, T - decodes);
+    if (decodes > 0) k["decode_attention"] = absorbed(decodes, decodes);
     k["bmm_v"] = {H * V * C + H * T * C * 4 + H * T * V * 2, 2 * H * T * V * C};
     k["o_proj"] = add(gemm(T, D, H * V), {T * H * V * 4 + T * D * 2, 0});
     k["post_norm"] = {T * D * 4, 0};
@@ -160,27 +166,30 @@ Timing time_layer(CudaLayerExec& exec, const model::DeviceLayer& w, const model:
     return t;
 }
 
-// One GPU's side of the benchmark: a cache of max_batch requests of kv_len random entries (block
-// tables in order), the residual stream and its pristine copy, and the step's metadata.
+// One GPU's side of the benchmark: a cache of max_batch + decodes requests of kv_len random
+// entries (block tables in order), the residual stream and its pristine copy, and the step's
+// metadata.
 struct Rig {
-    Rig(const io::ModelConfig& c, int max_batch, int q, int kv_len, cudaStream_t s, bool mha = false)
+    Rig(const io::ModelConfig& c, int max_batch, int q, int kv_len, cudaStream_t s, bool mha = false, int decodes = 0)
         : q(q),
           kv_len(kv_len),
+          decodes(decodes),
           mha(mha),
           per_req((kv_len + kv::kDefaultBlockSize - 1) / kv::kDefaultBlockSize),
           s(s),
-          cache(static_cast<size_t>(max_batch * per_req * kv::kDefaultBlockSize) *
+          cache(static_cast<size_t>((max_batch + decodes) * per_req * kv::kDefaultBlockSize) *
                 static_cast<size_t>(c.kv_entry_dim())),
-          hidden(static_cast<size_t>(max_batch * q * c.hidden_size)),
+          hidden(static_cast<size_t>((max_batch * q + decodes) * c.hidden_size)),
           pristine(hidden.size()),
-          positions(static_cast<size_t>(max_batch * q)),
-          slots(static_cast<size_t>(max_batch * q)),
-          query_start(static_cast<size_t>(max_batch + 1)),
+          positions(static_cast<size_t>(max_batch * q + decodes)),
+          slots(positions.size()),
+          query_start(static_cast<size_t>(max_batch + decodes + 1)),
           kv_start(static_cast<size_t>(max_batch + 1)),
-          kv_lens(static_cast<size_t>(max_batch)),
-          block_table(static_cast<size_t>(max_batch * per_req)),
+          mha_query_start(static_cast<size_t>(max_batch + 1)),
+          kv_lens(static_cast<size_t>(max_batch + decodes)),
+          block_table(static_cast<size_t>((max_batch + decodes) * per_req)),
           num_tokens(1),
-          table(static_cast<size_t>(max_batch * per_req)),
+          table(static_cast<size_t>((max_batch + decodes) * per_req)),
           ctx(s) {
         ops::launch_random_bf16(cache.get(), cache.size(), 1.0f, 11, s);
         ops::launch_random_bf16(pristine.get(), pristine.size(), 1.0f, 12, s);
@@ -189,52 +198,64 @@ struct Rig {
         FANOUT_CUDA_CHECK(cudaStreamSynchronize(s));
     }
 
-    // The step of `batch` requests of q tokens each at the end of kv_len cached positions.
+    // The step of `decodes` one-token requests, then `batch` requests of q tokens each, every one
+    // at the end of kv_len cached positions (the scheduler's order: decodes first). With `mha`
+    // the batch's chunks run the MHA form, the decodes the absorbed form.
     model::LayerStep step_for(int batch) {
         const int64_t block = kv::kDefaultBlockSize;
-        std::vector<int32_t> pos, slot, qs, kl, ks;
-        for (int r = 0; r < batch; ++r) {
-            qs.push_back(r * q);
-            ks.push_back(r * kv_len);
+        const int R = decodes + batch;
+        std::vector<int32_t> pos, slot, qs{0}, kl, ks{0}, mqs{0};
+        for (int r = 0; r < R; ++r) {
+            const int n = r < decodes ? 1 : q;
+            qs.push_back(qs.back() + n);
             kl.push_back(kv_len);
-            for (int i = 0; i < q; ++i) {
-                const int p = kv_len - q + i;
+            if (r >= decodes) {
+                ks.push_back(ks.back() + kv_len);
+                mqs.push_back(mqs.back() + q);
+            }
+            for (int i = 0; i < n; ++i) {
+                const int p = kv_len - n + i;
                 pos.push_back(p);
                 slot.push_back(
                     static_cast<int32_t>(table[static_cast<size_t>(r * per_req + p / block)] * block + p % block));
             }
         }
-        qs.push_back(batch * q);
-        ks.push_back(batch * kv_len);
         kv_start.upload(ks.data(), ks.size(), s);
+        mha_query_start.upload(mqs.data(), mqs.size(), s);
         positions.upload(pos.data(), pos.size(), s);
         slots.upload(slot.data(), slot.size(), s);
         query_start.upload(qs.data(), qs.size(), s);
         kv_lens.upload(kl.data(), kl.size(), s);
-        const int32_t T = batch * q;
+        const int32_t T = qs.back();
         num_tokens.upload(&T, 1, s);
         FANOUT_CUDA_CHECK(cudaStreamSynchronize(s));  // the uploads read these host vectors
         model::LayerStep st;
         st.T = T;
         st.num_tokens = num_tokens.get();
-        st.R = batch;
-        st.max_q = q;
+        st.R = R;
+        st.max_q = batch > 0 ? q : 1;
         st.positions = positions.get();
         st.slots = slots.get();
         st.query_start = query_start.get();
         st.kv_len = kv_lens.get();
         st.block_table = block_table.get();
         st.max_blocks = static_cast<int>(per_req);
-        if (mha) st.prefill_ctx = batch * kv_len, st.kv_start = kv_start.get();
+        if (mha && batch > 0) {
+            st.prefill_ctx = batch * kv_len;
+            st.mha_request = st.mha_row = decodes;
+            st.absorbed_max_q = decodes > 0 ? 1 : 0;
+            st.kv_start = kv_start.get();
+            st.mha_query_start = mha_query_start.get();
+        }
         return st;
     }
 
-    int q, kv_len;
+    int q, kv_len, decodes;
     bool mha;
     int64_t per_req;
     cudaStream_t s;
     DeviceArray<uint16_t> cache, hidden, pristine;
-    DeviceArray<int32_t> positions, slots, query_start, kv_start, kv_lens, block_table, num_tokens;
+    DeviceArray<int32_t> positions, slots, query_start, kv_start, mha_query_start, kv_lens, block_table, num_tokens;
     std::vector<int32_t> table;
     ops::DeviceContext ctx;  // on s: the layer's cuBLASLt, GEMM and MLA scratch
 };
@@ -252,6 +273,10 @@ int run_layer_bench(const LayerBenchOptions& opts) {
                  "bench layer --mha: the MHA form is for prefill chunks (--query-len > 4, got {}) on the emulated "
                  "backend without --microbatch",
                  opts.query_len);
+    FANOUT_CHECK(opts.decodes >= 0 && (opts.decodes == 0 || (opts.comm == "emulated" && !opts.microbatch)),
+                 "bench layer --decodes {}: decode requests beside the chunks need the emulated backend without "
+                 "--microbatch",
+                 opts.decodes);
     cudaDeviceProp prop{};
     FANOUT_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     const GpuCeilings ceil = measure_gpu_ceilings();
@@ -265,10 +290,11 @@ int run_layer_bench(const LayerBenchOptions& opts) {
     const io::ModelConfig c = model::preset_config("full-layers", 4);
     const ops::RopeTable rope = model::rope_table(c);
     const int max_batch = *std::max_element(opts.batches.begin(), opts.batches.end());
-    const int q = opts.query_len, max_T = max_batch * q;
+    const int q = opts.query_len, max_T = max_batch * q + opts.decodes;
+    const auto tokens = [&](int batch) { return double(batch) * q + opts.decodes; };  // of a point's step
     cudaStream_t s;
     FANOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    Rig rig(c, max_batch, q, opts.kv_len, s, opts.mha);
+    Rig rig(c, max_batch, q, opts.kv_len, s, opts.mha, opts.decodes);
 
     nlohmann::json points = nlohmann::json::array();
     const auto report = [&](const char* title, int ep, const std::vector<std::pair<int, Timing>>& rows,
@@ -281,9 +307,9 @@ int run_layer_bench(const LayerBenchOptions& opts) {
             const std::string& name = rows.front().second.names[i];
             std::printf("%-24s", name.c_str());
             for (const auto& [b, t] : rows) {
-                const double m = ep > 0 ? double(b) * q * c.num_experts_per_tok * ep / c.n_routed_experts : 0;
+                const double m = ep > 0 ? tokens(b) * c.num_experts_per_tok * ep / c.n_routed_experts : 0;
                 const auto costs =
-                    layer_costs(c, b, double(b) * q, opts.kv_len, ep, std::max(1.0, std::ceil(m)), emulated);
+                    layer_costs(c, b, tokens(b), opts.kv_len, ep, std::max(1.0, std::ceil(m)), emulated, opts.decodes);
                 const auto it = costs.find(name);
                 std::printf(" %8.1f %6s", t.us[i],
                             it == costs.end() ? "" : fmt::format("{:.1f}", floor_us(it->second)).c_str());
@@ -302,7 +328,7 @@ int run_layer_bench(const LayerBenchOptions& opts) {
     const auto add_point = [&](const Timing& t, int ep, int batch, int T, int m, int64_t local,
                                const std::string& comm) {
         nlohmann::json kernels, floors;
-        const auto costs = layer_costs(c, batch, T, opts.kv_len, ep, m);
+        const auto costs = layer_costs(c, batch, T, opts.kv_len, ep, m, true, opts.decodes);
         double grouped = 0;
         for (size_t i = 0; i < t.names.size(); ++i) {
             kernels[t.names[i]] = t.us[i];
@@ -317,6 +343,7 @@ int run_layer_bench(const LayerBenchOptions& opts) {
                           {"kv_len", opts.kv_len},
                           {"schedule", "no_overlap"},
                           {"attention_form", opts.mha ? "mha" : "absorbed"},
+                          {"decodes", opts.decodes},
                           {"communication", comm},
                           {"tokens_per_expert", m},
                           {"local_experts", local},
@@ -352,9 +379,10 @@ int run_layer_bench(const LayerBenchOptions& opts) {
         std::vector<std::pair<int, Timing>> rows;
         for (int b : opts.batches) {
             model::LayerStep st = rig.step_for(b);
-            const int m = moe ? std::max(1, static_cast<int>(std::ceil(double(b) * q * c.num_experts_per_tok * ep /
-                                                                       c.n_routed_experts)))
-                              : 0;
+            const int m =
+                moe ? std::max(1,
+                               static_cast<int>(std::ceil(tokens(b) * c.num_experts_per_tok * ep / c.n_routed_experts)))
+                    : 0;
             if (moe) {
                 emu->set_rows(m);
                 st.expected_m = m;
@@ -364,11 +392,15 @@ int run_layer_bench(const LayerBenchOptions& opts) {
             add_point(t, moe ? ep : 0, b, st.T, m, local, "not included");
             rows.emplace_back(b, std::move(t));
         }
-        report(moe ? fmt::format("MoE layer, EP{} emulated ({} local experts, m = batch·{}·8·{}/256 tokens each)", ep,
-                                 local, q, ep)
-                         .c_str()
-                   : "dense layer (the first 3 of V3's 61; intermediate 18432)",
-               ep, rows);
+        const std::string mixed =
+            opts.decodes > 0 ? fmt::format("; each step also {} one-token decodes ahead of the batch", opts.decodes)
+                             : "";
+        report(
+            moe ? fmt::format("MoE layer, EP{} emulated ({} local experts, m = (batch·{} + {})·8·{}/256 tokens each{})",
+                              ep, local, q, opts.decodes, ep, mixed)
+                      .c_str()
+                : fmt::format("dense layer (the first 3 of V3's 61; intermediate 18432{})", mixed).c_str(),
+            ep, rows);
     };
     bench_points(0);
     for (int ep : opts.eps) bench_points(ep);

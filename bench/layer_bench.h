@@ -36,6 +36,10 @@ struct LayerBenchOptions {
     // and expanded by kv_b, the wgmma flash attention over all requests in one launch) instead of
     // the absorbed form; needs query_len > 4 (a prefill chunk) and the emulated backend only.
     bool mha = false;
+    // One-token decode requests (at kv_len context) ahead of each point's requests in the same
+    // step — continuous batching's mixed step; with `mha` they run the absorbed form and the
+    // chunks the MHA form, as the model does. Emulated backend only.
+    int decodes = 0;
     std::string json_out = "layer_bench.json";
 };
 

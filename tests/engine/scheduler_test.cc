@@ -56,6 +56,39 @@ TEST(Scheduler, ChunksPrefillUnderTheTokenBudgetAndMixesDecode) {
     EXPECT_TRUE(w[1].wants_logits);
 }
 
+// A step lists its decodes before its prefill chunks (the GPU model runs the two in different
+// attention forms), each group in arrival order; budget still goes by arrival.
+TEST(Scheduler, ListsDecodesBeforePrefillChunks) {
+    kv::BlockAllocator alloc(64);
+    kv::PrefixCache pc(alloc, 4);
+    Scheduler sched({8, 40, 8}, pc);
+    auto a = make_seq(1, 20), b = make_seq(2, 3, 100), c = make_seq(3, 2, 200);
+    sched.add(a);
+    sched.add(b);
+    sched.add(c);
+    auto w = sched.schedule();  // a's first chunk, b's and c's whole prompts: no decode yet
+    ASSERT_EQ(w.size(), 3u);
+    EXPECT_EQ(w[0].seq->id, 1);
+    EXPECT_EQ(w[1].seq->id, 2);
+    EXPECT_EQ(w[2].seq->id, 3);
+    run(sched, w);
+    auto d = make_seq(4, 12, 300);
+    sched.add(d);
+    w = sched.schedule();  // b and c decode; a (arrived first) and d prefill after them
+    ASSERT_EQ(w.size(), 4u);
+    EXPECT_EQ(w[0].seq->id, 2);
+    EXPECT_EQ(w[1].seq->id, 3);
+    EXPECT_EQ(w[2].seq->id, 1);
+    EXPECT_EQ(w[3].seq->id, 4);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(w[i].is_decode(), i < 2) << i;
+    EXPECT_EQ(w[2].start, 8);
+    EXPECT_EQ(w[2].num_tokens, 8);
+    run(sched, w);
+    // A prompt's last token alone counts as a decode too: it is one query row at the end.
+    w = sched.schedule();
+    for (size_t i = 1; i < w.size(); ++i) EXPECT_FALSE(!w[i - 1].is_decode() && w[i].is_decode()) << i;
+}
+
 TEST(Scheduler, AdmitsFirstComeFirstServedUpToTheSequenceCap) {
     kv::BlockAllocator alloc(64);
     kv::PrefixCache pc(alloc, 4);

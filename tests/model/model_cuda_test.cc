@@ -410,6 +410,8 @@ TEST(CudaModel, BatchedPrefillChunksMatchTheCpu) {
         sb.add(std::span(ids).subspan(chunks[r].start, chunks[r].len), chunks[r].start, seqs[r],
                StepBatchBuilder::Logits::kAll);
     const Tensor got = gpu.forward_logits(sb.build());
+    EXPECT_EQ(gpu.last_attention_split().absorbed, 0);
+    EXPECT_EQ(gpu.last_attention_split().mha, 3);
     std::vector<double> diffs;
     double max_logit = 0;
     int64_t row = 0;
@@ -423,6 +425,62 @@ TEST(CudaModel, BatchedPrefillChunksMatchTheCpu) {
         row += chunks[r].len;
     }
     expect_close(diffs, max_logit, kOracle, "three prefill chunks in one step (MHA form)");
+}
+
+// Continuous batching's mixed step: decodes listed first run the absorbed form, the prefill chunks
+// after them the MHA form, in the same step — each request's logits against the CPU's of its
+// whole sequence. Listed the other way round, the step runs all in the absorbed form (and agrees too).
+TEST(CudaModel, MixedStepRunsDecodesAbsorbedAndChunksInTheMhaForm) {
+    REQUIRE_GPU();
+    const std::string dir = (oracle_dir() / fixture_names().front()).string();
+    auto m = DeepseekV3::load(dir);
+    const auto ids = input_ids(dir);
+    const int64_t V = m->config().vocab_size;
+    CudaModelOptions o;
+    o.max_requests = 4;
+    o.max_context = 128;
+    o.max_step_tokens = 64;
+    o.max_logit_rows = 64;
+    o.cuda_graphs = false;
+    struct Part {
+        int start, len;
+    };
+    // Requests 0 and 1 decode after prompts of 17 and 30 tokens; request 2 prefills 20 tokens;
+    // request 3 its next 9 after 12 cached (all of them read the same token sequence).
+    const Part parts[4] = {{17, 1}, {30, 1}, {0, 20}, {12, 9}};
+    for (const bool decodes_first : {true, false}) {
+        CudaModel gpu(*m, o);
+        kv::PagedKvCache blocks = gpu.make_block_allocator();
+        std::vector<kv::SequenceBlocks> seqs(4);
+        for (int r = 0; r < 4; ++r) blocks.reserve(seqs[r], parts[r].start + parts[r].len);
+        for (int r : {0, 1, 3})
+            gpu.forward_logits(
+                StepBatchBuilder(blocks).add(std::span(ids).subspan(0, parts[r].start), 0, seqs[r]).build());
+        const std::vector<int> order = decodes_first ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{2, 3, 0, 1};
+        StepBatchBuilder sb(blocks);
+        for (int r : order)
+            sb.add(std::span(ids).subspan(parts[r].start, parts[r].len), parts[r].start, seqs[r],
+                   StepBatchBuilder::Logits::kAll);
+        const Tensor got = gpu.forward_logits(sb.build());
+        const CudaModel::AttentionSplit split = gpu.last_attention_split();
+        EXPECT_EQ(split.absorbed, decodes_first ? 2 : 4);
+        EXPECT_EQ(split.mha, decodes_first ? 2 : 0);
+        std::vector<double> diffs;
+        double max_logit = 0;
+        int64_t row = 0;
+        for (int r : order) {
+            const int end = parts[r].start + parts[r].len;
+            const Tensor ref =
+                cpu_logits(*m, std::vector<int32_t>(ids.begin(), ids.begin() + end), ops::Fp8Mode::kDequant);
+            const std::vector<double> d = position_diffs(
+                got.data_as<float>() + row * V, ref.data_as<float>() + int64_t(parts[r].start) * V, parts[r].len, V);
+            diffs.insert(diffs.end(), d.begin(), d.end());
+            max_logit = std::max(max_logit, max_abs(ref));
+            row += parts[r].len;
+        }
+        expect_close(diffs, max_logit, kOracle,
+                     decodes_first ? "decodes then chunks (both forms in one step)" : "chunks then decodes (absorbed)");
+    }
 }
 
 // Several requests of different lengths in one step, and bad steps rejected with a message.

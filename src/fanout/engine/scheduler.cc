@@ -167,6 +167,9 @@ std::vector<ScheduledSeq> Scheduler::schedule() {
     // 3. What the budget still holds goes to the chunks that took less than prefill_chunk tokens.
     grow_chunks(out, budget);
     for (const auto& s : out) reserve_lookahead(s);
+    // 4. The step lists its decodes first, then its prefill chunks, each in the order above: the
+    // GPU model runs the first in the absorbed form and the chunks after them in the MHA form.
+    std::stable_partition(out.begin(), out.end(), [](const ScheduledSeq& s) { return s.is_decode(); });
     return out;
 }
 

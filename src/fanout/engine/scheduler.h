@@ -2,11 +2,12 @@
 //
 // Every step has a cost budget (max_batched_tokens) and a cap on running sequences. Running
 // sequences go first, in arrival order: a decoding one takes 1 token, a prefilling one its next
-// chunk. Then waiting sequences are admitted first-come-first-served while budget, the sequence cap
-// and KV blocks allow; an admitted prompt first takes its longest cached prefix from the
-// PrefixCache. When a running sequence needs a block and none can be had, the most recently
-// arrived running sequence is preempted by recompute: its blocks are released and it waits again
-// at the front of the queue, to prefill prompt + output so far. Plain data: no tensors, no model.
+// chunk. (The step's list then puts its decodes before its prefill chunks, each group in that
+// order: the GPU model runs the two in different attention forms, deepseek_v3_cuda.h.) Then waiting sequences are
+// admitted first-come-first-served while budget, the sequence cap and KV blocks allow; an admitted prompt first takes
+// its longest cached prefix from the PrefixCache. When a running sequence needs a block and none can be had, the most
+// recently arrived running sequence is preempted by recompute: its blocks are released and it waits again at the front
+// of the queue, to prefill prompt + output so far. Plain data: no tensors, no model.
 //
 // Cost: tokens [s, s + n) of a sequence cost n + attention_cost_per_pair · Σ_{i<n} (s + i + 1) —
 // one token-equivalent per token plus the attention pairs of a causal chunk at context s — so a
@@ -75,6 +76,8 @@ struct ScheduledSeq {
     int64_t start;
     int64_t num_tokens;
     bool wants_logits;  // the chunk reaches the last known token: sample after it (and check its draft)
+    // A decode: it computes only from the last known token on (that token, and any draft).
+    bool is_decode() const { return start + 1 >= seq->total_len(); }
 };
 
 class Scheduler {

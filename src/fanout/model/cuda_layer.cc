@@ -418,19 +418,116 @@ void CudaLayerExec::attn_in(const DeviceLayer& w, const LayerStep& st, uint16_t*
     }
     m("q_b");
     const ops::RopeDevice rd{b.inv_freq.get(), rope_dim, rope_factor_};
+    const int t0 = st.prefill_ctx > 0 ? st.mha_row : T;  // rows [t0, T): prefill chunks in the MHA form
     if (st.prefill_ctx > 0) {
-        FANOUT_CHECK(st.kv_start != nullptr && st.prefill_ctx <= max_prefill_ctx_ && st.prefill_ctx >= T,
-                     "MHA-form prefill: contexts of {}..{} keys in all with their offsets, got {} keys for {} "
-                     "requests{}",
-                     T, max_prefill_ctx_, st.prefill_ctx, st.R, st.kv_start ? "" : " and no offsets");
-        ops::launch_rope_q_inplace(b.q.get(), T, H, nope, st.positions, rd, stream_);
-        ops::launch_mla_kv_append(kv_a, qkv_width, T, C, w.kv_a_norm.get(), kLatentNormEps, st.positions, rd, st.slots,
-                                  cache, stream_);
-    } else {  // q's rope part into q_pe and the cache entry, one launch
-        ops::launch_mla_q_rope_kv_append(b.q.get(), T, H, nope, b.q_pe.get(), kv_a, qkv_width, C, w.kv_a_norm.get(),
-                                         kLatentNormEps, st.positions, rd, st.slots, cache, stream_);
+        FANOUT_CHECK(st.kv_start != nullptr && st.mha_query_start != nullptr && st.prefill_ctx <= max_prefill_ctx_ &&
+                         st.mha_request >= 0 && st.mha_request < st.R && t0 >= st.mha_request && t0 < T &&
+                         st.prefill_ctx >= T - t0 && (t0 == 0 || st.absorbed_max_q >= 1),
+                     "MHA-form prefill: chunks of requests {}..{} (tokens {}..{}) over contexts of {}..{} keys in all "
+                     "with their offsets, got {} keys{}",
+                     st.mha_request, st.R, t0, T, T - t0, max_prefill_ctx_, st.prefill_ctx,
+                     st.kv_start && st.mha_query_start ? "" : " and no offsets");
+        // The chunks' q rotated in place (the MHA form reads q as it is), their cache entries appended.
+        const int64_t qw = nope + rope_dim;
+        ops::launch_rope_q_inplace(b.q.get() + int64_t{t0} * H * qw, T - t0, H, nope, st.positions + t0, rd, stream_);
+        ops::launch_mla_kv_append(kv_a + int64_t{t0} * qkv_width, qkv_width, T - t0, C, w.kv_a_norm.get(),
+                                  kLatentNormEps, st.positions + t0, rd, st.slots + t0, cache, stream_);
     }
+    if (t0 > 0)  // the absorbed form's rows: q's rope part into q_pe and the cache entry, one launch
+        ops::launch_mla_q_rope_kv_append(b.q.get(), t0, H, nope, b.q_pe.get(), kv_a, qkv_width, C, w.kv_a_norm.get(),
+                                         kLatentNormEps, st.positions, rd, st.slots, cache, stream_);
     m("latent_norm_rope_append");
+}
+
+void CudaLayerExec::attend_mha(const DeviceLayer& w, const LayerStep& st, uint16_t* cache, const KernelMark& mark) {
+    Buffers& b = *b_;
+    const auto m = [&](const char* name) {
+        if (mark) mark(name);
+    };
+    const auto [D, H, nope, rope_dim, C, V, ql] = dims_;
+    // The chunks' contexts' latents, back to back, expanded by kv_b into per-head K and V; their
+    // queries and outputs are rows [t0, T) of q and attn, their offsets from there.
+    const int ctx = st.prefill_ctx, t0 = st.mha_row, R = st.R - st.mha_request;
+    ops::launch_gather_latent(cache, st.block_table + int64_t{st.mha_request} * st.max_blocks, st.max_blocks,
+                              static_cast<int>(kv::kDefaultBlockSize), st.kv_start, R, ctx, C, rope_dim, b.latent.get(),
+                              b.k_pe.get(), stream_);
+    linear(w.kv_b, b.latent.get(), ctx, b.kv_expanded.get());
+    m("kv_b_expand");
+    ops::MhaPrefillParams p;
+    p.num_tokens = st.T - t0;
+    p.ctx_len = ctx;
+    p.num_heads = H;
+    p.nope = nope;
+    p.rope = rope_dim;
+    p.v_dim = V;
+    p.scale = static_cast<float>(c_.softmax_scale());
+    p.q_stride_t = static_cast<int64_t>(H) * (nope + rope_dim);
+    p.q_stride_h = nope + rope_dim;
+    p.q = b.q.get() + t0 * p.q_stride_t;
+    p.k_nope = b.kv_expanded.get();  // [ctx, H, nope + v]: k_nope then v per head
+    p.k_stride_t = static_cast<int64_t>(H) * (nope + V);
+    p.k_stride_h = nope + V;
+    p.k_pe = b.k_pe.get();
+    p.k_pe_stride_t = rope_dim;
+    p.v = b.kv_expanded.get() + nope;
+    p.v_stride_t = p.k_stride_t;
+    p.v_stride_h = p.k_stride_h;
+    p.out_stride_t = static_cast<int64_t>(H) * V;
+    p.out_stride_h = V;
+    p.out = b.attn.get() + t0 * p.out_stride_t;  // [T, H, v]: o_proj's input as it is
+    p.num_requests = R;
+    p.max_query_len = st.max_q;
+    p.query_start = st.mha_query_start;
+    p.kv_start = st.kv_start;
+    ops::launch_mha_prefill(ctx_, p);
+    m("attention");
+}
+
+void CudaLayerExec::attend_absorbed(const DeviceLayer& w, const LayerStep& st, int T, int R, int max_q, uint16_t* cache,
+                                    const char* attention_mark, const KernelMark& mark) {
+    Buffers& b = *b_;
+    const auto m = [&](const char* name) {
+        if (mark) mark(name);
+    };
+    const auto [D, H, nope, rope_dim, C, V, ql] = dims_;
+    // k_b into q, MLA over the cache, v_b out — the per-head projections in bf16 (DeepSeek's
+    // reference inference dequantizes kv_b for them too), cuBLASLt strided-batched: k_b reads each
+    // head's nope part of q_b's output in place, q_lat [H, T, C].
+    FANOUT_CHECK(!w.k_b.fp8 && !w.v_b.fp8, "the absorbed form runs k_b / v_b in bf16 (model/weight_plan.h)");
+    const int64_t qw = nope + rope_dim;
+    ops::launch_gemm_bf16_batched(ctx_, {H, T, C, nope, b.q.get(), int64_t{H} * qw, qw, w.k_b.bf16.get(), nope,
+                                         int64_t{C} * nope, b.q_lat.get(), C, int64_t{T} * C});
+    m("bmm_q_absorb");
+    ops::MlaAttentionParams p;
+    p.num_tokens = T;
+    p.num_requests = R;
+    p.num_heads = H;
+    p.kv_lora = C;
+    p.rope_dim = rope_dim;
+    p.block_size = static_cast<int>(kv::kDefaultBlockSize);
+    p.max_blocks = st.max_blocks;
+    p.max_query_len = max_q;
+    p.scale = static_cast<float>(c_.softmax_scale());
+    p.query_start = st.query_start;  // requests [0, R) are the step's first: their offsets as they are
+    p.kv_len = st.kv_len;
+    p.positions = st.positions;
+    p.block_table = st.block_table;
+    p.cache = cache;
+    p.q_lat = b.q_lat.get();  // [H, T, C]
+    p.q_lat_stride_t = C;
+    p.q_lat_stride_h = static_cast<int64_t>(T) * C;
+    p.q_pe = b.q_pe.get();  // [T, H, rope]
+    p.q_pe_stride_t = static_cast<int64_t>(H) * rope_dim;
+    p.q_pe_stride_h = rope_dim;
+    p.out = b.o_lat.get();  // [H, T, C]
+    p.out_stride_t = C;
+    p.out_stride_h = static_cast<int64_t>(T) * C;
+    ops::launch_mla_attention(p, &ctx_.mla_workspace(), stream_);
+    m(attention_mark);
+    // v_b writes o_proj's input [T, H, v] as it is.
+    ops::launch_gemm_bf16_batched(ctx_, {H, T, V, C, b.o_lat.get(), C, int64_t{T} * C, w.v_b.bf16.get(), C,
+                                         int64_t{V} * C, b.attn.get(), int64_t{H} * V, V});
+    m("bmm_v");
 }
 
 void CudaLayerExec::attn_out(const DeviceLayer& w, const LayerStep& st, uint16_t* hidden, uint16_t* cache,
@@ -443,79 +540,11 @@ void CudaLayerExec::attn_out(const DeviceLayer& w, const LayerStep& st, uint16_t
     const int T = st.T;
     const auto [D, H, nope, rope_dim, C, V, ql] = dims_;
     if (st.prefill_ctx > 0) {
-        // MHA form: the contexts' latents, back to back, expanded by kv_b into per-head K and V.
-        const int ctx = st.prefill_ctx;
-        ops::launch_gather_latent(cache, st.block_table, st.max_blocks, static_cast<int>(kv::kDefaultBlockSize),
-                                  st.kv_start, st.R, ctx, C, rope_dim, b.latent.get(), b.k_pe.get(), stream_);
-        linear(w.kv_b, b.latent.get(), ctx, b.kv_expanded.get());
-        m("kv_b_expand");
-        ops::MhaPrefillParams p;
-        p.num_tokens = T;
-        p.ctx_len = ctx;
-        p.num_heads = H;
-        p.nope = nope;
-        p.rope = rope_dim;
-        p.v_dim = V;
-        p.scale = static_cast<float>(c_.softmax_scale());
-        p.q = b.q.get();
-        p.q_stride_t = static_cast<int64_t>(H) * (nope + rope_dim);
-        p.q_stride_h = nope + rope_dim;
-        p.k_nope = b.kv_expanded.get();  // [ctx, H, nope + v]: k_nope then v per head
-        p.k_stride_t = static_cast<int64_t>(H) * (nope + V);
-        p.k_stride_h = nope + V;
-        p.k_pe = b.k_pe.get();
-        p.k_pe_stride_t = rope_dim;
-        p.v = b.kv_expanded.get() + nope;
-        p.v_stride_t = p.k_stride_t;
-        p.v_stride_h = p.k_stride_h;
-        p.out = b.attn.get();  // [T, H, v]: o_proj's input as it is
-        p.out_stride_t = static_cast<int64_t>(H) * V;
-        p.out_stride_h = V;
-        p.num_requests = st.R;
-        p.max_query_len = st.max_q;
-        p.query_start = st.query_start;
-        p.kv_start = st.kv_start;
-        ops::launch_mha_prefill(ctx_, p);
-        m("attention");
+        attend_mha(w, st, cache, mark);
+        if (st.mha_row > 0)  // the decodes before the chunks
+            attend_absorbed(w, st, st.mha_row, st.mha_request, st.absorbed_max_q, cache, "decode_attention", mark);
     } else {
-        // Absorbed form: k_b into q, MLA over the cache, v_b out — the per-head projections in bf16
-        // (DeepSeek's reference inference dequantizes kv_b for them too), cuBLASLt strided-batched:
-        // k_b reads each head's nope part of q_b's output in place, q_lat [H, T, C].
-        FANOUT_CHECK(!w.k_b.fp8 && !w.v_b.fp8, "the absorbed form runs k_b / v_b in bf16 (model/weight_plan.h)");
-        const int64_t qw = nope + rope_dim;
-        ops::launch_gemm_bf16_batched(ctx_, {H, T, C, nope, b.q.get(), int64_t{H} * qw, qw, w.k_b.bf16.get(), nope,
-                                             int64_t{C} * nope, b.q_lat.get(), C, int64_t{T} * C});
-        m("bmm_q_absorb");
-        ops::MlaAttentionParams p;
-        p.num_tokens = T;
-        p.num_requests = st.R;
-        p.num_heads = H;
-        p.kv_lora = C;
-        p.rope_dim = rope_dim;
-        p.block_size = static_cast<int>(kv::kDefaultBlockSize);
-        p.max_blocks = st.max_blocks;
-        p.max_query_len = st.max_q;
-        p.scale = static_cast<float>(c_.softmax_scale());
-        p.query_start = st.query_start;
-        p.kv_len = st.kv_len;
-        p.positions = st.positions;
-        p.block_table = st.block_table;
-        p.cache = cache;
-        p.q_lat = b.q_lat.get();  // [H, T, C]
-        p.q_lat_stride_t = C;
-        p.q_lat_stride_h = static_cast<int64_t>(T) * C;
-        p.q_pe = b.q_pe.get();  // [T, H, rope]
-        p.q_pe_stride_t = static_cast<int64_t>(H) * rope_dim;
-        p.q_pe_stride_h = rope_dim;
-        p.out = b.o_lat.get();  // [H, T, C]
-        p.out_stride_t = C;
-        p.out_stride_h = static_cast<int64_t>(T) * C;
-        ops::launch_mla_attention(p, &ctx_.mla_workspace(), stream_);
-        m("attention");
-        // v_b writes o_proj's input [T, H, v] as it is.
-        ops::launch_gemm_bf16_batched(ctx_, {H, T, V, C, b.o_lat.get(), C, int64_t{T} * C, w.v_b.bf16.get(), C,
-                                             int64_t{V} * C, b.attn.get(), int64_t{H} * V, V});
-        m("bmm_v");
+        attend_absorbed(w, st, T, st.R, st.max_q, cache, "attention", mark);
     }
     linear(w.o, b.attn.get(), T, hidden, hidden);
     m("o_proj");

@@ -8,10 +8,10 @@
 //   attn_in:       input norm · fused q_a|kv_a GEMM · q_a norm · q_b GEMM · q split + RoPE ·
 //                  kv norm + RoPE + cache append
 //   attn_out:      k_b batched GEMM (absorbs W_UK into q) · MLA over the cache · v_b batched GEMM
-//                  (both bf16, strided over the heads in place) — or, for prefill chunks
-//                  (LayerStep::prefill_ctx), the MHA form: gather the contexts' latents · kv_b
-//                  GEMM · causal flash attention, every request in one launch — then o_proj GEMM
-//                  (+ residual) · post norm
+//                  (both bf16, strided over the heads in place) — and, for prefill chunks
+//                  (LayerStep::prefill_ctx; a step's decodes first, its chunks after them), the
+//                  MHA form: gather the contexts' latents · kv_b GEMM · causal flash attention,
+//                  every chunk in one launch — then o_proj GEMM (+ residual) · post norm
 //   gate:          router GEMM (f32) · top-k (MoE layers)
 //   dispatch_send: the routed experts' rows leave: with every expert on this GPU the local
 //                  permute (moe_permute.h: a masked part capped per expert for decode steps, the
@@ -93,12 +93,17 @@ struct LayerStep {
     const int32_t* kv_len = nullptr;
     const int32_t* block_table = nullptr;
     int max_blocks = 0;
-    // > 0: prefill chunks whose contexts — each request's cached prefix and its chunk — are this
-    // many keys in all: attention runs in the MHA form (the contexts' latents gathered back to
-    // back at kv_start, kv_b expands them, one launch for every request). 0: the absorbed form
-    // (decode, MTP verification, mixed steps).
+    // > 0: the step's last requests, [mha_request, R) — tokens [mha_row, T) — are prefill chunks
+    // whose contexts (each one's cached prefix and its chunk) are this many keys in all: their
+    // attention runs in the MHA form (the contexts' latents gathered back to back at kv_start, kv_b
+    // expands them, one launch for all of them); the requests before them (decodes, listed first)
+    // run the absorbed form in the same step. 0: every request in the absorbed form (decode, MTP
+    // verification, steps with a short chunk among the prefill ones).
     int prefill_ctx = 0;
-    const int32_t* kv_start = nullptr;  // device, R + 1 key offsets (prefix sums of kv_len); with prefill_ctx
+    int mha_request = 0, mha_row = 0;
+    int absorbed_max_q = 0;                    // the longest query among requests [0, mha_request)
+    const int32_t* kv_start = nullptr;         // device, R − mha_request + 1 key offsets of those requests
+    const int32_t* mha_query_start = nullptr;  // device, their R − mha_request + 1 query offsets from mha_row
     // T on the device, where an EP backend reads it (expert parallelism only).
     const int32_t* num_tokens = nullptr;
     // Tokens per local expert the grouped GEMMs should expect under expert parallelism (picks
@@ -164,6 +169,12 @@ class CudaLayerExec {
 
   private:
     struct Buffers;
+    // Attention of requests [0, R) — tokens [0, T), at most max_q each — in the absorbed form;
+    // the attention kernel's mark is `attention_mark`.
+    void attend_absorbed(const DeviceLayer& w, const LayerStep& st, int T, int R, int max_q, uint16_t* cache,
+                         const char* attention_mark, const KernelMark& mark);
+    // Attention of the step's prefill chunks (requests from st.mha_request) in the MHA form.
+    void attend_mha(const DeviceLayer& w, const LayerStep& st, uint16_t* cache, const KernelMark& mark);
     void linear(const DeviceWeight& w, const uint16_t* x, int M, uint16_t* y, const uint16_t* residual = nullptr);
     // hidden += down(silu(gate) · up) of normed; `prequantized`: xq / xs already hold normed for FP8.
     void mlp(const DeviceWeight& gu, const DeviceWeight& down, int T, uint16_t* hidden, bool prequantized,

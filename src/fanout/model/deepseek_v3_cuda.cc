@@ -34,19 +34,33 @@ int64_t logit_rows_limit(const CudaModelOptions& o) {
 
 int64_t mha_context_limit(const CudaModelOptions& o) { return std::min(o.max_context, o.max_mha_context); }
 
-// The keys of the step's contexts when its attention runs in the MHA form, else 0: every request a
-// prefill chunk (more query tokens than a graph's), their contexts together within the MHA
-// buffers, and several requests only when the step is one batch (the second microbatch's exec has
-// no MHA buffers; a one-request chunk is all in the first).
-int64_t mha_keys(const StepBatch& batch, const CudaModelOptions& o) {
+// Which of an eager step's requests run attention in the MHA form: its prefill chunks (more query
+// tokens than a graph's), listed after its decodes (the scheduler's order), their contexts
+// together within the MHA buffers; several requests only when the step is one batch (the second
+// microbatch's exec has no MHA buffers; a one-request chunk is all in the first). keys 0: none —
+// every request in the absorbed form (also when a short chunk sits among the long ones).
+struct MhaStep {
+    int keys = 0;
+    int first_request = 0, first_row = 0;  // requests and rows before them: the absorbed form
+    int absorbed_max_q = 0;                // the longest query among those
+};
+MhaStep mha_split(const StepBatch& batch, const CudaModelOptions& o) {
     const int64_t R = batch.num_requests();
-    if (R == 0 || (R > 1 && batch.microbatch)) return 0;
+    if (R == 0 || (R > 1 && batch.microbatch)) return {};
+    const auto q = [&](int64_t r) { return batch.query_start[r + 1] - batch.query_start[r]; };
+    MhaStep out;
+    while (out.first_request < R && q(out.first_request) <= kMaxGraphQueryLen)
+        out.absorbed_max_q = std::max(out.absorbed_max_q, q(out.first_request++));
+    if (out.first_request == R) return {};
     int64_t keys = 0;
-    for (int64_t r = 0; r < R; ++r) {
-        if (batch.query_start[r + 1] - batch.query_start[r] <= kMaxGraphQueryLen) return 0;
+    for (int64_t r = out.first_request; r < R; ++r) {
+        if (q(r) <= kMaxGraphQueryLen) return {};
         keys += batch.kv_len[r];
     }
-    return keys <= mha_context_limit(o) ? keys : 0;
+    if (keys > mha_context_limit(o)) return {};
+    out.keys = static_cast<int>(keys);
+    out.first_row = batch.query_start[out.first_request];
+    return out;
 }
 
 // The layer's step buffers for the runner's limits: every expert on this GPU (EP1) or the EP
@@ -113,7 +127,10 @@ struct CudaModel::Impl {
 
     // Step inputs at fixed addresses (what a captured graph reads).
     DeviceArray<int32_t> tokens, positions, slots, query_start, kv_len, block_table, logit_rows, out_tokens, num_tokens;
-    DeviceArray<int32_t> kv_start;  // the MHA form's key offsets per request (prefix sums of kv_len)
+    // The MHA form's requests (mha_split): their key offsets (prefix sums of kv_len) and query
+    // offsets from their first row.
+    DeviceArray<int32_t> kv_start, mha_query_start;
+    CudaModel::AttentionSplit last_split;  // of the last step run (last_attention_split)
     DeviceArray<ops::SamplingRow> sampling;
     DeviceArray<ops::LogitBias> logit_bias;
     DeviceArray<uint16_t> hidden, rows, rows_normed;
@@ -159,7 +176,7 @@ struct CudaModel::Impl {
     int num_layers_cached() const { return static_cast<int>(c.num_hidden_layers + (w.mtp ? 1 : 0)); }
     uint16_t* cache_layer(int64_t l) { return cache.get() + static_cast<size_t>(l) * cache_layer_elems(); }
 
-    LayerStep layer_step(int T, int R, int max_q, int prefill_ctx) {
+    LayerStep layer_step(int T, int R, int max_q, const MhaStep& mha) {
         LayerStep st;
         st.num_tokens = num_tokens.get();
         st.T = T;
@@ -171,8 +188,14 @@ struct CudaModel::Impl {
         st.kv_len = kv_len.get();
         st.block_table = block_table.get();
         st.max_blocks = static_cast<int>(max_blocks_per_request);
-        st.prefill_ctx = prefill_ctx;
-        st.kv_start = prefill_ctx > 0 ? kv_start.get() : nullptr;
+        if (mha.keys > 0) {
+            st.prefill_ctx = mha.keys;
+            st.mha_request = mha.first_request;
+            st.mha_row = mha.first_row;
+            st.absorbed_max_q = mha.absorbed_max_q;
+            st.kv_start = kv_start.get();
+            st.mha_query_start = mha_query_start.get();
+        }
         return st;
     }
 
@@ -192,17 +215,18 @@ struct CudaModel::Impl {
         b.block_table += static_cast<int64_t>(mb.R0) * whole.max_blocks;
         b.num_tokens = num_tokens.get() + 1;
         b.prefill_ctx = 0;
+        b.kv_start = b.mha_query_start = nullptr;
         return {Microbatch{exec.get(), a, hidden.get(), nullptr},
                 Microbatch{exec_mb.get(), b, hidden.get() + static_cast<int64_t>(mb.T0) * c.hidden_size, nullptr}};
     }
 
     // The whole step on the stream: embedding, layers, final norm and lm_head over the logit rows,
     // then sampling when `sample`; keep_hidden: every row's final-normed hidden state into normed_all.
-    // prefill_ctx > 0: prefill chunks over that many context tokens in all, their offsets in
-    // kv_start (MHA form; upload_mha_keys).
+    // mha.keys > 0: the step's prefill chunks run the MHA form, their offsets uploaded
+    // (upload_mha_split).
     // T = 0 (expert parallelism): this rank's empty step — only the MoE layers' exchanges and its
     // experts' work for the other ranks. mb.on: the layers run as two microbatches.
-    void run(int T, int R, int max_q, int rows_n, bool sample, bool keep_hidden, int prefill_ctx = 0,
+    void run(int T, int R, int max_q, int rows_n, bool sample, bool keep_hidden, const MhaStep& mha = {},
              const Split& mb = {}) {
         const int D = static_cast<int>(c.hidden_size), Vocab = static_cast<int>(c.vocab_size);
         const float eps = static_cast<float>(c.rms_norm_eps);
@@ -211,7 +235,7 @@ struct CudaModel::Impl {
             if (mb.on) ops::launch_fill_i32(num_tokens.get() + 1, 1, T - mb.T0, stream);
         }
         ops::launch_embed_bf16(w.embed.get(), tokens.get(), T, D, hidden.get(), stream);
-        const LayerStep st = layer_step(T, R, max_q, prefill_ctx);
+        const LayerStep st = layer_step(T, R, max_q, mha);
         if (mb.on) {
             std::array<Microbatch, 2> lanes = microbatches(st, mb);
             for (const Microbatch& lane : lanes) lane.exec->begin_step(lane.step);
@@ -243,7 +267,7 @@ struct CudaModel::Impl {
     // states (prev_rows of normed_all, or of mtp_hidden when chained) → hnorm, side by side →
     // eh_proj → the decoder layer on the MTP cache layer → head_norm of the logit rows (kept in
     // mtp_hidden) → head → greedy tokens (the sampling rows hold greedy entries).
-    void run_mtp(int T, int R, int max_q, int rows_n, bool chained, int prefill_ctx) {
+    void run_mtp(int T, int R, int max_q, int rows_n, bool chained, const MhaStep& mha) {
         const DeviceMtp& m = *w.mtp;
         const int D = static_cast<int>(c.hidden_size), Vocab = static_cast<int>(c.vocab_size);
         const float eps = static_cast<float>(c.rms_norm_eps);
@@ -258,7 +282,7 @@ struct CudaModel::Impl {
                                               T, D, stream);
             exec->project(m.eh_proj, mtp_cat.get(), T, hidden.get());
         }
-        const LayerStep st = layer_step(T, R, max_q, prefill_ctx);
+        const LayerStep st = layer_step(T, R, max_q, mha);
         exec->begin_step(st);
         exec->run(m.layer, st, hidden.get(), cache_layer(c.num_hidden_layers));
         if (rows_n == 0) return;
@@ -288,7 +312,7 @@ struct CudaModel::Impl {
                      const Split& mb = {}) {
         const int T = static_cast<int>(q * R);
         replay({Pass::kModel, q, R, sample, all_rows, keep_hidden, mb.on},
-               [&] { run(T, static_cast<int>(R), static_cast<int>(q), rows_n, sample, keep_hidden, 0, mb); });
+               [&] { run(T, static_cast<int>(R), static_cast<int>(q), rows_n, sample, keep_hidden, {}, mb); });
     }
     // Mean time of `n` replays of the captured graph of `key` (after one unmeasured), in µs.
     double time_replays(const decltype(graphs)::key_type& key, int n);
@@ -305,15 +329,22 @@ struct CudaModel::Impl {
     };
     Uploaded upload_step(const StepBatch& batch, int64_t pad_R, int64_t q, bool all_rows, bool microbatch = false);
 
-    // mha_keys of an eager step, its key offsets uploaded to kv_start when the MHA form runs.
-    int upload_mha_keys(const StepBatch& batch) {
-        const int64_t keys = mha_keys(batch, opts);
-        if (keys > 0) {
-            std::vector<int32_t> starts(batch.kv_len.size() + 1, 0);
-            for (size_t r = 0; r < batch.kv_len.size(); ++r) starts[r + 1] = starts[r] + batch.kv_len[r];
-            kv_start.upload(starts.data(), starts.size(), stream);
+    // mha_split of an eager step, its chunks' key and query offsets uploaded when the MHA form runs;
+    // records the split (last_attention_split).
+    MhaStep upload_mha_split(const StepBatch& batch) {
+        const MhaStep split = mha_split(batch, opts);
+        const int64_t R = batch.num_requests();
+        last_split = {R, 0};
+        if (split.keys == 0) return split;
+        std::vector<int32_t> keys(1, 0), queries(1, 0);
+        for (int64_t r = split.first_request; r < R; ++r) {
+            keys.push_back(keys.back() + batch.kv_len[r]);
+            queries.push_back(batch.query_start[r + 1] - split.first_row);
         }
-        return static_cast<int>(keys);
+        kv_start.upload(keys.data(), keys.size(), stream);
+        mha_query_start.upload(queries.data(), queries.size(), stream);
+        last_split = {split.first_request, R - split.first_request};
+        return split;
     }
 };
 
@@ -378,6 +409,7 @@ CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts, cons
     m.slots = DeviceArray<int32_t>(T);
     m.query_start = DeviceArray<int32_t>(R + 1);
     m.kv_start = DeviceArray<int32_t>(R + 1);
+    m.mha_query_start = DeviceArray<int32_t>(R + 1);
     m.kv_len = DeviceArray<int32_t>(R);
     m.block_table = DeviceArray<int32_t>(R * static_cast<size_t>(m.max_blocks_per_request));
     m.logit_rows = DeviceArray<int32_t>(T);
@@ -413,7 +445,7 @@ size_t CudaModel::workspace_bytes(const io::ModelConfig& c, const CudaModelOptio
     const size_t T = static_cast<size_t>(opts.max_step_tokens), R = static_cast<size_t>(opts.max_requests);
     const size_t D = static_cast<size_t>(c.hidden_size);
     const size_t blocks_per_request = static_cast<size_t>(ops::ceil_div(opts.max_context, kv::kDefaultBlockSize));
-    const size_t i32 = 6 * T + 2 + (R + 1) + R + R * blocks_per_request + (opts.microbatch ? R + 1 : 0);
+    const size_t i32 = 6 * T + 2 + 2 * (R + 1) + R + R * blocks_per_request + (opts.microbatch ? R + 1 : 0);
     const size_t L = static_cast<size_t>(logit_rows_limit(opts));
     const size_t mtp = opts.mtp_draft_tokens > 0 ? 4 * T * D * 2 + L * D * 2 + 4 * T : 0;
     return 4 * i32 + T * sizeof(ops::SamplingRow) + kInitialLogitBias * sizeof(ops::LogitBias) + T * D * 2 +
@@ -443,6 +475,8 @@ CudaModel::~CudaModel() = default;
 const io::ModelConfig& CudaModel::config() const { return impl_->c; }
 const CudaModelOptions& CudaModel::options() const { return impl_->opts; }
 int64_t CudaModel::graphs_captured() const { return static_cast<int64_t>(impl_->graphs.size()); }
+
+CudaModel::AttentionSplit CudaModel::last_attention_split() const { return impl_->last_split; }
 
 kv::PagedKvCache CudaModel::make_block_allocator() const {
     kv::KvCacheConfig k;
@@ -541,7 +575,7 @@ std::vector<int32_t> CudaModel::forward_sample(const StepBatch& batch, std::span
     FANOUT_CHECK(!keep_hidden || m.w.mtp, "GPU step: all_hidden without MTP (CudaModelOptions::mtp_draft_tokens)");
     if (T == 0 && m.opts.ep) {  // this rank's empty step of the EP group
         FANOUT_CHECK(R == 0 && sampling.empty(), "GPU step: an empty step has no requests and samples nothing");
-        m.run(0, 0, 0, 0, false, false, 0, Impl::Split{batch.microbatch, 0, 0});
+        m.run(0, 0, 0, 0, false, false, {}, Impl::Split{batch.microbatch, 0, 0});
         FANOUT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
         m.opts.ep->raise_if_failed();
         if (batch.microbatch) m.opts.microbatch_ep->raise_if_failed();
@@ -595,12 +629,13 @@ std::vector<int32_t> CudaModel::forward_sample(const StepBatch& batch, std::span
     const bool sample = !sampling.empty();
 
     if (graph) {
+        m.last_split = {R, 0};
         m.replay_step(q, R_pad, rows_step, sample, all_rows, keep_hidden, up.split);
     } else {
-        // Prefill chunks run attention in the MHA form; other eager steps (short queries, mixed
-        // steps) in the absorbed form.
+        // Prefill chunks run attention in the MHA form, the decodes before them in the absorbed
+        // form (mha_split).
         m.run(static_cast<int>(T), static_cast<int>(R), static_cast<int>(batch.max_query_len()), rows_step, sample,
-              keep_hidden, m.upload_mha_keys(batch), up.split);
+              keep_hidden, m.upload_mha_split(batch), up.split);
     }
     m.kept_rows = keep_hidden ? T : 0;
     std::vector<int32_t> out;
@@ -625,7 +660,7 @@ std::vector<int32_t> CudaModel::draft_mtp(const StepBatch& batch, std::span<cons
                  hidden_rows.size(), T);
     if (T == 0 && m.opts.ep) {  // this rank's pass of the group
         FANOUT_CHECK(R == 0, "draft_mtp: an empty pass has no requests");
-        m.run_mtp(0, 0, 0, 0, chained, 0);
+        m.run_mtp(0, 0, 0, 0, chained, {});
         FANOUT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
         m.opts.ep->raise_if_failed();
         m.kept_mtp_rows = 0;
@@ -653,12 +688,13 @@ std::vector<int32_t> CudaModel::draft_mtp(const StepBatch& batch, std::span<cons
     const std::vector<ops::SamplingRow> greedy(static_cast<size_t>(rows_step));
     if (rows_step > 0) m.sampling.upload(greedy.data(), greedy.size(), m.stream);
     if (graph) {
+        m.last_split = {R, 0};
         const int Tg = static_cast<int>(R_pad * q);
         m.replay({chained ? Impl::Pass::kMtpChained : Impl::Pass::kMtp, q, R_pad, true, false, false, false},
-                 [&] { m.run_mtp(Tg, static_cast<int>(R_pad), static_cast<int>(q), rows_step, chained, 0); });
+                 [&] { m.run_mtp(Tg, static_cast<int>(R_pad), static_cast<int>(q), rows_step, chained, {}); });
     } else {
         m.run_mtp(static_cast<int>(T), static_cast<int>(R), static_cast<int>(batch.max_query_len()), rows_step, chained,
-                  m.upload_mha_keys(batch));
+                  m.upload_mha_split(batch));
     }
     std::vector<int32_t> out(static_cast<size_t>(rows_n));
     if (rows_n > 0)
@@ -726,12 +762,12 @@ std::vector<CudaModel::GraphCapture> CudaModel::capture_decode_graphs() {
             m.prev_rows.upload(zeros.data(), zeros.size(), m.stream);
             const int first_rows = m.upload_step(none, R, q, false).rows;
             m.replay({Impl::Pass::kMtp, q, R, true, false, false, false}, [&] {
-                m.run_mtp(static_cast<int>(R * q), static_cast<int>(R), static_cast<int>(q), first_rows, false, 0);
+                m.run_mtp(static_cast<int>(R * q), static_cast<int>(R), static_cast<int>(q), first_rows, false, {});
             });
             if (m.opts.mtp_draft_tokens > 1) {
                 const int chained_rows = m.upload_step(none, R, 1, false).rows;
                 m.replay({Impl::Pass::kMtpChained, 1, R, true, false, false, false},
-                         [&] { m.run_mtp(static_cast<int>(R), static_cast<int>(R), 1, chained_rows, true, 0); });
+                         [&] { m.run_mtp(static_cast<int>(R), static_cast<int>(R), 1, chained_rows, true, {}); });
             }
         }
         FANOUT_CUDA_CHECK(cudaStreamSynchronize(m.stream));

@@ -9,10 +9,12 @@
 // activations quantized per 1×128 on the fly); bf16/f32 checkpoints run in bf16 with f32
 // accumulation. Activations between kernels are bf16; the router's logits and the final logits f32.
 //
-// Attention: a prefill chunk of one request runs MLA in the MHA form (the context's latent
-// expanded by kv_b into per-head K and V, causal flash attention — fewer FLOPs per score for long
-// prompts); decode, MTP verification and steps of several requests run the absorbed form over the
-// paged cache, which is read, never expanded.
+// Attention: prefill chunks run MLA in the MHA form (each context's latent expanded by kv_b into
+// per-head K and V, causal flash attention — fewer FLOPs per score for long prompts), all of a
+// step's in one launch; decodes and MTP verification run the absorbed form over the paged cache,
+// which is read, never expanded. A step with both (continuous batching) runs both: its decodes
+// come first (the scheduler's order) and their rows take the absorbed form, the chunks after
+// them the MHA form (see mha_split in the .cc for when a step stays all absorbed).
 //
 // CUDA graphs: a step whose requests all have the same query length q ≤ 4 (decode: 1; MTP
 // verification: 1 + drafts) and return the last row's logits or every row's is padded to the next
@@ -118,6 +120,12 @@ class CudaModel {
     std::vector<int32_t> draft_mtp(const StepBatch& batch, std::span<const int32_t> hidden_rows, bool chained);
 
     int64_t graphs_captured() const;
+    // How the last step (or MTP pass) ran attention: its first `absorbed` requests in the absorbed
+    // form, the `mha` after them (its prefill chunks) in the MHA form.
+    struct AttentionSplit {
+        int64_t absorbed = 0, mha = 0;
+    };
+    AttentionSplit last_attention_split() const;
     // Captures the decode graph (one query token per request, sampled) of every request bucket
     // now — the start-up's last phase — so no step captures while serving; returns what each
     // took: its bucket, seconds, and the device memory it cost (free memory before − after).
