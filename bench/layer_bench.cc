@@ -46,10 +46,11 @@ Cost add(Cost a, Cost b) { return {a.bytes + b.bytes, a.flops + b.flops, a.bf16 
 // Bytes and FLOPs of each kernel the layer marks, for T tokens of R requests.
 // `emulated`: every local expert receives m rows (the emulated backend); else the step's own
 // routing, which reaches at most T·top_k of them — only those experts' weights are read.
-// `decodes` of the T tokens are one-token requests ahead of the R requests, attended apart
-// ("decode_attention").
+// `decodes` of the T tokens are one-token requests ahead of the R requests; `mha`: the R requests'
+// attention runs in the MHA form (their chunks end their kv contexts; causal), the decodes' apart
+// in the absorbed form ("decode_attention").
 std::map<std::string, Cost> layer_costs(const io::ModelConfig& c, double R, double T, double kv, int ep, double m,
-                                        bool emulated = true, double decodes = 0) {
+                                        bool emulated = true, double decodes = 0, bool mha = false) {
     const double D = c.hidden_size, H = c.num_attention_heads, C = c.kv_lora_rank, nope = c.qk_nope_head_dim;
     const double rope = c.qk_rope_head_dim, V = c.v_head_dim, ql = c.q_lora_rank, E = c.n_routed_experts;
     const double K = c.num_experts_per_tok, Ie = c.moe_intermediate_size, EL = E / std::max(ep, 1);
@@ -60,14 +61,24 @@ std::map<std::string, Cost> layer_costs(const io::ModelConfig& c, double R, doub
     k["q_a_norm"] = {T * ql * 4, 0};
     k["q_b"] = gemm(T, H * (nope + rope), ql);
     k["latent_norm_rope_append"] = {T * H * (nope + rope) * 4 + T * (C + rope) * 4, 0};
-    k["bmm_q_absorb"] = add(gemm(T, C, nope), {(H - 1) * C * nope, 2 * (H - 1) * T * C * nope});
-    k["bmm_q_absorb"].bytes = H * C * nope + H * T * nope * 4 + H * T * C * 2;
     const auto absorbed = [&](double r, double t) {
         return Cost{r * kv * (C + rope) * 2 + t * H * (C + rope + C) * 2, 2 * t * H * kv * (C + rope + C), true};
     };
-    k["attention"] = absorbed(R, T - decodes);
-    if (decodes > 0) k["decode_attention"] = absorbed(decodes, decodes);
-    k["bmm_v"] = {H * V * C + H * T * C * 4 + H * T * V * 2, 2 * H * T * V * C};
+    const double Ta = mha ? decodes : T;  // tokens in the absorbed form
+    if (mha) {
+        const double chunk = (T - decodes) / std::max(R, 1.0), pairs = R * (chunk * kv - chunk * (chunk - 1) / 2);
+        k["kv_b_expand"] = gemm(R * kv, H * (nope + V), C);
+        k["attention"] = {(T - decodes) * H * (nope + rope + V) * 2 + R * kv * (H * (nope + V) + rope) * 2,
+                          2 * H * pairs * (nope + rope + V), true};
+        if (decodes > 0) k["decode_attention"] = absorbed(decodes, decodes);
+    } else {
+        k["attention"] = absorbed(R + decodes, T);
+    }
+    if (Ta > 0) {
+        k["bmm_q_absorb"] = add(gemm(Ta, C, nope), {(H - 1) * C * nope, 2 * (H - 1) * Ta * C * nope});
+        k["bmm_q_absorb"].bytes = H * C * nope + H * Ta * nope * 4 + H * Ta * C * 2;
+        k["bmm_v"] = {H * V * C + H * Ta * C * 4 + H * Ta * V * 2, 2 * H * Ta * V * C};
+    }
     k["o_proj"] = add(gemm(T, D, H * V), {T * H * V * 4 + T * D * 2, 0});
     k["post_norm"] = {T * D * 4, 0};
     k["shared_gate_up"] = gemm(T, 2 * Is, D);
@@ -308,8 +319,8 @@ int run_layer_bench(const LayerBenchOptions& opts) {
             std::printf("%-24s", name.c_str());
             for (const auto& [b, t] : rows) {
                 const double m = ep > 0 ? tokens(b) * c.num_experts_per_tok * ep / c.n_routed_experts : 0;
-                const auto costs =
-                    layer_costs(c, b, tokens(b), opts.kv_len, ep, std::max(1.0, std::ceil(m)), emulated, opts.decodes);
+                const auto costs = layer_costs(c, b, tokens(b), opts.kv_len, ep, std::max(1.0, std::ceil(m)), emulated,
+                                               opts.decodes, opts.mha);
                 const auto it = costs.find(name);
                 std::printf(" %8.1f %6s", t.us[i],
                             it == costs.end() ? "" : fmt::format("{:.1f}", floor_us(it->second)).c_str());
@@ -328,7 +339,7 @@ int run_layer_bench(const LayerBenchOptions& opts) {
     const auto add_point = [&](const Timing& t, int ep, int batch, int T, int m, int64_t local,
                                const std::string& comm) {
         nlohmann::json kernels, floors;
-        const auto costs = layer_costs(c, batch, T, opts.kv_len, ep, m, true, opts.decodes);
+        const auto costs = layer_costs(c, batch, T, opts.kv_len, ep, m, true, opts.decodes, opts.mha);
         double grouped = 0;
         for (size_t i = 0; i < t.names.size(); ++i) {
             kernels[t.names[i]] = t.us[i];
