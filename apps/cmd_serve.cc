@@ -41,8 +41,9 @@ struct ServeArgs {
     engine::SchedulerConfig scheduler;
     double kv_memory_gb = -1;  // <= 0: CPU 1 GB; GPU what the plan leaves
     double gpu_memory_utilization = 0.9;
-    double attention_cost = -1;  // < 0: from the model config (model/step_cost.h)
-    int ep = 0;                  // 0: 1, or the launcher's world
+    double attention_cost = -1;       // < 0: from the model config (model/step_cost.h)
+    int64_t mha_max_context = 16384;  // CudaModelOptions::max_mha_context
+    int ep = 0;                       // 0: 1, or the launcher's world
     std::string ranks = "threads";
     bool grpc = false;       // `fanout engine`: the engine's gRPC service instead of the HTTP API
     std::string ep_backend;  // empty: local at EP1 or on the CPU, nvlink for GPU ranks on one host, else nccl
@@ -108,6 +109,7 @@ void run_serve(ServeArgs& a) {
     o.max_step_tokens = a.scheduler.max_batched_tokens;
     o.max_context = pre.max_position_embeddings;  // the most the KV cache can leave it at
     o.mtp_draft_tokens = a.mtp;
+    o.max_mha_context = a.mha_max_context;
     // The two-microbatch schedule on the GPU: on; auto with --microbatch-min-tokens; or auto under
     // expert parallelism, calibrated by the graph captures, which time both schedules at every
     // decode bucket (at EP1 without a threshold there is no exchange to hide: auto is off).
@@ -400,6 +402,12 @@ void add_engine_options(CLI::App* cmd, ServeArgs& aa) {
     cmd->add_option("--attention-cost", a->attention_cost,
                     "price of one attention pair in tokens' work, for the step budget (default: from the model's "
                     "FLOPs; 0: budget by tokens alone)");
+    cmd->add_option("--mha-max-context", a->mha_max_context,
+                    "--device cuda: a step's prefill chunks run attention in the MHA form (their contexts' latents "
+                    "expanded per head: fewer FLOPs for long prompts) while their contexts total at most this many "
+                    "keys; its buffers take ~66 KB per key at DeepSeek-V3's widths; 0: always the absorbed form")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
     cmd->add_flag("!--no-prefix-cache", a->scheduler.enable_prefix_cache, "do not share KV blocks between requests");
     cmd->add_option("--kv-memory-gb", a->kv_memory_gb,
                     "memory for each rank's paged KV cache (default: on the CPU 1 in all, split over this process's "

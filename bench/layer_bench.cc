@@ -254,6 +254,7 @@ struct Rig {
         if (mha && batch > 0) {
             st.prefill_ctx = batch * kv_len;
             st.mha_request = st.mha_row = decodes;
+            st.mha_max_q = q;
             st.absorbed_max_q = decodes > 0 ? 1 : 0;
             st.kv_start = kv_start.get();
             st.mha_query_start = mha_query_start.get();

@@ -531,13 +531,12 @@ TEST(CudaModel, BatchedDecodeMatchesSingleRequests) {
 
 // The two-microbatch schedule (CudaModelOptions::microbatch) against one batch, on the tiny
 // model with its routing pinned: five prompts as one-request prefill chunks (all in the first
-// microbatch, the second empty), an eager step of the five requests with 1..4 new tokens each
-// (split where their tokens balance; decode-sized, so the absorbed form in both schedules — a
-// longer chunk would take the MHA form in the one batch only, mha_split), then greedy decode steps replayed from graphs (bucket 8,
-// four requests each side, three of them padding). The same kernels run on other row counts,
-// so the logits agree to GEMM-tile rounding — bound 0.5% of the largest |logit| at every row —
-// and the greedy tokens are the same. A microbatched step on a runner made without the schedule
-// is refused.
+// microbatch, the second empty), an eager step of the five requests with 1..5 new tokens each
+// (split where their tokens balance: 1, 2, 3 | 4, 5 — the four decode-sized ones in the absorbed
+// form and the 5-token chunk in the MHA form, in either schedule), then greedy decode steps replayed from graphs
+// (bucket 8, four requests each side, three of them padding). The same kernels run on other row counts, so the logits
+// agree to GEMM-tile rounding — bound 0.5% of the largest |logit| at every row — and the greedy tokens are the same. A
+// microbatched step on a runner made without the schedule is refused.
 TEST(CudaModel, MicrobatchedStepsMatchOneBatch) {
     REQUIRE_GPU();
     const std::string dir = fanout::testing::temp_dir("tiny_microbatch_cuda");
@@ -571,12 +570,14 @@ TEST(CudaModel, MicrobatchedStepsMatchOneBatch) {
         StepBatchBuilder sb(blocks);
         std::vector<std::vector<int32_t>> more(kReq);
         for (int r = 0; r < kReq; ++r) {
-            for (int i = 0; i <= r % 4; ++i) more[r].push_back(static_cast<int32_t>((r * 17 + i * 101 + 3) % V));
+            for (int i = 0; i <= r; ++i) more[r].push_back(static_cast<int32_t>((r * 17 + i * 101 + 3) % V));
             sb.add(more[r], static_cast<int64_t>(ids[r].size()), seqs[r], StepBatchBuilder::Logits::kAll);
         }
         auto mixed = sb.build();
         mixed.microbatch = microbatch;
         keep(gpu.forward_logits(mixed));
+        EXPECT_EQ(gpu.last_attention_split().absorbed, 4) << "microbatch " << microbatch;
+        EXPECT_EQ(gpu.last_attention_split().mha, 1) << "microbatch " << microbatch;
         std::vector<int32_t> last(kReq);
         for (int r = 0; r < kReq; ++r) {
             ids[r].insert(ids[r].end(), more[r].begin(), more[r].end());

@@ -197,9 +197,10 @@ BufferElems buffer_elems(const io::ModelConfig& c, const LayerLimits& lim_in) {
     // eh_proj, through project()), or of the MHA-form prefill's kv_b over its context.
     const size_t P = static_cast<size_t>(std::max<int64_t>(max_prefill_ctx, 0));
     n.xq = std::max(T * std::max({2 * D, qkv_w, q_w, H * Vh, I}), P * C);
-    n.latent = P * C;
-    n.k_pe = P * rp;
-    n.kv_expanded = P * H * (nope + Vh);
+    const size_t own = lim_in.mha_buffers_lent ? 0 : P;  // lent buffers: another exec's
+    n.latent = own * C;
+    n.k_pe = own * rp;
+    n.kv_expanded = own * H * (nope + Vh);
     n.xs = n.xq / 16 + H * T * 2;  // one scale per 128 values of a row, rows of ≥ 16
     n.router_logits = T * E;
     n.topk_idx = T * K;
@@ -234,6 +235,20 @@ size_t CudaLayerExec::buffer_bytes(const io::ModelConfig& c, const LayerLimits& 
     return buffer_elems(c, limits).bytes();
 }
 
+void CudaLayerExec::share_mha_buffers(const CudaLayerExec& owner) {
+    FANOUT_CHECK(
+        mha_buffers_lent_ && owner.b_->kv_expanded.get() != nullptr && owner.max_prefill_ctx_ >= max_prefill_ctx_,
+        "share_mha_buffers: this exec must be made with LayerLimits::mha_buffers_lent and the owner's MHA "
+        "buffers must cover its {} keys (the owner's: {}{})",
+        max_prefill_ctx_, owner.max_prefill_ctx_, owner.mha_buffers_lent_ ? ", lent themselves" : "");
+    FANOUT_CHECK(owner.stream_ == stream_,
+                 "share_mha_buffers: both execs must launch on one stream (their attention stages run in turn)");
+    const Buffers& o = *owner.b_;
+    b_->latent = DeviceArray<uint16_t>::view(o.latent.get(), o.latent.size());
+    b_->k_pe = DeviceArray<uint16_t>::view(o.k_pe.get(), o.k_pe.size());
+    b_->kv_expanded = DeviceArray<uint16_t>::view(o.kv_expanded.get(), o.kv_expanded.size());
+}
+
 CudaLayerExec::CudaLayerExec(const io::ModelConfig& c, const ops::RopeTable& rope, const LayerLimits& limits,
                              ops::DeviceContext& ctx)
     : c_(c),
@@ -243,6 +258,7 @@ CudaLayerExec::CudaLayerExec(const io::ModelConfig& c, const ops::RopeTable& rop
       max_dispatch_m_(limits.max_dispatch_m),
       max_tokens_(limits.max_tokens),
       fp8_experts_(limits.fp8_experts),
+      mha_buffers_lent_(limits.mha_buffers_lent),
       rope_factor_(rope.attention_factor),
       dims_{static_cast<int>(c.hidden_size),      static_cast<int>(c.num_attention_heads),
             static_cast<int>(c.qk_nope_head_dim), static_cast<int>(c.qk_rope_head_dim),
@@ -421,8 +437,9 @@ void CudaLayerExec::attn_in(const DeviceLayer& w, const LayerStep& st, uint16_t*
     const int t0 = st.prefill_ctx > 0 ? st.mha_row : T;  // rows [t0, T): prefill chunks in the MHA form
     if (st.prefill_ctx > 0) {
         FANOUT_CHECK(st.kv_start != nullptr && st.mha_query_start != nullptr && st.prefill_ctx <= max_prefill_ctx_ &&
-                         st.mha_request >= 0 && st.mha_request < st.R && t0 >= st.mha_request && t0 < T &&
-                         st.prefill_ctx >= T - t0 && (t0 == 0 || st.absorbed_max_q >= 1),
+                         b.kv_expanded.get() != nullptr && st.mha_request >= 0 && st.mha_request < st.R &&
+                         t0 >= st.mha_request && t0 < T && st.prefill_ctx >= T - t0 && st.mha_max_q >= 1 &&
+                         st.mha_max_q <= T - t0 && (t0 == 0 || st.absorbed_max_q >= 1),
                      "MHA-form prefill: chunks of requests {}..{} (tokens {}..{}) over contexts of {}..{} keys in all "
                      "with their offsets, got {} keys{}",
                      st.mha_request, st.R, t0, T, T - t0, max_prefill_ctx_, st.prefill_ctx,
@@ -476,7 +493,7 @@ void CudaLayerExec::attend_mha(const DeviceLayer& w, const LayerStep& st, uint16
     p.out_stride_h = V;
     p.out = b.attn.get() + t0 * p.out_stride_t;  // [T, H, v]: o_proj's input as it is
     p.num_requests = R;
-    p.max_query_len = st.max_q;
+    p.max_query_len = st.mha_max_q;
     p.query_start = st.mha_query_start;
     p.kv_start = st.kv_start;
     ops::launch_mha_prefill(ctx_, p);

@@ -101,6 +101,7 @@ struct LayerStep {
     // verification, steps with a short chunk among the prefill ones).
     int prefill_ctx = 0;
     int mha_request = 0, mha_row = 0;
+    int mha_max_q = 0;                         // the longest of those chunks
     int absorbed_max_q = 0;                    // the longest query among requests [0, mha_request)
     const int32_t* kv_start = nullptr;         // device, R − mha_request + 1 key offsets of those requests
     const int32_t* mha_query_start = nullptr;  // device, their R − mha_request + 1 query offsets from mha_row
@@ -121,7 +122,10 @@ struct LayerLimits {
     int64_t num_local_experts = 0;  // routed experts of each layer on this GPU
     int64_t max_dispatch_m = 0;     // rows per local expert an EP backend delivers (0: no backend)
     int64_t max_prefill_ctx = 0;    // MHA-form prefill over contexts of up to this many tokens (0: never)
-    bool fp8_experts = true;        // the experts run FP8 (else bf16): only that kind's buffers are made
+    // The MHA form's expansion buffers (the contexts' latents and kv_b's output, ~1 GB at V3's
+    // widths and 16,384 keys) are another exec's, lent by share_mha_buffers(): not allocated here.
+    bool mha_buffers_lent = false;
+    bool fp8_experts = true;  // the experts run FP8 (else bf16): only that kind's buffers are made
 };
 
 class CudaLayerExec {
@@ -142,6 +146,10 @@ class CudaLayerExec {
     // The routed experts of every later step go through `ep` (its rows per expert at most
     // max_dispatch_m; widths, top-k and experts matching the model); nullptr: the local permute.
     void set_expert_parallel(comm::ExpertParallel* ep);
+    // Uses owner's MHA-form expansion buffers (limits.mha_buffers_lent; owner's cover this exec's
+    // max_prefill_ctx). Both execs must launch on one stream, so their attention stages run in
+    // turn (the two-microbatch schedule's execs do).
+    void share_mha_buffers(const CudaLayerExec& owner);
     comm::ExpertParallel* expert_parallel() const { return ep_; }
 
     // The whole layer: every stage in order. hidden [T, D] bf16 (the residual stream) is updated
@@ -195,6 +203,7 @@ class CudaLayerExec {
     int64_t num_local_ = 0, max_masked_tokens_ = 0, max_prefill_ctx_ = 0, max_dispatch_m_ = 0, max_tokens_ = 0;
     comm::ExpertParallel* ep_ = nullptr;
     bool fp8_experts_ = true;
+    bool mha_buffers_lent_ = false;
     float rope_factor_ = 1.0f;
     // The attention's widths as the kernels take them.
     struct Dims {

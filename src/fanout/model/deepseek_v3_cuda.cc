@@ -34,34 +34,37 @@ int64_t logit_rows_limit(const CudaModelOptions& o) {
 
 int64_t mha_context_limit(const CudaModelOptions& o) { return std::min(o.max_context, o.max_mha_context); }
 
-// Which of an eager step's requests run attention in the MHA form: its prefill chunks (more query
-// tokens than a graph's), listed after its decodes (the scheduler's order), their contexts
-// together within the MHA buffers; several requests only when the step is one batch (the second
-// microbatch's exec has no MHA buffers; a one-request chunk is all in the first). keys 0: none —
-// every request in the absorbed form (also when a short chunk sits among the long ones).
+// Which of an eager step's (or microbatch's) requests run attention in the MHA form: its prefill
+// chunks (more query tokens than a graph's), listed after its decodes (the scheduler's order),
+// their contexts together within the MHA buffers. keys 0: none — every request in the absorbed
+// form (also when a short chunk sits among the long ones). query_start: R + 1 offsets, from any
+// first row (a second microbatch's); the split's rows count from it.
 struct MhaStep {
     int keys = 0;
     int first_request = 0, first_row = 0;  // requests and rows before them: the absorbed form
-    int absorbed_max_q = 0;                // the longest query among those
+    int max_q = 0;                         // the longest chunk
+    int absorbed_max_q = 0;                // the longest query before them
 };
-MhaStep mha_split(const StepBatch& batch, const CudaModelOptions& o) {
-    const int64_t R = batch.num_requests();
-    if (R == 0 || (R > 1 && batch.microbatch)) return {};
-    const auto q = [&](int64_t r) { return batch.query_start[r + 1] - batch.query_start[r]; };
+MhaStep mha_split(std::span<const int32_t> query_start, std::span<const int32_t> kv_len, const CudaModelOptions& o) {
+    const int R = static_cast<int>(kv_len.size());
+    const auto q = [&](int r) { return query_start[r + 1] - query_start[r]; };
     MhaStep out;
     while (out.first_request < R && q(out.first_request) <= kMaxGraphQueryLen)
         out.absorbed_max_q = std::max(out.absorbed_max_q, q(out.first_request++));
     if (out.first_request == R) return {};
     int64_t keys = 0;
-    for (int64_t r = out.first_request; r < R; ++r) {
+    for (int r = out.first_request; r < R; ++r) {
         if (q(r) <= kMaxGraphQueryLen) return {};
-        keys += batch.kv_len[r];
+        keys += kv_len[r];
+        out.max_q = std::max(out.max_q, q(r));
     }
     if (keys > mha_context_limit(o)) return {};
     out.keys = static_cast<int>(keys);
-    out.first_row = batch.query_start[out.first_request];
+    out.first_row = query_start[out.first_request] - query_start[0];
     return out;
 }
+// The MHA split of a whole step, or (two microbatches) of each.
+using MhaSteps = std::array<MhaStep, 2>;
 
 // The layer's step buffers for the runner's limits: every expert on this GPU (EP1) or the EP
 // rank's block with the backend's receive rows, decode steps (up to max_requests × the graphs'
@@ -78,11 +81,11 @@ LayerLimits layer_limits(const io::ModelConfig& c, const CudaModelOptions& opts)
     return l;
 }
 
-// The second microbatch's exec: the same steps and backend rows, but never the MHA-form prefill
-// (a one-request chunk is all in the first microbatch).
+// The second microbatch's exec: the same steps and backend rows, the MHA form's expansion buffers
+// the first exec's.
 LayerLimits microbatch_limits(const io::ModelConfig& c, const CudaModelOptions& opts) {
     LayerLimits l = layer_limits(c, opts);
-    l.max_prefill_ctx = 0;
+    l.mha_buffers_lent = l.max_prefill_ctx > 0;  // the first exec's (share_mha_buffers: one stream, in turn)
     if (opts.microbatch_ep) l.max_dispatch_m = opts.microbatch_ep->config().rows_per_expert();
     return l;
 }
@@ -128,8 +131,9 @@ struct CudaModel::Impl {
     // Step inputs at fixed addresses (what a captured graph reads).
     DeviceArray<int32_t> tokens, positions, slots, query_start, kv_len, block_table, logit_rows, out_tokens, num_tokens;
     // The MHA form's requests (mha_split): their key offsets (prefix sums of kv_len) and query
-    // offsets from their first row.
+    // offsets from their first row; the second microbatch's from mha_second on.
     DeviceArray<int32_t> kv_start, mha_query_start;
+    size_t mha_second = 0;                 // max_requests + 1
     CudaModel::AttentionSplit last_split;  // of the last step run (last_attention_split)
     DeviceArray<ops::SamplingRow> sampling;
     DeviceArray<ops::LogitBias> logit_bias;
@@ -188,21 +192,24 @@ struct CudaModel::Impl {
         st.kv_len = kv_len.get();
         st.block_table = block_table.get();
         st.max_blocks = static_cast<int>(max_blocks_per_request);
-        if (mha.keys > 0) {
-            st.prefill_ctx = mha.keys;
-            st.mha_request = mha.first_request;
-            st.mha_row = mha.first_row;
-            st.absorbed_max_q = mha.absorbed_max_q;
-            st.kv_start = kv_start.get();
-            st.mha_query_start = mha_query_start.get();
-        }
+        set_mha(st, mha, 0);
         return st;
+    }
+    // st's MHA-form fields from `mha`, its offsets at `offset` of the arrays.
+    void set_mha(LayerStep& st, const MhaStep& mha, size_t offset) {
+        st.prefill_ctx = mha.keys;
+        st.mha_request = mha.first_request;
+        st.mha_row = mha.first_row;
+        st.mha_max_q = mha.max_q;
+        st.absorbed_max_q = mha.absorbed_max_q;
+        st.kv_start = mha.keys > 0 ? kv_start.get() + offset : nullptr;
+        st.mha_query_start = mha.keys > 0 ? mha_query_start.get() + offset : nullptr;
     }
 
     // The two microbatches of `whole` split at `mb`: the first the whole step's arrays cut at R0 /
     // T0, the second views past them (its request starts from query_start_mb, its token count in
-    // num_tokens[1]); a one-request prefill chunk is all in the first.
-    std::array<Microbatch, 2> microbatches(const LayerStep& whole, const Split& mb) {
+    // num_tokens[1], its MHA split second_mha); a one-request prefill chunk is all in the first.
+    std::array<Microbatch, 2> microbatches(const LayerStep& whole, const Split& mb, const MhaStep& second_mha) {
         LayerStep a = whole, b = whole;
         a.T = mb.T0;
         a.R = mb.R0;
@@ -214,19 +221,18 @@ struct CudaModel::Impl {
         b.kv_len += mb.R0;
         b.block_table += static_cast<int64_t>(mb.R0) * whole.max_blocks;
         b.num_tokens = num_tokens.get() + 1;
-        b.prefill_ctx = 0;
-        b.kv_start = b.mha_query_start = nullptr;
+        set_mha(b, second_mha, mha_second);
         return {Microbatch{exec.get(), a, hidden.get(), nullptr},
                 Microbatch{exec_mb.get(), b, hidden.get() + static_cast<int64_t>(mb.T0) * c.hidden_size, nullptr}};
     }
 
     // The whole step on the stream: embedding, layers, final norm and lm_head over the logit rows,
     // then sampling when `sample`; keep_hidden: every row's final-normed hidden state into normed_all.
-    // mha.keys > 0: the step's prefill chunks run the MHA form, their offsets uploaded
-    // (upload_mha_split).
+    // mha[0].keys > 0: the step's (or first microbatch's) prefill chunks run the MHA form, mha[1]
+    // the second microbatch's; their offsets uploaded (upload_mha_split).
     // T = 0 (expert parallelism): this rank's empty step — only the MoE layers' exchanges and its
     // experts' work for the other ranks. mb.on: the layers run as two microbatches.
-    void run(int T, int R, int max_q, int rows_n, bool sample, bool keep_hidden, const MhaStep& mha = {},
+    void run(int T, int R, int max_q, int rows_n, bool sample, bool keep_hidden, const MhaSteps& mha = {},
              const Split& mb = {}) {
         const int D = static_cast<int>(c.hidden_size), Vocab = static_cast<int>(c.vocab_size);
         const float eps = static_cast<float>(c.rms_norm_eps);
@@ -235,9 +241,9 @@ struct CudaModel::Impl {
             if (mb.on) ops::launch_fill_i32(num_tokens.get() + 1, 1, T - mb.T0, stream);
         }
         ops::launch_embed_bf16(w.embed.get(), tokens.get(), T, D, hidden.get(), stream);
-        const LayerStep st = layer_step(T, R, max_q, mha);
+        const LayerStep st = layer_step(T, R, max_q, mha[0]);
         if (mb.on) {
-            std::array<Microbatch, 2> lanes = microbatches(st, mb);
+            std::array<Microbatch, 2> lanes = microbatches(st, mb, mha[1]);
             for (const Microbatch& lane : lanes) lane.exec->begin_step(lane.step);
             for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
                 for (Microbatch& lane : lanes) lane.cache = cache_layer(l);
@@ -267,7 +273,7 @@ struct CudaModel::Impl {
     // states (prev_rows of normed_all, or of mtp_hidden when chained) → hnorm, side by side →
     // eh_proj → the decoder layer on the MTP cache layer → head_norm of the logit rows (kept in
     // mtp_hidden) → head → greedy tokens (the sampling rows hold greedy entries).
-    void run_mtp(int T, int R, int max_q, int rows_n, bool chained, const MhaStep& mha) {
+    void run_mtp(int T, int R, int max_q, int rows_n, bool chained, const MhaSteps& mha) {
         const DeviceMtp& m = *w.mtp;
         const int D = static_cast<int>(c.hidden_size), Vocab = static_cast<int>(c.vocab_size);
         const float eps = static_cast<float>(c.rms_norm_eps);
@@ -282,7 +288,7 @@ struct CudaModel::Impl {
                                               T, D, stream);
             exec->project(m.eh_proj, mtp_cat.get(), T, hidden.get());
         }
-        const LayerStep st = layer_step(T, R, max_q, mha);
+        const LayerStep st = layer_step(T, R, max_q, mha[0]);
         exec->begin_step(st);
         exec->run(m.layer, st, hidden.get(), cache_layer(c.num_hidden_layers));
         if (rows_n == 0) return;
@@ -329,22 +335,33 @@ struct CudaModel::Impl {
     };
     Uploaded upload_step(const StepBatch& batch, int64_t pad_R, int64_t q, bool all_rows, bool microbatch = false);
 
-    // mha_split of an eager step, its chunks' key and query offsets uploaded when the MHA form runs;
-    // records the split (last_attention_split).
-    MhaStep upload_mha_split(const StepBatch& batch) {
-        const MhaStep split = mha_split(batch, opts);
+    // mha_split of an eager step — of each microbatch when split at mb — the chunks' key and query
+    // offsets uploaded where the MHA form runs; records the split (last_attention_split).
+    MhaSteps upload_mha_split(const StepBatch& batch, const Split& mb) {
         const int64_t R = batch.num_requests();
-        last_split = {R, 0};
-        if (split.keys == 0) return split;
-        std::vector<int32_t> keys(1, 0), queries(1, 0);
-        for (int64_t r = split.first_request; r < R; ++r) {
-            keys.push_back(keys.back() + batch.kv_len[r]);
-            queries.push_back(batch.query_start[r + 1] - split.first_row);
+        const std::span<const int32_t> qs(batch.query_start), kl(batch.kv_len);
+        MhaSteps out;
+        last_split = {0, 0};
+        for (int part = 0; part < (mb.on ? 2 : 1); ++part) {
+            const int64_t r0 = part == 0 ? 0 : mb.R0, r1 = mb.on && part == 0 ? mb.R0 : R;
+            const MhaStep split = mha_split(qs.subspan(static_cast<size_t>(r0), static_cast<size_t>(r1 - r0 + 1)),
+                                            kl.subspan(static_cast<size_t>(r0), static_cast<size_t>(r1 - r0)), opts);
+            out[static_cast<size_t>(part)] = split;
+            last_split.absorbed += split.keys > 0 ? split.first_request : r1 - r0;
+            if (split.keys == 0) continue;
+            last_split.mha += r1 - r0 - split.first_request;
+            std::vector<int32_t> keys(1, 0), queries(1, 0);
+            for (int64_t r = r0 + split.first_request; r < r1; ++r) {
+                keys.push_back(keys.back() + batch.kv_len[r]);
+                queries.push_back(batch.query_start[r + 1] - batch.query_start[r0] - split.first_row);
+            }
+            const size_t at = part == 0 ? 0 : mha_second;
+            FANOUT_CUDA_CHECK(cudaMemcpyAsync(kv_start.get() + at, keys.data(), keys.size() * sizeof(int32_t),
+                                              cudaMemcpyHostToDevice, stream));
+            FANOUT_CUDA_CHECK(cudaMemcpyAsync(mha_query_start.get() + at, queries.data(),
+                                              queries.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
         }
-        kv_start.upload(keys.data(), keys.size(), stream);
-        mha_query_start.upload(queries.data(), queries.size(), stream);
-        last_split = {split.first_request, R - split.first_request};
-        return split;
+        return out;
     }
 };
 
@@ -354,6 +371,7 @@ CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts, cons
     m.c = model.config();
     m.opts = opts;
     const io::ModelConfig& c = m.c;
+    FANOUT_CHECK(opts.max_mha_context >= 0, "CudaModel: max_mha_context {} must not be negative", opts.max_mha_context);
     FANOUT_CHECK(opts.max_step_tokens >= 1 && opts.max_requests >= 1 && opts.max_context >= 1,
                  "CudaModel: max_step_tokens {}, max_requests {}, max_context {} must be positive",
                  opts.max_step_tokens, opts.max_requests, opts.max_context);
@@ -408,8 +426,9 @@ CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts, cons
     m.positions = DeviceArray<int32_t>(T);
     m.slots = DeviceArray<int32_t>(T);
     m.query_start = DeviceArray<int32_t>(R + 1);
-    m.kv_start = DeviceArray<int32_t>(R + 1);
-    m.mha_query_start = DeviceArray<int32_t>(R + 1);
+    m.mha_second = R + 1;
+    m.kv_start = DeviceArray<int32_t>(2 * (R + 1));
+    m.mha_query_start = DeviceArray<int32_t>(2 * (R + 1));
     m.kv_len = DeviceArray<int32_t>(R);
     m.block_table = DeviceArray<int32_t>(R * static_cast<size_t>(m.max_blocks_per_request));
     m.logit_rows = DeviceArray<int32_t>(T);
@@ -433,6 +452,7 @@ CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts, cons
     m.exec->set_expert_parallel(opts.ep);
     if (opts.microbatch) {  // one stream: the two execs share the context's scratch, used in turn
         m.exec_mb = std::make_unique<CudaLayerExec>(c, model.rope(), microbatch_limits(c, opts), *m.ctx);
+        if (microbatch_limits(c, opts).mha_buffers_lent) m.exec_mb->share_mha_buffers(*m.exec);
         m.exec_mb->set_expert_parallel(opts.microbatch_ep);
         m.query_start_mb = DeviceArray<int32_t>(R + 1);
     }
@@ -445,7 +465,7 @@ size_t CudaModel::workspace_bytes(const io::ModelConfig& c, const CudaModelOptio
     const size_t T = static_cast<size_t>(opts.max_step_tokens), R = static_cast<size_t>(opts.max_requests);
     const size_t D = static_cast<size_t>(c.hidden_size);
     const size_t blocks_per_request = static_cast<size_t>(ops::ceil_div(opts.max_context, kv::kDefaultBlockSize));
-    const size_t i32 = 6 * T + 2 + 2 * (R + 1) + R + R * blocks_per_request + (opts.microbatch ? R + 1 : 0);
+    const size_t i32 = 6 * T + 2 + 5 * (R + 1) + R + R * blocks_per_request + (opts.microbatch ? R + 1 : 0);
     const size_t L = static_cast<size_t>(logit_rows_limit(opts));
     const size_t mtp = opts.mtp_draft_tokens > 0 ? 4 * T * D * 2 + L * D * 2 + 4 * T : 0;
     return 4 * i32 + T * sizeof(ops::SamplingRow) + kInitialLogitBias * sizeof(ops::LogitBias) + T * D * 2 +
@@ -635,7 +655,7 @@ std::vector<int32_t> CudaModel::forward_sample(const StepBatch& batch, std::span
         // Prefill chunks run attention in the MHA form, the decodes before them in the absorbed
         // form (mha_split).
         m.run(static_cast<int>(T), static_cast<int>(R), static_cast<int>(batch.max_query_len()), rows_step, sample,
-              keep_hidden, m.upload_mha_split(batch), up.split);
+              keep_hidden, m.upload_mha_split(batch, up.split), up.split);
     }
     m.kept_rows = keep_hidden ? T : 0;
     std::vector<int32_t> out;
@@ -694,7 +714,7 @@ std::vector<int32_t> CudaModel::draft_mtp(const StepBatch& batch, std::span<cons
                  [&] { m.run_mtp(Tg, static_cast<int>(R_pad), static_cast<int>(q), rows_step, chained, {}); });
     } else {
         m.run_mtp(static_cast<int>(T), static_cast<int>(R), static_cast<int>(batch.max_query_len()), rows_step, chained,
-                  m.upload_mha_split(batch));
+                  m.upload_mha_split(batch, {}));
     }
     std::vector<int32_t> out(static_cast<size_t>(rows_n));
     if (rows_n > 0)

@@ -55,9 +55,10 @@ struct CudaModelOptions {
     // Rows whose logits one step returns; 0: min(max_step_tokens, max_requests × 4) — one per
     // request, or a few under MTP verification. `score` (every position) sets max_step_tokens.
     int64_t max_logit_rows = 0;
-    // A one-request prefill chunk runs the MHA form (the context's latent expanded per head) up to
-    // this much context; past it the absorbed form, which reads the cache as it is, so the
-    // expansion buffer stays bounded (H · (nope + v) bf16 per token of it: 1 GB at V3's 16,384).
+    // A step's prefill chunks run the MHA form (their contexts' latents expanded per head) while
+    // their contexts total at most this many keys; past it the absorbed form, which reads the
+    // cache as it is, so the expansion buffers stay bounded (H · (nope + v) bf16 per key and its
+    // latent: ~66 KB at V3's widths, 1 GB at 16,384). 0: always the absorbed form.
     int64_t max_mha_context = 16384;
     // This GPU's EP group (comm/ep_gpu.h; FP8 payload for FP8 experts, bf16 otherwise; steps of up
     // to max_step_tokens per rank): the model then holds this rank's block of routed experts
