@@ -166,10 +166,10 @@ void validate(const Deployment& d, const Hardware& hw) {
 
 bool Deployment::mha_form() const {
     if (attention != AttentionForm::kAuto) return attention == AttentionForm::kMha;
-    // Several requests take the MHA form only in a one-batch step (the runner's second microbatch
-    // has no MHA buffers).
-    if (schedule == Schedule::kMicroBatch && batch > 1) return false;
-    return query_len() > kMhaMinQuery && double(batch) * kv_len <= kMhaMaxKeys;
+    // Under the microbatch schedule the runner applies the rule to each microbatch (the larger
+    // half of the requests).
+    const int requests = schedule == Schedule::kMicroBatch ? (batch + 1) / 2 : batch;
+    return query_len() > kMhaMinQuery && double(requests) * kv_len <= kMhaMaxKeys;
 }
 
 std::vector<KernelCost> layer_kernels(const Deployment& d, const Hardware& hw, const Profile& prof, double batch,
