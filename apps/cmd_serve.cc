@@ -174,8 +174,9 @@ void run_serve(ServeArgs& a) {
     phase(a.model.device == "cuda" ? "bind" : "load and check");
     const io::ModelConfig& c = model->config();
     // Steps are budgeted by work, not tokens (a chunk deep in a long prompt costs more than one at
-    // its start), priced at the absorbed form that such small chunks run — and on the CPU path at
-    // what a pair costs there; --attention-cost overrides.
+    // its start), priced at the absorbed form that decodes and small chunks run — on the GPU long
+    // chunks apart, at the MHA form's price (below) — and on the CPU path at what a pair costs
+    // there; --attention-cost overrides (one price for every chunk).
     const model::StepFlops flops = model::step_flops(c);
     const double pair_flops = std::max(flops.attention_per_pair, flops.absorbed_attention_per_pair);
     ec.scheduler.attention_cost_per_pair =
@@ -184,6 +185,14 @@ void run_serve(ServeArgs& a) {
             : pair_flops / flops.layers_per_token * (a.model.device == "cuda" ? 1.0 : model::kCpuAttentionSlowdown);
     if (a.model.device == "cuda") {
 #ifdef FANOUT_WITH_CUDA
+        if (a.attention_cost < 0 && a.mha_max_context > 0) {
+            // Chunks the runner runs in the MHA form: their pairs at its price, plus one expansion
+            // of their contexts' latents through kv_b (step_cost.h).
+            ec.scheduler.long_chunk_cost_per_pair = flops.attention_per_pair / flops.layers_per_token;
+            ec.scheduler.long_chunk_cost_per_key = flops.latent_expansion_per_context_token / flops.layers_per_token;
+            ec.scheduler.long_chunk_tokens = model::kMaxGraphQueryLen;
+            ec.scheduler.long_chunk_max_context = a.mha_max_context;
+        }
         // The cache on the device, bf16, as planned; the runner's step buffers from the scheduler's
         // limits (the plan counted them at the full context: a smaller cache only shrinks them).
         ec.num_kv_blocks = d.min_over_ranks(plan.kv_blocks);  // every rank the same limits (rank 0 checks requests)

@@ -84,9 +84,21 @@ TEST(Scheduler, ListsDecodesBeforePrefillChunks) {
     EXPECT_EQ(w[2].start, 8);
     EXPECT_EQ(w[2].num_tokens, 8);
     run(sched, w);
-    // A prompt's last token alone counts as a decode too: it is one query row at the end.
-    w = sched.schedule();
-    for (size_t i = 1; i < w.size(); ++i) EXPECT_FALSE(!w[i - 1].is_decode() && w[i].is_decode()) << i;
+    // A prompt's last token alone counts as a decode too (one query row at the end): under a tight
+    // budget e (arrived after f) gets its 9-token prompt 4 tokens a step, then its last token is
+    // listed ahead of f's chunk.
+    Scheduler tight({8, 12, 8}, pc);
+    auto f = make_seq(6, 20, 500), e = make_seq(5, 9, 400);
+    tight.add(f);
+    tight.add(e);
+    bool tail_first = false;
+    for (int step = 0; step < 4; ++step) {
+        w = tight.schedule();
+        for (size_t i = 1; i < w.size(); ++i) EXPECT_FALSE(!w[i - 1].is_decode() && w[i].is_decode()) << step;
+        if (w.size() == 2 && w[0].seq->id == 5 && w[0].num_tokens == 1 && !w[1].is_decode()) tail_first = true;
+        run(tight, w);
+    }
+    EXPECT_TRUE(tail_first);
 }
 
 TEST(Scheduler, AdmitsFirstComeFirstServedUpToTheSequenceCap) {
@@ -170,6 +182,67 @@ TEST(SchedulerCost, ClosedFormAndLargestFittingChunk) {
     }
     EXPECT_EQ(tokens_within(0.0, 5, 100, 37.0), 37);  // cost 0: a token count
     EXPECT_EQ(chunk_cost(0.0, 1000, 12), 12.0);
+}
+
+// Long chunks priced apart (SchedulerConfig::long_chunk_*): chunk_cost takes the long price only
+// past long_chunk_tokens and within long_chunk_max_context, and tokens_within is still the largest
+// chunk that fits (a linear search over the piecewise price), whichever price is the higher.
+TEST(SchedulerCost, LongChunksPricedApart) {
+    std::mt19937_64 rng(5);
+    for (int trial = 0; trial < 3000; ++trial) {
+        SchedulerConfig c;
+        c.attention_cost_per_pair = std::vector<double>{0.0, 1e-4, 7e-4, 0.02}[rng() % 4];
+        c.long_chunk_cost_per_pair = std::vector<double>{-1.0, 0.0, 2e-5, 2e-4, 0.05}[rng() % 5];
+        c.long_chunk_cost_per_key = std::vector<double>{0.0, 0.029, 0.5}[rng() % 3];
+        c.long_chunk_tokens = static_cast<int64_t>(rng() % 8);
+        const int64_t start = static_cast<int64_t>(rng() % 20000), max_tokens = 1 + static_cast<int64_t>(rng() % 600);
+        c.long_chunk_max_context = start + static_cast<int64_t>(rng() % 700) - 50;
+        const bool priced = c.long_chunk_cost_per_pair >= 0;
+        for (int64_t n : {int64_t{1}, c.long_chunk_tokens, c.long_chunk_tokens + 1, max_tokens}) {
+            if (n < 1) continue;
+            const bool is_long = priced && n > c.long_chunk_tokens && start + n <= c.long_chunk_max_context;
+            const double want = is_long ? static_cast<double>(n) +
+                                              c.long_chunk_cost_per_pair * (chunk_cost(1.0, start, n) - n) +
+                                              c.long_chunk_cost_per_key * static_cast<double>(start + n)
+                                        : chunk_cost(c.attention_cost_per_pair, start, n);
+            EXPECT_NEAR(chunk_cost(c, start, n), want, 1e-9 * want) << trial << " n " << n;
+        }
+        const double budget = static_cast<double>(rng() % 6000) + 0.5 * static_cast<double>(rng() % 2);
+        int64_t want = 0;
+        for (int64_t n = 1; n <= max_tokens; ++n)
+            if (chunk_cost(c, start, n) <= budget) want = n;
+        EXPECT_EQ(tokens_within(c, start, max_tokens, budget), want)
+            << "trial " << trial << " start " << start << " budget " << budget;
+    }
+}
+
+// A long prompt's chunks under the GPU runner's prices: deep in the prompt, a chunk priced at the
+// MHA form's pairs (and one expansion of its context) is half as large again as at the absorbed
+// form's (1,489 vs 2,513 tokens at 8,000 in).
+TEST(SchedulerCost, CheaperLongChunksGrowTheStep) {
+    const auto chunk_at = [](bool long_price) {
+        kv::BlockAllocator alloc(4096);
+        kv::PrefixCache pc(alloc, 16);
+        SchedulerConfig c{8, 4096, 4096, false, 2.3e-4};
+        if (long_price) {
+            c.long_chunk_cost_per_pair = 6.8e-5;
+            c.long_chunk_cost_per_key = 0.029;
+            c.long_chunk_max_context = 16384;
+        }
+        Scheduler sched(c, pc);
+        auto a = make_seq(1, 12000);
+        sched.add(a);
+        int64_t last = 0;
+        while (a->num_computed < 8000) {
+            auto w = sched.schedule();
+            last = w.at(0).num_tokens;
+            EXPECT_LE(sched.step_cost(w), 4096.0 + 1e-6);
+            run(sched, w);
+        }
+        return last;
+    };
+    const int64_t absorbed = chunk_at(false), mha = chunk_at(true);
+    EXPECT_GT(mha, absorbed * 3 / 2) << "absorbed-form price " << absorbed << " tokens, MHA-form price " << mha;
 }
 
 // With attention_cost_per_pair = 0 the budget is a token count, filled to the last token.

@@ -429,7 +429,9 @@ TEST(CudaModel, BatchedPrefillChunksMatchTheCpu) {
 
 // Continuous batching's mixed step: decodes listed first run the absorbed form, the prefill chunks
 // after them the MHA form, in the same step — each request's logits against the CPU's of its
-// whole sequence. Listed the other way round, the step runs all in the absorbed form (and agrees too).
+// whole sequence. Listed the other way round, every request runs the MHA form (decodes too: their
+// contexts expanded). Split into two microbatches (1, 1, 20 | 9), the first mixes both forms and
+// the second runs the MHA form on the borrowed buffers.
 TEST(CudaModel, MixedStepRunsDecodesAbsorbedAndChunksInTheMhaForm) {
     REQUIRE_GPU();
     const std::string dir = (oracle_dir() / fixture_names().front()).string();
@@ -448,8 +450,11 @@ TEST(CudaModel, MixedStepRunsDecodesAbsorbedAndChunksInTheMhaForm) {
     // Requests 0 and 1 decode after prompts of 17 and 30 tokens; request 2 prefills 20 tokens;
     // request 3 its next 9 after 12 cached (all of them read the same token sequence).
     const Part parts[4] = {{17, 1}, {30, 1}, {0, 20}, {12, 9}};
-    for (const bool decodes_first : {true, false}) {
-        CudaModel gpu(*m, o);
+    for (const int variant : {0, 1, 2}) {  // decodes first; chunks first; decodes first, two microbatches
+        const bool decodes_first = variant != 1;
+        CudaModelOptions vo = o;
+        vo.microbatch = variant == 2;
+        CudaModel gpu(*m, vo);
         kv::PagedKvCache blocks = gpu.make_block_allocator();
         std::vector<kv::SequenceBlocks> seqs(4);
         for (int r = 0; r < 4; ++r) blocks.reserve(seqs[r], parts[r].start + parts[r].len);
@@ -461,10 +466,12 @@ TEST(CudaModel, MixedStepRunsDecodesAbsorbedAndChunksInTheMhaForm) {
         for (int r : order)
             sb.add(std::span(ids).subspan(parts[r].start, parts[r].len), parts[r].start, seqs[r],
                    StepBatchBuilder::Logits::kAll);
-        const Tensor got = gpu.forward_logits(sb.build());
+        StepBatch step = sb.build();
+        step.microbatch = variant == 2;
+        const Tensor got = gpu.forward_logits(step);
         const CudaModel::AttentionSplit split = gpu.last_attention_split();
-        EXPECT_EQ(split.absorbed, decodes_first ? 2 : 4);
-        EXPECT_EQ(split.mha, decodes_first ? 2 : 0);
+        EXPECT_EQ(split.absorbed, decodes_first ? 2 : 0) << "variant " << variant;
+        EXPECT_EQ(split.mha, decodes_first ? 2 : 4) << "variant " << variant;
         std::vector<double> diffs;
         double max_logit = 0;
         int64_t row = 0;
@@ -478,8 +485,9 @@ TEST(CudaModel, MixedStepRunsDecodesAbsorbedAndChunksInTheMhaForm) {
             max_logit = std::max(max_logit, max_abs(ref));
             row += parts[r].len;
         }
-        expect_close(diffs, max_logit, kOracle,
-                     decodes_first ? "decodes then chunks (both forms in one step)" : "chunks then decodes (absorbed)");
+        const char* what[3] = {"decodes then chunks (both forms in one step)", "chunks then decodes (all MHA form)",
+                               "decodes then chunks, two microbatches"};
+        expect_close(diffs, max_logit, kOracle, what[variant]);
     }
 }
 

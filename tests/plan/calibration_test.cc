@@ -345,7 +345,7 @@ TEST_F(PlanCalibrationH200, ModelMatchesBenchLayerWithPrefillInTheMhaForm) {
     EXPECT_FALSE(d.mha_form());
     d.batch = 32, d.draft_tokens = 1023, d.schedule = Schedule::kMicroBatch;  // each microbatch 16 × 1,024 keys
     EXPECT_TRUE(d.mha_form());
-    d.batch = 33;  // 17 in the first
+    d.batch = 33;  // 17 in one of them
     EXPECT_FALSE(d.mha_form());
     d.batch = 1;  // one request: all in the first microbatch
     EXPECT_TRUE(d.mha_form());

@@ -7,23 +7,62 @@
 
 namespace fanout::engine {
 
+namespace {
+
+// A chunk's price: n + per_pair · Σ_{i<n} (s + i + 1) + per_key · (s + n).
+struct Price {
+    double per_pair = 0, per_key = 0;
+    double of(int64_t start, int64_t num_tokens) const {
+        const double n = static_cast<double>(num_tokens), s = static_cast<double>(start);
+        return n + per_pair * (n * s + n * (n + 1) * 0.5) + per_key * (s + n);
+    }
+    // The most tokens, at most max_tokens, whose price fits in budget (0 if none).
+    int64_t within(int64_t start, int64_t max_tokens, double budget) const {
+        if (max_tokens <= 0 || !(budget >= of(start, 1))) return 0;
+        // of(n) = a/2 · n² + b · n + c with b = 1 + a · (start + 1/2) + per_key, c = per_key · start:
+        // the positive root of of(n) = budget, written to stay exact (= budget − c) when a = 0.
+        const double a = per_pair, left = budget - per_key * static_cast<double>(start);
+        const double b = 1.0 + a * (static_cast<double>(start) + 0.5) + per_key;
+        const double root = 2.0 * left / (b + std::sqrt(b * b + 2.0 * a * left));
+        int64_t n = std::clamp<int64_t>(static_cast<int64_t>(std::floor(root)), 1, max_tokens);
+        // The root is within rounding of the answer: settle it on the exact cost.
+        while (n < max_tokens && of(start, n + 1) <= budget) ++n;
+        while (n > 1 && of(start, n) > budget) --n;
+        return n;
+    }
+};
+
+// Whether a chunk [start, start + n) takes the long-chunk price.
+bool long_chunk(const SchedulerConfig& c, int64_t start, int64_t n) {
+    return c.long_chunk_cost_per_pair >= 0 && n > c.long_chunk_tokens && start + n <= c.long_chunk_max_context;
+}
+
+}  // namespace
+
 double chunk_cost(double attention_cost_per_pair, int64_t start, int64_t num_tokens) {
-    const double n = static_cast<double>(num_tokens), s = static_cast<double>(start);
-    return n + attention_cost_per_pair * (n * s + n * (n + 1) * 0.5);
+    return Price{attention_cost_per_pair}.of(start, num_tokens);
 }
 
 int64_t tokens_within(double attention_cost_per_pair, int64_t start, int64_t max_tokens, double budget) {
-    const double a = attention_cost_per_pair;
-    if (max_tokens <= 0 || !(budget >= chunk_cost(a, start, 1))) return 0;
-    // chunk_cost(n) = a/2 · n² + b · n with b = 1 + a · (start + 1/2): the positive root of
-    // chunk_cost(n) = budget, written to stay exact (= budget) when a = 0.
-    const double b = 1.0 + a * (static_cast<double>(start) + 0.5);
-    const double root = 2.0 * budget / (b + std::sqrt(b * b + 2.0 * a * budget));
-    int64_t n = std::clamp<int64_t>(static_cast<int64_t>(std::floor(root)), 1, max_tokens);
-    // The root is within rounding of the answer: settle it on the exact cost.
-    while (n < max_tokens && chunk_cost(a, start, n + 1) <= budget) ++n;
-    while (n > 1 && chunk_cost(a, start, n) > budget) --n;
-    return n;
+    return Price{attention_cost_per_pair}.within(start, max_tokens, budget);
+}
+
+double chunk_cost(const SchedulerConfig& c, int64_t start, int64_t num_tokens) {
+    return long_chunk(c, start, num_tokens)
+               ? Price{c.long_chunk_cost_per_pair, c.long_chunk_cost_per_key}.of(start, num_tokens)
+               : Price{c.attention_cost_per_pair}.of(start, num_tokens);
+}
+
+int64_t tokens_within(const SchedulerConfig& c, int64_t start, int64_t max_tokens, double budget) {
+    // n in [1, short_max] and past long_max take the plain price, (short_max, long_max] the long
+    // chunks'; each is monotone in n, so the answer is the longest fit of the last region that has one.
+    const Price plain{c.attention_cost_per_pair}, longp{c.long_chunk_cost_per_pair, c.long_chunk_cost_per_key};
+    const int64_t short_max = std::min(max_tokens, std::max(c.long_chunk_tokens, int64_t{0}));
+    const int64_t long_max = std::min(max_tokens, c.long_chunk_max_context - start);
+    if (c.long_chunk_cost_per_pair < 0 || long_max <= short_max) return plain.within(start, max_tokens, budget);
+    if (const int64_t n = plain.within(start, max_tokens, budget); n > long_max) return n;
+    if (const int64_t n = longp.within(start, long_max, budget); n > short_max) return n;
+    return plain.within(start, short_max, budget);
 }
 
 Scheduler::Scheduler(const SchedulerConfig& config, kv::PrefixCache& cache) : config_(config), cache_(cache) {
@@ -32,40 +71,45 @@ Scheduler::Scheduler(const SchedulerConfig& config, kv::PrefixCache& cache) : co
                  config.max_num_seqs, config.max_batched_tokens, config.prefill_chunk);
     FANOUT_CHECK(std::isfinite(config.attention_cost_per_pair) && config.attention_cost_per_pair >= 0.0,
                  "scheduler: attention_cost_per_pair={} must be a finite number >= 0", config.attention_cost_per_pair);
+    FANOUT_CHECK(std::isfinite(config.long_chunk_cost_per_pair) && std::isfinite(config.long_chunk_cost_per_key) &&
+                     config.long_chunk_cost_per_key >= 0.0 && config.long_chunk_tokens >= 0,
+                 "scheduler: long_chunk_cost_per_pair={} (< 0: none), long_chunk_cost_per_key={} and "
+                 "long_chunk_tokens={} must be finite, the last two >= 0",
+                 config.long_chunk_cost_per_pair, config.long_chunk_cost_per_key, config.long_chunk_tokens);
 }
 
 double Scheduler::step_cost(const std::vector<ScheduledSeq>& step) const {
     double cost = 0.0;
-    for (const auto& s : step) cost += chunk_cost(config_.attention_cost_per_pair, s.start, s.num_tokens);
+    for (const auto& s : step) cost += chunk_cost(config_, s.start, s.num_tokens);
     return cost;
 }
 
 // At most prefill_chunk tokens and prefill_chunk token-equivalents (one token always passes that
 // cap), within the budget; one token regardless when it is the step's first work.
 int64_t Scheduler::first_share(const Sequence& seq, double budget, bool first_of_step) const {
-    const double a = config_.attention_cost_per_pair;
     const int64_t start = seq.num_computed;
     const int64_t max_tokens = std::min(seq.work_len() - start, config_.prefill_chunk);
-    const double cap = std::max(static_cast<double>(config_.prefill_chunk), chunk_cost(a, start, 1));
-    const int64_t n = tokens_within(a, start, max_tokens, std::min(budget, cap));
+    const double cap = std::max(static_cast<double>(config_.prefill_chunk), chunk_cost(config_, start, 1));
+    const int64_t n = tokens_within(config_, start, max_tokens, std::min(budget, cap));
     return n == 0 && first_of_step ? std::min<int64_t>(1, max_tokens) : n;
 }
 
 void Scheduler::grow_chunks(std::vector<ScheduledSeq>& out, double budget) {
-    const double a = config_.attention_cost_per_pair;
-    if (a == 0.0) return;  // the first pass already took min(remaining, budget, prefill_chunk)
+    if (config_.attention_cost_per_pair == 0.0 && config_.long_chunk_cost_per_pair <= 0.0 &&
+        config_.long_chunk_cost_per_key == 0.0)
+        return;  // the first pass already took min(remaining, budget, prefill_chunk)
     const int64_t bs = cache_.block_size();
     for (auto& s : out) {
         if (budget <= 0.0) break;
         Sequence* seq = s.seq;
         const int64_t max_tokens = std::min(seq->work_len() - s.start, config_.prefill_chunk);
         if (s.num_tokens >= max_tokens) continue;
-        const double had = chunk_cost(a, s.start, s.num_tokens);
-        int64_t n = tokens_within(a, s.start, max_tokens, budget + had);
+        const double had = chunk_cost(config_, s.start, s.num_tokens);
+        int64_t n = tokens_within(config_, s.start, max_tokens, budget + had);
         if (n > s.num_tokens && !ensure_blocks(seq, s.start + n))  // no preemption to grow: keep to the blocks held
             n = std::min(n, static_cast<int64_t>(seq->blocks.size()) * bs - s.start);
         if (n <= s.num_tokens) continue;
-        budget -= chunk_cost(a, s.start, n) - had;
+        budget -= chunk_cost(config_, s.start, n) - had;
         s.num_tokens = n;
         s.wants_logits = s.start + n >= seq->total_len();
     }
@@ -109,7 +153,6 @@ void Scheduler::preempt(Sequence* seq) {
 
 std::vector<ScheduledSeq> Scheduler::schedule() {
     std::vector<ScheduledSeq> out;
-    const double a = config_.attention_cost_per_pair;
     double budget = static_cast<double>(config_.max_batched_tokens);
     // 1. Running sequences, oldest first; the youngest give way when blocks run out.
     for (size_t i = 0; i < running_.size() && budget > 0;) {
@@ -134,7 +177,7 @@ std::vector<ScheduledSeq> Scheduler::schedule() {
             continue;
         }
         out.push_back({seq, seq->num_computed, n_ok, seq->num_computed + n_ok >= seq->total_len()});
-        budget -= chunk_cost(a, seq->num_computed, n_ok);
+        budget -= chunk_cost(config_, seq->num_computed, n_ok);
         ++i;
     }
     // 2. Waiting sequences, first come first served (no skipping ahead of one that cannot fit).
@@ -162,7 +205,7 @@ std::vector<ScheduledSeq> Scheduler::schedule() {
         owned->state = SeqState::kRunning;
         running_.push_back(owned);
         out.push_back({seq, seq->num_computed, n, seq->num_computed + n >= seq->total_len()});
-        budget -= chunk_cost(a, seq->num_computed, n);
+        budget -= chunk_cost(config_, seq->num_computed, n);
     }
     // 3. What the budget still holds goes to the chunks that took less than prefill_chunk tokens.
     grow_chunks(out, budget);

@@ -2,12 +2,13 @@
 //
 // Every step has a cost budget (max_batched_tokens) and a cap on running sequences. Running
 // sequences go first, in arrival order: a decoding one takes 1 token, a prefilling one its next
-// chunk. (The step's list then puts its decodes before its prefill chunks, each group in that
-// order: the GPU model runs the two in different attention forms, deepseek_v3_cuda.h.) Then waiting sequences are
-// admitted first-come-first-served while budget, the sequence cap and KV blocks allow; an admitted prompt first takes
-// its longest cached prefix from the PrefixCache. When a running sequence needs a block and none can be had, the most
-// recently arrived running sequence is preempted by recompute: its blocks are released and it waits again at the front
-// of the queue, to prefill prompt + output so far. Plain data: no tensors, no model.
+// chunk. Then waiting sequences are admitted first-come-first-served while budget, the sequence
+// cap and KV blocks allow; an admitted prompt first takes its longest cached prefix from the
+// PrefixCache. When a running sequence needs a block and none can be had, the most recently
+// arrived running sequence is preempted by recompute: its blocks are released and it waits again
+// at the front of the queue, to prefill prompt + output so far. The step's list then puts its
+// decodes before its prefill chunks, each group in that order (the GPU model runs the two in
+// different attention forms, deepseek_v3_cuda.h). Plain data: no tensors, no model.
 //
 // Cost: tokens [s, s + n) of a sequence cost n + attention_cost_per_pair · Σ_{i<n} (s + i + 1) —
 // one token-equivalent per token plus the attention pairs of a causal chunk at context s — so a
@@ -17,6 +18,9 @@
 // after everyone had a turn then lets the chunks grow back towards prefill_chunk tokens. The first
 // work of a step always gets at least one token, over budget if it must: progress is guaranteed.
 // With attention_cost_per_pair = 0 a cost is a token count and this is the plain token budget.
+// Long chunks may be priced apart (SchedulerConfig::long_chunk_*): the GPU runner runs their
+// attention in MLA's MHA form — cheaper pairs, plus one expansion of the context's latents per
+// context token — and a step's decodes in the absorbed form.
 #pragma once
 
 #include <cstdint>
@@ -63,12 +67,22 @@ struct SchedulerConfig {
     // KV slots a chunk that ends a sequence's known tokens also reserves past itself, when the
     // cache has them without preempting anyone (MTP drafting writes its layer's KV there).
     int64_t draft_lookahead = 0;
+    // A chunk of more than long_chunk_tokens tokens whose context (start + its tokens) is at most
+    // long_chunk_max_context costs n + long_chunk_cost_per_pair · Σ (s + i + 1) +
+    // long_chunk_cost_per_key · (s + n) instead; long_chunk_cost_per_pair < 0: no such price.
+    double long_chunk_cost_per_pair = -1.0;
+    double long_chunk_cost_per_key = 0.0;
+    int64_t long_chunk_tokens = 4;
+    int64_t long_chunk_max_context = 0;
 };
 
 // The cost of computing tokens [start, start + num_tokens) of one sequence (see the top).
 double chunk_cost(double attention_cost_per_pair, int64_t start, int64_t num_tokens);
 // The most tokens, at most max_tokens, from `start` whose chunk_cost fits in `budget` (0 if none).
 int64_t tokens_within(double attention_cost_per_pair, int64_t start, int64_t max_tokens, double budget);
+// The same under a scheduler's prices (its long chunks' apart).
+double chunk_cost(const SchedulerConfig& config, int64_t start, int64_t num_tokens);
+int64_t tokens_within(const SchedulerConfig& config, int64_t start, int64_t max_tokens, double budget);
 
 // One sequence's share of a step: tokens [start, start + num_tokens) of seq->tokens.
 struct ScheduledSeq {

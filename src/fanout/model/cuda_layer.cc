@@ -437,9 +437,9 @@ void CudaLayerExec::attn_in(const DeviceLayer& w, const LayerStep& st, uint16_t*
     const int t0 = st.prefill_ctx > 0 ? st.mha_row : T;  // rows [t0, T): prefill chunks in the MHA form
     if (st.prefill_ctx > 0) {
         FANOUT_CHECK(st.kv_start != nullptr && st.mha_query_start != nullptr && st.prefill_ctx <= max_prefill_ctx_ &&
-                         b.kv_expanded.get() != nullptr && st.mha_request >= 0 && st.mha_request < st.R &&
-                         t0 >= st.mha_request && t0 < T && st.prefill_ctx >= T - t0 && st.mha_max_q >= 1 &&
-                         st.mha_max_q <= T - t0 && (t0 == 0 || st.absorbed_max_q >= 1),
+                         b.kv_expanded.get() != nullptr && st.mha_request >= 0 && st.mha_request < st.R && t0 < T &&
+                         st.prefill_ctx >= T - t0 && st.mha_max_q >= 1 && st.mha_max_q <= T - t0 &&
+                         (t0 == 0 || st.absorbed_max_q >= 1),
                      "MHA-form prefill: chunks of requests {}..{} (tokens {}..{}) over contexts of {}..{} keys in all "
                      "with their offsets, got {} keys{}",
                      st.mha_request, st.R, t0, T, T - t0, max_prefill_ctx_, st.prefill_ctx,

@@ -86,7 +86,7 @@ DeviceLayer random_layer(const io::ModelConfig& c, bool moe, int64_t num_local_e
 
 // A step as one layer reads it: device pointers to the step's metadata (see MlaAttentionParams).
 struct LayerStep {
-    int T = 0, R = 0, max_q = 1;
+    int T = 0, R = 0, max_q = 1;  // max_q: at least the longest query (a microbatch: the whole step's)
     const int32_t* positions = nullptr;
     const int32_t* slots = nullptr;
     const int32_t* query_start = nullptr;
@@ -98,7 +98,7 @@ struct LayerStep {
     // attention runs in the MHA form (the contexts' latents gathered back to back at kv_start, kv_b
     // expands them, one launch for all of them); the requests before them (decodes, listed first)
     // run the absorbed form in the same step. 0: every request in the absorbed form (decode, MTP
-    // verification, steps with a short chunk among the prefill ones).
+    // verification, contexts past the MHA buffers).
     int prefill_ctx = 0;
     int mha_request = 0, mha_row = 0;
     int mha_max_q = 0;                         // the longest of those chunks

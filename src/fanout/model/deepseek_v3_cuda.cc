@@ -22,9 +22,6 @@
 namespace fanout::model {
 namespace {
 
-// Decode (1) and MTP verification (2 with one draft token, up to 4) steps replay graphs; prefill
-// chunks, whose lengths vary, run eagerly.
-constexpr int64_t kMaxGraphQueryLen = 4;
 // Logit-bias entries the step buffer holds at first (it grows on demand).
 constexpr size_t kInitialLogitBias = 1024;
 
@@ -34,11 +31,12 @@ int64_t logit_rows_limit(const CudaModelOptions& o) {
 
 int64_t mha_context_limit(const CudaModelOptions& o) { return std::min(o.max_context, o.max_mha_context); }
 
-// Which of an eager step's (or microbatch's) requests run attention in the MHA form: its prefill
-// chunks (more query tokens than a graph's), listed after its decodes (the scheduler's order),
-// their contexts together within the MHA buffers. keys 0: none — every request in the absorbed
-// form (also when a short chunk sits among the long ones). query_start: R + 1 offsets, from any
-// first row (a second microbatch's); the split's rows count from it.
+// Which of an eager step's (or microbatch's) requests run attention in the MHA form: those from
+// its first prefill chunk (more query tokens than a graph's) on — its decodes come first (the
+// scheduler's order) and run the absorbed form; a short chunk after a long one joins the MHA
+// form (its context expanded too) — when their contexts fit the MHA buffers together. keys 0:
+// none, every request in the absorbed form. query_start: R + 1 offsets, from any first row (a
+// second microbatch's); the split's rows count from it.
 struct MhaStep {
     int keys = 0;
     int first_request = 0, first_row = 0;  // requests and rows before them: the absorbed form
@@ -54,7 +52,6 @@ MhaStep mha_split(std::span<const int32_t> query_start, std::span<const int32_t>
     if (out.first_request == R) return {};
     int64_t keys = 0;
     for (int r = out.first_request; r < R; ++r) {
-        if (q(r) <= kMaxGraphQueryLen) return {};
         keys += kv_len[r];
         out.max_q = std::max(out.max_q, q(r));
     }
@@ -595,6 +592,7 @@ std::vector<int32_t> CudaModel::forward_sample(const StepBatch& batch, std::span
     FANOUT_CHECK(!keep_hidden || m.w.mtp, "GPU step: all_hidden without MTP (CudaModelOptions::mtp_draft_tokens)");
     if (T == 0 && m.opts.ep) {  // this rank's empty step of the EP group
         FANOUT_CHECK(R == 0 && sampling.empty(), "GPU step: an empty step has no requests and samples nothing");
+        m.last_split = {};
         m.run(0, 0, 0, 0, false, false, {}, Impl::Split{batch.microbatch, 0, 0});
         FANOUT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
         m.opts.ep->raise_if_failed();
@@ -680,6 +678,7 @@ std::vector<int32_t> CudaModel::draft_mtp(const StepBatch& batch, std::span<cons
                  hidden_rows.size(), T);
     if (T == 0 && m.opts.ep) {  // this rank's pass of the group
         FANOUT_CHECK(R == 0, "draft_mtp: an empty pass has no requests");
+        m.last_split = {};
         m.run_mtp(0, 0, 0, 0, chained, {});
         FANOUT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
         m.opts.ep->raise_if_failed();

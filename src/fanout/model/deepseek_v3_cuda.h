@@ -46,6 +46,10 @@
 
 namespace fanout::model {
 
+// Decode (1) and MTP verification (2 with one draft token, up to 4) steps replay graphs; prefill
+// chunks, whose lengths vary, run eagerly — those longer than this in the MHA form.
+inline constexpr int64_t kMaxGraphQueryLen = 4;
+
 struct CudaModelOptions {
     int64_t max_step_tokens = 256;  // query tokens in one step (generate_cuda splits prefill into chunks of this)
     int64_t max_requests = 64;      // requests in one step

@@ -11,7 +11,7 @@ namespace {
 
 using namespace v3;
 
-// The GPU runner's choice of attention form (model/deepseek_v3_cuda.cc, mha_keys): prefill chunks
+// The GPU runner's choice of attention form (model/deepseek_v3_cuda.cc, mha_split): prefill chunks
 // of more query tokens than its decode graphs take, whose contexts fit CudaModelOptions::
 // max_mha_context keys in all, run the MHA form.
 constexpr int kMhaMinQuery = 4;
