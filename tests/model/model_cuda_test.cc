@@ -380,20 +380,34 @@ TEST(TinyFp8Cuda, LogitsMatchCpuW8A8) {
     check_logits(*m, ids, ops::Fp8Mode::kW8A8, b, "tiny fp8 (routing pinned)");
 }
 
+// The first HF oracle fixture: its model and input ids.
+struct Fixture {
+    std::unique_ptr<DeepseekV3> model;
+    std::vector<int32_t> ids;
+};
+Fixture first_fixture() {
+    const std::string dir = (oracle_dir() / fixture_names().front()).string();
+    return {DeepseekV3::load(dir), input_ids(dir)};
+}
+
+// A runner for steps of a few requests on the tiny fixtures that returns every row's logits.
+CudaModelOptions every_row_options(int64_t max_requests) {
+    CudaModelOptions o;
+    o.max_requests = max_requests;
+    o.max_context = 128;
+    o.max_step_tokens = 64;
+    o.max_logit_rows = 64;
+    return o;
+}
+
 // Prefill chunks of several requests in one step run attention in the MHA form, every request in
 // one launch (their contexts gathered back to back): a first chunk, a second chunk after a cached
 // prefix, and a short one, against the CPU's logits of each request's whole sequence.
 TEST(CudaModel, BatchedPrefillChunksMatchTheCpu) {
     REQUIRE_GPU();
-    const std::string dir = (oracle_dir() / fixture_names().front()).string();
-    auto m = DeepseekV3::load(dir);
-    const auto ids = input_ids(dir);
+    const auto [m, ids] = first_fixture();
     const int64_t V = m->config().vocab_size;
-    CudaModelOptions o;
-    o.max_requests = 4;
-    o.max_context = 128;
-    o.max_step_tokens = 64;
-    o.max_logit_rows = 64;
+    CudaModelOptions o = every_row_options(4);
     CudaModel gpu(*m, o);
     kv::PagedKvCache blocks = gpu.make_block_allocator();
     // Request 1's first 12 tokens alone, then in one step: request 0's 20, request 1's next 18,
@@ -434,15 +448,9 @@ TEST(CudaModel, BatchedPrefillChunksMatchTheCpu) {
 // the second runs the MHA form on the borrowed buffers.
 TEST(CudaModel, MixedStepRunsDecodesAbsorbedAndChunksInTheMhaForm) {
     REQUIRE_GPU();
-    const std::string dir = (oracle_dir() / fixture_names().front()).string();
-    auto m = DeepseekV3::load(dir);
-    const auto ids = input_ids(dir);
+    const auto [m, ids] = first_fixture();
     const int64_t V = m->config().vocab_size;
-    CudaModelOptions o;
-    o.max_requests = 4;
-    o.max_context = 128;
-    o.max_step_tokens = 64;
-    o.max_logit_rows = 64;
+    CudaModelOptions o = every_row_options(4);
     o.cuda_graphs = false;
     struct Part {
         int start, len;
@@ -494,9 +502,7 @@ TEST(CudaModel, MixedStepRunsDecodesAbsorbedAndChunksInTheMhaForm) {
 // Several requests of different lengths in one step, and bad steps rejected with a message.
 TEST(CudaModel, BatchedDecodeMatchesSingleRequests) {
     REQUIRE_GPU();
-    const std::string dir = (oracle_dir() / fixture_names().front()).string();
-    auto m = DeepseekV3::load(dir);
-    const auto ids = input_ids(dir);
+    const auto [m, ids] = first_fixture();
     CudaModelOptions o;
     o.max_requests = 4;
     o.max_context = 128;
@@ -553,11 +559,7 @@ TEST(CudaModel, MicrobatchedStepsMatchOneBatch) {
     pin_routing(*m);
     const int64_t V = m->config().vocab_size;
     constexpr int kReq = 5, kDecode = 4;
-    CudaModelOptions o;
-    o.max_requests = 8;
-    o.max_context = 128;
-    o.max_step_tokens = 64;
-    o.max_logit_rows = 64;
+    CudaModelOptions o = every_row_options(8);
     // Runs the same steps on `gpu`, every step microbatched or none: the eager steps' logits
     // (concatenated) and the greedy tokens of the decode steps.
     const auto steps = [&](CudaModel& gpu, bool microbatch, std::vector<int32_t>* tokens) {
