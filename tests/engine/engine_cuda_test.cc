@@ -213,6 +213,9 @@ TEST(EngineCuda, MicrobatchFollowsOneBatchAndRepeats) {
         EXPECT_EQ(run_engine(*m, params, mtp, nullptr, true), two) << "mtp " << mtp << ": a second run differs";
         EXPECT_GT(st.steps, 0);
         EXPECT_EQ(st.microbatch_steps, st.steps) << "mtp " << mtp;
+        // Every prompt's first chunk (5 or more tokens) runs the MHA form, in either microbatch.
+        EXPECT_GT(st.mha_steps, 0) << "mtp " << mtp;
+        EXPECT_GE(st.mha_requests, kRequests) << "mtp " << mtp;
         for (int i = 0; i < kRequests; i += 2) {  // the greedy ones
             ASSERT_EQ(two[i].size(), plain[i].size()) << "mtp " << mtp << " request " << i;
             size_t j = 0;

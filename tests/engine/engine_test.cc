@@ -87,6 +87,44 @@ TEST(Engine, ManyConcurrentRequestsUnderPreemptionGetExactOutputs) {
     EXPECT_EQ(s.kv_blocks_used - s.kv_blocks_cached, 0);  // nothing leaked: only cached blocks remain held
 }
 
+// The runner's MHA-form requests (ModelRunner::mha_requests) are counted per forward: a runner
+// that reports its batch's chunks of more than 4 tokens, as the GPU runner runs them.
+TEST(Engine, CountsTheRunnersMhaFormRequests) {
+    struct MhaRunner : FakeRunner {
+        Tensor forward(const model::StepBatch& b, kv::PagedKvCache& c) override {
+            last = 0;
+            for (size_t r = 0; r + 1 < b.query_start.size(); ++r) last += b.query_start[r + 1] - b.query_start[r] > 4;
+            chunks += last;
+            steps_with += last > 0;
+            return FakeRunner::forward(b, c);
+        }
+        int64_t mha_requests() const override { return last; }
+        int64_t last = 0, chunks = 0, steps_with = 0;
+    };
+    auto runner = std::make_unique<MhaRunner>();
+    const MhaRunner& seen = *runner;
+    EngineConfig cfg;
+    cfg.num_kv_blocks = 64;
+    cfg.scheduler = {8, 24, 8};
+    Engine engine(std::move(runner), nullptr, cfg);
+    std::vector<std::shared_ptr<RequestHandle>> handles;
+    for (int i = 0; i < 6; ++i) {
+        RequestParams p;
+        for (int k = 0; k < 3 + 5 * i; ++k) p.prompt.push_back((i * 7 + k) % 49);
+        p.max_tokens = 4;
+        p.ignore_eos = true;
+        handles.push_back(engine.submit(p));
+    }
+    engine.start();
+    for (auto& h : handles) drain(*h);
+    engine.stop();
+    const EngineStats s = engine.stats();
+    EXPECT_GT(seen.chunks, 0);
+    EXPECT_EQ(s.mha_requests, seen.chunks);
+    EXPECT_EQ(s.mha_steps, seen.steps_with);
+    EXPECT_LT(s.mha_steps, s.steps);  // the decode-only steps report none
+}
+
 TEST(Engine, CancelledRequestsFreeTheirBlocks) {
     EngineConfig cfg;
     cfg.num_kv_blocks = 64;

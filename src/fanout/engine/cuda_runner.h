@@ -38,6 +38,7 @@ class CudaRunner : public ModelRunner {
     // Ready when the GPU model was made with the two-microbatch schedule
     // (CudaModelOptions::microbatch: the second layer exec, and under EP its second backend).
     std::string microbatch_support() const override;
+    int64_t mha_requests() const override { return gpu_->last_attention_split().mha; }
 
     // Device bytes of one cache block (every layer; with_mtp: and the MTP layer's), to size the
     // cache from a memory budget.

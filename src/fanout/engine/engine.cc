@@ -406,6 +406,7 @@ bool Engine::step() {
         const auto t0 = clock_type::now();
         const std::vector<int32_t> tokens = runner_->forward_sample(batch, cache_, rows, bias);
         add_time(&EngineStats::forward_microseconds, t0);
+        count_attention_forms();
         scheduler_.commit(work);
         size_t row = 0;
         for (const auto& s : work)
@@ -414,6 +415,7 @@ bool Engine::step() {
         const auto t0 = clock_type::now();
         const Tensor logits = runner_->forward(batch, cache_);
         add_time(&EngineStats::forward_microseconds, t0);
+        count_attention_forms();
         scheduler_.commit(work);
         const int64_t V = runner_->vocab_size();
         int64_t row = 0;
@@ -463,9 +465,11 @@ void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::Step
     if (runner_->samples_on_device()) {
         picked = runner_->forward_sample(batch, cache_, sampling, bias);
         add_time(&EngineStats::forward_microseconds, t0);
+        count_attention_forms();
     } else {
         const Tensor logits = runner_->forward(batch, cache_);
         add_time(&EngineStats::forward_microseconds, t0);
+        count_attention_forms();
         const int64_t V = runner_->vocab_size();
         size_t row = 0;
         for (const auto& s : work) {
@@ -611,6 +615,14 @@ void Engine::add_time(int64_t EngineStats::*counter, clock_type::time_point t0) 
     const int64_t us = microseconds_since(t0);
     std::lock_guard<std::mutex> lock(stats_mutex_);
     stats_.*counter += us;
+}
+
+void Engine::count_attention_forms() {
+    const int64_t n = runner_->mha_requests();
+    if (n == 0) return;
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    ++stats_.mha_steps;
+    stats_.mha_requests += n;
 }
 
 // Gauges are copied under the stats lock by the engine thread, so stats() never reads the

@@ -71,6 +71,9 @@ class ModelRunner {
                                            bool chained, kv::PagedKvCache& cache);
     // The two-microbatch schedule (StepBatch::microbatch): empty when the runner can run it, else why not.
     virtual std::string microbatch_support() const { return "this model runner does not run two microbatches"; }
+    // Requests of the last forward whose attention ran in MLA's MHA form (the GPU runner's prefill
+    // chunks beside the decodes' absorbed form); 0 from runners that do not say.
+    virtual int64_t mha_requests() const { return 0; }
 };
 
 // DeepseekV3 on the CPU path: one model, or the tp ranks of one DP group under tensor-parallel
@@ -257,6 +260,8 @@ struct EngineStats {
     // layer's drafting passes — the step time, split, whatever the runner.
     int64_t forward_microseconds = 0, draft_microseconds = 0;
     int64_t microbatch_steps = 0;  // steps run as two microbatches
+    // Steps with attention in MLA's MHA form (ModelRunner::mha_requests), and their requests there.
+    int64_t mha_steps = 0, mha_requests = 0;
     int64_t waiting = 0, running = 0;
     int64_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_cached = 0;
     static constexpr double kBuckets[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
@@ -287,6 +292,8 @@ struct EngineStats {
         {"forward_microseconds", &EngineStats::forward_microseconds},
         {"draft_microseconds", &EngineStats::draft_microseconds},
         {"microbatch_steps", &EngineStats::microbatch_steps},
+        {"mha_steps", &EngineStats::mha_steps},
+        {"mha_requests", &EngineStats::mha_requests},
         {"waiting", &EngineStats::waiting},
         {"running", &EngineStats::running},
         {"kv_blocks_total", &EngineStats::kv_blocks_total},
@@ -365,6 +372,8 @@ class Engine : public RequestService {
     void step_speculative(std::vector<ScheduledSeq>& work, const model::StepBatch& batch);
     // Adds the microseconds since t0 to a timing counter of stats_.
     void add_time(int64_t EngineStats::*counter, std::chrono::steady_clock::time_point t0);
+    // After a forward: the runner's MHA-form requests into mha_steps / mha_requests.
+    void count_attention_forms();
     void finish(Active& a, const std::string& reason, std::vector<int32_t> tokens = {});
     void emit(Active& a, std::string text, std::vector<int32_t> tokens, bool finished, const std::string& reason);
 

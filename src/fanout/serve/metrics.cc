@@ -51,6 +51,9 @@ std::string render_metrics(const std::string& model_name, const engine::EngineSt
     metric("fanout_engine_steps_total", "counter", "Engine steps run.", s.steps);
     metric("fanout_engine_microbatch_steps_total", "counter", "Engine steps run as two microbatches.",
            s.microbatch_steps);
+    metric("fanout_engine_mha_steps_total", "counter",
+           "Engine steps whose prefill chunks ran attention in MLA's MHA form (the GPU runner).", s.mha_steps);
+    metric("fanout_engine_mha_requests_total", "counter", "Requests those steps ran in the MHA form.", s.mha_requests);
     metric("fanout_engine_forward_seconds_total", "counter",
            "Wall time in the model's forward passes (with MTP: the checking steps).", s.forward_microseconds * 1e-6);
     metric("fanout_spec_draft_seconds_total", "counter", "Wall time in the MTP layer's drafting passes.",
