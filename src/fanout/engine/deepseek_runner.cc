@@ -299,6 +299,7 @@ DeepseekRunner::Result DeepseekRunner::run_all(Job job, kv::PagedKvCache& cache)
 }
 
 Tensor DeepseekRunner::forward(const model::StepBatch& step, kv::PagedKvCache& cache) {
+    last_mha_requests_ = model::runs_absorbed(step, members_[0]->opts) ? 0 : step.num_requests();
     Job job;
     job.batch = step;
     return run_all(std::move(job), cache).logits;

@@ -106,6 +106,7 @@ class DeepseekRunner : public ModelRunner {
     std::vector<int32_t> draft_mtp(const model::StepBatch& batch, std::span<const int32_t> hidden_rows, bool chained,
                                    kv::PagedKvCache& cache) override;
     std::string microbatch_support() const override;
+    int64_t mha_requests() const override { return last_mha_requests_; }
     // Called with the reason when a TP rank fails: whoever owns the exchanges the other ranks may
     // be waiting in (the EP fabrics) stops them, so no rank waits out a timeout.
     void on_failure(std::function<void(const std::string&)> abort) { abort_ = std::move(abort); }
@@ -131,6 +132,7 @@ class DeepseekRunner : public ModelRunner {
     void follow(size_t i);
 
     std::vector<std::unique_ptr<Member>> members_;
+    int64_t last_mha_requests_ = 0;  // mha_requests() of the last forward
     std::unique_ptr<comm::LocalTpGroup> tp_;
     std::unique_ptr<comm::ControlPlane> remote_;  // TP ranks past 0 as processes: the channel to them
     DType kv_dtype_;

@@ -52,6 +52,11 @@ ops::AttentionMetadata StepBatch::attention_metadata() const {
     return {num_requests(), query_start.data(), kv_len.data(), block_table.data(), max_blocks, positions.data()};
 }
 
+bool runs_absorbed(const StepBatch& batch, const ForwardOptions& opts) {
+    return opts.attention == AttentionForm::kAbsorbed ||
+           (opts.attention == AttentionForm::kAuto && batch.max_query_len() <= opts.absorbed_max_query);
+}
+
 int64_t microbatch_split(std::span<const int32_t> query_start) {
     const int64_t R = query_start.empty() ? 0 : static_cast<int64_t>(query_start.size()) - 1;
     const int64_t T = R == 0 ? 0 : query_start[static_cast<size_t>(R)];
@@ -216,9 +221,7 @@ void DeepseekV3::stage_attn_out(const LayerWeights& w, int64_t layer, LayerState
     const ops::AttentionMetadata meta = batch.attention_metadata();
     Tensor attn = Tensor::zeros({T, H, c.v_head_dim}, DType::kF32);
     const float scale = static_cast<float>(c.softmax_scale());
-    const bool absorbed = opts.attention == AttentionForm::kAbsorbed ||
-                          (opts.attention == AttentionForm::kAuto && batch.max_query_len() <= opts.absorbed_max_query);
-    if (absorbed) {
+    if (runs_absorbed(batch, opts)) {
         ops::mla_attention_absorbed(st.q, w.attn.kv_b, lc, meta, c.kv_lora_rank, c.qk_nope_head_dim, c.v_head_dim,
                                     scale, attn, s);
     } else {

@@ -36,7 +36,7 @@
 namespace fanout::model {
 
 // kAuto: the absorbed form when no request in the step has more than absorbed_max_query query
-// tokens (decode: 1), else the MHA form.
+// tokens (decode: 1), else the MHA form (runs_absorbed).
 enum class AttentionForm { kAuto, kMha, kAbsorbed };
 
 struct ForwardOptions {
@@ -58,6 +58,10 @@ struct ForwardOptions {
     // on the rank's slice of the tokens (comm::tp_slice_begin) and the slices are all-gathered.
     comm::TensorParallel* tp = nullptr;
 };
+
+struct StepBatch;
+// Whether the CPU model runs `batch`'s attention in the absorbed form under `opts` (else the MHA form).
+bool runs_absorbed(const StepBatch& batch, const ForwardOptions& opts);
 
 // RoPE's frequencies for a config (YaRN included).
 ops::RopeTable rope_table(const io::ModelConfig& c);
