@@ -234,6 +234,9 @@ void expect_batched_equal_single(double attention_cost_per_pair) {
     engine.stop();
     EXPECT_GT(cached, 0) << "the shared 64-token prefix should have been reused";
     EXPECT_GT(engine.stats().preemptions, 0);
+    // Steps with a prefill chunk of more than one token ran the CPU model's MHA form, the rest (decode) not.
+    EXPECT_GT(engine.stats().mha_steps, 0);
+    EXPECT_LT(engine.stats().mha_steps, engine.stats().steps);
     std::filesystem::remove_all(dir);
 }
 
