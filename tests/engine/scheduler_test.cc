@@ -18,6 +18,13 @@ std::shared_ptr<Sequence> make_seq(int64_t id, int prompt, int start = 0) {
     return s;
 }
 
+// A scheduler config that prices every pair at `a` (no long-chunk price).
+SchedulerConfig at_price(double a) {
+    SchedulerConfig c;
+    c.attention_cost_per_pair = a;
+    return c;
+}
+
 int64_t scheduled_tokens(const std::vector<ScheduledSeq>& w) {
     int64_t n = 0;
     for (const auto& s : w) n += s.num_tokens;
@@ -173,15 +180,16 @@ TEST(SchedulerCost, ClosedFormAndLargestFittingChunk) {
                           max_tokens = 1 + static_cast<int64_t>(rng() % 600);
             double sum = 0;
             for (int64_t i = 0; i < max_tokens; ++i) sum += 1.0 + a * static_cast<double>(start + i + 1);
-            EXPECT_NEAR(chunk_cost(a, start, max_tokens), sum, 1e-9 * sum);
+            EXPECT_NEAR(chunk_cost(at_price(a), start, max_tokens), sum, 1e-9 * sum);
             const double budget = static_cast<double>(rng() % 4096) + 0.25 * static_cast<double>(rng() % 4);
             int64_t want = 0;
-            while (want < max_tokens && chunk_cost(a, start, want + 1) <= budget) ++want;
-            EXPECT_EQ(tokens_within(a, start, max_tokens, budget), want) << a << " " << start << " " << budget;
+            while (want < max_tokens && chunk_cost(at_price(a), start, want + 1) <= budget) ++want;
+            EXPECT_EQ(tokens_within(at_price(a), start, max_tokens, budget), want)
+                << a << " " << start << " " << budget;
         }
     }
-    EXPECT_EQ(tokens_within(0.0, 5, 100, 37.0), 37);  // cost 0: a token count
-    EXPECT_EQ(chunk_cost(0.0, 1000, 12), 12.0);
+    EXPECT_EQ(tokens_within(at_price(0.0), 5, 100, 37.0), 37);  // cost 0: a token count
+    EXPECT_EQ(chunk_cost(at_price(0.0), 1000, 12), 12.0);
 }
 
 // Long chunks priced apart (SchedulerConfig::long_chunk_*): chunk_cost takes the long price only
@@ -202,9 +210,9 @@ TEST(SchedulerCost, LongChunksPricedApart) {
             if (n < 1) continue;
             const bool is_long = priced && n > c.long_chunk_tokens && start + n <= c.long_chunk_max_context;
             const double want = is_long ? static_cast<double>(n) +
-                                              c.long_chunk_cost_per_pair * (chunk_cost(1.0, start, n) - n) +
+                                              c.long_chunk_cost_per_pair * (chunk_cost(at_price(1.0), start, n) - n) +
                                               c.long_chunk_cost_per_key * static_cast<double>(start + n)
-                                        : chunk_cost(c.attention_cost_per_pair, start, n);
+                                        : chunk_cost(at_price(c.attention_cost_per_pair), start, n);
             EXPECT_NEAR(chunk_cost(c, start, n), want, 1e-9 * want) << trial << " n " << n;
         }
         const double budget = static_cast<double>(rng() % 6000) + 0.5 * static_cast<double>(rng() % 2);

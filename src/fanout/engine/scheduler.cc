@@ -39,14 +39,6 @@ bool long_chunk(const SchedulerConfig& c, int64_t start, int64_t n) {
 
 }  // namespace
 
-double chunk_cost(double attention_cost_per_pair, int64_t start, int64_t num_tokens) {
-    return Price{attention_cost_per_pair}.of(start, num_tokens);
-}
-
-int64_t tokens_within(double attention_cost_per_pair, int64_t start, int64_t max_tokens, double budget) {
-    return Price{attention_cost_per_pair}.within(start, max_tokens, budget);
-}
-
 double chunk_cost(const SchedulerConfig& c, int64_t start, int64_t num_tokens) {
     return long_chunk(c, start, num_tokens)
                ? Price{c.long_chunk_cost_per_pair, c.long_chunk_cost_per_key}.of(start, num_tokens)

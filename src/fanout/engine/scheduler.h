@@ -76,12 +76,10 @@ struct SchedulerConfig {
     int64_t long_chunk_max_context = 0;
 };
 
-// The cost of computing tokens [start, start + num_tokens) of one sequence (see the top).
-double chunk_cost(double attention_cost_per_pair, int64_t start, int64_t num_tokens);
-// The most tokens, at most max_tokens, from `start` whose chunk_cost fits in `budget` (0 if none).
-int64_t tokens_within(double attention_cost_per_pair, int64_t start, int64_t max_tokens, double budget);
-// The same under a scheduler's prices (its long chunks' apart).
+// The cost of computing tokens [start, start + num_tokens) of one sequence under config's prices
+// (see the top).
 double chunk_cost(const SchedulerConfig& config, int64_t start, int64_t num_tokens);
+// The most tokens, at most max_tokens, from `start` whose chunk_cost fits in `budget` (0 if none).
 int64_t tokens_within(const SchedulerConfig& config, int64_t start, int64_t max_tokens, double budget);
 
 // One sequence's share of a step: tokens [start, start + num_tokens) of seq->tokens.
