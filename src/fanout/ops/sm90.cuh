@@ -143,10 +143,34 @@ __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 
+// wgmma's accumulator operands. Inline asm wants the "%0, %1, …" lists as literal strings and one
+// "+f" output per register, so both are spelled once here, for 16, 32, 64 and 128 registers, and
+// every wrapper below is written with them.
+#define FANOUT_SM90_R16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+#define FANOUT_SM90_R32 \
+    FANOUT_SM90_R16 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define FANOUT_SM90_R64                                                                                               \
+    FANOUT_SM90_R32                                                                                                   \
+        ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, " \
+        "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define FANOUT_SM90_R128                                                                                               \
+    FANOUT_SM90_R64                                                                                                    \
+        ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, "  \
+        "%85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, "    \
+        "%105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, " \
+        "%123, %124, %125, %126, %127"
+// d[i], d[i + 1], ... as read-write f32 outputs.
+#define FANOUT_SM90_OUT8(d, i)                                                                              \
+    "+f"(d[(i)]), "+f"(d[(i) + 1]), "+f"(d[(i) + 2]), "+f"(d[(i) + 3]), "+f"(d[(i) + 4]), "+f"(d[(i) + 5]), \
+        "+f"(d[(i) + 6]), "+f"(d[(i) + 7])
+#define FANOUT_SM90_OUT16(d, i) FANOUT_SM90_OUT8(d, i), FANOUT_SM90_OUT8(d, (i) + 8)
+#define FANOUT_SM90_OUT32(d, i) FANOUT_SM90_OUT16(d, i), FANOUT_SM90_OUT16(d, (i) + 16)
+#define FANOUT_SM90_OUT64(d, i) FANOUT_SM90_OUT32(d, i), FANOUT_SM90_OUT32(d, (i) + 32)
+#define FANOUT_SM90_OUT128(d) FANOUT_SM90_OUT64(d, 0), FANOUT_SM90_OUT64(d, 64)
+
 // d[64, N] (+)= a[64, 32] · b[N, 32]ᵀ, e4m3 operands from shared memory, f32 accumulators in the
 // fragment layout of PTX's wgmma (warp w of the group: rows 16w + lane/4 (+8); register 4j + i:
 // column 8j + 2·(lane%4) + (i & 1), row +8 when i >= 2). scale_d = 0 overwrites d.
-// The operand lists are written out because inline asm needs literal strings.
 template <int N>
 struct Wgmma;
 
@@ -155,10 +179,8 @@ struct Wgmma<32> {
     static __device__ __forceinline__ void mma(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int scale_d) {
         asm volatile(
             "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+            "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {" FANOUT_SM90_R16 "}, %16, %17, p, 1, 1;\n}\n"
+            : FANOUT_SM90_OUT16(d, 0)
             : "l"(desc_a), "l"(desc_b), "r"(scale_d));
     }
 };
@@ -168,13 +190,8 @@ struct Wgmma<64> {
     static __device__ __forceinline__ void mma(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
         asm volatile(
             "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
-            "%23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+            "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {" FANOUT_SM90_R32 "}, %32, %33, p, 1, 1;\n}\n"
+            : FANOUT_SM90_OUT32(d, 0)
             : "l"(desc_a), "l"(desc_b), "r"(scale_d));
     }
 };
@@ -184,19 +201,8 @@ struct Wgmma<128> {
     static __device__ __forceinline__ void mma(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
         asm volatile(
             "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
-            "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "
-            "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, "
-            "%65, p, 1, 1;\n}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+            "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {" FANOUT_SM90_R64 "}, %64, %65, p, 1, 1;\n}\n"
+            : FANOUT_SM90_OUT64(d, 0)
             : "l"(desc_a), "l"(desc_b), "r"(scale_d));
     }
 };
@@ -253,92 +259,37 @@ __device__ __forceinline__ uint64_t desc_mn_major_sw128(const void* tile, uint32
 __device__ __forceinline__ void wgmma_s(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-        "}, "
-        "%32, %33, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" FANOUT_SM90_R32 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : FANOUT_SM90_OUT32(d, 0)
         : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
-#define FANOUT_SM90_D128                                                                             \
-    "{"                                                                                              \
-    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                         \
-    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "               \
-    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "               \
-    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "               \
-    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "               \
-    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "               \
-    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "   \
-    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127" \
-    "}, "
-#define FANOUT_SM90_D128_OUT(d)                                                                                      \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),      \
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),       \
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),      \
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),      \
-        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),      \
-        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),      \
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),      \
-        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]),      \
-        "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]),      \
-        "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]),      \
-        "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]),      \
-        "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]),      \
-        "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), \
-        "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),            \
-        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]),            \
-        "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]),            \
-        "+f"(d[126]), "+f"(d[127])
-
 // d[64, 256] += a · b, a (P, bf16, K-major) from shared memory, b (V, N-major) from shared memory.
 __device__ __forceinline__ void wgmma_pv(float (&d)[128], uint64_t desc_a, uint64_t desc_b) {
-    asm volatile("{\nwgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " FANOUT_SM90_D128
+    asm volatile("{\nwgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" FANOUT_SM90_R128
+                 "}, "
                  "%128, %129, 1, 1, 1, 0, 1;\n}\n"
-                 : FANOUT_SM90_D128_OUT(d)
+                 : FANOUT_SM90_OUT128(d)
                  : "l"(desc_a), "l"(desc_b));
 }
 
 // The same with a (P) from registers in the accumulator fragment layout, packed in bf16 pairs.
 __device__ __forceinline__ void wgmma_pv_rs(float (&d)[128], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                             uint64_t desc_b) {
-    asm volatile("{\nwgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " FANOUT_SM90_D128
+    asm volatile("{\nwgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" FANOUT_SM90_R128
+                 "}, "
                  "{%128, %129, %130, %131}, %132, 1, 1, 1, 1;\n}\n"
-                 : FANOUT_SM90_D128_OUT(d)
+                 : FANOUT_SM90_OUT128(d)
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b));
 }
-#undef FANOUT_SM90_D128
-#undef FANOUT_SM90_D128_OUT
-
-#define FANOUT_SM90_D64                                                                \
-    "{"                                                                                \
-    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "           \
-    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"   \
-    "}, "
-#define FANOUT_SM90_D64_OUT(d)                                                                                  \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),  \
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), \
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), \
-        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), \
-        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), \
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), \
-        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
 
 // ---- bf16 wgmma at n128 (the MHA-form prefill kernel) ----
 // d[64, 128] (+)= a · bᵀ, bf16 operands from shared memory, both K-major; scale_d = 0 overwrites d.
 __device__ __forceinline__ void wgmma_bf16_n128(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FANOUT_SM90_D64 "%64, %65, p, 1, 1, 0, 0;\n}\n"
-        : FANOUT_SM90_D64_OUT(d)
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" FANOUT_SM90_R64 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : FANOUT_SM90_OUT64(d, 0)
         : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
@@ -346,12 +297,20 @@ __device__ __forceinline__ void wgmma_bf16_n128(float (&d)[64], uint64_t desc_a,
 // columns 16kk.. are a0..a3 = pairs 4kk..4kk+3), b N-major from shared memory.
 __device__ __forceinline__ void wgmma_bf16_n128_rs(float (&d)[64], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                                    uint64_t desc_b) {
-    asm volatile("{\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FANOUT_SM90_D64
+    asm volatile("{\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" FANOUT_SM90_R64
+                 "}, "
                  "{%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n}\n"
-                 : FANOUT_SM90_D64_OUT(d)
+                 : FANOUT_SM90_OUT64(d, 0)
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b));
 }
-#undef FANOUT_SM90_D64
-#undef FANOUT_SM90_D64_OUT
+#undef FANOUT_SM90_R16
+#undef FANOUT_SM90_R32
+#undef FANOUT_SM90_R64
+#undef FANOUT_SM90_R128
+#undef FANOUT_SM90_OUT8
+#undef FANOUT_SM90_OUT16
+#undef FANOUT_SM90_OUT32
+#undef FANOUT_SM90_OUT64
+#undef FANOUT_SM90_OUT128
 
 }  // namespace fanout::ops::sm90
