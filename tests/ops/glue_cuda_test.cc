@@ -383,9 +383,15 @@ TEST(GlueCuda, GemmBf16F32OutMatchesCpu) {
 // act_quant_bf16 (same bf16 output, same e4m3 bytes and scales), on strided rows.
 TEST(GlueCuda, RmsNormQuantEqualsNormThenActQuant) {
     REQUIRE_GPU();
-    // Few rows split over column chunks (M < 32), many rows one CTA each.
-    for (auto [M, D, stride] :
-         {std::tuple{3, 1536, 2112}, {2, 7168, 7168}, {37, 7168, 7168}, {5, 96, 176}, {2, 130, 130}}) {
+    // 16-byte and one-value accesses, one slot of 8 columns per thread and two (past 8,192), partial
+    // 128-column blocks.
+    for (auto [M, D, stride] : {std::tuple{3, 1536, 2112},
+                                {2, 7168, 7168},
+                                {37, 7168, 7168},
+                                {5, 96, 176},
+                                {2, 130, 130},
+                                {3, 16384, 16384},
+                                {2, 9002, 9010}}) {
         auto x = random_bf16(size_t(M) * stride, 21, 3.0f);
         auto w = fanout::testing::random_floats(size_t(D), 22);
         const int nb = (D + 127) / 128;

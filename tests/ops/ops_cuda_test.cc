@@ -594,10 +594,11 @@ TEST(MoeRouteCuda, RejectsWhatItCannotRoute) {
     EXPECT_NE(msg.find("experts=1024"), std::string::npos) << msg;
 }
 
-// The fused residual add + RMSNorm on bf16 rows against a double-precision reference.
+// The fused residual add + RMSNorm on bf16 rows against a double-precision reference: widths
+// one value at a time and 8 to a thread, one slot per thread and two (past 8,192 columns).
 TEST(RmsNormBf16Cuda, MatchesReferenceWithAndWithoutResidual) {
     REQUIRE_GPU();
-    for (auto [M, D] : {std::pair{1, 1}, {5, 7}, {33, 576}, {3, 7168}}) {
+    for (auto [M, D] : {std::pair{1, 1}, {5, 7}, {33, 576}, {3, 7168}, {2, 9002}, {3, 16384}}) {
         for (bool with_residual : {false, true}) {
             const auto xf = fanout::testing::random_floats(size_t(M) * D, 130 + D, 3.0f);
             const auto rf = fanout::testing::random_floats(size_t(M) * D, 131 + D, 3.0f);

@@ -15,4 +15,15 @@ __device__ float block_sum(float v) {
     return total;
 }
 
+// The same over a block of any whole number of warps (blockDim.x a multiple of 32, at most 1,024).
+__device__ __forceinline__ float block_sum_any(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __shared__ float warp_sums[32];
+    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
+    __syncthreads();
+    float total = 0.0f;
+    for (int i = 0; i < static_cast<int>(blockDim.x) / 32; ++i) total += warp_sums[i];
+    return total;
+}
+
 }  // namespace fanout::ops
