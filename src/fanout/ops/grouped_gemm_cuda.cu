@@ -1,8 +1,9 @@
 // The experts' activation on the device: silu(gate) · up, then 1×128 FP8 quantization, with the
 // rows to do read on the device (so it runs under a CUDA graph): over the masked layout, the
 // per-expert counts; over the contiguous layout, the 128-row blocks' experts (-1: skipped).
-// One block per 4 row slots (their loads in flight together) and 2,048 columns; rows with nothing to
-// do return at once. Each thread takes 8 adjacent columns (16-byte loads of gate and up when I
+// A block per 2,048 columns of a row slot of the masked layout, of 4 rows of the contiguous one
+// (a row of 18,432 columns, a dense layer's, spreads over 9 blocks); rows with nothing to do
+// return at once. Each thread takes 8 adjacent columns (16-byte loads of gate and up when I
 // allows), 16 threads make one 128-column scale block and reduce its amax by shuffles among them
 // (a group is wholly in or out of a pass, so the shuffles name only its own 16 lanes).
 // Only fmt-free headers here.
@@ -21,94 +22,72 @@ namespace {
 
 constexpr int kThreads = 256, kPerThread = 8, kThreadsPerBlock128 = 128 / kPerThread;  // one pass over I = 2048
 constexpr int kContiguousBlock = 128;                                                  // rows per block_expert entry
-// Rows per thread block, their loads in flight together. In the contiguous layout an unused 128-row
-// block then costs 32 early exits, not 128 (measured on H200: a decode step's all-unused spill
-// region 7 µs → 3 µs, prefill unchanged).
-constexpr int kRowsPerBlock = 4;
+// Contiguous layout: rows per thread block, so an unused 128-row block costs 32 early exits, not
+// 128 (measured on H200: a decode step's all-unused spill region 7 µs → 3 µs, prefill unchanged).
+constexpr int kContiguousRows = 4;
 
-// Rows r0 .. r0 + valid - 1 (valid <= R) of gate_up [rows, 2I] into q [rows, I] and scales
-// [rows, ceil(I/128)], columns of pass blockIdx.y (kThreads · 8 of them) by the whole block: every
-// row's loads are issued before any is used, so R rows' worth of reads are in flight at once.
-template <int R>
-__device__ void silu_mul_quant_rows(const __nv_bfloat16* __restrict__ gate_up, size_t r0, int valid, int I,
-                                    uint8_t* __restrict__ q, float* __restrict__ scales) {
+// Row r of gate_up [rows, 2I] into q [rows, I] and scales [rows, ceil(I/128)]: the columns of
+// pass blockIdx.y (kThreads · 8 of them), by the whole block.
+__device__ void silu_mul_quant_row(const __nv_bfloat16* __restrict__ gate_up, size_t r, int I, uint8_t* __restrict__ q,
+                                   float* __restrict__ scales) {
+    const __nv_bfloat16* g = gate_up + r * 2 * I;
     const int nb = (I + static_cast<int>(kFp8Block) - 1) / static_cast<int>(kFp8Block);
-    const bool vec = I % kPerThread == 0;
-    // The lanes of this thread's 128-column group (every pass takes whole groups).
-    const unsigned group = 0xffffu << (threadIdx.x % 32 / kThreadsPerBlock128 * kThreadsPerBlock128);
     const int c0 = (static_cast<int>(blockIdx.y) * kThreads + static_cast<int>(threadIdx.x)) * kPerThread;
-    if (c0 < nb * static_cast<int>(kFp8Block)) {  // whole 128-column groups
-        uint4 gv[R], uv[R];
-        if (vec && c0 < I) {
+    if (c0 >= nb * static_cast<int>(kFp8Block)) return;  // whole 128-column groups
+    // The lanes of this thread's 128-column group.
+    const unsigned group = 0xffffu << (threadIdx.x % 32 / kThreadsPerBlock128 * kThreadsPerBlock128);
+    const bool vec = I % kPerThread == 0;
+    float h[kPerThread];
+    if (vec && c0 < I) {
+        const uint4 gv = *reinterpret_cast<const uint4*>(g + c0), uv = *reinterpret_cast<const uint4*>(g + I + c0);
+        const __nv_bfloat16* gp = reinterpret_cast<const __nv_bfloat16*>(&gv);
+        const __nv_bfloat16* up = reinterpret_cast<const __nv_bfloat16*>(&uv);
 #pragma unroll
-            for (int j = 0; j < R; ++j) {
-                if (j >= valid) break;
-                const __nv_bfloat16* g = gate_up + (r0 + j) * 2 * I;
-                gv[j] = *reinterpret_cast<const uint4*>(g + c0);
-                uv[j] = *reinterpret_cast<const uint4*>(g + I + c0);
-            }
+        for (int i = 0; i < kPerThread; ++i) {
+            const float x = __bfloat162float(gp[i]);
+            h[i] = x / (1.0f + expf(-x)) * __bfloat162float(up[i]);
         }
+    } else {
 #pragma unroll
-        for (int j = 0; j < R; ++j) {
-            if (j >= valid) break;  // the same for the whole block
-            const size_t r = r0 + j;
-            const __nv_bfloat16* g = gate_up + r * 2 * I;
-            float h[kPerThread];
-            if (vec && c0 < I) {
-                const __nv_bfloat16* gp = reinterpret_cast<const __nv_bfloat16*>(&gv[j]);
-                const __nv_bfloat16* up = reinterpret_cast<const __nv_bfloat16*>(&uv[j]);
-#pragma unroll
-                for (int i = 0; i < kPerThread; ++i) {
-                    const float x = __bfloat162float(gp[i]);
-                    h[i] = x / (1.0f + expf(-x)) * __bfloat162float(up[i]);
-                }
-            } else {
-#pragma unroll
-                for (int i = 0; i < kPerThread; ++i) {
-                    const int c = c0 + i;
-                    const float x = c < I ? __bfloat162float(g[c]) : 0.0f;
-                    h[i] = c < I ? x / (1.0f + expf(-x)) * __bfloat162float(g[I + c]) : 0.0f;
-                }
-            }
-            float amax = 0.0f;
-#pragma unroll
-            for (int i = 0; i < kPerThread; ++i) amax = fmaxf(amax, fabsf(h[i]));
-#pragma unroll
-            for (int o = kThreadsPerBlock128 / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(group, amax, o));
-            const float scale = fmaxf(amax, kActQuantMinAmax) / kFp8E4M3Max;
-            if (threadIdx.x % kThreadsPerBlock128 == 0) scales[r * nb + c0 / static_cast<int>(kFp8Block)] = scale;
-            uint8_t out[kPerThread];
-#pragma unroll
-            for (int i = 0; i < kPerThread; ++i)
-                out[i] = __nv_cvt_float_to_fp8(h[i] / scale, __NV_SATFINITE, __NV_E4M3);
-            uint8_t* dst = q + r * I + c0;
-            if (vec && c0 < I) {
-                *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(out);
-            } else {
-                for (int i = 0; i < kPerThread && c0 + i < I; ++i) dst[i] = out[i];
-            }
+        for (int i = 0; i < kPerThread; ++i) {
+            const int c = c0 + i;
+            const float x = c < I ? __bfloat162float(g[c]) : 0.0f;
+            h[i] = c < I ? x / (1.0f + expf(-x)) * __bfloat162float(g[I + c]) : 0.0f;
         }
+    }
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) amax = fmaxf(amax, fabsf(h[i]));
+#pragma unroll
+    for (int o = kThreadsPerBlock128 / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(group, amax, o));
+    const float scale = fmaxf(amax, kActQuantMinAmax) / kFp8E4M3Max;
+    if (threadIdx.x % kThreadsPerBlock128 == 0) scales[r * nb + c0 / static_cast<int>(kFp8Block)] = scale;
+    uint8_t out[kPerThread];
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) out[i] = __nv_cvt_float_to_fp8(h[i] / scale, __NV_SATFINITE, __NV_E4M3);
+    uint8_t* dst = q + r * I + c0;
+    if (vec && c0 < I) {
+        *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(out);
+    } else {
+        for (int i = 0; i < kPerThread && c0 + i < I; ++i) dst[i] = out[i];
     }
 }
 
-// Masked: a block per kRowsPerBlock row slots of one expert.
 __global__ void __launch_bounds__(kThreads)
     silu_mul_quant_masked_kernel(const __nv_bfloat16* __restrict__ gate_up, const int32_t* __restrict__ counts,
                                  int max_m, int I, uint8_t* __restrict__ q, float* __restrict__ scales) {
-    const int per_expert = (max_m + kRowsPerBlock - 1) / kRowsPerBlock;
-    const int e = blockIdx.x / per_expert, row = blockIdx.x % per_expert * kRowsPerBlock;
-    const int valid = min(min(max(counts[e], 0), max_m) - row, kRowsPerBlock);
-    if (valid <= 0) return;
-    silu_mul_quant_rows<kRowsPerBlock>(gate_up, static_cast<size_t>(e) * max_m + row, valid, I, q, scales);
+    const int e = blockIdx.x / max_m, row = blockIdx.x % max_m;
+    if (row >= min(max(counts[e], 0), max_m)) return;
+    silu_mul_quant_row(gate_up, blockIdx.x, I, q, scales);
 }
 
 __global__ void __launch_bounds__(kThreads)
     silu_mul_quant_contiguous_kernel(const __nv_bfloat16* __restrict__ gate_up,
                                      const int32_t* __restrict__ block_expert, int I, uint8_t* __restrict__ q,
                                      float* __restrict__ scales) {
-    const size_t r0 = static_cast<size_t>(blockIdx.x) * kRowsPerBlock;
+    const size_t r0 = static_cast<size_t>(blockIdx.x) * kContiguousRows;
     if (block_expert[r0 / kContiguousBlock] < 0) return;
-    silu_mul_quant_rows<kRowsPerBlock>(gate_up, r0, kRowsPerBlock, I, q, scales);
+    for (int i = 0; i < kContiguousRows; ++i) silu_mul_quant_row(gate_up, r0 + i, I, q, scales);
 }
 
 // Column passes of a row: kThreads · 8 columns each, a grid row apiece.
@@ -121,8 +100,7 @@ void launch_silu_mul_quant_masked(const uint16_t* gate_up, const int32_t* counts
     if (num_experts <= 0 || max_m <= 0 || I <= 0) return;
     FANOUT_DEVICE_REQUIRE(static_cast<int64_t>(num_experts) * max_m < (int64_t{1} << 31),
                           "silu_mul_quant_masked: experts × max_m exceeds the grid");
-    const int per_expert = (max_m + kRowsPerBlock - 1) / kRowsPerBlock;
-    const dim3 grid(num_experts * per_expert, passes(I));
+    const dim3 grid(num_experts * max_m, passes(I));
     silu_mul_quant_masked_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(cuda_stream)>>>(
         reinterpret_cast<const __nv_bfloat16*>(gate_up), counts, max_m, I, q, scales);
     FANOUT_CUDA_CHECK_LAUNCH("silu_mul_quant_masked_kernel");
@@ -133,7 +111,7 @@ void launch_silu_mul_quant_contiguous(const uint16_t* gate_up, const int32_t* bl
     if (rows <= 0 || I <= 0) return;
     FANOUT_DEVICE_REQUIRE(rows % kContiguousBlock == 0,
                           "silu_mul_quant_contiguous: rows must be a multiple of 128, got " + std::to_string(rows));
-    silu_mul_quant_contiguous_kernel<<<dim3(rows / kRowsPerBlock, passes(I)), kThreads, 0,
+    silu_mul_quant_contiguous_kernel<<<dim3(rows / kContiguousRows, passes(I)), kThreads, 0,
                                        static_cast<cudaStream_t>(cuda_stream)>>>(
         reinterpret_cast<const __nv_bfloat16*>(gate_up), block_expert, I, q, scales);
     FANOUT_CUDA_CHECK_LAUNCH("silu_mul_quant_contiguous_kernel");
