@@ -360,7 +360,9 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
         // issue in a branch ptxas serialized the wgmmas (C7518) and it measured no faster;
         // branch-free (dummy groups past the end) ptxas serialized them again because registers
         // of the older group are read while the newer one runs (C7514). The other consumer
-        // warpgroup fills the gap instead.
+        // warpgroup fills the gap instead: making the two take turns at issuing (a pair of named
+        // barriers, so one's batch runs while the other promotes) measured no faster (PERF.md,
+        // 2026-12-02), so they already overlap on their own.
         for (int kb = tile.kb0; kb < tile.kb1; ++kb) {
             mbar_wait(&full[s], phase);
             float sb[kHalves], sa_lo, sa_hi;
