@@ -78,29 +78,40 @@ TEST(GlueCuda, EmbedGathersRows) {
         for (int d = 0; d < D; ++d) ASSERT_EQ(got[t * D + d], table.bits[tok[t] * D + d]) << t << "," << d;
 }
 
-// q rope: each head's rope part rotated like rope_apply into q_pe.
+// q rope: each head's rope part rotated like rope_apply into q_pe, and in place (the MHA form's
+// launch, nope parts untouched) — one block of heads and several with a partial last one.
 TEST(GlueCuda, QRopeMatchesRopeApply) {
     REQUIRE_GPU();
-    const int T = 9, H = 5, nope = 24, rope = 16;
-    auto q = random_bf16(size_t(T) * H * (nope + rope), 2);
-    std::vector<int32_t> pos;
-    for (int t = 0; t < T; ++t) pos.push_back(t * 977 + 3);
-    const RopeTable tab = yarn_table(rope);
-    Tensor ref = Tensor::zeros({T, H, nope + rope}, DType::kF32);
-    std::copy(q.f32.begin(), q.f32.end(), ref.data_as<float>());
-    rope_apply(ref, nope, pos.data(), tab, Stream{});
-    Dev<uint16_t> dq(q.bits), pe(size_t(T) * H * rope);
-    Dev<int32_t> dpos(pos);
-    Dev<float> freq(tab.inv_freq);
-    pe.poison();
-    launch_mla_q_rope(dq.ptr, T, H, nope, dpos.ptr, {freq.ptr, rope, tab.attention_factor}, pe.ptr, nullptr);
-    const auto p = to_f32(pe.download());
-    std::vector<float> ref_pe;
-    for (int t = 0; t < T; ++t)
-        for (int h = 0; h < H; ++h)
-            for (int d = 0; d < rope; ++d)
-                ref_pe.push_back(ref.data_as<float>()[(t * H + h) * (nope + rope) + nope + d]);
-    EXPECT_LT(rel(p, ref_pe), 1e-2);
+    for (const int H : {5, 40}) {
+        const int T = 9, nope = 24, rope = 16, width = nope + rope;
+        auto q = random_bf16(size_t(T) * H * width, 2);
+        std::vector<int32_t> pos;
+        for (int t = 0; t < T; ++t) pos.push_back(t * 977 + 3);
+        const RopeTable tab = yarn_table(rope);
+        Tensor ref = Tensor::zeros({T, H, width}, DType::kF32);
+        std::copy(q.f32.begin(), q.f32.end(), ref.data_as<float>());
+        rope_apply(ref, nope, pos.data(), tab, Stream{});
+        Dev<uint16_t> dq(q.bits), pe(size_t(T) * H * rope), inplace(q.bits);
+        Dev<int32_t> dpos(pos);
+        Dev<float> freq(tab.inv_freq);
+        pe.poison();
+        launch_mla_q_rope(dq.ptr, T, H, nope, dpos.ptr, {freq.ptr, rope, tab.attention_factor}, pe.ptr, nullptr);
+        launch_rope_q_inplace(inplace.ptr, T, H, nope, dpos.ptr, {freq.ptr, rope, tab.attention_factor}, nullptr);
+        const auto p = to_f32(pe.download());
+        const auto all = inplace.download();
+        std::vector<float> ref_pe, in_pe;
+        for (int t = 0; t < T; ++t)
+            for (int h = 0; h < H; ++h) {
+                const size_t row = (size_t(t) * H + h) * width;
+                for (int d = 0; d < nope; ++d) ASSERT_EQ(all[row + d], q.bits[row + d]) << "nope " << t << "," << h;
+                for (int d = 0; d < rope; ++d) {
+                    ref_pe.push_back(ref.data_as<float>()[row + nope + d]);
+                    in_pe.push_back(bf16_to_f32(all[row + nope + d]));
+                }
+            }
+        EXPECT_LT(rel(p, ref_pe), 1e-2) << "H " << H;
+        EXPECT_EQ(p, in_pe) << "H " << H;  // the same rotation, the same bf16 rounding
+    }
 }
 
 // kv append: the latent normalized, k_pe rotated, written at the slots (other slots untouched).

@@ -24,31 +24,48 @@ __global__ void embed_kernel(const bf16* __restrict__ table, const int32_t* __re
     for (int d = threadIdx.x; d < D; d += kThreads) out[t * D + d] = src[d];
 }
 
-// Rotates the interleaved pair (a, b) at pair index i by pos · inv_freq[i], as rope_apply does.
-__device__ inline void rope_pair(float& a, float& b, float pos, int i, const RopeDevice& r) {
+// Pair index i's cosine and sine at pos (pos · inv_freq[i]), times the attention factor.
+__device__ inline float2 rope_angle(float pos, int i, const RopeDevice& r) {
     float s, c;
     sincosf(pos * r.inv_freq[i], &s, &c);
-    c *= r.attention_factor;
-    s *= r.attention_factor;
-    const float x = a * c - b * s, y = b * c + a * s;
+    return make_float2(c * r.attention_factor, s * r.attention_factor);
+}
+
+// Rotates the interleaved pair (a, b) by the angle (cos, sin) = cs, as rope_apply does.
+__device__ inline void rope_rotate(float& a, float& b, float2 cs) {
+    const float x = a * cs.x - b * cs.y, y = b * cs.x + a * cs.y;
     a = x;
     b = y;
 }
 
+__device__ inline void rope_pair(float& a, float& b, float pos, int i, const RopeDevice& r) {
+    rope_rotate(a, b, rope_angle(pos, i, r));
+}
+
 // A block per (token, kHeadsPerBlock heads) — decode steps have few tokens, so the heads supply
-// the parallelism: every head's nope part to the head-major buffer, the rope part rotated.
-constexpr int kHeadsPerBlock = 4;
+// the parallelism. The token's angles are the same for every head: the block computes each once
+// (a thread per pair, into shared memory) and rotates its heads' pairs with them.
+constexpr int kHeadsPerBlock = 32;
+constexpr int kMaxRopeDim = 2 * kThreads;  // a thread per pair for the angles
+
+// The token's rope angles into sc[0 .. rope.dim / 2), visible to the whole block after the barrier.
+__device__ inline void token_angles(float pos, const RopeDevice& rope, float2* sc) {
+    if (static_cast<int>(threadIdx.x) < rope.dim / 2) sc[threadIdx.x] = rope_angle(pos, threadIdx.x, rope);
+    __syncthreads();
+}
 
 // Token t's heads [h0, h0 + kHeadsPerBlock): each head's rope part of q rotated into q_pe.
 __device__ inline void q_rope_block(const bf16* __restrict__ q, int H, int nope, float pos, RopeDevice rope,
                                     bf16* __restrict__ q_pe, int t, int h0) {
+    __shared__ float2 sc[kMaxRopeDim / 2];
+    token_angles(pos, rope, sc);
     const int width = nope + rope.dim, half = rope.dim / 2, nh = min(kHeadsPerBlock, H - h0);
     const bf16* row = q + static_cast<size_t>(t) * H * width;
     for (int i = threadIdx.x; i < nh * half; i += kThreads) {
         const int h = h0 + i / half, p = i % half;
         const bf16* src = row + h * width + nope + 2 * p;
         float a = __bfloat162float(src[0]), b = __bfloat162float(src[1]);
-        rope_pair(a, b, pos, p, rope);
+        rope_rotate(a, b, sc[p]);
         bf16* dst = q_pe + (static_cast<size_t>(t) * H + h) * rope.dim + 2 * p;
         dst[0] = __float2bfloat16(a);
         dst[1] = __float2bfloat16(b);
@@ -64,13 +81,14 @@ __global__ void mla_q_rope_kernel(const bf16* __restrict__ q, int H, int nope, c
 // A block per (token, kHeadsPerBlock heads): the rope part of each head rotated in place.
 __global__ void rope_q_inplace_kernel(bf16* __restrict__ q, int H, int nope, const int32_t* __restrict__ positions,
                                       RopeDevice rope) {
+    __shared__ float2 sc[kMaxRopeDim / 2];
     const int t = blockIdx.x, width = nope + rope.dim, half = rope.dim / 2;
     const int h0 = blockIdx.y * kHeadsPerBlock, nh = min(kHeadsPerBlock, H - h0);
-    const float pos = static_cast<float>(positions[t]);
+    token_angles(static_cast<float>(positions[t]), rope, sc);
     for (int i = threadIdx.x; i < nh * half; i += kThreads) {
         bf16* x = q + (static_cast<size_t>(t) * H + h0 + i / half) * width + nope + 2 * (i % half);
         float a = __bfloat162float(x[0]), b = __bfloat162float(x[1]);
-        rope_pair(a, b, pos, i % half, rope);
+        rope_rotate(a, b, sc[i % half]);
         x[0] = __float2bfloat16(a);
         x[1] = __float2bfloat16(b);
     }
@@ -231,9 +249,10 @@ __global__ void random_kernel(void* p, size_t n, Fill kind, float a, float b, ui
 
 // The cache append's rows: [latent (kv_lora) | k_pe (rope, an even width)] within row_stride.
 void check_kv_append(const char* what, int64_t row_stride, int kv_lora, const RopeDevice& rope) {
-    FANOUT_DEVICE_REQUIRE(rope.dim % 2 == 0 && row_stride >= kv_lora + rope.dim,
-                          std::string(what) + ": rope width " + std::to_string(rope.dim) + ", row stride " +
-                              std::to_string(row_stride) + " for a " + std::to_string(kv_lora) + "-wide latent");
+    FANOUT_DEVICE_REQUIRE(rope.dim % 2 == 0 && rope.dim <= kMaxRopeDim && row_stride >= kv_lora + rope.dim,
+                          std::string(what) + ": rope width " + std::to_string(rope.dim) + " (even, at most " +
+                              std::to_string(kMaxRopeDim) + "), row stride " + std::to_string(row_stride) + " for a " +
+                              std::to_string(kv_lora) + "-wide latent");
 }
 
 void random_fill(void* p, size_t n, Fill kind, float a, float b, uint64_t seed, void* s) {
@@ -262,8 +281,9 @@ void launch_embed_bf16(const uint16_t* table, const int32_t* tokens, int T, int 
 
 void launch_mla_q_rope(const uint16_t* q, int T, int H, int nope, const int32_t* positions, RopeDevice rope,
                        uint16_t* q_pe, void* cuda_stream) {
-    FANOUT_DEVICE_REQUIRE(rope.dim % 2 == 0,
-                          "mla_q_rope: the rope width must be even, got " + std::to_string(rope.dim));
+    FANOUT_DEVICE_REQUIRE(rope.dim % 2 == 0 && rope.dim <= kMaxRopeDim,
+                          "mla_q_rope: the rope width must be even and at most " + std::to_string(kMaxRopeDim) +
+                              ", got " + std::to_string(rope.dim));
     if (T <= 0) return;
     const dim3 grid(T, (H + kHeadsPerBlock - 1) / kHeadsPerBlock);
     mla_q_rope_kernel<<<grid, kThreads, 0, as_stream(cuda_stream)>>>(reinterpret_cast<const bf16*>(q), H, nope,
@@ -297,8 +317,9 @@ void launch_mla_q_rope_kv_append(const uint16_t* q, int T, int H, int nope, uint
 
 void launch_rope_q_inplace(uint16_t* q, int T, int H, int nope, const int32_t* positions, RopeDevice rope,
                            void* cuda_stream) {
-    FANOUT_DEVICE_REQUIRE(rope.dim % 2 == 0,
-                          "rope_q_inplace: the rope width must be even, got " + std::to_string(rope.dim));
+    FANOUT_DEVICE_REQUIRE(rope.dim % 2 == 0 && rope.dim <= kMaxRopeDim,
+                          "rope_q_inplace: the rope width must be even and at most " + std::to_string(kMaxRopeDim) +
+                              ", got " + std::to_string(rope.dim));
     if (T <= 0) return;
     const dim3 grid(T, (H + kHeadsPerBlock - 1) / kHeadsPerBlock);
     rope_q_inplace_kernel<<<grid, kThreads, 0, as_stream(cuda_stream)>>>(reinterpret_cast<bf16*>(q), H, nope, positions,
