@@ -60,7 +60,9 @@ std::map<std::string, Cost> layer_costs(const io::ModelConfig& c, double R, doub
     k["qkv_a"] = gemm(T, ql + C + rope, D);
     k["q_a_norm"] = {T * ql * 4, 0};
     k["q_b"] = gemm(T, H * (nope + rope), ql);
-    k["latent_norm_rope_append"] = {T * H * (nope + rope) * 4 + T * (C + rope) * 4, 0};
+    // q's rope parts read and written in place (the k_b BMM reads the nope parts where q_b left
+    // them), the kv latent and k_pe read and their cache entry written.
+    k["latent_norm_rope_append"] = {T * H * rope * 4 + T * (C + rope) * 4, 0};
     const auto absorbed = [&](double r, double t) {
         return Cost{r * kv * (C + rope) * 2 + t * H * (C + rope + C) * 2, 2 * t * H * kv * (C + rope + C), true};
     };
