@@ -408,15 +408,24 @@ TEST(GlueCuda, RmsNormQuantEqualsNormThenActQuant) {
         const int nb = (D + 127) / 128;
         Dev<uint16_t> dx(x.bits), y1(size_t(M) * D), y2(size_t(M) * D);
         Dev<float> dw(w), s1(size_t(M) * nb), s2(size_t(M) * nb);
-        Dev<uint8_t> q1(size_t(M) * D), q2(size_t(M) * D);
-        for (auto* b : {&q1, &q2}) b->poison();
+        Dev<float> s3(size_t(M) * nb);
+        Dev<uint8_t> q1(size_t(M) * D), q2(size_t(M) * D), q3(size_t(M) * D);
+        for (auto* b : {&q1, &q2, &q3}) b->poison();
         launch_rms_norm_bf16_strided(dx.ptr, stride, nullptr, dw.ptr, 1e-6f, y1.ptr, D, M, D, nullptr);
         launch_act_quant_bf16(y1.ptr, q1.ptr, s1.ptr, M, D, nullptr);
         launch_rms_norm_quant_bf16(dx.ptr, stride, nullptr, dw.ptr, 1e-6f, y2.ptr, D, q2.ptr, s2.ptr, M, D, nullptr);
+        // Only the quantized rows (no bf16 output), as the layer asks when FP8 projections follow.
+        launch_rms_norm_quant_bf16(dx.ptr, stride, nullptr, dw.ptr, 1e-6f, nullptr, D, q3.ptr, s3.ptr, M, D, nullptr);
         EXPECT_EQ(y1.download(), y2.download()) << M << "x" << D;
         EXPECT_EQ(q1.download(), q2.download()) << M << "x" << D;
         EXPECT_EQ(s1.download(), s2.download()) << M << "x" << D;
+        EXPECT_EQ(q1.download(), q3.download()) << M << "x" << D << " without y";
+        EXPECT_EQ(s1.download(), s3.download()) << M << "x" << D << " without y";
     }
+    const std::string msg = fanout::testing::error_of([] {
+        launch_rms_norm_quant_bf16(nullptr, 8, nullptr, nullptr, 1e-6f, nullptr, 8, nullptr, nullptr, 1, 8, nullptr);
+    });
+    EXPECT_NE(msg.find("neither"), std::string::npos) << msg;
 }
 
 // The bf16 permute: the FP8 permute's order, counts, slots and spill blocks, on 2-byte rows

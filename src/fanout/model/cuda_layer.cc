@@ -419,14 +419,17 @@ void CudaLayerExec::attn_in(const DeviceLayer& w, const LayerStep& st, uint16_t*
                                         quantize ? b.xs.get() : nullptr, T, width, stream_);
     };
     const bool in_q = w.qkv_a.fp8;
-    norm(hidden, D, w.input_norm.get(), eps, b.normed.get(), D, D, in_q);
+    // The bf16 rows only where a projection reads them (the FP8 ones read xq / xs).
+    const bool normed_read = !in_q || (ql <= 0 && !w.q_b.fp8);
+    norm(hidden, D, w.input_norm.get(), eps, normed_read ? b.normed.get() : nullptr, D, D, in_q);
     m("input_norm");
     linear(w.qkv_a, in_q ? nullptr : b.normed.get(), T, b.qkv.get());
     m("qkv_a");
     const int qkv_width = static_cast<int>(w.qkv_a.N);
     const uint16_t* kv_a = b.qkv.get() + std::max(ql, 0);
     if (ql > 0) {
-        norm(b.qkv.get(), qkv_width, w.q_a_norm.get(), kLatentNormEps, b.q_a.get(), ql, ql, w.q_b.fp8);
+        norm(b.qkv.get(), qkv_width, w.q_a_norm.get(), kLatentNormEps, w.q_b.fp8 ? nullptr : b.q_a.get(), ql, ql,
+             w.q_b.fp8);
         m("q_a_norm");
         linear(w.q_b, w.q_b.fp8 ? nullptr : b.q_a.get(), T, b.q.get());
     } else {  // q_proj reads the input norm's output, still quantized in xq when qkv_a is FP8

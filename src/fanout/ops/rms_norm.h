@@ -23,7 +23,8 @@ void launch_rms_norm_bf16(const uint16_t* x, uint16_t* residual, const float* w,
 void launch_rms_norm_bf16_strided(const uint16_t* x, int64_t x_stride, uint16_t* residual, const float* w, float eps,
                                   uint16_t* y, int64_t y_stride, int M, int D, void* cuda_stream);
 // The same, and y also quantized for an FP8 GEMM as act_quant would (q [M, D] e4m3, scales
-// [M, ceil(D/128)]): the norm in front of a projection in one kernel.
+// [M, ceil(D/128)]): the norm in front of a projection in one kernel. y may be null when only the
+// quantized rows are wanted (the same q and scales, no bf16 rows written).
 void launch_rms_norm_quant_bf16(const uint16_t* x, int64_t x_stride, uint16_t* residual, const float* w, float eps,
                                 uint16_t* y, int64_t y_stride, uint8_t* q, float* scales, int M, int D,
                                 void* cuda_stream);

@@ -37,7 +37,8 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, const float* __rest
 // so the bytes are the ones act_quant would give on y) into q [M, D] and scales [M, ceil(D/128)]:
 // a 128-column block is 16 consecutive threads of one slot, which reduce its amax by shuffles.
 // kVec: 16-byte accesses (D, the strides and the pointers allow them), else one value at a time.
-// Each thread reads its columns before it writes them, so y may alias x.
+// Each thread reads its columns before it writes them, so y may alias x; y may be null when only q
+// is wanted.
 template <bool kVec, int kSlots>
 __global__ void __launch_bounds__(1024)
     rms_norm_bf16_kernel(const __nv_bfloat16* x, int64_t x_stride, __nv_bfloat16* __restrict__ residual,
@@ -109,13 +110,13 @@ __global__ void __launch_bounds__(1024)
                 back[2 * i] = f.x;
                 back[2 * i + 1] = f.y;
             }
-            if (d < D) *reinterpret_cast<uint4*>(y + ybase + d) = out;
+            if (y != nullptr && d < D) *reinterpret_cast<uint4*>(y + ybase + d) = out;
         } else {
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
                 const int c = d + i;
                 const __nv_bfloat16 b = __float2bfloat16(c < D ? v[s][i] * inv * w[c] : 0.0f);
-                if (c < D) y[ybase + c] = b;
+                if (y != nullptr && c < D) y[ybase + c] = b;
                 back[i] = __bfloat162float(b);
             }
         }
@@ -164,6 +165,7 @@ void launch_rms_norm_quant_bf16(const uint16_t* x, int64_t x_stride, uint16_t* r
                                 void* cuda_stream) {
     FANOUT_DEVICE_REQUIRE(D > 0 && D <= kMaxD,
                           "rms_norm_bf16: width " + std::to_string(D) + " outside 1.." + std::to_string(kMaxD));
+    FANOUT_DEVICE_REQUIRE(y != nullptr || q != nullptr, "rms_norm_bf16: neither a bf16 nor a quantized output");
     if (M <= 0) return;
     // 8 columns per thread and slot: one slot while a row fits 1024 threads, else two.
     const int vectors = (D + 7) / 8, slots = vectors <= 1024 ? 1 : 2;
