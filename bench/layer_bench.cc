@@ -56,9 +56,10 @@ std::map<std::string, Cost> layer_costs(const io::ModelConfig& c, double R, doub
     const double K = c.num_experts_per_tok, Ie = c.moe_intermediate_size, EL = E / std::max(ep, 1);
     const double Is = ep > 0 ? Ie * c.n_shared_experts : c.intermediate_size;
     std::map<std::string, Cost> k;
-    k["input_norm"] = {T * D * 4, 0};
+    // The norms in front of FP8 projections write only their e4m3 rows (+ scales).
+    k["input_norm"] = {T * D * 3, 0};
     k["qkv_a"] = gemm(T, ql + C + rope, D);
-    k["q_a_norm"] = {T * ql * 4, 0};
+    k["q_a_norm"] = {T * ql * 3, 0};
     k["q_b"] = gemm(T, H * (nope + rope), ql);
     // q's rope parts read and written in place (the k_b BMM reads the nope parts where q_b left
     // them), the kv latent and k_pe read and their cache entry written.

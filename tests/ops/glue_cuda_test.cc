@@ -411,6 +411,8 @@ TEST(GlueCuda, RmsNormQuantEqualsNormThenActQuant) {
         Dev<float> s3(size_t(M) * nb);
         Dev<uint8_t> q1(size_t(M) * D), q2(size_t(M) * D), q3(size_t(M) * D);
         for (auto* b : {&q1, &q2, &q3}) b->poison();
+        for (auto* b : {&s1, &s2, &s3}) b->poison();
+        y2.poison();
         launch_rms_norm_bf16_strided(dx.ptr, stride, nullptr, dw.ptr, 1e-6f, y1.ptr, D, M, D, nullptr);
         launch_act_quant_bf16(y1.ptr, q1.ptr, s1.ptr, M, D, nullptr);
         launch_rms_norm_quant_bf16(dx.ptr, stride, nullptr, dw.ptr, 1e-6f, y2.ptr, D, q2.ptr, s2.ptr, M, D, nullptr);

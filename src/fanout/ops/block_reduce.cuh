@@ -15,7 +15,8 @@ __device__ float block_sum(float v) {
     return total;
 }
 
-// The same over a block of any whole number of warps (blockDim.x a multiple of 32, at most 1,024).
+// The same over a block of any whole number of warps (blockDim.x a multiple of 32, at most 1,024);
+// once per kernel (no barrier after the shared sums are read).
 __device__ __forceinline__ float block_sum_any(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     __shared__ float warp_sums[32];

@@ -68,7 +68,7 @@ __device__ void silu_mul_quant_row(const __nv_bfloat16* __restrict__ gate_up, si
     for (int o = kThreadsPerBlock128 / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(group, amax, o));
     const float clamped = fmaxf(amax, kActQuantMinAmax), scale = clamped / kFp8E4M3Max, inv = kFp8E4M3Max / clamped;
     if (threadIdx.x % kThreadsPerBlock128 == 0) scales[r * nb + c0 / static_cast<int>(kFp8Block)] = scale;
-    uint8_t out[kPerThread];
+    alignas(8) uint8_t out[kPerThread];
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) out[i] = __nv_cvt_float_to_fp8(h[i] * inv, __NV_SATFINITE, __NV_E4M3);
     uint8_t* dst = q + r * I + c0;

@@ -15,7 +15,8 @@ void launch_rms_norm(const float* x, const float* w, float eps, float* out, int 
 
 // The layer's pre-norm on bf16 activations (uint16_t storage), fused with the residual add: with
 // `residual`, z = x + residual (f32) is stored back to residual as bf16 and y = z / rms(z) · w;
-// without, y = x / rms(x) · w. x, residual, y: [M, D]; w: [D] f32; y may alias x.
+// without, y = x / rms(x) · w. x, residual, y: [M, D]; w: [D] f32; y may alias x (same strides);
+// residual aliases neither.
 void launch_rms_norm_bf16(const uint16_t* x, uint16_t* residual, const float* w, float eps, uint16_t* y, int M, int D,
                           void* cuda_stream);
 // The same over rows `x_stride` / `y_stride` elements apart (a slice of a wider GEMM output); the

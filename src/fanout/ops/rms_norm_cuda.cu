@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(1024)
         const float scale = fmaxf(amax, kActQuantMinAmax) / kFp8E4M3Max;
         if (threadIdx.x % 16 == 0)
             scales[static_cast<size_t>(blockIdx.x) * nb + d / static_cast<int>(kFp8Block)] = scale;
-        uint8_t e[8];
+        alignas(8) uint8_t e[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) e[i] = __nv_cvt_float_to_fp8(back[i] / scale, __NV_SATFINITE, __NV_E4M3);
         if (kVec) {
@@ -171,8 +171,8 @@ void launch_rms_norm_quant_bf16(const uint16_t* x, int64_t x_stride, uint16_t* r
     const int vectors = (D + 7) / 8, slots = vectors <= 1024 ? 1 : 2;
     const int threads = ((vectors + slots - 1) / slots + 31) / 32 * 32;
     const auto aligned = [](const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; };
-    const bool vec = D % 8 == 0 && x_stride % 8 == 0 && y_stride % 8 == 0 && aligned(x, 16) && aligned(y, 16) &&
-                     aligned(residual, 16) && aligned(w, 16) && aligned(q, 8);
+    const bool vec = D % 8 == 0 && x_stride % 8 == 0 && (y == nullptr || y_stride % 8 == 0) && aligned(x, 16) &&
+                     aligned(y, 16) && aligned(residual, 16) && aligned(w, 16) && aligned(q, 8);
     auto* kernel = vec ? (slots == 1 ? rms_norm_bf16_kernel<true, 1> : rms_norm_bf16_kernel<true, 2>)
                        : (slots == 1 ? rms_norm_bf16_kernel<false, 1> : rms_norm_bf16_kernel<false, 2>);
     kernel<<<M, threads, 0, static_cast<cudaStream_t>(cuda_stream)>>>(
