@@ -146,27 +146,28 @@ __device__ __forceinline__ void wgmma_wait() {
 // wgmma's accumulator operands. Inline asm wants the "%0, %1, …" lists as literal strings and one
 // "+f" output per register, so both are spelled once here, for 16, 32, 64 and 128 registers, and
 // every wrapper below is written with them.
+// Kept as a table, 16 registers a line (clang-format does not settle on macro continuations).
+// clang-format off
 #define FANOUT_SM90_R16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-#define FANOUT_SM90_R32 \
-    FANOUT_SM90_R16 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define FANOUT_SM90_R64                                                                                               \
-    FANOUT_SM90_R32                                                                                                   \
-        ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, " \
-        "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-#define FANOUT_SM90_R128                                                                                               \
-    FANOUT_SM90_R64                                                                                                    \
-        ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, "  \
-        "%85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, "    \
-        "%105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, " \
-        "%123, %124, %125, %126, %127"
+#define FANOUT_SM90_R32 FANOUT_SM90_R16 ", " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define FANOUT_SM90_R64 FANOUT_SM90_R32 ", " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define FANOUT_SM90_R128 FANOUT_SM90_R64 ", " \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
 // d[i], d[i + 1], ... as read-write f32 outputs.
-#define FANOUT_SM90_OUT8(d, i)                                                                              \
-    "+f"(d[(i)]), "+f"(d[(i) + 1]), "+f"(d[(i) + 2]), "+f"(d[(i) + 3]), "+f"(d[(i) + 4]), "+f"(d[(i) + 5]), \
-        "+f"(d[(i) + 6]), "+f"(d[(i) + 7])
+#define FANOUT_SM90_OUT8(d, i) \
+    "+f"(d[(i)]), "+f"(d[(i) + 1]), "+f"(d[(i) + 2]), "+f"(d[(i) + 3]), \
+    "+f"(d[(i) + 4]), "+f"(d[(i) + 5]), "+f"(d[(i) + 6]), "+f"(d[(i) + 7])
 #define FANOUT_SM90_OUT16(d, i) FANOUT_SM90_OUT8(d, i), FANOUT_SM90_OUT8(d, (i) + 8)
 #define FANOUT_SM90_OUT32(d, i) FANOUT_SM90_OUT16(d, i), FANOUT_SM90_OUT16(d, (i) + 16)
 #define FANOUT_SM90_OUT64(d, i) FANOUT_SM90_OUT32(d, i), FANOUT_SM90_OUT32(d, (i) + 32)
 #define FANOUT_SM90_OUT128(d) FANOUT_SM90_OUT64(d, 0), FANOUT_SM90_OUT64(d, 64)
+// clang-format on
 
 // d[64, N] (+)= a[64, 32] · b[N, 32]ᵀ, e4m3 operands from shared memory, f32 accumulators in the
 // fragment layout of PTX's wgmma (warp w of the group: rows 16w + lane/4 (+8); register 4j + i:
