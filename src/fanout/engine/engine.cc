@@ -405,8 +405,7 @@ bool Engine::step() {
         }
         const auto t0 = clock_type::now();
         const std::vector<int32_t> tokens = runner_->forward_sample(batch, cache_, rows, bias);
-        add_time(&EngineStats::forward_microseconds, t0);
-        count_attention_forms();
+        forward_done(t0);
         scheduler_.commit(work);
         size_t row = 0;
         for (const auto& s : work)
@@ -414,8 +413,7 @@ bool Engine::step() {
     } else {
         const auto t0 = clock_type::now();
         const Tensor logits = runner_->forward(batch, cache_);
-        add_time(&EngineStats::forward_microseconds, t0);
-        count_attention_forms();
+        forward_done(t0);
         scheduler_.commit(work);
         const int64_t V = runner_->vocab_size();
         int64_t row = 0;
@@ -464,12 +462,10 @@ void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::Step
     const auto t0 = clock_type::now();
     if (runner_->samples_on_device()) {
         picked = runner_->forward_sample(batch, cache_, sampling, bias);
-        add_time(&EngineStats::forward_microseconds, t0);
-        count_attention_forms();
+        forward_done(t0);
     } else {
         const Tensor logits = runner_->forward(batch, cache_);
-        add_time(&EngineStats::forward_microseconds, t0);
-        count_attention_forms();
+        forward_done(t0);
         const int64_t V = runner_->vocab_size();
         size_t row = 0;
         for (const auto& s : work) {
@@ -617,12 +613,14 @@ void Engine::add_time(int64_t EngineStats::*counter, clock_type::time_point t0) 
     stats_.*counter += us;
 }
 
-void Engine::count_attention_forms() {
-    const int64_t n = runner_->mha_requests();
-    if (n == 0) return;
+void Engine::forward_done(clock_type::time_point t0) {
+    const int64_t us = microseconds_since(t0), mha = runner_->mha_requests();
     std::lock_guard<std::mutex> lock(stats_mutex_);
-    ++stats_.mha_steps;
-    stats_.mha_requests += n;
+    stats_.forward_microseconds += us;
+    if (mha > 0) {
+        ++stats_.mha_steps;
+        stats_.mha_requests += mha;
+    }
 }
 
 // Gauges are copied under the stats lock by the engine thread, so stats() never reads the

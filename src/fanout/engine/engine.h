@@ -374,8 +374,9 @@ class Engine : public RequestService {
     void step_speculative(std::vector<ScheduledSeq>& work, const model::StepBatch& batch);
     // Adds the microseconds since t0 to a timing counter of stats_.
     void add_time(int64_t EngineStats::*counter, std::chrono::steady_clock::time_point t0);
-    // After a forward: the runner's MHA-form requests into mha_steps / mha_requests.
-    void count_attention_forms();
+    // After a forward started at t0: its time into forward_microseconds and the runner's MHA-form
+    // requests into mha_steps / mha_requests, under one lock.
+    void forward_done(std::chrono::steady_clock::time_point t0);
     void finish(Active& a, const std::string& reason, std::vector<int32_t> tokens = {});
     void emit(Active& a, std::string text, std::vector<int32_t> tokens, bool finished, const std::string& reason);
 
