@@ -115,20 +115,28 @@ __device__ __forceinline__ void pv_from_smem(float (&o)[128], const uint8_t* sp,
                        sm90::desc_mn_major_sw128(kv + half * 4 * kPanelBytes + kk * 16 * 128, kPanelBytes));
 }
 
-// Scores of kv tile `tile` to log2 units, −inf at columns a row may not see; row maxima of the
-// thread's two rows (quad-reduced). Fragment: register 4j + i is column 8j + 2·tig + (i & 1), row
-// r0 for i < 2 and r1 otherwise.
-__device__ __forceinline__ void mask_scores(float (&s)[32], int tile, int tig, int lim0, int lim1, float scale_log2,
-                                            float& mx0, float& mx1) {
-    const int col0 = tile * kTile + 2 * tig;
+// Scores of kv tile `tile` with −inf at the columns a row may not see (only a tile reaching past a
+// row's horizon is tested); row maxima of the thread's two rows (quad-reduced). Raw score units:
+// exp_scores applies the scale, which is positive, so maxima commute with it. Fragment: register
+// 4j + i is column 8j + 2·tig + (i & 1), row r0 for i < 2 and r1 otherwise.
+__device__ __forceinline__ void mask_scores(float (&s)[32], int tile, int tig, int lim0, int lim1, float& mx0,
+                                            float& mx1) {
+    if (tile * kTile + kTile > min(lim0, lim1)) {
+        const int col0 = tile * kTile + 2 * tig;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const int col = col0 + 8 * j + i;
+                if (col >= lim0) s[4 * j + i] = -INFINITY;
+                if (col >= lim1) s[4 * j + 2 + i] = -INFINITY;
+            }
+    }
     mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-            const int col = col0 + 8 * j + i;
-            s[4 * j + i] = col < lim0 ? s[4 * j + i] * scale_log2 : -INFINITY;
-            s[4 * j + 2 + i] = col < lim1 ? s[4 * j + 2 + i] * scale_log2 : -INFINITY;
             mx0 = fmaxf(mx0, s[4 * j + i]);
             mx1 = fmaxf(mx1, s[4 * j + 2 + i]);
         }
@@ -139,21 +147,38 @@ __device__ __forceinline__ void mask_scores(float (&s)[32], int tile, int tig, i
     }
 }
 
-// A row that has seen nothing yet keeps −inf; subtracting 0 then keeps exp2 at 0, not NaN.
-__device__ __forceinline__ float finite_base(float m) { return m == -INFINITY ? 0.0f : m; }
+// The exponent base of running maximum m (raw units) in log2 units. A row that has seen nothing
+// yet keeps −inf; a base of 0 then keeps exp2 at 0, not NaN.
+__device__ __forceinline__ float exp_base(float m, float scale_log2) { return m == -INFINITY ? 0.0f : m * scale_log2; }
 
-// s ← 2^(s − base) per row; returns the thread's partial row sums.
-__device__ __forceinline__ void exp_scores(float (&s)[32], float base0, float base1, float& sum0, float& sum1) {
+// 2^x, subnormal results flushed to zero (a probability below 2^-126 of the row's maximum adds
+// nothing to a bf16 P or an f32 row sum).
+__device__ __forceinline__ float exp2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// s ← 2^(s · scale_log2 − base) per row (one FFMA and one MUFU each); returns the thread's partial
+// row sums.
+__device__ __forceinline__ void exp_scores(float (&s)[32], float scale_log2, float base0, float base1, float& sum0,
+                                           float& sum1) {
     sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-            s[4 * j + i] = exp2f(s[4 * j + i] - base0);
-            s[4 * j + 2 + i] = exp2f(s[4 * j + 2 + i] - base1);
+            s[4 * j + i] = exp2_ftz(fmaf(s[4 * j + i], scale_log2, -base0));
+            s[4 * j + 2 + i] = exp2_ftz(fmaf(s[4 * j + 2 + i], scale_log2, -base1));
             sum0 += s[4 * j + i];
             sum1 += s[4 * j + 2 + i];
         }
+}
+
+// o's rows × (f0, f1), skipped when the whole warp's factors are 1 (its rows' maxima did not move,
+// the common case once a few tiles are in).
+__device__ __forceinline__ void rescale_rows(float (&o)[128], float f0, float f1) {
+    if (!__all_sync(0xffffffffu, f0 == 1.0f && f1 == 1.0f)) sm90::scale_rows(o, f0, f1);
 }
 
 // P (s · f per row) in bf16 → a K-major [64 rows][64 kv] swizzled panel (the A operand of P·V).
@@ -247,11 +272,12 @@ __global__ void __launch_bounds__(kFastThreads, 1)
 
     const int32_t* blocks = p.block_table + int64_t(r) * p.max_blocks;
     // This warpgroup's part of buffer `buf` ← kv tile `tile` (one thread per warpgroup calls it).
-    auto load_part = [&](int tile, int buf) {
+    // `block`: blocks[tile], read well before (a global load here would sit on the warpgroup's path).
+    auto load_part = [&](int block, int buf) {
         uint64_t* bar = &bars[2 * buf + wg];
         const bool rope = (wg == 0) == (buf == 1);
         sm90::mbar_arrive_expect_tx(bar, (rope ? 5 : 4) * kPanelBytes);
-        const int row = blocks[tile] * kTile;
+        const int row = block * kTile;
         uint8_t* dst = skv + buf * kTileBytes;
 #pragma unroll
         for (int i = 4 * wg; i < 4 * wg + 4; ++i)
@@ -259,8 +285,8 @@ __global__ void __launch_bounds__(kFastThreads, 1)
         if (rope) sm90::tma_load_2d(dst + 8 * kPanelBytes, &tmap_cache, bar, 8 * 64, row);
     };
     if (tid % 128 == 0) {
-        load_part(tile_begin, 0);
-        if (num_local > 1) load_part(tile_begin + 1, 1);
+        load_part(blocks[tile_begin], 0);
+        if (num_local > 1) load_part(blocks[tile_begin + 1], 1);
     }
 
     // Q rows (zeros past the request's rows).
@@ -298,6 +324,12 @@ __global__ void __launch_bounds__(kFastThreads, 1)
             const int ta = tile_begin + 2 * k;
             const bool has_b = 2 * k + 1 < num_local;
             const uint32_t parity = k & 1;
+            // The blocks of the tiles this thread loads this round (B's left part, the next A's left part).
+            int block_b = 0, block_next_a = 0;
+            if (tid == 0) {
+                if (k > 0 && has_b) block_b = blocks[ta + 1];
+                if (2 * k + 2 < num_local) block_next_a = blocks[ta + 2];
+            }
             // S_A: the left part (freed first) then the right.
             sm90::mbar_wait(&bars[0], parity);
             sm90::fence_regs(s);
@@ -306,7 +338,7 @@ __global__ void __launch_bounds__(kFastThreads, 1)
             sm90::wgmma_commit();
             if (k > 0) {  // P_B·V_B,L of the last pair has finished: buffer 1's left part is free
                 sm90::wgmma_wait<1>();
-                if (has_b && tid == 0) load_part(ta + 1, 1);
+                if (has_b && tid == 0) load_part(block_b, 1);
             }
             sm90::mbar_wait(&bars[1], parity);
             sm90::wgmma_fence();  // (what ptxas would insert after the wait loop anyway)
@@ -321,18 +353,18 @@ __global__ void __launch_bounds__(kFastThreads, 1)
             }
 
             float mx0, mx1, sum0, sum1;
-            mask_scores(s, ta, tig, lim0, lim1, scale_log2, mx0, mx1);
+            mask_scores(s, ta, tig, lim0, lim1, mx0, mx1);
             const float ma0 = fmaxf(m0, mx0), ma1 = fmaxf(m1, mx1);
-            const float base0 = finite_base(ma0), base1 = finite_base(ma1);
-            const float corr0 = exp2f(m0 - base0), corr1 = exp2f(m1 - base1);
+            const float base0 = exp_base(ma0, scale_log2), base1 = exp_base(ma1, scale_log2);
+            const float corr0 = exp2f(m0 * scale_log2 - base0), corr1 = exp2f(m1 * scale_log2 - base1);
             if (tig == 0) s_m[r0] = ma0, s_m[r1] = ma1;
             sm90::named_barrier_arrive(kBarMaxLeft, 256);
-            exp_scores(s, base0, base1, sum0, sum1);
+            exp_scores(s, scale_log2, base0, base1, sum0, sum1);
             l0 = l0 * corr0 + sum0;
             l1 = l1 * corr1 + sum1;
 #pragma unroll
             for (int i = 0; i < 16; ++i) pk[i] = sm90::pack_bf16_rn(s[2 * i], s[2 * i + 1]);
-            sm90::scale_rows(o, corr0, corr1);
+            rescale_rows(o, corr0, corr1);
             sm90::fence_regs(o);
             sm90::fence_u32(pk);
             sm90::wgmma_fence();
@@ -342,7 +374,8 @@ __global__ void __launch_bounds__(kFastThreads, 1)
             // The right warpgroup's maxima after B: rescale to them, hand P_A over.
             sm90::named_barrier(kBarMaxRight, 256);
             const float mb0 = s_m[kRows + r0], mb1 = s_m[kRows + r1];
-            const float f0 = exp2f(ma0 - finite_base(mb0)), f1 = exp2f(ma1 - finite_base(mb1));
+            const float f0 = exp2f(ma0 * scale_log2 - exp_base(mb0, scale_log2));
+            const float f1 = exp2f(ma1 * scale_log2 - exp_base(mb1, scale_log2));
             m0 = mb0, m1 = mb1;
             l0 *= f0;
             l1 *= f1;
@@ -353,8 +386,8 @@ __global__ void __launch_bounds__(kFastThreads, 1)
             sm90::wgmma_wait<0>();  // P_A·V_A,L done: buffer 0's left part is free
             sm90::fence_regs(o);
             sm90::fence_u32(pk);
-            if (2 * k + 2 < num_local && tid == 0) load_part(ta + 2, 0);
-            sm90::scale_rows(o, f0, f1);
+            if (2 * k + 2 < num_local && tid == 0) load_part(block_next_a, 0);
+            rescale_rows(o, f0, f1);
             if (has_b) {
                 sm90::named_barrier(kBarPRight, 256);
                 sm90::mbar_wait(&bars[2], parity);
@@ -370,6 +403,12 @@ __global__ void __launch_bounds__(kFastThreads, 1)
             const bool has_b = 2 * k + 1 < num_local;
             const uint32_t parity = k & 1;
             float mx0 = -INFINITY, mx1 = -INFINITY;
+            // The blocks of the tiles this thread loads this round (the next B's and A's right parts).
+            int block_next_b = 0, block_next_a = 0;
+            if (tid == 128) {
+                if (2 * k + 3 < num_local) block_next_b = blocks[tb + 2];
+                if (2 * k + 2 < num_local) block_next_a = blocks[ta + 2];
+            }
             if (has_b) {  // S_B: the right part (freed first) then the left
                 sm90::mbar_wait(&bars[3], parity);
                 sm90::fence_regs(s);
@@ -387,23 +426,23 @@ __global__ void __launch_bounds__(kFastThreads, 1)
                     sm90::fence_proxy_async();
                     sm90::named_barrier(kBarOwnWg + 1, 128);
                 }
-                mask_scores(s, tb, tig, lim0, lim1, scale_log2, mx0, mx1);
+                mask_scores(s, tb, tig, lim0, lim1, mx0, mx1);
             }
             sm90::named_barrier(kBarMaxLeft, 256);
             const float ma0 = s_m[r0], ma1 = s_m[r1];
             const float mb0 = fmaxf(ma0, mx0), mb1 = fmaxf(ma1, mx1);
-            const float base0 = finite_base(mb0), base1 = finite_base(mb1);
+            const float base0 = exp_base(mb0, scale_log2), base1 = exp_base(mb1, scale_log2);
             // O_R and l scale from m to m_b (m ≤ m_a ≤ m_b).
-            const float corr0 = exp2f(m0 - base0), corr1 = exp2f(m1 - base1);
+            const float corr0 = exp2f(m0 * scale_log2 - base0), corr1 = exp2f(m1 * scale_log2 - base1);
             if (tig == 0) s_m[kRows + r0] = mb0, s_m[kRows + r1] = mb1;
             sm90::named_barrier_arrive(kBarMaxRight, 256);
             m0 = mb0, m1 = mb1;
             l0 *= corr0;
             l1 *= corr1;
-            sm90::scale_rows(o, corr0, corr1);
+            rescale_rows(o, corr0, corr1);
             if (has_b) {
                 float sum0, sum1;
-                exp_scores(s, base0, base1, sum0, sum1);
+                exp_scores(s, scale_log2, base0, base1, sum0, sum1);
                 l0 += sum0;
                 l1 += sum1;
 #pragma unroll
@@ -425,12 +464,12 @@ __global__ void __launch_bounds__(kFastThreads, 1)
             sm90::wgmma_commit();
             if (has_b) {  // P_B·V_B,R done: buffer 1's right part is free
                 sm90::wgmma_wait<1>();
-                if (2 * k + 3 < num_local && tid == 128) load_part(tb + 2, 1);
+                if (2 * k + 3 < num_local && tid == 128) load_part(block_next_b, 1);
             }
             sm90::wgmma_wait<0>();  // (P_A·f)·V_A,R done: buffer 0's right part is free
             sm90::fence_regs(o);
             sm90::fence_u32(pk);
-            if (2 * k + 2 < num_local && tid == 128) load_part(ta + 2, 0);
+            if (2 * k + 2 < num_local && tid == 128) load_part(block_next_a, 0);
         }
     }
     sm90::wgmma_wait<0>();
@@ -471,7 +510,7 @@ __global__ void __launch_bounds__(kFastThreads, 1)
             for (int j = 0; j < 32; ++j)
                 *reinterpret_cast<float2*>(dst + 8 * j) =
                     make_float2(o[4 * j + 2 * half] * inv, o[4 * j + 2 * half + 1] * inv);
-            if (wg == 0 && tig == 0) part_lse[prow] = l > 0.0f ? m + log2f(l) : -INFINITY;
+            if (wg == 0 && tig == 0) part_lse[prow] = l > 0.0f ? m * scale_log2 + log2f(l) : -INFINITY;
         }
     }
 }
