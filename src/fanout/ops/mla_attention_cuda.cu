@@ -181,9 +181,19 @@ __device__ __forceinline__ void rescale_rows(float (&o)[128], float f0, float f1
     if (!__all_sync(0xffffffffu, f0 == 1.0f && f1 == 1.0f)) sm90::scale_rows(o, f0, f1);
 }
 
-// P (s · f per row) in bf16 → a K-major [64 rows][64 kv] swizzled panel (the A operand of P·V).
-__device__ __forceinline__ void store_p(uint8_t* sp, const float (&s)[32], int r0, int r1, int tig, float f0,
-                                        float f1) {
+// P in bf16 pairs (the register A operand of P·V: pk[2j] row r0, pk[2j + 1] row r1, columns
+// 8j + 2·tig, + 1) → a K-major [64 rows][64 kv] swizzled panel (the shared-memory A operand).
+__device__ __forceinline__ void store_p(uint8_t* sp, const uint32_t (&pk)[16], int r0, int r1, int tig) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        *reinterpret_cast<uint32_t*>(sp + r0 * 128 + ((j ^ (r0 & 7)) << 4) + tig * 4) = pk[2 * j];
+        *reinterpret_cast<uint32_t*>(sp + r1 * 128 + ((j ^ (r1 & 7)) << 4) + tig * 4) = pk[2 * j + 1];
+    }
+}
+
+// The same for P · f per row, from the f32 scores (when f is not 1 for every row of the warp).
+__device__ __forceinline__ void store_p_scaled(uint8_t* sp, const float (&s)[32], int r0, int r1, int tig, float f0,
+                                               float f1) {
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
         *reinterpret_cast<uint32_t*>(sp + r0 * 128 + ((j ^ (r0 & 7)) << 4) + tig * 4) =
@@ -379,7 +389,10 @@ __global__ void __launch_bounds__(kFastThreads, 1)
             m0 = mb0, m1 = mb1;
             l0 *= f0;
             l1 *= f1;
-            store_p(kva + 8 * kPanelBytes, s, r0, r1, tig, f0, f1);
+            if (__all_sync(0xffffffffu, f0 == 1.0f && f1 == 1.0f))  // P_A's bf16 pairs are already in pk
+                store_p(kva + 8 * kPanelBytes, pk, r0, r1, tig);
+            else
+                store_p_scaled(kva + 8 * kPanelBytes, s, r0, r1, tig, f0, f1);
             sm90::fence_proxy_async();
             sm90::named_barrier_arrive(kBarPLeft, 256);
 
@@ -452,7 +465,7 @@ __global__ void __launch_bounds__(kFastThreads, 1)
                 sm90::wgmma_fence();
                 pv_from_regs(o, pk, kvb, 1);
                 sm90::wgmma_commit();
-                store_p(kvb + 8 * kPanelBytes, s, r0, r1, tig, 1.0f, 1.0f);
+                store_p(kvb + 8 * kPanelBytes, pk, r0, r1, tig);
                 sm90::fence_proxy_async();
                 sm90::named_barrier_arrive(kBarPRight, 256);
             }
