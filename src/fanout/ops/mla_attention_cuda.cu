@@ -163,16 +163,21 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 // row sums.
 __device__ __forceinline__ void exp_scores(float (&s)[32], float scale_log2, float base0, float base1, float& sum0,
                                            float& sum1) {
-    sum0 = 0.0f, sum1 = 0.0f;
+    float a[8], b[8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < 8; ++j) {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             s[4 * j + i] = exp2_ftz(fmaf(s[4 * j + i], scale_log2, -base0));
             s[4 * j + 2 + i] = exp2_ftz(fmaf(s[4 * j + 2 + i], scale_log2, -base1));
-            sum0 += s[4 * j + i];
-            sum1 += s[4 * j + 2 + i];
         }
+        a[j] = s[4 * j] + s[4 * j + 1], b[j] = s[4 * j + 2] + s[4 * j + 3];
+    }
+#pragma unroll
+    for (int w = 4; w >= 1; w /= 2)
+#pragma unroll
+        for (int j = 0; j < w; ++j) a[j] += a[j + w], b[j] += b[j + w];
+    sum0 = a[0], sum1 = b[0];
 }
 
 // o's rows × (f0, f1), skipped when the whole warp's factors are 1 (its rows' maxima did not move,
@@ -181,26 +186,32 @@ __device__ __forceinline__ void rescale_rows(float (&o)[128], float f0, float f1
     if (!__all_sync(0xffffffffu, f0 == 1.0f && f1 == 1.0f)) sm90::scale_rows(o, f0, f1);
 }
 
-// P in bf16 pairs (the register A operand of P·V: pk[2j] row r0, pk[2j + 1] row r1, columns
-// 8j + 2·tig, + 1) → a K-major [64 rows][64 kv] swizzled panel (the shared-memory A operand).
-__device__ __forceinline__ void store_p(uint8_t* sp, const uint32_t (&pk)[16], int r0, int r1, int tig) {
+// P in bf16 pairs (the register A operand of P·V: pk[2j] row r0, pk[2j + 1] row r0 + 8, columns
+// 8j + 2·tig, + 1) → a K-major [64 rows][64 kv] swizzled panel (the shared-memory A operand), by
+// four stmatrix of four 8 × 8 blocks each (lane L addresses row L % 8 of block L / 8: top or bottom
+// half of column block 2q + (L / 8) / 2).
+__device__ __forceinline__ void store_p(uint8_t* sp, const uint32_t (&pk)[16], int r0, int lane) {
+    const int m = lane / 8, row = r0 - lane / 4 + 8 * (m & 1) + lane % 8;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        *reinterpret_cast<uint32_t*>(sp + r0 * 128 + ((j ^ (r0 & 7)) << 4) + tig * 4) = pk[2 * j];
-        *reinterpret_cast<uint32_t*>(sp + r1 * 128 + ((j ^ (r1 & 7)) << 4) + tig * 4) = pk[2 * j + 1];
+    for (int q = 0; q < 4; ++q) {
+        const int j = 2 * q + m / 2;
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(
+                         sm90::smem_addr(sp + row * 128 + ((j ^ (row & 7)) << 4))),
+                     "r"(pk[4 * q]), "r"(pk[4 * q + 1]), "r"(pk[4 * q + 2]), "r"(pk[4 * q + 3])
+                     : "memory");
     }
 }
 
-// The same for P · f per row, from the f32 scores (when f is not 1 for every row of the warp).
-__device__ __forceinline__ void store_p_scaled(uint8_t* sp, const float (&s)[32], int r0, int r1, int tig, float f0,
+// The same for P · f per row (when f is not 1 for every row of the warp), from the f32 scores.
+__device__ __forceinline__ void store_p_scaled(uint8_t* sp, const float (&s)[32], int r0, int lane, float f0,
                                                float f1) {
+    uint32_t pf[16];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-        *reinterpret_cast<uint32_t*>(sp + r0 * 128 + ((j ^ (r0 & 7)) << 4) + tig * 4) =
-            sm90::pack_bf16_rn(s[4 * j] * f0, s[4 * j + 1] * f0);
-        *reinterpret_cast<uint32_t*>(sp + r1 * 128 + ((j ^ (r1 & 7)) << 4) + tig * 4) =
-            sm90::pack_bf16_rn(s[4 * j + 2] * f1, s[4 * j + 3] * f1);
+        pf[2 * j] = sm90::pack_bf16_rn(s[4 * j] * f0, s[4 * j + 1] * f0);
+        pf[2 * j + 1] = sm90::pack_bf16_rn(s[4 * j + 2] * f1, s[4 * j + 3] * f1);
     }
+    store_p(sp, pf, r0, lane);
 }
 
 // Zeros rows [valid, 64) of the eight c_kv panels of a kv buffer (the tile past kv_end: a block
@@ -390,9 +401,9 @@ __global__ void __launch_bounds__(kFastThreads, 1)
             l0 *= f0;
             l1 *= f1;
             if (__all_sync(0xffffffffu, f0 == 1.0f && f1 == 1.0f))  // P_A's bf16 pairs are already in pk
-                store_p(kva + 8 * kPanelBytes, pk, r0, r1, tig);
+                store_p(kva + 8 * kPanelBytes, pk, r0, lane);
             else
-                store_p_scaled(kva + 8 * kPanelBytes, s, r0, r1, tig, f0, f1);
+                store_p_scaled(kva + 8 * kPanelBytes, s, r0, lane, f0, f1);
             sm90::fence_proxy_async();
             sm90::named_barrier_arrive(kBarPLeft, 256);
 
@@ -465,7 +476,7 @@ __global__ void __launch_bounds__(kFastThreads, 1)
                 sm90::wgmma_fence();
                 pv_from_regs(o, pk, kvb, 1);
                 sm90::wgmma_commit();
-                store_p(kvb + 8 * kPanelBytes, pk, r0, r1, tig);
+                store_p(kvb + 8 * kPanelBytes, pk, r0, lane);
                 sm90::fence_proxy_async();
                 sm90::named_barrier_arrive(kBarPRight, 256);
             }
