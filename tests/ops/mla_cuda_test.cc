@@ -23,12 +23,12 @@
 #include <string>
 #include <vector>
 
+#include "cuda_test_util.h"
 #include "fanout/core/cuda_check.h"
 #include "fanout/core/cuda_graph.h"
 #include "fanout/core/dtype.h"
 #include "fanout/ops/mla_attention.h"
 #include "fanout/ops/mla_attention_cuda.h"
-#include "cuda_test_util.h"
 #include "test_util.h"
 
 namespace fanout::ops {
@@ -285,6 +285,10 @@ TEST(MlaCuda, TensorCoreKernelMatchesCpuReference) {
         {"prefill chunk of 37 after 50 cached + decode", 16, 512, 64, {37, 1}, {87, 200}},
         {"prefill chunk at 128 heads", 128, 512, 64, {37}, {87}},
         {"no split", 128, 512, 64, {2, 2}, {1000, 65}, false, 1},
+        // Unsplit with row blocks the requests fill only partly (the staged 16-byte output stores skip
+        // the rows past a request's), in both layouts.
+        {"16 heads q3 + q1, no split", 16, 512, 64, {3, 1}, {700, 65}, false, 1},
+        {"64 heads q3 + q1, head-major, no split", 64, 512, 64, {3, 1}, {300, 129}, true, 1},
         {"7 splits", 128, 512, 64, {2, 2}, {1000, 65}, false, 7},
         {"64 splits, most empty", 32, 512, 64, {1, 2}, {70, 3}, false, 64},
         {"peaky scores", 32, 512, 64, {1, 2}, {3000, 700}, false, 0, 64, 8.0f},
@@ -377,6 +381,22 @@ TEST(MlaCuda, GraphReplaysWithNewLengths) {
         cudaGraphExecDestroy(exec);
         cudaStreamDestroy(stream);
     }
+}
+
+// The tensor-core kernel writes out rows in 16-byte pieces: an out pointer or stride off that
+// alignment goes to the generic kernel instead.
+TEST(MlaCuda, OutRowsOff16BytesGoToTheGenericKernel) {
+    MlaAttentionParams p;
+    p.num_requests = 1, p.num_heads = 128, p.kv_lora = 512, p.rope_dim = 64, p.block_size = 64;
+    const auto at = [](uintptr_t a) { return reinterpret_cast<uint16_t*>(a); };
+    p.q_lat = p.q_pe = p.cache = p.out = at(0x10000);
+    p.q_lat_stride_t = p.q_pe_stride_t = p.out_stride_t = 128 * 512;
+    p.q_lat_stride_h = p.q_pe_stride_h = p.out_stride_h = 512;
+    EXPECT_EQ(mla_attention_kernel_for(p), MlaKernel::kTensorCore);
+    p.out = at(0x10008);
+    EXPECT_EQ(mla_attention_kernel_for(p), MlaKernel::kGeneric) << "out 8 bytes off 16";
+    p.out = at(0x10000), p.out_stride_h = 516;
+    EXPECT_EQ(mla_attention_kernel_for(p), MlaKernel::kGeneric) << "out rows 1,032 bytes apart";
 }
 
 // The comparison can fail: a reference whose mask lets the last query token of each request see

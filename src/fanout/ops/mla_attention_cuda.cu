@@ -514,6 +514,34 @@ __global__ void __launch_bounds__(kFastThreads, 1)
     l0 += s_sum[(wg ^ 1) * kRows + r0];
     l1 += s_sum[(wg ^ 1) * kRows + r1];
 
+    if (num_splits == 1) {
+        // O / l in bf16, staged through the first kv buffer (idle since the loop) by stmatrix as P
+        // is, then each row's 1 KB written with coalesced 16-byte stores.
+        constexpr int kPitch = kLora * 2 + 16;  // bytes per staged row; +16 puts stmatrix's rows on distinct banks
+        static_assert(kRows * kPitch <= kTileBytes, "the staged output fits a kv buffer");
+        const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+        const int mat = lane / 8, srow = r0 - lane / 4 + 8 * (mat & 1) + lane % 8;
+#pragma unroll
+        for (int q = 0; q < 16; ++q) {  // column blocks 2q and 2q + 1 of this warpgroup's 256
+            const int j = 2 * q + mat / 2;
+            asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(
+                             sm90::smem_addr(skv + srow * kPitch + (wg * 256 + 8 * j) * 2)),
+                         "r"(pack_bf16(o[8 * q] * inv0, o[8 * q + 1] * inv0)),
+                         "r"(pack_bf16(o[8 * q + 2] * inv1, o[8 * q + 3] * inv1)),
+                         "r"(pack_bf16(o[8 * q + 4] * inv0, o[8 * q + 5] * inv0)),
+                         "r"(pack_bf16(o[8 * q + 6] * inv1, o[8 * q + 7] * inv1))
+                         : "memory");
+        }
+        __syncthreads();
+        for (int i = tid; i < kRows * (kLora / 8); i += kFastThreads) {
+            const int lrow = i / (kLora / 8), c = i % (kLora / 8), row = first_row + lrow;
+            if (row >= num_rows) continue;
+            const int64_t t = q0 + row / H, h = row % H;
+            *reinterpret_cast<uint4*>(p.out + t * p.out_stride_t + h * p.out_stride_h + c * 8) =
+                *reinterpret_cast<const uint4*>(skv + lrow * kPitch + c * 16);
+        }
+        return;
+    }
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int row = first_row + (half ? r1 : r0);
@@ -521,21 +549,13 @@ __global__ void __launch_bounds__(kFastThreads, 1)
         const int64_t t = q0 + row / H, h = row % H;
         const float l = half ? l1 : l0, m = half ? m1 : m0;
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        if (num_splits == 1) {
-            uint16_t* dst = p.out + t * p.out_stride_t + h * p.out_stride_h + wg * 256 + 2 * tig;
+        const size_t prow = size_t(split) * total_rows + size_t(t) * H + h;
+        float* dst = part_o + prow * kLora + wg * 256 + 2 * tig;
 #pragma unroll
-            for (int j = 0; j < 32; ++j)
-                *reinterpret_cast<uint32_t*>(dst + 8 * j) =
-                    pack_bf16(o[4 * j + 2 * half] * inv, o[4 * j + 2 * half + 1] * inv);
-        } else {
-            const size_t prow = size_t(split) * total_rows + size_t(t) * H + h;
-            float* dst = part_o + prow * kLora + wg * 256 + 2 * tig;
-#pragma unroll
-            for (int j = 0; j < 32; ++j)
-                *reinterpret_cast<float2*>(dst + 8 * j) =
-                    make_float2(o[4 * j + 2 * half] * inv, o[4 * j + 2 * half + 1] * inv);
-            if (wg == 0 && tig == 0) part_lse[prow] = l > 0.0f ? m * scale_log2 + log2f(l) : -INFINITY;
-        }
+        for (int j = 0; j < 32; ++j)
+            *reinterpret_cast<float2*>(dst + 8 * j) =
+                make_float2(o[4 * j + 2 * half] * inv, o[4 * j + 2 * half + 1] * inv);
+        if (wg == 0 && tig == 0) part_lse[prow] = l > 0.0f ? m * scale_log2 + log2f(l) : -INFINITY;
     }
 }
 
@@ -765,10 +785,10 @@ MlaWorkspace::~MlaWorkspace() { cudaFree(partials); }
 
 MlaKernel mla_attention_kernel_for(const MlaAttentionParams& p) {
     const bool widths = p.kv_lora == kLora && p.rope_dim == kRope && p.block_size == kTile;
-    // 16-byte cp.async of q rows; 4-byte bf16 pairs stored to out.
-    const bool layout = aligned(p.q_lat, 16) && aligned(p.q_pe, 16) && aligned(p.cache, 16) && aligned(p.out, 4) &&
+    // 16-byte cp.async of q rows; 16-byte stores of out rows.
+    const bool layout = aligned(p.q_lat, 16) && aligned(p.q_pe, 16) && aligned(p.cache, 16) && aligned(p.out, 16) &&
                         p.q_lat_stride_t % 8 == 0 && p.q_lat_stride_h % 8 == 0 && p.q_pe_stride_t % 8 == 0 &&
-                        p.q_pe_stride_h % 8 == 0 && p.out_stride_t % 2 == 0 && p.out_stride_h % 2 == 0;
+                        p.q_pe_stride_h % 8 == 0 && p.out_stride_t % 8 == 0 && p.out_stride_h % 8 == 0;
     return widths && layout && p.num_requests <= 65535 ? MlaKernel::kTensorCore : MlaKernel::kGeneric;
 }
 

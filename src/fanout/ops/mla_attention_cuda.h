@@ -9,7 +9,7 @@
 //
 // Two kernels (mla_attention_cuda.cu), picked by launch_mla_attention:
 //  * sm_90a tensor cores (wgmma) for DeepSeek-V3's widths — kv_lora 512, rope 64, block_size 64,
-//    16-byte-aligned q rows — any head count and query length: 64 (token, head) rows of one request
+//    16-byte-aligned q and out rows — any head count and query length: 64 (token, head) rows of one request
 //    per CTA, kv tiles of 64 (one cache block), online softmax in f32, the kv range split
 //    across CTAs when the batch alone would not fill the GPU, and a combine kernel;
 //  * a plain f32 kernel for everything else (kv_lora ≤ 1024, rope ≤ 128, any block size).
