@@ -195,10 +195,8 @@ __device__ __forceinline__ void store_p(uint8_t* sp, const uint32_t (&pk)[16], i
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
         const int j = 2 * q + m / 2;
-        asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(
-                         sm90::smem_addr(sp + row * 128 + ((j ^ (row & 7)) << 4))),
-                     "r"(pk[4 * q]), "r"(pk[4 * q + 1]), "r"(pk[4 * q + 2]), "r"(pk[4 * q + 3])
-                     : "memory");
+        sm90::stmatrix_x4(sp + row * 128 + ((j ^ (row & 7)) << 4), pk[4 * q], pk[4 * q + 1], pk[4 * q + 2],
+                          pk[4 * q + 3]);
     }
 }
 
@@ -524,13 +522,11 @@ __global__ void __launch_bounds__(kFastThreads, 1)
 #pragma unroll
         for (int q = 0; q < 16; ++q) {  // column blocks 2q and 2q + 1 of this warpgroup's 256
             const int j = 2 * q + mat / 2;
-            asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(
-                             sm90::smem_addr(skv + srow * kPitch + (wg * 256 + 8 * j) * 2)),
-                         "r"(pack_bf16(o[8 * q] * inv0, o[8 * q + 1] * inv0)),
-                         "r"(pack_bf16(o[8 * q + 2] * inv1, o[8 * q + 3] * inv1)),
-                         "r"(pack_bf16(o[8 * q + 4] * inv0, o[8 * q + 5] * inv0)),
-                         "r"(pack_bf16(o[8 * q + 6] * inv1, o[8 * q + 7] * inv1))
-                         : "memory");
+            sm90::stmatrix_x4(skv + srow * kPitch + (wg * 256 + 8 * j) * 2,
+                              pack_bf16(o[8 * q] * inv0, o[8 * q + 1] * inv0),
+                              pack_bf16(o[8 * q + 2] * inv1, o[8 * q + 3] * inv1),
+                              pack_bf16(o[8 * q + 4] * inv0, o[8 * q + 5] * inv0),
+                              pack_bf16(o[8 * q + 6] * inv1, o[8 * q + 7] * inv1));
         }
         __syncthreads();
         for (int i = tid; i < kRows * (kLora / 8); i += kFastThreads) {

@@ -235,6 +235,15 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
     asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Four 8 × 8 blocks of 16-bit values to shared memory (stmatrix .x4): register i of each lane holds
+// the two consecutive values of block i at row lane / 4, columns 2·(lane % 4) and + 1 — an mma
+// accumulator's or A fragment's layout — and lane L gives the address of row L % 8 of block L / 8.
+__device__ __forceinline__ void stmatrix_x4(void* row_addr, uint32_t b0, uint32_t b1, uint32_t b2, uint32_t b3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(smem_addr(row_addr)), "r"(b0),
+                 "r"(b1), "r"(b2), "r"(b3)
+                 : "memory");
+}
+
 // Two f32 → bf16x2 (round to nearest even), `lo` in the low half.
 __device__ __forceinline__ uint32_t pack_bf16_rn(float lo, float hi) {
     uint32_t d;
