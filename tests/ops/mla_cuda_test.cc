@@ -285,8 +285,8 @@ TEST(MlaCuda, TensorCoreKernelMatchesCpuReference) {
         {"prefill chunk of 37 after 50 cached + decode", 16, 512, 64, {37, 1}, {87, 200}},
         {"prefill chunk at 128 heads", 128, 512, 64, {37}, {87}},
         {"no split", 128, 512, 64, {2, 2}, {1000, 65}, false, 1},
-        // Unsplit with row blocks the requests fill only partly (the staged 16-byte output stores skip
-        // the rows past a request's), in both layouts.
+        // Unsplit: row blocks the requests fill only partly (16 heads: 48 and 16 rows; the staged
+        // 16-byte output stores skip the rows past a request's), and the head-major layout.
         {"16 heads q3 + q1, no split", 16, 512, 64, {3, 1}, {700, 65}, false, 1},
         {"64 heads q3 + q1, head-major, no split", 64, 512, 64, {3, 1}, {300, 129}, true, 1},
         {"7 splits", 128, 512, 64, {2, 2}, {1000, 65}, false, 7},
@@ -383,9 +383,10 @@ TEST(MlaCuda, GraphReplaysWithNewLengths) {
     }
 }
 
-// The tensor-core kernel writes out rows in 16-byte pieces: an out pointer or stride off that
-// alignment goes to the generic kernel instead.
-TEST(MlaCuda, OutRowsOff16BytesGoToTheGenericKernel) {
+// The tensor-core kernel writes out rows in 16-byte pieces and takes row maxima on raw scores: an
+// out pointer or stride off that alignment, or a scale that is not positive, goes to the generic
+// kernel instead.
+TEST(MlaCuda, UnsuitedLaunchesGoToTheGenericKernel) {
     MlaAttentionParams p;
     p.num_requests = 1, p.num_heads = 128, p.kv_lora = 512, p.rope_dim = 64, p.block_size = 64;
     const auto at = [](uintptr_t a) { return reinterpret_cast<uint16_t*>(a); };
@@ -397,6 +398,10 @@ TEST(MlaCuda, OutRowsOff16BytesGoToTheGenericKernel) {
     EXPECT_EQ(mla_attention_kernel_for(p), MlaKernel::kGeneric) << "out 8 bytes off 16";
     p.out = at(0x10000), p.out_stride_h = 516;
     EXPECT_EQ(mla_attention_kernel_for(p), MlaKernel::kGeneric) << "out rows 1,032 bytes apart";
+    p.out_stride_h = 512, p.scale = 0.0f;
+    EXPECT_EQ(mla_attention_kernel_for(p), MlaKernel::kGeneric) << "scale 0";
+    p.scale = 0.1f;
+    EXPECT_EQ(mla_attention_kernel_for(p), MlaKernel::kTensorCore);
 }
 
 // The comparison can fail: a reference whose mask lets the last query token of each request see

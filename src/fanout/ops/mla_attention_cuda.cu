@@ -330,8 +330,8 @@ __global__ void __launch_bounds__(kFastThreads, 1)
     for (int i = 0; i < 128; ++i) o[i] = 0.0f;
 #pragma unroll
     for (int i = 0; i < 32; ++i) s[i] = 0.0f;
-    // Running maxima (log2 units, scaled) and this thread's partial row sums over its own tiles,
-    // for rows r0 and r1.
+    // Running maxima (raw scores: exp_base scales them) and this thread's partial row sums over its
+    // own tiles, for rows r0 and r1.
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
     const int lim0 = s_limit[r0], lim1 = s_limit[r1];
     uint8_t* const kva = skv;
@@ -785,7 +785,8 @@ MlaKernel mla_attention_kernel_for(const MlaAttentionParams& p) {
     const bool layout = aligned(p.q_lat, 16) && aligned(p.q_pe, 16) && aligned(p.cache, 16) && aligned(p.out, 16) &&
                         p.q_lat_stride_t % 8 == 0 && p.q_lat_stride_h % 8 == 0 && p.q_pe_stride_t % 8 == 0 &&
                         p.q_pe_stride_h % 8 == 0 && p.out_stride_t % 8 == 0 && p.out_stride_h % 8 == 0;
-    return widths && layout && p.num_requests <= 65535 ? MlaKernel::kTensorCore : MlaKernel::kGeneric;
+    // Row maxima are taken on raw scores, which needs a positive scale (the generic kernel takes any).
+    return widths && layout && p.scale > 0.0f && p.num_requests <= 65535 ? MlaKernel::kTensorCore : MlaKernel::kGeneric;
 }
 
 void launch_mla_attention_generic(const MlaAttentionParams& p, MlaWorkspace* workspace, void* cuda_stream,
