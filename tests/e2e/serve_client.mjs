@@ -52,6 +52,10 @@ check("chat stream: role, finish_reason and usage", role === "assistant" && fini
 // Completions, both ways; a second identical prompt hits the prefix cache.
 const prompt = "The quick brown fox jumps over the lazy dog. ".repeat(12);
 const c1 = await client.completions.create({ model: "tiny", prompt, max_tokens: 6, temperature: 0, ignore_eos: true });
+// Through `fanout router` the first prompt's KV events must reach the router's index before the
+// repeat is placed (router_test.sh waits the same 0.3 s before its shared-prefix checks); an engine
+// alone has the blocks once the first request's prefill step is committed.
+await new Promise((resolve) => setTimeout(resolve, 300));
 const c2 = await client.completions.create({ model: "tiny", prompt, max_tokens: 6, temperature: 0, ignore_eos: true, stream: true, stream_options: { include_usage: true } });
 let ctext = "", cusage = null;
 for await (const chunk of c2) { if (chunk.usage) cusage = chunk.usage; for (const c of chunk.choices) ctext += c.text ?? ""; }
