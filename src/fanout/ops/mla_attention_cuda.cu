@@ -151,6 +151,14 @@ __device__ __forceinline__ void mask_scores(float (&s)[32], int tile, int tig, i
 // yet keeps −inf; a base of 0 then keeps exp2 at 0, not NaN.
 __device__ __forceinline__ float exp_base(float m, float scale_log2) { return m == -INFINITY ? 0.0f : m * scale_log2; }
 
+// The factor 2^((from − to) · scale) that moves values taken at maximum `from` to maximum `to`
+// (from ≤ to): exactly 1 when the maximum did not move — not left to the rounding of
+// from · scale − to · scale, which FMA contraction leaves a hair off 0 — so that the warp votes
+// below can skip the work.
+__device__ __forceinline__ float rescale_factor(float from, float to, float scale_log2) {
+    return from == to ? 1.0f : exp2f(from * scale_log2 - exp_base(to, scale_log2));
+}
+
 // 2^x, subnormal results flushed to zero (a probability below 2^-126 of the row's maximum adds
 // nothing to a bf16 P or an f32 row sum).
 __device__ __forceinline__ float exp2_ftz(float x) {
@@ -186,15 +194,20 @@ __device__ __forceinline__ void rescale_rows(float (&o)[128], float f0, float f1
     if (!__all_sync(0xffffffffu, f0 == 1.0f && f1 == 1.0f)) sm90::scale_rows(o, f0, f1);
 }
 
+// The row lane `lane` addresses in an stmatrix .x4 of a warp's wgmma fragment rows (r0: the
+// thread's first fragment row): row L % 8 of 8 × 8 block L / 8, blocks 0 and 2 the warp's top
+// 8 rows, 1 and 3 its bottom 8.
+__device__ __forceinline__ int stmatrix_row(int r0, int lane) { return r0 - lane / 4 + 8 * (lane / 8 & 1) + lane % 8; }
+
 // P in bf16 pairs (the register A operand of P·V: pk[2j] row r0, pk[2j + 1] row r0 + 8, columns
 // 8j + 2·tig, + 1) → a K-major [64 rows][64 kv] swizzled panel (the shared-memory A operand), by
-// four stmatrix of four 8 × 8 blocks each (lane L addresses row L % 8 of block L / 8: top or bottom
-// half of column block 2q + (L / 8) / 2).
+// four stmatrix of four 8 × 8 blocks each (column block 2q + L / 16 for lane L).
+
 __device__ __forceinline__ void store_p(uint8_t* sp, const uint32_t (&pk)[16], int r0, int lane) {
-    const int m = lane / 8, row = r0 - lane / 4 + 8 * (m & 1) + lane % 8;
+    const int row = stmatrix_row(r0, lane);
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-        const int j = 2 * q + m / 2;
+        const int j = 2 * q + lane / 16;
         sm90::stmatrix_x4(sp + row * 128 + ((j ^ (row & 7)) << 4), pk[4 * q], pk[4 * q + 1], pk[4 * q + 2],
                           pk[4 * q + 3]);
     }
@@ -375,7 +388,7 @@ __global__ void __launch_bounds__(kFastThreads, 1)
             mask_scores(s, ta, tig, lim0, lim1, mx0, mx1);
             const float ma0 = fmaxf(m0, mx0), ma1 = fmaxf(m1, mx1);
             const float base0 = exp_base(ma0, scale_log2), base1 = exp_base(ma1, scale_log2);
-            const float corr0 = exp2f(m0 * scale_log2 - base0), corr1 = exp2f(m1 * scale_log2 - base1);
+            const float corr0 = rescale_factor(m0, ma0, scale_log2), corr1 = rescale_factor(m1, ma1, scale_log2);
             if (tig == 0) s_m[r0] = ma0, s_m[r1] = ma1;
             sm90::named_barrier_arrive(kBarMaxLeft, 256);
             exp_scores(s, scale_log2, base0, base1, sum0, sum1);
@@ -383,6 +396,9 @@ __global__ void __launch_bounds__(kFastThreads, 1)
             l1 = l1 * corr1 + sum1;
 #pragma unroll
             for (int i = 0; i < 16; ++i) pk[i] = sm90::pack_bf16_rn(s[2 * i], s[2 * i + 1]);
+            // P_A for the right warpgroup, at m_a: stored before the wgmma that reads pk is issued
+            // (its A registers may not be touched until it completes).
+            store_p(kva + 8 * kPanelBytes, pk, r0, lane);
             rescale_rows(o, corr0, corr1);
             sm90::fence_regs(o);
             sm90::fence_u32(pk);
@@ -390,17 +406,15 @@ __global__ void __launch_bounds__(kFastThreads, 1)
             pv_from_regs(o, pk, kva, 0);
             sm90::wgmma_commit();
 
-            // The right warpgroup's maxima after B: rescale to them, hand P_A over.
+            // The right warpgroup's maxima after B: rescale to them, hand P_A over (rewritten at
+            // m_b where a row's maximum moved).
             sm90::named_barrier(kBarMaxRight, 256);
             const float mb0 = s_m[kRows + r0], mb1 = s_m[kRows + r1];
-            const float f0 = exp2f(ma0 * scale_log2 - exp_base(mb0, scale_log2));
-            const float f1 = exp2f(ma1 * scale_log2 - exp_base(mb1, scale_log2));
+            const float f0 = rescale_factor(ma0, mb0, scale_log2), f1 = rescale_factor(ma1, mb1, scale_log2);
             m0 = mb0, m1 = mb1;
             l0 *= f0;
             l1 *= f1;
-            if (__all_sync(0xffffffffu, f0 == 1.0f && f1 == 1.0f))  // P_A's bf16 pairs are already in pk
-                store_p(kva + 8 * kPanelBytes, pk, r0, lane);
-            else
+            if (!__all_sync(0xffffffffu, f0 == 1.0f && f1 == 1.0f))
                 store_p_scaled(kva + 8 * kPanelBytes, s, r0, lane, f0, f1);
             sm90::fence_proxy_async();
             sm90::named_barrier_arrive(kBarPLeft, 256);
@@ -455,7 +469,7 @@ __global__ void __launch_bounds__(kFastThreads, 1)
             const float mb0 = fmaxf(ma0, mx0), mb1 = fmaxf(ma1, mx1);
             const float base0 = exp_base(mb0, scale_log2), base1 = exp_base(mb1, scale_log2);
             // O_R and l scale from m to m_b (m ≤ m_a ≤ m_b).
-            const float corr0 = exp2f(m0 * scale_log2 - base0), corr1 = exp2f(m1 * scale_log2 - base1);
+            const float corr0 = rescale_factor(m0, mb0, scale_log2), corr1 = rescale_factor(m1, mb1, scale_log2);
             if (tig == 0) s_m[kRows + r0] = mb0, s_m[kRows + r1] = mb1;
             sm90::named_barrier_arrive(kBarMaxRight, 256);
             m0 = mb0, m1 = mb1;
@@ -469,13 +483,13 @@ __global__ void __launch_bounds__(kFastThreads, 1)
                 l1 += sum1;
 #pragma unroll
                 for (int i = 0; i < 16; ++i) pk[i] = sm90::pack_bf16_rn(s[2 * i], s[2 * i + 1]);
+                store_p(kvb + 8 * kPanelBytes, pk, r0, lane);  // before the wgmma that reads pk
+                sm90::fence_proxy_async();
                 sm90::fence_regs(o);
                 sm90::fence_u32(pk);
                 sm90::wgmma_fence();
                 pv_from_regs(o, pk, kvb, 1);
                 sm90::wgmma_commit();
-                store_p(kvb + 8 * kPanelBytes, pk, r0, lane);
-                sm90::fence_proxy_async();
                 sm90::named_barrier_arrive(kBarPRight, 256);
             }
             sm90::named_barrier(kBarPLeft, 256);
@@ -518,10 +532,10 @@ __global__ void __launch_bounds__(kFastThreads, 1)
         constexpr int kPitch = kLora * 2 + 16;  // bytes per staged row; +16 puts stmatrix's rows on distinct banks
         static_assert(kRows * kPitch <= kTileBytes, "the staged output fits a kv buffer");
         const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
-        const int mat = lane / 8, srow = r0 - lane / 4 + 8 * (mat & 1) + lane % 8;
+        const int srow = stmatrix_row(r0, lane);
 #pragma unroll
         for (int q = 0; q < 16; ++q) {  // column blocks 2q and 2q + 1 of this warpgroup's 256
-            const int j = 2 * q + mat / 2;
+            const int j = 2 * q + lane / 16;
             sm90::stmatrix_x4(skv + srow * kPitch + (wg * 256 + 8 * j) * 2,
                               pack_bf16(o[8 * q] * inv0, o[8 * q + 1] * inv0),
                               pack_bf16(o[8 * q + 2] * inv1, o[8 * q + 3] * inv1),
