@@ -93,6 +93,10 @@ void add_router_command(CLI::App& app) {
     cmd->add_option("--balance-slack", a->config.placement.balance_slack,
                     "prefix policy: in-flight spread between engines past which the least loaded wins")
         ->capture_default_str();
+    cmd->add_option("--pending-ttl", a->config.placement.pending_ttl,
+                    "prefix policy: seconds a request's prompt blocks count as cached on the engine it was sent to, "
+                    "until that engine's KV events confirm them (0: not at all)")
+        ->capture_default_str();
     cmd->add_option("--max-in-flight-per-engine", a->config.max_in_flight,
                     "requests in flight on one engine before it takes no more (all full: 429)")
         ->check(CLI::PositiveNumber)

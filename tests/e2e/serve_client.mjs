@@ -49,13 +49,11 @@ check("chat stream: role, finish_reason and usage", role === "assistant" && fini
   check("stop string: streamed output never shows it", st === expect && sf === "stop", JSON.stringify(st));
 }
 
-// Completions, both ways; a second identical prompt hits the prefix cache.
+// Completions, both ways; a second identical prompt, sent at once, hits the prefix cache. Through
+// `fanout router` too: the router counts the first prompt's blocks as pending on the engine it
+// chose until that engine's KV events confirm them, so the repeat goes there without waiting.
 const prompt = "The quick brown fox jumps over the lazy dog. ".repeat(12);
 const c1 = await client.completions.create({ model: "tiny", prompt, max_tokens: 6, temperature: 0, ignore_eos: true });
-// Through `fanout router` the first prompt's KV events must reach the router's index before the
-// repeat is placed (router_test.sh waits the same 0.3 s before its shared-prefix checks); an engine
-// alone has the blocks once the first request's prefill step is committed.
-await new Promise((resolve) => setTimeout(resolve, 300));
 const c2 = await client.completions.create({ model: "tiny", prompt, max_tokens: 6, temperature: 0, ignore_eos: true, stream: true, stream_options: { include_usage: true } });
 let ctext = "", cusage = null;
 for await (const chunk of c2) { if (chunk.usage) cusage = chunk.usage; for (const c of chunk.choices) ctext += c.text ?? ""; }

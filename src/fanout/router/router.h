@@ -5,8 +5,9 @@
 // Placement (RouterConfig::placement, engine/placement.h — the same choice a DP group's rank 0
 // makes among its ranks): the prefix policy reads an exact index of every engine's cached KV
 // blocks, by chain hash, built from the engines' KV event streams (as NVIDIA Dynamo's KV router
-// does, not an approximate tree of routed text), weighed against the engines' requests in flight;
-// least-load and round-robin for comparison.
+// does, not an approximate tree of routed text) — plus the prompt blocks of requests just sent,
+// pending until those events confirm them (PlacementConfig::pending_ttl) — weighed against the
+// engines' requests in flight; least-load and round-robin for comparison.
 // Health: every engine is checked every health_interval (Health and Load RPCs, each bounded by
 // health_timeout); one that fails — or whose call breaks — is out of rotation at once (its index
 // dropped) and rejoins when it answers again, its KV index rebuilt from a fresh event stream. A
