@@ -6,10 +6,12 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <memory>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "fanout/core/cuda_check.h"
@@ -17,6 +19,7 @@
 #include "fanout/ops/device_context.h"
 #include "fanout/ops/gemm.h"
 #include "fanout/ops/mha_prefill_cuda.h"
+#include "fanout/ops/mla_attention.h"
 #include "fanout/ops/mla_attention_cuda.h"
 #include "gpu_timing.h"
 #include "kernels_bench.h"
@@ -89,6 +92,25 @@ nlohmann::json run_mha_prefill_point(ops::DeviceContext& dc, int heads, int toke
 
 }  // namespace
 
+// Relative L2 error of `got` against `want` (bf16 rows of `width`), overall and of the worst row.
+std::pair<double, double> bf16_rel_error(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want,
+                                         size_t width) {
+    double num = 0, den = 0, worst = 0;
+    for (size_t r = 0; r < want.size() / width; ++r) {
+        double rn = 0, rd = 0;
+        for (size_t i = r * width; i < (r + 1) * width; ++i) {
+            const double a = bf16_to_f32(got[i]), b = bf16_to_f32(want[i]);
+            rn += (a - b) * (a - b);
+            rd += b * b;
+        }
+        num += rn, den += rd;
+        worst = std::max(worst, std::sqrt(rn / std::max(rd, 1e-30)));
+    }
+    return {std::sqrt(num / std::max(den, 1e-30)), worst};
+}
+
+// One decode point, twice: the bf16 cache, then the same values in the FP8 cache (quantized on the
+// device); the FP8 row's error is its output against the bf16 cache's.
 nlohmann::json run_mla_bench_point(int batch, int query_len, int kv_len, int heads, int calls, double peak_tflops,
                                    FILE* table_out) {
     constexpr int kLora = 512, kRope = 64, kBlock = 64, kEntry = kLora + kRope;
@@ -133,22 +155,49 @@ nlohmann::json run_mla_bench_point(int batch, int query_len, int kv_len, int hea
     ops::MlaWorkspace ws;
     cudaStream_t stream;
     FANOUT_CUDA_CHECK(cudaStreamCreate(&stream));
-    const double us = time_graph_us(stream, calls, [&] { ops::launch_mla_attention(p, &ws, stream); });
-    FANOUT_CUDA_CHECK(cudaStreamDestroy(stream));
-
+    const char* kernel = ops::mla_attention_kernel_for(p) == ops::MlaKernel::kTensorCore ? "tensor-core" : "generic";
     // The count: every query row against all kv_len positions, 2·(576 + 512) flops each.
     const double flops = 2.0 * T * heads * double(kv_len) * (kEntry + kLora);
-    const double bytes = double(batch) * kv_len * kEntry * 2;  // the cache, read once from HBM at best
-    const double tflops = flops / us / 1e6, gbs = bytes / us / 1e3;
-    const char* kernel = ops::mla_attention_kernel_for(p) == ops::MlaKernel::kTensorCore ? "tensor-core" : "generic";
-    if (table_out)
-        std::fprintf(table_out, "%6d %5d %6d %5d  %-11s %9.1f %8.1f %7.0f %7.0f%%\n", batch, query_len, kv_len, heads,
-                     kernel, us, tflops, gbs, peak_tflops > 0 ? 100 * tflops / peak_tflops : 0.0);
-    return {{"batch", batch},       {"query_len", query_len},
-            {"kv_len", kv_len},     {"heads", heads},
-            {"kernel", kernel},     {"us", us},
-            {"gflop", flops / 1e9}, {"tflops", tflops},
-            {"cache_gbs", gbs},     {"pct_bf16_peak", peak_tflops > 0 ? 100 * tflops / peak_tflops : 0.0}};
+    nlohmann::json rows = nlohmann::json::array();
+    std::vector<uint16_t> out_bf16;
+    for (const bool fp8 : {false, true}) {
+        DevicePtr<uint8_t> cache_fp8(fp8 ? cache_elems / kEntry * ops::kMlaFp8EntryBytes : 1);
+        if (fp8) {
+            ops::launch_quantize_latent_fp8(cache.p, int64_t(cache_elems / kEntry), cache_fp8.p, stream);
+            p.cache = nullptr, p.cache_fp8 = cache_fp8.p;
+        }
+        const double us = time_graph_us(stream, calls, [&] { ops::launch_mla_attention(p, &ws, stream); });
+        FANOUT_CUDA_CHECK(cudaStreamSynchronize(stream));
+        std::vector<uint16_t> got(size_t(T) * heads * kLora);
+        FANOUT_CUDA_CHECK(cudaMemcpy(got.data(), out.p, got.size() * 2, cudaMemcpyDeviceToHost));
+        const auto [err, worst_err] = fp8 ? bf16_rel_error(got, out_bf16, kLora) : std::pair<double, double>{0, 0};
+        if (!fp8) out_bf16 = std::move(got);
+        // The cache, read once from HBM at best.
+        const double bytes = double(batch) * kv_len * (fp8 ? ops::kMlaFp8EntryBytes : kEntry * 2);
+        const double tflops = flops / us / 1e6, gbs = bytes / us / 1e3;
+        if (table_out) {
+            std::fprintf(table_out, "%6d %5d %6d %5d  %-11s %5s %9.1f %8.1f %7.0f %7.0f%%", batch, query_len, kv_len,
+                         heads, kernel, fp8 ? "fp8" : "bf16", us, tflops, gbs,
+                         peak_tflops > 0 ? 100 * tflops / peak_tflops : 0.0);
+            if (fp8) std::fprintf(table_out, "  %.2e / %.2e", err, worst_err);
+            std::fprintf(table_out, "\n");
+        }
+        nlohmann::json row = {{"batch", batch},
+                              {"query_len", query_len},
+                              {"kv_len", kv_len},
+                              {"heads", heads},
+                              {"kernel", kernel},
+                              {"cache", fp8 ? "fp8" : "bf16"},
+                              {"us", us},
+                              {"gflop", flops / 1e9},
+                              {"tflops", tflops},
+                              {"cache_gbs", gbs},
+                              {"pct_bf16_peak", peak_tflops > 0 ? 100 * tflops / peak_tflops : 0.0}};
+        if (fp8) row["rel_error_vs_bf16_cache"] = err, row["worst_row_rel_error_vs_bf16_cache"] = worst_err;
+        rows.push_back(row);
+    }
+    FANOUT_CUDA_CHECK(cudaStreamDestroy(stream));
+    return rows;
 }
 
 nlohmann::json run_mla_bench(const MlaBenchOptions& opts, FILE* table_out) {
@@ -161,14 +210,18 @@ nlohmann::json run_mla_bench(const MlaBenchOptions& opts, FILE* table_out) {
     if (table_out) {
         std::fprintf(table_out, "%s, %d SMs: bf16 GEMM ceiling (cuBLASLt 8192^3) %.0f TFLOP/s\n", prop.name,
                      prop.multiProcessorCount, peak);
-        std::fprintf(table_out, "MLA absorbed decode attention, kv_lora 512 + rope 64, bf16 cache (block 64)\n");
-        std::fprintf(table_out, "%6s %5s %6s %5s  %-11s %9s %8s %7s %8s\n", "batch", "query", "kv", "heads", "kernel",
-                     "us", "TFLOP/s", "GB/s", "%bf16");
+        std::fprintf(table_out,
+                     "MLA absorbed decode attention, kv_lora 512 + rope 64, block 64; cache bf16, then the same "
+                     "values in FP8 (e4m3 + a scale per 128, rope bf16: 656 bytes per entry)\n");
+        std::fprintf(table_out, "%6s %5s %6s %5s  %-11s %5s %9s %8s %7s %8s  %s\n", "batch", "query", "kv", "heads",
+                     "kernel", "cache", "us", "TFLOP/s", "GB/s", "%bf16",
+                     "fp8 rel. error vs bf16 cache: all / worst row");
     }
     nlohmann::json rows = nlohmann::json::array();
     for (int batch : opts.batches)
-        rows.push_back(
-            run_mla_bench_point(batch, opts.query_len, opts.kv_len, opts.heads, opts.calls, peak, table_out));
+        for (auto& row :
+             run_mla_bench_point(batch, opts.query_len, opts.kv_len, opts.heads, opts.calls, peak, table_out))
+            rows.push_back(row);
     nlohmann::json prefill = nlohmann::json::array();
     if (table_out && std::any_of(opts.prefill_shapes.begin(), opts.prefill_shapes.end(),
                                  [](const std::string& s) { return !s.empty(); })) {

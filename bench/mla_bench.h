@@ -30,8 +30,10 @@ struct MlaBenchOptions {
                                                "128:1024:0", "128:1024:0:4",   "128:512:0:8", "16:4096:0"};
 };
 
-// One point: µs per call, TFLOP/s, GB/s of cache read; `peak_tflops` (0 = unknown) adds the
-// fraction of the bf16 ceiling. Prints one table row to `table_out` (may be null).
+// One point, with the bf16 cache and then the FP8 cache holding the same values: a row each of µs
+// per call, TFLOP/s, GB/s of cache read, and for FP8 its output's relative error against the bf16
+// cache's; `peak_tflops` (0 = unknown) adds the fraction of the bf16 ceiling. Prints the rows to
+// `table_out` (may be null) and returns them (a JSON array).
 nlohmann::json run_mla_bench_point(int batch, int query_len, int kv_len, int heads, int calls, double peak_tflops,
                                    FILE* table_out);
 

@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
 
 #include "fanout/ops/mla_attention.h"
 #include "test_util.h"
@@ -12,8 +15,8 @@ namespace {
 
 struct Shapes {
     int64_t H = 3, nope = 10, rope = 6, v = 7, kv_lora = 20, block = 4, num_blocks = 16;
-    std::vector<int32_t> kv_len = {9, 1, 6};   // tokens in cache per request
-    std::vector<int32_t> q_len = {3, 1, 6};    // this step's queries (the last q_len positions)
+    std::vector<int32_t> kv_len = {9, 1, 6};  // tokens in cache per request
+    std::vector<int32_t> q_len = {3, 1, 6};   // this step's queries (the last q_len positions)
 };
 
 TEST(MlaAttention, BothFormsMatchDenseReference) {
@@ -36,11 +39,13 @@ TEST(MlaAttention, BothFormsMatchDenseReference) {
         for (int64_t r = 0; r < R; ++r) {
             Tensor e = fanout::testing::random_tensor({c.kv_len[r], D}, 100 + r);
             std::vector<int32_t> slots;
-            for (int32_t p = 0; p < c.kv_len[r]; ++p) slots.push_back(table[r * max_blocks + p / c.block] * c.block + p % c.block);
+            for (int32_t p = 0; p < c.kv_len[r]; ++p)
+                slots.push_back(table[r * max_blocks + p / c.block] * c.block + p % c.block);
             kv_append(cache, e, slots.data(), Stream{});
             entries[r].resize(size_t(c.kv_len[r] * D));
             for (int64_t i = 0; i < c.kv_len[r] * D; ++i)
-                entries[r][i] = cache_dtype == DType::kBF16 ? round_to_bf16(e.data_as<float>()[i]) : e.data_as<float>()[i];
+                entries[r][i] =
+                    cache_dtype == DType::kBF16 ? round_to_bf16(e.data_as<float>()[i]) : e.data_as<float>()[i];
         }
         Tensor q = fanout::testing::random_tensor({T, c.H, c.nope + c.rope}, 200);
         const auto w = fanout::testing::random_floats(size_t(c.H * (c.nope + c.v) * c.kv_lora), 201, 0.3f);
@@ -62,7 +67,8 @@ TEST(MlaAttention, BothFormsMatchDenseReference) {
                         double acc = 0;
                         for (int64_t d = 0; d < c.nope; ++d) {
                             double k = 0;
-                            for (int64_t l = 0; l < c.kv_lora; ++l) k += double(w[(h * (c.nope + c.v) + d) * c.kv_lora + l]) * e[l];
+                            for (int64_t l = 0; l < c.kv_lora; ++l)
+                                k += double(w[(h * (c.nope + c.v) + d) * c.kv_lora + l]) * e[l];
                             acc += qh[d] * k;
                         }
                         for (int64_t d = 0; d < c.rope; ++d) acc += double(qh[c.nope + d]) * e[c.kv_lora + d];
@@ -76,7 +82,8 @@ TEST(MlaAttention, BothFormsMatchDenseReference) {
                         for (int64_t j = 0; j < S; ++j) {
                             double val = 0;
                             for (int64_t l = 0; l < c.kv_lora; ++l)
-                                val += double(w[(h * (c.nope + c.v) + c.nope + d) * c.kv_lora + l]) * entries[r][j * D + l];
+                                val += double(w[(h * (c.nope + c.v) + c.nope + d) * c.kv_lora + l]) *
+                                       entries[r][j * D + l];
                             o += s[j] / sum * val;
                         }
                         ref[(t * c.H + h) * c.v + d] = float(o);
@@ -91,6 +98,40 @@ TEST(MlaAttention, BothFormsMatchDenseReference) {
         EXPECT_LT(fanout::testing::rel_error(mha.data_as<float>(), ref.data(), ref.size()), 1e-5);
         EXPECT_LT(fanout::testing::rel_error(absorbed.data_as<float>(), ref.data(), ref.size()), 1e-5);
     }
+}
+
+// The FP8 cache entry: each 128-value block of c_kv comes back within half an e4m3 step of its
+// block's scale (the block's largest magnitude at ±448 exactly), a block of zeros stays zeros with
+// scale 1, and the rope part is the bf16 rounding of its values.
+TEST(MlaAttention, Fp8CacheEntryRoundTrips) {
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    std::vector<float> entry(kMlaFp8Lora + kMlaFp8Rope), back(entry.size());
+    for (auto& v : entry) v = dist(rng);
+    for (int k = 0; k < 128; ++k) entry[k] *= 1e-6f;      // a tiny block
+    for (int k = 256; k < 384; ++k) entry[k] = 0.0f;      // zeros
+    for (int k = 384; k < 512; ++k) entry[k] *= 5000.0f;  // a large block
+    std::vector<uint8_t> q(kMlaFp8EntryBytes);
+    quantize_latent_entry_fp8(entry.data(), q.data());
+    dequantize_latent_entry_fp8(q.data(), back.data());
+    for (int g = 0; g < 4; ++g) {
+        float scale, amax = 0.0f;
+        std::memcpy(&scale, q.data() + kMlaFp8Lora + 4 * g, 4);
+        for (int k = 128 * g; k < 128 * (g + 1); ++k) amax = std::max(amax, std::fabs(entry[k]));
+        if (amax == 0.0f) {
+            EXPECT_EQ(scale, 1.0f) << "block " << g;
+        } else {
+            EXPECT_FLOAT_EQ(scale, amax / 448.0f) << "block " << g;
+        }
+        for (int k = 128 * g; k < 128 * (g + 1); ++k) {
+            // e4m3 keeps 3 mantissa bits: half a step is 2^-4 of the value, or 2^-10 of the scale
+            // in the subnormal range.
+            const float tol = std::max(std::fabs(entry[k]) / 16.0f, scale / 1024.0f) * 1.0001f;
+            EXPECT_LE(std::fabs(back[k] - entry[k]), tol) << "value " << k;
+        }
+    }
+    for (int d = 0; d < kMlaFp8Rope; ++d)
+        EXPECT_EQ(back[kMlaFp8Lora + d], round_to_bf16(entry[kMlaFp8Lora + d])) << "rope " << d;
 }
 
 TEST(MlaAttention, RejectsInconsistentMetadata) {

@@ -27,6 +27,7 @@
 #include "fanout/core/cuda_check.h"
 #include "fanout/core/cuda_graph.h"
 #include "fanout/core/dtype.h"
+#include "fanout/core/error.h"
 #include "fanout/ops/mla_attention.h"
 #include "fanout/ops/mla_attention_cuda.h"
 #include "test_util.h"
@@ -47,13 +48,14 @@ struct Case {
     int block_size = 64;
     float q_scale = 1.0f;  // larger: peakier softmax, larger jumps of the running maximum
     bool generic = false;  // launch_mla_attention_generic whatever the widths
+    bool fp8 = false;      // the FP8 cache (quantize_latent_entry_fp8) instead of the bf16 one
 };
 
 std::string describe(const Case& c) {
     std::ostringstream s;
     s << "[" << c.name << "] H=" << c.heads << " kv_lora=" << c.kv_lora << " rope=" << c.rope
       << " block=" << c.block_size << (c.head_major ? " q/out [H][T][C]" : " q/out [T][H][C]")
-      << " force_splits=" << c.force_splits << " q_lens={";
+      << " force_splits=" << c.force_splits << (c.fp8 ? " cache fp8" : "") << " q_lens={";
     for (size_t r = 0; r < c.q_lens.size(); ++r) s << (r ? "," : "") << c.q_lens[r];
     s << "} kv_lens={";
     for (size_t r = 0; r < c.kv_lens.size(); ++r) s << (r ? "," : "") << c.kv_lens[r];
@@ -67,6 +69,7 @@ struct Problem {
     int T = 0, R = 0, H = 0, C = 0, D = 0, num_blocks = 0, max_blocks = 0;
     std::vector<int32_t> query_start, kv_len, positions, block_table;
     std::vector<uint16_t> cache, q_lat, q_pe;
+    std::vector<uint8_t> cache_fp8;  // c.fp8: the FP8 form of every slot (`cache` then holds what it decodes to)
     int64_t q_lat_st = 0, q_lat_sh = 0, q_pe_st = 0, q_pe_sh = 0, out_st = 0, out_sh = 0;
     float scale = 0;
 
@@ -110,6 +113,20 @@ struct Problem {
             for (int j = 0; j < c.kv_lens[r]; ++j) {
                 const size_t slot = size_t(block_table[size_t(r) * max_blocks + j / bs]) * bs + j % bs;
                 for (int d = 0; d < D; ++d) cache[slot * D + d] = value(1.0f);
+            }
+        }
+        if (c.fp8) {
+            // Every slot in the FP8 form (NaN slots stay NaN); `cache` becomes the bf16 values the kernel
+            // computes with (e4m3 · scale rounded to bf16), so the reference below is the kernel's math.
+            EXPECT_EQ(D, kMlaFp8Lora + kMlaFp8Rope) << "the FP8 cache is defined for kv_lora 512 + rope 64";
+            cache_fp8.assign(size_t(num_blocks) * bs * kMlaFp8EntryBytes, 0);
+            std::vector<float> entry(D);
+            for (size_t slot = 0; slot < size_t(num_blocks) * bs; ++slot) {
+                for (int d = 0; d < D; ++d) entry[d] = bf16_to_f32(cache[slot * D + d]);
+                uint8_t* q = cache_fp8.data() + slot * kMlaFp8EntryBytes;
+                quantize_latent_entry_fp8(entry.data(), q);
+                dequantize_latent_entry_fp8(q, entry.data());
+                for (int d = 0; d < D; ++d) cache[slot * D + d] = f32_to_bf16(entry[d]);
             }
         }
         q_lat.resize(size_t(T) * H * C);
@@ -193,12 +210,14 @@ Comparison compare(const Problem& pb, const std::vector<float>& got, const std::
 struct DeviceProblem {
     DeviceBuffer<int32_t> query_start, kv_len, positions, block_table;
     DeviceBuffer<uint16_t> cache, q_lat, q_pe, out;
+    DeviceBuffer<uint8_t> cache_fp8;
     explicit DeviceProblem(const Problem& pb)
         : query_start(pb.query_start.size()),
           kv_len(pb.kv_len.size()),
           positions(pb.positions.size()),
           block_table(pb.block_table.size()),
           cache(pb.cache.size()),
+          cache_fp8(pb.cache_fp8.size()),
           q_lat(pb.q_lat.size()),
           q_pe(pb.q_pe.size()),
           out(size_t(pb.T) * pb.H * pb.C) {
@@ -212,6 +231,7 @@ struct DeviceProblem {
         positions.upload(pb.positions.data());
         block_table.upload(pb.block_table.data());
         cache.upload(pb.cache.data());
+        if (!pb.cache_fp8.empty()) cache_fp8.upload(pb.cache_fp8.data());
         q_lat.upload(pb.q_lat.data());
         q_pe.upload(pb.q_pe.data());
     }
@@ -230,7 +250,8 @@ struct DeviceProblem {
         p.kv_len = kv_len.ptr;
         p.positions = positions.ptr;
         p.block_table = block_table.ptr;
-        p.cache = cache.ptr;
+        p.cache = pb.c.fp8 ? nullptr : cache.ptr;
+        p.cache_fp8 = pb.c.fp8 ? cache_fp8.ptr : nullptr;
         p.q_lat = q_lat.ptr, p.q_lat_stride_t = pb.q_lat_st, p.q_lat_stride_h = pb.q_lat_sh;
         p.q_pe = q_pe.ptr, p.q_pe_stride_t = pb.q_pe_st, p.q_pe_stride_h = pb.q_pe_sh;
         p.out = out.ptr, p.out_stride_t = pb.out_st, p.out_stride_h = pb.out_sh;
@@ -315,6 +336,72 @@ TEST(MlaCuda, TensorCoreKernelMatchesCpuReference) {
         big.kv_lens.push_back(2 + int(rng() % 2500));
     }
     run_case(big, pool, ws);
+}
+
+// The FP8 cache through the tensor-core kernel against the reference on what it decodes to: every
+// tail position in either tile of a pair, splits, the head-major layout, peaky scores, many tile
+// pairs, and a request whose slots past kv_end hold NaN bytes.
+TEST(MlaCuda, Fp8CacheMatchesCpuReference) {
+    REQUIRE_GPU();
+    ThreadPool pool(0);
+    MlaWorkspace ws;
+    std::vector<Case> cases = {
+        {"decode, every tail", 128, 512, 64, {1, 1, 1, 1, 1, 1}, {1, 63, 64, 65, 1000, 1500}},
+        {"MTP q2 + a request with no query", 128, 512, 64, {2, 0, 2, 2}, {2, 100, 64, 1030}},
+        {"q4/q1/q3 at 16 heads", 16, 512, 64, {4, 4, 1, 3}, {4, 65, 1000, 127}},
+        {"q2 head-major layout", 128, 512, 64, {2, 1, 2}, {129, 1, 777}, true},
+        {"no split", 128, 512, 64, {2, 2}, {1000, 65}, false, 1},
+        {"7 splits", 128, 512, 64, {2, 2}, {1000, 65}, false, 7},
+        {"peaky scores", 32, 512, 64, {1, 2}, {3000, 700}, false, 0, 64, 8.0f},
+        {"long, odd tiles, no split", 128, 512, 64, {2, 1}, {4999, 4033}, false, 1},
+        {"q2 kv 4990 / 4866, 40 splits", 128, 512, 64, {2, 2}, {4990, 4866}, false, 40},
+    };
+    for (Case& c : cases) {
+        c.fp8 = true;
+        run_case(c, pool, ws);
+    }
+}
+
+// The device quantization equals quantize_latent_entry_fp8 byte for byte: ordinary entries, a block
+// of zeros (scale 1), one tiny and one large block, an odd count of entries.
+TEST(MlaCuda, QuantizeLatentFp8MatchesCpu) {
+    REQUIRE_GPU();
+    constexpr int n = 37, D = kMlaFp8Lora + kMlaFp8Rope;
+    std::mt19937 rng(11);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    std::vector<uint16_t> in(size_t(n) * D);
+    for (auto& v : in) v = f32_to_bf16(dist(rng));
+    for (int d = 128; d < 256; ++d) in[size_t(3) * D + d] = 0;                              // zeros
+    for (int d = 0; d < 128; ++d) in[size_t(5) * D + d] = f32_to_bf16(dist(rng) * 1e-30f);  // tiny
+    for (int d = 384; d < 512; ++d) in[size_t(6) * D + d] = f32_to_bf16(dist(rng) * 3e4f);  // large
+    std::vector<uint8_t> want(size_t(n) * kMlaFp8EntryBytes);
+    std::vector<float> entry(D);
+    for (int e = 0; e < n; ++e) {
+        for (int d = 0; d < D; ++d) entry[d] = bf16_to_f32(in[size_t(e) * D + d]);
+        quantize_latent_entry_fp8(entry.data(), want.data() + size_t(e) * kMlaFp8EntryBytes);
+    }
+    DeviceBuffer<uint16_t> d_in(in);
+    DeviceBuffer<uint8_t> d_out(want.size());
+    d_out.poison();
+    launch_quantize_latent_fp8(d_in.ptr, n, d_out.ptr, nullptr);
+    FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<uint8_t> got = d_out.download();
+    for (size_t i = 0; i < want.size(); ++i)
+        ASSERT_EQ(int(got[i]), int(want[i])) << "entry " << i / kMlaFp8EntryBytes << " byte " << i % kMlaFp8EntryBytes;
+}
+
+// An FP8 cache the tensor-core kernel cannot take, or both caches at once, is refused by name.
+TEST(MlaCuda, Fp8CacheOutsideTheTensorCoreKernelIsRefused) {
+    REQUIRE_GPU();
+    const Case c{"fp8 refused", 8, 512, 64, {1}, {70}, false, 0, 64, 1.0f, false, true};
+    const Problem pb(c, 3);
+    DeviceProblem dev(pb);
+    MlaAttentionParams p = dev.params(pb);
+    p.scale = -p.scale;  // not the tensor-core kernel's
+    EXPECT_THROW(launch_mla_attention(p, nullptr, nullptr), Error);
+    p.scale = -p.scale;
+    p.cache = dev.cache.ptr;  // both
+    EXPECT_THROW(launch_mla_attention(p, nullptr, nullptr), Error);
 }
 
 TEST(MlaCuda, GenericKernelMatchesCpuReference) {

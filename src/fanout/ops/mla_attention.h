@@ -37,6 +37,17 @@ struct AttentionMetadata {
     const int32_t* positions = nullptr;  // [T]
 };
 
+// The FP8 form of a cache entry (the GPU decode kernel reads it: mla_attention_cuda.h), for
+// kv_lora 512 and rope 64, FlashMLA's layout for DeepSeek-V3.2: kMlaFp8EntryBytes bytes — the 512
+// c_kv values in e4m3, one f32 scale per 128 of them (value = e4m3 · scale, the block's largest
+// magnitude mapping to ±448), then the 64 rope values in bf16 (rotary angles keep their precision).
+constexpr int64_t kMlaFp8Lora = 512, kMlaFp8Rope = 64;
+constexpr int64_t kMlaFp8EntryBytes = kMlaFp8Lora + 4 * 4 + kMlaFp8Rope * 2;  // 656
+// entry: [576] f32 -> out: [656] bytes.
+void quantize_latent_entry_fp8(const float* entry, uint8_t* out);
+// in: [656] bytes -> entry: [576] f32 (the values the kernel computes with, before its bf16 rounding).
+void dequantize_latent_entry_fp8(const uint8_t* in, float* entry);
+
 // Slot of a token: block_table[r][pos / block_size] * block_size + pos % block_size.
 // entries: [T, entry_dim] f32; slots: [T].
 void kv_append(LatentCache& cache, const Tensor& entries, const int32_t* slots, const Stream& s);

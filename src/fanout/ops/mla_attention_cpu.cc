@@ -1,9 +1,11 @@
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
 #include "fanout/ops/cpu_util.h"
+#include "fanout/ops/fp8_constants.h"
 #include "fanout/ops/mla_attention.h"
 
 namespace fanout::ops {
@@ -20,7 +22,8 @@ void check_metadata(const AttentionMetadata& meta, const LatentCache& cache, int
                      meta.max_blocks * cache.block_size);
         for (int64_t t = q0; t < q1; ++t)
             FANOUT_CHECK(meta.positions[t] >= 0 && meta.positions[t] < kv,
-                         "attention: token {} at position {} outside its request's kv_len {}", t, meta.positions[t], kv);
+                         "attention: token {} at position {} outside its request's kv_len {}", t, meta.positions[t],
+                         kv);
         for (int64_t b = 0; b < (kv + cache.block_size - 1) / cache.block_size; ++b) {
             const int32_t block = meta.block_table[r * meta.max_blocks + b];
             FANOUT_CHECK(block >= 0 && block < cache.num_blocks, "attention: request {} block {} is {} of {}", r, b,
@@ -30,7 +33,8 @@ void check_metadata(const AttentionMetadata& meta, const LatentCache& cache, int
 }
 
 void check_attention_args(const Tensor& q, const LinearWeight& kv_b, const LatentCache& cache,
-                          const AttentionMetadata& meta, int64_t kv_lora, int64_t nope, int64_t v_dim, const Tensor& out) {
+                          const AttentionMetadata& meta, int64_t kv_lora, int64_t nope, int64_t v_dim,
+                          const Tensor& out) {
     check_tensor(q, "mla q", DType::kF32, {-1, -1, -1});
     const int64_t T = q.dim(0), H = q.dim(1), rope = q.dim(2) - nope;
     check_tensor(out, "mla out", DType::kF32, {T, H, v_dim});
@@ -68,6 +72,33 @@ std::vector<float> gather_entries(const LatentCache& cache, const AttentionMetad
 }
 
 }  // namespace
+
+void quantize_latent_entry_fp8(const float* entry, uint8_t* out) {
+    for (int64_t g = 0; g < kMlaFp8Lora / kFp8Block; ++g) {
+        float amax = 0.0f;
+        for (int64_t k = g * kFp8Block; k < (g + 1) * kFp8Block; ++k) amax = std::max(amax, std::fabs(entry[k]));
+        const float scale = amax > 0.0f ? amax / kFp8E4M3Max : 1.0f;
+        for (int64_t k = g * kFp8Block; k < (g + 1) * kFp8Block; ++k) out[k] = f32_to_fp8e4m3(entry[k] / scale);
+        std::memcpy(out + kMlaFp8Lora + 4 * g, &scale, 4);
+    }
+    for (int64_t d = 0; d < kMlaFp8Rope; ++d) {
+        const uint16_t v = f32_to_bf16(entry[kMlaFp8Lora + d]);
+        std::memcpy(out + kMlaFp8Lora + 16 + 2 * d, &v, 2);
+    }
+}
+
+void dequantize_latent_entry_fp8(const uint8_t* in, float* entry) {
+    for (int64_t g = 0; g < kMlaFp8Lora / kFp8Block; ++g) {
+        float scale;
+        std::memcpy(&scale, in + kMlaFp8Lora + 4 * g, 4);
+        for (int64_t k = g * kFp8Block; k < (g + 1) * kFp8Block; ++k) entry[k] = fp8e4m3_to_f32(in[k]) * scale;
+    }
+    for (int64_t d = 0; d < kMlaFp8Rope; ++d) {
+        uint16_t v;
+        std::memcpy(&v, in + kMlaFp8Lora + 16 + 2 * d, 2);
+        entry[kMlaFp8Lora + d] = bf16_to_f32(v);
+    }
+}
 
 void kv_read(const LatentCache& cache, int64_t slot, float* out) {
     const size_t offset = static_cast<size_t>(slot) * static_cast<size_t>(cache.entry_dim);
@@ -192,8 +223,8 @@ void mha_prefill_cpu(const float* q, int64_t q_stride_t, int64_t q_stride_h, con
 }
 
 void mla_attention_absorbed(const Tensor& q, const LinearWeight& kv_b, const LatentCache& cache,
-                            const AttentionMetadata& meta, int64_t kv_lora, int64_t nope, int64_t v_dim,
-                            float scale, Tensor& out, const Stream& s) {
+                            const AttentionMetadata& meta, int64_t kv_lora, int64_t nope, int64_t v_dim, float scale,
+                            Tensor& out, const Stream& s) {
     check_attention_args(q, kv_b, cache, meta, kv_lora, nope, v_dim, out);
     const int64_t T = q.dim(0), H = q.dim(1), qk = q.dim(2);
     if (T == 0) return;
@@ -219,8 +250,7 @@ void mla_attention_absorbed(const Tensor& q, const LinearWeight& kv_b, const Lat
     parallel_for(s, H, 1, [&](int64_t h0, int64_t h1) {
         std::vector<float> w_uv(static_cast<size_t>(v_dim * kv_lora));
         for (int64_t h = h0; h < h1; ++h) {
-            for (int64_t d = 0; d < v_dim; ++d)
-                kv_b.row_f32(h * (nope + v_dim) + nope + d, w_uv.data() + d * kv_lora);
+            for (int64_t d = 0; d < v_dim; ++d) kv_b.row_f32(h * (nope + v_dim) + nope + d, w_uv.data() + d * kv_lora);
             for (int64_t t = 0; t < T; ++t) {
                 const float* ol = o_lat.data() + (t * H + h) * kv_lora;
                 float* oh = op + (t * H + h) * v_dim;

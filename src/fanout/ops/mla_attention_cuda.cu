@@ -10,6 +10,8 @@
 //   columns of the same tile (no second load): S reads it K-major, P·V reads it N-major through the
 //   same 128-byte-swizzled panels. Tiles arrive by TMA, one 8 KB panel per box, in two halves per
 //   buffer on their own mbarriers, each reloaded as soon as its last reader is done.
+//   With the FP8 cache (mla_fast_kernel<true>) each part's e4m3 bytes land in the upper half of its
+//   bf16 panels and the warpgroup that scores the tile writes them out as bf16 (dequant_half).
 // * mla_generic_kernel: one CTA per (token, head), f32 throughout; any widths, any block size.
 // * mla_combine_kernel: split-KV partials (o/l and log2-sum-exp per split) → bf16 output, launched as
 //   a programmatic dependent of the split kernel.
@@ -19,6 +21,8 @@
 // graph stays valid for any lengths. A split that sees no position of a row writes lse = −inf,
 // which the combine skips.
 #include <cuda.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -28,6 +32,7 @@
 
 #include "fanout/core/cuda_check.h"
 #include "fanout/ops/bf16_bits.cuh"
+#include "fanout/ops/fp8_constants.h"
 #include "fanout/ops/gemm.h"
 #include "fanout/ops/mla_attention_cuda.h"
 #include "fanout/ops/search.cuh"
@@ -66,7 +71,10 @@ constexpr int kPanelBytes = kRows * 128;           // one 64-column panel of 64 
 constexpr int kPanels = kChunks / 8;               // 9: eight of c_kv (V, and K), one of k_pe
 constexpr int kTileBytes = kPanels * kPanelBytes;  // 72 KB (Q and each kv buffer)
 constexpr int kFastThreads = 256;                  // two consumer warpgroups
-constexpr int kFastSmemBytes = 3 * kTileBytes + (2 * kRows + 2 * kRows + kRows) * 4 + 4 * 8 + 1024;
+// The FP8 cache (mla_attention.h): per entry 512 e4m3, four f32 scales, 64 bf16 rope values.
+constexpr int kFp8Entry = 656, kFp8ScaleOffset = 512, kFp8RopeOffset = 528;
+constexpr int kScaleBytes = kRows * 16;  // one part's box of scales: [64 rows][4 f32]
+constexpr int kFastSmemBytes = 3 * kTileBytes + 4 * kScaleBytes + (2 * kRows + 2 * kRows + kRows) * 4 + 4 * 8 + 1024;
 static_assert(kFastSmemBytes <= 227 * 1024, "fast MLA kernel's shared memory");
 // Cache rows the TMA descriptor spans (the cache's true size is not a launch parameter): block ids
 // below 2^24, 1.2 TB of one layer's cache.
@@ -225,6 +233,57 @@ __device__ __forceinline__ void store_p_scaled(uint8_t* sp, const float (&s)[32]
     store_p(sp, pf, r0, lane);
 }
 
+// 8 e4m3 values (bytes of x, low first) · scale → 8 bf16 (a 16-byte chunk of a panel row).
+__device__ __forceinline__ uint4 fp8x8_to_bf16(uint2 x, float scale) {
+    uint32_t out[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const auto pair = static_cast<__nv_fp8x2_storage_t>(((i < 2 ? x.x : x.y) >> (16 * (i % 2))) & 0xffffu);
+        const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
+        out[i] = sm90::pack_bf16_rn(f.x * scale, f.y * scale);
+    }
+    return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+// The FP8 cache: bf16 c_kv panels 4·half … 4·half + 3 of a kv buffer from the e4m3 bytes TMA staged
+// in the upper half of the same region (panels 4·half + 2 and + 3: two boxes of 128 columns, 128-byte
+// swizzle), times their rows' scales (`scales`: [64 rows][4 f32]); rows from `valid` on become
+// zeros (past kv_end a block holds anything, and 0 · NaN would poison P·V). Panels 0 and 1 of the
+// half do not overlap the staged bytes; panels 2 and 3 overwrite them, after every thread has read
+// its bytes (barrier `bar`, this warpgroup's). 128 threads: row t / 2, 32 columns of each panel.
+// Ends with the async-proxy fence and the barrier that let this warpgroup's wgmma read the panels.
+__device__ __forceinline__ void dequant_half(uint8_t* kv, int half, const uint8_t* scales, int valid, int t128,
+                                             int bar) {
+    const int r = t128 / 2, sub = t128 % 2;
+    uint8_t* const region = kv + half * 4 * kPanelBytes;
+    const uint8_t* const staged = region + 2 * kPanelBytes;
+    const float* sc = reinterpret_cast<const float*>(scales + r * 16) + 2 * half;
+#pragma unroll
+    for (int box = 0; box < 2; ++box) {  // panels 2·box and 2·box + 1 of the half, one scale
+        uint4 v[4];                      // panel j's 32 bytes: chunks 4j + 2·sub, + 1 of the box's row
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int c = 4 * (i / 2) + 2 * sub + i % 2;
+            v[i] = *reinterpret_cast<const uint4*>(staged + box * kPanelBytes + r * 128 + ((c ^ (r & 7)) << 4));
+        }
+        if (box == 1) sm90::named_barrier(bar, 128);  // every staged byte of the half is read
+        const float scale = r < valid ? sc[box] : 0.0f;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            uint8_t* const panel = region + (2 * box + j) * kPanelBytes + r * 128;
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {  // output chunk 4·sub + q: 8 values from half of v[2j + q / 2]
+                const uint4 w = v[2 * j + q / 2];
+                const uint2 x = q % 2 ? make_uint2(w.z, w.w) : make_uint2(w.x, w.y);
+                *reinterpret_cast<uint4*>(panel + (((4 * sub + q) ^ (r & 7)) << 4)) =
+                    r < valid ? fp8x8_to_bf16(x, scale) : make_uint4(0, 0, 0, 0);
+            }
+        }
+    }
+    sm90::fence_proxy_async();
+    sm90::named_barrier(bar, 128);
+}
+
 // Zeros rows [valid, 64) of the eight c_kv panels of a kv buffer (the tile past kv_end: a block
 // holds whatever was there, NaN included, and 0 · NaN would poison P·V). 128 threads.
 __device__ __forceinline__ void zero_tail_rows(uint8_t* kv, int valid, int t128) {
@@ -251,17 +310,26 @@ __device__ __forceinline__ void zero_tail_rows(uint8_t* kv, int valid, int t128)
 // that reads it last: left = c_kv panels 0–3 (+ k_pe of buffer 1, which then holds P_B), right =
 // panels 4–7 (+ k_pe of buffer 0, which then holds P_A). A part is reloaded with tile + 2 as soon
 // as that warpgroup's last wgmma on it completes, and S begins with the part that frees first.
+//
+// kFp8: the FP8 cache. tmap_cache then maps its e4m3 c_kv (128-byte boxes of 64 rows), tmap_scale
+// its scales and tmap_rope its bf16 rope part; each part's bytes land in the upper half of the
+// part's bf16 panels, with its scales, and the warpgroup that computes the tile's S turns them into
+// bf16 panels (dequant_half) before its S reads them — the other warpgroup reads them only after
+// the P hand-off, which follows.
+template <bool kFp8>
 __global__ void __launch_bounds__(kFastThreads, 1)
-    mla_fast_kernel(const __grid_constant__ CUtensorMap tmap_cache, const MlaAttentionParams p, int num_splits,
+    mla_fast_kernel(const __grid_constant__ CUtensorMap tmap_cache, const __grid_constant__ CUtensorMap tmap_rope,
+                    const __grid_constant__ CUtensorMap tmap_scale, const MlaAttentionParams p, int num_splits,
                     float scale_log2, float* part_o, float* part_lse) {
     extern __shared__ uint8_t smem_raw[];
     uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-    uint8_t* sq = smem;                                             // Q: [64 rows, 576] swizzled
-    uint8_t* skv = smem + kTileBytes;                               // two kv buffers
-    float* s_m = reinterpret_cast<float*>(smem + 3 * kTileBytes);   // [2 warpgroups][64 rows]
-    float* s_sum = s_m + 2 * kRows;                                 // [2][64]
-    int* s_limit = reinterpret_cast<int*>(s_sum + 2 * kRows);       // [64] visible positions per row
-    uint64_t* bars = reinterpret_cast<uint64_t*>(s_limit + kRows);  // [buffer][left, right]
+    uint8_t* sq = smem;                                                // Q: [64 rows, 576] swizzled
+    uint8_t* skv = smem + kTileBytes;                                  // two kv buffers
+    uint8_t* s_scale = smem + 3 * kTileBytes;                          // FP8: [buffer][part] scale boxes
+    float* s_m = reinterpret_cast<float*>(s_scale + 4 * kScaleBytes);  // [2 warpgroups][64 rows]
+    float* s_sum = s_m + 2 * kRows;                                    // [2][64]
+    int* s_limit = reinterpret_cast<int*>(s_sum + 2 * kRows);          // [64] visible positions per row
+    uint64_t* bars = reinterpret_cast<uint64_t*>(s_limit + kRows);     // [buffer][left, right]
 
     // wg through a shuffle: warp-uniform in the compiler's eyes, so the wgmma in its branches are
     // not serialized.
@@ -308,13 +376,22 @@ __global__ void __launch_bounds__(kFastThreads, 1)
     auto load_part = [&](int block, int buf) {
         uint64_t* bar = &bars[2 * buf + wg];
         const bool rope = (wg == 0) == (buf == 1);
-        sm90::mbar_arrive_expect_tx(bar, (rope ? 5 : 4) * kPanelBytes);
         const int row = block * kTile;
         uint8_t* dst = skv + buf * kTileBytes;
+        if constexpr (kFp8) {
+            sm90::mbar_arrive_expect_tx(bar, (rope ? 3 : 2) * kPanelBytes + kScaleBytes);
 #pragma unroll
-        for (int i = 4 * wg; i < 4 * wg + 4; ++i)
-            sm90::tma_load_2d(dst + i * kPanelBytes, &tmap_cache, bar, i * 64, row);
-        if (rope) sm90::tma_load_2d(dst + 8 * kPanelBytes, &tmap_cache, bar, 8 * 64, row);
+            for (int i = 0; i < 2; ++i)  // this half's 256 e4m3 columns → the upper half of its bf16 panels
+                sm90::tma_load_2d(dst + (4 * wg + 2 + i) * kPanelBytes, &tmap_cache, bar, wg * 256 + i * 128, row);
+            sm90::tma_load_2d(s_scale + (2 * buf + wg) * kScaleBytes, &tmap_scale, bar, 0, row);
+            if (rope) sm90::tma_load_2d(dst + 8 * kPanelBytes, &tmap_rope, bar, 0, row);
+        } else {
+            sm90::mbar_arrive_expect_tx(bar, (rope ? 5 : 4) * kPanelBytes);
+#pragma unroll
+            for (int i = 4 * wg; i < 4 * wg + 4; ++i)
+                sm90::tma_load_2d(dst + i * kPanelBytes, &tmap_cache, bar, i * 64, row);
+            if (rope) sm90::tma_load_2d(dst + 8 * kPanelBytes, &tmap_cache, bar, 8 * 64, row);
+        }
     };
     if (tid % 128 == 0) {
         load_part(blocks[tile_begin], 0);
@@ -363,7 +440,9 @@ __global__ void __launch_bounds__(kFastThreads, 1)
                 if (2 * k + 2 < num_local) block_next_a = blocks[ta + 2];
             }
             // S_A: the left part (freed first) then the right.
+            const int valid_a = ta == tail_tile ? tail_valid : kTile;
             sm90::mbar_wait(&bars[0], parity);
+            if constexpr (kFp8) dequant_half(kva, 0, s_scale, valid_a, tid, kBarOwnWg + 0);
             sm90::fence_regs(s);
             sm90::wgmma_fence();
             wgmma_s_panels(s, sq, kva, 0, 4, true);
@@ -373,12 +452,13 @@ __global__ void __launch_bounds__(kFastThreads, 1)
                 if (has_b && tid == 0) load_part(block_b, 1);
             }
             sm90::mbar_wait(&bars[1], parity);
+            if constexpr (kFp8) dequant_half(kva, 1, s_scale + kScaleBytes, valid_a, tid, kBarOwnWg + 0);
             sm90::wgmma_fence();  // (what ptxas would insert after the wait loop anyway)
             wgmma_s_panels(s, sq, kva, 4, 5, false);
             sm90::wgmma_commit();
             sm90::wgmma_wait<0>();
             sm90::fence_regs(s);
-            if (ta == tail_tile) {
+            if (!kFp8 && ta == tail_tile) {  // (the FP8 dequantization wrote those rows as zeros)
                 zero_tail_rows(kva, tail_valid, tid);
                 sm90::fence_proxy_async();
                 sm90::named_barrier(kBarOwnWg + 0, 128);
@@ -446,18 +526,21 @@ __global__ void __launch_bounds__(kFastThreads, 1)
                 if (2 * k + 2 < num_local) block_next_a = blocks[ta + 2];
             }
             if (has_b) {  // S_B: the right part (freed first) then the left
+                const int valid_b = tb == tail_tile ? tail_valid : kTile;
                 sm90::mbar_wait(&bars[3], parity);
+                if constexpr (kFp8) dequant_half(kvb, 1, s_scale + 3 * kScaleBytes, valid_b, tid - 128, kBarOwnWg + 1);
                 sm90::fence_regs(s);
                 sm90::wgmma_fence();
                 wgmma_s_panels(s, sq, kvb, 4, 4, true);
                 sm90::mbar_wait(&bars[2], parity);
+                if constexpr (kFp8) dequant_half(kvb, 0, s_scale + 2 * kScaleBytes, valid_b, tid - 128, kBarOwnWg + 1);
                 sm90::wgmma_fence();
                 wgmma_s_panels(s, sq, kvb, 0, 4, false);
                 wgmma_s_panels(s, sq, kvb, 8, 1, false);
                 sm90::wgmma_commit();
                 sm90::wgmma_wait<0>();
                 sm90::fence_regs(s);
-                if (tb == tail_tile) {
+                if (!kFp8 && tb == tail_tile) {
                     zero_tail_rows(kvb, tail_valid, tid - 128);
                     sm90::fence_proxy_async();
                     sm90::named_barrier(kBarOwnWg + 1, 128);
@@ -724,6 +807,41 @@ __global__ void __launch_bounds__(kCombineThreads)
 }
 
 // ======================================================================================
+// FP8 cache entries
+// ======================================================================================
+// A warp per entry: lane L holds c_kv values [16L, 16L + 16) (scale group L / 8) and, for L < 8,
+// rope bytes [16L, 16L + 16).
+__global__ void __launch_bounds__(128) quantize_latent_fp8_kernel(const uint16_t* in, int64_t n, uint8_t* out) {
+    const int64_t e = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
+    if (e >= n) return;
+    const int lane = threadIdx.x % 32;
+    const uint16_t* src = in + e * kDim;
+    uint8_t* dst = out + e * kFp8Entry;
+    const uint4 a = *reinterpret_cast<const uint4*>(src + 16 * lane),
+                b = *reinterpret_cast<const uint4*>(src + 16 * lane + 8);
+    const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    float v[16], amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        v[2 * i] = bf16_bits_to_float(uint16_t(w[i] & 0xffffu));
+        v[2 * i + 1] = bf16_bits_to_float(uint16_t(w[i] >> 16));
+        amax = fmaxf(amax, fmaxf(fabsf(v[2 * i]), fabsf(v[2 * i + 1])));
+    }
+#pragma unroll
+    for (int off = 1; off < 8; off <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    const float scale = amax > 0.0f ? amax / kFp8E4M3Max : 1.0f;
+    uint32_t q[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+        q[i / 4] |= uint32_t(__nv_cvt_float_to_fp8(v[i] / scale, __NV_SATFINITE, __NV_E4M3)) << (8 * (i % 4));
+    *reinterpret_cast<uint4*>(dst + 16 * lane) = make_uint4(q[0], q[1], q[2], q[3]);
+    if (lane % 8 == 0) *reinterpret_cast<float*>(dst + kFp8ScaleOffset + 4 * (lane / 8)) = scale;
+    if (lane < 8)
+        *reinterpret_cast<uint4*>(dst + kFp8RopeOffset + 16 * lane) =
+            *reinterpret_cast<const uint4*>(src + kLora + 8 * lane);
+}
+
+// ======================================================================================
 // Host
 // ======================================================================================
 void check_params(const MlaAttentionParams& p) {
@@ -736,9 +854,10 @@ void check_params(const MlaAttentionParams& p) {
                           "mla attention: needs 1 <= kv_lora <= 1024 and 1 <= rope <= 128" + dims);
     FANOUT_DEVICE_REQUIRE(p.block_size >= 1 && p.max_blocks >= 1 && p.max_query_len >= 1,
                           "mla attention: block_size, max_blocks and max_query_len must be positive" + dims);
-    FANOUT_DEVICE_REQUIRE(
-        p.query_start && p.kv_len && p.positions && p.block_table && p.cache && p.q_lat && p.q_pe && p.out,
-        "mla attention: a null device pointer" + dims);
+    FANOUT_DEVICE_REQUIRE(p.query_start && p.kv_len && p.positions && p.block_table && p.q_lat && p.q_pe && p.out,
+                          "mla attention: a null device pointer" + dims);
+    FANOUT_DEVICE_REQUIRE((p.cache == nullptr) != (p.cache_fp8 == nullptr),
+                          "mla attention: exactly one of cache (bf16) and cache_fp8 must be set" + dims);
 }
 
 bool aligned(const void* ptr, size_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
@@ -772,6 +891,41 @@ void launch_combine(const MlaAttentionParams& p, int splits, const float* part_o
     FANOUT_CUDA_CHECK_LAUNCH("mla_combine_kernel");
 }
 
+// The FP8 cache's three views, each [kTmapRows rows 656 bytes apart]: the e4m3 c_kv in boxes of 64
+// rows × 128 bytes (128-byte swizzle), the scales in 64 × 16 bytes (no swizzle), the bf16 rope part
+// in 64 × 64 values (128-byte swizzle: a k_pe panel as the bf16 cache's).
+struct Fp8CacheMaps {
+    CUtensorMap c_kv, scale, rope;
+};
+
+Fp8CacheMaps fp8_cache_tensor_maps(const uint8_t* cache) {
+    TensorMapSpec s;
+    s.type = CU_TENSOR_MAP_DATA_TYPE_UINT8;
+    s.elem_bytes = 1;
+    s.base = cache;
+    s.rank = 2;
+    s.dims[0] = kLora;
+    s.dims[1] = kTmapRows;
+    s.strides[0] = kFp8Entry;
+    s.box[0] = 128;
+    s.box[1] = kTile;
+    Fp8CacheMaps m;
+    m.c_kv = make_tensor_map(s, "mla attention: the FP8 cache's c_kv");
+    s.base = cache + kFp8ScaleOffset;
+    s.dims[0] = 16;
+    s.box[0] = 16;
+    s.swizzle = CU_TENSOR_MAP_SWIZZLE_NONE;
+    m.scale = make_tensor_map(s, "mla attention: the FP8 cache's scales");
+    s.type = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+    s.elem_bytes = 2;
+    s.base = cache + kFp8RopeOffset;
+    s.dims[0] = kRope;
+    s.box[0] = 64;
+    s.swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
+    m.rope = make_tensor_map(s, "mla attention: the FP8 cache's rope part");
+    return m;
+}
+
 // The cache as a [kTmapRows, 576] bf16 matrix in 64 × 64 boxes (one swizzled panel of one block).
 CUtensorMap cache_tensor_map(const uint16_t* cache) {
     TensorMapSpec s;
@@ -793,12 +947,23 @@ MlaWorkspace::MlaWorkspace(size_t partial_bytes) : partial_floats(partial_bytes 
 
 MlaWorkspace::~MlaWorkspace() { cudaFree(partials); }
 
+void launch_quantize_latent_fp8(const uint16_t* entries, int64_t n, uint8_t* out, void* cuda_stream) {
+    FANOUT_DEVICE_REQUIRE(n >= 0 && n / 4 < 0x7fffffff, "quantize_latent_fp8: " + std::to_string(n) + " entries");
+    FANOUT_DEVICE_REQUIRE(aligned(entries, 16) && aligned(out, 16),
+                          "quantize_latent_fp8: pointers must be 16-byte aligned");
+    if (n == 0) return;
+    quantize_latent_fp8_kernel<<<unsigned((n + 3) / 4), 128, 0, static_cast<cudaStream_t>(cuda_stream)>>>(entries, n,
+                                                                                                          out);
+    FANOUT_CUDA_CHECK_LAUNCH("quantize_latent_fp8_kernel");
+}
+
 MlaKernel mla_attention_kernel_for(const MlaAttentionParams& p) {
     const bool widths = p.kv_lora == kLora && p.rope_dim == kRope && p.block_size == kTile;
     // 16-byte cp.async of q rows; 16-byte stores of out rows.
-    const bool layout = aligned(p.q_lat, 16) && aligned(p.q_pe, 16) && aligned(p.cache, 16) && aligned(p.out, 16) &&
-                        p.q_lat_stride_t % 8 == 0 && p.q_lat_stride_h % 8 == 0 && p.q_pe_stride_t % 8 == 0 &&
-                        p.q_pe_stride_h % 8 == 0 && p.out_stride_t % 8 == 0 && p.out_stride_h % 8 == 0;
+    const bool layout = aligned(p.q_lat, 16) && aligned(p.q_pe, 16) && aligned(p.cache, 16) &&
+                        aligned(p.cache_fp8, 16) && aligned(p.out, 16) && p.q_lat_stride_t % 8 == 0 &&
+                        p.q_lat_stride_h % 8 == 0 && p.q_pe_stride_t % 8 == 0 && p.q_pe_stride_h % 8 == 0 &&
+                        p.out_stride_t % 8 == 0 && p.out_stride_h % 8 == 0;
     // Row maxima are taken on raw scores, which needs a positive scale (the generic kernel takes any).
     return widths && layout && p.scale > 0.0f && p.num_requests <= 65535 ? MlaKernel::kTensorCore : MlaKernel::kGeneric;
 }
@@ -806,6 +971,9 @@ MlaKernel mla_attention_kernel_for(const MlaAttentionParams& p) {
 void launch_mla_attention_generic(const MlaAttentionParams& p, MlaWorkspace* workspace, void* cuda_stream,
                                   int force_splits) {
     check_params(p);
+    FANOUT_DEVICE_REQUIRE(p.cache_fp8 == nullptr,
+                          "mla attention: the FP8 cache is read by the tensor-core kernel only (kv_lora 512, rope "
+                          "64, block 64, 16-byte-aligned rows, positive scale)");
     if (p.num_tokens == 0) return;
     const auto stream = static_cast<cudaStream_t>(cuda_stream);
     const int splits = pick_splits(int64_t(p.num_tokens) * p.num_heads, p, workspace, force_splits);
@@ -825,8 +993,9 @@ void launch_mla_attention(const MlaAttentionParams& p, MlaWorkspace* workspace, 
         return;
     }
     static const bool smem_set = [] {
-        FANOUT_CUDA_CHECK(
-            cudaFuncSetAttribute(mla_fast_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kFastSmemBytes));
+        for (auto kernel : {mla_fast_kernel<false>, mla_fast_kernel<true>})
+            FANOUT_CUDA_CHECK(
+                cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kFastSmemBytes));
         return true;
     }();
     (void)smem_set;
@@ -836,9 +1005,16 @@ void launch_mla_attention(const MlaAttentionParams& p, MlaWorkspace* workspace, 
     const int splits = pick_splits(row_blocks * p.num_requests, p, workspace, force_splits);
     float* part_o = splits > 1 ? workspace->partials : nullptr;
     float* part_lse = splits > 1 ? part_o + size_t(splits) * p.num_tokens * p.num_heads * kLora : nullptr;
-    const CUtensorMap tmap = cache_tensor_map(p.cache);
-    mla_fast_kernel<<<dim3(unsigned(row_blocks), unsigned(splits), unsigned(p.num_requests)), kFastThreads,
-                      kFastSmemBytes, stream>>>(tmap, p, splits, p.scale * kLog2e, part_o, part_lse);
+    const dim3 grid(unsigned(row_blocks), unsigned(splits), unsigned(p.num_requests));
+    if (p.cache_fp8 != nullptr) {
+        const Fp8CacheMaps m = fp8_cache_tensor_maps(p.cache_fp8);
+        mla_fast_kernel<true><<<grid, kFastThreads, kFastSmemBytes, stream>>>(m.c_kv, m.rope, m.scale, p, splits,
+                                                                              p.scale * kLog2e, part_o, part_lse);
+    } else {
+        const CUtensorMap tmap = cache_tensor_map(p.cache);
+        mla_fast_kernel<false><<<grid, kFastThreads, kFastSmemBytes, stream>>>(tmap, tmap, tmap, p, splits,
+                                                                               p.scale * kLog2e, part_o, part_lse);
+    }
     FANOUT_CUDA_CHECK_LAUNCH("mla_fast_kernel");
     if (splits > 1) launch_combine(p, splits, part_o, part_lse, stream);
 }

@@ -11,8 +11,11 @@
 //  * sm_90a tensor cores (wgmma) for DeepSeek-V3's widths — kv_lora 512, rope 64, block_size 64,
 //    16-byte-aligned q and out rows — any head count and query length: 64 (token, head) rows of one request
 //    per CTA, kv tiles of 64 (one cache block), online softmax in f32, the kv range split
-//    across CTAs when the batch alone would not fill the GPU, and a combine kernel;
-//  * a plain f32 kernel for everything else (kv_lora ≤ 1024, rope ≤ 128, any block size).
+//    across CTAs when the batch alone would not fill the GPU, and a combine kernel. It also reads
+//    the FP8 cache (`cache_fp8`, mla_attention.h's quantize_latent_entry_fp8: e4m3 c_kv with a scale
+//    per 128 values, bf16 rope), turning each tile into bf16 in shared memory before its scores;
+//  * a plain f32 kernel for everything else (kv_lora ≤ 1024, rope ≤ 128, any block size), bf16
+//    cache only.
 //
 // Graph-safe: the grid and the split count depend only on the host values of the params (token,
 // request and head counts, max_query_len, the SM count); kv lengths, positions and block tables
@@ -46,6 +49,10 @@ struct MlaAttentionParams {
     const int32_t* positions = nullptr;    // [T], positions[t] < kv_len[request of t]
     const int32_t* block_table = nullptr;  // [R, max_blocks]
     const uint16_t* cache = nullptr;       // one layer: [num_blocks, block_size, kv_lora + rope_dim] bf16
+    // Instead of `cache` (exactly one is set): the FP8 cache of mla_attention.h
+    // (quantize_latent_entry_fp8: 656 bytes per entry), [num_blocks, block_size, 656] bytes — the
+    // tensor-core kernel only.
+    const uint8_t* cache_fp8 = nullptr;
 
     // bf16 rows addressed by element strides; the innermost dimension is contiguous, so [T][H][C]
     // (stride_t = H·C, stride_h = C) and [H][T][C] (stride_t = C, stride_h = T·C) both work.
@@ -72,6 +79,10 @@ class MlaWorkspace {
     float* partials = nullptr;
     size_t partial_floats = 0;
 };
+
+// bf16 cache entries [n, 576] (kv_lora 512 + rope 64) → their FP8 form [n, 656] bytes, as
+// quantize_latent_entry_fp8 (mla_attention.h) computes it, byte for byte. 16-byte-aligned pointers.
+void launch_quantize_latent_fp8(const uint16_t* entries, int64_t n, uint8_t* out, void* cuda_stream);
 
 // Which kernel launch_mla_attention runs for these params (tests and benchmarks report it).
 enum class MlaKernel { kTensorCore, kGeneric };

@@ -33,9 +33,9 @@ CUtensorMap make_tensor_map(const TensorMapSpec& s, const char* what) {
     cuuint32_t box[5], elem[5];
     for (int i = 0; i < s.rank; ++i) dims[i] = s.dims[i], box[i] = s.box[i], elem[i] = 1;
     for (int i = 0; i + 1 < s.rank; ++i) strides[i] = s.strides[i];
-    const CUresult r = encoder()(&m, s.type, static_cast<cuuint32_t>(s.rank), const_cast<void*>(s.base), dims, strides,
-                                 box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, s.promotion,
-                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    const CUresult r =
+        encoder()(&m, s.type, static_cast<cuuint32_t>(s.rank), const_cast<void*>(s.base), dims, strides, box, elem,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, s.swizzle, s.promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) {
         std::string shape, boxes;
         for (int i = 0; i < s.rank; ++i) {

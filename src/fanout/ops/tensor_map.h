@@ -19,8 +19,9 @@ struct TensorMapSpec {
     int rank = 2;                // 1..5
     uint64_t dims[5] = {};       // elements, innermost first
     uint64_t strides[4] = {};    // bytes between consecutive indices of dims 1..rank-1 (multiples of 16)
-    uint32_t box[5] = {};        // box extents, innermost first (box[0] · elem_bytes = 128 for the swizzle)
+    uint32_t box[5] = {};        // box extents, innermost first (box[0] · elem_bytes ≤ 128 for the swizzle)
     CUtensorMapL2promotion promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+    CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
 };
 
 // Throws fanout::Error naming `what`, the dims, strides and the driver's error when the driver
