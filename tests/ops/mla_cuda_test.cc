@@ -217,10 +217,10 @@ struct DeviceProblem {
           positions(pb.positions.size()),
           block_table(pb.block_table.size()),
           cache(pb.cache.size()),
-          cache_fp8(pb.cache_fp8.size()),
           q_lat(pb.q_lat.size()),
           q_pe(pb.q_pe.size()),
-          out(size_t(pb.T) * pb.H * pb.C) {
+          out(size_t(pb.T) * pb.H * pb.C),
+          cache_fp8(pb.cache_fp8.size()) {
         refresh(pb);
     }
     void refresh(const Problem& pb) {

@@ -39,8 +39,9 @@ struct AttentionMetadata {
 
 // The FP8 form of a cache entry (the GPU decode kernel reads it: mla_attention_cuda.h), for
 // kv_lora 512 and rope 64, FlashMLA's layout for DeepSeek-V3.2: kMlaFp8EntryBytes bytes — the 512
-// c_kv values in e4m3, one f32 scale per 128 of them (value = e4m3 · scale, the block's largest
-// magnitude mapping to ±448), then the 64 rope values in bf16 (rotary angles keep their precision).
+// c_kv values in e4m3, one f32 scale per 128 of them (value = e4m3 · scale; fp8_cache_scale: the
+// block's largest magnitude / 448 rounded up to a bf16 value), then the 64 rope values in bf16
+// (rotary angles keep their precision).
 constexpr int64_t kMlaFp8Lora = 512, kMlaFp8Rope = 64;
 constexpr int64_t kMlaFp8EntryBytes = kMlaFp8Lora + 4 * 4 + kMlaFp8Rope * 2;  // 656
 // entry: [576] f32 -> out: [656] bytes.

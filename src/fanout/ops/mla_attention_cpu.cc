@@ -77,7 +77,7 @@ void quantize_latent_entry_fp8(const float* entry, uint8_t* out) {
     for (int64_t g = 0; g < kMlaFp8Lora / kFp8Block; ++g) {
         float amax = 0.0f;
         for (int64_t k = g * kFp8Block; k < (g + 1) * kFp8Block; ++k) amax = std::max(amax, std::fabs(entry[k]));
-        const float scale = amax > 0.0f ? amax / kFp8E4M3Max : 1.0f;
+        const float scale = fp8_cache_scale(amax);
         for (int64_t k = g * kFp8Block; k < (g + 1) * kFp8Block; ++k) out[k] = f32_to_fp8e4m3(entry[k] / scale);
         std::memcpy(out + kMlaFp8Lora + 4 * g, &scale, 4);
     }

@@ -233,14 +233,20 @@ __device__ __forceinline__ void store_p_scaled(uint8_t* sp, const float (&s)[32]
     store_p(sp, pf, r0, lane);
 }
 
-// 8 e4m3 values (bytes of x, low first) · scale → 8 bf16 (a 16-byte chunk of a panel row).
-__device__ __forceinline__ uint4 fp8x8_to_bf16(uint2 x, float scale) {
+// 8 e4m3 values (bytes of x, low first) · scale → 8 bf16 (a 16-byte chunk of a panel row), three
+// instructions a pair: e4m3 → f16 (exact); an f16 bit pattern shifted right by 3 (sign kept) is the
+// bf16 of the same value times 2^-112 (every e4m3 value is a normal f16; zero stays zero); one bf16x2
+// multiply by `scale2` = bf16(scale · 2^112) twice, exact since the format's scales are bf16 values
+// (fp8_cache_scale) — so the product is rounded once, as the reference's e4m3 · scale in f32 then bf16.
+__device__ __forceinline__ uint4 fp8x8_to_bf16(uint2 x, uint32_t scale2) {
     uint32_t out[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const auto pair = static_cast<__nv_fp8x2_storage_t>(((i < 2 ? x.x : x.y) >> (16 * (i % 2))) & 0xffffu);
-        const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
-        out[i] = sm90::pack_bf16_rn(f.x * scale, f.y * scale);
+        const __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+        const uint32_t h = uint32_t(h2.x) | (uint32_t(h2.y) << 16);
+        const uint32_t b = ((h >> 3) & 0x0fff0fffu) | (h & 0x80008000u);
+        asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(out[i]) : "r"(b), "r"(scale2));
     }
     return make_uint4(out[0], out[1], out[2], out[3]);
 }
@@ -267,7 +273,7 @@ __device__ __forceinline__ void dequant_half(uint8_t* kv, int half, const uint8_
             v[i] = *reinterpret_cast<const uint4*>(staged + box * kPanelBytes + r * 128 + ((c ^ (r & 7)) << 4));
         }
         if (box == 1) sm90::named_barrier(bar, 128);  // every staged byte of the half is read
-        const float scale = r < valid ? sc[box] : 0.0f;
+        const uint32_t scale_bits = __float_as_uint(sc[box] * 0x1p112f) >> 16, scale2 = scale_bits | (scale_bits << 16);
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
             uint8_t* const panel = region + (2 * box + j) * kPanelBytes + r * 128;
@@ -276,7 +282,7 @@ __device__ __forceinline__ void dequant_half(uint8_t* kv, int half, const uint8_
                 const uint4 w = v[2 * j + q / 2];
                 const uint2 x = q % 2 ? make_uint2(w.z, w.w) : make_uint2(w.x, w.y);
                 *reinterpret_cast<uint4*>(panel + (((4 * sub + q) ^ (r & 7)) << 4)) =
-                    r < valid ? fp8x8_to_bf16(x, scale) : make_uint4(0, 0, 0, 0);
+                    r < valid ? fp8x8_to_bf16(x, scale2) : make_uint4(0, 0, 0, 0);
             }
         }
     }
@@ -829,7 +835,7 @@ __global__ void __launch_bounds__(128) quantize_latent_fp8_kernel(const uint16_t
     }
 #pragma unroll
     for (int off = 1; off < 8; off <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-    const float scale = amax > 0.0f ? amax / kFp8E4M3Max : 1.0f;
+    const float scale = fp8_cache_scale(amax);
     uint32_t q[4] = {0, 0, 0, 0};
 #pragma unroll
     for (int i = 0; i < 16; ++i)
