@@ -90,8 +90,6 @@ nlohmann::json run_mha_prefill_point(ops::DeviceContext& dc, int heads, int toke
             {"pct_bf16_peak", pct}};
 }
 
-}  // namespace
-
 // Relative L2 error of `got` against `want` (bf16 rows of `width`), overall and of the worst row.
 std::pair<double, double> bf16_rel_error(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want,
                                          size_t width) {
@@ -108,6 +106,8 @@ std::pair<double, double> bf16_rel_error(const std::vector<uint16_t>& got, const
     }
     return {std::sqrt(num / std::max(den, 1e-30)), worst};
 }
+
+}  // namespace
 
 // One decode point, twice: the bf16 cache, then the same values in the FP8 cache (quantized on the
 // device); the FP8 row's error is its output against the bf16 cache's.
@@ -160,8 +160,8 @@ nlohmann::json run_mla_bench_point(int batch, int query_len, int kv_len, int hea
     const double flops = 2.0 * T * heads * double(kv_len) * (kEntry + kLora);
     nlohmann::json rows = nlohmann::json::array();
     std::vector<uint16_t> out_bf16;
+    DevicePtr<uint8_t> cache_fp8(cache_elems / kEntry * ops::kMlaFp8EntryBytes);
     for (const bool fp8 : {false, true}) {
-        DevicePtr<uint8_t> cache_fp8(fp8 ? cache_elems / kEntry * ops::kMlaFp8EntryBytes : 1);
         if (fp8) {
             ops::launch_quantize_latent_fp8(cache.p, int64_t(cache_elems / kEntry), cache_fp8.p, stream);
             p.cache = nullptr, p.cache_fp8 = cache_fp8.p;

@@ -14,6 +14,7 @@
 
 #include "fanout/core/tensor.h"
 #include "fanout/core/thread_pool.h"
+#include "fanout/ops/fp8_constants.h"
 #include "fanout/ops/linear.h"
 
 namespace fanout::ops {
@@ -41,9 +42,7 @@ struct AttentionMetadata {
 // kv_lora 512 and rope 64, FlashMLA's layout for DeepSeek-V3.2: kMlaFp8EntryBytes bytes — the 512
 // c_kv values in e4m3, one f32 scale per 128 of them (value = e4m3 · scale; fp8_cache_scale: the
 // block's largest magnitude / 448 rounded up to a bf16 value), then the 64 rope values in bf16
-// (rotary angles keep their precision).
-constexpr int64_t kMlaFp8Lora = 512, kMlaFp8Rope = 64;
-constexpr int64_t kMlaFp8EntryBytes = kMlaFp8Lora + 4 * 4 + kMlaFp8Rope * 2;  // 656
+// (rotary angles keep their precision). The constants are in fp8_constants.h.
 // entry: [576] f32 -> out: [656] bytes.
 void quantize_latent_entry_fp8(const float* entry, uint8_t* out);
 // in: [656] bytes -> entry: [576] f32 (the values the kernel computes with, before its bf16 rounding).

@@ -79,23 +79,23 @@ void quantize_latent_entry_fp8(const float* entry, uint8_t* out) {
         for (int64_t k = g * kFp8Block; k < (g + 1) * kFp8Block; ++k) amax = std::max(amax, std::fabs(entry[k]));
         const float scale = fp8_cache_scale(amax);
         for (int64_t k = g * kFp8Block; k < (g + 1) * kFp8Block; ++k) out[k] = f32_to_fp8e4m3(entry[k] / scale);
-        std::memcpy(out + kMlaFp8Lora + 4 * g, &scale, 4);
+        std::memcpy(out + kMlaFp8ScaleOffset + 4 * g, &scale, 4);
     }
     for (int64_t d = 0; d < kMlaFp8Rope; ++d) {
         const uint16_t v = f32_to_bf16(entry[kMlaFp8Lora + d]);
-        std::memcpy(out + kMlaFp8Lora + 16 + 2 * d, &v, 2);
+        std::memcpy(out + kMlaFp8RopeOffset + 2 * d, &v, 2);
     }
 }
 
 void dequantize_latent_entry_fp8(const uint8_t* in, float* entry) {
     for (int64_t g = 0; g < kMlaFp8Lora / kFp8Block; ++g) {
         float scale;
-        std::memcpy(&scale, in + kMlaFp8Lora + 4 * g, 4);
+        std::memcpy(&scale, in + kMlaFp8ScaleOffset + 4 * g, 4);
         for (int64_t k = g * kFp8Block; k < (g + 1) * kFp8Block; ++k) entry[k] = fp8e4m3_to_f32(in[k]) * scale;
     }
     for (int64_t d = 0; d < kMlaFp8Rope; ++d) {
         uint16_t v;
-        std::memcpy(&v, in + kMlaFp8Lora + 16 + 2 * d, 2);
+        std::memcpy(&v, in + kMlaFp8RopeOffset + 2 * d, 2);
         entry[kMlaFp8Lora + d] = bf16_to_f32(v);
     }
 }

@@ -71,8 +71,8 @@ constexpr int kPanelBytes = kRows * 128;           // one 64-column panel of 64 
 constexpr int kPanels = kChunks / 8;               // 9: eight of c_kv (V, and K), one of k_pe
 constexpr int kTileBytes = kPanels * kPanelBytes;  // 72 KB (Q and each kv buffer)
 constexpr int kFastThreads = 256;                  // two consumer warpgroups
-// The FP8 cache (mla_attention.h): per entry 512 e4m3, four f32 scales, 64 bf16 rope values.
-constexpr int kFp8Entry = 656, kFp8ScaleOffset = 512, kFp8RopeOffset = 528;
+// The FP8 cache: fp8_constants.h's layout, for these widths.
+static_assert(kMlaFp8Lora == kLora && kMlaFp8Rope == kRope, "the FP8 cache's widths");
 constexpr int kScaleBytes = kRows * 16;  // one part's box of scales: [64 rows][4 f32]
 constexpr int kFastSmemBytes = 3 * kTileBytes + 4 * kScaleBytes + (2 * kRows + 2 * kRows + kRows) * 4 + 4 * 8 + 1024;
 static_assert(kFastSmemBytes <= 227 * 1024, "fast MLA kernel's shared memory");
@@ -822,7 +822,7 @@ __global__ void __launch_bounds__(128) quantize_latent_fp8_kernel(const uint16_t
     if (e >= n) return;
     const int lane = threadIdx.x % 32;
     const uint16_t* src = in + e * kDim;
-    uint8_t* dst = out + e * kFp8Entry;
+    uint8_t* dst = out + e * kMlaFp8EntryBytes;
     const uint4 a = *reinterpret_cast<const uint4*>(src + 16 * lane),
                 b = *reinterpret_cast<const uint4*>(src + 16 * lane + 8);
     const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
@@ -841,9 +841,9 @@ __global__ void __launch_bounds__(128) quantize_latent_fp8_kernel(const uint16_t
     for (int i = 0; i < 16; ++i)
         q[i / 4] |= uint32_t(__nv_cvt_float_to_fp8(v[i] / scale, __NV_SATFINITE, __NV_E4M3)) << (8 * (i % 4));
     *reinterpret_cast<uint4*>(dst + 16 * lane) = make_uint4(q[0], q[1], q[2], q[3]);
-    if (lane % 8 == 0) *reinterpret_cast<float*>(dst + kFp8ScaleOffset + 4 * (lane / 8)) = scale;
+    if (lane % 8 == 0) *reinterpret_cast<float*>(dst + kMlaFp8ScaleOffset + 4 * (lane / 8)) = scale;
     if (lane < 8)
-        *reinterpret_cast<uint4*>(dst + kFp8RopeOffset + 16 * lane) =
+        *reinterpret_cast<uint4*>(dst + kMlaFp8RopeOffset + 16 * lane) =
             *reinterpret_cast<const uint4*>(src + kLora + 8 * lane);
 }
 
@@ -912,19 +912,19 @@ Fp8CacheMaps fp8_cache_tensor_maps(const uint8_t* cache) {
     s.rank = 2;
     s.dims[0] = kLora;
     s.dims[1] = kTmapRows;
-    s.strides[0] = kFp8Entry;
+    s.strides[0] = kMlaFp8EntryBytes;
     s.box[0] = 128;
     s.box[1] = kTile;
     Fp8CacheMaps m;
     m.c_kv = make_tensor_map(s, "mla attention: the FP8 cache's c_kv");
-    s.base = cache + kFp8ScaleOffset;
+    s.base = cache + kMlaFp8ScaleOffset;
     s.dims[0] = 16;
     s.box[0] = 16;
     s.swizzle = CU_TENSOR_MAP_SWIZZLE_NONE;
     m.scale = make_tensor_map(s, "mla attention: the FP8 cache's scales");
     s.type = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
     s.elem_bytes = 2;
-    s.base = cache + kFp8RopeOffset;
+    s.base = cache + kMlaFp8RopeOffset;
     s.dims[0] = kRope;
     s.box[0] = 64;
     s.swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
