@@ -268,10 +268,11 @@ nlohmann::json bench_dense(Context& c, const KernelsBenchOptions& opts) {
                 nlohmann::json all = nlohmann::json::array();
                 const int nkb = int((sh.k + 127) / 128);
                 for (int cluster : {1, 2})
-                    for (int bm : {64, 128})
+                    for (int bm : {64, 128, 192})
                         for (int bn : {64, 128, 256})
                             for (int splits : {1, 2, 4, 8}) {
                                 if (splits > 1 && nkb / splits < 2) continue;
+                                if (bm == 192 && bn != 128) continue;  // the one 192-row shape
                                 const ops::GemmConfig cfg{bm, bn, splits, cluster};
                                 const size_t tiles = size_t((M + bm - 1) / bm) * size_t((sh.n + bn - 1) / bn);
                                 if (splits > 1 && tiles * splits * bm * bn > c.gemm_ws.partial_floats) continue;
@@ -354,7 +355,8 @@ nlohmann::json bench_grouped(Context& c) {
             double best_us = us;
             for (const ops::GemmConfig cfg :
                  {ops::GemmConfig{128, 128, 1}, ops::GemmConfig{64, 256, 1}, ops::GemmConfig{128, 256, 1},
-                  ops::GemmConfig{128, 128, 1, 2}, ops::GemmConfig{128, 256, 1, 2}}) {
+                  ops::GemmConfig{128, 128, 1, 2}, ops::GemmConfig{128, 256, 1, 2}, ops::GemmConfig{192, 128, 1},
+                  ops::GemmConfig{192, 128, 1, 2}}) {
                 const double t = run(cfg);
                 variants.push_back({{"config", config_name(cfg)}, {"us", t}});
                 if (t < best_us) best_us = t, best_name = config_name(cfg);

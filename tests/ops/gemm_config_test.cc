@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <utility>
 
 #include "fanout/ops/gemm.h"
 
@@ -37,6 +38,11 @@ TEST(GemmConfig, CublasLtAtPrefillSizesOnly) {
         EXPECT_FALSE(pick_gemm_config(M, 384, 512, 132, true).cublaslt) << M;    // the rule
     }
     EXPECT_TRUE(pick_gemm_config(600, 384, 512, 132, true).cublaslt);  // the rule, past M = 256
+    // Up to M = 1024 the tile kernel beats cuBLASLt (with its scale transpose) on qkv_a, q_b, kv_b.
+    for (auto [N, K] : {std::pair{2112, 7168}, {24576, 1536}, {32768, 512}}) {
+        EXPECT_FALSE(pick_gemm_config(1024, N, K, 132, true).cublaslt) << N;
+        EXPECT_TRUE(pick_gemm_config(1025, N, K, 132, true).cublaslt) << N;
+    }
 }
 
 TEST(GemmConfig, NoSplitWithoutAWorkspace) {

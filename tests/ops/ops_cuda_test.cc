@@ -199,13 +199,16 @@ TEST(GemmFp8Cuda, EveryTileShapeSplitClusterAndTheResidual) {
     ThreadPool pool(0);
     GemmWorkspace ws;
     for (int cluster : {1, 2})
-        for (int bm : {64, 128})
+        for (int bm : {64, 128, 192})
             for (int bn : {64, 128, 256})
                 for (int splits : {1, 3, 8}) {
+                    if (bm == 192 && bn != 128) continue;  // three consumer warpgroups come in one width
                     const GemmConfig cfg{bm, bn, splits, cluster};
                     const uint64_t seed = 7 + bm + bn + splits + cluster;
                     // 129 rows: a partial last tile, and with clusters a pair whose second tile is past M.
                     run_dense(Fp8Operands(129, 200, 1040, seed), cfg, &ws, splits == 3, pool);
+                    // 400 rows: 192-row tiles whose last holds 16 rows (the third warpgroup's none).
+                    if (bm == 192) run_dense(Fp8Operands(400, 264, 1040, seed + 3), cfg, &ws, splits == 1, pool);
                     run_dense(Fp8Operands(5, 384, 768, seed + 1), cfg, &ws, false, pool);
                     // N % 8 != 0: every row block stores from registers (no TMA store).
                     run_dense(Fp8Operands(70, 131, 256, seed + 2), cfg, &ws, splits == 1, pool);
@@ -329,6 +332,16 @@ TEST(GroupedGemmFp8Cuda, ContiguousMatchesCpuReference) {
                                   std::to_string(cfg.block_n));
         }
     }
+    // 192-row tiles would straddle two experts' blocks: refused before anything runs.
+    DeviceFp8 d(o);
+    DeviceBuffer<int32_t> dbe(block_expert.size());
+    dbe.upload(block_expert.data());
+    DeviceBuffer<uint16_t> dy(size_t(rows) * N);
+    const std::string msg = fanout::testing::error_of([&] {
+        launch_grouped_gemm_fp8_contiguous(d.x.ptr, d.sx.ptr, rows, dbe.ptr, d.w.ptr, d.sw.ptr, E, N, K, dy.ptr,
+                                           nullptr, GemmConfig{192, 128, 1});
+    });
+    EXPECT_NE(msg.find("128-row expert block"), std::string::npos) << msg;
 }
 
 // Masked layout: rows past each count untouched; captured once in a CUDA graph and replayed with
@@ -343,8 +356,8 @@ TEST(GroupedGemmFp8Cuda, MaskedMatchesCpuReferenceAndReplaysInAGraph) {
     DeviceBuffer<uint16_t> dy(size_t(E) * max_m * N);
     cudaStream_t stream;
     FANOUT_CUDA_CHECK(cudaStreamCreate(&stream));
-    for (GemmConfig cfg :
-         {GemmConfig{}, GemmConfig{128, 128, 1, 2}, GemmConfig{64, 64, 1}, GemmConfig{64, 256, 1, 2}}) {
+    for (GemmConfig cfg : {GemmConfig{}, GemmConfig{128, 128, 1, 2}, GemmConfig{64, 64, 1}, GemmConfig{64, 256, 1, 2},
+                           GemmConfig{192, 128, 1}, GemmConfig{192, 128, 1, 2}}) {
         const cudaGraphExec_t exec = capture_graph(stream, [&] {
             launch_grouped_gemm_fp8_masked(d.x.ptr, d.sx.ptr, dcounts.ptr, E, max_m, d.w.ptr, d.sw.ptr, N, K, dy.ptr,
                                            64, stream, cfg);

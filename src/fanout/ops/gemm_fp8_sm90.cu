@@ -54,8 +54,9 @@ constexpr int kProducerRegs = 56;
 // so one streams while the other starts or finishes a tile, and a PDL-launched next GEMM finds
 // room; each then gets half of the registers and of the shared-memory budget.
 __host__ __device__ constexpr int ctas_per_sm(int bm, int bn) { return bm == 64 && bn <= 128 ? 2 : 1; }
+// Three consumer warpgroups (192-row tiles): 128·56 + 384·152 = 65,536.
 __host__ __device__ constexpr int consumer_regs(int consumers, int ctas) {
-    return ctas == 2 ? 200 : consumers == 1 ? 232 : 224;
+    return ctas == 2 ? 200 : consumers == 1 ? 232 : consumers == 2 ? 224 : 152;
 }
 
 enum class Layout { kDense, kContiguous, kMasked };
@@ -165,7 +166,10 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "stages must keep 1024-byte alignment");
 
     extern __shared__ uint8_t smem_raw[];
-    uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+    // Aligned by an offset from smem_raw (not by rounding a generic pointer), so every pointer
+    // derived from it stays visibly in shared memory: the compiler then uses shared loads and
+    // 32-bit addresses instead of generic ones it rebuilds per K block (PERF.md, 2026-12-02).
+    uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
     // Per stage: the x and W tiles, then the stage's scales (sx of the tile's rows, sw of its one or
     // two 128-column blocks), then the ring's barriers.
     uint8_t* epilogue = smem + STAGES * kStageBytes;  // per consumer warpgroup: one 64×64 bf16 block
@@ -305,42 +309,48 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     const int ctid = threadIdx.x - 128;  // 0 .. 128·kConsumers
     const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
     const int r_lo = 64 * consumer + 16 * warp + lane / 4;  // this thread's rows in the tile: r_lo, r_lo + 8
+    // The K loop addresses shared memory from one 32-bit base and compile-time offsets, and steps
+    // the wgmma descriptors' low words by adds: built per K block from pointers, these addresses
+    // took ~100 dependent instructions on the wait → promote → issue chain that bounds the tensor
+    // cores' use (Nsight Compute, PERF.md 2026-12-02).
+    uint32_t base = smem_addr(smem);
+    opaque(base);  // one register: left visible, the compiler rebuilds it at every K block
+    constexpr uint32_t kScalesOff = STAGES * kStageBytes + kConsumers * kEpilogueBytes;
+    constexpr uint32_t kFullOff = kScalesOff + STAGES * kScaleFloats * 4, kEmptyOff = kFullOff + 8 * STAGES;
+    constexpr uint32_t kStageDesc = kStageBytes / 16, kHalfDesc = kWN * kBK / 16;
     int s = 0;
     uint32_t phase = 0;
     for (int t = first; t < total; t += stride) {
-        const Tile tile = sched.get(t, rank);
-        // With clusters a tile past M still runs its pipeline (the peer's W rows come through it).
-        if (CL == 1 && tile.rows <= 0) continue;
+        int kb0, kb1;
+        {
+            const Tile tile = sched.get(t, rank);
+            // With clusters a tile past M still runs its pipeline (the peer's W rows come through it).
+            if (CL == 1 && tile.rows <= 0) continue;
+            kb0 = tile.kb0;
+            kb1 = tile.kb1;
+        }
+        opaque(kb1);  // kept, not recomputed from the parameters per K block
         float acc[kAcc];
 #pragma unroll
         for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
-        // This thread's row scales and the W block scales of stage `stage_idx` (read before the
-        // stage is released).
-        auto stage_scales = [&](int stage_idx, float(&sb)[kHalves], float& lo, float& hi) {
-            const float* src = scales + stage_idx * kScaleFloats;
-            lo = src[r_lo];
-            hi = src[r_lo + 8];
-#pragma unroll
-            for (int h = 0; h < kHalves; ++h) sb[h] = src[BM + h];
-        };
-        // Four k32 wgmmas over one stage (columns h·kWN.. of the W tile) into `part`, committed.
-        auto issue = [&](int stage_idx, int h, float(&part)[kPart]) {
-            const uint8_t* stage = smem + stage_idx * kStageBytes;
-            const uint64_t da = desc_k_major_sw128(stage + consumer * 64 * kBK);
-            const uint64_t db = desc_k_major_sw128(stage + kABytes + h * kWN * kBK);
+        // Four k32 wgmmas over stage `st` (columns h·kWN.. of the W tile) into `part`, committed.
+        auto issue = [&](int st, int h, float(&part)[kPart]) {
+            const uint32_t a_lo = desc_k_major_sw128_lo(base) + st * kStageDesc + consumer * (64 * kBK / 16);
+            const uint32_t b_lo = desc_k_major_sw128_lo(base) + st * kStageDesc + kABytes / 16 + h * kHalfDesc;
             wgmma_fence();
 #pragma unroll
-            for (int k = 0; k < kBK / 32; ++k) Wgmma<kWN>::mma(part, da + 2 * k, db + 2 * k, k > 0 ? 1 : 0);
+            for (int k = 0; k < kBK / 32; ++k)
+                Wgmma<kWN>::mma(part, desc_from_lo(a_lo + 2 * k), desc_from_lo(b_lo + 2 * k), k > 0 ? 1 : 0);
             wgmma_commit();
         };
         // The stage's last reader hands it back to the producer(s).
-        auto release = [&](int stage_idx) {
-            mbar_arrive(&empty[stage_idx]);
+        auto release = [&](int st) {
+            const uint32_t bar = base + kEmptyOff + 8 * st;
+            mbar_arrive(bar);
             if constexpr (CL > 1) {
                 __syncwarp();
                 if (lane == 0)
-                    for (int c = 0; c < CL; ++c)
-                        if (c != rank) mbar_arrive_cluster(&empty[stage_idx], c);
+                    for (int c = 1; c < CL; ++c) mbar_arrive_cluster(bar, (rank + c) % CL);
             }
         };
         auto promote = [&](const float(&part)[kPart], float* a, float s_lo, float s_hi) {
@@ -352,9 +362,6 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
                 a[4 * j + 3] = fmaf(part[4 * j + 3], s_hi, a[4 * j + 3]);
             }
         };
-        auto advance = [&] {
-            if (++s == STAGES) s = 0, phase ^= 1;
-        };
         // Per K block: each half's wgmmas into a fresh partial, wait, promote. Keeping two
         // partials so that block kb + 1's wgmmas overlap kb's promotion was tried twice: with the
         // issue in a branch ptxas serialized the wgmmas (C7518) and it measured no faster;
@@ -363,10 +370,14 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
         // warpgroup fills the gap instead: making the two take turns at issuing (a pair of named
         // barriers, so one's batch runs while the other promotes) measured no faster (PERF.md,
         // 2026-12-02), so they already overlap on their own.
-        for (int kb = tile.kb0; kb < tile.kb1; ++kb) {
-            mbar_wait(&full[s], phase);
-            float sb[kHalves], sa_lo, sa_hi;
-            stage_scales(s, sb, sa_lo, sa_hi);
+        for (int kb = kb0; kb < kb1; ++kb) {
+            mbar_wait(base + kFullOff + 8 * s, phase);
+            // This thread's row scales and the W block scales of the stage (read before it is released).
+            const float* st_scales = scales + s * kScaleFloats;
+            const float sa_lo = st_scales[r_lo], sa_hi = st_scales[r_lo + 8];
+            float sb[kHalves];
+#pragma unroll
+            for (int h = 0; h < kHalves; ++h) sb[h] = st_scales[BM + h];
 #pragma unroll
             for (int h = 0; h < kHalves; ++h) {
                 float part[kPart];
@@ -376,8 +387,9 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
                 if (h == kHalves - 1) release(s);
                 promote(part, acc + h * kPart, sa_lo * sb[h], sa_hi * sb[h]);
             }
-            advance();
+            if (++s == STAGES) s = 0, phase ^= 1;
         }
+        const Tile tile = sched.get(t, rank);  // again: kept across the K loop it would take registers
         if (tile.rows <= 0) continue;
 
         if constexpr (L == Layout::kDense) {
@@ -519,7 +531,8 @@ CUtensorMap tmap_y(const void* y, uint64_t rows, uint64_t N) {
 
 template <int BM, int BN>
 constexpr int stages() {
-    constexpr int fit = kSmemBudget / ctas_per_sm(BM, BN) / ((BM + BN) * kBK);
+    constexpr int budget = BM == 192 ? 168 * 1024 : kSmemBudget;  // 192 rows: three epilogue buffers
+    constexpr int fit = budget / ctas_per_sm(BM, BN) / ((BM + BN) * kBK);
     return fit < 16 ? fit : 16;
 }
 
@@ -581,6 +594,9 @@ void launch_config(const Operands& o, const Params& p, cudaStream_t stream) {
 template <Layout L>
 void launch_layout(const GemmConfig& cfg, const Operands& o, const Params& p, cudaStream_t stream) {
     const bool pair = cfg.cluster == 2;
+    FANOUT_DEVICE_REQUIRE(L != Layout::kContiguous || cfg.block_m <= 128,
+                          "gemm_fp8: the contiguous layout's tiles stay inside one 128-row expert block (block_m " +
+                              std::to_string(cfg.block_m) + ")");
     FANOUT_DEVICE_REQUIRE(
         cfg.cluster == 1 || (pair && L != Layout::kContiguous),
         "gemm_fp8: clusters of " + std::to_string(cfg.cluster) + " (have 1, and 2 for the dense and masked layouts)");
@@ -596,9 +612,10 @@ void launch_layout(const GemmConfig& cfg, const Operands& o, const Params& p, cu
     FANOUT_GEMM_CASE(128, 64)
     FANOUT_GEMM_CASE(128, 128)
     FANOUT_GEMM_CASE(128, 256)
+    FANOUT_GEMM_CASE(192, 128)
 #undef FANOUT_GEMM_CASE
     FANOUT_DEVICE_REQUIRE(false, "gemm_fp8: no kernel for block_m " + std::to_string(cfg.block_m) + " × block_n " +
-                                     std::to_string(cfg.block_n) + " (have 64|128 × 64|128|256)");
+                                     std::to_string(cfg.block_n) + " (have 64|128 × 64|128|256, 192 × 128)");
 }
 
 void check_operands(const void* x, const void* w, int N, int K, const char* what) {

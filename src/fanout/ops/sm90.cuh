@@ -17,6 +17,11 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// Hides a value's origin from the compiler, so it keeps it in a register instead of rebuilding it
+// (rematerializing) inside a hot loop.
+__device__ __forceinline__ void opaque(uint32_t& v) { asm volatile("" : "+r"(v)); }
+__device__ __forceinline__ void opaque(int& v) { asm volatile("" : "+r"(v)); }
+
 // ---- mbarrier ----
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
@@ -27,19 +32,23 @@ __device__ __forceinline__ void mbar_fence_init() { asm volatile("fence.mbarrier
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
 }
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+// The barrier as a shared-memory address (hot loops keep these as 32-bit values instead of
+// converting a generic pointer each time) or as a pointer.
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) { mbar_arrive(smem_addr(bar)); }
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
     uint32_t done = 0;
     do {
         asm volatile(
             "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
             : "=r"(done)
-            : "r"(smem_addr(bar)), "r"(parity)
+            : "r"(bar), "r"(parity)
             : "memory");
     } while (!done);
 }
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) { mbar_wait(smem_addr(bar), parity); }
 
 // ---- clusters ----
 __device__ __forceinline__ uint32_t cluster_rank() {
@@ -53,10 +62,13 @@ __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 // Arrives on the mbarrier at `bar`'s offset in CTA `rank` of the cluster.
-__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t rank) {
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
     uint32_t remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(bar)), "r"(rank));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(rank));
     asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t rank) {
+    mbar_arrive_cluster(smem_addr(bar), rank);
 }
 
 // ---- TMA: a 2-D box of `tmap` at (inner coordinate c0, row c1) into shared memory, completing on bar ----
@@ -130,9 +142,18 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
 // ---- wgmma ----
 // Descriptor of a K-major tile of 128-byte rows in 128-byte swizzle: 8-row core groups 1024 bytes
 // apart (stride byte offset), leading byte offset unused by this layout.
+// In two words: the low one carries the start address (and the unused leading offset), the high
+// one only constants (the 1024-byte stride between 8-row groups, 128-byte swizzle), so a loop can
+// step the low word by plain 32-bit adds.
+__device__ __forceinline__ uint32_t desc_k_major_sw128_lo(uint32_t smem_address) {
+    return ((smem_address & 0x3FFFF) >> 4) | (1u << 16);
+}
+constexpr uint32_t kDescKMajorSw128Hi = (1024 >> 4) | (1u << 30);
+__device__ __forceinline__ uint64_t desc_from_lo(uint32_t lo, uint32_t hi = kDescKMajorSw128Hi) {
+    return (uint64_t{hi} << 32) | lo;
+}
 __device__ __forceinline__ uint64_t desc_k_major_sw128(const void* tile) {
-    const uint64_t addr = smem_addr(tile);
-    return ((addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+    return desc_from_lo(desc_k_major_sw128_lo(smem_addr(tile)));
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
