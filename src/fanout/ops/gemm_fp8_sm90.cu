@@ -170,12 +170,15 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     // derived from it stays visibly in shared memory: the compiler then uses shared loads and
     // 32-bit addresses instead of generic ones it rebuilds per K block (PERF.md, 2026-12-02).
     uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
-    // Per stage: the x and W tiles, then the stage's scales (sx of the tile's rows, sw of its one or
-    // two 128-column blocks), then the ring's barriers.
-    uint8_t* epilogue = smem + STAGES * kStageBytes;  // per consumer warpgroup: one 64×64 bf16 block
-    float* scales = reinterpret_cast<float*>(epilogue + kConsumers * kEpilogueBytes);
-    uint64_t* full = reinterpret_cast<uint64_t*>(scales + STAGES * kScaleFloats);
-    uint64_t* empty = full + STAGES;
+    // The stages' x and W tiles, the epilogue blocks (one 64×64 bf16 block per consumer
+    // warpgroup), each stage's scales (sx of the tile's rows, sw of its one or two 128-column
+    // blocks), then the ring's barriers. The consumers' K loop uses these offsets directly.
+    constexpr uint32_t kScalesOff = STAGES * kStageBytes + kConsumers * kEpilogueBytes;
+    constexpr uint32_t kFullOff = kScalesOff + STAGES * kScaleFloats * 4, kEmptyOff = kFullOff + 8 * STAGES;
+    uint8_t* epilogue = smem + STAGES * kStageBytes;
+    float* scales = reinterpret_cast<float*>(smem + kScalesOff);
+    uint64_t* full = reinterpret_cast<uint64_t*>(smem + kFullOff);
+    uint64_t* empty = reinterpret_cast<uint64_t*>(smem + kEmptyOff);
     __shared__ int prefix[L == Layout::kMasked ? kMaxExperts + 1 : 1];
     __shared__ int last_arrival;
 
@@ -315,8 +318,6 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     // cores' use (Nsight Compute, PERF.md 2026-12-02).
     uint32_t base = smem_addr(smem);
     opaque(base);  // one register: left visible, the compiler rebuilds it at every K block
-    constexpr uint32_t kScalesOff = STAGES * kStageBytes + kConsumers * kEpilogueBytes;
-    constexpr uint32_t kFullOff = kScalesOff + STAGES * kScaleFloats * 4, kEmptyOff = kFullOff + 8 * STAGES;
     constexpr uint32_t kStageDesc = kStageBytes / 16, kHalfDesc = kWN * kBK / 16;
     int s = 0;
     uint32_t phase = 0;
