@@ -44,9 +44,8 @@ namespace {
 
 using namespace sm90;
 
-constexpr int kBK = 128;                 // K per stage = one scale block = one 128-byte swizzle row
-constexpr int kMaxExperts = 1024;        // masked layout: experts per launch
-constexpr int kSmemBudget = 200 * 1024;  // the stage ring's share of the 227 KB per block
+constexpr int kBK = 128;           // K per stage = one scale block = one 128-byte swizzle row
+constexpr int kMaxExperts = 1024;  // masked layout: experts per launch
 // Register budget per thread after setmaxnreg: 64K registers per SM over 128 producer-side and
 // 128·consumers threads.
 constexpr int kProducerRegs = 56;
@@ -58,6 +57,21 @@ __host__ __device__ constexpr int ctas_per_sm(int bm, int bn) { return bm == 64 
 __host__ __device__ constexpr int consumer_regs(int consumers, int ctas) {
     return ctas == 2 ? 200 : consumers == 1 ? 232 : consumers == 2 ? 224 : 152;
 }
+
+// The dynamic shared memory of a CTA with `s` stages, in order after up to 1 KB of alignment
+// slack: the stages' x and W tiles (K-major, 1024-byte aligned), one 64×64 bf16 epilogue block
+// per consumer warpgroup, each stage's scales (sx of the tile's rows, sw of its one or two
+// 128-column blocks, padded to 16 bytes), then the ring's full and empty barriers. One
+// definition for the kernel's addresses, the launch's size and the stage count.
+struct SmemLayout {
+    int stage_bytes, scales_off, full_off, empty_off, bytes;
+    __host__ __device__ constexpr SmemLayout(int bm, int bn, int s)
+        : stage_bytes((bm + bn) * 128),
+          scales_off(s * stage_bytes + (bm / 64) * 64 * 64 * 2),
+          full_off(scales_off + s * (bm + 4) * 4),
+          empty_off(full_off + 8 * s),
+          bytes(1024 + empty_off + 8 * s) {}
+};
 
 enum class Layout { kDense, kContiguous, kMasked };
 
@@ -159,6 +173,8 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     constexpr int kABytes = BM * kBK, kBBytes = BN * kBK, kStageBytes = kABytes + kBBytes;
     constexpr int kScaleFloats = BM + 4;  // sx per row, sw per 128 columns (<= 2), padded to 16 bytes
     constexpr int kEpilogueBytes = 64 * 64 * 2;
+    constexpr SmemLayout kLayout(BM, BN, STAGES);
+    static_assert(kLayout.stage_bytes == kStageBytes, "SmemLayout and the kernel disagree on a stage");
     constexpr int kAcc = BN / 2;  // f32 accumulators per thread (m64 × BN over 128 threads)
     // wgmma width: a 256-wide tile runs as two n128 halves, each promoted before the next, so
     // the registers hold acc[128] + part[64] instead of two 128-float sets.
@@ -170,11 +186,8 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     // derived from it stays visibly in shared memory: the compiler then uses shared loads and
     // 32-bit addresses instead of generic ones it rebuilds per K block (PERF.md, 2026-12-02).
     uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
-    // The stages' x and W tiles, the epilogue blocks (one 64×64 bf16 block per consumer
-    // warpgroup), each stage's scales (sx of the tile's rows, sw of its one or two 128-column
-    // blocks), then the ring's barriers. The consumers' K loop uses these offsets directly.
-    constexpr uint32_t kScalesOff = STAGES * kStageBytes + kConsumers * kEpilogueBytes;
-    constexpr uint32_t kFullOff = kScalesOff + STAGES * kScaleFloats * 4, kEmptyOff = kFullOff + 8 * STAGES;
+    // SmemLayout's regions; the consumers' K loop uses the offsets directly.
+    constexpr uint32_t kScalesOff = kLayout.scales_off, kFullOff = kLayout.full_off, kEmptyOff = kLayout.empty_off;
     uint8_t* epilogue = smem + STAGES * kStageBytes;
     float* scales = reinterpret_cast<float*>(smem + kScalesOff);
     uint64_t* full = reinterpret_cast<uint64_t*>(smem + kFullOff);
@@ -530,11 +543,17 @@ CUtensorMap tmap_y(const void* y, uint64_t rows, uint64_t N) {
     return tmap_2d(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, y, rows, N, 64, 64, CU_TENSOR_MAP_L2_PROMOTION_NONE, "y");
 }
 
+// As many stages as fit (at most 16): a CTA gets at most 227 KB of shared memory, and with two
+// per SM each gets half of the SM's 228 KB less the driver's 1 KB; the kernel's static arrays
+// (the masked layout's prefix) come off first.
 template <int BM, int BN>
 constexpr int stages() {
-    constexpr int budget = BM == 192 ? 168 * 1024 : kSmemBudget;  // 192 rows: three epilogue buffers
-    constexpr int fit = budget / ctas_per_sm(BM, BN) / ((BM + BN) * kBK);
-    return fit < 16 ? fit : 16;
+    constexpr int kStatic = (kMaxExperts + 2) * 4;
+    constexpr int ctas = ctas_per_sm(BM, BN);
+    constexpr int avail = (ctas == 1 ? 227 * 1024 : 228 * 1024 / ctas - 1024) - kStatic;
+    int s = 16;
+    while (s > 1 && SmemLayout(BM, BN, s).bytes > avail) --s;
+    return s;
 }
 
 // The operands of one launch: x [x_rows, K] and the stacked W [w_rows, K]; `units` tile units
@@ -551,7 +570,7 @@ template <int BM, int BN, Layout L, int CL>
 void launch_config(const Operands& o, const Params& p, cudaStream_t stream) {
     constexpr int S = stages<BM, BN>();
     auto* kernel = gemm_fp8_sm90_kernel<BM, BN, S, L, CL>;
-    constexpr int smem = S * (BM + BN) * kBK + 1024 + (BM / 64) * 64 * 64 * 2 + S * (BM + 4) * 4 + 2 * S * 8;
+    constexpr int smem = SmemLayout(BM, BN, S).bytes;
     cudaLaunchConfig_t launch{};
     launch.blockDim = dim3((BM / 64 + 1) * 128);
     launch.dynamicSmemBytes = smem;
