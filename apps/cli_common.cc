@@ -43,8 +43,10 @@ void add_model_args(CLI::App* cmd, ModelArgs& a) {
                     "quantized per 1x128, as the GPU GEMMs)")
         ->check(CLI::IsMember({"dequant", "w8a8"}))
         ->capture_default_str();
-    cmd->add_option("--kv-dtype", a.kv_dtype, "KV cache element type")
-        ->check(CLI::IsMember({"f32", "bf16"}))
+    cmd->add_option("--kv-dtype", a.kv_dtype,
+                    "KV cache entries: 'auto' (f32 on the CPU path, bf16 on the GPU), 'f32' (CPU), 'bf16', or 'fp8' "
+                    "(e4m3 latent with a scale per 128 values, bf16 rope: ~57% of bf16's bytes)")
+        ->check(CLI::IsMember({"auto", "f32", "bf16", "fp8"}))
         ->capture_default_str();
     cmd->add_option("--threads", a.threads, "CPU threads (0 = all cores)");
     cmd->add_option("--device", a.device, "'cpu' (reference path) or 'cuda' (the GPU runner, one GPU)")
@@ -182,9 +184,17 @@ model::ForwardOptions forward_options(const ModelArgs& a) {
     return o;
 }
 
+DType kv_dtype(const ModelArgs& a) {
+    const bool gpu = a.device == "cuda";
+    if (a.kv_dtype == "auto") return gpu ? DType::kBF16 : DType::kF32;
+    FANOUT_CHECK(!(gpu && a.kv_dtype == "f32"),
+                 "--kv-dtype f32: the GPU runner's cache holds bf16 or fp8 entries (--kv-dtype bf16|fp8|auto)");
+    return kv::kv_dtype_from_name(a.kv_dtype);
+}
+
 kv::PagedKvCache make_cache(const model::DeepseekV3& m, int64_t tokens, const ModelArgs& a) {
     const int64_t blocks = (tokens + kv::kDefaultBlockSize - 1) / kv::kDefaultBlockSize;
-    return kv::PagedKvCache(m.kv_cache_config(blocks, a.kv_dtype == "bf16" ? DType::kBF16 : DType::kF32));
+    return kv::PagedKvCache(m.kv_cache_config(blocks, kv_dtype(a)));
 }
 
 io::Tokenizer load_tokenizer(const std::string& model_dir) {

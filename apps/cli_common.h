@@ -24,8 +24,8 @@ std::vector<int32_t> parse_ids(const std::string& text, const char* flag);
 struct ModelArgs {
     std::string model = "tiny";
     std::string fp8_mode = "dequant";
-    std::string kv_dtype = "f32";
-    std::string device = "cpu";  // "cuda": the GPU runner (generate, score)
+    std::string kv_dtype = "auto";  // kv_dtype(): the KV cache's entries
+    std::string device = "cpu";     // "cuda": the GPU runner (generate, score)
     int threads = 0;
 };
 
@@ -48,6 +48,10 @@ void print_host_memory(const char* when);
 void print_upload_summary(const model::StreamStats& s);
 #endif
 model::ForwardOptions forward_options(const ModelArgs& a);
+// --kv-dtype: "auto" is f32 on the CPU path and bf16 on the GPU; "fp8" stores each entry's latent in
+// e4m3 with a scale per 128 values (57% of bf16's bytes at V3's widths: twice the tokens in the
+// same memory). f32 on the GPU is refused, naming the choices.
+DType kv_dtype(const ModelArgs& a);
 // --ep N, --tp T and --ranks threads|processes: the expert-parallel ranks of a command
 // (deployment.h) and the tensor-parallel split of each DP group's attention. `ep` 0 means 1, or the
 // world of the MPI launcher.

@@ -158,6 +158,9 @@ void add_bench_command(CLI::App& app) {
     layer->add_flag("--microbatch", l->microbatch,
                     "also each emulated MoE point as two interleaved microbatches (the split's cost: communication "
                     "is not included)");
+    layer->add_option("--kv-dtype", l->kv_dtype, "KV cache entries: bf16 or fp8")
+        ->check(CLI::IsMember({"bf16", "fp8"}))
+        ->capture_default_str();
     layer->add_option("--json", l->json_out, "JSON output ('' to skip)")->capture_default_str();
     layer->callback([l] {
 #ifdef FANOUT_WITH_CUDA

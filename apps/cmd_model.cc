@@ -22,11 +22,12 @@ namespace {
 
 #ifdef FANOUT_WITH_CUDA
 // The GPU runner for one request of up to `context` tokens, taking `step_tokens` per step
-// (`microbatch`: with the two-microbatch schedule).
+// (`microbatch`: with the two-microbatch schedule), over a cache of `kv_dtype` entries.
 std::unique_ptr<model::CudaModel> make_cuda_model(const model::DeepseekV3& m, int64_t context, int64_t step_tokens,
-                                                  bool microbatch) {
+                                                  bool microbatch, DType kv_dtype) {
     model::CudaModelOptions o;
     o.microbatch = microbatch;
+    o.kv_dtype = kv_dtype;
     o.max_requests = 1;
     o.max_context = context;
     o.max_step_tokens = step_tokens;
@@ -112,7 +113,7 @@ void generate_through_engine(GenerateArgs& a, Deployment& d, const io::Tokenizer
     ec.num_kv_blocks = std::max<int64_t>(1, (context + kv::kDefaultBlockSize - 1) / kv::kDefaultBlockSize);
     ec.mtp_draft_tokens = a.mtp;
     a.microbatch.apply(ec);
-    const DType kv_dtype = a.model.kv_dtype == "bf16" ? DType::kBF16 : DType::kF32;
+    const DType kv_dtype = cli::kv_dtype(a.model);
     // As serve: small query lengths in the absorbed form (the engine raises it for MTP's checking steps).
     model::ForwardOptions opts = forward_options(a.model);
     opts.absorbed_max_query = model::absorbed_form_max_query(c);
@@ -123,6 +124,7 @@ void generate_through_engine(GenerateArgs& a, Deployment& d, const io::Tokenizer
         o.max_context = context;
         o.max_step_tokens = std::min<int64_t>(a.req.prefill_chunk, 256);
         o.num_kv_blocks = ec.num_kv_blocks;
+        o.kv_dtype = kv_dtype;
         o.mtp_draft_tokens = a.mtp;
         o.microbatch = ec.microbatch == engine::EngineConfig::Microbatch::kOn;  // EP1: auto has nothing to hide
         ec.scheduler.max_batched_tokens = ec.scheduler.prefill_chunk = o.max_step_tokens;
@@ -269,7 +271,7 @@ void run_score(ScoreArgs& a) {
     Tensor logits;
     if (a.model.device == "cuda") {
 #ifdef FANOUT_WITH_CUDA
-        auto gpu = make_cuda_model(*m, T, T, a.microbatch.on_for(T));
+        auto gpu = make_cuda_model(*m, T, T, a.microbatch.on_for(T), kv_dtype(a.model));
         kv::PagedKvCache blocks = gpu->make_block_allocator();
         kv::SequenceBlocks seq;
         blocks.reserve(seq, T);

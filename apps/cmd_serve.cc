@@ -110,6 +110,7 @@ void run_serve(ServeArgs& a) {
     o.max_context = pre.max_position_embeddings;  // the most the KV cache can leave it at
     o.mtp_draft_tokens = a.mtp;
     o.max_mha_context = a.mha_max_context;
+    o.kv_dtype = kv_dtype(a.model);
     // The two-microbatch schedule on the GPU: on; auto with --microbatch-min-tokens; or auto under
     // expert parallelism, calibrated by the graph captures, which time both schedules at every
     // decode bucket (at EP1 without a threshold there is no exchange to hide: auto is off).
@@ -141,7 +142,7 @@ void run_serve(ServeArgs& a) {
         mr.weight_bytes = engine::checkpoint_weight_bytes(dir, pre, ParallelConfig{d.rank, a.ep, 1}, a.mtp > 0);
         mr.workspace_bytes = static_cast<double>(model::CudaModel::workspace_bytes(pre, o));
         mr.graph_bytes = static_cast<double>(model::CudaModel::graph_bytes(pre, o));
-        mr.kv_block_bytes = engine::CudaRunner::block_bytes(pre, a.mtp > 0);
+        mr.kv_block_bytes = engine::kv_block_bytes(pre, a.mtp > 0, kv::kDefaultBlockSize, o.kv_dtype);
 #else
         FANOUT_FAIL("--device cuda: this fanout was built without CUDA (no nvcc at configure time)");
 #endif
@@ -157,8 +158,7 @@ void run_serve(ServeArgs& a) {
         // checkpoint is mapped once.
         mr.workspace_bytes = local_ranks * engine::cpu_step_workspace_bytes(pre, a.scheduler.max_num_seqs,
                                                                             a.scheduler.max_batched_tokens);
-        mr.kv_block_bytes =
-            engine::kv_block_bytes(pre, true, kv::kDefaultBlockSize, a.model.kv_dtype == "bf16" ? 2 : 4);
+        mr.kv_block_bytes = engine::kv_block_bytes(pre, true, kv::kDefaultBlockSize, kv_dtype(a.model));
         if (!mr.kv_bytes)
             mr.kv_bytes = 1e9;  // by default 1 GB for all the ranks of this process
         else
@@ -257,10 +257,9 @@ void run_serve(ServeArgs& a) {
     } else {
         model::ForwardOptions opts = forward_options(a.model);
         opts.absorbed_max_query = model::absorbed_form_max_query(c);
-        const DType kv_dtype = a.model.kv_dtype == "bf16" ? DType::kBF16 : DType::kF32;
+        const DType kv_dtype = cli::kv_dtype(a.model);
         const kv::KvCacheConfig one = model->kv_cache_config(1, kv_dtype);
-        const double block_bytes =
-            static_cast<double>(one.num_layers * one.block_size * one.entry_dim) * dtype_size(one.dtype);
+        const double block_bytes = static_cast<double>(one.num_layers * one.block_size * one.entry_bytes());
         ec.num_kv_blocks =
             d.min_over_ranks(std::max<int64_t>(4, static_cast<int64_t>(*mr.kv_bytes / local_ranks / block_bytes)));
         // Each rank its share of the cores (threads of one process, or processes of one host).

@@ -18,6 +18,8 @@
 #include "fanout/model/cuda_layer.h"
 #include "fanout/model/deepseek_v3.h"
 #include "fanout/model/synthetic.h"
+#include "fanout/ops/fp8_constants.h"
+#include "fanout/ops/mla_attention_cuda.h"
 #include "fanout/ops/model_glue_cuda.h"
 #include "gpu_timing.h"
 #include "kernels_bench.h"
@@ -49,8 +51,10 @@ Cost add(Cost a, Cost b) { return {a.bytes + b.bytes, a.flops + b.flops, a.bf16 
 // `decodes` of the T tokens are one-token requests ahead of the R requests; `mha`: the R requests'
 // attention runs in the MHA form (their chunks end their kv contexts; causal), the decodes' apart
 // in the absorbed form ("decode_attention").
+// `entry_bytes`: one cached position's bytes (bf16 or FP8 entries), as the attention reads them.
 std::map<std::string, Cost> layer_costs(const io::ModelConfig& c, double R, double T, double kv, int ep, double m,
-                                        bool emulated = true, double decodes = 0, bool mha = false) {
+                                        double entry_bytes, bool emulated = true, double decodes = 0,
+                                        bool mha = false) {
     const double D = c.hidden_size, H = c.num_attention_heads, C = c.kv_lora_rank, nope = c.qk_nope_head_dim;
     const double rope = c.qk_rope_head_dim, V = c.v_head_dim, ql = c.q_lora_rank, E = c.n_routed_experts;
     const double K = c.num_experts_per_tok, Ie = c.moe_intermediate_size, EL = E / std::max(ep, 1);
@@ -65,12 +69,12 @@ std::map<std::string, Cost> layer_costs(const io::ModelConfig& c, double R, doub
     // them), the kv latent and k_pe read and their cache entry written.
     k["latent_norm_rope_append"] = {T * H * rope * 4 + T * (C + rope) * 4, 0};
     const auto absorbed = [&](double r, double t) {
-        return Cost{r * kv * (C + rope) * 2 + t * H * (C + rope + C) * 2, 2 * t * H * kv * (C + rope + C), true};
+        return Cost{r * kv * entry_bytes + t * H * (C + rope + C) * 2, 2 * t * H * kv * (C + rope + C), true};
     };
     const double Ta = mha ? decodes : T;  // tokens in the absorbed form
     if (mha) {
         const double chunk = (T - decodes) / std::max(R, 1.0), pairs = R * (chunk * kv - chunk * (chunk - 1) / 2);
-        k["kv_b_expand"] = gemm(R * kv, H * (nope + V), C);
+        k["kv_b_expand"] = gemm(R * kv, H * (nope + V), C);  // (the gather's reads are not counted)
         k["attention"] = {(T - decodes) * H * (nope + rope + V) * 2 + R * kv * (H * (nope + V) + rope) * 2,
                           2 * H * pairs * (nope + rope + V), true};
         if (decodes > 0) k["decode_attention"] = absorbed(decodes, decodes);
@@ -113,8 +117,8 @@ struct Timing {
 // replay, outside the timed span.
 // `before_launch` runs before every launch (ranks of a real EP group launch together).
 Timing time_layer(CudaLayerExec& exec, const model::DeviceLayer& w, const model::LayerStep& st, uint16_t* hidden,
-                  const uint16_t* pristine, size_t hidden_elems, uint16_t* cache, int replays, cudaStream_t s,
-                  const std::function<void()>& before_launch = {}) {
+                  const uint16_t* pristine, size_t hidden_elems, ops::DeviceLatentCache cache, int replays,
+                  cudaStream_t s, const std::function<void()>& before_launch = {}) {
     Timing t;
     const auto timed = [&](bool marked) {
         std::vector<cudaEvent_t> events;
@@ -184,7 +188,8 @@ Timing time_layer(CudaLayerExec& exec, const model::DeviceLayer& w, const model:
 // entries (block tables in order), the residual stream and its pristine copy, and the step's
 // metadata.
 struct Rig {
-    Rig(const io::ModelConfig& c, int max_batch, int q, int kv_len, cudaStream_t s, bool mha = false, int decodes = 0)
+    Rig(const io::ModelConfig& c, DType kv_dtype, int max_batch, int q, int kv_len, cudaStream_t s, bool mha = false,
+        int decodes = 0)
         : q(q),
           kv_len(kv_len),
           decodes(decodes),
@@ -206,6 +211,11 @@ struct Rig {
           table(static_cast<size_t>((max_batch + decodes) * per_req)),
           ctx(s) {
         ops::launch_random_bf16(cache.get(), cache.size(), 1.0f, 11, s);
+        if (kv_dtype == DType::kFP8E4M3) {  // the same values in FP8 entries (V3's widths)
+            const int64_t entries = static_cast<int64_t>(cache.size()) / c.kv_entry_dim();
+            cache_fp8 = DeviceArray<uint8_t>(static_cast<size_t>(entries * ops::kMlaFp8EntryBytes));
+            ops::launch_quantize_latent_fp8(cache.get(), entries, cache_fp8.get(), s);
+        }
         ops::launch_random_bf16(pristine.get(), pristine.size(), 1.0f, 12, s);
         std::iota(table.begin(), table.end(), 0);
         block_table.upload(table.data(), table.size(), s);
@@ -265,11 +275,18 @@ struct Rig {
         return st;
     }
 
+    // The cache the layer reads: FP8 entries when the rig was made with them, else bf16.
+    ops::DeviceLatentCache latent() {
+        if (cache_fp8.get() != nullptr) return {nullptr, cache_fp8.get()};
+        return {cache.get(), nullptr};
+    }
+
     int q, kv_len, decodes;
     bool mha;
     int64_t per_req;
     cudaStream_t s;
     DeviceArray<uint16_t> cache, hidden, pristine;
+    DeviceArray<uint8_t> cache_fp8;
     DeviceArray<int32_t> positions, slots, query_start, kv_start, mha_query_start, kv_lens, block_table, num_tokens;
     std::vector<int32_t> table;
     ops::DeviceContext ctx;  // on s: the layer's cuBLASLt, GEMM and MLA scratch
@@ -309,7 +326,15 @@ int run_layer_bench(const LayerBenchOptions& opts) {
     const auto tokens = [&](int batch) { return double(batch) * q + opts.decodes; };  // of a point's step
     cudaStream_t s;
     FANOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    Rig rig(c, max_batch, q, opts.kv_len, s, opts.mha, opts.decodes);
+    const DType kv_dtype = kv::kv_dtype_from_name(opts.kv_dtype);
+    FANOUT_CHECK(kv_dtype != DType::kF32, "bench layer --kv-dtype: the GPU cache holds bf16 or fp8 entries");
+    kv::KvCacheConfig entry;
+    entry.entry_dim = c.kv_entry_dim();
+    entry.kv_lora = c.kv_lora_rank;
+    entry.dtype = kv_dtype;
+    const double entry_bytes = static_cast<double>(entry.entry_bytes());
+    std::printf("KV cache: %s entries, %.0f bytes per position and layer\n", opts.kv_dtype.c_str(), entry_bytes);
+    Rig rig(c, kv_dtype, max_batch, q, opts.kv_len, s, opts.mha, opts.decodes);
 
     nlohmann::json points = nlohmann::json::array();
     const auto report = [&](const char* title, int ep, const std::vector<std::pair<int, Timing>>& rows,
@@ -323,8 +348,8 @@ int run_layer_bench(const LayerBenchOptions& opts) {
             std::printf("%-24s", name.c_str());
             for (const auto& [b, t] : rows) {
                 const double m = ep > 0 ? tokens(b) * c.num_experts_per_tok * ep / c.n_routed_experts : 0;
-                const auto costs = layer_costs(c, b, tokens(b), opts.kv_len, ep, std::max(1.0, std::ceil(m)), emulated,
-                                               opts.decodes, opts.mha);
+                const auto costs = layer_costs(c, b, tokens(b), opts.kv_len, ep, std::max(1.0, std::ceil(m)),
+                                               entry_bytes, emulated, opts.decodes, opts.mha);
                 const auto it = costs.find(name);
                 std::printf(" %8.1f %6s", t.us[i],
                             it == costs.end() ? "" : fmt::format("{:.1f}", floor_us(it->second)).c_str());
@@ -343,7 +368,7 @@ int run_layer_bench(const LayerBenchOptions& opts) {
     const auto add_point = [&](const Timing& t, int ep, int batch, int T, int m, int64_t local,
                                const std::string& comm) {
         nlohmann::json kernels, floors;
-        const auto costs = layer_costs(c, batch, T, opts.kv_len, ep, m, true, opts.decodes, opts.mha);
+        const auto costs = layer_costs(c, batch, T, opts.kv_len, ep, m, entry_bytes, true, opts.decodes, opts.mha);
         double grouped = 0;
         for (size_t i = 0; i < t.names.size(); ++i) {
             kernels[t.names[i]] = t.us[i];
@@ -358,6 +383,7 @@ int run_layer_bench(const LayerBenchOptions& opts) {
                           {"kv_len", opts.kv_len},
                           {"schedule", "no_overlap"},
                           {"attention_form", opts.mha ? "mha" : "absorbed"},
+                          {"kv_dtype", opts.kv_dtype},
                           {"decodes", opts.decodes},
                           {"communication", comm},
                           {"tokens_per_expert", m},
@@ -403,7 +429,7 @@ int run_layer_bench(const LayerBenchOptions& opts) {
                 st.expected_m = m;
             }
             Timing t = time_layer(exec, w, st, rig.hidden.get(), rig.pristine.get(),
-                                  static_cast<size_t>(st.T * c.hidden_size), rig.cache.get(), opts.replays, s);
+                                  static_cast<size_t>(st.T * c.hidden_size), rig.latent(), opts.replays, s);
             add_point(t, moe ? ep : 0, b, st.T, m, local, "not included");
             rows.emplace_back(b, std::move(t));
         }
@@ -425,7 +451,7 @@ int run_layer_bench(const LayerBenchOptions& opts) {
     // two execs share one device context, these one each: on one stream either is the same); one
     // graph per point, timed as a whole.
     if (opts.microbatch) {
-        Rig rig_b(c, max_batch, q, opts.kv_len, s);
+        Rig rig_b(c, kv_dtype, max_batch, q, opts.kv_len, s);
         for (int ep : opts.eps) {
             const int64_t local = c.n_routed_experts / ep;
             const int max_m =
@@ -466,9 +492,8 @@ int run_layer_bench(const LayerBenchOptions& opts) {
                                                           cudaMemcpyDeviceToDevice, s));
                         ex[i]->begin_step(st[i]);
                     }
-                    model::run_microbatched(w,
-                                            {model::Microbatch{ex[0], st[0], rg[0]->hidden.get(), rg[0]->cache.get()},
-                                             model::Microbatch{ex[1], st[1], rg[1]->hidden.get(), rg[1]->cache.get()}});
+                    model::run_microbatched(w, {model::Microbatch{ex[0], st[0], rg[0]->hidden.get(), rg[0]->latent()},
+                                                model::Microbatch{ex[1], st[1], rg[1]->hidden.get(), rg[1]->latent()}});
                 };
                 layer();  // plans and workspaces outside the capture
                 FANOUT_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -525,7 +550,7 @@ int run_layer_bench(const LayerBenchOptions& opts) {
         std::vector<std::vector<std::pair<int, Timing>>> per_rank(static_cast<size_t>(world));
         const auto failures = gpus.run([&](int r) {
             cudaStream_t rs = gpus.stream(r);
-            Rig rr(c, max_batch, q, opts.kv_len, rs);
+            Rig rr(c, kv_dtype, max_batch, q, opts.kv_len, rs);
             const model::DeviceLayer w = model::random_layer(c, true, local, 200 + static_cast<uint64_t>(r));
             model::LayerLimits lim;
             lim.max_tokens = max_T;
@@ -544,7 +569,7 @@ int run_layer_bench(const LayerBenchOptions& opts) {
                 const model::LayerStep st = rr.step_for(b);
                 per_rank[static_cast<size_t>(r)].emplace_back(
                     b, time_layer(exec, w, st, rr.hidden.get(), rr.pristine.get(),
-                                  static_cast<size_t>(st.T * c.hidden_size), rr.cache.get(), opts.replays, rs,
+                                  static_cast<size_t>(st.T * c.hidden_size), rr.latent(), opts.replays, rs,
                                   [&] { gpus.sync(); }));
             }
         });

@@ -40,6 +40,9 @@ struct LayerBenchOptions {
     // step — continuous batching's mixed step; with `mha` they run the absorbed form and the
     // chunks the MHA form, as the model does. Emulated backend only.
     int decodes = 0;
+    // The KV cache's entries: "bf16", or "fp8" (the same random values in FP8 entries; the
+    // attention and the append read and write them as the model does with --kv-dtype fp8).
+    std::string kv_dtype = "bf16";
     std::string json_out = "layer_bench.json";
 };
 

@@ -161,6 +161,11 @@ expect_ok "generate on fp8 weights, dequantized" '^[0-9]+(,[0-9]+){3}$' \
     "$fanout" generate --model "$work/fp8" --prompt-ids 9,8,7 --max-tokens 4 --ignore-eos
 expect_ok "generate on fp8 weights, w8a8" '^[0-9]+(,[0-9]+){3}$' \
     "$fanout" generate --model "$work/fp8" --prompt-ids 9,8,7 --max-tokens 4 --ignore-eos --fp8-mode w8a8 --kv-dtype bf16
+# The FP8 KV cache on the CPU path, and a GPU cache of f32 refused before anything loads.
+expect_ok "generate over the fp8 KV cache" '^[0-9]+(,[0-9]+){7}$' \
+    "$fanout" generate --model tiny --prompt-ids 9,8,7,6,5 --max-tokens 8 --ignore-eos --kv-dtype fp8
+expect_error "--device cuda --kv-dtype f32" "the GPU runner's cache holds bf16 or fp8 entries" \
+    "$fanout" generate --model tiny --prompt-ids 1,2 --device cuda --kv-dtype f32
 "$fanout" make-model --preset tiny --layers 1 --shard-gb 0.05 --out "$work/sharded" 2>/dev/null
 [[ -f $work/sharded/model.safetensors.index.json ]] && ok "make-model shards large checkpoints" \
     || bad "sharding" "no index"

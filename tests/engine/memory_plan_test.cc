@@ -73,7 +73,7 @@ TEST(MemoryPlan, CpuWorkspaceGrowsWithTheLimits) {
     // One f32 logits row per sequence: 1e8 sequences of a 129,280-token vocabulary is 51.7 TB.
     EXPECT_GT(cpu_step_workspace_bytes(c, 100000000, 2048), 5e13);
     EXPECT_GT(cpu_step_workspace_bytes(c, 64, 4096), base);
-    EXPECT_DOUBLE_EQ(kv_block_bytes(c, false, 64, 4), static_cast<double>(c.num_hidden_layers) * 64 * 80 * 4);
+    EXPECT_DOUBLE_EQ(kv_block_bytes(c, false, 64, DType::kF32), static_cast<double>(c.num_hidden_layers) * 64 * 80 * 4);
 }
 
 // With MTP drafting the GPU holds the MTP layer too — but not its embedding and head when they are

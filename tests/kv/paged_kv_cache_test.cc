@@ -1,8 +1,10 @@
+#include "fanout/kv/paged_kv_cache.h"
+
 #include <gtest/gtest.h>
 
 #include <set>
 
-#include "fanout/kv/paged_kv_cache.h"
+#include "test_util.h"
 
 namespace fanout::kv {
 namespace {
@@ -42,6 +44,32 @@ TEST(PagedKvCache, SlotsFollowTheBlockTable) {
     EXPECT_THROW(cache.layer_data(2), Error);
     cache.release(a);
     EXPECT_EQ(cache.allocator().num_free(), 5);
+}
+
+// Each dtype's entry bytes, and layers laid out that many bytes per slot apart: f32, bf16, and the
+// FP8 entry (e4m3 latent, an f32 scale per 128 values, bf16 rope) — 656 bytes at V3's widths, 57%
+// of bf16's 1,152. FP8 widths the entry cannot hold, and unknown names, are refused by name.
+TEST(PagedKvCache, EntryBytesPerDtype) {
+    const auto bytes = [](int64_t entry_dim, int64_t kv_lora, DType dtype) {
+        KvCacheConfig k;
+        k.entry_dim = entry_dim;
+        k.kv_lora = kv_lora;
+        k.dtype = dtype;
+        return k.entry_bytes();
+    };
+    EXPECT_EQ(bytes(576, 512, DType::kF32), 2304);
+    EXPECT_EQ(bytes(576, 512, DType::kBF16), 1152);
+    EXPECT_EQ(bytes(576, 512, DType::kFP8E4M3), 656);
+    EXPECT_EQ(bytes(80, 64, DType::kFP8E4M3), 64 + 4 + 32);  // the tiny model: one group of 64
+    EXPECT_NE(fanout::testing::error_of([&] { bytes(80, 62, DType::kFP8E4M3); }).find("kv_lora 62"), std::string::npos);
+    EXPECT_NE(fanout::testing::error_of([&] { bytes(80, 64, DType::kI32); }).find("cannot store dtype I32"),
+              std::string::npos);
+    PagedKvCache fp8({2, 80, 4, 3, DType::kFP8E4M3, 64});
+    EXPECT_EQ(static_cast<char*>(fp8.layer_data(1)) - static_cast<char*>(fp8.layer_data(0)), 3 * 4 * 100);
+    EXPECT_EQ(kv_dtype_from_name("fp8"), DType::kFP8E4M3);
+    EXPECT_EQ(kv_dtype_from_name("bf16"), DType::kBF16);
+    EXPECT_NE(fanout::testing::error_of([] { kv_dtype_from_name("fp16"); }).find("choose f32, bf16 or fp8"),
+              std::string::npos);
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "cuda_test_util.h"
 #include "fanout/comm/ep_gpu.h"
@@ -49,10 +50,11 @@ std::vector<int32_t> input_ids(const std::string& dir) {
     return nlohmann::json::parse(j)["input_ids"].get<std::vector<int32_t>>();
 }
 
-// CPU logits of every position, one full-sequence step.
-Tensor cpu_logits(const DeepseekV3& m, const std::vector<int32_t>& ids, ops::Fp8Mode mode) {
+// CPU logits of every position, one full-sequence step, over a cache of `kv_dtype` entries.
+Tensor cpu_logits(const DeepseekV3& m, const std::vector<int32_t>& ids, ops::Fp8Mode mode,
+                  DType kv_dtype = DType::kF32) {
     const int64_t T = static_cast<int64_t>(ids.size());
-    kv::PagedKvCache cache(m.kv_cache_config(ops::ceil_div(T, 64) + 1));
+    kv::PagedKvCache cache(m.kv_cache_config(ops::ceil_div(T, 64) + 1, kv_dtype));
     kv::SequenceBlocks seq;
     cache.reserve(seq, T);
     ForwardOptions o;
@@ -60,6 +62,21 @@ Tensor cpu_logits(const DeepseekV3& m, const std::vector<int32_t>& ids, ops::Fp8
     ThreadPool pool(2);
     auto batch = StepBatchBuilder(cache).add(ids, 0, seq, StepBatchBuilder::Logits::kAll).build();
     return m.forward(batch, cache, o, Stream{&pool}).logits;
+}
+
+// The synthetic model of config `c`, written to `dir` and loaded, its routing pinned.
+std::unique_ptr<DeepseekV3> pinned_model(const std::string& dir, const io::ModelConfig& c) {
+    write_synthetic_model(dir, c, {});
+    auto m = DeepseekV3::load(dir);
+    pin_routing(*m);
+    return m;
+}
+
+// n token ids spread over DeepSeek-V3's vocabulary.
+std::vector<int32_t> spread_ids(int n = 70) {
+    std::vector<int32_t> ids;
+    for (int i = 0; i < n; ++i) ids.push_back((i * 7919 + 13) % 129280);
+    return ids;
 }
 
 double max_abs(const Tensor& t) {
@@ -101,12 +118,14 @@ void expect_close(const std::vector<double>& diffs, double max_logit, const Boun
     EXPECT_GE(static_cast<double>(within), b.fraction * static_cast<double>(s.size())) << what;
 }
 
-// Full-sequence logits (a prefill step) and token-by-token decode on the GPU, against the CPU.
+// Full-sequence logits (a prefill step) and token-by-token decode on the GPU, against the CPU —
+// both over caches of `kv_dtype` entries (f32 on the CPU and bf16 on the GPU by default).
 void check_logits(const DeepseekV3& m, const std::vector<int32_t>& ids, ops::Fp8Mode mode, const Bounds& bounds,
-                  const std::string& what) {
+                  const std::string& what, std::optional<DType> kv_dtype = std::nullopt) {
     const int64_t T = static_cast<int64_t>(ids.size()), V = m.config().vocab_size;
-    const Tensor ref = cpu_logits(m, ids, mode);
+    const Tensor ref = cpu_logits(m, ids, mode, kv_dtype.value_or(DType::kF32));
     CudaModelOptions o;
+    o.kv_dtype = kv_dtype.value_or(DType::kBF16);
     o.max_requests = 2;
     o.max_context = 256;
     o.max_step_tokens = T;
@@ -237,14 +256,41 @@ void check_generate(const DeepseekV3& model, const std::vector<int32_t>& ids, co
 
 TEST(TinyBf16Cuda, LogitsAndGenerateMatchCpuWithRoutingPinned) {
     REQUIRE_GPU();
-    const std::string dir = fanout::testing::temp_dir("tiny_bf16");
-    write_synthetic_model(dir, preset_config("tiny", 3), {});
-    auto m = DeepseekV3::load(dir);
-    pin_routing(*m);
-    std::vector<int32_t> ids;
-    for (int i = 0; i < 70; ++i) ids.push_back((i * 7919 + 13) % 129280);
+    auto m = pinned_model(fanout::testing::temp_dir("tiny_bf16"), preset_config("tiny", 3));
+    const std::vector<int32_t> ids = spread_ids();
     check_logits(*m, ids, ops::Fp8Mode::kDequant, kPinned, "tiny bf16 (routing pinned)");
     check_generate(*m, ids, "tiny bf16 (routing pinned)");
+}
+
+// The FP8 KV cache on the GPU — appended quantized, read by the decode kernels (the generic one at
+// the tiny model's widths, the tensor-core one at V3's attention widths) and by the MHA form's
+// gather — against the CPU model over its own FP8 cache, routing pinned. Both quantize the same
+// entries computed a hair apart, so a few values land one e4m3 step apart: the bound is kPinned's
+// plus 1.5× what the FP8 cache itself moves the CPU's logits (its f32 cache against its FP8 one).
+TEST(TinyBf16Cuda, Fp8KvCacheMatchesCpuFp8Cache) {
+    REQUIRE_GPU();
+    for (const bool v3_widths : {false, true}) {
+        const std::string name = v3_widths ? "tiny, V3's attention widths, fp8 KV cache" : "tiny, fp8 KV cache";
+        const std::string dir = fanout::testing::temp_dir(v3_widths ? "tiny_fp8kv_v3" : "tiny_fp8kv");
+        io::ModelConfig c = preset_config("tiny", 3);
+        if (v3_widths) {
+            c.kv_lora_rank = 512, c.qk_rope_head_dim = 64, c.qk_nope_head_dim = 128, c.v_head_dim = 128;
+        }
+        auto m = pinned_model(dir, c);
+        const std::vector<int32_t> ids = spread_ids();
+        const int64_t T = static_cast<int64_t>(ids.size()), V = m->config().vocab_size;
+        const Tensor f32 = cpu_logits(*m, ids, ops::Fp8Mode::kDequant),
+                     fp8 = cpu_logits(*m, ids, ops::Fp8Mode::kDequant, DType::kFP8E4M3);
+        std::vector<double> noise = position_diffs(fp8.data_as<float>(), f32.data_as<float>(), T, V);
+        std::sort(noise.begin(), noise.end());
+        const double max_logit = max_abs(fp8), median = noise[noise.size() / 2];
+        std::printf("%s: CPU fp8 vs f32 cache: |dlogit| median %.3g, max %.3g (max |logit| %.3g)\n", name.c_str(),
+                    median, noise.back(), max_logit);
+        EXPECT_GT(noise.back(), 0.0) << name << ": the CPU's FP8 cache changed nothing";
+        const Bounds b{kPinned.median * max_logit + 1.5 * median, kPinned.per_position * max_logit + 1.5 * noise.back(),
+                       1.0, false};
+        check_logits(*m, ids, ops::Fp8Mode::kDequant, b, name, DType::kFP8E4M3);
+    }
 }
 
 // The MTP layer on the GPU against the CPU's, routing pinned: a verification-style step keeps every
@@ -254,13 +300,10 @@ TEST(TinyBf16Cuda, LogitsAndGenerateMatchCpuWithRoutingPinned) {
 TEST(TinyBf16Cuda, MtpDraftsMatchCpuWithRoutingPinned) {
     REQUIRE_GPU();
     const std::string dir = fanout::testing::temp_dir("tiny_bf16_mtp");
-    write_synthetic_model(dir, preset_config("tiny", 2), {});
-    auto m = DeepseekV3::load(dir);
+    auto m = pinned_model(dir, preset_config("tiny", 2));
     ASSERT_TRUE(m->weights().mtp.has_value());
-    pin_routing(*m);
     const int64_t V = m->config().vocab_size;
-    std::vector<int32_t> ids;
-    for (int i = 0; i < 40; ++i) ids.push_back((i * 7919 + 13) % 129280);
+    const std::vector<int32_t> ids = spread_ids(40);
     const int64_t T = static_cast<int64_t>(ids.size());
     using L = StepBatchBuilder::Logits;
     // CPU: the main model over ids, the MTP layer over positions 0..T-2, then one chained pass at T-1.
@@ -365,11 +408,8 @@ TEST(TinyFp8Cuda, LogitsMatchCpuW8A8) {
     const std::string dir = fanout::testing::temp_dir("tiny_fp8");
     io::ModelConfig c = preset_config("tiny", 2);
     c.fp8 = io::Fp8QuantConfig{};
-    write_synthetic_model(dir, c, {});
-    auto m = DeepseekV3::load(dir);
-    pin_routing(*m);
-    std::vector<int32_t> ids;
-    for (int i = 0; i < 70; ++i) ids.push_back((i * 7919 + 13) % 129280);
+    auto m = pinned_model(dir, c);
+    const std::vector<int32_t> ids = spread_ids();
     const int64_t T = static_cast<int64_t>(ids.size()), V = m->config().vocab_size;
     const Tensor w8a8 = cpu_logits(*m, ids, ops::Fp8Mode::kW8A8), exact = cpu_logits(*m, ids, ops::Fp8Mode::kDequant);
     std::vector<double> noise = position_diffs(w8a8.data_as<float>(), exact.data_as<float>(), T, V);
@@ -690,8 +730,7 @@ void check_ep_matches_ep1(comm::GpuBackend backend, bool microbatch = false) {
     const int world = gpus >= 2 ? 2 : 1;
     const std::string dir = fanout::testing::temp_dir("tiny_ep_cuda");
     write_synthetic_model(dir, preset_config("tiny", 3), {});
-    std::vector<int32_t> ids;
-    for (int i = 0; i < 40; ++i) ids.push_back((i * 7919 + 13) % 129280);
+    const std::vector<int32_t> ids = spread_ids(40);
     const int64_t T = static_cast<int64_t>(ids.size());
     constexpr int kDecode = 6;
     CudaModelOptions o;

@@ -55,13 +55,34 @@ class ModelTest : public ::testing::Test {
     }
 
     // Logits of every position of `ids` in one step.
-    static std::vector<float> score(const DeepseekV3& m, const std::vector<int32_t>& ids, ForwardOptions opts = {}) {
-        kv::PagedKvCache cache(m.kv_cache_config(8));
+    static std::vector<float> score(const DeepseekV3& m, const std::vector<int32_t>& ids, ForwardOptions opts = {},
+                                    DType kv_dtype = DType::kF32) {
+        kv::PagedKvCache cache(m.kv_cache_config(8, kv_dtype));
         kv::SequenceBlocks seq;
         cache.reserve(seq, static_cast<int64_t>(ids.size()));
         auto batch = StepBatchBuilder(cache).add(ids, 0, seq, StepBatchBuilder::Logits::kAll).build();
         auto out = m.forward(batch, cache, opts, Stream{&pool()});
         return {out.logits.data_as<float>(), out.logits.data_as<float>() + out.logits.numel()};
+    }
+    // Logits of every position of `ids` (at most 4 blocks) through one cache of `kv_dtype` entries:
+    // chunks of 13 up to position 40 (the MHA form), then single tokens (the absorbed form).
+    static std::vector<float> chunked(const DeepseekV3& m, const std::vector<int32_t>& ids,
+                                      DType kv_dtype = DType::kF32) {
+        const int64_t T = static_cast<int64_t>(ids.size());
+        kv::PagedKvCache cache(m.kv_cache_config(4, kv_dtype));
+        kv::SequenceBlocks seq;
+        cache.reserve(seq, T);
+        std::vector<float> got;
+        for (int64_t start = 0; start < T;) {
+            const int64_t n = start < 40 ? std::min<int64_t>(13, 40 - start) : 1;
+            auto b = StepBatchBuilder(cache)
+                         .add(std::span(ids).subspan(start, n), start, seq, StepBatchBuilder::Logits::kAll)
+                         .build();
+            auto out = m.forward(b, cache, {}, Stream{&pool()});
+            got.insert(got.end(), out.logits.data_as<float>(), out.logits.data_as<float>() + out.logits.numel());
+            start += n;
+        }
+        return got;
     }
     static ThreadPool& pool() {
         static ThreadPool p(2);
@@ -140,20 +161,7 @@ TEST_F(ModelTest, IncrementalDecodeAndChunkedPrefillEqualFullSequence) {
     const auto tokens = ids(70, 1);  // crosses a 64-token block boundary
     const int64_t V = m->config().vocab_size, T = 70;
     const auto full = score(*m, tokens);
-    // Chunks of 13 (MHA form), then single tokens (absorbed form), through one cache.
-    kv::PagedKvCache cache(m->kv_cache_config(4));
-    kv::SequenceBlocks seq;
-    cache.reserve(seq, T);
-    std::vector<float> got;
-    for (int64_t start = 0; start < T;) {
-        const int64_t n = start < 40 ? std::min<int64_t>(13, 40 - start) : 1;
-        auto b = StepBatchBuilder(cache)
-                     .add(std::span(tokens).subspan(start, n), start, seq, StepBatchBuilder::Logits::kAll)
-                     .build();
-        auto out = m->forward(b, cache, {}, Stream{&pool()});
-        got.insert(got.end(), out.logits.data_as<float>(), out.logits.data_as<float>() + out.logits.numel());
-        start += n;
-    }
+    const auto got = chunked(*m, tokens);
     ASSERT_EQ(got.size(), size_t(T * V));
     EXPECT_LT(rel_error(got.data(), full.data(), full.size()), 1e-5);
 }
@@ -216,6 +224,28 @@ TEST_F(ModelTest, Fp8W8A8StaysCloseToDequantized) {
             EXPECT_LT(e_weight, 0.5);
         }
     }
+}
+
+// The FP8 KV cache (each entry's latent in e4m3 with a scale per 128 values, rope in bf16): logits
+// stay close to the f32 cache's — e4m3's 3 mantissa bits on the keys and values only, through 3
+// random layers — and the cache holds each entry as it was appended, so chunked prefill (the MHA
+// form) and single-token decode (the absorbed form) over it give the full sequence's logits.
+TEST_F(ModelTest, Fp8KvCacheStaysCloseAndChunkingDoesNotChangeIt) {
+    auto m = DeepseekV3::load(*dir_ + "/dense_bf16");
+    const auto tokens = ids(70, 6);  // crosses a 64-token block boundary
+    const int64_t V = m->config().vocab_size, T = 70;
+    const auto f32 = score(*m, tokens), bf16 = score(*m, tokens, {}, DType::kBF16),
+               fp8 = score(*m, tokens, {}, DType::kFP8E4M3);
+    const double e_bf16 = rel_error(bf16.data(), f32.data(), f32.size()),
+                 e_fp8 = rel_error(fp8.data(), f32.data(), f32.size());
+    std::printf("dense model, 70 tokens x 3 layers: logits vs the f32 cache: bf16 cache %.4f, fp8 cache %.4f\n", e_bf16,
+                e_fp8);
+    EXPECT_GT(e_fp8, e_bf16);  // the entries really were quantized
+    EXPECT_LT(e_fp8, 0.1);     // a wrong scale or layout gives ~100%
+    EXPECT_EQ(m->kv_cache_config(4, DType::kFP8E4M3).entry_bytes(), 64 + 4 + 2 * 16);
+    const auto got = chunked(*m, tokens, DType::kFP8E4M3);
+    ASSERT_EQ(got.size(), size_t(T * V));
+    EXPECT_LT(rel_error(got.data(), fp8.data(), fp8.size()), 1e-5);
 }
 
 TEST_F(ModelTest, MtpHeadIsConsistentAcrossSteps) {

@@ -2,6 +2,7 @@
 // scattered blocks, several requests, chunked queries and both cache dtypes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -20,9 +21,10 @@ struct Shapes {
 };
 
 TEST(MlaAttention, BothFormsMatchDenseReference) {
-    for (DType cache_dtype : {DType::kF32, DType::kBF16}) {
+    for (DType cache_dtype : {DType::kF32, DType::kBF16, DType::kFP8E4M3}) {
         Shapes c;
         const int64_t D = c.kv_lora + c.rope, R = 3;
+        const MlaFp8Layout fp8{c.kv_lora, c.rope};  // one partial group of 20 values
         // Block tables: scattered, non-contiguous blocks.
         const int64_t max_blocks = 3;
         std::vector<int32_t> table = {7, 2, 11, /**/ 5, -1, -1, /**/ 0, 14, -1};
@@ -32,8 +34,9 @@ TEST(MlaAttention, BothFormsMatchDenseReference) {
             for (int32_t p = c.kv_len[r] - c.q_len[r]; p < c.kv_len[r]; ++p) positions.push_back(p);
         }
         const int64_t T = query_start.back();
-        std::vector<uint8_t> storage(size_t(c.num_blocks * c.block * D) * dtype_size(cache_dtype));
-        LatentCache cache{storage.data(), cache_dtype, c.num_blocks, c.block, D};
+        LatentCache cache{nullptr, cache_dtype, c.num_blocks, c.block, D, c.kv_lora};
+        std::vector<uint8_t> storage(size_t(c.num_blocks * c.block * cache.entry_bytes()));
+        cache.data = storage.data();
         // Fill each request's entries through kv_append.
         std::vector<std::vector<float>> entries(R);
         for (int64_t r = 0; r < R; ++r) {
@@ -46,6 +49,15 @@ TEST(MlaAttention, BothFormsMatchDenseReference) {
             for (int64_t i = 0; i < c.kv_len[r] * D; ++i)
                 entries[r][i] =
                     cache_dtype == DType::kBF16 ? round_to_bf16(e.data_as<float>()[i]) : e.data_as<float>()[i];
+            if (cache_dtype != DType::kFP8E4M3) continue;
+            // The FP8 cache holds quantize_latent_entry_fp8's bytes; attention sees their values.
+            std::vector<uint8_t> q(size_t(fp8.entry_bytes()));
+            for (int32_t p = 0; p < c.kv_len[r]; ++p) {
+                quantize_latent_entry_fp8(e.data_as<float>() + p * D, fp8, q.data());
+                ASSERT_EQ(0, std::memcmp(q.data(), storage.data() + size_t(slots[p]) * q.size(), q.size()))
+                    << "request " << r << " position " << p;
+                dequantize_latent_entry_fp8(q.data(), fp8, entries[r].data() + p * D);
+            }
         }
         Tensor q = fanout::testing::random_tensor({T, c.H, c.nope + c.rope}, 200);
         const auto w = fanout::testing::random_floats(size_t(c.H * (c.nope + c.v) * c.kv_lora), 201, 0.3f);
@@ -100,40 +112,57 @@ TEST(MlaAttention, BothFormsMatchDenseReference) {
     }
 }
 
-// The FP8 cache entry: each 128-value block of c_kv comes back within half an e4m3 step of its
-// block's scale (the block's largest magnitude at ±448 exactly), a block of zeros stays zeros with
-// scale 1, and the rope part is the bf16 rounding of its values.
+// The FP8 cache entry: each 128-value group of the latent (the last one shorter when kv_lora is not
+// a multiple of 128) comes back within half an e4m3 step of its group's scale (the group's largest
+// magnitude at ±448 exactly), a group of zeros stays zeros with scale 1, and the rope part is the
+// bf16 rounding of its values — at V3's widths (656 bytes), with a partial last group, and with
+// one partial group.
 TEST(MlaAttention, Fp8CacheEntryRoundTrips) {
-    std::mt19937 rng(7);
-    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-    std::vector<float> entry(kMlaFp8Lora + kMlaFp8Rope), back(entry.size());
-    for (auto& v : entry) v = dist(rng);
-    for (int k = 0; k < 128; ++k) entry[k] *= 1e-6f;      // a tiny block
-    for (int k = 256; k < 384; ++k) entry[k] = 0.0f;      // zeros
-    for (int k = 384; k < 512; ++k) entry[k] *= 5000.0f;  // a large block
-    std::vector<uint8_t> q(kMlaFp8EntryBytes);
-    quantize_latent_entry_fp8(entry.data(), q.data());
-    dequantize_latent_entry_fp8(q.data(), back.data());
-    for (int g = 0; g < 4; ++g) {
-        float scale, amax = 0.0f;
-        std::memcpy(&scale, q.data() + kMlaFp8Lora + 4 * g, 4);
-        for (int k = 128 * g; k < 128 * (g + 1); ++k) amax = std::max(amax, std::fabs(entry[k]));
-        if (amax == 0.0f) {
-            EXPECT_EQ(scale, 1.0f) << "block " << g;
-        } else {  // amax / 448 rounded up to a bf16 value
-            EXPECT_EQ(scale, round_to_bf16(scale)) << "block " << g;
-            EXPECT_GE(scale, amax / 448.0f) << "block " << g;
-            EXPECT_LT(scale, amax / 448.0f * (1.0f + 1.0f / 128)) << "block " << g;
+    EXPECT_EQ(kMlaFp8V3.entry_bytes(), 656);
+    EXPECT_EQ((MlaFp8Layout{200, 6}.entry_bytes()), 200 + 2 * 4 + 12);
+    EXPECT_EQ(latent_entry_bytes(512, 64, DType::kBF16), 1152);
+    EXPECT_EQ(latent_entry_bytes(510, 64, DType::kFP8E4M3), 0) << "kv_lora must be a multiple of 4";
+    EXPECT_EQ(latent_entry_bytes(512, 63, DType::kFP8E4M3), 0) << "the rope width must be even";
+    for (const MlaFp8Layout L : {kMlaFp8V3, MlaFp8Layout{200, 6}, MlaFp8Layout{20, 6}}) {
+        std::mt19937 rng(7);
+        std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+        std::vector<float> entry(size_t(L.kv_lora + L.rope)), back(entry.size());
+        for (auto& v : entry) v = dist(rng);
+        const auto group = [&](int64_t g) { return std::pair{128 * g, std::min<int64_t>(L.kv_lora, 128 * (g + 1))}; };
+        if (L.num_scales() >= 3) {
+            for (int64_t k = 0; k < 128; ++k) entry[k] *= 1e-6f;              // a tiny group
+            for (int64_t k = 256; k < group(2).second; ++k) entry[k] = 0.0f;  // zeros
         }
-        for (int k = 128 * g; k < 128 * (g + 1); ++k) {
-            // e4m3 keeps 3 mantissa bits: half a step is 2^-4 of the value, or 2^-10 of the scale
-            // in the subnormal range.
-            const float tol = std::max(std::fabs(entry[k]) / 16.0f, scale / 1024.0f) * 1.0001f;
-            EXPECT_LE(std::fabs(back[k] - entry[k]), tol) << "value " << k;
+        for (int64_t k = group(L.num_scales() - 1).first; k < L.kv_lora; ++k) entry[k] *= 5000.0f;  // a large one
+        std::vector<uint8_t> q(size_t(L.entry_bytes()));
+        quantize_latent_entry_fp8(entry.data(), L, q.data());
+        dequantize_latent_entry_fp8(q.data(), L, back.data());
+        for (int64_t g = 0; g < L.num_scales(); ++g) {
+            const auto [k0, k1] = group(g);
+            float scale, amax = 0.0f;
+            std::memcpy(&scale, q.data() + L.scale_offset() + 4 * g, 4);
+            for (int64_t k = k0; k < k1; ++k) amax = std::max(amax, std::fabs(entry[k]));
+            if (amax == 0.0f) {
+                EXPECT_EQ(scale, 1.0f) << "group " << g;
+            } else {  // amax / 448 rounded up to a bf16 value
+                EXPECT_EQ(scale, round_to_bf16(scale)) << "group " << g;
+                EXPECT_GE(scale, amax / 448.0f) << "group " << g;
+                EXPECT_LT(scale, amax / 448.0f * (1.0f + 1.0f / 128)) << "group " << g;
+            }
+            for (int64_t k = k0; k < k1; ++k) {
+                // e4m3 keeps 3 mantissa bits: half a step is 2^-4 of the value, or 2^-10 of the
+                // scale in the subnormal range.
+                const float tol = std::max(std::fabs(entry[k]) / 16.0f, scale / 1024.0f) * 1.0001f;
+                EXPECT_LE(std::fabs(back[k] - entry[k]), tol) << "value " << k << " of kv_lora " << L.kv_lora;
+            }
         }
+        for (int64_t d = 0; d < L.rope; ++d)
+            EXPECT_EQ(back[L.kv_lora + d], round_to_bf16(entry[L.kv_lora + d])) << "rope " << d;
     }
-    for (int d = 0; d < kMlaFp8Rope; ++d)
-        EXPECT_EQ(back[kMlaFp8Lora + d], round_to_bf16(entry[kMlaFp8Lora + d])) << "rope " << d;
+    // A cache whose FP8 widths the entry cannot hold is refused, naming them.
+    LatentCache bad{nullptr, DType::kFP8E4M3, 1, 4, 27, 21};
+    EXPECT_NE(fanout::testing::error_of([&] { (void)bad.entry_bytes(); }).find("kv_lora 21 of entry 27"),
+              std::string::npos);
 }
 
 TEST(MlaAttention, RejectsInconsistentMetadata) {

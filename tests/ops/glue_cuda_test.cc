@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 
@@ -114,39 +115,67 @@ TEST(GlueCuda, QRopeMatchesRopeApply) {
     }
 }
 
-// kv append: the latent normalized, k_pe rotated, written at the slots (other slots untouched).
-TEST(GlueCuda, KvAppendMatchesCpuChain) {
-    REQUIRE_GPU();
-    const int T = 7, C = 40, rope = 8, stride = 3 + C + rope + 5;
-    auto rows = random_bf16(size_t(T) * stride, 3, 3.0f);
-    auto w = fanout::testing::random_floats(C, 4);
+// The cache append's input and its CPU result: T rows of kv_a (a 3-value offset and 5 values of
+// padding around each [latent | k_pe]), positions, scattered slots, the norm weight, and the
+// entries the CPU chain (rms_norm, rope_apply) makes of them, [T, 1, C + rope] f32.
+struct AppendCase {
+    int T, C, rope, stride;
+    Bf16Data rows;
+    std::vector<float> w;
     std::vector<int32_t> pos, slots;
+    RopeTable tab;
+    Tensor entry;
+};
+AppendCase append_case(int T, int C, int rope) {
+    AppendCase a{T,
+                 C,
+                 rope,
+                 3 + C + rope + 5,
+                 random_bf16(size_t(T) * (3 + C + rope + 5), 3, 3.0f),
+                 fanout::testing::random_floats(C, 4),
+                 {},
+                 {},
+                 yarn_table(rope),
+                 Tensor()};
     for (int t = 0; t < T; ++t) {
-        pos.push_back(100 + t * 31);
-        slots.push_back(64 * (t % 3) + 5 * t + 1);
+        a.pos.push_back(100 + t * 31);
+        a.slots.push_back(64 * (t % 3) + 5 * t + 1);
     }
-    const RopeTable tab = yarn_table(rope);
-    Tensor lat = Tensor::zeros({T, C}, DType::kF32), entry = Tensor::zeros({T, 1, C + rope}, DType::kF32);
+    Tensor lat = Tensor::zeros({T, C}, DType::kF32);
+    a.entry = Tensor::zeros({T, 1, C + rope}, DType::kF32);
     for (int t = 0; t < T; ++t)
         for (int d = 0; d < C + rope; ++d) {
-            const float v = rows.f32[t * stride + 3 + d];
+            const float v = a.rows.f32[t * a.stride + 3 + d];
             if (d < C) lat.data_as<float>()[t * C + d] = v;
-            entry.data_as<float>()[t * (C + rope) + d] = v;
+            a.entry.data_as<float>()[t * (C + rope) + d] = v;
         }
     Tensor wt = Tensor::zeros({C}, DType::kF32);
-    std::copy(w.begin(), w.end(), wt.data_as<float>());
+    std::copy(a.w.begin(), a.w.end(), wt.data_as<float>());
     rms_norm(lat, wt, 1e-6f, lat, Stream{});
     for (int t = 0; t < T; ++t)
         std::copy(lat.data_as<float>() + t * C, lat.data_as<float>() + (t + 1) * C,
-                  entry.data_as<float>() + t * (C + rope));
-    rope_apply(entry, C, pos.data(), tab, Stream{});
+                  a.entry.data_as<float>() + t * (C + rope));
+    rope_apply(a.entry, C, a.pos.data(), a.tab, Stream{});
+    return a;
+}
+
+// kv append: the latent normalized, k_pe rotated, written at the slots (other slots untouched).
+TEST(GlueCuda, KvAppendMatchesCpuChain) {
+    REQUIRE_GPU();
+    const AppendCase a = append_case(7, 40, 8);
+    const int T = a.T, C = a.C, rope = a.rope, stride = a.stride;
+    const Bf16Data& rows = a.rows;
+    const std::vector<int32_t>&pos = a.pos, &slots = a.slots;
+    const std::vector<float>& w = a.w;
+    const RopeTable& tab = a.tab;
+    const Tensor& entry = a.entry;
     const size_t cache_n = size_t(3 * 64) * (C + rope);
     Dev<uint16_t> drows(rows.bits), cache(cache_n);
     Dev<float> dw(w), freq(tab.inv_freq);
     Dev<int32_t> dpos(pos), dslots(slots);
     cache.poison();
     launch_mla_kv_append(drows.ptr + 3, stride, T, C, dw.ptr, 1e-6f, dpos.ptr, {freq.ptr, rope, tab.attention_factor},
-                         dslots.ptr, cache.ptr, nullptr);
+                         dslots.ptr, {cache.ptr, nullptr}, nullptr);
     const auto got = cache.download();
     std::vector<float> g, r;
     std::vector<bool> written(cache_n / (C + rope), false);
@@ -160,6 +189,92 @@ TEST(GlueCuda, KvAppendMatchesCpuChain) {
     EXPECT_LT(rel(g, r), 1e-2);
     for (size_t s = 0; s < written.size(); ++s)
         if (!written[s]) ASSERT_EQ(got[s * (C + rope)], 0xffff) << "slot " << s << " was written";
+}
+
+// The FP8 append: each entry as quantize_latent_entry_fp8 makes it of the CPU chain's values — up
+// to the rounding of values the two compute a hair apart: each latent value within one e4m3 step
+// (and its group's scale within one bf16 step), the rope part within bf16 rounding — at the tiny
+// model's widths (one group of 64), with a partial last group, and at V3's; other slots untouched.
+TEST(GlueCuda, KvAppendFp8MatchesCpuQuantization) {
+    REQUIRE_GPU();
+    for (const auto [C, rope] : {std::pair{64, 16}, std::pair{200, 8}, std::pair{512, 64}}) {
+        const AppendCase a = append_case(7, C, rope);
+        const MlaFp8Layout L{C, rope};
+        const size_t E = size_t(L.entry_bytes()), slots_n = 3 * 64;
+        Dev<uint16_t> drows(a.rows.bits);
+        Dev<uint8_t> cache(slots_n * E);
+        Dev<float> dw(a.w), freq(a.tab.inv_freq);
+        Dev<int32_t> dpos(a.pos), dslots(a.slots);
+        cache.poison();
+        launch_mla_kv_append(drows.ptr + 3, a.stride, a.T, C, dw.ptr, 1e-6f, dpos.ptr,
+                             {freq.ptr, rope, a.tab.attention_factor}, dslots.ptr, {nullptr, cache.ptr}, nullptr);
+        const auto got = cache.download();
+        std::vector<bool> written(slots_n, false);
+        std::vector<uint8_t> want(E);
+        std::vector<float> g(size_t(C + rope)), r(g.size()), all_got, all_ref;
+        for (int t = 0; t < a.T; ++t) {
+            written[a.slots[t]] = true;
+            const float* e = a.entry.data_as<float>() + t * (C + rope);
+            quantize_latent_entry_fp8(e, L, want.data());
+            dequantize_latent_entry_fp8(got.data() + size_t(a.slots[t]) * E, L, g.data());
+            dequantize_latent_entry_fp8(want.data(), L, r.data());
+            for (int64_t k = 0; k < L.num_scales(); ++k) {
+                float sg, sr;
+                std::memcpy(&sg, got.data() + size_t(a.slots[t]) * E + L.scale_offset() + 4 * k, 4);
+                std::memcpy(&sr, want.data() + L.scale_offset() + 4 * k, 4);
+                ASSERT_LE(std::fabs(sg - sr), sr / 128.0f) << "token " << t << " group " << k << " of kv_lora " << C;
+            }
+            for (int d = 0; d < C; ++d)
+                ASSERT_LE(std::fabs(g[d] - r[d]), std::max(std::fabs(r[d]) / 8.0f, 1e-30f) * 1.0001f)
+                    << "token " << t << " latent " << d << " of kv_lora " << C;
+            for (int d = C; d < C + rope; ++d)
+                ASSERT_LE(std::fabs(g[d] - e[d]), std::fabs(e[d]) / 64.0f + 1e-6f) << "token " << t << " rope " << d;
+            all_got.insert(all_got.end(), g.begin(), g.end());
+            all_ref.insert(all_ref.end(), e, e + C + rope);
+        }
+        EXPECT_LT(rel(all_got, all_ref), 5e-2) << "kv_lora " << C;  // e4m3: ~2–3% rms
+        for (size_t sl = 0; sl < slots_n; ++sl)
+            if (!written[sl]) ASSERT_EQ(got[sl * E], 0xff) << "slot " << sl << " was written";
+    }
+}
+
+// The FP8 gather: each latent value is bf16(e4m3 · scale) of its entry and the rope part its bf16
+// values, bit for bit, for several requests out of scattered blocks.
+TEST(GlueCuda, GatherLatentFp8DequantizesEntries) {
+    REQUIRE_GPU();
+    for (const auto [C, rope] : {std::pair{64, 16}, std::pair{200, 8}}) {
+        const MlaFp8Layout L{C, rope};
+        const int bs = 16, max_blocks = 4, num_blocks = 12, E = int(L.entry_bytes());
+        const auto values = random_bf16(size_t(num_blocks) * bs * (C + rope), 22, 2.0f);
+        std::vector<uint8_t> cache(size_t(num_blocks) * bs * E);
+        for (int sl = 0; sl < num_blocks * bs; ++sl)
+            quantize_latent_entry_fp8(values.f32.data() + size_t(sl) * (C + rope), L, cache.data() + size_t(sl) * E);
+        const std::vector<int32_t> lens = {37, 1, 64};
+        const std::vector<int32_t> table = {5, 2, 9, 0, /**/ 7, 0, 0, 0, /**/ 11, 1, 3, 4};
+        std::vector<int32_t> starts{0};
+        for (int32_t n : lens) starts.push_back(starts.back() + n);
+        const int rows = starts.back();
+        Dev<uint8_t> dcache(cache);
+        Dev<uint16_t> latent(size_t(rows) * C), k_pe(size_t(rows) * rope);
+        Dev<int32_t> dtable(table), dstarts(starts);
+        latent.poison(), k_pe.poison();
+        launch_gather_latent({nullptr, dcache.ptr}, dtable.ptr, max_blocks, bs, dstarts.ptr, int(lens.size()), rows, C,
+                             rope, latent.ptr, k_pe.ptr, nullptr);
+        FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+        const auto lat = latent.download(), pe = k_pe.download();
+        std::vector<float> entry(size_t(C + rope));
+        for (size_t r = 0; r < lens.size(); ++r)
+            for (int pos = 0; pos < lens[r]; ++pos) {
+                const size_t slot = size_t(table[r * max_blocks + pos / bs]) * bs + pos % bs, row = starts[r] + pos;
+                dequantize_latent_entry_fp8(cache.data() + slot * E, L, entry.data());
+                for (int d = 0; d < C + rope; ++d) {
+                    const uint16_t want = f32_to_bf16(entry[d]);
+                    const uint16_t g = d < C ? lat[row * C + d] : pe[row * rope + d - C];
+                    ASSERT_EQ(g, want) << "request " << r << " position " << pos << " value " << d << ", widths " << C
+                                       << " + " << rope;
+                }
+            }
+    }
 }
 
 // The MHA form's gather: several requests' contexts back to back out of scattered, out-of-order
@@ -181,8 +296,8 @@ TEST(GlueCuda, GatherLatentOfSeveralRequestsCopiesTheirEntries) {
         for (const bool several : {true, false}) {
             latent.poison(), k_pe.poison();
             const int R = several ? int(lens.size()) : 1, total = several ? rows : lens[0];
-            launch_gather_latent(dcache.ptr, dtable.ptr, max_blocks, bs, several ? dstarts.ptr : nullptr, R, total, C,
-                                 rope, latent.ptr, k_pe.ptr, nullptr);
+            launch_gather_latent({dcache.ptr, nullptr}, dtable.ptr, max_blocks, bs, several ? dstarts.ptr : nullptr, R,
+                                 total, C, rope, latent.ptr, k_pe.ptr, nullptr);
             FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
             const auto lat = latent.download(), pe = k_pe.download();
             for (int r = 0; r < R; ++r)
@@ -199,7 +314,7 @@ TEST(GlueCuda, GatherLatentOfSeveralRequestsCopiesTheirEntries) {
         }
         if (C != 40) continue;
         EXPECT_NE(fanout::testing::error_of([&] {
-                      launch_gather_latent(dcache.ptr, dtable.ptr, max_blocks, bs, nullptr, 2, rows, C, rope,
+                      launch_gather_latent({dcache.ptr, nullptr}, dtable.ptr, max_blocks, bs, nullptr, 2, rows, C, rope,
                                            latent.ptr, k_pe.ptr, nullptr);
                   }).find("kv_start"),
                   std::string::npos);
@@ -229,12 +344,21 @@ TEST(GlueCuda, QRopeKvAppendFusedEqualsTheTwoLaunches) {
         for (auto* d : {&pe_a, &pe_b, &cache_a, &cache_b}) d->poison();
         const RopeDevice rd{freq.ptr, rope, tab.attention_factor};
         launch_mla_q_rope(dq.ptr, T, H, nope, dpos.ptr, rd, pe_a.ptr, nullptr);
-        launch_mla_kv_append(drows.ptr + 3, stride, T, C, dw.ptr, 1e-6f, dpos.ptr, rd, dslots.ptr, cache_a.ptr,
-                             nullptr);
+        launch_mla_kv_append(drows.ptr + 3, stride, T, C, dw.ptr, 1e-6f, dpos.ptr, rd, dslots.ptr,
+                             {cache_a.ptr, nullptr}, nullptr);
         launch_mla_q_rope_kv_append(dq.ptr, T, H, nope, pe_b.ptr, drows.ptr + 3, stride, C, dw.ptr, 1e-6f, dpos.ptr, rd,
-                                    dslots.ptr, cache_b.ptr, nullptr);
+                                    dslots.ptr, {cache_b.ptr, nullptr}, nullptr);
         EXPECT_EQ(pe_a.download(), pe_b.download()) << "q_pe, T " << T << " H " << H;
         EXPECT_EQ(cache_a.download(), cache_b.download()) << "cache, T " << T << " C " << C;
+        // The same with FP8 entries.
+        const size_t fp8_n = size_t(2 * T + 2) * size_t(MlaFp8Layout{C, rope}.entry_bytes());
+        Dev<uint8_t> fp8_a(fp8_n), fp8_b(fp8_n);
+        fp8_a.poison(), fp8_b.poison();
+        launch_mla_kv_append(drows.ptr + 3, stride, T, C, dw.ptr, 1e-6f, dpos.ptr, rd, dslots.ptr, {nullptr, fp8_a.ptr},
+                             nullptr);
+        launch_mla_q_rope_kv_append(dq.ptr, T, H, nope, pe_b.ptr, drows.ptr + 3, stride, C, dw.ptr, 1e-6f, dpos.ptr, rd,
+                                    dslots.ptr, {nullptr, fp8_b.ptr}, nullptr);
+        EXPECT_EQ(fp8_a.download(), fp8_b.download()) << "FP8 cache, T " << T << " C " << C;
     }
 }
 

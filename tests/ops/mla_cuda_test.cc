@@ -118,14 +118,15 @@ struct Problem {
         if (c.fp8) {
             // Every slot in the FP8 form (NaN slots stay NaN); `cache` becomes the bf16 values the kernel
             // computes with (e4m3 · scale rounded to bf16), so the reference below is the kernel's math.
-            EXPECT_EQ(D, kMlaFp8Lora + kMlaFp8Rope) << "the FP8 cache is defined for kv_lora 512 + rope 64";
-            cache_fp8.assign(size_t(num_blocks) * bs * kMlaFp8EntryBytes, 0);
+            const MlaFp8Layout L{C, c.rope};
+            EXPECT_TRUE(mla_fp8_widths_ok(C, c.rope)) << "kv_lora " << C << " rope " << c.rope;
+            cache_fp8.assign(size_t(num_blocks) * bs * L.entry_bytes(), 0);
             std::vector<float> entry(D);
             for (size_t slot = 0; slot < size_t(num_blocks) * bs; ++slot) {
                 for (int d = 0; d < D; ++d) entry[d] = bf16_to_f32(cache[slot * D + d]);
-                uint8_t* q = cache_fp8.data() + slot * kMlaFp8EntryBytes;
-                quantize_latent_entry_fp8(entry.data(), q);
-                dequantize_latent_entry_fp8(q, entry.data());
+                uint8_t* q = cache_fp8.data() + slot * L.entry_bytes();
+                quantize_latent_entry_fp8(entry.data(), L, q);
+                dequantize_latent_entry_fp8(q, L, entry.data());
                 for (int d = 0; d < D; ++d) cache[slot * D + d] = f32_to_bf16(entry[d]);
             }
         }
@@ -340,7 +341,9 @@ TEST(MlaCuda, TensorCoreKernelMatchesCpuReference) {
 
 // The FP8 cache through the tensor-core kernel against the reference on what it decodes to: every
 // tail position in either tile of a pair, splits, the head-major layout, peaky scores, many tile
-// pairs, and a request whose slots past kv_end hold NaN bytes.
+// pairs, and a request whose slots past kv_end hold NaN bytes. Then through the generic kernel: the
+// tiny model's widths (one group of 64), odd widths with a partial last group and another block
+// size, V3's widths, and a negative scale (which only the generic kernel takes).
 TEST(MlaCuda, Fp8CacheMatchesCpuReference) {
     REQUIRE_GPU();
     ThreadPool pool(0);
@@ -355,11 +358,29 @@ TEST(MlaCuda, Fp8CacheMatchesCpuReference) {
         {"peaky scores", 32, 512, 64, {1, 2}, {3000, 700}, false, 0, 64, 8.0f},
         {"long, odd tiles, no split", 128, 512, 64, {2, 1}, {4999, 4033}, false, 1},
         {"q2 kv 4990 / 4866, 40 splits", 128, 512, 64, {2, 2}, {4990, 4866}, false, 40},
+        {"generic: tiny 64/16", 4, 64, 16, {1, 2, 4, 37}, {1, 63, 65, 87}},
+        {"generic: tiny 64/16, 5 splits, head-major", 4, 64, 16, {2}, {1000}, true, 5},
+        {"generic: 200/24 (a partial group), block 16", 5, 200, 24, {2, 3}, {130, 64}, false, 0, 16},
+        {"generic: DeepSeek widths", 16, 512, 64, {2, 1}, {1000, 65}, false, 0, 64, 1.0f, true},
     };
     for (Case& c : cases) {
         c.fp8 = true;
         run_case(c, pool, ws);
     }
+    Case negative{"negative scale (the generic kernel)", 8, 512, 64, {1, 2}, {70, 300}};
+    negative.fp8 = true;
+    const Problem pb(negative, 3);
+    DeviceProblem dev(pb);
+    MlaAttentionParams p = dev.params(pb);
+    p.scale = -p.scale;
+    EXPECT_EQ(mla_attention_kernel_for(p), MlaKernel::kGeneric);
+    Problem flipped = pb;
+    flipped.scale = -pb.scale;
+    const std::vector<float> ref = flipped.reference(pool);
+    dev.out.poison();
+    launch_mla_attention(p, &ws, nullptr);
+    FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+    expect_matches(flipped, dev.download_out(), ref, describe(negative));
 }
 
 // The device quantization equals quantize_latent_entry_fp8 byte for byte: ordinary entries, a block
@@ -378,7 +399,7 @@ TEST(MlaCuda, QuantizeLatentFp8MatchesCpu) {
     std::vector<float> entry(D);
     for (int e = 0; e < n; ++e) {
         for (int d = 0; d < D; ++d) entry[d] = bf16_to_f32(in[size_t(e) * D + d]);
-        quantize_latent_entry_fp8(entry.data(), want.data() + size_t(e) * kMlaFp8EntryBytes);
+        quantize_latent_entry_fp8(entry.data(), kMlaFp8V3, want.data() + size_t(e) * kMlaFp8EntryBytes);
     }
     DeviceBuffer<uint16_t> d_in(in);
     DeviceBuffer<uint8_t> d_out(want.size());
@@ -390,18 +411,20 @@ TEST(MlaCuda, QuantizeLatentFp8MatchesCpu) {
         ASSERT_EQ(int(got[i]), int(want[i])) << "entry " << i / kMlaFp8EntryBytes << " byte " << i % kMlaFp8EntryBytes;
 }
 
-// An FP8 cache the tensor-core kernel cannot take, or both caches at once, is refused by name.
-TEST(MlaCuda, Fp8CacheOutsideTheTensorCoreKernelIsRefused) {
+// Both caches at once, or FP8 widths the entry cannot hold, are refused by name.
+TEST(MlaCuda, BadFp8CacheIsRefused) {
     REQUIRE_GPU();
     const Case c{"fp8 refused", 8, 512, 64, {1}, {70}, false, 0, 64, 1.0f, false, true};
     const Problem pb(c, 3);
     DeviceProblem dev(pb);
     MlaAttentionParams p = dev.params(pb);
-    p.scale = -p.scale;  // not the tensor-core kernel's
-    EXPECT_THROW(launch_mla_attention(p, nullptr, nullptr), Error);
-    p.scale = -p.scale;
     p.cache = dev.cache.ptr;  // both
-    EXPECT_THROW(launch_mla_attention(p, nullptr, nullptr), Error);
+    EXPECT_NE(fanout::testing::error_of([&] { launch_mla_attention(p, nullptr, nullptr); }).find("exactly one"),
+              std::string::npos);
+    p.cache = nullptr;
+    p.kv_lora = 510, p.rope_dim = 66;  // 510 is not a multiple of 4
+    EXPECT_NE(fanout::testing::error_of([&] { launch_mla_attention(p, nullptr, nullptr); }).find("kv_lora=510"),
+              std::string::npos);
 }
 
 TEST(MlaCuda, GenericKernelMatchesCpuReference) {

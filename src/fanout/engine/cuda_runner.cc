@@ -10,11 +10,6 @@ CudaRunner::CudaRunner(const model::DeepseekV3& model, const model::CudaModelOpt
                        const model::LoadProgress& progress)
     : config_(model.config()), gpu_(std::make_unique<model::CudaModel>(model, opts, progress)) {}
 
-double CudaRunner::block_bytes(const io::ModelConfig& c, bool with_mtp) {
-    return static_cast<double>((c.num_hidden_layers + (with_mtp ? 1 : 0)) * kv::kDefaultBlockSize * c.kv_entry_dim()) *
-           dtype_size(DType::kBF16);
-}
-
 std::string CudaRunner::enable_mtp(int draft_tokens) {
     const int64_t made = gpu_->options().mtp_draft_tokens;
     if (made >= draft_tokens) return "";

@@ -40,9 +40,6 @@ class CudaRunner : public ModelRunner {
     std::string microbatch_support() const override;
     int64_t mha_requests() const override { return gpu_->last_attention_split().mha; }
 
-    // Device bytes of one cache block (every layer; with_mtp: and the MTP layer's), to size the
-    // cache from a memory budget.
-    static double block_bytes(const io::ModelConfig& c, bool with_mtp = false);
     // The current device's name, free and total memory (bytes), for the memory plan.
     struct DeviceMemory {
         std::string name;

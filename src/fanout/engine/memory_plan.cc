@@ -11,6 +11,7 @@
 
 #include "fanout/core/error.h"
 #include "fanout/io/checkpoint.h"
+#include "fanout/kv/paged_kv_cache.h"
 #include "fanout/model/weights.h"
 
 namespace fanout::engine {
@@ -85,10 +86,13 @@ double tp_attention_copy_bytes(const io::ModelConfig& c, int tp, int groups) {
     return 4.0 * per_layer * layers * groups;
 }
 
-double kv_block_bytes(const io::ModelConfig& c, bool with_mtp, int64_t block_size, int64_t element_bytes) {
-    const double layers = static_cast<double>(c.num_hidden_layers + (with_mtp ? c.num_nextn_predict_layers : 0));
-    return layers * static_cast<double>(block_size) * static_cast<double>(c.kv_entry_dim()) *
-           static_cast<double>(element_bytes);
+double kv_block_bytes(const io::ModelConfig& c, bool with_mtp, int64_t block_size, DType dtype) {
+    const double layers = static_cast<double>(c.num_hidden_layers + (with_mtp && c.num_nextn_predict_layers > 0));
+    kv::KvCacheConfig k;
+    k.entry_dim = c.kv_entry_dim();
+    k.kv_lora = c.kv_lora_rank;
+    k.dtype = dtype;
+    return layers * static_cast<double>(block_size) * static_cast<double>(k.entry_bytes());
 }
 
 double checkpoint_file_bytes(const std::string& dir) {

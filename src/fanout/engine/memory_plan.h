@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 
+#include "fanout/core/dtype.h"
 #include "fanout/core/parallel.h"
 #include "fanout/io/model_config.h"
 
@@ -48,8 +49,10 @@ double cpu_step_workspace_bytes(const io::ModelConfig& c, int64_t max_num_seqs, 
 // together hold one whole copy. 0 when tp is 1.
 double tp_attention_copy_bytes(const io::ModelConfig& c, int tp, int groups);
 
-// KV bytes per block (all layers, MTP included when present) for an element size.
-double kv_block_bytes(const io::ModelConfig& c, bool with_mtp, int64_t block_size, int64_t element_bytes);
+// KV bytes per block — every decoder layer, and with_mtp the MTP layer the models hold (the first,
+// if the checkpoint has one) — with entries of `dtype` (f32, bf16, or kFP8E4M3:
+// ops::latent_entry_bytes; throws for one the cache cannot store). The CPU and GPU paths both.
+double kv_block_bytes(const io::ModelConfig& c, bool with_mtp, int64_t block_size, DType dtype);
 
 // The host's memory (MemTotal in /proc/meminfo), in bytes; 0 when unknown.
 double host_memory_bytes();

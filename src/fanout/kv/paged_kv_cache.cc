@@ -2,11 +2,12 @@
 
 #include <algorithm>
 
+#include "fanout/ops/fp8_constants.h"
+
 namespace fanout::kv {
 
 BlockAllocator::BlockAllocator(int64_t num_blocks) : num_blocks_(num_blocks), in_use_(num_blocks, false) {
-    FANOUT_CHECK(num_blocks >= 0 && num_blocks < (int64_t{1} << 31), "kv cache: {} blocks is out of range",
-                 num_blocks);
+    FANOUT_CHECK(num_blocks >= 0 && num_blocks < (int64_t{1} << 31), "kv cache: {} blocks is out of range", num_blocks);
     free_.reserve(static_cast<size_t>(num_blocks));
     for (int64_t b = num_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));  // hand out 0 first
 }
@@ -29,13 +30,30 @@ void BlockAllocator::release(const std::vector<int32_t>& blocks) {
     }
 }
 
+int64_t KvCacheConfig::entry_bytes() const {
+    const int64_t bytes = ops::latent_entry_bytes(kv_lora, entry_dim - kv_lora, dtype);
+    FANOUT_CHECK(bytes > 0,
+                 "kv cache: cannot store dtype {} at entry_dim {} (kv_lora {}): the cache stores f32, bf16, or FP8 "
+                 "with kv_lora a multiple of 4 and an even rope width",
+                 dtype_name(dtype), entry_dim, kv_lora);
+    return bytes;
+}
+
+DType kv_dtype_from_name(const std::string& name) {
+    if (name == "f32") return DType::kF32;
+    if (name == "bf16") return DType::kBF16;
+    if (name == "fp8") return DType::kFP8E4M3;
+    FANOUT_FAIL("unknown KV cache dtype '{}'; choose f32, bf16 or fp8", name);
+}
+
 PagedKvCache::PagedKvCache(const KvCacheConfig& config) : config_(config), allocator_(config.num_blocks) {
-    FANOUT_CHECK(config.num_layers >= 0 && config.entry_dim > 0 && config.block_size > 0,
-                 "kv cache: layers={} entry_dim={} block_size={} must be positive (layers may be 0)", config.num_layers,
-                 config.entry_dim, config.block_size);
-    FANOUT_CHECK(config.dtype == DType::kF32 || config.dtype == DType::kBF16, "kv cache: dtype {} not supported",
-                 dtype_name(config.dtype));
-    storage_ = Tensor::zeros({config.num_layers, config.num_blocks, config.block_size, config.entry_dim}, config.dtype);
+    FANOUT_CHECK(config.num_layers >= 0 && config.entry_dim > 0 && config.block_size > 0 && config.kv_lora >= 0 &&
+                     config.kv_lora < config.entry_dim,
+                 "kv cache: layers={} entry_dim={} kv_lora={} block_size={} must be positive (layers and kv_lora may "
+                 "be 0; kv_lora < entry_dim)",
+                 config.num_layers, config.entry_dim, config.kv_lora, config.block_size);
+    storage_ =
+        Tensor::zeros({config.num_layers, config.num_blocks, config.block_size, config.entry_bytes()}, DType::kU8);
 }
 
 void PagedKvCache::reserve(SequenceBlocks& seq, int64_t num_tokens) {
@@ -62,8 +80,7 @@ int32_t PagedKvCache::slot(const SequenceBlocks& seq, int64_t pos) const {
 
 void* PagedKvCache::layer_data(int64_t layer) const {
     FANOUT_CHECK(layer >= 0 && layer < config_.num_layers, "kv cache: layer {} of {}", layer, config_.num_layers);
-    const size_t per_layer = static_cast<size_t>(config_.num_blocks * config_.block_size * config_.entry_dim) *
-                             dtype_size(config_.dtype);
+    const size_t per_layer = static_cast<size_t>(config_.num_blocks * config_.block_size * config_.entry_bytes());
     return static_cast<char*>(storage_.data()) + static_cast<size_t>(layer) * per_layer;
 }
 

@@ -376,7 +376,7 @@ bool CudaLayerExec::post_quantized(const DeviceLayer& w) {
     return (w.has_mlp && w.gate_up.fp8) || (w.moe && w.experts_gate_up.fp8);
 }
 
-void CudaLayerExec::run(const DeviceLayer& w, const LayerStep& st, uint16_t* hidden, uint16_t* cache,
+void CudaLayerExec::run(const DeviceLayer& w, const LayerStep& st, uint16_t* hidden, ops::DeviceLatentCache cache,
                         const KernelMark& mark) {
     attn_in(w, st, hidden, cache, mark);
     attn_out(w, st, hidden, cache, mark);
@@ -401,7 +401,7 @@ void run_microbatched(const DeviceLayer& w, const std::array<Microbatch, 2>& mb,
     for (const Microbatch& m : mb) m.exec->combine(w, m.step, m.hidden, mark);
 }
 
-void CudaLayerExec::attn_in(const DeviceLayer& w, const LayerStep& st, uint16_t* hidden, uint16_t* cache,
+void CudaLayerExec::attn_in(const DeviceLayer& w, const LayerStep& st, uint16_t* hidden, ops::DeviceLatentCache cache,
                             const KernelMark& mark) {
     if (st.T == 0) return;
     Buffers& b = *b_;
@@ -459,7 +459,8 @@ void CudaLayerExec::attn_in(const DeviceLayer& w, const LayerStep& st, uint16_t*
     m("latent_norm_rope_append");
 }
 
-void CudaLayerExec::attend_mha(const DeviceLayer& w, const LayerStep& st, uint16_t* cache, const KernelMark& mark) {
+void CudaLayerExec::attend_mha(const DeviceLayer& w, const LayerStep& st, ops::DeviceLatentCache cache,
+                               const KernelMark& mark) {
     Buffers& b = *b_;
     const auto m = [&](const char* name) {
         if (mark) mark(name);
@@ -503,8 +504,8 @@ void CudaLayerExec::attend_mha(const DeviceLayer& w, const LayerStep& st, uint16
     m("attention");
 }
 
-void CudaLayerExec::attend_absorbed(const DeviceLayer& w, const LayerStep& st, int T, int R, int max_q, uint16_t* cache,
-                                    const char* attention_mark, const KernelMark& mark) {
+void CudaLayerExec::attend_absorbed(const DeviceLayer& w, const LayerStep& st, int T, int R, int max_q,
+                                    ops::DeviceLatentCache cache, const char* attention_mark, const KernelMark& mark) {
     Buffers& b = *b_;
     const auto m = [&](const char* name) {
         if (mark) mark(name);
@@ -532,7 +533,8 @@ void CudaLayerExec::attend_absorbed(const DeviceLayer& w, const LayerStep& st, i
     p.kv_len = st.kv_len;
     p.positions = st.positions;
     p.block_table = st.block_table;
-    p.cache = cache;
+    p.cache = cache.bf16;
+    p.cache_fp8 = cache.fp8;
     p.q_lat = b.q_lat.get();  // [H, T, C]
     p.q_lat_stride_t = C;
     p.q_lat_stride_h = static_cast<int64_t>(T) * C;
@@ -550,7 +552,7 @@ void CudaLayerExec::attend_absorbed(const DeviceLayer& w, const LayerStep& st, i
     m("bmm_v");
 }
 
-void CudaLayerExec::attn_out(const DeviceLayer& w, const LayerStep& st, uint16_t* hidden, uint16_t* cache,
+void CudaLayerExec::attn_out(const DeviceLayer& w, const LayerStep& st, uint16_t* hidden, ops::DeviceLatentCache cache,
                              const KernelMark& mark) {
     if (st.T == 0) return;
     Buffers& b = *b_;

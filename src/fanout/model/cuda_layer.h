@@ -48,6 +48,7 @@
 #include "fanout/ops/device_context.h"
 #include "fanout/ops/gemm.h"
 #include "fanout/ops/mla_attention_cuda.h"
+#include "fanout/ops/model_glue_cuda.h"
 #include "fanout/ops/rope.h"
 
 namespace fanout::model {
@@ -158,12 +159,12 @@ class CudaLayerExec {
     // Once per step, before its first layer (on the stream: inside a captured step too): the
     // step-wide constants every layer reads.
     void begin_step(const LayerStep& step);
-    void run(const DeviceLayer& w, const LayerStep& step, uint16_t* hidden, uint16_t* cache,
+    void run(const DeviceLayer& w, const LayerStep& step, uint16_t* hidden, ops::DeviceLatentCache cache,
              const KernelMark& mark = {});
     // The stages (see the top), for schedules that interleave them.
-    void attn_in(const DeviceLayer& w, const LayerStep& step, uint16_t* hidden, uint16_t* cache,
+    void attn_in(const DeviceLayer& w, const LayerStep& step, uint16_t* hidden, ops::DeviceLatentCache cache,
                  const KernelMark& mark = {});
-    void attn_out(const DeviceLayer& w, const LayerStep& step, uint16_t* hidden, uint16_t* cache,
+    void attn_out(const DeviceLayer& w, const LayerStep& step, uint16_t* hidden, ops::DeviceLatentCache cache,
                   const KernelMark& mark = {});
     void gate(const DeviceLayer& w, const LayerStep& step, const KernelMark& mark = {});
     void dispatch_send(const DeviceLayer& w, const LayerStep& step, const KernelMark& mark = {});
@@ -179,10 +180,10 @@ class CudaLayerExec {
     struct Buffers;
     // Attention of requests [0, R) — tokens [0, T), at most max_q each — in the absorbed form;
     // the attention kernel's mark is `attention_mark`.
-    void attend_absorbed(const DeviceLayer& w, const LayerStep& st, int T, int R, int max_q, uint16_t* cache,
-                         const char* attention_mark, const KernelMark& mark);
+    void attend_absorbed(const DeviceLayer& w, const LayerStep& st, int T, int R, int max_q,
+                         ops::DeviceLatentCache cache, const char* attention_mark, const KernelMark& mark);
     // Attention of the step's prefill chunks (requests from st.mha_request) in the MHA form.
-    void attend_mha(const DeviceLayer& w, const LayerStep& st, uint16_t* cache, const KernelMark& mark);
+    void attend_mha(const DeviceLayer& w, const LayerStep& st, ops::DeviceLatentCache cache, const KernelMark& mark);
     void linear(const DeviceWeight& w, const uint16_t* x, int M, uint16_t* y, const uint16_t* residual = nullptr);
     // hidden += down(silu(gate) · up) of normed; `prequantized`: xq / xs already hold normed for FP8.
     void mlp(const DeviceWeight& gu, const DeviceWeight& down, int T, uint16_t* hidden, bool prequantized,
@@ -220,7 +221,7 @@ struct Microbatch {
     CudaLayerExec* exec = nullptr;
     LayerStep step;
     uint16_t* hidden = nullptr;
-    uint16_t* cache = nullptr;
+    ops::DeviceLatentCache cache;
 };
 
 // Two microbatches through one layer on one stream, stage by stage (the seed's two-microbatch

@@ -140,8 +140,10 @@ kv::KvCacheConfig DeepseekV3::kv_cache_config(int64_t num_blocks, DType dtype) c
     kv::KvCacheConfig k;
     k.num_layers = config_.num_hidden_layers + (weights_.mtp ? 1 : 0);
     k.entry_dim = config_.kv_entry_dim();
+    k.kv_lora = config_.kv_lora_rank;
     k.num_blocks = num_blocks;
     k.dtype = dtype;
+    (void)k.entry_bytes();  // a dtype or widths the cache cannot store, named before any allocation
     return k;
 }
 
@@ -166,6 +168,12 @@ void DeepseekV3::mlp(const MlpWeights& w, const Tensor& x, Tensor& out, const Fo
     ops::linear(x, w.up, up, opts.fp8_mode, s);
     ops::silu_mul(gate, up, gate, s);
     ops::linear(gate, w.down, out, opts.fp8_mode, s);
+}
+
+// Layer `layer` of the cache as the attention ops take it.
+static ops::LatentCache latent_cache(const kv::PagedKvCache& cache, int64_t layer) {
+    const kv::KvCacheConfig& k = cache.config();
+    return {cache.layer_data(layer), k.dtype, k.num_blocks, k.block_size, k.entry_dim, k.kv_lora};
 }
 
 void DeepseekV3::stage_attn_in(const LayerWeights& w, int64_t layer, LayerState& st, const StepBatch& batch,
@@ -207,8 +215,7 @@ void DeepseekV3::stage_attn_in(const LayerWeights& w, int64_t layer, LayerState&
                     static_cast<size_t>(kv_lora) * sizeof(float));
     Tensor entry3 = entry.reshape({T, 1, kv_lora + rope});
     ops::rope_apply(entry3, kv_lora, batch.positions.data(), rope_, s);
-    ops::LatentCache lc{cache.layer_data(layer), cache.config().dtype, cache.config().num_blocks,
-                        cache.config().block_size, cache.config().entry_dim};
+    ops::LatentCache lc = latent_cache(cache, layer);
     ops::kv_append(lc, entry, batch.slots.data(), s);
 }
 
@@ -216,8 +223,7 @@ void DeepseekV3::stage_attn_out(const LayerWeights& w, int64_t layer, LayerState
                                 kv::PagedKvCache& cache, const Stream& s, const ForwardOptions& opts) const {
     const io::ModelConfig& c = config_;
     const int64_t T = batch.num_tokens(), D = c.hidden_size, H = heads();
-    ops::LatentCache lc{cache.layer_data(layer), cache.config().dtype, cache.config().num_blocks,
-                        cache.config().block_size, cache.config().entry_dim};
+    ops::LatentCache lc = latent_cache(cache, layer);
     const ops::AttentionMetadata meta = batch.attention_metadata();
     Tensor attn = Tensor::zeros({T, H, c.v_head_dim}, DType::kF32);
     const float scale = static_cast<float>(c.softmax_scale());

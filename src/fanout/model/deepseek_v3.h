@@ -138,7 +138,8 @@ class DeepseekV3 {
     const ops::RopeTable& rope() const { return rope_; }
     // Attention heads this rank computes: all of them, or its share under tensor parallelism.
     int64_t heads() const { return config_.num_attention_heads / weights_.parallel.tp; }
-    // Cache layers: the decoder layers, then the MTP layer if any.
+    // Cache layers: the decoder layers, then the MTP layer if any; entries of `dtype` (f32, bf16, or
+    // kFP8E4M3: the FP8 entry of ops/fp8_constants.h).
     kv::KvCacheConfig kv_cache_config(int64_t num_blocks, DType dtype = DType::kF32) const;
 
     struct Output {

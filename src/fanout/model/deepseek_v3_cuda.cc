@@ -123,7 +123,9 @@ struct CudaModel::Impl {
 
     DeviceModelWeights w;
     StreamStats upload;
-    DeviceArray<uint16_t> cache;  // [layers, num_blocks + 1, block, entry]; the last block is the padding scratch
+    // [layers, num_blocks + 1, block] entries of cache_config().entry_bytes() (bf16 values or FP8
+    // entries: opts.kv_dtype); the last block is the padding scratch.
+    DeviceArray<uint8_t> cache;
 
     // Step inputs at fixed addresses (what a captured graph reads).
     DeviceArray<int32_t> tokens, positions, slots, query_start, kv_len, block_table, logit_rows, out_tokens, num_tokens;
@@ -170,12 +172,26 @@ struct CudaModel::Impl {
         graphs.clear();
     }
 
-    size_t cache_layer_elems() const {
-        return static_cast<size_t>((num_blocks + 1) * kv::kDefaultBlockSize * c.kv_entry_dim());
+    // The device cache's geometry (num_layers 0: the host allocator holds no entries).
+    kv::KvCacheConfig cache_config() const {
+        kv::KvCacheConfig k;
+        k.num_layers = 0;
+        k.entry_dim = c.kv_entry_dim();
+        k.kv_lora = c.kv_lora_rank;
+        k.num_blocks = num_blocks;
+        k.dtype = opts.kv_dtype;
+        return k;
+    }
+    size_t cache_layer_bytes() const {
+        return static_cast<size_t>((num_blocks + 1) * kv::kDefaultBlockSize * cache_config().entry_bytes());
     }
 
     int num_layers_cached() const { return static_cast<int>(c.num_hidden_layers + (w.mtp ? 1 : 0)); }
-    uint16_t* cache_layer(int64_t l) { return cache.get() + static_cast<size_t>(l) * cache_layer_elems(); }
+    ops::DeviceLatentCache cache_layer(int64_t l) {
+        uint8_t* layer = cache.get() + static_cast<size_t>(l) * cache_layer_bytes();
+        if (opts.kv_dtype == DType::kFP8E4M3) return {nullptr, layer};
+        return {reinterpret_cast<uint16_t*>(layer), nullptr};
+    }
 
     LayerStep layer_step(int T, int R, int max_q, const MhaStep& mha) {
         LayerStep st;
@@ -395,6 +411,9 @@ CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts, cons
     m.max_blocks_per_request = ops::ceil_div(opts.max_context, block);
     m.num_blocks = opts.num_kv_blocks > 0 ? opts.num_kv_blocks : opts.max_requests * m.max_blocks_per_request;
     m.pad_block = m.num_blocks;
+    FANOUT_CHECK(opts.kv_dtype == DType::kBF16 || opts.kv_dtype == DType::kFP8E4M3,
+                 "CudaModel: the GPU runner's KV cache holds bf16 or fp8 entries, not {}", dtype_name(opts.kv_dtype));
+    (void)m.cache_config().entry_bytes();  // FP8 widths the entry cannot hold, named before loading
 
     FANOUT_CHECK(opts.mtp_draft_tokens >= 0 && opts.mtp_draft_tokens < kMaxGraphQueryLen,
                  "CudaModel: {} MTP draft tokens; the GPU runner takes 0..{}", opts.mtp_draft_tokens,
@@ -414,8 +433,8 @@ CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts, cons
                  opts.microbatch_ep ? opts.microbatch_ep->config().world : 0, opts.ep ? opts.ep->config().rank : 0,
                  opts.ep ? opts.ep->config().world : 0);
     m.w = upload_model_weights(c, model.weights(), progress, &m.upload, opts.mtp_draft_tokens > 0);
-    m.cache = DeviceArray<uint16_t>(static_cast<size_t>(m.num_layers_cached()) * m.cache_layer_elems());
-    FANOUT_CUDA_CHECK(cudaMemset(m.cache.get(), 0, m.cache.size() * sizeof(uint16_t)));
+    m.cache = DeviceArray<uint8_t>(static_cast<size_t>(m.num_layers_cached()) * m.cache_layer_bytes());
+    FANOUT_CUDA_CHECK(cudaMemset(m.cache.get(), 0, m.cache.size()));
 
     const size_t T = static_cast<size_t>(opts.max_step_tokens), R = static_cast<size_t>(opts.max_requests);
     const size_t D = static_cast<size_t>(c.hidden_size);
@@ -495,14 +514,7 @@ int64_t CudaModel::graphs_captured() const { return static_cast<int64_t>(impl_->
 
 CudaModel::AttentionSplit CudaModel::last_attention_split() const { return impl_->last_split; }
 
-kv::PagedKvCache CudaModel::make_block_allocator() const {
-    kv::KvCacheConfig k;
-    k.num_layers = 0;
-    k.entry_dim = impl_->c.kv_entry_dim();
-    k.num_blocks = impl_->num_blocks;
-    k.dtype = DType::kBF16;
-    return kv::PagedKvCache(k);
-}
+kv::PagedKvCache CudaModel::make_block_allocator() const { return kv::PagedKvCache(impl_->cache_config()); }
 
 void CudaModel::Impl::check_step(const StepBatch& batch) const {
     const int64_t T = batch.num_tokens(), R = batch.num_requests(),

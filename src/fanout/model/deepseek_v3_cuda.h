@@ -55,6 +55,10 @@ struct CudaModelOptions {
     int64_t max_requests = 64;      // requests in one step
     int64_t max_context = 4096;     // tokens of one request (prompt + generated)
     int64_t num_kv_blocks = 0;      // device cache blocks; 0: max_requests × max_context / block_size
+    // The cache's entries: bf16, or kFP8E4M3 (ops/fp8_constants.h's MlaFp8Layout: the latent in
+    // e4m3 with a scale per 128 values, 57% of bf16's bytes at V3's widths; appended quantized,
+    // read by the decode kernels and the MHA form's gather as bf16(e4m3 · scale)).
+    DType kv_dtype = DType::kBF16;
     bool cuda_graphs = true;
     // Rows whose logits one step returns; 0: min(max_step_tokens, max_requests × 4) — one per
     // request, or a few under MTP verification. `score` (every position) sets max_step_tokens.

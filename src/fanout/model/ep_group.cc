@@ -65,11 +65,7 @@ void EpThreadGroup::follow(int rank) {
             const bool microbatch = microbatch_;
             if (runs_lead_step) {
                 step = batch_;
-                const kv::KvCacheConfig& mine = cache->config();
-                if (mine.num_blocks != cache_config_.num_blocks || mine.dtype != cache_config_.dtype ||
-                    mine.num_layers != cache_config_.num_layers || mine.block_size != cache_config_.block_size ||
-                    mine.entry_dim != cache_config_.entry_dim)
-                    cache = std::make_unique<kv::PagedKvCache>(cache_config_);
+                if (cache->config() != cache_config_) cache = std::make_unique<kv::PagedKvCache>(cache_config_);
             }
             step.microbatch = microbatch;
         }

@@ -18,12 +18,45 @@ namespace fanout::ops {
 constexpr int64_t kFp8Block = 128;         // 1×128 activation blocks, 128×128 weight blocks
 constexpr float kActQuantMinAmax = 1e-4f;  // DeepSeek's act_quant floor on a block's amax
 
-// The FP8 KV cache's entry (mla_attention.h, FlashMLA's layout for DeepSeek-V3.2; the CPU ops and
-// the decode kernel read these): kv_lora 512 e4m3 values, four f32 scales, 64 bf16 rope values.
-constexpr int64_t kMlaFp8Lora = 512, kMlaFp8Rope = 64;
-constexpr int64_t kMlaFp8ScaleOffset = kMlaFp8Lora;                         // bytes
-constexpr int64_t kMlaFp8RopeOffset = kMlaFp8ScaleOffset + 4 * 4;           // 528
-constexpr int64_t kMlaFp8EntryBytes = kMlaFp8RopeOffset + kMlaFp8Rope * 2;  // 656
+// The FP8 KV cache's entry (mla_attention.h; FlashMLA's layout for DeepSeek-V3.2, which the
+// decode kernel reads at kv_lora 512, rope 64; the CPU ops, the append and gather kernels and the
+// generic decode kernel at any widths): the kv_lora latent values in e4m3, then one f32 scale per
+// 128 of them (the last group may be shorter), then the rope values in bf16. The scales need
+// kv_lora % 4 == 0 and the rope part an even rope width (mla_fp8_widths_ok).
+struct MlaFp8Layout {
+    int64_t kv_lora = 0, rope = 0;
+    FANOUT_HOST_DEVICE constexpr int64_t num_scales() const { return (kv_lora + kFp8Block - 1) / kFp8Block; }
+    FANOUT_HOST_DEVICE constexpr int64_t scale_offset() const { return kv_lora; }  // bytes
+    FANOUT_HOST_DEVICE constexpr int64_t rope_offset() const { return scale_offset() + 4 * num_scales(); }
+    FANOUT_HOST_DEVICE constexpr int64_t entry_bytes() const { return rope_offset() + 2 * rope; }
+};
+constexpr bool mla_fp8_widths_ok(int64_t kv_lora, int64_t rope) {
+    return kv_lora > 0 && kv_lora % 4 == 0 && rope > 0 && rope % 2 == 0;
+}
+
+// DeepSeek-V3's widths: 512 e4m3 values, four f32 scales, 64 bf16 rope values.
+constexpr MlaFp8Layout kMlaFp8V3{512, 64};
+constexpr int64_t kMlaFp8Lora = kMlaFp8V3.kv_lora, kMlaFp8Rope = kMlaFp8V3.rope;
+constexpr int64_t kMlaFp8ScaleOffset = kMlaFp8V3.scale_offset();  // bytes
+constexpr int64_t kMlaFp8RopeOffset = kMlaFp8V3.rope_offset();    // 528
+constexpr int64_t kMlaFp8EntryBytes = kMlaFp8V3.entry_bytes();    // 656
+static_assert(kMlaFp8RopeOffset == 528 && kMlaFp8EntryBytes == 656);
+
+// Bytes of one latent cache entry (kv_lora + rope values) stored as `dtype` — f32, bf16, or
+// kFP8E4M3 for the FP8 entry above — the one definition the caches, the memory plan and the GPU
+// runner share; 0 for a dtype the cache does not store or FP8 widths it cannot.
+constexpr int64_t latent_entry_bytes(int64_t kv_lora, int64_t rope, DType dtype) {
+    switch (dtype) {
+        case DType::kF32:
+            return 4 * (kv_lora + rope);
+        case DType::kBF16:
+            return 2 * (kv_lora + rope);
+        case DType::kFP8E4M3:
+            return mla_fp8_widths_ok(kv_lora, rope) ? MlaFp8Layout{kv_lora, rope}.entry_bytes() : 0;
+        default:
+            return 0;
+    }
+}
 
 // The FP8 KV cache's scale of a 128-value block whose largest magnitude is `amax`
 // (mla_attention.h): amax / 448 rounded up to a bf16 value, so that the decode kernel multiplies

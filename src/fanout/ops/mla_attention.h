@@ -19,13 +19,18 @@
 
 namespace fanout::ops {
 
-// One layer of the paged latent cache: [num_blocks, block_size, entry_dim] in f32 or bf16.
+// One layer of the paged latent cache: [num_blocks, block_size] entries of entry_dim = kv_lora +
+// rope values, in f32, bf16, or (kFP8E4M3) the FP8 entry of fp8_constants.h's MlaFp8Layout.
 struct LatentCache {
     void* data = nullptr;
     DType dtype = DType::kF32;
     int64_t num_blocks = 0;
     int64_t block_size = 64;
     int64_t entry_dim = 0;
+    int64_t kv_lora = 0;  // the latent's width within entry_dim (read by the FP8 entry)
+    // Bytes of one entry; throws for a dtype the cache does not store or FP8 widths it cannot.
+    int64_t entry_bytes() const;
+    MlaFp8Layout fp8_layout() const;  // the FP8 entry's layout (checks its widths)
 };
 
 // Where a step's query tokens belong. T = query_start[num_requests].
@@ -38,21 +43,21 @@ struct AttentionMetadata {
     const int32_t* positions = nullptr;  // [T]
 };
 
-// The FP8 form of a cache entry (the GPU decode kernel reads it: mla_attention_cuda.h), for
-// kv_lora 512 and rope 64, FlashMLA's layout for DeepSeek-V3.2: kMlaFp8EntryBytes bytes — the 512
-// c_kv values in e4m3, one f32 scale per 128 of them (value = e4m3 · scale; fp8_cache_scale: the
-// block's largest magnitude / 448 rounded up to a bf16 value), then the 64 rope values in bf16
-// (rotary angles keep their precision). The constants are in fp8_constants.h.
-// entry: [576] f32 -> out: [656] bytes.
-void quantize_latent_entry_fp8(const float* entry, uint8_t* out);
-// in: [656] bytes -> entry: [576] f32 (the values the kernel computes with, before its bf16 rounding).
-void dequantize_latent_entry_fp8(const uint8_t* in, float* entry);
+// The FP8 form of a cache entry (fp8_constants.h's MlaFp8Layout; the GPU decode kernel reads it at
+// V3's widths: mla_attention_cuda.h): the kv_lora values in e4m3 with one f32 scale per 128 of
+// them (value = e4m3 · scale; fp8_cache_scale: the group's largest magnitude / 448 rounded up to a
+// bf16 value), then the rope values in bf16 (rotary angles keep their precision).
+// entry: [kv_lora + rope] f32 -> out: [layout.entry_bytes()] bytes.
+void quantize_latent_entry_fp8(const float* entry, const MlaFp8Layout& layout, uint8_t* out);
+// in: [layout.entry_bytes()] bytes -> entry: [kv_lora + rope] f32 (e4m3 · scale exactly; the GPU
+// kernels round the product to bf16 for the tensor cores).
+void dequantize_latent_entry_fp8(const uint8_t* in, const MlaFp8Layout& layout, float* entry);
 
 // Slot of a token: block_table[r][pos / block_size] * block_size + pos % block_size.
-// entries: [T, entry_dim] f32; slots: [T].
+// entries: [T, entry_dim] f32 (rounded or quantized to the cache's dtype); slots: [T].
 void kv_append(LatentCache& cache, const Tensor& entries, const int32_t* slots, const Stream& s);
 
-// Reads cache entry `slot` into out[entry_dim] as f32.
+// Reads cache entry `slot` into out[entry_dim] as f32 (an FP8 entry dequantized).
 void kv_read(const LatentCache& cache, int64_t slot, float* out);
 
 // q: [T, H, nope + rope] f32 (rope part roped); out: [T, H, v] f32.
@@ -70,7 +75,7 @@ void mla_attention_absorbed(const Tensor& q, const LinearWeight& kv_b, const Lat
 // mla_attention_cuda.h): for query token t of request r and head h,
 //   score(j) = scale · (q_lat[t, h] · c_kv[j] + q_pe[t, h] · k_pe[j])  for cached positions j ≤ positions[t],
 //   out[t, h, :] = Σ_j softmax(score)(j) · c_kv[j]                      (kv_lora values),
-// in f32 (a bf16 cache is widened as it is read). q_lat[t, h, :] lies at
+// in f32 (a bf16 or FP8 cache is widened as it is read: kv_read). q_lat[t, h, :] lies at
 // q_lat + t * q_lat_stride_t + h * q_lat_stride_h (kv_lora contiguous values), q_pe likewise
 // (rope = cache.entry_dim - kv_lora values); out: [T, H, kv_lora] f32, contiguous.
 void mla_latent_attention_cpu(const float* q_lat, int64_t q_lat_stride_t, int64_t q_lat_stride_h, const float* q_pe,

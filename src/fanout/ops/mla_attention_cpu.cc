@@ -73,42 +73,61 @@ std::vector<float> gather_entries(const LatentCache& cache, const AttentionMetad
 
 }  // namespace
 
-void quantize_latent_entry_fp8(const float* entry, uint8_t* out) {
-    for (int64_t g = 0; g < kMlaFp8Lora / kFp8Block; ++g) {
+void quantize_latent_entry_fp8(const float* entry, const MlaFp8Layout& layout, uint8_t* out) {
+    for (int64_t g = 0; g < layout.num_scales(); ++g) {
+        const int64_t k0 = g * kFp8Block, k1 = std::min(layout.kv_lora, k0 + kFp8Block);
         float amax = 0.0f;
-        for (int64_t k = g * kFp8Block; k < (g + 1) * kFp8Block; ++k) amax = std::max(amax, std::fabs(entry[k]));
+        for (int64_t k = k0; k < k1; ++k) amax = std::max(amax, std::fabs(entry[k]));
         const float scale = fp8_cache_scale(amax);
-        for (int64_t k = g * kFp8Block; k < (g + 1) * kFp8Block; ++k) out[k] = f32_to_fp8e4m3(entry[k] / scale);
-        std::memcpy(out + kMlaFp8ScaleOffset + 4 * g, &scale, 4);
+        for (int64_t k = k0; k < k1; ++k) out[k] = f32_to_fp8e4m3(entry[k] / scale);
+        std::memcpy(out + layout.scale_offset() + 4 * g, &scale, 4);
     }
-    for (int64_t d = 0; d < kMlaFp8Rope; ++d) {
-        const uint16_t v = f32_to_bf16(entry[kMlaFp8Lora + d]);
-        std::memcpy(out + kMlaFp8RopeOffset + 2 * d, &v, 2);
+    for (int64_t d = 0; d < layout.rope; ++d) {
+        const uint16_t v = f32_to_bf16(entry[layout.kv_lora + d]);
+        std::memcpy(out + layout.rope_offset() + 2 * d, &v, 2);
     }
 }
 
-void dequantize_latent_entry_fp8(const uint8_t* in, float* entry) {
-    for (int64_t g = 0; g < kMlaFp8Lora / kFp8Block; ++g) {
+void dequantize_latent_entry_fp8(const uint8_t* in, const MlaFp8Layout& layout, float* entry) {
+    for (int64_t g = 0; g < layout.num_scales(); ++g) {
+        const int64_t k0 = g * kFp8Block, k1 = std::min(layout.kv_lora, k0 + kFp8Block);
         float scale;
-        std::memcpy(&scale, in + kMlaFp8ScaleOffset + 4 * g, 4);
-        for (int64_t k = g * kFp8Block; k < (g + 1) * kFp8Block; ++k) entry[k] = fp8e4m3_to_f32(in[k]) * scale;
+        std::memcpy(&scale, in + layout.scale_offset() + 4 * g, 4);
+        for (int64_t k = k0; k < k1; ++k) entry[k] = fp8e4m3_to_f32(in[k]) * scale;
     }
-    for (int64_t d = 0; d < kMlaFp8Rope; ++d) {
+    for (int64_t d = 0; d < layout.rope; ++d) {
         uint16_t v;
-        std::memcpy(&v, in + kMlaFp8RopeOffset + 2 * d, 2);
-        entry[kMlaFp8Lora + d] = bf16_to_f32(v);
+        std::memcpy(&v, in + layout.rope_offset() + 2 * d, 2);
+        entry[layout.kv_lora + d] = bf16_to_f32(v);
     }
+}
+
+MlaFp8Layout LatentCache::fp8_layout() const {
+    FANOUT_CHECK(mla_fp8_widths_ok(kv_lora, entry_dim - kv_lora),
+                 "kv cache: the FP8 entry needs kv_lora % 4 == 0 and an even rope width; kv_lora {} of entry {}",
+                 kv_lora, entry_dim);
+    return {kv_lora, entry_dim - kv_lora};
+}
+
+int64_t LatentCache::entry_bytes() const {
+    const int64_t bytes = latent_entry_bytes(kv_lora, entry_dim - kv_lora, dtype);
+    if (bytes == 0 && dtype == DType::kFP8E4M3) fp8_layout();  // names the widths
+    FANOUT_CHECK(bytes > 0, "kv cache dtype {} not supported (f32, bf16, fp8)", dtype_name(dtype));
+    return bytes;
 }
 
 void kv_read(const LatentCache& cache, int64_t slot, float* out) {
-    const size_t offset = static_cast<size_t>(slot) * static_cast<size_t>(cache.entry_dim);
-    convert_to_f32(static_cast<const char*>(cache.data) + offset * dtype_size(cache.dtype), cache.dtype,
-                   static_cast<size_t>(cache.entry_dim), out);
+    const char* entry = static_cast<const char*>(cache.data) + static_cast<size_t>(slot * cache.entry_bytes());
+    if (cache.dtype == DType::kFP8E4M3) {
+        dequantize_latent_entry_fp8(reinterpret_cast<const uint8_t*>(entry), cache.fp8_layout(), out);
+        return;
+    }
+    convert_to_f32(entry, cache.dtype, static_cast<size_t>(cache.entry_dim), out);
 }
 
 void kv_append(LatentCache& cache, const Tensor& entries, const int32_t* slots, const Stream& s) {
     check_tensor(entries, "kv_append entries", DType::kF32, {-1, cache.entry_dim});
-    const int64_t T = entries.dim(0), D = cache.entry_dim;
+    const int64_t T = entries.dim(0), D = cache.entry_dim, bytes = cache.entry_bytes();
     const float* src = entries.data_as<float>();
     for (int64_t t = 0; t < T; ++t)
         FANOUT_CHECK(slots[t] >= 0 && slots[t] < cache.num_blocks * cache.block_size,
@@ -116,13 +135,15 @@ void kv_append(LatentCache& cache, const Tensor& entries, const int32_t* slots, 
                      cache.num_blocks * cache.block_size);
     parallel_for(s, T, 16, [&](int64_t t0, int64_t t1) {
         for (int64_t t = t0; t < t1; ++t) {
-            const size_t offset = static_cast<size_t>(slots[t]) * static_cast<size_t>(D);
+            char* dst = static_cast<char*>(cache.data) + static_cast<size_t>(slots[t] * bytes);
+            const float* e = src + t * D;
             if (cache.dtype == DType::kF32) {
-                std::copy(src + t * D, src + (t + 1) * D, static_cast<float*>(cache.data) + offset);
+                std::memcpy(dst, e, static_cast<size_t>(bytes));
+            } else if (cache.dtype == DType::kBF16) {
+                uint16_t* d16 = reinterpret_cast<uint16_t*>(dst);
+                for (int64_t d = 0; d < D; ++d) d16[d] = f32_to_bf16(e[d]);
             } else {
-                FANOUT_CHECK(cache.dtype == DType::kBF16, "kv cache dtype {} not supported", dtype_name(cache.dtype));
-                uint16_t* dst = static_cast<uint16_t*>(cache.data) + offset;
-                for (int64_t d = 0; d < D; ++d) dst[d] = f32_to_bf16(src[t * D + d]);
+                quantize_latent_entry_fp8(e, cache.fp8_layout(), reinterpret_cast<uint8_t*>(dst));
             }
         }
     });

@@ -14,8 +14,8 @@
 //    across CTAs when the batch alone would not fill the GPU, and a combine kernel. It also reads
 //    the FP8 cache (`cache_fp8`, mla_attention.h's quantize_latent_entry_fp8: e4m3 c_kv with a scale
 //    per 128 values, bf16 rope), turning each tile into bf16 in shared memory before its scores;
-//  * a plain f32 kernel for everything else (kv_lora ≤ 1024, rope ≤ 128, any block size), bf16
-//    cache only.
+//  * a plain f32 kernel for everything else (kv_lora ≤ 1024, rope ≤ 128, any block size), over
+//    either cache (an FP8 entry's values as bf16(e4m3 · scale), the tensor-core kernel's rounding).
 //
 // Graph-safe: the grid and the split count depend only on the host values of the params (token,
 // request and head counts, max_query_len, the SM count); kv lengths, positions and block tables
@@ -50,8 +50,8 @@ struct MlaAttentionParams {
     const int32_t* block_table = nullptr;  // [R, max_blocks]
     const uint16_t* cache = nullptr;       // one layer: [num_blocks, block_size, kv_lora + rope_dim] bf16
     // Instead of `cache` (exactly one is set): the FP8 cache of mla_attention.h
-    // (quantize_latent_entry_fp8: 656 bytes per entry), [num_blocks, block_size, 656] bytes — the
-    // tensor-core kernel only.
+    // (quantize_latent_entry_fp8; fp8_constants.h's MlaFp8Layout — 656 bytes per entry at V3's
+    // widths), [num_blocks, block_size, entry bytes].
     const uint8_t* cache_fp8 = nullptr;
 
     // bf16 rows addressed by element strides; the innermost dimension is contiguous, so [T][H][C]

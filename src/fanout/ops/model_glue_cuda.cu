@@ -1,11 +1,13 @@
 // The GPU model runner's small kernels (model_glue_cuda.h). Only fmt-free headers here.
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <string>
 
 #include "fanout/core/cuda_check.h"
 #include "fanout/ops/block_reduce.cuh"
+#include "fanout/ops/fp8_constants.h"
 #include "fanout/ops/model_glue_cuda.h"
 #include "fanout/ops/search.cuh"
 
@@ -95,10 +97,13 @@ __global__ void rope_q_inplace_kernel(bf16* __restrict__ q, int H, int nope, con
 }
 
 // A warp per position (kThreads / 32 positions per block): its cache entry split into the latent
-// row and the k_pe row, in 16-byte pieces when every row boundary allows (kv_lora and rope
-// multiples of 8, 16-byte-aligned bases), else value by value.
+// row and the k_pe row. bf16 entries in 16-byte pieces when every row boundary allows (kv_lora and
+// rope multiples of 8, 16-byte-aligned bases), else value by value; FP8 entries (kFp8) four latent
+// values per lane and step, each e4m3 · its group's scale rounded once to bf16 (what the decode
+// kernel's conversion computes), the rope part copied.
+template <bool kFp8>
 __global__ void __launch_bounds__(kThreads)
-    gather_latent_kernel(const bf16* __restrict__ cache, const int32_t* __restrict__ block_table, int max_blocks,
+    gather_latent_kernel(const void* __restrict__ cache, const int32_t* __restrict__ block_table, int max_blocks,
                          int block_size, const int32_t* __restrict__ kv_start, int num_requests, int total_rows,
                          int kv_lora, int rope, bf16* __restrict__ latent, bf16* __restrict__ k_pe, bool vec16) {
     const int j = blockIdx.x * (kThreads / 32) + static_cast<int>(threadIdx.x) / 32, lane = threadIdx.x % 32;
@@ -110,9 +115,27 @@ __global__ void __launch_bounds__(kThreads)
         pos = j - kv_start[r];
     }
     const int32_t block = block_table[static_cast<size_t>(r) * max_blocks + pos / block_size];
-    const bf16* src = cache + (static_cast<size_t>(block) * block_size + pos % block_size) * entry;
+    const size_t slot = static_cast<size_t>(block) * block_size + pos % block_size;
     bf16* lat = latent + static_cast<size_t>(j) * kv_lora;
     bf16* pe = k_pe + static_cast<size_t>(j) * rope;
+    if constexpr (kFp8) {
+        const MlaFp8Layout L{kv_lora, rope};
+        const uint8_t* src = static_cast<const uint8_t*>(cache) + slot * L.entry_bytes();
+        const float* scales = reinterpret_cast<const float*>(src + L.scale_offset());
+        for (int c = lane; c < kv_lora / 4; c += 32) {
+            const uint32_t q = reinterpret_cast<const uint32_t*>(src)[c];
+            const float scale = scales[4 * c / kFp8Block];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(q >> (8 * i)), __NV_E4M3);
+                lat[4 * c + i] = __float2bfloat16(__half2float(__half(h)) * scale);
+            }
+        }
+        const bf16* src_pe = reinterpret_cast<const bf16*>(src + L.rope_offset());
+        for (int d = lane; d < rope; d += 32) pe[d] = src_pe[d];
+        return;
+    }
+    const bf16* src = static_cast<const bf16*>(cache) + slot * entry;
     if (vec16) {
         for (int c = lane; c < entry / 8; c += 32) {
             const uint4 v = reinterpret_cast<const uint4*>(src)[c];
@@ -131,11 +154,18 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
+// FP8 entries' latent groups (of 128 values) an append handles: kv_lora up to 2,048.
+constexpr int kMaxFp8Groups = 16;
+
 // Token t's cache entry (a whole block): the latent's sum of squares, then the normalized latent
-// and the roped k_pe written straight into the token's cache slot.
+// and the roped k_pe written straight into the token's cache slot — bf16 values, or (kFp8) the FP8
+// entry (fp8_constants.h's MlaFp8Layout): each 128-value group's largest magnitude first (shared
+// atomics on the bits of non-negative floats, which order as integers; NaNs skipped, as the CPU's
+// std::max skips them), then the e4m3 values of v / scale and the group's scale, then rope in bf16.
+template <bool kFp8>
 __device__ inline void kv_append_block(const bf16* __restrict__ kv_a, int64_t row_stride, int kv_lora,
                                        const float* __restrict__ norm_w, float eps, float pos, RopeDevice rope,
-                                       int32_t slot, bf16* __restrict__ cache, int t) {
+                                       int32_t slot, void* __restrict__ cache, int t) {
     const bf16* row = kv_a + static_cast<size_t>(t) * row_stride;
     float ss = 0.0f;
     for (int d = threadIdx.x; d < kv_lora; d += kThreads) {
@@ -143,37 +173,63 @@ __device__ inline void kv_append_block(const bf16* __restrict__ kv_a, int64_t ro
         ss += v * v;
     }
     const float inv = rsqrtf(block_sum<kThreads>(ss) / kv_lora + eps);
-    bf16* entry = cache + static_cast<size_t>(slot) * (kv_lora + rope.dim);
-    for (int d = threadIdx.x; d < kv_lora; d += kThreads)
-        entry[d] = __float2bfloat16(__bfloat162float(row[d]) * inv * norm_w[d]);
+    const auto normed = [&](int d) { return __bfloat162float(row[d]) * inv * norm_w[d]; };
+    bf16* pe_out;
+    if constexpr (kFp8) {
+        const MlaFp8Layout L{kv_lora, rope.dim};
+        uint8_t* entry = static_cast<uint8_t*>(cache) + static_cast<size_t>(slot) * L.entry_bytes();
+        __shared__ unsigned amax_bits[kMaxFp8Groups];
+        if (static_cast<int>(threadIdx.x) < L.num_scales()) amax_bits[threadIdx.x] = 0;
+        __syncthreads();
+        for (int d = threadIdx.x; d < kv_lora; d += kThreads) {
+            const float v = normed(d);
+            if (!isnan(v)) atomicMax(&amax_bits[d / kFp8Block], __float_as_uint(fabsf(v)));
+        }
+        __syncthreads();
+        for (int d = threadIdx.x; d < kv_lora; d += kThreads) {
+            const float scale = fp8_cache_scale(__uint_as_float(amax_bits[d / kFp8Block]));
+            entry[d] = __nv_cvt_float_to_fp8(normed(d) / scale, __NV_SATFINITE, __NV_E4M3);
+        }
+        if (static_cast<int>(threadIdx.x) < L.num_scales())
+            reinterpret_cast<float*>(entry + L.scale_offset())[threadIdx.x] =
+                fp8_cache_scale(__uint_as_float(amax_bits[threadIdx.x]));
+        pe_out = reinterpret_cast<bf16*>(entry + L.rope_offset());
+    } else {
+        bf16* entry = static_cast<bf16*>(cache) + static_cast<size_t>(slot) * (kv_lora + rope.dim);
+        for (int d = threadIdx.x; d < kv_lora; d += kThreads) entry[d] = __float2bfloat16(normed(d));
+        pe_out = entry + kv_lora;
+    }
     for (int p = threadIdx.x; p < rope.dim / 2; p += kThreads) {
         float a = __bfloat162float(row[kv_lora + 2 * p]), b = __bfloat162float(row[kv_lora + 2 * p + 1]);
         rope_pair(a, b, pos, p, rope);
-        entry[kv_lora + 2 * p] = __float2bfloat16(a);
-        entry[kv_lora + 2 * p + 1] = __float2bfloat16(b);
+        pe_out[2 * p] = __float2bfloat16(a);
+        pe_out[2 * p + 1] = __float2bfloat16(b);
     }
 }
 
+template <bool kFp8>
 __global__ void mla_kv_append_kernel(const bf16* __restrict__ kv_a, int64_t row_stride, int kv_lora,
                                      const float* __restrict__ norm_w, float eps, const int32_t* __restrict__ positions,
-                                     RopeDevice rope, const int32_t* __restrict__ slots, bf16* __restrict__ cache) {
+                                     RopeDevice rope, const int32_t* __restrict__ slots, void* __restrict__ cache) {
     const int t = blockIdx.x;
-    kv_append_block(kv_a, row_stride, kv_lora, norm_w, eps, static_cast<float>(positions[t]), rope, slots[t], cache, t);
+    kv_append_block<kFp8>(kv_a, row_stride, kv_lora, norm_w, eps, static_cast<float>(positions[t]), rope, slots[t],
+                          cache, t);
 }
 
 // Both in one launch (the absorbed form's attention input): blocks (t, y < gridDim.y − 1) rotate
 // token t's heads, block (t, gridDim.y − 1) appends its cache entry — one launch fewer per layer.
+template <bool kFp8>
 __global__ void mla_q_rope_kv_append_kernel(const bf16* __restrict__ q, int H, int nope, bf16* __restrict__ q_pe,
                                             const bf16* __restrict__ kv_a, int64_t row_stride, int kv_lora,
                                             const float* __restrict__ norm_w, float eps,
                                             const int32_t* __restrict__ positions, RopeDevice rope,
-                                            const int32_t* __restrict__ slots, bf16* __restrict__ cache) {
+                                            const int32_t* __restrict__ slots, void* __restrict__ cache) {
     const int t = blockIdx.x;
     const float pos = static_cast<float>(positions[t]);
     if (blockIdx.y + 1 < gridDim.y) {
         q_rope_block(q, H, nope, pos, rope, q_pe, t, blockIdx.y * kHeadsPerBlock);
-    } else {  // the whole block takes this branch: kv_append_block's block_sum sees every thread
-        kv_append_block(kv_a, row_stride, kv_lora, norm_w, eps, pos, rope, slots[t], cache, t);
+    } else {  // the whole block takes this branch: kv_append_block's barriers see every thread
+        kv_append_block<kFp8>(kv_a, row_stride, kv_lora, norm_w, eps, pos, rope, slots[t], cache, t);
     }
 }
 
@@ -247,12 +303,25 @@ __global__ void random_kernel(void* p, size_t n, Fill kind, float a, float b, ui
     }
 }
 
+// Exactly one of the cache's pointers; FP8 entries at widths their layout and the kernels take.
+void check_latent_cache(const char* what, const DeviceLatentCache& cache, int kv_lora, int rope) {
+    FANOUT_DEVICE_REQUIRE((cache.bf16 == nullptr) != (cache.fp8 == nullptr),
+                          std::string(what) + ": exactly one of the cache's bf16 and fp8 pointers must be set");
+    FANOUT_DEVICE_REQUIRE(cache.fp8 == nullptr || (mla_fp8_widths_ok(kv_lora, rope) &&
+                                                   (kv_lora + kFp8Block - 1) / kFp8Block <= kMaxFp8Groups),
+                          std::string(what) + ": the FP8 cache needs kv_lora a multiple of 4 (at most " +
+                              std::to_string(kMaxFp8Groups * kFp8Block) + ") and an even rope width; got " +
+                              std::to_string(kv_lora) + " + " + std::to_string(rope));
+}
+
 // The cache append's rows: [latent (kv_lora) | k_pe (rope, an even width)] within row_stride.
-void check_kv_append(const char* what, int64_t row_stride, int kv_lora, const RopeDevice& rope) {
+void check_kv_append(const char* what, int64_t row_stride, int kv_lora, const RopeDevice& rope,
+                     const DeviceLatentCache& cache) {
     FANOUT_DEVICE_REQUIRE(rope.dim % 2 == 0 && rope.dim <= kMaxRopeDim && row_stride >= kv_lora + rope.dim,
                           std::string(what) + ": rope width " + std::to_string(rope.dim) + " (even, at most " +
                               std::to_string(kMaxRopeDim) + "), row stride " + std::to_string(row_stride) + " for a " +
                               std::to_string(kv_lora) + "-wide latent");
+    check_latent_cache(what, cache, kv_lora, rope.dim);
 }
 
 void random_fill(void* p, size_t n, Fill kind, float a, float b, uint64_t seed, void* s) {
@@ -292,26 +361,32 @@ void launch_mla_q_rope(const uint16_t* q, int T, int H, int nope, const int32_t*
 }
 
 void launch_mla_kv_append(const uint16_t* kv_a, int64_t row_stride, int T, int kv_lora, const float* norm_w, float eps,
-                          const int32_t* positions, RopeDevice rope, const int32_t* slots, uint16_t* cache,
+                          const int32_t* positions, RopeDevice rope, const int32_t* slots, DeviceLatentCache cache,
                           void* cuda_stream) {
-    check_kv_append("mla_kv_append", row_stride, kv_lora, rope);
+    check_kv_append("mla_kv_append", row_stride, kv_lora, rope, cache);
     if (T <= 0) return;
-    mla_kv_append_kernel<<<T, kThreads, 0, as_stream(cuda_stream)>>>(reinterpret_cast<const bf16*>(kv_a), row_stride,
-                                                                     kv_lora, norm_w, eps, positions, rope, slots,
-                                                                     reinterpret_cast<bf16*>(cache));
+    const auto* rows = reinterpret_cast<const bf16*>(kv_a);
+    if (cache.fp8 != nullptr)
+        mla_kv_append_kernel<true><<<T, kThreads, 0, as_stream(cuda_stream)>>>(rows, row_stride, kv_lora, norm_w, eps,
+                                                                               positions, rope, slots, cache.fp8);
+    else
+        mla_kv_append_kernel<false><<<T, kThreads, 0, as_stream(cuda_stream)>>>(rows, row_stride, kv_lora, norm_w, eps,
+                                                                                positions, rope, slots, cache.bf16);
     FANOUT_CUDA_CHECK_LAUNCH("mla_kv_append_kernel");
 }
 
 void launch_mla_q_rope_kv_append(const uint16_t* q, int T, int H, int nope, uint16_t* q_pe, const uint16_t* kv_a,
                                  int64_t row_stride, int kv_lora, const float* norm_w, float eps,
-                                 const int32_t* positions, RopeDevice rope, const int32_t* slots, uint16_t* cache,
-                                 void* cuda_stream) {
-    check_kv_append("mla_q_rope_kv_append", row_stride, kv_lora, rope);
+                                 const int32_t* positions, RopeDevice rope, const int32_t* slots,
+                                 DeviceLatentCache cache, void* cuda_stream) {
+    check_kv_append("mla_q_rope_kv_append", row_stride, kv_lora, rope, cache);
     if (T <= 0) return;
     const dim3 grid(T, (H + kHeadsPerBlock - 1) / kHeadsPerBlock + 1);
-    mla_q_rope_kv_append_kernel<<<grid, kThreads, 0, as_stream(cuda_stream)>>>(
+    const auto kernel = cache.fp8 != nullptr ? mla_q_rope_kv_append_kernel<true> : mla_q_rope_kv_append_kernel<false>;
+    void* entries = cache.fp8 != nullptr ? static_cast<void*>(cache.fp8) : static_cast<void*>(cache.bf16);
+    kernel<<<grid, kThreads, 0, as_stream(cuda_stream)>>>(
         reinterpret_cast<const bf16*>(q), H, nope, reinterpret_cast<bf16*>(q_pe), reinterpret_cast<const bf16*>(kv_a),
-        row_stride, kv_lora, norm_w, eps, positions, rope, slots, reinterpret_cast<bf16*>(cache));
+        row_stride, kv_lora, norm_w, eps, positions, rope, slots, entries);
     FANOUT_CUDA_CHECK_LAUNCH("mla_q_rope_kv_append_kernel");
 }
 
@@ -327,7 +402,7 @@ void launch_rope_q_inplace(uint16_t* q, int T, int H, int nope, const int32_t* p
     FANOUT_CUDA_CHECK_LAUNCH("rope_q_inplace_kernel");
 }
 
-void launch_gather_latent(const uint16_t* cache, const int32_t* block_table, int max_blocks, int block_size,
+void launch_gather_latent(DeviceLatentCache cache, const int32_t* block_table, int max_blocks, int block_size,
                           const int32_t* kv_start, int num_requests, int total_rows, int kv_lora, int rope,
                           uint16_t* latent, uint16_t* k_pe, void* cuda_stream) {
     FANOUT_DEVICE_REQUIRE(
@@ -336,13 +411,17 @@ void launch_gather_latent(const uint16_t* cache, const int32_t* block_table, int
         "max_blocks >= 1; got num_requests=" +
             std::to_string(num_requests) + " block_size=" + std::to_string(block_size) +
             " max_blocks=" + std::to_string(max_blocks));
+    check_latent_cache("gather_latent", cache, kv_lora, rope);
     if (total_rows <= 0) return;
     const auto a16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-    const bool vec16 = kv_lora % 8 == 0 && rope % 8 == 0 && a16(cache) && a16(latent) && a16(k_pe);
+    const bool vec16 = kv_lora % 8 == 0 && rope % 8 == 0 && a16(cache.bf16) && a16(latent) && a16(k_pe);
     constexpr int kRowsPerBlock = kThreads / 32;
-    gather_latent_kernel<<<(total_rows + kRowsPerBlock - 1) / kRowsPerBlock, kThreads, 0, as_stream(cuda_stream)>>>(
-        reinterpret_cast<const bf16*>(cache), block_table, max_blocks, block_size, kv_start, num_requests, total_rows,
-        kv_lora, rope, reinterpret_cast<bf16*>(latent), reinterpret_cast<bf16*>(k_pe), vec16);
+    const unsigned grid = (total_rows + kRowsPerBlock - 1) / kRowsPerBlock;
+    const auto kernel = cache.fp8 != nullptr ? gather_latent_kernel<true> : gather_latent_kernel<false>;
+    const void* entries = cache.fp8 != nullptr ? static_cast<const void*>(cache.fp8) : cache.bf16;
+    kernel<<<grid, kThreads, 0, as_stream(cuda_stream)>>>(
+        entries, block_table, max_blocks, block_size, kv_start, num_requests, total_rows, kv_lora, rope,
+        reinterpret_cast<bf16*>(latent), reinterpret_cast<bf16*>(k_pe), vec16);
     FANOUT_CUDA_CHECK_LAUNCH("gather_latent_kernel");
 }
 

@@ -31,29 +31,41 @@ struct RopeDevice {
 void launch_mla_q_rope(const uint16_t* q, int T, int H, int nope, const int32_t* positions, RopeDevice rope,
                        uint16_t* q_pe, void* cuda_stream);
 
+// One layer of the device latent cache, one entry per slot: bf16 [slots, kv_lora + rope] values, or
+// FP8 entries (fp8_constants.h's MlaFp8Layout: the latent in e4m3 with an f32 scale per 128 values,
+// the rope part in bf16; kv_lora a multiple of 4, at most 2,048, and an even rope width) — exactly
+// one of the two set.
+struct DeviceLatentCache {
+    uint16_t* bf16 = nullptr;
+    uint8_t* fp8 = nullptr;
+};
+
 // kv_a's rows (stride `row_stride` elements): [latent (kv_lora) | k_pe (rope)] -> the cache entry
-// [rms_norm(latent) · norm_w | rope(k_pe)] written at cache[slots[t]] ([slots, kv_lora + rope] bf16).
+// [rms_norm(latent) · norm_w | rope(k_pe)] written at slot slots[t] — as bf16 values, or quantized
+// as mla_attention.h's quantize_latent_entry_fp8 does (each group's scale from its largest
+// normalized value; v / scale rounded to e4m3).
 void launch_mla_kv_append(const uint16_t* kv_a, int64_t row_stride, int T, int kv_lora, const float* norm_w, float eps,
-                          const int32_t* positions, RopeDevice rope, const int32_t* slots, uint16_t* cache,
+                          const int32_t* positions, RopeDevice rope, const int32_t* slots, DeviceLatentCache cache,
                           void* cuda_stream);
 
 // launch_mla_q_rope and launch_mla_kv_append in one launch (a grid row of blocks per token, the
 // last block of each row appending its cache entry): the same results, one launch fewer.
 void launch_mla_q_rope_kv_append(const uint16_t* q, int T, int H, int nope, uint16_t* q_pe, const uint16_t* kv_a,
                                  int64_t row_stride, int kv_lora, const float* norm_w, float eps,
-                                 const int32_t* positions, RopeDevice rope, const int32_t* slots, uint16_t* cache,
-                                 void* cuda_stream);
+                                 const int32_t* positions, RopeDevice rope, const int32_t* slots,
+                                 DeviceLatentCache cache, void* cuda_stream);
 
 // q: [T, H, nope + rope] rotated in place (the rope part of each head), as rope_apply.
 void launch_rope_q_inplace(uint16_t* q, int T, int H, int nope, const int32_t* positions, RopeDevice rope,
                            void* cuda_stream);
 
-// Several requests' cached entries back to back, out of the paged cache ([slots, entry] bf16,
-// blocks of `block_size`, entry = kv_lora + rope): rows [kv_start[r], kv_start[r + 1]) of latent
-// ([rows, kv_lora]) and k_pe ([rows, rope]) are request r's positions 0, 1, … through row r of
-// block_table (max_blocks entries per request). kv_start: device, num_requests + 1 offsets, null
-// for one request; total_rows = kv_start[num_requests], a host value (the grid).
-void launch_gather_latent(const uint16_t* cache, const int32_t* block_table, int max_blocks, int block_size,
+// Several requests' cached entries back to back, out of the paged cache (blocks of `block_size`,
+// entries of kv_lora + rope values): rows [kv_start[r], kv_start[r + 1]) of latent ([rows,
+// kv_lora] bf16) and k_pe ([rows, rope] bf16) are request r's positions 0, 1, … through row r of
+// block_table (max_blocks entries per request) — bf16 entries copied, FP8 entries' latent as
+// bf16(e4m3 · scale) (the values the decode kernel computes with). kv_start: device, num_requests +
+// 1 offsets, null for one request; total_rows = kv_start[num_requests], a host value (the grid).
+void launch_gather_latent(DeviceLatentCache cache, const int32_t* block_table, int max_blocks, int block_size,
                           const int32_t* kv_start, int num_requests, int total_rows, int kv_lora, int rope,
                           uint16_t* latent, uint16_t* k_pe, void* cuda_stream);
 
