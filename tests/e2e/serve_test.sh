@@ -58,5 +58,20 @@ cat "$work/client.log"
 passed=$((passed + $(grep -c '^PASS' "$work/client.log")))
 failed=$((failed + $(grep -c '^FAIL' "$work/client.log")))
 [[ $client_rc -eq 0 ]] || grep -q '^FAIL' "$work/client.log" || { bad "openai client" "exit $client_rc"; }
+
+# The FP8 KV cache through the engine: the same 1 GB holds more blocks than the f32 cache's (100
+# bytes per entry against 320 at the tiny model's widths), and a greedy completion equals
+# `fanout generate --kv-dtype fp8`.
+blocks_f32=$(sed -n 's/.*model .tiny., \([0-9]*\) KV blocks.*/\1/p' "$work/serve.log")
+start_server serve_fp8 --model tiny --kv-dtype fp8
+blocks_fp8=$(sed -n 's/.*model .tiny., \([0-9]*\) KV blocks.*/\1/p' "$work/serve_fp8.log")
+if [[ -n $port && -n $blocks_f32 && -n $blocks_fp8 ]] && ((blocks_fp8 * 10 >= blocks_f32 * 31)); then
+    ok "--kv-dtype fp8 holds 3.2x the f32 cache's blocks ($blocks_fp8 vs $blocks_f32)"
+else bad "--kv-dtype fp8 blocks" "'$blocks_fp8' vs '$blocks_f32': $(tail -2 "$work/serve_fp8.log")"; fi
+want=$("$fanout" generate --model tiny --prompt "The capital of France is" --max-tokens 10 --ignore-eos --kv-dtype fp8 2>/dev/null)
+got=$(curl -s "http://127.0.0.1:$port/v1/completions" -H content-type:application/json \
+    --data-binary '{"model":"tiny","prompt":"The capital of France is","max_tokens":10,"temperature":0,"ignore_eos":true}' |
+    node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>process.stdout.write(JSON.parse(s).choices[0].text))')
+[[ -n $want && $got == "$want" ]] && ok "fp8 KV cache: greedy completion equals fanout generate" || bad "fp8 greedy == generate" "'$got' vs '$want'"
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]
