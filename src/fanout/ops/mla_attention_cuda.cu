@@ -75,11 +75,13 @@ constexpr int kFastThreads = 256;                  // two consumer warpgroups
 static_assert(kMlaFp8Lora == kLora && kMlaFp8Rope == kRope, "the FP8 cache's widths");
 constexpr int kScaleBytes = kRows * 16;  // one part's box of scales: [64 rows][4 f32]
 // With the FP8 cache a third warpgroup converts the tiles as they land (see the kernel): 384
-// threads, the register file split 128·48 + 256·232 = 64K per SM (the consumers fit 232 without
-// spilling; the converter needs more than 40).
+// threads, their registers split 128·40 + 256·232 (the consumers fit 232 without spilling).
 constexpr int kFastThreadsFp8 = 384;
-constexpr int kConverterRegs = 48, kConsumerRegsFp8 = 232;
-static_assert(128 * kConverterRegs + 256 * kConsumerRegsFp8 <= 65536, "the FP8 kernel's register budget");
+constexpr int kConverterRegs = 40, kConsumerRegsFp8 = 232;
+// setmaxnreg.inc takes only what the CTA's own setmaxnreg.dec gave back: the budget is what the CTA
+// was launched with (the launch bound's 65,536 / 384 = 168 a thread), not the register file —
+// asking for more blocks the consumers forever.
+static_assert(128 * kConverterRegs + 256 * kConsumerRegsFp8 <= 168 * kFastThreadsFp8, "the FP8 kernel's registers");
 // mbarriers: [buffer][left, right] loaded (TMA), then with the FP8 cache [buffer][left, right] converted.
 constexpr int kFastSmemBytes = 3 * kTileBytes + 4 * kScaleBytes + (2 * kRows + 2 * kRows + kRows) * 4 + 8 * 8 + 1024;
 static_assert(kFastSmemBytes <= 227 * 1024, "fast MLA kernel's shared memory");
@@ -269,7 +271,7 @@ __device__ __forceinline__ uint4 fp8x8_to_bf16(uint2 x, uint32_t scale2) {
 // bytes, which only its two lanes read — so warp barriers order the reads before the writes:
 // box 0 is read before panel 2 is written, and panel 3's first half (box 1's chunks 0–3, which the
 // even lane turns into panel 2) before the odd lane writes over it. At most two input chunks are
-// held at once (the converter runs at 48 registers).
+// held at once (the converter runs at 40 registers; ptxas spills one value, 4 bytes).
 // `row`: the shared address of row r's first panel in the kv buffer (buffer + r · 128), `row_scales`
 // that of its scales in the part's box (box + r · 16); `live`: r < valid.
 __device__ __forceinline__ void convert_half(uint32_t row, int half, uint32_t row_scales, bool live, int sub) {
@@ -281,12 +283,12 @@ __device__ __forceinline__ void convert_half(uint32_t row, int half, uint32_t ro
         return bits | (bits << 16);
     };
     // One input chunk (16 e4m3 values) → output chunks 2i and 2i + 1 of panel `panel`.
+    // (A dead row's bytes become e4m3 zeros, whose product with any scale is 0.)
     const auto put = [&](int panel, int i, uint4 x, uint32_t s2) {
         const uint32_t out = region + panel * kPanelBytes;
-        sm90::sts128(out + (((2 * i) ^ swz) << 4),
-                     live ? fp8x8_to_bf16(make_uint2(x.x, x.y), s2) : make_uint4(0, 0, 0, 0));
-        sm90::sts128(out + (((2 * i + 1) ^ swz) << 4),
-                     live ? fp8x8_to_bf16(make_uint2(x.z, x.w), s2) : make_uint4(0, 0, 0, 0));
+        if (!live) x = make_uint4(0, 0, 0, 0);
+        sm90::sts128(out + (((2 * i) ^ swz) << 4), fp8x8_to_bf16(make_uint2(x.x, x.y), s2));
+        sm90::sts128(out + (((2 * i + 1) ^ swz) << 4), fp8x8_to_bf16(make_uint2(x.z, x.w), s2));
     };
     const auto staged = [&](int box, int c) {
         return sm90::lds128(region + (2 + box) * kPanelBytes + ((c ^ swz) << 4));
@@ -341,7 +343,7 @@ __device__ __forceinline__ void zero_tail_rows(uint8_t* kv, int valid, int t128)
 //
 // kFp8: the FP8 cache. tmap_cache then maps its e4m3 c_kv (128-byte boxes of 64 rows), tmap_scale
 // its scales and tmap_rope its bf16 rope part; each part's bytes land in the upper half of the
-// part's bf16 panels, with its scales. A third warpgroup (the converter, 48 registers a thread; the
+// part's bf16 panels, with its scales. A third warpgroup (the converter, 40 registers a thread; the
 // consumers 232) turns each part into bf16 panels (convert_half) as it lands, in the order the
 // consumers read them — A's left and right parts, then B's right and left — and arrives on the
 // part's second mbarrier (`ready`), which the consumers wait on instead of the load's. Loads are
