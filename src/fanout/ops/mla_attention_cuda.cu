@@ -74,16 +74,7 @@ constexpr int kFastThreads = 256;                  // two consumer warpgroups
 // The FP8 cache: fp8_constants.h's layout, for these widths.
 static_assert(kMlaFp8Lora == kLora && kMlaFp8Rope == kRope, "the FP8 cache's widths");
 constexpr int kScaleBytes = kRows * 16;  // one part's box of scales: [64 rows][4 f32]
-// With the FP8 cache a third warpgroup converts the tiles as they land (see the kernel): 384
-// threads, their registers split 128·40 + 256·232 (the consumers fit 232 without spilling).
-constexpr int kFastThreadsFp8 = 384;
-constexpr int kConverterRegs = 40, kConsumerRegsFp8 = 232;
-// setmaxnreg.inc takes only what the CTA's own setmaxnreg.dec gave back: the budget is what the CTA
-// was launched with (the launch bound's 65,536 / 384 = 168 a thread), not the register file —
-// asking for more blocks the consumers forever.
-static_assert(128 * kConverterRegs + 256 * kConsumerRegsFp8 <= 168 * kFastThreadsFp8, "the FP8 kernel's registers");
-// mbarriers: [buffer][left, right] loaded (TMA), then with the FP8 cache [buffer][left, right] converted.
-constexpr int kFastSmemBytes = 3 * kTileBytes + 4 * kScaleBytes + (2 * kRows + 2 * kRows + kRows) * 4 + 8 * 8 + 1024;
+constexpr int kFastSmemBytes = 3 * kTileBytes + 4 * kScaleBytes + (2 * kRows + 2 * kRows + kRows) * 4 + 4 * 8 + 1024;
 static_assert(kFastSmemBytes <= 227 * 1024, "fast MLA kernel's shared memory");
 // Cache rows the TMA descriptor spans (the cache's true size is not a launch parameter): block ids
 // below 2^24, 1.2 TB of one layer's cache.
@@ -91,12 +82,11 @@ constexpr uint64_t kTmapRows = uint64_t{1} << 30;
 
 // Named barriers (0 is __syncthreads): the seesaw hand-offs between the two warpgroups, arrived by
 // one warpgroup (bar.arrive) and waited by the other (bar.sync), and one per warpgroup.
-constexpr int kBarMaxLeft = 1;    // warpgroup 0's running maxima after its tile are in s_m[0]
-constexpr int kBarMaxRight = 2;   // warpgroup 1's after its tile are in s_m[1]
-constexpr int kBarPLeft = 3;      // P of warpgroup 0's tile (rescaled) is in its buffer's k_pe panel
-constexpr int kBarPRight = 4;     // P of warpgroup 1's tile is in its buffer's k_pe panel
-constexpr int kBarOwnWg = 5;      // + warpgroup: its own 128 threads
-constexpr int kBarConsumers = 7;  // both consumer warpgroups (the whole CTA but the FP8 converter)
+constexpr int kBarMaxLeft = 1;   // warpgroup 0's running maxima after its tile are in s_m[0]
+constexpr int kBarMaxRight = 2;  // warpgroup 1's after its tile are in s_m[1]
+constexpr int kBarPLeft = 3;     // P of warpgroup 0's tile (rescaled) is in its buffer's k_pe panel
+constexpr int kBarPRight = 4;    // P of warpgroup 1's tile is in its buffer's k_pe panel
+constexpr int kBarOwnWg = 5;     // + warpgroup: its own 128 threads
 
 // Byte offset of 16-byte chunk c of row r in a [panel][row][128 B] tile with the 128-byte swizzle
 // (chunk index XOR row % 8) that TMA and wgmma use.
@@ -264,54 +254,40 @@ __device__ __forceinline__ uint4 fp8x8_to_bf16(uint2 x, uint32_t scale2) {
 // The FP8 cache: bf16 c_kv panels 4·half … 4·half + 3 of a kv buffer from the e4m3 bytes TMA staged
 // in the upper half of the same region (panels 4·half + 2 and + 3: two boxes of 128 columns, 128-byte
 // swizzle), times their rows' scales (`scales`: [64 rows][4 f32]); rows from `valid` on become
-// zeros (past kv_end a block holds anything, and 0 · NaN would poison P·V). 128 threads, two per
-// row (neighbour lanes): thread t converts row t / 2's input chunks 4·(t % 2) … + 3 of each box
-// (16 values each) into output panel 2·box + t % 2. Panels 0 and 1 do not overlap the staged bytes;
-// panel 2 holds box 0 and panel 3 box 1, and a row's outputs overwrite only that row's staged
-// bytes, which only its two lanes read — so warp barriers order the reads before the writes:
-// box 0 is read before panel 2 is written, and panel 3's first half (box 1's chunks 0–3, which the
-// even lane turns into panel 2) before the odd lane writes over it. At most two input chunks are
-// held at once (the converter runs at 40 registers; ptxas spills one value, 4 bytes).
-// `row`: the shared address of row r's first panel in the kv buffer (buffer + r · 128), `row_scales`
-// that of its scales in the part's box (box + r · 16); `live`: r < valid.
-__device__ __forceinline__ void convert_half(uint32_t row, int half, uint32_t row_scales, bool live, int sub) {
-    const int swz = (row >> 7) & 7;  // r & 7 (buffers are 1024-byte aligned)
-    const uint32_t region = row + half * 4 * kPanelBytes;
-    const uint32_t sc = row_scales + 8 * half;
-    const auto scale2 = [&](int box) {
-        const uint32_t bits = __float_as_uint(sm90::lds_f32(sc + 4 * box) * 0x1p112f) >> 16;
-        return bits | (bits << 16);
-    };
-    // One input chunk (16 e4m3 values) → output chunks 2i and 2i + 1 of panel `panel`.
-    // (A dead row's bytes become e4m3 zeros, whose product with any scale is 0.)
-    const auto put = [&](int panel, int i, uint4 x, uint32_t s2) {
-        const uint32_t out = region + panel * kPanelBytes;
-        if (!live) x = make_uint4(0, 0, 0, 0);
-        sm90::sts128(out + (((2 * i) ^ swz) << 4), fp8x8_to_bf16(make_uint2(x.x, x.y), s2));
-        sm90::sts128(out + (((2 * i + 1) ^ swz) << 4), fp8x8_to_bf16(make_uint2(x.z, x.w), s2));
-    };
-    const auto staged = [&](int box, int c) {
-        return sm90::lds128(region + (2 + box) * kPanelBytes + ((c ^ swz) << 4));
-    };
-    const uint32_t s0 = scale2(0);
+// zeros (past kv_end a block holds anything, and 0 · NaN would poison P·V). Panels 0 and 1 of the
+// half do not overlap the staged bytes; panels 2 and 3 overwrite them, after every thread has read
+// its bytes (barrier `bar`, this warpgroup's). 128 threads: row t / 2, 32 columns of each panel.
+// Ends with the async-proxy fence and the barrier that let this warpgroup's wgmma read the panels.
+__device__ __forceinline__ void dequant_half(uint8_t* kv, int half, const uint8_t* scales, int valid, int t128,
+                                             int bar) {
+    const int r = t128 / 2, sub = t128 % 2;
+    uint8_t* const region = kv + half * 4 * kPanelBytes;
+    const uint8_t* const staged = region + 2 * kPanelBytes;
+    const float* sc = reinterpret_cast<const float*>(scales + r * 16) + 2 * half;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) put(sub, i, staged(0, 4 * sub + i), s0);
-    __syncwarp();  // box 0 (panel 2) is read
-    const uint32_t s1 = scale2(1);
-    uint4 c4, c5;
-    if (sub == 0) {
+    for (int box = 0; box < 2; ++box) {  // panels 2·box and 2·box + 1 of the half, one scale
+        uint4 v[4];                      // panel j's 32 bytes: chunks 4j + 2·sub, + 1 of the box's row
 #pragma unroll
-        for (int i = 0; i < 4; ++i) put(2, i, staged(1, i), s1);
-    } else {
-        c4 = staged(1, 4), c5 = staged(1, 5);
+        for (int i = 0; i < 4; ++i) {
+            const int c = 4 * (i / 2) + 2 * sub + i % 2;
+            v[i] = *reinterpret_cast<const uint4*>(staged + box * kPanelBytes + r * 128 + ((c ^ (r & 7)) << 4));
+        }
+        if (box == 1) sm90::named_barrier(bar, 128);  // every staged byte of the half is read
+        const uint32_t scale_bits = __float_as_uint(sc[box] * 0x1p112f) >> 16, scale2 = scale_bits | (scale_bits << 16);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            uint8_t* const panel = region + (2 * box + j) * kPanelBytes + r * 128;
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {  // output chunk 4·sub + q: 8 values from half of v[2j + q / 2]
+                const uint4 w = v[2 * j + q / 2];
+                const uint2 x = q % 2 ? make_uint2(w.z, w.w) : make_uint2(w.x, w.y);
+                *reinterpret_cast<uint4*>(panel + (((4 * sub + q) ^ (r & 7)) << 4)) =
+                    r < valid ? fp8x8_to_bf16(x, scale2) : make_uint4(0, 0, 0, 0);
+            }
+        }
     }
-    __syncwarp();  // panel 3's chunks 0–5 are read
-    if (sub == 1) {
-        put(3, 0, c4, s1);            // over chunks 0, 1
-        put(3, 1, c5, s1);            // over chunks 2, 3
-        put(3, 2, staged(1, 6), s1);  // over chunks 4, 5
-        put(3, 3, staged(1, 7), s1);  // over chunks 6, 7 (7 read first)
-    }
+    sm90::fence_proxy_async();
+    sm90::named_barrier(bar, 128);
 }
 
 // Zeros rows [valid, 64) of the eight c_kv panels of a kv buffer (the tile past kv_end: a block
@@ -343,14 +319,11 @@ __device__ __forceinline__ void zero_tail_rows(uint8_t* kv, int valid, int t128)
 //
 // kFp8: the FP8 cache. tmap_cache then maps its e4m3 c_kv (128-byte boxes of 64 rows), tmap_scale
 // its scales and tmap_rope its bf16 rope part; each part's bytes land in the upper half of the
-// part's bf16 panels, with its scales. A third warpgroup (the converter, 40 registers a thread; the
-// consumers 232) turns each part into bf16 panels (convert_half) as it lands, in the order the
-// consumers read them — A's left and right parts, then B's right and left — and arrives on the
-// part's second mbarrier (`ready`), which the consumers wait on instead of the load's. Loads are
-// issued as before, when the consumers free a part; the converter waits for them. So the
-// conversion runs ahead of the scores instead of on the scoring warpgroup's path.
+// part's bf16 panels, with its scales, and the warpgroup that computes the tile's S turns them into
+// bf16 panels (dequant_half) before its S reads them — the other warpgroup reads them only after
+// the P hand-off, which follows.
 template <bool kFp8>
-__global__ void __launch_bounds__(kFp8 ? kFastThreadsFp8 : kFastThreads, 1)
+__global__ void __launch_bounds__(kFastThreads, 1)
     mla_fast_kernel(const __grid_constant__ CUtensorMap tmap_cache, const __grid_constant__ CUtensorMap tmap_rope,
                     const __grid_constant__ CUtensorMap tmap_scale, const MlaAttentionParams p, int num_splits,
                     float scale_log2, float* part_o, float* part_lse) {
@@ -362,9 +335,7 @@ __global__ void __launch_bounds__(kFp8 ? kFastThreadsFp8 : kFastThreads, 1)
     float* s_m = reinterpret_cast<float*>(s_scale + 4 * kScaleBytes);  // [2 warpgroups][64 rows]
     float* s_sum = s_m + 2 * kRows;                                    // [2][64]
     int* s_limit = reinterpret_cast<int*>(s_sum + 2 * kRows);          // [64] visible positions per row
-    uint64_t* bars = reinterpret_cast<uint64_t*>(s_limit + kRows);     // [buffer][left, right] loaded
-    uint64_t* const ready = bars + 4;  // FP8: [buffer][left, right] converted (the consumers' waits)
-    uint64_t* const full = kFp8 ? ready : bars;
+    uint64_t* bars = reinterpret_cast<uint64_t*>(s_limit + kRows);     // [buffer][left, right]
 
     // wg through a shuffle: warp-uniform in the compiler's eyes, so the wgmma in its branches are
     // not serialized.
@@ -377,8 +348,6 @@ __global__ void __launch_bounds__(kFp8 ? kFastThreadsFp8 : kFastThreads, 1)
 
     if (tid == 0) {
         for (int i = 0; i < 4; ++i) sm90::mbar_init(&bars[i], 1);
-        if constexpr (kFp8)
-            for (int i = 0; i < 4; ++i) sm90::mbar_init(&ready[i], 128);  // every converter thread
         sm90::mbar_fence_init();
     }
     if (tid < kRows) {
@@ -430,35 +399,9 @@ __global__ void __launch_bounds__(kFp8 ? kFastThreadsFp8 : kFastThreads, 1)
             if (rope) sm90::tma_load_2d(dst + 8 * kPanelBytes, &tmap_cache, bar, 8 * 64, row);
         }
     };
-    if (tid % 128 == 0 && wg < 2) {
+    if (tid % 128 == 0) {
         load_part(blocks[tile_begin], 0);
         if (num_local > 1) load_part(blocks[tile_begin + 1], 1);
-    }
-
-    if constexpr (kFp8) {
-        if (wg == 2) {  // the converter: every local tile's parts in the order the consumers read them
-            sm90::setmaxnreg_dec<kConverterRegs>();
-            // Few registers: one row address for the panels and scales, the barriers' from it.
-            const int r = (tid - 256) / 2, sub = tid % 2;
-            const int dead_tile = r >= tail_valid ? tail_tile - tile_begin : -1;  // where row r is past kv_end
-            const uint32_t row = sm90::smem_addr(skv) + r * 128, row_scales = sm90::smem_addr(s_scale) + r * 16;
-            const uint32_t loaded0 = sm90::smem_addr(bars);
-            for (int i = 0; i < num_local; ++i) {
-                const int buf = i & 1;
-                const uint32_t parity = (i >> 1) & 1;
-#pragma unroll 1
-                for (int j = 0; j < 2; ++j) {
-                    const int part = buf == 0 ? j : 1 - j;  // A: left, right; B: right, left
-                    const int idx = 2 * buf + part;
-                    sm90::mbar_wait(loaded0 + 8 * idx, parity);
-                    convert_half(row + buf * kTileBytes, part, row_scales + idx * kScaleBytes, i != dead_tile, sub);
-                    sm90::fence_proxy_async();                   // this thread's panels, for the consumers' wgmma
-                    sm90::mbar_arrive(loaded0 + 8 * (4 + idx));  // ready[idx]
-                }
-            }
-            return;
-        }
-        sm90::setmaxnreg_inc<kConsumerRegsFp8>();
     }
 
     // Q rows (zeros past the request's rows).
@@ -475,7 +418,7 @@ __global__ void __launch_bounds__(kFp8 ? kFastThreadsFp8 : kFastThreads, 1)
     cp_async_commit();
     cp_async_wait<0>();
     sm90::fence_proxy_async();
-    sm90::named_barrier(kBarConsumers, kFastThreads);
+    __syncthreads();
 
     float o[128], s[32];
     uint32_t pk[16];  // own P in bf16 pairs: the register A operand of P·V
@@ -503,7 +446,9 @@ __global__ void __launch_bounds__(kFp8 ? kFastThreadsFp8 : kFastThreads, 1)
                 if (2 * k + 2 < num_local) block_next_a = blocks[ta + 2];
             }
             // S_A: the left part (freed first) then the right.
-            sm90::mbar_wait(&full[0], parity);
+            const int valid_a = ta == tail_tile ? tail_valid : kTile;
+            sm90::mbar_wait(&bars[0], parity);
+            if constexpr (kFp8) dequant_half(kva, 0, s_scale, valid_a, tid, kBarOwnWg + 0);
             sm90::fence_regs(s);
             sm90::wgmma_fence();
             wgmma_s_panels(s, sq, kva, 0, 4, true);
@@ -512,13 +457,14 @@ __global__ void __launch_bounds__(kFp8 ? kFastThreadsFp8 : kFastThreads, 1)
                 sm90::wgmma_wait<1>();
                 if (has_b && tid == 0) load_part(block_b, 1);
             }
-            sm90::mbar_wait(&full[1], parity);
+            sm90::mbar_wait(&bars[1], parity);
+            if constexpr (kFp8) dequant_half(kva, 1, s_scale + kScaleBytes, valid_a, tid, kBarOwnWg + 0);
             sm90::wgmma_fence();  // (what ptxas would insert after the wait loop anyway)
             wgmma_s_panels(s, sq, kva, 4, 5, false);
             sm90::wgmma_commit();
             sm90::wgmma_wait<0>();
             sm90::fence_regs(s);
-            if (!kFp8 && ta == tail_tile) {  // (the FP8 converter wrote those rows as zeros)
+            if (!kFp8 && ta == tail_tile) {  // (the FP8 dequantization wrote those rows as zeros)
                 zero_tail_rows(kva, tail_valid, tid);
                 sm90::fence_proxy_async();
                 sm90::named_barrier(kBarOwnWg + 0, 128);
@@ -566,7 +512,7 @@ __global__ void __launch_bounds__(kFp8 ? kFastThreadsFp8 : kFastThreads, 1)
             rescale_rows(o, f0, f1);
             if (has_b) {
                 sm90::named_barrier(kBarPRight, 256);
-                sm90::mbar_wait(&full[2], parity);
+                sm90::mbar_wait(&bars[2], parity);
                 sm90::fence_regs(o);
                 sm90::wgmma_fence();
                 pv_from_smem(o, kvb + 8 * kPanelBytes, kvb, 0);
@@ -586,11 +532,14 @@ __global__ void __launch_bounds__(kFp8 ? kFastThreadsFp8 : kFastThreads, 1)
                 if (2 * k + 2 < num_local) block_next_a = blocks[ta + 2];
             }
             if (has_b) {  // S_B: the right part (freed first) then the left
-                sm90::mbar_wait(&full[3], parity);
+                const int valid_b = tb == tail_tile ? tail_valid : kTile;
+                sm90::mbar_wait(&bars[3], parity);
+                if constexpr (kFp8) dequant_half(kvb, 1, s_scale + 3 * kScaleBytes, valid_b, tid - 128, kBarOwnWg + 1);
                 sm90::fence_regs(s);
                 sm90::wgmma_fence();
                 wgmma_s_panels(s, sq, kvb, 4, 4, true);
-                sm90::mbar_wait(&full[2], parity);
+                sm90::mbar_wait(&bars[2], parity);
+                if constexpr (kFp8) dequant_half(kvb, 0, s_scale + 2 * kScaleBytes, valid_b, tid - 128, kBarOwnWg + 1);
                 sm90::wgmma_fence();
                 wgmma_s_panels(s, sq, kvb, 0, 4, false);
                 wgmma_s_panels(s, sq, kvb, 8, 1, false);
@@ -633,7 +582,7 @@ __global__ void __launch_bounds__(kFp8 ? kFastThreadsFp8 : kFastThreads, 1)
                 sm90::named_barrier_arrive(kBarPRight, 256);
             }
             sm90::named_barrier(kBarPLeft, 256);
-            sm90::mbar_wait(&full[1], parity);
+            sm90::mbar_wait(&bars[1], parity);
             sm90::fence_regs(o);
             sm90::wgmma_fence();
             pv_from_smem(o, kva + 8 * kPanelBytes, kva, 1);
@@ -662,7 +611,7 @@ __global__ void __launch_bounds__(kFp8 ? kFastThreadsFp8 : kFastThreads, 1)
         s_sum[wg * kRows + r0] = l0;
         s_sum[wg * kRows + r1] = l1;
     }
-    sm90::named_barrier(kBarConsumers, kFastThreads);
+    __syncthreads();
     l0 += s_sum[(wg ^ 1) * kRows + r0];
     l1 += s_sum[(wg ^ 1) * kRows + r1];
 
@@ -682,7 +631,7 @@ __global__ void __launch_bounds__(kFp8 ? kFastThreadsFp8 : kFastThreads, 1)
                               pack_bf16(o[8 * q + 4] * inv0, o[8 * q + 5] * inv0),
                               pack_bf16(o[8 * q + 6] * inv1, o[8 * q + 7] * inv1));
         }
-        sm90::named_barrier(kBarConsumers, kFastThreads);
+        __syncthreads();
         for (int i = tid; i < kRows * (kLora / 8); i += kFastThreads) {
             const int lrow = i / (kLora / 8), c = i % (kLora / 8), row = first_row + lrow;
             if (row >= num_rows) continue;
@@ -1080,8 +1029,8 @@ void launch_mla_attention(const MlaAttentionParams& p, MlaWorkspace* workspace, 
     const dim3 grid(unsigned(row_blocks), unsigned(splits), unsigned(p.num_requests));
     if (p.cache_fp8 != nullptr) {
         const Fp8CacheMaps m = fp8_cache_tensor_maps(p.cache_fp8);
-        mla_fast_kernel<true><<<grid, kFastThreadsFp8, kFastSmemBytes, stream>>>(m.c_kv, m.rope, m.scale, p, splits,
-                                                                                 p.scale * kLog2e, part_o, part_lse);
+        mla_fast_kernel<true><<<grid, kFastThreads, kFastSmemBytes, stream>>>(m.c_kv, m.rope, m.scale, p, splits,
+                                                                              p.scale * kLog2e, part_o, part_lse);
     } else {
         const CUtensorMap tmap = cache_tensor_map(p.cache);
         mla_fast_kernel<false><<<grid, kFastThreads, kFastSmemBytes, stream>>>(tmap, tmap, tmap, p, splits,
