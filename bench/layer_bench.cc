@@ -328,11 +328,8 @@ int run_layer_bench(const LayerBenchOptions& opts) {
     FANOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     const DType kv_dtype = kv::kv_dtype_from_name(opts.kv_dtype);
     FANOUT_CHECK(kv_dtype != DType::kF32, "bench layer --kv-dtype: the GPU cache holds bf16 or fp8 entries");
-    kv::KvCacheConfig entry;
-    entry.entry_dim = c.kv_entry_dim();
-    entry.kv_lora = c.kv_lora_rank;
-    entry.dtype = kv_dtype;
-    const double entry_bytes = static_cast<double>(entry.entry_bytes());
+    const double entry_bytes =
+        static_cast<double>(ops::latent_entry_bytes(c.kv_lora_rank, c.qk_rope_head_dim, kv_dtype));
     std::printf("KV cache: %s entries, %.0f bytes per position and layer\n", opts.kv_dtype.c_str(), entry_bytes);
     Rig rig(c, kv_dtype, max_batch, q, opts.kv_len, s, opts.mha, opts.decodes);
 

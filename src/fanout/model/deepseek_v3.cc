@@ -143,7 +143,6 @@ kv::KvCacheConfig DeepseekV3::kv_cache_config(int64_t num_blocks, DType dtype) c
     k.kv_lora = config_.kv_lora_rank;
     k.num_blocks = num_blocks;
     k.dtype = dtype;
-    (void)k.entry_bytes();  // a dtype or widths the cache cannot store, named before any allocation
     return k;
 }
 

@@ -8,6 +8,11 @@
 #include "fanout/core/dtype.h"
 
 #ifdef __CUDACC__
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#endif
+
+#ifdef __CUDACC__
 #define FANOUT_HOST_DEVICE __host__ __device__  // (one definition for the CPU ops and the kernels)
 #else
 #define FANOUT_HOST_DEVICE
@@ -71,5 +76,15 @@ FANOUT_HOST_DEVICE inline float fp8_cache_scale(float amax) {
     memcpy(&s, &u, 4);
     return s < 0x1p-100f ? 0x1p-100f : s > 0x1p15f ? 0x1p15f : s;
 }
+
+#ifdef __CUDACC__
+// An FP8 cache value as the kernels read it: e4m3 (exact in f16) times its group's scale, in f32
+// (exact: 4 mantissa bits times 8); the caller rounds it to bf16 once, as the CPU's dequantized
+// value rounds. The tensor-core decode kernel computes the same product in bf16x2 pairs.
+__device__ __forceinline__ float fp8_cache_value(uint8_t e4m3, float scale) {
+    const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(e4m3), __NV_E4M3);
+    return __half2float(__half(h)) * scale;
+}
+#endif
 
 }  // namespace fanout::ops

@@ -30,7 +30,8 @@ struct LatentCache {
     int64_t kv_lora = 0;  // the latent's width within entry_dim (read by the FP8 entry)
     // Bytes of one entry; throws for a dtype the cache does not store or FP8 widths it cannot.
     int64_t entry_bytes() const;
-    MlaFp8Layout fp8_layout() const;  // the FP8 entry's layout (checks its widths)
+    // The FP8 entry's layout (entry_bytes() checks that its widths are ones the format takes).
+    MlaFp8Layout fp8_layout() const { return {kv_lora, entry_dim - kv_lora}; }
 };
 
 // Where a step's query tokens belong. T = query_start[num_requests].

@@ -63,11 +63,34 @@ void softmax_inplace(float* scores, int64_t n) {
     for (int64_t j = 0; j < n; ++j) scores[j] *= inv;
 }
 
+// Entries of one cache layer as f32: its entry bytes and FP8 layout resolved (and checked) once,
+// not per entry — attention reads every cached position of every layer through it.
+class EntryReader {
+  public:
+    explicit EntryReader(const LatentCache& cache)
+        : cache_(cache),
+          bytes_(cache.entry_bytes()),
+          fp8_(cache.dtype == DType::kFP8E4M3 ? cache.fp8_layout() : MlaFp8Layout{}) {}
+    void read(int64_t slot, float* out) const {
+        const char* entry = static_cast<const char*>(cache_.data) + static_cast<size_t>(slot * bytes_);
+        if (cache_.dtype == DType::kFP8E4M3)
+            dequantize_latent_entry_fp8(reinterpret_cast<const uint8_t*>(entry), fp8_, out);
+        else
+            convert_to_f32(entry, cache_.dtype, static_cast<size_t>(cache_.entry_dim), out);
+    }
+
+  private:
+    const LatentCache& cache_;
+    int64_t bytes_;
+    MlaFp8Layout fp8_;
+};
+
 // Request r's cached entries [kv_len, entry_dim] as f32.
 std::vector<float> gather_entries(const LatentCache& cache, const AttentionMetadata& meta, int64_t r) {
     const int64_t S = meta.kv_len[r], D = cache.entry_dim;
+    const EntryReader reader(cache);
     std::vector<float> out(static_cast<size_t>(S * D));
-    for (int64_t j = 0; j < S; ++j) kv_read(cache, slot_of(meta, cache, r, j), out.data() + j * D);
+    for (int64_t j = 0; j < S; ++j) reader.read(slot_of(meta, cache, r, j), out.data() + j * D);
     return out;
 }
 
@@ -102,32 +125,21 @@ void dequantize_latent_entry_fp8(const uint8_t* in, const MlaFp8Layout& layout, 
     }
 }
 
-MlaFp8Layout LatentCache::fp8_layout() const {
-    FANOUT_CHECK(mla_fp8_widths_ok(kv_lora, entry_dim - kv_lora),
-                 "kv cache: the FP8 entry needs kv_lora % 4 == 0 and an even rope width; kv_lora {} of entry {}",
-                 kv_lora, entry_dim);
-    return {kv_lora, entry_dim - kv_lora};
-}
-
 int64_t LatentCache::entry_bytes() const {
     const int64_t bytes = latent_entry_bytes(kv_lora, entry_dim - kv_lora, dtype);
-    if (bytes == 0 && dtype == DType::kFP8E4M3) fp8_layout();  // names the widths
-    FANOUT_CHECK(bytes > 0, "kv cache dtype {} not supported (f32, bf16, fp8)", dtype_name(dtype));
+    FANOUT_CHECK(bytes > 0,
+                 "kv cache: cannot store dtype {} with kv_lora {} of entry {} (f32, bf16, or fp8 with kv_lora % 4 == "
+                 "0 and an even rope width)",
+                 dtype_name(dtype), kv_lora, entry_dim);
     return bytes;
 }
 
-void kv_read(const LatentCache& cache, int64_t slot, float* out) {
-    const char* entry = static_cast<const char*>(cache.data) + static_cast<size_t>(slot * cache.entry_bytes());
-    if (cache.dtype == DType::kFP8E4M3) {
-        dequantize_latent_entry_fp8(reinterpret_cast<const uint8_t*>(entry), cache.fp8_layout(), out);
-        return;
-    }
-    convert_to_f32(entry, cache.dtype, static_cast<size_t>(cache.entry_dim), out);
-}
+void kv_read(const LatentCache& cache, int64_t slot, float* out) { EntryReader(cache).read(slot, out); }
 
 void kv_append(LatentCache& cache, const Tensor& entries, const int32_t* slots, const Stream& s) {
     check_tensor(entries, "kv_append entries", DType::kF32, {-1, cache.entry_dim});
     const int64_t T = entries.dim(0), D = cache.entry_dim, bytes = cache.entry_bytes();
+    const MlaFp8Layout fp8 = cache.dtype == DType::kFP8E4M3 ? cache.fp8_layout() : MlaFp8Layout{};
     const float* src = entries.data_as<float>();
     for (int64_t t = 0; t < T; ++t)
         FANOUT_CHECK(slots[t] >= 0 && slots[t] < cache.num_blocks * cache.block_size,
@@ -143,7 +155,7 @@ void kv_append(LatentCache& cache, const Tensor& entries, const int32_t* slots, 
                 uint16_t* d16 = reinterpret_cast<uint16_t*>(dst);
                 for (int64_t d = 0; d < D; ++d) d16[d] = f32_to_bf16(e[d]);
             } else {
-                quantize_latent_entry_fp8(e, cache.fp8_layout(), reinterpret_cast<uint8_t*>(dst));
+                quantize_latent_entry_fp8(e, fp8, reinterpret_cast<uint8_t*>(dst));
             }
         }
     });

@@ -691,8 +691,7 @@ __device__ __forceinline__ float cache_value(const MlaAttentionParams& p, int64_
     if (d >= p.kv_lora)
         return bf16_bits_to_float(reinterpret_cast<const uint16_t*>(e + L.rope_offset())[d - p.kv_lora]);
     const float scale = reinterpret_cast<const float*>(e + L.scale_offset())[d / kFp8Block];
-    const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(e[d]), __NV_E4M3);
-    return bf16_bits_to_float(float_to_bf16_bits(__half2float(__half(h)) * scale));
+    return bf16_bits_to_float(float_to_bf16_bits(fp8_cache_value(e[d], scale)));
 }
 
 // grid (T, H, splits); one CTA per (token, head, split), positions [begin, end) of the split in

@@ -126,10 +126,8 @@ __global__ void __launch_bounds__(kThreads)
             const uint32_t q = reinterpret_cast<const uint32_t*>(src)[c];
             const float scale = scales[4 * c / kFp8Block];
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(q >> (8 * i)), __NV_E4M3);
-                lat[4 * c + i] = __float2bfloat16(__half2float(__half(h)) * scale);
-            }
+            for (int i = 0; i < 4; ++i)
+                lat[4 * c + i] = __float2bfloat16(fp8_cache_value(uint8_t(q >> (8 * i)), scale));
         }
         const bf16* src_pe = reinterpret_cast<const bf16*>(src + L.rope_offset());
         for (int d = lane; d < rope; d += 32) pe[d] = src_pe[d];
