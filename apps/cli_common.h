@@ -49,7 +49,7 @@ void print_upload_summary(const model::StreamStats& s);
 #endif
 model::ForwardOptions forward_options(const ModelArgs& a);
 // --kv-dtype: "auto" is f32 on the CPU path and bf16 on the GPU; "fp8" stores each entry's latent in
-// e4m3 with a scale per 128 values (57% of bf16's bytes at V3's widths: twice the tokens in the
+// e4m3 with a scale per 128 values (57% of bf16's bytes at V3's widths: 1.76× the tokens in the
 // same memory). f32 on the GPU is refused, naming the choices.
 DType kv_dtype(const ModelArgs& a);
 // --ep N, --tp T and --ranks threads|processes: the expert-parallel ranks of a command

@@ -124,8 +124,9 @@ struct CudaModel::Impl {
     DeviceModelWeights w;
     StreamStats upload;
     // [layers, num_blocks + 1, block] entries of cache_config().entry_bytes() (bf16 values or FP8
-    // entries: opts.kv_dtype); the last block is the padding scratch.
+    // entries: opts.kv_dtype); the last block is the padding scratch. layer_bytes: one layer's.
     DeviceArray<uint8_t> cache;
+    size_t layer_bytes = 0;
 
     // Step inputs at fixed addresses (what a captured graph reads).
     DeviceArray<int32_t> tokens, positions, slots, query_start, kv_len, block_table, logit_rows, out_tokens, num_tokens;
@@ -182,13 +183,10 @@ struct CudaModel::Impl {
         k.dtype = opts.kv_dtype;
         return k;
     }
-    size_t cache_layer_bytes() const {
-        return static_cast<size_t>((num_blocks + 1) * kv::kDefaultBlockSize * cache_config().entry_bytes());
-    }
 
     int num_layers_cached() const { return static_cast<int>(c.num_hidden_layers + (w.mtp ? 1 : 0)); }
     ops::DeviceLatentCache cache_layer(int64_t l) {
-        uint8_t* layer = cache.get() + static_cast<size_t>(l) * cache_layer_bytes();
+        uint8_t* layer = cache.get() + static_cast<size_t>(l) * layer_bytes;
         if (opts.kv_dtype == DType::kFP8E4M3) return {nullptr, layer};
         return {reinterpret_cast<uint16_t*>(layer), nullptr};
     }
@@ -413,7 +411,8 @@ CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts, cons
     m.pad_block = m.num_blocks;
     FANOUT_CHECK(opts.kv_dtype == DType::kBF16 || opts.kv_dtype == DType::kFP8E4M3,
                  "CudaModel: the GPU runner's KV cache holds bf16 or fp8 entries, not {}", dtype_name(opts.kv_dtype));
-    (void)m.cache_config().entry_bytes();  // FP8 widths the entry cannot hold, named before loading
+    // (FP8 widths the entry cannot hold are named here, before loading.)
+    m.layer_bytes = static_cast<size_t>((m.num_blocks + 1) * block * m.cache_config().entry_bytes());
 
     FANOUT_CHECK(opts.mtp_draft_tokens >= 0 && opts.mtp_draft_tokens < kMaxGraphQueryLen,
                  "CudaModel: {} MTP draft tokens; the GPU runner takes 0..{}", opts.mtp_draft_tokens,
@@ -433,7 +432,7 @@ CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts, cons
                  opts.microbatch_ep ? opts.microbatch_ep->config().world : 0, opts.ep ? opts.ep->config().rank : 0,
                  opts.ep ? opts.ep->config().world : 0);
     m.w = upload_model_weights(c, model.weights(), progress, &m.upload, opts.mtp_draft_tokens > 0);
-    m.cache = DeviceArray<uint8_t>(static_cast<size_t>(m.num_layers_cached()) * m.cache_layer_bytes());
+    m.cache = DeviceArray<uint8_t>(static_cast<size_t>(m.num_layers_cached()) * m.layer_bytes);
     FANOUT_CUDA_CHECK(cudaMemset(m.cache.get(), 0, m.cache.size()));
 
     const size_t T = static_cast<size_t>(opts.max_step_tokens), R = static_cast<size_t>(opts.max_requests);
