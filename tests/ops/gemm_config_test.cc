@@ -19,7 +19,7 @@ TEST(GemmConfig, MeasuredRowsForTheV3Shapes) {
     EXPECT_TRUE(same(pick_gemm_config(64, 7168, 16384, 132, true), {64, 64, 2, 1}));      // o_proj, decode
     EXPECT_TRUE(same(pick_gemm_config(4096, 7168, 16384, 132, true), {128, 256, 1, 2}));  // o_proj, prefill
     EXPECT_TRUE(same(pick_gemm_config(33, 2112, 7168, 132, true), {64, 64, 4, 1}));       // qkv_a, M <= 64
-    EXPECT_TRUE(same(pick_gemm_config(65, 2112, 7168, 132, true), {64, 64, 4, 1}));       // qkv_a, M <= 128
+    EXPECT_TRUE(same(pick_gemm_config(65, 2112, 7168, 132, true), {64, 64, 2, 1}));       // qkv_a, M <= 128
     EXPECT_TRUE(same(pick_gemm_config(256, 36864, 7168, 132, true), {128, 128, 1, 1}));   // dense MLP gate+up
     EXPECT_TRUE(same(pick_gemm_config(256, 7168, 18432, 132, true), {128, 256, 2, 2}));   // dense MLP down
     EXPECT_TRUE(same(pick_gemm_config(256, 7168, 18432, 132, false), {128, 256, 1, 2}));  // ... no workspace

@@ -179,6 +179,9 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     // wgmma width: a 256-wide tile runs as two n128 halves, each promoted before the next, so
     // the registers hold acc[128] + part[64] instead of two 128-float sets.
     constexpr int kWN = BN < 128 ? BN : 128, kHalves = BN / kWN, kPart = kWN / 2;
+    // Two partials in flight: the 64 × 64 tiles, whose one consumer warpgroup is alone with its
+    // K loop's chain (see the loop).
+    constexpr bool kPipelined = BM == 64 && BN == 64;
     static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "stages must keep 1024-byte alignment");
 
     extern __shared__ uint8_t smem_raw[];
@@ -376,33 +379,82 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
                 a[4 * j + 3] = fmaf(part[4 * j + 3], s_hi, a[4 * j + 3]);
             }
         };
-        // Per K block: each half's wgmmas into a fresh partial, wait, promote. Keeping two
-        // partials so that block kb + 1's wgmmas overlap kb's promotion was tried twice: with the
-        // issue in a branch ptxas serialized the wgmmas (C7518) and it measured no faster;
-        // branch-free (dummy groups past the end) ptxas serialized them again because registers
-        // of the older group are read while the newer one runs (C7514). The other consumer
-        // warpgroup fills the gap instead: making the two take turns at issuing (a pair of named
-        // barriers, so one's batch runs while the other promotes) measured no faster (PERF.md,
-        // 2026-12-02), so they already overlap on their own.
-        for (int kb = kb0; kb < kb1; ++kb) {
-            mbar_wait(base + kFullOff + 8 * s, phase);
-            // This thread's row scales and the W block scales of the stage (read before it is released).
-            const float* st_scales = scales + s * kScaleFloats;
-            const float sa_lo = st_scales[r_lo], sa_hi = st_scales[r_lo + 8];
-            float sb[kHalves];
-#pragma unroll
-            for (int h = 0; h < kHalves; ++h) sb[h] = st_scales[BM + h];
-#pragma unroll
-            for (int h = 0; h < kHalves; ++h) {
-                float part[kPart];
-                issue(s, h, part);
-                wgmma_wait<0>();
-                fence_regs(part);
-                if (h == kHalves - 1) release(s);
-                promote(part, acc + h * kPart, sa_lo * sb[h], sa_hi * sb[h]);
+        // Per K block: each half's wgmmas into a fresh partial, wait, promote — except on the
+        // 64 × 64 tiles (kPipelined), which keep two partials so that block kb + 1's wgmmas run
+        // while kb's are promoted. There the CTA's one consumer warpgroup is alone with its chain
+        // (wait → promote → issue); with two or more, the other warpgroups fill the gap: two
+        // partials on 128 × 64 and 128 × 128 tiles measured no faster (PERF.md, 2026-12-03), nor
+        // did making two warpgroups take turns at issuing (2026-12-02). Written as a loop over
+        // pairs of K blocks with unconditional issues, ptxas keeps the wgmmas asynchronous; the
+        // earlier tries, with the issue in a branch or dummy groups past the end, it serialized
+        // (C7518, C7514).
+        if constexpr (kPipelined) {
+            // The loop goes two K blocks at a time so that each partial stays a fixed set of
+            // registers; the last one or two K blocks are peeled.
+            float pa[kPart], pb[kPart];
+            float a_lo, a_hi, b_lo, b_hi;  // the row scales times the W block's scale
+            int sa, sb;
+            // Waits for the next stage, reads its scales and issues its wgmmas into `part`.
+            auto start = [&](int& st, float& lo, float& hi, float(&part)[kPart]) {
+                st = s;
+                mbar_wait(base + kFullOff + 8 * st, phase);
+                const float* st_scales = scales + st * kScaleFloats;
+                const float w = st_scales[BM];
+                lo = st_scales[r_lo] * w;
+                hi = st_scales[r_lo + 8] * w;
+                issue(st, 0, part);
+                if (++s == STAGES) s = 0, phase ^= 1;
+            };
+            start(sa, a_lo, a_hi, pa);
+            int kb = kb0 + 1;
+            for (; kb + 1 < kb1; kb += 2) {
+                start(sb, b_lo, b_hi, pb);
+                wgmma_wait<1>();
+                fence_regs(pa);
+                release(sa);
+                promote(pa, acc, a_lo, a_hi);
+                start(sa, a_lo, a_hi, pa);
+                wgmma_wait<1>();
+                fence_regs(pb);
+                release(sb);
+                promote(pb, acc, b_lo, b_hi);
             }
-            if (++s == STAGES) s = 0, phase ^= 1;
-        }
+            if (kb < kb1) {
+                start(sb, b_lo, b_hi, pb);
+                wgmma_wait<1>();
+                fence_regs(pa);
+                release(sa);
+                promote(pa, acc, a_lo, a_hi);
+                wgmma_wait<0>();
+                fence_regs(pb);
+                release(sb);
+                promote(pb, acc, b_lo, b_hi);
+            } else {
+                wgmma_wait<0>();
+                fence_regs(pa);
+                release(sa);
+                promote(pa, acc, a_lo, a_hi);
+            }
+        } else
+            for (int kb = kb0; kb < kb1; ++kb) {
+                mbar_wait(base + kFullOff + 8 * s, phase);
+                // This thread's row scales and the W block scales of the stage (read before it is released).
+                const float* st_scales = scales + s * kScaleFloats;
+                const float sa_lo = st_scales[r_lo], sa_hi = st_scales[r_lo + 8];
+                float sb[kHalves];
+#pragma unroll
+                for (int h = 0; h < kHalves; ++h) sb[h] = st_scales[BM + h];
+#pragma unroll
+                for (int h = 0; h < kHalves; ++h) {
+                    float part[kPart];
+                    issue(s, h, part);
+                    wgmma_wait<0>();
+                    fence_regs(part);
+                    if (h == kHalves - 1) release(s);
+                    promote(part, acc + h * kPart, sa_lo * sb[h], sa_hi * sb[h]);
+                }
+                if (++s == STAGES) s = 0, phase ^= 1;
+            }
         const Tile tile = sched.get(t, rank);  // again: kept across the K loop it would take registers
         if (tile.rows <= 0) continue;
 
