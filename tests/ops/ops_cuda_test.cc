@@ -356,11 +356,19 @@ TEST(GroupedGemmFp8Cuda, MaskedMatchesCpuReferenceAndReplaysInAGraph) {
     DeviceBuffer<uint16_t> dy(size_t(E) * max_m * N);
     cudaStream_t stream;
     FANOUT_CUDA_CHECK(cudaStreamCreate(&stream));
-    for (GemmConfig cfg : {GemmConfig{}, GemmConfig{128, 128, 1, 2}, GemmConfig{64, 64, 1}, GemmConfig{64, 256, 1, 2},
-                           GemmConfig{192, 128, 1}, GemmConfig{192, 128, 1, 2}}) {
+    // The table's picks (by the expected tokens per expert: 256-, 128-wide and, for a short K at
+    // ~1,024 tokens, 192-row tiles), then forced shapes.
+    for (auto [cfg, expected_m] : {std::pair{GemmConfig{}, 64},
+                                   {GemmConfig{}, 512},
+                                   {GemmConfig{}, 2048},
+                                   {GemmConfig{128, 128, 1, 2}, 64},
+                                   {GemmConfig{64, 64, 1}, 64},
+                                   {GemmConfig{64, 256, 1, 2}, 64},
+                                   {GemmConfig{192, 128, 1}, 64},
+                                   {GemmConfig{192, 128, 1, 2}, 64}}) {
         const cudaGraphExec_t exec = capture_graph(stream, [&] {
             launch_grouped_gemm_fp8_masked(d.x.ptr, d.sx.ptr, dcounts.ptr, E, max_m, d.w.ptr, d.sw.ptr, N, K, dy.ptr,
-                                           64, stream, cfg);
+                                           expected_m, stream, cfg);
         });
         for (const std::vector<int32_t>& counts :
              {std::vector<int32_t>{0, 1, 200, 64, 65, 0}, std::vector<int32_t>{7, 0, 0, 129, 3, 200},
