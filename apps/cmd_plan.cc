@@ -20,14 +20,22 @@ namespace {
 struct CommonArgs {
     std::vector<std::string> calibrate;
     int kv_len = 5000;
+    std::string kv_dtype = "bf16";
     int draft_tokens = 1;
     double acceptance = 0.6;
+
+    DType kv() const { return kv_dtype == "fp8" ? DType::kFP8E4M3 : DType::kBF16; }
 };
 
 void add_common(CLI::App* cmd, CommonArgs& a) {
     cmd->add_option("--calibrate", a.calibrate, "benchmark JSON (bench kernels|mla|layer|comm); repeatable")
         ->check(CLI::ExistingFile);
     cmd->add_option("--kv-len", a.kv_len, "context tokens per request")->capture_default_str();
+    cmd->add_option("--kv-dtype", a.kv_dtype,
+                    "the KV cache's entries: bf16 (1,152 bytes per token and layer) or fp8 (656; its attention "
+                    "speed from a `bench mla` JSON's fp8 rows when calibrated)")
+        ->check(CLI::IsMember({"bf16", "fp8"}))
+        ->capture_default_str();
     cmd->add_option("--draft-tokens", a.draft_tokens, "MTP draft tokens per step (query length - 1)")
         ->capture_default_str();
     cmd->add_option("--acceptance", a.acceptance, "MTP acceptance rate per draft token")->capture_default_str();
@@ -84,9 +92,9 @@ void run_sweep_cmd(const plan::SweepOptions& o, const CommonArgs& c, const std::
 void run_recommend_cmd(const plan::RecommendOptions& o, const CommonArgs& c) {
     const plan::Profile prof = profile_for(c, plan::hardware_preset(o.hardware));
     const auto best = plan::recommend(o, prof);
-    std::printf("%d x %s, output speed >= %.1f tok/s per request, KV %d, MTP %d draft at %.0f%%\n\n", o.gpus,
-                plan::hardware_preset(o.hardware).name.c_str(), o.min_speed, o.kv_len, o.draft_tokens,
-                100 * o.acceptance);
+    std::printf("%d x %s, output speed >= %.1f tok/s per request, KV %d (%s cache), MTP %d draft at %.0f%%\n\n", o.gpus,
+                plan::hardware_preset(o.hardware).name.c_str(), o.min_speed, o.kv_len, c.kv_dtype.c_str(),
+                o.draft_tokens, 100 * o.acceptance);
     for (size_t i = 0; i < best.size(); ++i) {
         const auto& p = best[i];
         std::printf("%s %s\n", i == 0 ? "best:     " : "runner-up:", layout(p).c_str());
@@ -119,7 +127,7 @@ void print_seed_row(const plan::Deployment& d, const plan::Hardware& hw, int kv,
 
 bool same_point(const plan::LayerMeasurement& m, const plan::Deployment& d, bool dense) {
     return m.dense == dense && (dense || m.d.ep == d.ep) && m.d.tp == d.tp && m.d.batch == d.batch &&
-           m.d.query_len() == d.query_len() && m.d.kv_len == d.kv_len;
+           m.d.query_len() == d.query_len() && m.d.kv_len == d.kv_len && m.d.kv_dtype == d.kv_dtype;
 }
 
 // Every measured point beside the model: the compute-only layer where the point has no
@@ -127,14 +135,15 @@ bool same_point(const plan::LayerMeasurement& m, const plan::Deployment& d, bool
 void print_measured_points(const std::vector<plan::LayerMeasurement>& measured, const plan::Hardware& hw,
                            const plan::Profile& prof) {
     std::printf("\nall measured points (model: %s)\n", "compute-only sum where communication is not included");
-    std::printf("%-6s %5s %6s %-12s %10s %10s %8s\n", "layer", "EP", "batch", "schedule", "model us", "measured",
-                "model/m");
+    std::printf("%-6s %5s %6s %-5s %-12s %10s %10s %8s\n", "layer", "EP", "batch", "cache", "schedule", "model us",
+                "measured", "model/m");
     for (const auto& m : measured) {
         if (std::isnan(m.total_us)) continue;
         const double model = m.comm_included ? plan::moe_layer_time(m.d, hw, prof).total_us
                                              : plan::layer_compute_us(m.d, hw, prof, m.dense);
-        std::printf("%-6s %5s %6d %-12s %10.1f %10.1f %8.2f\n", m.dense ? "dense" : "moe",
-                    m.dense ? "-" : std::to_string(m.d.ep).c_str(), m.d.batch, plan::schedule_name(m.d.schedule), model,
+        std::printf("%-6s %5s %6d %-5s %-12s %10.1f %10.1f %8.2f\n", m.dense ? "dense" : "moe",
+                    m.dense ? "-" : std::to_string(m.d.ep).c_str(), m.d.batch,
+                    m.d.kv_dtype == DType::kFP8E4M3 ? "fp8" : "bf16", plan::schedule_name(m.d.schedule), model,
                     m.total_us, model / m.total_us);
     }
 }
@@ -150,10 +159,12 @@ void run_layer_cmd(const LayerArgs& a, const CommonArgs& c) {
     else
         schedules = {plan::parse_schedule(a.schedule)};
     plan::Deployment d{a.ep, a.tp, a.batch, c.kv_len, c.draft_tokens, c.acceptance, plan::Schedule::kNoOverlap};
+    d.kv_dtype = c.kv();
     plan::validate(d, hw);
     const std::string where = a.dense ? fmt::format("TP{}", d.tp) : fmt::format("EP{} DP{} TP{}", d.ep, d.dp(), d.tp);
-    std::printf("one %s layer, %s, %s, batch %d per instance, query %d, KV %d\n\n", a.dense ? "dense" : "MoE",
-                hw.name.c_str(), where.c_str(), d.batch, d.query_len(), d.kv_len);
+    std::printf("one %s layer, %s, %s, batch %d per instance, query %d, KV %d (%s cache)\n\n",
+                a.dense ? "dense" : "MoE", hw.name.c_str(), where.c_str(), d.batch, d.query_len(), d.kv_len,
+                c.kv_dtype.c_str());
     const plan::LayerMeasurement* match = nullptr;
     for (const auto& m : measured)
         if (same_point(m, d, a.dense) && m.d.schedule == plan::Schedule::kNoOverlap) match = &m;
@@ -239,6 +250,8 @@ void run_profile_cmd(const std::string& hardware, const CommonArgs& c) {
     link("TP collective", p.tp_collective);
     for (const auto& q : p.attention_curve)
         std::printf("attention curve: %6.0f query rows -> %4.1f%% of the BF16 peak\n", q.rows, 100 * q.eff);
+    for (const auto& q : p.attention_fp8_curve)
+        std::printf("attention curve, FP8 cache: %6.0f query rows -> %4.1f%% of the BF16 peak\n", q.rows, 100 * q.eff);
     for (const auto& q : p.mha_attention_curve)
         std::printf("mha prefill curve: %6.0f tokens per request -> %4.1f%% of the BF16 peak\n", q.rows, 100 * q.eff);
     for (const auto& [name, us] : p.kernel_extra_us) std::printf("kernel extra %-24s %+6.1f us\n", name.c_str(), us);
@@ -265,6 +278,7 @@ void add_plan_command(CLI::App& app) {
     add_common(sweep, *sc);
     sweep->callback([so, sc, out, figure] {
         so->kv_len = sc->kv_len;
+        so->kv_dtype = sc->kv();
         so->draft_tokens = sc->draft_tokens;
         so->acceptance = sc->acceptance;
         if (so->hardware != "seed") plan::hardware_preset(so->hardware);  // a clear error for a bad name
@@ -282,6 +296,7 @@ void add_plan_command(CLI::App& app) {
     add_common(rec, *rc);
     rec->callback([ro, rc] {
         ro->kv_len = rc->kv_len;
+        ro->kv_dtype = rc->kv();
         ro->draft_tokens = rc->draft_tokens;
         ro->acceptance = rc->acceptance;
         run_recommend_cmd(*ro, *rc);

@@ -121,6 +121,43 @@ TEST_F(PlanCalibration, MlaJsonSetsTheAttentionCurve) {
     EXPECT_NEAR(mid, 200.0 / (1 + 0.5 * (4.0 / 3 - 1)), 1e-6);  // efficiency halfway in log(rows)
 }
 
+// `bench mla` times each point over the bf16 cache and then over the FP8 cache ("cache": "fp8"):
+// the FP8 rows make their own curve, which an FP8 deployment's attention runs at, and never enter
+// the bf16 cache's.
+TEST_F(PlanCalibration, MlaJsonFp8RowsMakeTheirOwnCurve) {
+    const std::string file = write("mla_fp8.json", R"({"benchmark": "mla", "gpu": "NVIDIA H200", "rows": [
+        {"batch": 8, "query_len": 2, "heads": 128, "kv_len": 5000, "cache": "bf16", "us": 100.0},
+        {"batch": 8, "query_len": 2, "heads": 128, "kv_len": 5000, "cache": "fp8", "us": 170.0},
+        {"batch": 32, "query_len": 2, "heads": 128, "kv_len": 5000, "cache": "bf16", "us": 300.0},
+        {"batch": 32, "query_len": 2, "heads": 128, "kv_len": 5000, "cache": "fp8", "us": 520.0}]})");
+    const Profile p = calibrate(default_profile(), {file}, h200_sxm(), nullptr);
+    ASSERT_EQ(p.attention_curve.size(), 2u);
+    ASSERT_EQ(p.attention_fp8_curve.size(), 2u);
+    Deployment d;
+    d.ep = 8;
+    for (const auto& [batch, bf16_us, fp8_us] :
+         std::vector<std::tuple<int, double, double>>{{8, 100.0, 170.0}, {32, 300.0, 520.0}}) {
+        d.batch = batch;
+        d.kv_dtype = DType::kBF16;
+        EXPECT_NEAR(kernel_us(layer_kernels(d, h200_sxm(), p, batch), "attention"), bf16_us, 1e-6) << batch;
+        d.kv_dtype = DType::kFP8E4M3;
+        EXPECT_NEAR(kernel_us(layer_kernels(d, h200_sxm(), p, batch), "attention"), fp8_us, 1e-6) << batch;
+    }
+    // Without FP8 rows, an FP8 deployment's attention runs at the bf16 curve over fewer bytes.
+    const Profile bf16_only = calibrate(default_profile(), {write("mla_bf16.json", R"({"benchmark": "mla", "rows": [
+        {"batch": 8, "query_len": 2, "heads": 128, "kv_len": 5000, "us": 100.0}]})")},
+                                        h200_sxm(), nullptr);
+    EXPECT_TRUE(bf16_only.attention_fp8_curve.empty());
+    d.batch = 8;
+    EXPECT_NEAR(kernel_us(layer_kernels(d, h200_sxm(), bf16_only, 8), "attention"), 100.0, 1e-6);
+    EXPECT_NE(testing::error_of([&] {
+                  calibrate(default_profile(), {write("mla_bad.json", R"({"benchmark": "mla", "rows": [
+        {"batch": 8, "query_len": 2, "heads": 128, "kv_len": 5000, "cache": "int4", "us": 100.0}]})")},
+                            h200_sxm(), nullptr);
+              }).find("rows[0].cache must be \"bf16\" or \"fp8\""),
+              std::string::npos);
+}
+
 TEST_F(PlanCalibration, CommJsonFitsLatencyAndBandwidth) {
     // Two EP16 points over IB from a known link: 15 µs + bytes at 40% of 50 GB/s.
     const LinkModel truth{15.0, 0.4, ""};

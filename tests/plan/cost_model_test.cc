@@ -137,6 +137,32 @@ TEST(PlanCostModel, BadDeploymentsAreClearErrors) {
               std::string::npos);
     EXPECT_NE(testing::error_of([] { parse_schedule("pipelined"); }).find("unknown schedule 'pipelined'"),
               std::string::npos);
+    Deployment f32 = deployment(8, 1, 1);
+    f32.kv_dtype = DType::kF32;
+    EXPECT_NE(testing::error_of([&] { predict(f32, h100_sxm(), prof); }).find("bf16 or fp8, not F32"),
+              std::string::npos);
+}
+
+// An FP8 KV cache in the default profile (no FP8 measurement): the same weights, 1.76× the
+// requests in memory, and attention no slower (fewer bytes at the bf16 kernel's rates).
+TEST(PlanCostModel, Fp8KvCacheFitsMoreRequests) {
+    const Profile prof = default_profile();
+    Deployment d = deployment(8, 1, 64);
+    const Prediction bf16 = predict(d, h200_sxm(), prof);
+    d.kv_dtype = DType::kFP8E4M3;
+    const Prediction fp8 = predict(d, h200_sxm(), prof);
+    EXPECT_DOUBLE_EQ(fp8.memory.weights, bf16.memory.weights);
+    EXPECT_LT(fp8.memory.kv, 0.6 * bf16.memory.kv);
+    EXPECT_GT(fp8.max_batch, 1.7 * bf16.max_batch);
+    EXPECT_LE(fp8.moe_layer_us, bf16.moe_layer_us);
+    auto attention = [&](const Deployment& dep) {
+        for (const KernelCost& k : layer_kernels(dep, h200_sxm(), prof, 64))
+            if (k.name == "attention") return k;
+        ADD_FAILURE() << "no attention kernel";
+        return KernelCost{};
+    };
+    EXPECT_NEAR(attention(deployment(8, 1, 64)).bytes - attention(d).bytes, 64 * 5000 * (1152.0 - 656.0), 1.0);
+    EXPECT_LE(attention(d).us, attention(deployment(8, 1, 64)).us);
 }
 
 TEST(PlanEfficiency, FitRecoversAKnownRoofline) {

@@ -30,6 +30,24 @@ TEST(PlanMemory, LargerEpFreesRoomAndTpReplicatesTheLatent) {
     EXPECT_LT(max_requests_per_gpu(h200_sxm(), 64, 4, 5000), max_requests_per_gpu(h200_sxm(), 64, 1, 5000));
 }
 
+// The FP8 KV cache (`--kv-dtype fp8`): 656-byte entries (e4m3 latent, a scale per 128, bf16
+// rope) instead of 1,152, so the same memory holds 1.76× the tokens; weights do not change.
+TEST(PlanMemory, Fp8KvEntriesHoldMoreRequests) {
+    EXPECT_DOUBLE_EQ(kv_bytes_per_token(DType::kBF16), 61 * 1152.0);
+    EXPECT_DOUBLE_EQ(kv_bytes_per_token(DType::kFP8E4M3), 61 * 656.0);
+    const MemoryPlan bf16 = plan_memory(8, 1, 10, 5000), fp8 = plan_memory(8, 1, 10, 5000, DType::kFP8E4M3);
+    EXPECT_DOUBLE_EQ(fp8.weights, bf16.weights);
+    EXPECT_DOUBLE_EQ(fp8.kv_per_request, 5000 * 61 * 656.0);
+    const int b = max_requests_per_gpu(h200_sxm(), 8, 1, 5000),
+              f = max_requests_per_gpu(h200_sxm(), 8, 1, 5000, DType::kFP8E4M3);
+    EXPECT_NEAR(double(f) / b, 1152.0 / 656.0, 0.03) << b << " vs " << f;
+    // An instance of two TP ranks: each stores its whole batch's latent KV.
+    EXPECT_NEAR(max_batch_per_instance(h200_sxm(), 8, 2, 5000, DType::kFP8E4M3),
+                2 * max_requests_per_gpu(h200_sxm(), 8, 2, 5000, DType::kFP8E4M3), 1);
+    EXPECT_NE(testing::error_of([] { plan_memory(8, 1, 1, 10, DType::kF32); }).find("bf16 or fp8, not F32"),
+              std::string::npos);
+}
+
 TEST(PlanMemory, BadLayoutsAreClearErrors) {
     EXPECT_NE(testing::error_of([] { plan_memory(3, 1, 1, 10); }).find("EP 3 must divide"), std::string::npos);
     EXPECT_NE(testing::error_of([] { plan_memory(8, 3, 1, 10); }).find("TP 3 must divide"), std::string::npos);

@@ -91,6 +91,21 @@ TEST(PlanRecommend, PicksTheMostThroughputAtTheSpeedFloor) {
     EXPECT_LT(recommend(o, default_profile())[0].throughput_gpu, best[0].throughput_gpu);
 }
 
+// With FP8 KV entries the layouts that memory capped (EP8 on one node at 5,000 tokens) fit larger
+// batches, and every recommended deployment carries the cache's dtype into its prediction.
+TEST(PlanRecommend, Fp8KvCacheLiftsTheMemoryCap) {
+    RecommendOptions o;
+    o.gpus = 8;
+    o.min_speed = 15;
+    o.hardware = "h200";
+    const auto bf16 = recommend(o, default_profile());
+    o.kv_dtype = DType::kFP8E4M3;
+    const auto fp8 = recommend(o, default_profile());
+    for (const auto& p : fp8) EXPECT_EQ(p.d.kv_dtype, DType::kFP8E4M3);
+    EXPECT_GT(fp8[0].max_batch, bf16[0].max_batch);
+    EXPECT_GT(fp8[0].throughput_gpu, bf16[0].throughput_gpu);
+}
+
 TEST(PlanRecommend, BadRequestsAreClearErrors) {
     RecommendOptions o;
     o.gpus = 12;

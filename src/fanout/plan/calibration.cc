@@ -230,10 +230,19 @@ void calibrate_comm(Profile& p, const json& j, const Reader& r, const Hardware& 
 void calibrate_mla(Profile& p, const json& j, const Reader& r, const Hardware& hw, std::vector<std::string>& notes) {
     note_gpu(j, r, hw, notes);
     const json& rows = r.array(j, "rows", "top level");
-    std::vector<EfficiencyPoint> curve;
-    std::string effs;
+    // Rows over the FP8 cache ("cache": "fp8") make their own curve; the others (bf16, or no key in
+    // files from before the FP8 rows) the BF16 cache's.
+    std::vector<EfficiencyPoint> curve, fp8_curve;
+    std::string effs, fp8_effs;
     for (size_t i = 0; i < rows.size(); ++i) {
         const std::string where = fmt::format("rows[{}]", i);
+        bool fp8 = false;
+        if (rows[i].is_object() && rows[i].contains("cache")) {
+            const json& c = rows[i]["cache"];
+            FANOUT_CHECK(c.is_string() && (c == "bf16" || c == "fp8"), "{}: {}.cache must be \"bf16\" or \"fp8\"",
+                         r.file(), where);
+            fp8 = c == "fp8";
+        }
         const double batch = r.num(rows[i], "batch", where), query = r.num(rows[i], "query_len", where);
         const double heads = r.num(rows[i], "heads", where), kv = r.num(rows[i], "kv_len", where);
         const double us = r.time(rows[i], "us", where);
@@ -241,11 +250,13 @@ void calibrate_mla(Profile& p, const json& j, const Reader& r, const Hardware& h
                      "{}: {} needs positive batch, query_len, heads, kv_len", r.file(), where);
         // The cost model's accounting: scores over 576 dims, values over 512.
         const double flops = 2 * batch * query * heads * kv * ((v3::kKvLora + v3::kRope) + v3::kKvLora);
-        curve.push_back({batch * query * heads, flops / (us * 1e-6) / hw.bf16_flops});
-        effs += fmt::format("{}{:.0f}: {:.1f}%", effs.empty() ? "" : ", ", batch, 100 * curve.back().eff);
+        std::vector<EfficiencyPoint>& dst = fp8 ? fp8_curve : curve;
+        std::string& list = fp8 ? fp8_effs : effs;
+        dst.push_back({batch * query * heads, flops / (us * 1e-6) / hw.bf16_flops});
+        list += fmt::format("{}{:.0f}: {:.1f}%", list.empty() ? "" : ", ", batch, 100 * dst.back().eff);
     }
     if (curve.empty()) {
-        notes.push_back(fmt::format("{}: no rows: attention kept", r.file()));
+        notes.push_back(fmt::format("{}: no rows over the BF16 cache: attention kept", r.file()));
     } else {
         std::sort(curve.begin(), curve.end(), [](const auto& a, const auto& b) { return a.rows < b.rows; });
         p.attention_curve = curve;
@@ -253,6 +264,13 @@ void calibrate_mla(Profile& p, const json& j, const Reader& r, const Hardware& h
         notes.push_back(
             fmt::format("{}: attention at a measured share of the BF16 peak, by batch (query {}, {} heads): {}",
                         r.file(), rows[0].value("query_len", 0), rows[0].value("heads", 0), effs));
+    }
+    if (!fp8_curve.empty()) {
+        std::sort(fp8_curve.begin(), fp8_curve.end(), [](const auto& a, const auto& b) { return a.rows < b.rows; });
+        p.attention_fp8_curve = fp8_curve;
+        notes.push_back(
+            fmt::format("{}: attention over the FP8 KV cache at a measured share of the BF16 peak, by batch: {}",
+                        r.file(), fp8_effs));
     }
     // The MHA-form prefill rows (optional): efficiency by query tokens per request, single-request
     // points only at 128 heads (the planner's TP1 layer); the cost model's accounting (causal
@@ -365,6 +383,11 @@ std::vector<LayerMeasurement> read_layer_bench(const std::string& path) {
         m.d.batch = int(r.num(q, "batch", where));
         m.d.draft_tokens = int(r.opt_num(q, "query_len", where).value_or(2)) - 1;
         m.d.kv_len = int(r.opt_num(q, "kv_len", where).value_or(5000));
+        if (q.contains("kv_dtype")) {
+            FANOUT_CHECK(q["kv_dtype"].is_string() && (q["kv_dtype"] == "bf16" || q["kv_dtype"] == "fp8"),
+                         "{}: {}.kv_dtype must be \"bf16\" or \"fp8\"", path, where);
+            if (q["kv_dtype"] == "fp8") m.d.kv_dtype = DType::kFP8E4M3;
+        }
         m.d.schedule = Schedule::kNoOverlap;
         // The form attention ran in; files before the MHA form was benchmarked ran the absorbed one.
         m.d.attention = AttentionForm::kAbsorbed;

@@ -43,18 +43,21 @@ class LayerBuilder {
     void elementwise(const std::string& name, int stage, double bytes) {
         add(name, stage, "elementwise", bytes, 0, prof_.elementwise, hw_.fp8_flops);
     }
-    // Absorbed MLA decode: `requests` requests of `query` tokens over `kv_len` latent entries, `heads`
-    // heads: scores over 576 dims, values over 512 (BF16 math); the latent KV is read once.
-    void attention(int stage, double requests, double query, double kv_len, double heads) {
+    // Absorbed MLA decode: `requests` requests of `query` tokens over `kv_len` latent entries stored
+    // as `kv_dtype`, `heads` heads: scores over 576 dims, values over 512 (BF16 math); the latent KV
+    // is read once.
+    void attention(int stage, double requests, double query, double kv_len, double heads, DType kv_dtype) {
         const double tokens = requests * query;
-        const double bytes = requests * kv_len * kKvBytesPerTokenLayer + tokens * heads * (kKvLora + kRope) * 2 +
+        const double bytes = requests * kv_len * kv_entry_bytes(kv_dtype) + tokens * heads * (kKvLora + kRope) * 2 +
                              tokens * heads * kKvLora * 2;
         const double flops = 2 * tokens * heads * kv_len * ((kKvLora + kRope) + kKvLora);
         if (prof_.attention_curve.empty()) {
             add("attention", stage, "attention", bytes, flops, prof_.attention, hw_.bf16_flops);
             return;
         }
-        const double eff = interpolate_efficiency(prof_.attention_curve, tokens * heads);
+        const bool fp8_curve = kv_dtype == DType::kFP8E4M3 && !prof_.attention_fp8_curve.empty();
+        const double eff =
+            interpolate_efficiency(fp8_curve ? prof_.attention_fp8_curve : prof_.attention_curve, tokens * heads);
         const double us = std::max(flops / (eff * hw_.bf16_flops), bytes / (prof_.attention.bw_eff * hw_.hbm_bw)) * 1e6;
         push({"attention", stage, "attention", bytes, flops, us});
     }
@@ -160,6 +163,7 @@ void validate(const Deployment& d, const Hardware& hw) {
     FANOUT_CHECK(d.kv_len >= 0, "plan: KV length {} must not be negative", d.kv_len);
     FANOUT_CHECK(d.draft_tokens >= 0 && d.draft_tokens <= 16, "plan: draft tokens {} must be in 0..16", d.draft_tokens);
     FANOUT_CHECK(d.acceptance >= 0 && d.acceptance <= 1, "plan: acceptance {} must be in [0, 1]", d.acceptance);
+    kv_entry_bytes(d.kv_dtype);  // throws, naming it, for a dtype the GPU cache does not store
     FANOUT_CHECK(d.schedule != Schedule::kMicroBatch || d.batch >= 2,
                  "plan: microbatch splits the batch in two and needs batch >= 2 (got {})", d.batch);
 }
@@ -193,7 +197,7 @@ std::vector<KernelCost> layer_kernels(const Deployment& d, const Hardware& hw, c
         b.gemm("kv_b_expand", 2, batch * d.kv_len, heads * (kNope + kV), kKvLora);
         b.mha_attention(2, batch, d.query_len(), d.kv_len, heads);
     } else {
-        b.attention(2, batch, d.query_len(), d.kv_len, heads);
+        b.attention(2, batch, d.query_len(), d.kv_len, heads, d.kv_dtype);
         b.bmm("bmm_v", 2, heads, tokens, kV, kKvLora);
     }
     b.gemm("o_proj", 2, tokens, kHidden, heads * kV);
@@ -332,9 +336,9 @@ Prediction predict(const Deployment& d, const Hardware& hw, const Profile& prof)
     p.throughput_node = p.throughput_gpu * hw.gpus_per_node;
 
     // KV for the context plus the step's query tokens.
-    p.memory = plan_memory_instance(d.ep, d.tp, d.batch, d.kv_len + d.query_len());
+    p.memory = plan_memory_instance(d.ep, d.tp, d.batch, d.kv_len + d.query_len(), d.kv_dtype);
     p.memory_total = p.memory.total();
-    p.max_batch = max_batch_per_instance(hw, d.ep, d.tp, d.kv_len + d.query_len());
+    p.max_batch = max_batch_per_instance(hw, d.ep, d.tp, d.kv_len + d.query_len(), d.kv_dtype);
     p.fits = p.memory_total <= hw.hbm_bytes;
     return p;
 }

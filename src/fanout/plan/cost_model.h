@@ -45,6 +45,9 @@ struct Deployment {
     // than 4 query tokens — whose contexts fit its 16,384-key buffers, else the absorbed form),
     // or the form a benchmark ran.
     AttentionForm attention = AttentionForm::kAuto;
+    // The KV cache's entries: kBF16 or kFP8E4M3 (memory.h's sizes; the FP8 cache's attention runs
+    // at Profile::attention_fp8_curve where calibrated).
+    DType kv_dtype = DType::kBF16;
 
     int query_len() const { return 1 + draft_tokens; }
     bool mha_form() const;

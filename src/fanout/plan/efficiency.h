@@ -58,6 +58,9 @@ struct Profile {
     // at the ends; the time is max(FLOPs / (eff · rate), bytes / the attention roofline's bandwidth).
     // Empty: the `attention` roofline.
     std::vector<EfficiencyPoint> attention_curve;
+    // The same kernel over the FP8 KV cache (`bench mla`'s rows with "cache": "fp8"), used when a
+    // deployment stores FP8 entries. Empty: the BF16 cache's curve, with the FP8 entries' bytes.
+    std::vector<EfficiencyPoint> attention_fp8_curve;
     // The MHA-form prefill kernel measured by `bench mla` (its "prefill" rows): its fraction of the
     // BF16 datasheet rate against the query tokens per request, interpolated the same way. Empty:
     // the `mha_attention` roofline.

@@ -71,6 +71,7 @@ std::vector<Prediction> run_sweep(const SweepOptions& o, const Profile& prof) {
                 for (Schedule s : o.schedules) {
                     if (s == Schedule::kMicroBatch && b < 2) continue;
                     Deployment d{ep, tp, b, o.kv_len, o.draft_tokens, o.acceptance, s};
+                    d.kv_dtype = o.kv_dtype;
                     out.push_back(predict(d, hw, prof));
                 }
         }
@@ -120,8 +121,11 @@ void write_sweep_json(const std::string& path, const SweepOptions& o, const std:
     const auto front = frontier_keys(points);
     nlohmann::json j;
     j["benchmark"] = "plan_sweep";
-    j["options"] = {
-        {"hardware", o.hardware}, {"kv_len", o.kv_len}, {"draft_tokens", o.draft_tokens}, {"acceptance", o.acceptance}};
+    j["options"] = {{"hardware", o.hardware},
+                    {"kv_len", o.kv_len},
+                    {"kv_dtype", o.kv_dtype == DType::kFP8E4M3 ? "fp8" : "bf16"},
+                    {"draft_tokens", o.draft_tokens},
+                    {"acceptance", o.acceptance}};
     j["points"] = nlohmann::json::array();
     for (const auto& p : points) j["points"].push_back(to_json(p, front.count(key(p)) > 0));
     j["frontiers"] = nlohmann::json::object();
@@ -206,11 +210,14 @@ std::vector<Prediction> recommend(const RecommendOptions& o, const Profile& prof
         if (ep > hw.gpus_per_node && ep % hw.gpus_per_node != 0) continue;
         for (int tp : {1, 2, 4, 8}) {
             if (tp > ep || tp > hw.gpus_per_node) continue;
-            const int cap = std::min(o.max_batch, max_batch_per_instance(hw, ep, tp, o.kv_len + 1 + o.draft_tokens));
+            const int cap =
+                std::min(o.max_batch, max_batch_per_instance(hw, ep, tp, o.kv_len + 1 + o.draft_tokens, o.kv_dtype));
             for (Schedule s : {Schedule::kDispatchOverlap, Schedule::kMicroBatch}) {
                 Prediction layout_best;
                 for (int b = s == Schedule::kMicroBatch ? 2 : 1; b <= cap; ++b) {
-                    const Prediction p = predict({ep, tp, b, o.kv_len, o.draft_tokens, o.acceptance, s}, hw, prof);
+                    Deployment d{ep, tp, b, o.kv_len, o.draft_tokens, o.acceptance, s};
+                    d.kv_dtype = o.kv_dtype;
+                    const Prediction p = predict(d, hw, prof);
                     if (!p.fits) continue;
                     if (p.speed > fastest.speed) fastest = p;
                     if (p.speed >= o.min_speed && p.throughput_gpu > layout_best.throughput_gpu) layout_best = p;

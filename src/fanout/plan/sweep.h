@@ -18,6 +18,7 @@ struct SweepOptions {
     // "seed": EP ≤ 8 on one H200 node, larger EP on H100 nodes, as the seed measured; or a preset.
     std::string hardware = "seed";
     int kv_len = 5000;
+    DType kv_dtype = DType::kBF16;  // the KV cache's entries (Deployment::kv_dtype)
     int draft_tokens = 1;
     double acceptance = 0.6;
 };
@@ -49,6 +50,7 @@ struct RecommendOptions {
     double min_speed = 0;  // output tok/s per request
     std::string hardware = "h200";
     int kv_len = 5000;
+    DType kv_dtype = DType::kBF16;
     int draft_tokens = 1;
     double acceptance = 0.6;
     int max_batch = 256;  // per instance

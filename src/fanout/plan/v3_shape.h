@@ -8,8 +8,6 @@ constexpr double kHidden = 7168, kVocab = 129280;
 constexpr double kHeads = 128, kQLora = 1536, kKvLora = 512, kRope = 64, kNope = 128, kV = 128;
 constexpr double kMoeInter = 2048, kDenseInter = 18432, kExperts = 256, kTopK = 8;
 constexpr int kMoeLayers = 58, kDenseLayers = 3, kMtpLayers = 1;
-// Latent KV per token per layer: kv_lora + rope values, bf16 (61 layers × 1152 B = 70,272 B/token).
-constexpr double kKvBytesPerTokenLayer = (kKvLora + kRope) * 2;
 // An FP8 weight byte plus its share of one f32 scale per 128×128 block.
 constexpr double kFp8 = 1.0 + 4.0 / (128 * 128);
 // Dispatch payload per token copy: FP8 hidden + one f32 scale per 128 (REFERENCE.md §1 kernels);
