@@ -390,7 +390,8 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
         // (C7518, C7514).
         if constexpr (kPipelined) {
             // The loop goes two K blocks at a time so that each partial stays a fixed set of
-            // registers; the last one or two K blocks are peeled.
+            // registers; the last one or two K blocks are peeled (every tile, split or not, has at
+            // least one: the launch makes no empty split).
             float pa[kPart], pb[kPart];
             float a_lo, a_hi, b_lo, b_hi;  // the row scales times the W block's scale
             int sa, sb;
