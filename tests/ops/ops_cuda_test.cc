@@ -356,8 +356,8 @@ TEST(GroupedGemmFp8Cuda, MaskedMatchesCpuReferenceAndReplaysInAGraph) {
     DeviceBuffer<uint16_t> dy(size_t(E) * max_m * N);
     cudaStream_t stream;
     FANOUT_CUDA_CHECK(cudaStreamCreate(&stream));
-    // The table's picks (by the expected tokens per expert: 256-, 128-wide and, for a short K at
-    // ~1,024 tokens, 192-row tiles), then forced shapes.
+    // The default picks (by the expected tokens per expert: 256- or 128-wide tiles), then forced
+    // shapes.
     for (auto [cfg, expected_m] : {std::pair{GemmConfig{}, 64},
                                    {GemmConfig{}, 512},
                                    {GemmConfig{}, 2048},
