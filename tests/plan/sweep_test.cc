@@ -71,11 +71,16 @@ TEST_F(PlanSweep, GridFrontiersFilesAndFigure) {
     EXPECT_TRUE(std::filesystem::exists(path("frontier_ep128.dat")));
 }
 
-TEST(PlanRecommend, PicksTheMostThroughputAtTheSpeedFloor) {
+RecommendOptions h200_options(int gpus, double min_speed) {
     RecommendOptions o;
-    o.gpus = 16;
-    o.min_speed = 50;
+    o.gpus = gpus;
+    o.min_speed = min_speed;
     o.hardware = "h200";
+    return o;
+}
+
+TEST(PlanRecommend, PicksTheMostThroughputAtTheSpeedFloor) {
+    RecommendOptions o = h200_options(16, 50);
     const auto best = recommend(o, default_profile());
     ASSERT_GE(best.size(), 2u);
     for (size_t i = 0; i < best.size(); ++i) {
@@ -94,10 +99,7 @@ TEST(PlanRecommend, PicksTheMostThroughputAtTheSpeedFloor) {
 // With FP8 KV entries the layouts that memory capped (EP8 on one node at 5,000 tokens) fit larger
 // batches, and every recommended deployment carries the cache's dtype into its prediction.
 TEST(PlanRecommend, Fp8KvCacheLiftsTheMemoryCap) {
-    RecommendOptions o;
-    o.gpus = 8;
-    o.min_speed = 15;
-    o.hardware = "h200";
+    RecommendOptions o = h200_options(8, 15);
     const auto bf16 = recommend(o, default_profile());
     o.kv_dtype = DType::kFP8E4M3;
     const auto fp8 = recommend(o, default_profile());
