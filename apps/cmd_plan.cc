@@ -45,6 +45,11 @@ plan::Profile profile_for(const CommonArgs& a, const plan::Hardware& hw) {
     std::vector<std::string> notes;
     plan::Profile p = plan::calibrate(plan::default_profile(), a.calibrate, hw, &notes);
     for (const auto& n : notes) std::printf("calibration: %s\n", n.c_str());
+    if (a.kv() == DType::kFP8E4M3 && p.attention_fp8_curve.empty())
+        std::printf(
+            "note: no measurement of attention over the FP8 KV cache (--calibrate a `fanout bench mla` JSON, whose "
+            "fp8 rows give one): it is priced at the bf16 cache's rate over the FP8 entries' fewer bytes — our FP8 "
+            "decode kernel measured 1.7x slower than that (docs/PERF.md)\n");
     return p;
 }
 
@@ -115,7 +120,9 @@ struct LayerArgs {
 };
 
 void print_seed_row(const plan::Deployment& d, const plan::Hardware& hw, int kv, const plan::LayerTime& lt) {
-    if (hw.name != "H100 SXM" || d.tp != 1 || d.batch != 128 || d.query_len() != 2 || kv != 5000) return;
+    if (hw.name != "H100 SXM" || d.tp != 1 || d.batch != 128 || d.query_len() != 2 || kv != 5000 ||
+        d.kv_dtype != DType::kBF16)
+        return;
     for (const auto& row : plan::kSeedBreakdown) {
         if (row.ep != d.ep || row.schedule != d.schedule) continue;
         auto cell = [](double v) { return std::isnan(v) ? std::string("-") : fmt::format("{:.0f}", v); };

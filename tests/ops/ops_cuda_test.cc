@@ -360,7 +360,6 @@ TEST(GroupedGemmFp8Cuda, MaskedMatchesCpuReferenceAndReplaysInAGraph) {
     // shapes.
     for (auto [cfg, expected_m] : {std::pair{GemmConfig{}, 64},
                                    {GemmConfig{}, 512},
-                                   {GemmConfig{}, 2048},
                                    {GemmConfig{128, 128, 1, 2}, 64},
                                    {GemmConfig{64, 64, 1}, 64},
                                    {GemmConfig{64, 256, 1, 2}, 64},
@@ -370,6 +369,9 @@ TEST(GroupedGemmFp8Cuda, MaskedMatchesCpuReferenceAndReplaysInAGraph) {
             launch_grouped_gemm_fp8_masked(d.x.ptr, d.sx.ptr, dcounts.ptr, E, max_m, d.w.ptr, d.sw.ptr, N, K, dy.ptr,
                                            expected_m, stream, cfg);
         });
+        SCOPED_TRACE("config " + std::to_string(cfg.block_m) + "x" + std::to_string(cfg.block_n) + "/" +
+                     std::to_string(cfg.splits) + " cluster " + std::to_string(cfg.cluster) + ", expected_m " +
+                     std::to_string(expected_m));
         for (const std::vector<int32_t>& counts :
              {std::vector<int32_t>{0, 1, 200, 64, 65, 0}, std::vector<int32_t>{7, 0, 0, 129, 3, 200},
               std::vector<int32_t>{0, 0, 0, 0, 0, 0}}) {

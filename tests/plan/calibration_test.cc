@@ -150,6 +150,21 @@ TEST_F(PlanCalibration, MlaJsonFp8RowsMakeTheirOwnCurve) {
     EXPECT_TRUE(bf16_only.attention_fp8_curve.empty());
     d.batch = 8;
     EXPECT_NEAR(kernel_us(layer_kernels(d, h200_sxm(), bf16_only, 8), "attention"), 100.0, 1e-6);
+    // FP8 rows alone set the FP8 curve (the bf16 cache keeps the roofline); a later file without FP8
+    // rows drops it, so both curves come from one run.
+    const std::string fp8_only = write("mla_fp8_only.json", R"({"benchmark": "mla", "rows": [
+        {"batch": 8, "query_len": 2, "heads": 128, "kv_len": 5000, "cache": "fp8", "us": 170.0}]})");
+    const Profile only = calibrate(default_profile(), {fp8_only}, h200_sxm(), nullptr);
+    EXPECT_TRUE(only.attention_curve.empty());
+    d.kv_dtype = DType::kFP8E4M3;
+    EXPECT_NEAR(kernel_us(layer_kernels(d, h200_sxm(), only, 8), "attention"), 170.0, 1e-6);
+    std::vector<std::string> notes;
+    const Profile later =
+        calibrate(default_profile(), {fp8_only, write("mla_later.json", R"({"benchmark": "mla", "rows": [
+        {"batch": 8, "query_len": 2, "heads": 128, "kv_len": 5000, "us": 100.0}]})")},
+                  h200_sxm(), &notes);
+    EXPECT_TRUE(later.attention_fp8_curve.empty());
+    EXPECT_NE(notes.back().find("the earlier file's FP8 curve dropped"), std::string::npos) << notes.back();
     EXPECT_NE(testing::error_of([&] {
                   calibrate(default_profile(), {write("mla_bad.json", R"({"benchmark": "mla", "rows": [
         {"batch": 8, "query_len": 2, "heads": 128, "kv_len": 5000, "cache": "int4", "us": 100.0}]})")},

@@ -103,6 +103,8 @@ TEST(PlanRecommend, Fp8KvCacheLiftsTheMemoryCap) {
     const auto bf16 = recommend(o, default_profile());
     o.kv_dtype = DType::kFP8E4M3;
     const auto fp8 = recommend(o, default_profile());
+    ASSERT_FALSE(bf16.empty());
+    ASSERT_FALSE(fp8.empty());
     for (const auto& p : fp8) EXPECT_EQ(p.d.kv_dtype, DType::kFP8E4M3);
     EXPECT_GT(fp8[0].max_batch, bf16[0].max_batch);
     EXPECT_GT(fp8[0].throughput_gpu, bf16[0].throughput_gpu);

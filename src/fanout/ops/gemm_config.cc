@@ -3,8 +3,8 @@
 // SMs) for DeepSeek-V3's six shapes and its dense layers' MLP (docs/PERF.md has the sweep); other
 // shapes take the rule below, which those measurements suggest. Rows marked lt(...) run cuBLASLt's
 // block-scaled FP8 where it can (`fanout bench kernels` measured it faster there: past M = 1024 for
-// every shape, from M = 257 for o_proj and the shared experts, o_proj and the dense MLP's down
-// from 129, its gate+up from 65); their tile is the fallback. Rows re-swept on 2026-12-03.
+// every shape, from M = 257 for the shared experts, from 129 for o_proj and the dense MLP's down,
+// from 65 for its gate+up); their tile is the fallback. Rows re-swept on 2026-12-03.
 #include <algorithm>
 #include <array>
 

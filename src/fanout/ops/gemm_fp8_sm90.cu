@@ -10,7 +10,8 @@
 //  * warpgroups 1..block_m/64 — consumers, 64 rows each. Per K block: wait for `full`, four
 //    m64·n·k32 FP8 wgmmas into a fresh f32 partial, wait for them, free the stage, promote:
 //    acc += partial · sx[row, kb] · sw[n/128, kb]. A 256-wide tile does this per 128-column half
-//    (one weight-scale block each), so registers hold acc[128] + part[64].
+//    (one weight-scale block each), so registers hold acc[128] + part[64]. The 64 × 64 tiles keep
+//    two partials instead: K block kb + 1's wgmmas run while kb's partial is promoted.
 // The ring runs across tiles, so the producer loads the next tile while consumers finish one.
 //
 // Split-K (dense only): tile t's K blocks are cut into `splits` ranges; each CTA stores its f32
@@ -182,6 +183,7 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     // Two partials in flight: the 64 × 64 tiles, whose one consumer warpgroup is alone with its
     // K loop's chain (see the loop).
     constexpr bool kPipelined = BM == 64 && BN == 64;
+    static_assert(!kPipelined || STAGES >= 2, "two partials in flight hold two stages");
     static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "stages must keep 1024-byte alignment");
 
     extern __shared__ uint8_t smem_raw[];
@@ -393,8 +395,8 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
             // registers; the last one or two K blocks are peeled (every tile, split or not, has at
             // least one: the launch makes no empty split).
             float pa[kPart], pb[kPart];
-            float a_lo, a_hi, b_lo, b_hi;  // the row scales times the W block's scale
-            int sa, sb;
+            float sc_a_lo, sc_a_hi, sc_b_lo, sc_b_hi;  // the row scales times the W block's scale
+            int st_a, st_b;                            // their stages
             // Waits for the next stage, reads its scales and issues its wgmmas into `part`.
             auto start = [&](int& st, float& lo, float& hi, float(&part)[kPart]) {
                 st = s;
@@ -406,37 +408,37 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
                 issue(st, 0, part);
                 if (++s == STAGES) s = 0, phase ^= 1;
             };
-            start(sa, a_lo, a_hi, pa);
+            start(st_a, sc_a_lo, sc_a_hi, pa);
             int kb = kb0 + 1;
             for (; kb + 1 < kb1; kb += 2) {
-                start(sb, b_lo, b_hi, pb);
+                start(st_b, sc_b_lo, sc_b_hi, pb);
                 wgmma_wait<1>();
                 fence_regs(pa);
-                release(sa);
-                promote(pa, acc, a_lo, a_hi);
-                start(sa, a_lo, a_hi, pa);
+                release(st_a);
+                promote(pa, acc, sc_a_lo, sc_a_hi);
+                start(st_a, sc_a_lo, sc_a_hi, pa);
                 wgmma_wait<1>();
                 fence_regs(pb);
-                release(sb);
-                promote(pb, acc, b_lo, b_hi);
+                release(st_b);
+                promote(pb, acc, sc_b_lo, sc_b_hi);
             }
             if (kb < kb1) {
-                start(sb, b_lo, b_hi, pb);
+                start(st_b, sc_b_lo, sc_b_hi, pb);
                 wgmma_wait<1>();
                 fence_regs(pa);
-                release(sa);
-                promote(pa, acc, a_lo, a_hi);
+                release(st_a);
+                promote(pa, acc, sc_a_lo, sc_a_hi);
                 wgmma_wait<0>();
                 fence_regs(pb);
-                release(sb);
-                promote(pb, acc, b_lo, b_hi);
+                release(st_b);
+                promote(pb, acc, sc_b_lo, sc_b_hi);
             } else {
                 wgmma_wait<0>();
                 fence_regs(pa);
-                release(sa);
-                promote(pa, acc, a_lo, a_hi);
+                release(st_a);
+                promote(pa, acc, sc_a_lo, sc_a_hi);
             }
-        } else
+        } else {
             for (int kb = kb0; kb < kb1; ++kb) {
                 mbar_wait(base + kFullOff + 8 * s, phase);
                 // This thread's row scales and the W block scales of the stage (read before it is released).
@@ -456,6 +458,7 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
                 }
                 if (++s == STAGES) s = 0, phase ^= 1;
             }
+        }
         const Tile tile = sched.get(t, rank);  // again: kept across the K loop it would take registers
         if (tile.rows <= 0) continue;
 

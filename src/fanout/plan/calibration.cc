@@ -265,13 +265,17 @@ void calibrate_mla(Profile& p, const json& j, const Reader& r, const Hardware& h
             fmt::format("{}: attention at a measured share of the BF16 peak, by batch (query {}, {} heads): {}",
                         r.file(), rows[0].value("query_len", 0), rows[0].value("heads", 0), effs));
     }
+    // Both curves come from one file: a file without FP8 rows drops an earlier file's.
     if (!fp8_curve.empty()) {
         std::sort(fp8_curve.begin(), fp8_curve.end(), [](const auto& a, const auto& b) { return a.rows < b.rows; });
-        p.attention_fp8_curve = fp8_curve;
         notes.push_back(
-            fmt::format("{}: attention over the FP8 KV cache at a measured share of the BF16 peak, by batch: {}",
-                        r.file(), fp8_effs));
+            fmt::format("{}: attention over the FP8 KV cache at a measured share of the BF16 peak, by batch (query {}, "
+                        "{} heads): {}",
+                        r.file(), rows[0].value("query_len", 0), rows[0].value("heads", 0), fp8_effs));
+    } else if (!p.attention_fp8_curve.empty()) {
+        notes.push_back(fmt::format("{}: no rows over the FP8 cache: the earlier file's FP8 curve dropped", r.file()));
     }
+    p.attention_fp8_curve = fp8_curve;
     // The MHA-form prefill rows (optional): efficiency by query tokens per request, single-request
     // points only at 128 heads (the planner's TP1 layer); the cost model's accounting (causal
     // pairs, 192 + 128 dims).

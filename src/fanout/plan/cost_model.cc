@@ -51,13 +51,15 @@ class LayerBuilder {
         const double bytes = requests * kv_len * kv_entry_bytes(kv_dtype) + tokens * heads * (kKvLora + kRope) * 2 +
                              tokens * heads * kKvLora * 2;
         const double flops = 2 * tokens * heads * kv_len * ((kKvLora + kRope) + kKvLora);
-        if (prof_.attention_curve.empty()) {
+        // The FP8 cache's measured curve where there is one, else the bf16 cache's, else the roofline.
+        const std::vector<EfficiencyPoint>& curve = kv_dtype == DType::kFP8E4M3 && !prof_.attention_fp8_curve.empty()
+                                                        ? prof_.attention_fp8_curve
+                                                        : prof_.attention_curve;
+        if (curve.empty()) {
             add("attention", stage, "attention", bytes, flops, prof_.attention, hw_.bf16_flops);
             return;
         }
-        const bool fp8_curve = kv_dtype == DType::kFP8E4M3 && !prof_.attention_fp8_curve.empty();
-        const double eff =
-            interpolate_efficiency(fp8_curve ? prof_.attention_fp8_curve : prof_.attention_curve, tokens * heads);
+        const double eff = interpolate_efficiency(curve, tokens * heads);
         const double us = std::max(flops / (eff * hw_.bf16_flops), bytes / (prof_.attention.bw_eff * hw_.hbm_bw)) * 1e6;
         push({"attention", stage, "attention", bytes, flops, us});
     }

@@ -6,8 +6,9 @@
 
 namespace fanout::plan {
 
-using namespace v3;  // DeepSeek-V3's widths; FP8 weights take a byte each plus 4 bytes per 128×128
-                     // scale block (kFp8), BF16 ones two bytes.
+// DeepSeek-V3's widths; FP8 weights take a byte each plus 4 bytes per 128×128 scale block (kFp8),
+// BF16 ones two bytes.
+using namespace v3;
 
 double kv_entry_bytes(DType kv_dtype) {
     FANOUT_CHECK(kv_dtype == DType::kBF16 || kv_dtype == DType::kFP8E4M3,
