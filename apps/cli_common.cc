@@ -189,7 +189,7 @@ DType kv_dtype(const ModelArgs& a) {
     if (a.kv_dtype == "auto") return gpu ? DType::kBF16 : DType::kF32;
     FANOUT_CHECK(!(gpu && a.kv_dtype == "f32"),
                  "--kv-dtype f32: the GPU runner's cache holds bf16 or fp8 entries (--kv-dtype bf16|fp8|auto)");
-    return kv::kv_dtype_from_name(a.kv_dtype);
+    return kv_dtype_from_name(a.kv_dtype);
 }
 
 kv::PagedKvCache make_cache(const model::DeepseekV3& m, int64_t tokens, const ModelArgs& a) {

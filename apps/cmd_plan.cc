@@ -24,7 +24,7 @@ struct CommonArgs {
     int draft_tokens = 1;
     double acceptance = 0.6;
 
-    DType kv() const { return kv_dtype == "fp8" ? DType::kFP8E4M3 : DType::kBF16; }
+    DType kv() const { return kv_dtype_from_name(kv_dtype); }
 };
 
 void add_common(CLI::App* cmd, CommonArgs& a) {
@@ -150,7 +150,7 @@ void print_measured_points(const std::vector<plan::LayerMeasurement>& measured, 
                                              : plan::layer_compute_us(m.d, hw, prof, m.dense);
         std::printf("%-6s %5s %6d %-5s %-12s %10.1f %10.1f %8.2f\n", m.dense ? "dense" : "moe",
                     m.dense ? "-" : std::to_string(m.d.ep).c_str(), m.d.batch,
-                    m.d.kv_dtype == DType::kFP8E4M3 ? "fp8" : "bf16", plan::schedule_name(m.d.schedule), model,
+                    std::string(kv_dtype_name(m.d.kv_dtype)).c_str(), plan::schedule_name(m.d.schedule), model,
                     m.total_us, model / m.total_us);
     }
 }

@@ -326,7 +326,7 @@ int run_layer_bench(const LayerBenchOptions& opts) {
     const auto tokens = [&](int batch) { return double(batch) * q + opts.decodes; };  // of a point's step
     cudaStream_t s;
     FANOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    const DType kv_dtype = kv::kv_dtype_from_name(opts.kv_dtype);
+    const DType kv_dtype = kv_dtype_from_name(opts.kv_dtype);
     FANOUT_CHECK(kv_dtype != DType::kF32, "bench layer --kv-dtype: the GPU cache holds bf16 or fp8 entries");
     const double entry_bytes =
         static_cast<double>(ops::latent_entry_bytes(c.kv_lora_rank, c.qk_rope_head_dim, kv_dtype));

@@ -16,10 +16,9 @@ struct DTypeInfo {
 };
 
 constexpr DTypeInfo kDTypes[] = {
-    {DType::kF32, "F32", 4},     {DType::kBF16, "BF16", 2}, {DType::kF16, "F16", 2},
-    {DType::kFP8E4M3, "F8_E4M3", 1}, {DType::kI64, "I64", 8}, {DType::kI32, "I32", 4},
-    {DType::kI16, "I16", 2},     {DType::kI8, "I8", 1},     {DType::kU8, "U8", 1},
-    {DType::kBool, "BOOL", 1},   {DType::kF64, "F64", 8},
+    {DType::kF32, "F32", 4}, {DType::kBF16, "BF16", 2}, {DType::kF16, "F16", 2}, {DType::kFP8E4M3, "F8_E4M3", 1},
+    {DType::kI64, "I64", 8}, {DType::kI32, "I32", 4},   {DType::kI16, "I16", 2}, {DType::kI8, "I8", 1},
+    {DType::kU8, "U8", 1},   {DType::kBool, "BOOL", 1}, {DType::kF64, "F64", 8},
 };
 
 const DTypeInfo& info(DType dtype) {
@@ -43,6 +42,26 @@ bool dtype_from_name(std::string_view name, DType* out) {
     return false;
 }
 
+DType kv_dtype_from_name(std::string_view name) {
+    if (name == "f32") return DType::kF32;
+    if (name == "bf16") return DType::kBF16;
+    if (name == "fp8") return DType::kFP8E4M3;
+    FANOUT_FAIL("unknown KV cache dtype '{}'; choose f32, bf16 or fp8", name);
+}
+
+std::string_view kv_dtype_name(DType dtype) {
+    switch (dtype) {
+        case DType::kF32:
+            return "f32";
+        case DType::kBF16:
+            return "bf16";
+        case DType::kFP8E4M3:
+            return "fp8";
+        default:
+            return "?";
+    }
+}
+
 float f16_to_f32(uint16_t h) {
     const uint32_t sign = (h & 0x8000u) << 16;
     const uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ffu;
@@ -59,8 +78,8 @@ uint16_t f32_to_f16(float f) {
     const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
     const float a = std::fabs(f);
     if (std::isnan(f)) return sign | 0x7e00;
-    if (a >= 65520.0f) return sign | 0x7c00;                    // rounds to infinity
-    if (a < 6.103515625e-05f) {                                 // subnormal: units of 2^-24
+    if (a >= 65520.0f) return sign | 0x7c00;  // rounds to infinity
+    if (a < 6.103515625e-05f) {               // subnormal: units of 2^-24
         return sign | static_cast<uint16_t>(std::nearbyint(a * 16777216.0f));
     }
     uint32_t abits = std::bit_cast<uint32_t>(a);
@@ -73,7 +92,7 @@ uint8_t f32_to_fp8e4m3(float f) {
     const float a = std::fabs(f);
     if (std::isnan(f)) return sign | 0x7f;
     if (a >= kFp8E4M3Max) return sign | 0x7e;  // saturate: 0x7e is 448
-    if (a < 0.015625f) {                         // below 2^-6: subnormal, units of 2^-9
+    if (a < 0.015625f) {                       // below 2^-6: subnormal, units of 2^-9
         return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f));
     }
     uint32_t abits = std::bit_cast<uint32_t>(a);
@@ -85,18 +104,26 @@ uint8_t f32_to_fp8e4m3(float f) {
 
 float load_as_f32(const void* data, DType dtype, size_t i) {
     switch (dtype) {
-        case DType::kF32: return static_cast<const float*>(data)[i];
-        case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(data)[i]);
-        case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(data)[i]);
-        case DType::kFP8E4M3: return fp8e4m3_to_f32(static_cast<const uint8_t*>(data)[i]);
-        case DType::kF64: return static_cast<float>(static_cast<const double*>(data)[i]);
-        default: FANOUT_FAIL("load_as_f32: dtype {} is not a floating type", dtype_name(dtype));
+        case DType::kF32:
+            return static_cast<const float*>(data)[i];
+        case DType::kBF16:
+            return bf16_to_f32(static_cast<const uint16_t*>(data)[i]);
+        case DType::kF16:
+            return f16_to_f32(static_cast<const uint16_t*>(data)[i]);
+        case DType::kFP8E4M3:
+            return fp8e4m3_to_f32(static_cast<const uint8_t*>(data)[i]);
+        case DType::kF64:
+            return static_cast<float>(static_cast<const double*>(data)[i]);
+        default:
+            FANOUT_FAIL("load_as_f32: dtype {} is not a floating type", dtype_name(dtype));
     }
 }
 
 void convert_to_f32(const void* src, DType dtype, size_t n, float* dst) {
     switch (dtype) {
-        case DType::kF32: std::memcpy(dst, src, n * sizeof(float)); return;
+        case DType::kF32:
+            std::memcpy(dst, src, n * sizeof(float));
+            return;
         case DType::kBF16: {
             const auto* s = static_cast<const uint16_t*>(src);
             for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);

@@ -19,6 +19,11 @@ size_t dtype_size(DType dtype);
 std::string_view dtype_name(DType dtype);  // safetensors spelling: "F32", "BF16", "F8_E4M3", ...
 // Parses a safetensors dtype string; returns false for one fanout does not know.
 bool dtype_from_name(std::string_view name, DType* out);
+// The KV cache's entry types by the names `--kv-dtype`, the planner and the benchmarks' JSON use:
+// "f32", "bf16", "fp8" (kFP8E4M3: the FP8 entry of ops/fp8_constants.h). kv_dtype_from_name throws
+// naming the choices; kv_dtype_name gives "?" for another type.
+DType kv_dtype_from_name(std::string_view name);
+std::string_view kv_dtype_name(DType dtype);
 
 inline float bf16_to_f32(uint16_t v) { return std::bit_cast<float>(static_cast<uint32_t>(v) << 16); }
 

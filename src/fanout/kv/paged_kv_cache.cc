@@ -39,13 +39,6 @@ int64_t KvCacheConfig::entry_bytes() const {
     return bytes;
 }
 
-DType kv_dtype_from_name(const std::string& name) {
-    if (name == "f32") return DType::kF32;
-    if (name == "bf16") return DType::kBF16;
-    if (name == "fp8") return DType::kFP8E4M3;
-    FANOUT_FAIL("unknown KV cache dtype '{}'; choose f32, bf16 or fp8", name);
-}
-
 PagedKvCache::PagedKvCache(const KvCacheConfig& config) : config_(config), allocator_(config.num_blocks) {
     FANOUT_CHECK(config.num_layers >= 0 && config.entry_dim > 0 && config.block_size > 0 && config.kv_lora >= 0 &&
                      config.kv_lora < config.entry_dim,

@@ -9,7 +9,6 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 #include <vector>
 
 #include "fanout/core/tensor.h"
@@ -45,9 +44,6 @@ struct KvCacheConfig {
     int64_t entry_bytes() const;
     bool operator==(const KvCacheConfig&) const = default;
 };
-
-// The cache dtype a `--kv-dtype` name selects: "f32", "bf16" or "fp8"; throws naming the choices.
-DType kv_dtype_from_name(const std::string& name);
 
 // A sequence's blocks and how many tokens they hold.
 struct SequenceBlocks {

@@ -15,6 +15,13 @@ namespace {
 
 using nlohmann::json;
 
+// A GPU KV cache's entry type as a benchmark JSON names it at `key` of `where`: "bf16" or "fp8".
+DType gpu_kv_dtype(const json& v, const std::string& file, const std::string& where, const char* key) {
+    FANOUT_CHECK(v.is_string() && (v == "bf16" || v == "fp8"), "{}: {}.{} must be \"bf16\" or \"fp8\"", file, where,
+                 key);
+    return kv_dtype_from_name(v.get<std::string>());
+}
+
 // Typed access that names the file and the key path on failure.
 class Reader {
   public:
@@ -236,13 +243,8 @@ void calibrate_mla(Profile& p, const json& j, const Reader& r, const Hardware& h
     std::string effs, fp8_effs;
     for (size_t i = 0; i < rows.size(); ++i) {
         const std::string where = fmt::format("rows[{}]", i);
-        bool fp8 = false;
-        if (rows[i].is_object() && rows[i].contains("cache")) {
-            const json& c = rows[i]["cache"];
-            FANOUT_CHECK(c.is_string() && (c == "bf16" || c == "fp8"), "{}: {}.cache must be \"bf16\" or \"fp8\"",
-                         r.file(), where);
-            fp8 = c == "fp8";
-        }
+        const bool fp8 = rows[i].is_object() && rows[i].contains("cache") &&
+                         gpu_kv_dtype(rows[i]["cache"], r.file(), where, "cache") == DType::kFP8E4M3;
         const double batch = r.num(rows[i], "batch", where), query = r.num(rows[i], "query_len", where);
         const double heads = r.num(rows[i], "heads", where), kv = r.num(rows[i], "kv_len", where);
         const double us = r.time(rows[i], "us", where);
@@ -387,11 +389,7 @@ std::vector<LayerMeasurement> read_layer_bench(const std::string& path) {
         m.d.batch = int(r.num(q, "batch", where));
         m.d.draft_tokens = int(r.opt_num(q, "query_len", where).value_or(2)) - 1;
         m.d.kv_len = int(r.opt_num(q, "kv_len", where).value_or(5000));
-        if (q.contains("kv_dtype")) {
-            FANOUT_CHECK(q["kv_dtype"].is_string() && (q["kv_dtype"] == "bf16" || q["kv_dtype"] == "fp8"),
-                         "{}: {}.kv_dtype must be \"bf16\" or \"fp8\"", path, where);
-            if (q["kv_dtype"] == "fp8") m.d.kv_dtype = DType::kFP8E4M3;
-        }
+        if (q.contains("kv_dtype")) m.d.kv_dtype = gpu_kv_dtype(q["kv_dtype"], path, where, "kv_dtype");
         m.d.schedule = Schedule::kNoOverlap;
         // The form attention ran in; files before the MHA form was benchmarked ran the absorbed one.
         m.d.attention = AttentionForm::kAbsorbed;

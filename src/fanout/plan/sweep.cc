@@ -123,7 +123,7 @@ void write_sweep_json(const std::string& path, const SweepOptions& o, const std:
     j["benchmark"] = "plan_sweep";
     j["options"] = {{"hardware", o.hardware},
                     {"kv_len", o.kv_len},
-                    {"kv_dtype", o.kv_dtype == DType::kFP8E4M3 ? "fp8" : "bf16"},
+                    {"kv_dtype", kv_dtype_name(o.kv_dtype)},
                     {"draft_tokens", o.draft_tokens},
                     {"acceptance", o.acceptance}};
     j["points"] = nlohmann::json::array();
