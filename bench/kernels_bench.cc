@@ -229,22 +229,20 @@ nlohmann::json bench_dense(Context& c, const KernelsBenchOptions& opts) {
             };
             const ops::GemmConfig table =
                 forced.block_m != 0 ? forced : ops::pick_gemm_config(int(M), int(sh.n), int(sh.k), sms, true);
-            // The model's launch (DeviceContext): cuBLASLt where the table says so, with the
-            // transpose of x's scales it needs.
-            const bool via_lt = table.cublaslt && ops::launch_gemm_fp8_cublaslt(dctx, x->p, sx->p, w->p, sw->p, y.p,
-                                                                                int(M), int(sh.n), int(sh.k));
+            // The model's launch (DeviceContext): cuBLASLt where the table says so, x's scales in
+            // the order the model's quantization writes for this shape (M-major for cuBLASLt, which
+            // reads them as they are; the tile kernels, direct and swept, read row-major). The
+            // scales are random, so one buffer serves either order.
+            const ops::ScaleOrder order = ops::gemm_fp8_scale_order(int(M), int(sh.n), int(sh.k), sms);
+            const bool via_lt = table.cublaslt && ops::launch_gemm_fp8_cublaslt(dctx, x->p, sx->p, order, w->p, sw->p,
+                                                                                y.p, int(M), int(sh.n), int(sh.k));
             auto dispatch = [&] {
                 return time_graph_us(c.stream, 50, [&] {
-                    ops::launch_gemm_fp8(dctx, x->p, sx->p, w->p, sw->p, y.p, int(M), int(sh.n), int(sh.k));
+                    ops::launch_gemm_fp8(dctx, x->p, sx->p, order, w->p, sw->p, y.p, int(M), int(sh.n), int(sh.k));
                 });
             };
             settle();
             const double us = via_lt ? dispatch() : run(table, 50);
-            double transpose_us = 0;
-            if (via_lt)
-                transpose_us = time_graph_us(c.stream, 50, [&] {
-                    ops::launch_transpose_scales(sx->p, dctx.fp8_scale_scratch(), int(M), int(sh.k / 128), c.stream);
-                });
             if (via_lt) settle();
             const double tile_us = via_lt ? run(table, 50) : us;  // the tile kernel the table would fall back to
             const double flops = 2.0 * M * sh.n * sh.k, bytes = double(M * sh.k + sh.n * sh.k + 2 * M * sh.n);
@@ -256,7 +254,6 @@ nlohmann::json bench_dense(Context& c, const KernelsBenchOptions& opts) {
                                   {"config", via_lt ? "cuBLASLt" : config_name(table)},
                                   {"fallback_config", config_name(table)},
                                   {"fallback_us", tile_us},
-                                  {"scale_transpose_us", transpose_us},
                                   {"fanout", c.figures(us, flops, bytes)},
                                   {"cublaslt_us", cub_us},
                                   {"deepgemm_us_reference_md",
@@ -288,9 +285,7 @@ nlohmann::json bench_dense(Context& c, const KernelsBenchOptions& opts) {
                         bytes / us / 1e3, 100 * bytes / (c.bw_gbs * 1e3) / us, 100 * flops / (c.peak_tflops * 1e6) / us,
                         cub_us, sh.deepgemm_us[mi], floor_us);
             if (sweep) std::printf("  %6.1f us %s", best_us, config_name(best).c_str());
-            if (via_lt)
-                std::printf("  (tile %s %.1f us; scale transpose %.1f us)", config_name(table).c_str(), tile_us,
-                            transpose_us);
+            if (via_lt) std::printf("  (tile %s %.1f us)", config_name(table).c_str(), tile_us);
             std::printf("\n");
             rows.push_back(row);
             if (!sh.in_sum) continue;
@@ -410,7 +405,7 @@ nlohmann::json bench_grouped(Context& c) {
         DevicePtr<float> s(size_t(E) * max_m * (I / 128));
         const double act_us = time_graph_us(c.stream, 20, [&] {
             ops::launch_silu_mul_quant_masked(reinterpret_cast<const uint16_t*>(gu->p), dcounts.p, E, max_m, I, q.p,
-                                              s.p, c.stream);
+                                              s.p, ops::ScaleOrder::kRowMajor, c.stream);
         });
         const double act_bytes = double(valid) * (2 * I * 2 + I + (I / 128) * 4);
         std::printf(

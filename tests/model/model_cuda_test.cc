@@ -32,6 +32,7 @@
 #include "fanout/model/deepseek_v3_cuda.h"
 #include "fanout/model/synthetic.h"
 #include "fanout/ops/fp8_quant.h"
+#include "fanout/ops/gemm.h"
 #include "oracle_fixtures.h"
 #include "pinned_routing.h"
 #include "test_util.h"
@@ -127,7 +128,7 @@ void check_logits(const DeepseekV3& m, const std::vector<int32_t>& ids, ops::Fp8
     CudaModelOptions o;
     o.kv_dtype = kv_dtype.value_or(DType::kBF16);
     o.max_requests = 2;
-    o.max_context = 256;
+    o.max_context = std::max<int64_t>(256, T);
     o.max_step_tokens = T;
     o.max_logit_rows = T;  // every position's logits
     CudaModel gpu(m, o);
@@ -418,6 +419,33 @@ TEST(TinyFp8Cuda, LogitsMatchCpuW8A8) {
                 noise.back());
     const Bounds b{1.5 * noise[noise.size() / 2], 1.5 * noise.back(), 1.0, false};
     check_logits(*m, ids, ops::Fp8Mode::kW8A8, b, "tiny fp8 (routing pinned)");
+}
+
+// The same with widths cuBLASLt's block-scaled FP8 takes (K a multiple of 512) and a prefill of
+// more than 256 tokens, where the table runs it: the quantizations in front of those GEMMs write
+// their scales M-major (gemm_fp8_scale_order), the others row-major, within one forward.
+TEST(TinyFp8Cuda, LongPrefillWithMMajorScalesMatchesCpuW8A8) {
+    REQUIRE_GPU();
+    const std::string dir = fanout::testing::temp_dir("tiny_fp8_wide");
+    io::ModelConfig c = preset_config("tiny", 2);
+    c.fp8 = io::Fp8QuantConfig{};
+    c.hidden_size = 512;
+    c.intermediate_size = 512;
+    c.moe_intermediate_size = 512;
+    c.q_lora_rank = 512;
+    c.v_head_dim = 128;  // o_proj's K: 4 heads · 128
+    const int T = 300;
+    const int sms = ops::device_sm_count();
+    ASSERT_EQ(ops::gemm_fp8_scale_order(T, 512, 512, sms), ops::ScaleOrder::kMMajor);              // o_proj
+    ASSERT_EQ(ops::gemm_fp8_scale_order(T, 4 * (32 + 128), 64, sms), ops::ScaleOrder::kRowMajor);  // kv_b
+    auto m = pinned_model(dir, c);
+    const std::vector<int32_t> ids = spread_ids(T);
+    const int64_t V = m->config().vocab_size;
+    const Tensor w8a8 = cpu_logits(*m, ids, ops::Fp8Mode::kW8A8), exact = cpu_logits(*m, ids, ops::Fp8Mode::kDequant);
+    std::vector<double> noise = position_diffs(w8a8.data_as<float>(), exact.data_as<float>(), T, V);
+    std::sort(noise.begin(), noise.end());
+    const Bounds b{1.5 * noise[noise.size() / 2], 1.5 * noise.back(), 1.0, false};
+    check_logits(*m, ids, ops::Fp8Mode::kW8A8, b, "wide tiny fp8, 300 tokens (routing pinned)");
 }
 
 // The first HF oracle fixture: its model and input ids.

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <tuple>
 #include <utility>
 
 #include "fanout/ops/gemm.h"
@@ -34,15 +35,43 @@ TEST(GemmConfig, CublasLtAtPrefillSizesOnly) {
     EXPECT_FALSE(pick_gemm_config(128, 7168, 16384, 132, true).cublaslt);
     for (int M : {1, 64, 128, 256}) {
         EXPECT_FALSE(pick_gemm_config(M, 2112, 7168, 132, true).cublaslt) << M;  // qkv_a
-        EXPECT_FALSE(pick_gemm_config(M, 4096, 7168, 132, true).cublaslt) << M;  // shared gate+up
         EXPECT_FALSE(pick_gemm_config(M, 384, 512, 132, true).cublaslt) << M;    // the rule
     }
+    for (int M : {1, 64, 128}) {
+        EXPECT_FALSE(pick_gemm_config(M, 4096, 7168, 132, true).cublaslt) << M;  // shared gate+up
+        EXPECT_FALSE(pick_gemm_config(M, 7168, 2048, 132, true).cublaslt) << M;  // shared down
+    }
+    EXPECT_TRUE(pick_gemm_config(256, 4096, 7168, 132, true).cublaslt);
+    EXPECT_FALSE(pick_gemm_config(64, 24576, 1536, 132, true).cublaslt);  // q_b from M = 65
+    EXPECT_TRUE(pick_gemm_config(65, 24576, 1536, 132, true).cublaslt);
     EXPECT_TRUE(pick_gemm_config(600, 384, 512, 132, true).cublaslt);  // the rule, past M = 256
-    // Up to M = 1024 the tile kernel beats cuBLASLt (with its scale transpose) on qkv_a, q_b, kv_b.
-    for (auto [N, K] : {std::pair{2112, 7168}, {24576, 1536}, {32768, 512}}) {
+    // Up to M = 1024 the tile kernel beats cuBLASLt on qkv_a and kv_b.
+    for (auto [N, K] : {std::pair{2112, 7168}, {32768, 512}}) {
         EXPECT_FALSE(pick_gemm_config(1024, N, K, 132, true).cublaslt) << N;
         EXPECT_TRUE(pick_gemm_config(1025, N, K, 132, true).cublaslt) << N;
     }
+}
+
+// The quantization in front of a dense GEMM writes M-major scales exactly where cuBLASLt will
+// read them: where the table runs it and the shape is one cuBLASLt takes.
+TEST(GemmConfig, ScaleOrderFollowsTheKernelThatReadsIt) {
+    for (auto [M, N, K] : {std::tuple{64, 7168, 16384},
+                           {4096, 7168, 16384},
+                           {65, 24576, 1536},
+                           {64, 24576, 1536},
+                           {256, 2112, 7168},
+                           {600, 384, 512},
+                           {7, 384, 512}}) {
+        const bool lt = pick_gemm_config(M, N, K, 132, true).cublaslt;
+        EXPECT_EQ(gemm_fp8_scale_order(M, N, K, 132), lt ? ScaleOrder::kMMajor : ScaleOrder::kRowMajor)
+            << M << " " << N << " " << K;
+    }
+    EXPECT_EQ(gemm_fp8_scale_order(4096, 7168, 16384, 132), ScaleOrder::kMMajor);
+    EXPECT_EQ(gemm_fp8_scale_order(64, 7168, 16384, 132), ScaleOrder::kRowMajor);
+    // K not a multiple of 512 or N not of 8: cuBLASLt cannot run it, so the tile kernel's order.
+    EXPECT_TRUE(pick_gemm_config(4096, 384, 640, 132, true).cublaslt);
+    EXPECT_EQ(gemm_fp8_scale_order(4096, 384, 640, 132), ScaleOrder::kRowMajor);
+    EXPECT_EQ(gemm_fp8_scale_order(4096, 388, 512, 132), ScaleOrder::kRowMajor);
 }
 
 TEST(GemmConfig, NoSplitWithoutAWorkspace) {

@@ -532,24 +532,32 @@ TEST(GlueCuda, RmsNormQuantEqualsNormThenActQuant) {
         const int nb = (D + 127) / 128;
         Dev<uint16_t> dx(x.bits), y1(size_t(M) * D), y2(size_t(M) * D);
         Dev<float> dw(w), s1(size_t(M) * nb), s2(size_t(M) * nb);
-        Dev<float> s3(size_t(M) * nb);
-        Dev<uint8_t> q1(size_t(M) * D), q2(size_t(M) * D), q3(size_t(M) * D);
-        for (auto* b : {&q1, &q2, &q3}) b->poison();
-        for (auto* b : {&s1, &s2, &s3}) b->poison();
+        Dev<float> s3(size_t(M) * nb), s4(size_t(M) * nb), s5(size_t(M) * nb);
+        Dev<uint8_t> q1(size_t(M) * D), q2(size_t(M) * D), q3(size_t(M) * D), q4(size_t(M) * D);
+        for (auto* b : {&q1, &q2, &q3, &q4}) b->poison();
+        for (auto* b : {&s1, &s2, &s3, &s4, &s5}) b->poison();
         y2.poison();
+        constexpr ScaleOrder kRow = ScaleOrder::kRowMajor, kMMajor = ScaleOrder::kMMajor;
         launch_rms_norm_bf16_strided(dx.ptr, stride, nullptr, dw.ptr, 1e-6f, y1.ptr, D, M, D, nullptr);
-        launch_act_quant_bf16(y1.ptr, q1.ptr, s1.ptr, M, D, nullptr);
-        launch_rms_norm_quant_bf16(dx.ptr, stride, nullptr, dw.ptr, 1e-6f, y2.ptr, D, q2.ptr, s2.ptr, M, D, nullptr);
-        // Only the quantized rows (no bf16 output), as the layer asks when FP8 projections follow.
-        launch_rms_norm_quant_bf16(dx.ptr, stride, nullptr, dw.ptr, 1e-6f, nullptr, D, q3.ptr, s3.ptr, M, D, nullptr);
+        launch_act_quant_bf16(y1.ptr, q1.ptr, s1.ptr, kRow, M, D, nullptr);
+        launch_act_quant_bf16(y1.ptr, q4.ptr, s4.ptr, kMMajor, M, D, nullptr);
+        launch_rms_norm_quant_bf16(dx.ptr, stride, nullptr, dw.ptr, 1e-6f, y2.ptr, D, q2.ptr, s2.ptr, kRow, M, D,
+                                   nullptr);
+        // Only the quantized rows (no bf16 output), as the layer asks when FP8 projections follow,
+        // with M-major scales and a row-major copy, as it asks in front of the shared experts'
+        // cuBLASLt GEMM and the routed experts.
+        launch_rms_norm_quant_bf16(dx.ptr, stride, nullptr, dw.ptr, 1e-6f, nullptr, D, q3.ptr, s3.ptr, kMMajor, M, D,
+                                   nullptr, s5.ptr);
         EXPECT_EQ(y1.download(), y2.download()) << M << "x" << D;
         EXPECT_EQ(q1.download(), q2.download()) << M << "x" << D;
         EXPECT_EQ(s1.download(), s2.download()) << M << "x" << D;
         EXPECT_EQ(q1.download(), q3.download()) << M << "x" << D << " without y";
-        EXPECT_EQ(s1.download(), s3.download()) << M << "x" << D << " without y";
+        EXPECT_EQ(s4.download(), s3.download()) << M << "x" << D << " without y, M-major";
+        EXPECT_EQ(s1.download(), s5.download()) << M << "x" << D << " the row-major copy";
     }
     const std::string msg = fanout::testing::error_of([] {
-        launch_rms_norm_quant_bf16(nullptr, 8, nullptr, nullptr, 1e-6f, nullptr, 8, nullptr, nullptr, 1, 8, nullptr);
+        launch_rms_norm_quant_bf16(nullptr, 8, nullptr, nullptr, 1e-6f, nullptr, 8, nullptr, nullptr,
+                                   ScaleOrder::kRowMajor, 1, 8, nullptr);
     });
     EXPECT_NE(msg.find("neither"), std::string::npos) << msg;
 }

@@ -99,16 +99,31 @@ struct Fp8Operands {
     }
 };
 
+// x's scales [rows, nb] in M-major order [nb, rows] (fp8_constants.h).
+std::vector<float> m_major(const std::vector<float>& s, int64_t rows, int64_t nb) {
+    std::vector<float> t(s.size());
+    for (int64_t m = 0; m < rows; ++m)
+        for (int64_t b = 0; b < nb; ++b) t[size_t(b * rows + m)] = s[size_t(m * nb + b)];
+    return t;
+}
+
+// The operands on the device, x's scales in both orders: sx row-major, sx_m M-major.
 struct DeviceFp8 {
     DeviceBuffer<uint8_t> x, w;
-    DeviceBuffer<float> sx, sw;
-    explicit DeviceFp8(const Fp8Operands& o) : x(o.x.size()), w(o.w.size()), sx(o.sx.size()), sw(o.sw.size()) {
+    DeviceBuffer<float> sx, sx_m, sw;
+    explicit DeviceFp8(const Fp8Operands& o)
+        : x(o.x.size()), w(o.w.size()), sx(o.sx.size()), sx_m(o.sx.size()), sw(o.sw.size()) {
         x.upload(o.x.data());
         w.upload(o.w.data());
         sx.upload(o.sx.data());
+        sx_m.upload(m_major(o.sx, o.sx.size() / o.nbk, o.nbk).data());
         sw.upload(o.sw.data());
     }
+    const float* scales(ScaleOrder order) const { return order == ScaleOrder::kRowMajor ? sx.ptr : sx_m.ptr; }
 };
+
+constexpr std::initializer_list<ScaleOrder> kBothOrders = {ScaleOrder::kRowMajor, ScaleOrder::kMMajor};
+std::string order_name(ScaleOrder o) { return o == ScaleOrder::kRowMajor ? "row-major sx" : "M-major sx"; }
 
 // bf16 results against the f32 reference: within bf16 rounding plus the tensor cores' reduced
 // accumulation precision inside one 128-wide K block (DeepSeek-V3 §3.3.2: ~14 bits), and NaN or
@@ -131,11 +146,11 @@ void expect_close_bf16(const uint16_t* got, const float* ref, size_t n, const st
                        << (first < n ? ref[first] : 0.f);
 }
 
-// One dense GEMM of o's operands on the device by `launch` (y, the residual or nullptr) against
-// the CPU reference.
+// One dense GEMM of o's operands on the device by `launch` (x's scales in the order given, y, the
+// residual or nullptr) against the CPU reference, once with x's scales in each of `orders`.
 void run_dense_with(const Fp8Operands& o, bool with_residual, ThreadPool& pool,
-                    const std::function<void(const DeviceFp8&, uint16_t*, const uint16_t*)>& launch,
-                    const std::string& what) {
+                    const std::function<void(const DeviceFp8&, ScaleOrder, uint16_t*, const uint16_t*)>& launch,
+                    const std::string& what, std::initializer_list<ScaleOrder> orders = kBothOrders) {
     const int64_t M = o.M, N = o.N, K = o.K;
     std::vector<float> ref(size_t(M * N));
     o.reference(0, M, 0, ref.data(), pool);
@@ -150,25 +165,27 @@ void run_dense_with(const Fp8Operands& o, bool with_residual, ThreadPool& pool,
         }
         dres.upload(res.data());
     }
-    dy.poison();
-    launch(d, dy.ptr, with_residual ? dres.ptr : nullptr);
-    FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<uint16_t> got(ref.size());
-    dy.download(got.data());
-    expect_close_bf16(got.data(), ref.data(), ref.size(),
-                      "M " + std::to_string(M) + " N " + std::to_string(N) + " K " + std::to_string(K) + " " + what +
-                          (with_residual ? " +residual" : ""));
+    for (ScaleOrder order : orders) {
+        dy.poison();
+        launch(d, order, dy.ptr, with_residual ? dres.ptr : nullptr);
+        FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<uint16_t> got(ref.size());
+        dy.download(got.data());
+        expect_close_bf16(got.data(), ref.data(), ref.size(),
+                          "M " + std::to_string(M) + " N " + std::to_string(N) + " K " + std::to_string(K) + " " +
+                              what + (with_residual ? " +residual, " : ", ") + order_name(order));
+    }
 }
 
 void run_dense(const Fp8Operands& o, GemmConfig cfg, GemmWorkspace* ws, bool with_residual, ThreadPool& pool) {
-    run_dense_with(
-        o, with_residual, pool,
-        [&](const DeviceFp8& d, uint16_t* y, const uint16_t* res) {
-            launch_gemm_fp8(d.x.ptr, d.sx.ptr, d.w.ptr, d.sw.ptr, y, int(o.M), int(o.N), int(o.K), nullptr, res, ws,
-                            cfg);
-        },
-        "block " + std::to_string(cfg.block_m) + "x" + std::to_string(cfg.block_n) + " splits " +
-            std::to_string(cfg.splits) + " cluster " + std::to_string(cfg.cluster));
+    run_dense_with(o, with_residual, pool,
+                   [&](const DeviceFp8& d, ScaleOrder order, uint16_t* y, const uint16_t* res) {
+                       launch_gemm_fp8(d.x.ptr, d.scales(order), d.w.ptr, d.sw.ptr, y, int(o.M), int(o.N), int(o.K),
+                                       nullptr, res, ws, cfg);
+                   },
+                   "block " + std::to_string(cfg.block_m) + "x" + std::to_string(cfg.block_n) + " splits " +
+                       std::to_string(cfg.splits) + " cluster " + std::to_string(cfg.cluster),
+                   {ScaleOrder::kRowMajor});
 }
 
 TEST(GemmFp8Cuda, MatchesCpuReferenceWithTheMeasuredTable) {
@@ -232,10 +249,10 @@ TEST(TransposeScalesCuda, MatchesHostTranspose) {
     }
 }
 
-// cuBLASLt's block-scaled FP8 with DeepSeek's scales (x's transposed to M-major first) computes
-// the same GEMM: M off 16 and 128, N with a partial 128-block (200, 2112, 136), the residual;
-// shapes it cannot take are refused (false, nothing launched) and the DeviceContext launch then
-// runs the tile kernel.
+// cuBLASLt's block-scaled FP8 with DeepSeek's scales (x's M-major as they are, or row-major and
+// transposed first) computes the same GEMM: M off 16 and 128, N with a partial 128-block (200,
+// 2112, 136), the residual; shapes it cannot take are refused (false, nothing launched) and the
+// DeviceContext launch then runs the tile kernel.
 TEST(GemmFp8Cuda, CublasLtBlockScaledMatchesCpuReference) {
     REQUIRE_GPU();
     ThreadPool pool(0);
@@ -251,9 +268,10 @@ TEST(GemmFp8Cuda, CublasLtBlockScaledMatchesCpuReference) {
             bool lt = false;
             run_dense_with(
                 Fp8Operands(M, N, K, 71 + M + N + residual), residual, pool,
-                [&](const DeviceFp8& d, uint16_t* y, const uint16_t* res) {
-                    lt = launch_gemm_fp8_cublaslt(ctx, d.x.ptr, d.sx.ptr, d.w.ptr, d.sw.ptr, y, M, N, K, res);
-                    if (!lt) launch_gemm_fp8(ctx, d.x.ptr, d.sx.ptr, d.w.ptr, d.sw.ptr, y, M, N, K, res);
+                [&](const DeviceFp8& d, ScaleOrder order, uint16_t* y, const uint16_t* res) {
+                    const float* sx = d.scales(order);
+                    lt = launch_gemm_fp8_cublaslt(ctx, d.x.ptr, sx, order, d.w.ptr, d.sw.ptr, y, M, N, K, res);
+                    if (!lt) launch_gemm_fp8(ctx, d.x.ptr, sx, order, d.w.ptr, d.sw.ptr, y, M, N, K, res);
                 },
                 "cuBLASLt");
             std::printf("  M %d N %d K %d%s: %s\n", M, N, K, residual ? " +residual" : "",
@@ -269,11 +287,13 @@ TEST(GemmFp8Cuda, CublasLtBlockScaledMatchesCpuReference) {
     DeviceBuffer<uint8_t> x(64 * 640), w(128 * 640);
     DeviceBuffer<float> s(64 * 5);
     DeviceBuffer<uint16_t> y(64 * 128);
-    EXPECT_FALSE(launch_gemm_fp8_cublaslt(ctx, x.ptr, s.ptr, w.ptr, s.ptr, y.ptr, 64, 128, 640));
+    for (ScaleOrder order : kBothOrders)
+        EXPECT_FALSE(launch_gemm_fp8_cublaslt(ctx, x.ptr, s.ptr, order, w.ptr, s.ptr, y.ptr, 64, 128, 640));
 }
 
 // The model's launch (cuBLASLt where the table says so, the tile kernel elsewhere) computes the
-// GEMM with a residual at a size of each kind.
+// GEMM with a residual at a size of each kind, x's scales in either order (the one its kernel does
+// not read transposed first).
 TEST(GemmFp8Cuda, DeviceContextLaunchComputesTheGemmAtBothKindsOfSize) {
     REQUIRE_GPU();
     ASSERT_FALSE(pick_gemm_config(7, 384, 512, 132, true).cublaslt);  // (the table's rows: gemm_config_test)
@@ -283,8 +303,8 @@ TEST(GemmFp8Cuda, DeviceContextLaunchComputesTheGemmAtBothKindsOfSize) {
     for (int M : {7, 600})
         run_dense_with(
             Fp8Operands(M, 384, 512, 91 + M), true, pool,
-            [&](const DeviceFp8& d, uint16_t* y, const uint16_t* res) {
-                launch_gemm_fp8(ctx, d.x.ptr, d.sx.ptr, d.w.ptr, d.sw.ptr, y, M, 384, 512, res);
+            [&](const DeviceFp8& d, ScaleOrder order, uint16_t* y, const uint16_t* res) {
+                launch_gemm_fp8(ctx, d.x.ptr, d.scales(order), order, d.w.ptr, d.sw.ptr, y, M, 384, 512, res);
             },
             "DeviceContext launch");
 }
@@ -488,10 +508,38 @@ TEST(SiluMulQuantCuda, MaskedMatchesCpuReference) {
         const std::vector<int32_t> counts = {0, 37, 5, 1};
         check_silu_mul_quant(E, max_m, counts, I, [&](const uint16_t* gu, uint8_t* q, float* s) {
             DeviceBuffer<int32_t> dc(counts);
-            launch_silu_mul_quant_masked(gu, dc.ptr, E, max_m, I, q, s, nullptr);
+            launch_silu_mul_quant_masked(gu, dc.ptr, E, max_m, I, q, s, ScaleOrder::kRowMajor, nullptr);
             FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
         });
     }
+}
+
+// One group (the shared experts' MLP) with M-major scales: the same values, each scale at
+// [block][row]; rows past the count untouched. M-major over several groups is refused.
+TEST(SiluMulQuantCuda, OneGroupWritesMMajorScales) {
+    REQUIRE_GPU();
+    const int max_m = 37, I = 2048 + 8;
+    const int64_t nb = ceil_div(I, 128);
+    const std::vector<int32_t> counts = {29};
+    check_silu_mul_quant(1, max_m, counts, I, [&](const uint16_t* gu, uint8_t* q, float* s) {
+        DeviceBuffer<int32_t> dc(counts);
+        DeviceBuffer<float> sm(size_t(max_m) * nb);
+        sm.poison();
+        launch_silu_mul_quant_masked(gu, dc.ptr, 1, max_m, I, q, sm.ptr, ScaleOrder::kMMajor, nullptr);
+        FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+        const std::vector<float> got = sm.download();
+        std::vector<float> rows(got.size());  // back to [row][block] for the row-major check
+        for (int r = 0; r < max_m; ++r)
+            for (int64_t b = 0; b < nb; ++b) rows[size_t(r * nb + b)] = got[size_t(b * max_m + r)];
+        FANOUT_CUDA_CHECK(cudaMemcpy(s, rows.data(), rows.size() * sizeof(float), cudaMemcpyHostToDevice));
+    });
+    DeviceBuffer<uint16_t> gu(size_t(2) * 4 * 2 * I);
+    DeviceBuffer<uint8_t> q(size_t(2) * 4 * I);
+    DeviceBuffer<float> sc(size_t(2) * 4 * nb);
+    DeviceBuffer<int32_t> dc(std::vector<int32_t>{1, 1});
+    const std::string msg = fanout::testing::error_of(
+        [&] { launch_silu_mul_quant_masked(gu.ptr, dc.ptr, 2, 4, I, q.ptr, sc.ptr, ScaleOrder::kMMajor, nullptr); });
+    EXPECT_NE(msg.find("M-major scales for one group only"), std::string::npos) << msg;
 }
 
 // The contiguous layout's rows: every row of a block with an expert (its padding too), none of a
@@ -527,16 +575,22 @@ TEST(ActQuantCuda, Bf16InputMatchesCpuReferenceBitForBit) {
     DeviceBuffer<uint8_t> dq(size_t(M) * K);
     DeviceBuffer<float> ds(size_t(M * nb));
     dx.upload(xb.data());
-    dq.poison();
-    ds.poison();
-    launch_act_quant_bf16(dx.ptr, dq.ptr, ds.ptr, M, K, nullptr);
-    FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<uint8_t> gq(dq.n);
-    std::vector<float> gs(ds.n);
-    dq.download(gq.data());
-    ds.download(gs.data());
-    for (size_t i = 0; i < gs.size(); ++i) ASSERT_EQ(gs[i], s.data_as<float>()[i]) << "scale " << i;
-    for (size_t i = 0; i < gq.size(); ++i) ASSERT_EQ(gq[i], q.data_as<uint8_t>()[i]) << "value " << i;
+    for (ScaleOrder order : kBothOrders) {
+        dq.poison();
+        ds.poison();
+        launch_act_quant_bf16(dx.ptr, dq.ptr, ds.ptr, order, M, K, nullptr);
+        FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<uint8_t> gq(dq.n);
+        std::vector<float> gs(ds.n);
+        dq.download(gq.data());
+        ds.download(gs.data());
+        const ScaleStrides st = scale_strides(order, M, nb);
+        for (int64_t m = 0; m < M; ++m)
+            for (int64_t b = 0; b < nb; ++b)
+                ASSERT_EQ(gs[size_t(m * st.row + b * st.block)], s.data_as<float>()[m * nb + b])
+                    << order_name(order) << " scale " << m << "," << b;
+        for (size_t i = 0; i < gq.size(); ++i) ASSERT_EQ(gq[i], q.data_as<uint8_t>()[i]) << "value " << i;
+    }
 }
 
 TEST(GemmBf16Cuda, MatchesDoublePrecisionReference) {
@@ -817,7 +871,7 @@ TEST(MoeExpertsCuda, ComposedChainMatchesCpuChain) {
     DeviceBuffer<float> dxs(size_t(T) * nbd), dw(wts);
     DeviceBuffer<int32_t> didx(idx);
     DeviceFp8 d13(w13), d2(w2);
-    launch_act_quant_bf16(dx.ptr, dxq.ptr, dxs.ptr, T, D, nullptr);
+    launch_act_quant_bf16(dx.ptr, dxq.ptr, dxs.ptr, ScaleOrder::kRowMajor, T, D, nullptr);
     for (const int cap : {T, 8, 0}) {
         const int spill = int(moe_spill_rows(T, K, E, cap));
         const int64_t masked = int64_t(E) * cap, rows = masked + spill;
@@ -833,7 +887,8 @@ TEST(MoeExpertsCuda, ComposedChainMatchesCpuChain) {
         if (cap > 0) {
             launch_grouped_gemm_fp8_masked(dpx.ptr, dps.ptr, dcounts.ptr, E, cap, d13.w.ptr, d13.sw.ptr, 2 * I, D,
                                            dgu.ptr, T * K / E, nullptr);
-            launch_silu_mul_quant_masked(dgu.ptr, dcounts.ptr, E, cap, I, dhq.ptr, dhs.ptr, nullptr);
+            launch_silu_mul_quant_masked(dgu.ptr, dcounts.ptr, E, cap, I, dhq.ptr, dhs.ptr, ScaleOrder::kRowMajor,
+                                         nullptr);
             launch_grouped_gemm_fp8_masked(dhq.ptr, dhs.ptr, dcounts.ptr, E, cap, d2.w.ptr, d2.sw.ptr, D, I, dy.ptr,
                                            T * K / E, nullptr);
         }

@@ -1,6 +1,7 @@
 #include "fanout/model/cuda_layer.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "fanout/kv/paged_kv_cache.h"
 #include "fanout/ops/fp8_quant.h"
@@ -88,8 +89,18 @@ DeviceLayer random_layer(const io::ModelConfig& c, bool moe, int64_t num_local_e
 // Step buffers, sized once for max_tokens.
 struct CudaLayerExec::Buffers {
     DeviceArray<uint16_t> normed, qkv, q_a, q, q_pe, q_lat, o_lat, attn, gate_up, act;
+    // One projection's FP8 input: x quantized, and its scales in the order `xs_order` that its
+    // quantization wrote them in — the order its dense GEMM reads fastest (scale_order), and
+    // row-major where the routed experts' rows are taken from them (the post norm of a layer with
+    // FP8 experts).
     DeviceArray<uint8_t> xq;
+    ops::ScaleOrder xs_order = ops::ScaleOrder::kMMajor;
     DeviceArray<float> xs, router_logits, topk_weight;
+    // The routed experts' scales of the post norm's xq, row-major (their tokens carry them): xs
+    // itself, or xs_rows, a copy the post norm also writes when xs is M-major for the shared
+    // experts' GEMM.
+    DeviceArray<float> xs_rows;
+    const float* routed_xs = nullptr;
     DeviceArray<int32_t> topk_idx, counts, fill_t, slot, spill_block_expert;
     // The routed experts' rows (moe_permute.h's layout; the GEMMs' outputs also an EP backend's
     // receive layout).
@@ -153,14 +164,14 @@ ExpertRowLimits expert_row_limits(const io::ModelConfig& c, int64_t max_tokens, 
 struct BufferElems {
     size_t normed, qkv, q_a, q, q_pe, q_lat, o_lat, attn, gate_up, act;  // bf16
     size_t latent, k_pe, kv_expanded;                                    // bf16, MHA prefill
-    size_t xq, xs, router_logits, topk_idx, topk_weight, counts, fill_t, slot, spill_blocks;
+    size_t xq, xs, xs_rows, router_logits, topk_idx, topk_weight, counts, fill_t, slot, spill_blocks;
     size_t perm_q, perm_s, expert_act_q, expert_act_s, perm_bf16, expert_act, expert_gate_up, expert_out;
 
     size_t bytes() const {
         const size_t bf16 = normed + qkv + q_a + q + q_pe + q_lat + o_lat + attn + gate_up + act + latent + k_pe +
                             kv_expanded + perm_bf16 + expert_act + expert_gate_up + expert_out;
         const size_t u8 = xq + perm_q + expert_act_q;
-        const size_t f32 = xs + router_logits + topk_weight + perm_s + expert_act_s;
+        const size_t f32 = xs + xs_rows + router_logits + topk_weight + perm_s + expert_act_s;
         const size_t i32 = topk_idx + counts + fill_t + slot + spill_blocks;
         return 2 * bf16 + u8 + 4 * (f32 + i32);
     }
@@ -202,6 +213,7 @@ BufferElems buffer_elems(const io::ModelConfig& c, const LayerLimits& lim_in) {
     n.k_pe = own * rp;
     n.kv_expanded = own * H * (nope + Vh);
     n.xs = n.xq / 16 + H * T * 2;  // one scale per 128 values of a row, rows of ≥ 16
+    n.xs_rows = c.n_routed_experts > 0 ? T * ((D + 127) / 128) : 0;
     n.router_logits = T * E;
     n.topk_idx = T * K;
     n.topk_weight = T * K;
@@ -287,6 +299,7 @@ CudaLayerExec::CudaLayerExec(const io::ModelConfig& c, const ops::RopeTable& rop
     }
     b.xq = DeviceArray<uint8_t>(n.xq);
     b.xs = DeviceArray<float>(n.xs);
+    if (n.xs_rows > 0) b.xs_rows = DeviceArray<float>(n.xs_rows);
     b.router_logits = DeviceArray<float>(n.router_logits);
     b.topk_idx = DeviceArray<int32_t>(n.topk_idx);
     b.topk_weight = DeviceArray<float>(n.topk_weight);
@@ -314,12 +327,26 @@ void CudaLayerExec::linear(const DeviceWeight& w, const uint16_t* x, int M, uint
     Buffers& b = *b_;
     if (w.fp8) {
         // x == nullptr: the input is already quantized in xq / xs (by the norm in front).
-        if (x != nullptr) ops::launch_act_quant_bf16(x, b.xq.get(), b.xs.get(), M, static_cast<int>(w.K), stream_);
-        ops::launch_gemm_fp8(ctx_, b.xq.get(), b.xs.get(), w.q.get(), w.scale.get(), y, M, static_cast<int>(w.N),
-                             static_cast<int>(w.K), residual);
+        if (x != nullptr) {
+            b.xs_order = scale_order(w, M);
+            ops::launch_act_quant_bf16(x, b.xq.get(), b.xs.get(), b.xs_order, M, static_cast<int>(w.K), stream_);
+        }
+        ops::launch_gemm_fp8(ctx_, b.xq.get(), b.xs.get(), b.xs_order, w.q.get(), w.scale.get(), y, M,
+                             static_cast<int>(w.N), static_cast<int>(w.K), residual);
     } else {
         ops::launch_gemm_bf16(ctx_, x, w.bf16.get(), y, M, static_cast<int>(w.N), static_cast<int>(w.K), residual);
     }
+}
+
+ops::ScaleOrder CudaLayerExec::scale_order(const DeviceWeight& w, int M) const {
+    return ops::gemm_fp8_scale_order(M, static_cast<int>(w.N), static_cast<int>(w.K), ctx_.sm_count());
+}
+
+ops::ScaleOrder CudaLayerExec::scale_order(std::initializer_list<const DeviceWeight*> readers, int M) const {
+    // M-major only when every reader runs cuBLASLt; either order is right for every reader.
+    for (const DeviceWeight* w : readers)
+        if (scale_order(*w, M) == ops::ScaleOrder::kRowMajor) return ops::ScaleOrder::kRowMajor;
+    return ops::ScaleOrder::kMMajor;
 }
 
 void CudaLayerExec::begin_step(const LayerStep& st) {
@@ -335,9 +362,11 @@ void CudaLayerExec::mlp(const DeviceWeight& gu, const DeviceWeight& down, int T,
     linear(gu, prequantized && gu.fp8 ? nullptr : b.normed.get(), T, b.gate_up.get());
     if (mark) mark("shared_gate_up");
     if (down.fp8) {  // fill_t holds T (begin_step)
-        ops::launch_silu_mul_quant_masked(b.gate_up.get(), b.fill_t.get(), 1, T, I, b.xq.get(), b.xs.get(), stream_);
+        b.xs_order = scale_order(down, T);
+        ops::launch_silu_mul_quant_masked(b.gate_up.get(), b.fill_t.get(), 1, T, I, b.xq.get(), b.xs.get(), b.xs_order,
+                                          stream_);
         if (mark) mark("shared_silu_quant");
-        ops::launch_gemm_fp8(ctx_, b.xq.get(), b.xs.get(), down.q.get(), down.scale.get(), hidden, T,
+        ops::launch_gemm_fp8(ctx_, b.xq.get(), b.xs.get(), b.xs_order, down.q.get(), down.scale.get(), hidden, T,
                              static_cast<int>(down.N), I, hidden);
     } else {
         ops::launch_silu_mul_bf16(b.gate_up.get(), T, I, b.act.get(), stream_);
@@ -413,15 +442,20 @@ void CudaLayerExec::attn_in(const DeviceLayer& w, const LayerStep& st, uint16_t*
     const float eps = static_cast<float>(c_.rms_norm_eps);
     // A norm in front of FP8 projections also quantizes its output for them (one kernel), and
     // xq / xs then hold that input until the next quantization.
+    // quantize: the scale order its FP8 readers want, or none (no quantization).
     const auto norm = [&](const uint16_t* x, int64_t x_stride, const float* weight, float e, uint16_t* y,
-                          int64_t y_stride, int width, bool quantize) {
+                          int64_t y_stride, int width, std::optional<ops::ScaleOrder> quantize) {
+        if (quantize) b.xs_order = *quantize;
         ops::launch_rms_norm_quant_bf16(x, x_stride, nullptr, weight, e, y, y_stride, quantize ? b.xq.get() : nullptr,
-                                        quantize ? b.xs.get() : nullptr, T, width, stream_);
+                                        quantize ? b.xs.get() : nullptr, b.xs_order, T, width, stream_);
     };
     const bool in_q = w.qkv_a.fp8;
     // The bf16 rows only where a projection reads them (the FP8 ones read xq / xs).
     const bool normed_read = !in_q || (ql <= 0 && !w.q_b.fp8);
-    norm(hidden, D, w.input_norm.get(), eps, normed_read ? b.normed.get() : nullptr, D, D, in_q);
+    // Its FP8 readers: qkv_a, and q_proj too without a q LoRA.
+    std::optional<ops::ScaleOrder> in_order;
+    if (in_q) in_order = ql <= 0 && w.q_b.fp8 ? scale_order({&w.qkv_a, &w.q_b}, T) : scale_order(w.qkv_a, T);
+    norm(hidden, D, w.input_norm.get(), eps, normed_read ? b.normed.get() : nullptr, D, D, in_order);
     m("input_norm");
     linear(w.qkv_a, in_q ? nullptr : b.normed.get(), T, b.qkv.get());
     m("qkv_a");
@@ -429,7 +463,7 @@ void CudaLayerExec::attn_in(const DeviceLayer& w, const LayerStep& st, uint16_t*
     const uint16_t* kv_a = b.qkv.get() + std::max(ql, 0);
     if (ql > 0) {
         norm(b.qkv.get(), qkv_width, w.q_a_norm.get(), kLatentNormEps, w.q_b.fp8 ? nullptr : b.q_a.get(), ql, ql,
-             w.q_b.fp8);
+             w.q_b.fp8 ? std::optional(scale_order(w.q_b, T)) : std::nullopt);
         m("q_a_norm");
         linear(w.q_b, w.q_b.fp8 ? nullptr : b.q_a.get(), T, b.q.get());
     } else {  // q_proj reads the input norm's output, still quantized in xq when qkv_a is FP8
@@ -571,9 +605,15 @@ void CudaLayerExec::attn_out(const DeviceLayer& w, const LayerStep& st, uint16_t
     linear(w.o, b.attn.get(), T, hidden, hidden);
     m("o_proj");
     const bool post_q = post_quantized(w);
+    // The shared experts' GEMM takes the scales in its order; the routed experts take them
+    // row-major (permute, EP dispatch), in xs or, beside M-major ones, in a copy.
+    const bool routed_q = w.moe && w.experts_gate_up.fp8;
+    if (post_q) b.xs_order = w.has_mlp && w.gate_up.fp8 ? scale_order(w.gate_up, T) : ops::ScaleOrder::kRowMajor;
+    float* rows_copy = routed_q && b.xs_order == ops::ScaleOrder::kMMajor ? b.xs_rows.get() : nullptr;
+    b.routed_xs = rows_copy != nullptr ? rows_copy : b.xs.get();
     ops::launch_rms_norm_quant_bf16(hidden, D, nullptr, w.post_norm.get(), static_cast<float>(c_.rms_norm_eps),
-                                    b.normed.get(), D, post_q ? b.xq.get() : nullptr, post_q ? b.xs.get() : nullptr, T,
-                                    D, stream_);
+                                    b.normed.get(), D, post_q ? b.xq.get() : nullptr, post_q ? b.xs.get() : nullptr,
+                                    b.xs_order, T, D, stream_, rows_copy);
     m("post_norm");
 }
 
@@ -616,7 +656,7 @@ void CudaLayerExec::dispatch_send(const DeviceLayer& w, const LayerStep& st, con
         // The post norm's output (quantized in xq / xs for FP8 experts) to the experts' ranks.
         FANOUT_CHECK(st.num_tokens != nullptr, "expert parallelism needs the step's token count on the device");
         ep_->dispatch_send({st.num_tokens, fp8 ? static_cast<const void*>(b.xq.get()) : b.normed.get(),
-                            fp8 ? b.xs.get() : nullptr, b.topk_idx.get()});
+                            fp8 ? b.routed_xs : nullptr, b.topk_idx.get()});
         if (mark) mark("dispatch_send");
         return;
     }
@@ -625,7 +665,7 @@ void CudaLayerExec::dispatch_send(const DeviceLayer& w, const LayerStep& st, con
     const ExpertLayout layout = expert_layout(c_, T, max_masked_tokens_, EL);
     const int cap = static_cast<int>(layout.cap), spill = static_cast<int>(layout.spill_rows);
     if (fp8) {  // xq / xs hold the post norm's quantized output
-        ops::launch_moe_permute(b.xq.get(), b.xs.get(), b.topk_idx.get(), T, K, D, 0, EL, cap, spill, b.perm_q.get(),
+        ops::launch_moe_permute(b.xq.get(), b.routed_xs, b.topk_idx.get(), T, K, D, 0, EL, cap, spill, b.perm_q.get(),
                                 b.perm_s.get(), b.counts.get(), b.spill_block_expert.get(), b.slot.get(), stream_);
     } else {
         ops::launch_moe_permute_bf16(b.normed.get(), b.topk_idx.get(), T, K, D, 0, EL, cap, spill, b.perm_bf16.get(),
@@ -693,7 +733,8 @@ void CudaLayerExec::expert_mlp(const DeviceLayer& w, const ExpertRows& rows, con
         const int64_t nbI = ops::ceil_div(static_cast<int64_t>(I), ops::kFp8Block);
         if (rows.max_m > 0)
             ops::launch_silu_mul_quant_masked(b.expert_gate_up.get(), rows.counts, EL, rows.max_m, I,
-                                              b.expert_act_q.get(), b.expert_act_s.get(), stream_);
+                                              b.expert_act_q.get(), b.expert_act_s.get(), ops::ScaleOrder::kRowMajor,
+                                              stream_);
         if (rows.spill_rows > 0)
             ops::launch_silu_mul_quant_contiguous(b.expert_gate_up.get() + masked * 2 * I, rows.block_expert,
                                                   rows.spill_rows, I, b.expert_act_q.get() + masked * I,

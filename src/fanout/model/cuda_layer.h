@@ -35,6 +35,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -185,6 +186,11 @@ class CudaLayerExec {
     // Attention of the step's prefill chunks (requests from st.mha_request) in the MHA form.
     void attend_mha(const DeviceLayer& w, const LayerStep& st, ops::DeviceLatentCache cache, const KernelMark& mark);
     void linear(const DeviceWeight& w, const uint16_t* x, int M, uint16_t* y, const uint16_t* residual = nullptr);
+    // The order of x's scales that the FP8 GEMM of `w` over M rows reads fastest (gemm.h's
+    // gemm_fp8_scale_order); over several readers of one quantized input, M-major only when all
+    // of them want it.
+    ops::ScaleOrder scale_order(const DeviceWeight& w, int M) const;
+    ops::ScaleOrder scale_order(std::initializer_list<const DeviceWeight*> readers, int M) const;
     // hidden += down(silu(gate) · up) of normed; `prequantized`: xq / xs already hold normed for FP8.
     void mlp(const DeviceWeight& gu, const DeviceWeight& down, int T, uint16_t* hidden, bool prequantized,
              const KernelMark& mark);

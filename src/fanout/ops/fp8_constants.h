@@ -23,6 +23,20 @@ namespace fanout::ops {
 constexpr int64_t kFp8Block = 128;         // 1×128 activation blocks, 128×128 weight blocks
 constexpr float kActQuantMinAmax = 1e-4f;  // DeepSeek's act_quant floor on a block's amax
 
+// The order of an activation's scales, one f32 per 1×128 block of each of its `rows` rows:
+// * kRowMajor, [rows][nb]: act_quant's layout. A token's scales sit beside each other, so they
+//   travel with it: the MoE permute, the EP dispatch and the grouped GEMMs read this order.
+// * kMMajor, [nb][rows]: cuBLASLt's VEC128 layout. The dense FP8 GEMM reads it without first
+//   transposing it (gemm.h; the tile kernels read either order).
+enum class ScaleOrder { kRowMajor, kMMajor };
+// Where the scale of (row, block) is: scales[row * row + block * block].
+struct ScaleStrides {
+    int64_t row = 0, block = 0;
+};
+FANOUT_HOST_DEVICE constexpr ScaleStrides scale_strides(ScaleOrder order, int64_t rows, int64_t nb) {
+    return order == ScaleOrder::kRowMajor ? ScaleStrides{nb, 1} : ScaleStrides{1, rows};
+}
+
 // The FP8 KV cache's entry (mla_attention.h; FlashMLA's layout for DeepSeek-V3.2, which the
 // decode kernel reads at kv_lora 512, rope 64; the CPU ops, the append and gather kernels and the
 // generic decode kernel at any widths): the kv_lora latent values in e4m3, then one f32 scale per

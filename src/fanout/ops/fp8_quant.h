@@ -28,10 +28,13 @@ void weight_dequant_row(const uint8_t* q, const float* scale_inv, int64_t N, int
 #ifdef FANOUT_WITH_CUDA
 // The same as act_quant on the device. x: [M, K] f32; q: [M, K] fp8; scales: [M, ceil(K/128)] f32.
 void launch_act_quant(const float* x, uint8_t* q, float* scales, int M, int K, void* cuda_stream);
-// The same from bf16 activations (uint16_t storage): the quantization in front of every FP8 GEMM.
-void launch_act_quant_bf16(const uint16_t* x, uint8_t* q, float* scales, int M, int K, void* cuda_stream);
+// The same from bf16 activations (uint16_t storage), the scales in either order (fp8_constants.h:
+// [M, ceil(K/128)] or M-major [ceil(K/128), M]): the quantization in front of an FP8 GEMM.
+void launch_act_quant_bf16(const uint16_t* x, uint8_t* q, float* scales, ScaleOrder order, int M, int K,
+                           void* cuda_stream);
 // Activation scales [M, nb] (act_quant's layout) into the M-major [nb, M] that cuBLASLt's
-// VEC128 scales take (gemm_fp8_cublaslt.cc).
+// VEC128 scales take (gemm_fp8_cublaslt.cc); with M and nb swapped, M-major scales back to
+// row-major, for the tile kernel.
 void launch_transpose_scales(const float* scales, float* out, int M, int nb, void* cuda_stream);
 #endif
 

@@ -1,6 +1,6 @@
 // act_quant on the GPU: one warp per 1×128 block, each lane 4 values; amax by warp shuffle,
 // scale = max(amax, 1e-4) / 448, values converted with round-to-nearest-even and saturation
-// (the CPU reference's rule).
+// (the CPU reference's rule). The scales go out in either order (fp8_constants.h).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -21,7 +21,7 @@ __device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162flo
 
 template <typename T>
 __global__ void act_quant_kernel(const T* __restrict__ x, uint8_t* __restrict__ q, float* __restrict__ scales, int M,
-                                 int K, int num_kblocks) {
+                                 int K, int num_kblocks, ScaleStrides ss) {
     const int warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (warp >= M * num_kblocks) return;
     const int m = warp / num_kblocks, b = warp % num_kblocks;
@@ -36,7 +36,7 @@ __global__ void act_quant_kernel(const T* __restrict__ x, uint8_t* __restrict__ 
     }
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     const float scale = fmaxf(amax, kActQuantMinAmax) / kFp8E4M3Max;
-    if (lane == 0) scales[static_cast<size_t>(m) * num_kblocks + b] = scale;
+    if (lane == 0) scales[m * ss.row + b * ss.block] = scale;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int k = b * static_cast<int>(kFp8Block) + lane + 32 * i;
@@ -49,7 +49,7 @@ __global__ void act_quant_kernel(const T* __restrict__ x, uint8_t* __restrict__ 
 // blocks per warp with every load issued first measured slower: 11.9 vs 8.6 µs at 256 × 7168.)
 template <typename T>
 __global__ void act_quant_vec4_kernel(const T* __restrict__ x, uint8_t* __restrict__ q, float* __restrict__ scales,
-                                      int M, int K, int num_kblocks) {
+                                      int M, int K, int num_kblocks, ScaleStrides ss) {
     using Vec = std::conditional_t<sizeof(T) == 4, float4, uint2>;  // 4 values
     const int warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (warp >= M * num_kblocks) return;
@@ -66,7 +66,7 @@ __global__ void act_quant_vec4_kernel(const T* __restrict__ x, uint8_t* __restri
     float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     const float scale = fmaxf(amax, kActQuantMinAmax) / kFp8E4M3Max;
-    if (lane == 0) scales[static_cast<size_t>(m) * num_kblocks + b] = scale;
+    if (lane == 0) scales[m * ss.row + b * ss.block] = scale;
     if (k0 < K) {
         uint32_t packed = 0;
 #pragma unroll
@@ -77,7 +77,7 @@ __global__ void act_quant_vec4_kernel(const T* __restrict__ x, uint8_t* __restri
 }
 
 template <typename T>
-void launch(const T* x, uint8_t* q, float* scales, int M, int K, void* cuda_stream) {
+void launch(const T* x, uint8_t* q, float* scales, ScaleOrder order, int M, int K, void* cuda_stream) {
     const int nb = (K + static_cast<int>(kFp8Block) - 1) / static_cast<int>(kFp8Block);
     const int warps = M * nb;
     if (warps == 0) return;
@@ -85,7 +85,7 @@ void launch(const T* x, uint8_t* q, float* scales, int M, int K, void* cuda_stre
         K % 4 == 0 && reinterpret_cast<uintptr_t>(x) % (4 * sizeof(T)) == 0 && reinterpret_cast<uintptr_t>(q) % 4 == 0;
     auto* kernel = vec ? act_quant_vec4_kernel<T> : act_quant_kernel<T>;
     kernel<<<(warps + kWarpsPerBlock - 1) / kWarpsPerBlock, 32 * kWarpsPerBlock, 0,
-             static_cast<cudaStream_t>(cuda_stream)>>>(x, q, scales, M, K, nb);
+             static_cast<cudaStream_t>(cuda_stream)>>>(x, q, scales, M, K, nb, scale_strides(order, M, nb));
     FANOUT_CUDA_CHECK_LAUNCH("act_quant_kernel");
 }
 
@@ -116,11 +116,12 @@ void launch_transpose_scales(const float* scales, float* out, int M, int nb, voi
 }
 
 void launch_act_quant(const float* x, uint8_t* q, float* scales, int M, int K, void* cuda_stream) {
-    launch(x, q, scales, M, K, cuda_stream);
+    launch(x, q, scales, ScaleOrder::kRowMajor, M, K, cuda_stream);
 }
 
-void launch_act_quant_bf16(const uint16_t* x, uint8_t* q, float* scales, int M, int K, void* cuda_stream) {
-    launch(reinterpret_cast<const __nv_bfloat16*>(x), q, scales, M, K, cuda_stream);
+void launch_act_quant_bf16(const uint16_t* x, uint8_t* q, float* scales, ScaleOrder order, int M, int K,
+                           void* cuda_stream) {
+    launch(reinterpret_cast<const __nv_bfloat16*>(x), q, scales, order, M, K, cuda_stream);
 }
 
 }  // namespace fanout::ops

@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "fanout/core/thread_pool.h"
+#include "fanout/ops/fp8_constants.h"
 
 namespace fanout::ops {
 
@@ -43,6 +44,16 @@ struct GemmConfig {
 // The measured choice for a dense shape on a GPU with `num_sms` multiprocessors; splits > 1 only
 // when `split_k_allowed` (a GemmWorkspace is at hand).
 GemmConfig pick_gemm_config(int M, int N, int K, int num_sms, bool split_k_allowed);
+// The order the quantization in front of a dense FP8 GEMM should write x's scales in: M-major where
+// the table runs cuBLASLt, row-major where it runs the tile kernel — each kernel's own order, so
+// neither needs a transpose. Either order gives the same result; the other one costs a launch.
+// (The tile kernel reading M-major scales directly was slower: its scale loader finds row-major
+// ones in L1, a 32-byte sector holding a row's scales of 8 K blocks, and M-major ones miss at
+// every K block — qkv_a at M = 256: 17.0 against 13.2 µs.)
+ScaleOrder gemm_fp8_scale_order(int M, int N, int K, int num_sms);
+// The shapes cuBLASLt's block-scaled FP8 can take at all: whole 128-blocks of K in rows of 4 for
+// W's scales (K % 512), N a multiple of 8.
+constexpr bool gemm_fp8_cublaslt_shape(int N, int K) { return K > 0 && K % 512 == 0 && N > 0 && N % 8 == 0; }
 
 #ifdef FANOUT_WITH_CUDA
 class DeviceContext;  // device_context.h
@@ -66,28 +77,33 @@ class GemmWorkspace {
     int num_counters = 0;
 };
 
-// y (bf16, uint16_t storage) = x · Wᵀ (+ residual, same shape, may alias y). `cfg` overrides the
-// table (benchmarks); split-K needs `workspace`.
+// y (bf16, uint16_t storage) = x · Wᵀ (+ residual, same shape, may alias y) by the tile kernel, x's
+// scales row-major [M, ceil(K/128)]. `cfg` overrides the table (benchmarks); split-K needs
+// `workspace`.
 void launch_gemm_fp8(const uint8_t* x, const float* sx, const uint8_t* w, const float* sw, uint16_t* y, int M, int N,
                      int K, void* cuda_stream, const uint16_t* residual = nullptr, GemmWorkspace* workspace = nullptr,
                      GemmConfig cfg = {});
 
 // The same on ctx's stream with its split-K workspace, and where the table says so (GemmConfig::
 // cublaslt) through cuBLASLt's block-scaled FP8 (gemm_fp8_cublaslt.cc) when that can run it —
-// the model's path.
-void launch_gemm_fp8(DeviceContext& ctx, const uint8_t* x, const float* sx, const uint8_t* w, const float* sw,
-                     uint16_t* y, int M, int N, int K, const uint16_t* residual = nullptr);
+// the model's path. x's scales sx are in `sx_order` (fp8_constants.h); each kernel reads its own
+// order (cuBLASLt M-major [ceil(K/128), M], the tile kernel row-major), and the other one costs a
+// transpose into ctx's scratch first (gemm_fp8_scale_order names the order to write).
+void launch_gemm_fp8(DeviceContext& ctx, const uint8_t* x, const float* sx, ScaleOrder sx_order, const uint8_t* w,
+                     const float* sw, uint16_t* y, int M, int N, int K, const uint16_t* residual = nullptr);
 // cuBLASLt's FP8 GEMM with DeepSeek's scales (x per 1×128, W per 128×128 blocks: VEC128_32F /
-// BLK128x128_32F) on ctx's stream; x's scales are first transposed into the M-major layout cuBLASLt
-// reads (ctx's scale scratch). Needs K a multiple of 512 (whole blocks, and W's scale rows a
-// multiple of 4 blocks as cuBLASLt lays them out), N a multiple of 8, x, W, y and the residual on
-// 256-byte boundaries (the heuristic's assumption; W's scales on 16), M × K/128 within the scratch
-// and an algorithm from cuBLASLt's heuristic for (M, N, K); returns false without launching when
-// one of these fails. y may be the residual (in place).
-bool launch_gemm_fp8_cublaslt(DeviceContext& ctx, const uint8_t* x, const float* sx, const uint8_t* w, const float* sw,
-                              uint16_t* y, int M, int N, int K, const uint16_t* residual = nullptr);
+// BLK128x128_32F) on ctx's stream. cuBLASLt reads x's scales M-major; row-major ones are first
+// transposed into ctx's scale scratch (one more launch, 2–3 µs). Needs K a multiple of 512 (whole
+// blocks, and W's scale rows a multiple of 4 blocks as cuBLASLt lays them out), N a multiple of 8,
+// x, W, y and the residual on 256-byte boundaries (the heuristic's assumption; W's scales on 16;
+// M-major x scales on 16), row-major scales' M × K/128 within the scratch and an algorithm from
+// cuBLASLt's heuristic for (M, N, K); returns false without launching when one of these fails. y
+// may be the residual (in place).
+bool launch_gemm_fp8_cublaslt(DeviceContext& ctx, const uint8_t* x, const float* sx, ScaleOrder sx_order,
+                              const uint8_t* w, const float* sw, uint16_t* y, int M, int N, int K,
+                              const uint16_t* residual = nullptr);
 
-// The plain SIMT kernel (no tensor cores): any K; the fallback and the baseline.
+// The plain SIMT kernel (no tensor cores): any K; the fallback and the baseline. sx row-major.
 void launch_gemm_fp8_simt(const uint8_t* x, const float* sx, const uint8_t* w, const float* sw, uint16_t* y, int M,
                           int N, int K, void* cuda_stream);
 

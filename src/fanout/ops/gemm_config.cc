@@ -2,9 +2,10 @@
 // with. The rows are the fastest configurations of `fanout bench kernels --sweep` on an H200 (132
 // SMs) for DeepSeek-V3's six shapes and its dense layers' MLP (docs/PERF.md has the sweep); other
 // shapes take the rule below, which those measurements suggest. Rows marked lt(...) run cuBLASLt's
-// block-scaled FP8 where it can (`fanout bench kernels` measured it faster there: past M = 1024 for
-// every shape, from M = 257 for the shared experts, from 129 for o_proj and the dense MLP's down,
-// from 65 for its gate+up); their tile is the fallback. Rows re-swept on 2026-12-03.
+// block-scaled FP8 where it can (`fanout bench kernels` measured it faster there, its x scales
+// M-major as the quantizations then write them: from M = 65 for q_b and the dense MLP, from 129 for
+// o_proj and the shared experts, past 1024 for kv_b and qkv_a); their tile is the fallback. Rows
+// re-swept on 2026-12-03, the cuBLASLt rows again once x's scales no longer needed a transpose.
 #include <algorithm>
 #include <array>
 
@@ -30,9 +31,8 @@ constexpr std::array kTable = {
     Row{2112, 7168, 256, {64, 64, 1, 1}},     Row{2112, 7168, 1024, {192, 128, 1, 1}},
     Row{2112, 7168, 1 << 30, lt({128, 256, 1, 2})},
     // q_b 24576 × 1536
-    Row{24576, 1536, 64, {64, 128, 1, 1}},    Row{24576, 1536, 128, {128, 256, 1, 1}},
-    Row{24576, 1536, 256, {128, 128, 1, 1}},  Row{24576, 1536, 1024, {128, 256, 1, 2}},
-    Row{24576, 1536, 1 << 30, lt({128, 256, 1, 2})},
+    Row{24576, 1536, 64, {64, 128, 1, 1}},    Row{24576, 1536, 128, lt({128, 256, 1, 1})},
+    Row{24576, 1536, 256, lt({128, 128, 1, 1})}, Row{24576, 1536, 1 << 30, lt({128, 256, 1, 2})},
     // kv_b 32768 × 512
     Row{32768, 512, 64, {64, 64, 1, 1}},      Row{32768, 512, 256, {128, 128, 1, 1}},
     Row{32768, 512, 1024, {128, 256, 1, 2}},  Row{32768, 512, 1 << 30, lt({128, 256, 1, 2})},
@@ -41,16 +41,16 @@ constexpr std::array kTable = {
     Row{7168, 16384, 256, lt({128, 256, 2, 2})}, Row{7168, 16384, 1 << 30, lt({128, 256, 1, 2})},
     // shared experts' gate+up 4096 × 7168
     Row{4096, 7168, 64, {64, 64, 4, 1}},      Row{4096, 7168, 128, {64, 64, 2, 2}},
-    Row{4096, 7168, 256, {128, 128, 2, 1}},   Row{4096, 7168, 1 << 30, lt({128, 256, 1, 2})},
+    Row{4096, 7168, 256, lt({128, 128, 2, 1})}, Row{4096, 7168, 1 << 30, lt({128, 256, 1, 2})},
     // shared experts' down 7168 × 2048
     Row{7168, 2048, 64, {64, 64, 1, 1}},      Row{7168, 2048, 128, {64, 64, 1, 1}},
-    Row{7168, 2048, 256, {128, 128, 1, 1}},   Row{7168, 2048, 1024, lt({128, 256, 1, 1})},
+    Row{7168, 2048, 256, lt({128, 128, 1, 1})}, Row{7168, 2048, 1024, lt({128, 256, 1, 1})},
     Row{7168, 2048, 1 << 30, lt({128, 256, 1, 2})},
     // the dense layers' MLP gate+up 36864 × 7168 (intermediate 18432; sweep of 2026-12-02)
     Row{36864, 7168, 64, {64, 64, 1, 1}},     Row{36864, 7168, 128, lt({64, 128, 1, 2})},
     Row{36864, 7168, 256, lt({128, 128, 1, 1})}, Row{36864, 7168, 1 << 30, lt({128, 256, 1, 2})},
     // the dense layers' MLP down 7168 × 18432
-    Row{7168, 18432, 64, {64, 128, 2, 1}},    Row{7168, 18432, 128, {64, 128, 2, 2}},
+    Row{7168, 18432, 64, {64, 128, 2, 1}},    Row{7168, 18432, 128, lt({64, 128, 2, 2})},
     Row{7168, 18432, 256, lt({128, 256, 2, 2})}, Row{7168, 18432, 1 << 30, lt({128, 256, 1, 2})},
 };
 // clang-format on
@@ -83,6 +83,11 @@ GemmConfig pick_gemm_config(int M, int N, int K, int num_sms, bool split_k_allow
     if (split_k_allowed)
         while (tiles * c.splits * 2 <= num_sms && nkb / (c.splits + 1) >= 4) ++c.splits;
     return c;
+}
+
+ScaleOrder gemm_fp8_scale_order(int M, int N, int K, int num_sms) {
+    return gemm_fp8_cublaslt_shape(N, K) && pick_gemm_config(M, N, K, num_sms, true).cublaslt ? ScaleOrder::kMMajor
+                                                                                              : ScaleOrder::kRowMajor;
 }
 
 }  // namespace fanout::ops

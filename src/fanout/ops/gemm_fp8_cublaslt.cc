@@ -4,8 +4,9 @@
 // cuBLASLt (12.9+, sm_90) takes DeepSeek's two scale granularities directly: W's per 128×128 block
 // (BLK128x128_32F: [N/128][K/128] row-major, K's block count a multiple of 4 — the checkpoint's
 // weight_scale_inv as it is when K % 512 == 0) and x's per 1×128 (VEC128_32F), but x's in the
-// M-major order [K/128][M], the transpose of act_quant's [M][K/128]: one small kernel first
-// (launch_transpose_scales).
+// M-major order [K/128][M] (ScaleOrder::kMMajor). The model's quantizations write that order in
+// front of the projections cuBLASLt runs (gemm_fp8_scale_order); row-major scales are transposed
+// first (launch_transpose_scales), and so are M-major ones when the tile kernel runs instead.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -25,22 +26,27 @@ bool aligned256(const void* p) { return reinterpret_cast<uintptr_t>(p) % 256 == 
 
 }  // namespace
 
-bool launch_gemm_fp8_cublaslt(DeviceContext& ctx, const uint8_t* x, const float* sx, const uint8_t* w, const float* sw,
-                              uint16_t* y, int M, int N, int K, const uint16_t* residual) {
-    if (M <= 0 || N <= 0 || K <= 0 || K % 512 != 0 || N % 8 != 0) return false;
+bool launch_gemm_fp8_cublaslt(DeviceContext& ctx, const uint8_t* x, const float* sx, ScaleOrder sx_order,
+                              const uint8_t* w, const float* sw, uint16_t* y, int M, int N, int K,
+                              const uint16_t* residual) {
+    if (M <= 0 || !gemm_fp8_cublaslt_shape(N, K)) return false;
     const int kb = K / 128;
-    if (size_t(M) * kb > DeviceContext::kFp8ScaleScratchFloats) return false;
-    if (!aligned256(x) || !aligned256(w) || !aligned256(y) || reinterpret_cast<uintptr_t>(sw) % 16 != 0 ||
+    const bool transpose = sx_order == ScaleOrder::kRowMajor;
+    if (transpose && size_t(M) * kb > DeviceContext::kFp8ScaleScratchFloats) return false;
+    const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    if (!aligned256(x) || !aligned256(w) || !aligned256(y) || !aligned16(sw) || (!transpose && !aligned16(sx)) ||
         (residual != nullptr && !aligned256(residual)))
         return false;
     const BlasPlan* p = ctx.blas_fp8_plan(M, N, K);
     if (p == nullptr) return false;
-    float* sxt = ctx.fp8_scale_scratch();
-    launch_transpose_scales(sx, sxt, M, kb, ctx.stream());
+    const float* sxt = sx;
+    if (transpose) {
+        launch_transpose_scales(sx, ctx.fp8_scale_scratch(), M, kb, ctx.stream());
+        sxt = ctx.fp8_scale_scratch();
+    }
     FANOUT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof(sw)));
-    const float* sxt_c = sxt;
     FANOUT_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sxt_c, sizeof(sxt_c)));
+        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sxt, sizeof(sxt)));
     const float one = 1.0f, zero = 0.0f;
     const void* c = residual != nullptr ? static_cast<const void*>(residual) : static_cast<const void*>(y);
     FANOUT_CUBLAS_CHECK(cublasLtMatmul(ctx.blas_handle(), p->desc, &one, w, p->a, x, p->b,
@@ -49,11 +55,19 @@ bool launch_gemm_fp8_cublaslt(DeviceContext& ctx, const uint8_t* x, const float*
     return true;
 }
 
-void launch_gemm_fp8(DeviceContext& ctx, const uint8_t* x, const float* sx, const uint8_t* w, const float* sw,
-                     uint16_t* y, int M, int N, int K, const uint16_t* residual) {
+void launch_gemm_fp8(DeviceContext& ctx, const uint8_t* x, const float* sx, ScaleOrder sx_order, const uint8_t* w,
+                     const float* sw, uint16_t* y, int M, int N, int K, const uint16_t* residual) {
     if (M <= 0 || N <= 0) return;
     const GemmConfig cfg = pick_gemm_config(M, N, K, ctx.sm_count(), true);
-    if (cfg.cublaslt && launch_gemm_fp8_cublaslt(ctx, x, sx, w, sw, y, M, N, K, residual)) return;
+    if (cfg.cublaslt && launch_gemm_fp8_cublaslt(ctx, x, sx, sx_order, w, sw, y, M, N, K, residual)) return;
+    if (sx_order == ScaleOrder::kMMajor) {  // the tile kernel reads them row-major
+        const int kb = (K + 127) / 128;
+        FANOUT_CHECK(size_t(M) * kb <= DeviceContext::kFp8ScaleScratchFloats,
+                     "gemm_fp8: M-major scales of {} rows × {} K blocks exceed the scale scratch ({} floats)", M, kb,
+                     DeviceContext::kFp8ScaleScratchFloats);
+        launch_transpose_scales(sx, ctx.fp8_scale_scratch(), kb, M, ctx.stream());  // [kb][M] -> [M][kb]
+        sx = ctx.fp8_scale_scratch();
+    }
     launch_gemm_fp8(x, sx, w, sw, y, M, N, K, ctx.stream(), residual, &ctx.gemm_workspace(), cfg);
 }
 

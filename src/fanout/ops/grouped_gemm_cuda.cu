@@ -32,10 +32,10 @@ constexpr int kContiguousRows = 4;
 // silu with the fast exponential and division (a few ulp; the value is rounded to e4m3 next).
 __device__ __forceinline__ float silu(float x) { return __fdividef(x, 1.0f + __expf(-x)); }
 
-// Row r of gate_up [rows, 2I] into q [rows, I] and scales [rows, ceil(I/128)]: the columns of
-// pass blockIdx.y (kThreads · 8 of them), by the whole block.
+// Row r of gate_up [rows, 2I] into q [rows, I] and its scales (strides `ss`: [rows, ceil(I/128)]
+// or M-major): the columns of pass blockIdx.y (kThreads · 8 of them), by the whole block.
 __device__ void silu_mul_quant_row(const __nv_bfloat16* __restrict__ gate_up, size_t r, int I, uint8_t* __restrict__ q,
-                                   float* __restrict__ scales) {
+                                   float* __restrict__ scales, ScaleStrides ss) {
     const __nv_bfloat16* g = gate_up + r * 2 * I;
     const int nb = (I + static_cast<int>(kFp8Block) - 1) / static_cast<int>(kFp8Block);
     const int c0 = (static_cast<int>(blockIdx.y) * kThreads + static_cast<int>(threadIdx.x)) * kPerThread;
@@ -67,7 +67,8 @@ __device__ void silu_mul_quant_row(const __nv_bfloat16* __restrict__ gate_up, si
 #pragma unroll
     for (int o = kThreadsPerBlock128 / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(group, amax, o));
     const float clamped = fmaxf(amax, kActQuantMinAmax), scale = clamped / kFp8E4M3Max, inv = kFp8E4M3Max / clamped;
-    if (threadIdx.x % kThreadsPerBlock128 == 0) scales[r * nb + c0 / static_cast<int>(kFp8Block)] = scale;
+    if (threadIdx.x % kThreadsPerBlock128 == 0)
+        scales[r * ss.row + c0 / static_cast<int>(kFp8Block) * ss.block] = scale;
     alignas(8) uint8_t out[kPerThread];
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) out[i] = __nv_cvt_float_to_fp8(h[i] * inv, __NV_SATFINITE, __NV_E4M3);
@@ -81,10 +82,11 @@ __device__ void silu_mul_quant_row(const __nv_bfloat16* __restrict__ gate_up, si
 
 __global__ void __launch_bounds__(kThreads)
     silu_mul_quant_masked_kernel(const __nv_bfloat16* __restrict__ gate_up, const int32_t* __restrict__ counts,
-                                 int max_m, int I, uint8_t* __restrict__ q, float* __restrict__ scales) {
+                                 int max_m, int I, uint8_t* __restrict__ q, float* __restrict__ scales,
+                                 ScaleStrides ss) {
     const int e = blockIdx.x / max_m, row = blockIdx.x % max_m;
     if (row >= min(max(counts[e], 0), max_m)) return;
-    silu_mul_quant_row(gate_up, blockIdx.x, I, q, scales);
+    silu_mul_quant_row(gate_up, blockIdx.x, I, q, scales, ss);
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -93,7 +95,8 @@ __global__ void __launch_bounds__(kThreads)
                                      float* __restrict__ scales) {
     const size_t r0 = static_cast<size_t>(blockIdx.x) * kContiguousRows;
     if (block_expert[r0 / kContiguousBlock] < 0) return;
-    for (int i = 0; i < kContiguousRows; ++i) silu_mul_quant_row(gate_up, r0 + i, I, q, scales);
+    const ScaleStrides ss{(I + kFp8Block - 1) / kFp8Block, 1};
+    for (int i = 0; i < kContiguousRows; ++i) silu_mul_quant_row(gate_up, r0 + i, I, q, scales, ss);
 }
 
 // Column passes of a row: kThreads · 8 columns each, a grid row apiece.
@@ -102,13 +105,17 @@ unsigned passes(int I) { return static_cast<unsigned>((I + kThreads * kPerThread
 }  // namespace
 
 void launch_silu_mul_quant_masked(const uint16_t* gate_up, const int32_t* counts, int num_experts, int max_m, int I,
-                                  uint8_t* q, float* scales, void* cuda_stream) {
+                                  uint8_t* q, float* scales, ScaleOrder order, void* cuda_stream) {
     if (num_experts <= 0 || max_m <= 0 || I <= 0) return;
+    FANOUT_DEVICE_REQUIRE(
+        order == ScaleOrder::kRowMajor || num_experts == 1,
+        "silu_mul_quant_masked: M-major scales for one group only, got " + std::to_string(num_experts));
     FANOUT_DEVICE_REQUIRE(static_cast<int64_t>(num_experts) * max_m < (int64_t{1} << 31),
                           "silu_mul_quant_masked: experts × max_m exceeds the grid");
     const dim3 grid(num_experts * max_m, passes(I));
     silu_mul_quant_masked_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(cuda_stream)>>>(
-        reinterpret_cast<const __nv_bfloat16*>(gate_up), counts, max_m, I, q, scales);
+        reinterpret_cast<const __nv_bfloat16*>(gate_up), counts, max_m, I, q, scales,
+        scale_strides(order, max_m, (I + kFp8Block - 1) / kFp8Block));
     FANOUT_CUDA_CHECK_LAUNCH("silu_mul_quant_masked_kernel");
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "fanout/ops/fp8_constants.h"
 #include "fanout/ops/gemm.h"
 
 namespace fanout::ops {
@@ -28,9 +29,11 @@ void launch_grouped_gemm_fp8_masked(const uint8_t* x, const float* sx, const int
                                     int expected_m, void* cuda_stream, GemmConfig cfg = {});
 
 // silu_mul_quant_masked on the device, reading bf16 gate_up [E, max_m, 2I] (the grouped GEMM's
-// output) and the counts on the device: q [E, max_m, I] e4m3, scales [E, max_m, ceil(I/128)].
+// output) and the counts on the device: q [E, max_m, I] e4m3, scales [E, max_m, ceil(I/128)] —
+// or, for one group (E = 1: the shared experts' MLP, whose down projection is a dense GEMM), in
+// `order` kMMajor [ceil(I/128), max_m] (fp8_constants.h).
 void launch_silu_mul_quant_masked(const uint16_t* gate_up, const int32_t* counts, int num_experts, int max_m, int I,
-                                  uint8_t* q, float* scales, void* cuda_stream);
+                                  uint8_t* q, float* scales, ScaleOrder order, void* cuda_stream);
 
 // The same over the contiguous layout: gate_up [rows, 2I] bf16 with rows a multiple of 128 and
 // block_expert[rows / 128] on the device; q [rows, I] e4m3, scales [rows, ceil(I/128)]. Rows of a

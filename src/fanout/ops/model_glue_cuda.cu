@@ -363,13 +363,9 @@ void launch_mla_kv_append(const uint16_t* kv_a, int64_t row_stride, int T, int k
                           void* cuda_stream) {
     check_kv_append("mla_kv_append", row_stride, kv_lora, rope, cache);
     if (T <= 0) return;
-    const auto* rows = reinterpret_cast<const bf16*>(kv_a);
-    if (cache.fp8 != nullptr)
-        mla_kv_append_kernel<true><<<T, kThreads, 0, as_stream(cuda_stream)>>>(rows, row_stride, kv_lora, norm_w, eps,
-                                                                               positions, rope, slots, cache.fp8);
-    else
-        mla_kv_append_kernel<false><<<T, kThreads, 0, as_stream(cuda_stream)>>>(rows, row_stride, kv_lora, norm_w, eps,
-                                                                                positions, rope, slots, cache.bf16);
+    const auto kernel = cache.is_fp8() ? mla_kv_append_kernel<true> : mla_kv_append_kernel<false>;
+    kernel<<<T, kThreads, 0, as_stream(cuda_stream)>>>(reinterpret_cast<const bf16*>(kv_a), row_stride, kv_lora, norm_w,
+                                                       eps, positions, rope, slots, cache.entries());
     FANOUT_CUDA_CHECK_LAUNCH("mla_kv_append_kernel");
 }
 
@@ -380,11 +376,10 @@ void launch_mla_q_rope_kv_append(const uint16_t* q, int T, int H, int nope, uint
     check_kv_append("mla_q_rope_kv_append", row_stride, kv_lora, rope, cache);
     if (T <= 0) return;
     const dim3 grid(T, (H + kHeadsPerBlock - 1) / kHeadsPerBlock + 1);
-    const auto kernel = cache.fp8 != nullptr ? mla_q_rope_kv_append_kernel<true> : mla_q_rope_kv_append_kernel<false>;
-    void* entries = cache.fp8 != nullptr ? static_cast<void*>(cache.fp8) : static_cast<void*>(cache.bf16);
+    const auto kernel = cache.is_fp8() ? mla_q_rope_kv_append_kernel<true> : mla_q_rope_kv_append_kernel<false>;
     kernel<<<grid, kThreads, 0, as_stream(cuda_stream)>>>(
         reinterpret_cast<const bf16*>(q), H, nope, reinterpret_cast<bf16*>(q_pe), reinterpret_cast<const bf16*>(kv_a),
-        row_stride, kv_lora, norm_w, eps, positions, rope, slots, entries);
+        row_stride, kv_lora, norm_w, eps, positions, rope, slots, cache.entries());
     FANOUT_CUDA_CHECK_LAUNCH("mla_q_rope_kv_append_kernel");
 }
 
@@ -415,10 +410,9 @@ void launch_gather_latent(DeviceLatentCache cache, const int32_t* block_table, i
     const bool vec16 = kv_lora % 8 == 0 && rope % 8 == 0 && a16(cache.bf16) && a16(latent) && a16(k_pe);
     constexpr int kRowsPerBlock = kThreads / 32;
     const unsigned grid = (total_rows + kRowsPerBlock - 1) / kRowsPerBlock;
-    const auto kernel = cache.fp8 != nullptr ? gather_latent_kernel<true> : gather_latent_kernel<false>;
-    const void* entries = cache.fp8 != nullptr ? static_cast<const void*>(cache.fp8) : cache.bf16;
+    const auto kernel = cache.is_fp8() ? gather_latent_kernel<true> : gather_latent_kernel<false>;
     kernel<<<grid, kThreads, 0, as_stream(cuda_stream)>>>(
-        entries, block_table, max_blocks, block_size, kv_start, num_requests, total_rows, kv_lora, rope,
+        cache.entries(), block_table, max_blocks, block_size, kv_start, num_requests, total_rows, kv_lora, rope,
         reinterpret_cast<bf16*>(latent), reinterpret_cast<bf16*>(k_pe), vec16);
     FANOUT_CUDA_CHECK_LAUNCH("gather_latent_kernel");
 }

@@ -38,6 +38,8 @@ void launch_mla_q_rope(const uint16_t* q, int T, int H, int nope, const int32_t*
 struct DeviceLatentCache {
     uint16_t* bf16 = nullptr;
     uint8_t* fp8 = nullptr;
+    bool is_fp8() const { return fp8 != nullptr; }
+    void* entries() const { return is_fp8() ? static_cast<void*>(fp8) : static_cast<void*>(bf16); }
 };
 
 // kv_a's rows (stride `row_stride` elements): [latent (kv_lora) | k_pe (rope)] -> the cache entry

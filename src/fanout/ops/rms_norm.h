@@ -3,6 +3,7 @@
 
 #include "fanout/core/tensor.h"
 #include "fanout/core/thread_pool.h"
+#include "fanout/ops/fp8_constants.h"
 
 namespace fanout::ops {
 
@@ -24,11 +25,14 @@ void launch_rms_norm_bf16(const uint16_t* x, uint16_t* residual, const float* w,
 void launch_rms_norm_bf16_strided(const uint16_t* x, int64_t x_stride, uint16_t* residual, const float* w, float eps,
                                   uint16_t* y, int64_t y_stride, int M, int D, void* cuda_stream);
 // The same, and y also quantized for an FP8 GEMM as act_quant would (q [M, D] e4m3, scales
-// [M, ceil(D/128)]): the norm in front of a projection in one kernel. y may be null when only the
-// quantized rows are wanted (the same q and scales, no bf16 rows written).
+// [M, ceil(D/128)] or M-major [ceil(D/128), M] by `order`, fp8_constants.h): the norm in front of
+// a projection in one kernel. y may be null when only the quantized rows are wanted (the same q
+// and scales, no bf16 rows written). `row_scales`, when given, receives the scales once more,
+// row-major: the post norm of an MoE layer feeds both the shared experts' dense GEMM (in its
+// order) and the routed experts (whose tokens carry row-major scales).
 void launch_rms_norm_quant_bf16(const uint16_t* x, int64_t x_stride, uint16_t* residual, const float* w, float eps,
-                                uint16_t* y, int64_t y_stride, uint8_t* q, float* scales, int M, int D,
-                                void* cuda_stream);
+                                uint16_t* y, int64_t y_stride, uint8_t* q, float* scales, ScaleOrder order, int M,
+                                int D, void* cuda_stream, float* row_scales = nullptr);
 #endif
 
 }  // namespace fanout::ops

@@ -34,7 +34,8 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, const float* __rest
 // so the row is read once, with every load in flight together, and nothing goes through shared
 // memory but the sum of squares. With `residual`, z = x + residual is stored back to it as bf16.
 // With q, the bf16 output is also quantized per 1×128 block (act_quant's rule, on the bf16 values,
-// so the bytes are the ones act_quant would give on y) into q [M, D] and scales [M, ceil(D/128)]:
+// so the bytes are the ones act_quant would give on y) into q [M, D] and the scales (strides `scale_at`;
+// with row_scales, a second, row-major copy of them):
 // a 128-column block is 16 consecutive threads of one slot, which reduce its amax by shuffles.
 // kVec: 16-byte accesses (D, the strides and the pointers allow them), else one value at a time.
 // Each thread reads its columns before it writes them, so y may alias x; y may be null when only q
@@ -43,10 +44,10 @@ template <bool kVec, int kSlots>
 __global__ void __launch_bounds__(1024)
     rms_norm_bf16_kernel(const __nv_bfloat16* x, int64_t x_stride, __nv_bfloat16* __restrict__ residual,
                          const float* __restrict__ w, float eps, __nv_bfloat16* y, int64_t y_stride, int D,
-                         uint8_t* __restrict__ q, float* __restrict__ scales) {
+                         uint8_t* __restrict__ q, float* __restrict__ scales, ScaleStrides scale_at,
+                         float* __restrict__ row_scales) {
     const size_t base = static_cast<size_t>(blockIdx.x) * D;
     const size_t xbase = static_cast<size_t>(blockIdx.x) * x_stride, ybase = static_cast<size_t>(blockIdx.x) * y_stride;
-    const int nb = (D + static_cast<int>(kFp8Block) - 1) / static_cast<int>(kFp8Block);
     float v[kSlots][8];
     float ss = 0.0f;
 #pragma unroll
@@ -129,8 +130,12 @@ __global__ void __launch_bounds__(1024)
         for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
         if (d >= D) continue;
         const float scale = fmaxf(amax, kActQuantMinAmax) / kFp8E4M3Max;
-        if (threadIdx.x % 16 == 0)
-            scales[static_cast<size_t>(blockIdx.x) * nb + d / static_cast<int>(kFp8Block)] = scale;
+        if (threadIdx.x % 16 == 0) {
+            const int b = d / static_cast<int>(kFp8Block);
+            scales[blockIdx.x * scale_at.row + b * scale_at.block] = scale;
+            const int nb = (D + static_cast<int>(kFp8Block) - 1) / static_cast<int>(kFp8Block);
+            if (row_scales != nullptr) row_scales[static_cast<size_t>(blockIdx.x) * nb + b] = scale;
+        }
         alignas(8) uint8_t e[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) e[i] = __nv_cvt_float_to_fp8(back[i] / scale, __NV_SATFINITE, __NV_E4M3);
@@ -147,8 +152,8 @@ __global__ void __launch_bounds__(1024)
 void launch_rms_norm_bf16_strided(const uint16_t* x, int64_t x_stride, uint16_t* residual, const float* w, float eps,
                                   uint16_t* y, int64_t y_stride, int M, int D, void* cuda_stream);
 void launch_rms_norm_quant_bf16(const uint16_t* x, int64_t x_stride, uint16_t* residual, const float* w, float eps,
-                                uint16_t* y, int64_t y_stride, uint8_t* q, float* scales, int M, int D,
-                                void* cuda_stream);
+                                uint16_t* y, int64_t y_stride, uint8_t* q, float* scales, ScaleOrder order, int M,
+                                int D, void* cuda_stream, float* row_scales);
 
 void launch_rms_norm_bf16(const uint16_t* x, uint16_t* residual, const float* w, float eps, uint16_t* y, int M, int D,
                           void* cuda_stream) {
@@ -157,12 +162,13 @@ void launch_rms_norm_bf16(const uint16_t* x, uint16_t* residual, const float* w,
 
 void launch_rms_norm_bf16_strided(const uint16_t* x, int64_t x_stride, uint16_t* residual, const float* w, float eps,
                                   uint16_t* y, int64_t y_stride, int M, int D, void* cuda_stream) {
-    launch_rms_norm_quant_bf16(x, x_stride, residual, w, eps, y, y_stride, nullptr, nullptr, M, D, cuda_stream);
+    launch_rms_norm_quant_bf16(x, x_stride, residual, w, eps, y, y_stride, nullptr, nullptr, ScaleOrder::kRowMajor, M,
+                               D, cuda_stream, nullptr);
 }
 
 void launch_rms_norm_quant_bf16(const uint16_t* x, int64_t x_stride, uint16_t* residual, const float* w, float eps,
-                                uint16_t* y, int64_t y_stride, uint8_t* q, float* scales, int M, int D,
-                                void* cuda_stream) {
+                                uint16_t* y, int64_t y_stride, uint8_t* q, float* scales, ScaleOrder order, int M,
+                                int D, void* cuda_stream, float* row_scales) {
     FANOUT_DEVICE_REQUIRE(D > 0 && D <= kMaxD,
                           "rms_norm_bf16: width " + std::to_string(D) + " outside 1.." + std::to_string(kMaxD));
     FANOUT_DEVICE_REQUIRE(y != nullptr || q != nullptr, "rms_norm_bf16: neither a bf16 nor a quantized output");
@@ -177,7 +183,8 @@ void launch_rms_norm_quant_bf16(const uint16_t* x, int64_t x_stride, uint16_t* r
                        : (slots == 1 ? rms_norm_bf16_kernel<false, 1> : rms_norm_bf16_kernel<false, 2>);
     kernel<<<M, threads, 0, static_cast<cudaStream_t>(cuda_stream)>>>(
         reinterpret_cast<const __nv_bfloat16*>(x), x_stride, reinterpret_cast<__nv_bfloat16*>(residual), w, eps,
-        reinterpret_cast<__nv_bfloat16*>(y), y_stride, D, q, scales);
+        reinterpret_cast<__nv_bfloat16*>(y), y_stride, D, q, scales,
+        scale_strides(order, M, (D + kFp8Block - 1) / kFp8Block), q != nullptr ? row_scales : nullptr);
     FANOUT_CUDA_CHECK_LAUNCH("rms_norm_bf16_kernel");
 }
 
