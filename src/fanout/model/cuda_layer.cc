@@ -90,9 +90,8 @@ DeviceLayer random_layer(const io::ModelConfig& c, bool moe, int64_t num_local_e
 struct CudaLayerExec::Buffers {
     DeviceArray<uint16_t> normed, qkv, q_a, q, q_pe, q_lat, o_lat, attn, gate_up, act;
     // One projection's FP8 input: x quantized, and its scales in the order `xs_order` that its
-    // quantization wrote them in — the order its dense GEMM reads fastest (scale_order), and
-    // row-major where the routed experts' rows are taken from them (the post norm of a layer with
-    // FP8 experts).
+    // quantization wrote them in — the order its dense GEMM reads without a transpose
+    // (scale_order), row-major when only the routed experts read them.
     DeviceArray<uint8_t> xq;
     ops::ScaleOrder xs_order = ops::ScaleOrder::kMMajor;
     DeviceArray<float> xs, router_logits, topk_weight;
