@@ -265,20 +265,25 @@ TEST(GemmFp8Cuda, CublasLtBlockScaledMatchesCpuReference) {
                            {1001, 136, 512},
                            {1, 256, 512}}) {
         for (bool residual : {false, true}) {
-            bool lt = false;
+            bool lt[2] = {false, false};  // per scale order
             run_dense_with(
                 Fp8Operands(M, N, K, 71 + M + N + residual), residual, pool,
                 [&](const DeviceFp8& d, ScaleOrder order, uint16_t* y, const uint16_t* res) {
                     const float* sx = d.scales(order);
-                    lt = launch_gemm_fp8_cublaslt(ctx, d.x.ptr, sx, order, d.w.ptr, d.sw.ptr, y, M, N, K, res);
-                    if (!lt) launch_gemm_fp8(ctx, d.x.ptr, sx, order, d.w.ptr, d.sw.ptr, y, M, N, K, res);
+                    bool& ran_lt = lt[order == ScaleOrder::kMMajor];
+                    ran_lt = launch_gemm_fp8_cublaslt(ctx, d.x.ptr, sx, order, d.w.ptr, d.sw.ptr, y, M, N, K, res);
+                    if (!ran_lt) launch_gemm_fp8(ctx, d.x.ptr, sx, order, d.w.ptr, d.sw.ptr, y, M, N, K, res);
                 },
                 "cuBLASLt");
-            std::printf("  M %d N %d K %d%s: %s\n", M, N, K, residual ? " +residual" : "",
-                        lt ? "cuBLASLt" : "refused by cuBLASLt, tile kernel");
-            ran += lt;
-            if (M % 16 == 0) {
-                EXPECT_TRUE(lt) << "cuBLASLt refused M " << M << " N " << N << " K " << K;
+            for (ScaleOrder order : kBothOrders) {
+                const bool ran_lt = lt[order == ScaleOrder::kMMajor];
+                std::printf("  M %d N %d K %d%s, %s: %s\n", M, N, K, residual ? " +residual" : "",
+                            order_name(order).c_str(), ran_lt ? "cuBLASLt" : "refused by cuBLASLt, tile kernel");
+                ran += ran_lt;
+                if (M % 16 == 0) {
+                    EXPECT_TRUE(ran_lt) << "cuBLASLt refused M " << M << " N " << N << " K " << K << ", "
+                                        << order_name(order);
+                }
             }
         }
     }
@@ -584,11 +589,12 @@ TEST(ActQuantCuda, Bf16InputMatchesCpuReferenceBitForBit) {
         std::vector<float> gs(ds.n);
         dq.download(gq.data());
         ds.download(gs.data());
-        const ScaleStrides st = scale_strides(order, M, nb);
         for (int64_t m = 0; m < M; ++m)
-            for (int64_t b = 0; b < nb; ++b)
-                ASSERT_EQ(gs[size_t(m * st.row + b * st.block)], s.data_as<float>()[m * nb + b])
+            for (int64_t b = 0; b < nb; ++b) {
+                const int64_t at = order == ScaleOrder::kRowMajor ? m * nb + b : b * M + m;  // [M][nb] or [nb][M]
+                ASSERT_EQ(gs[size_t(at)], s.data_as<float>()[m * nb + b])
                     << order_name(order) << " scale " << m << "," << b;
+            }
         for (size_t i = 0; i < gq.size(); ++i) ASSERT_EQ(gq[i], q.data_as<uint8_t>()[i]) << "value " << i;
     }
 }

@@ -93,7 +93,7 @@ struct CudaLayerExec::Buffers {
     // quantization wrote them in — the order its dense GEMM reads without a transpose
     // (scale_order), row-major when only the routed experts read them.
     DeviceArray<uint8_t> xq;
-    ops::ScaleOrder xs_order = ops::ScaleOrder::kMMajor;
+    ops::ScaleOrder xs_order = ops::ScaleOrder::kRowMajor;
     DeviceArray<float> xs, router_logits, topk_weight;
     // The routed experts' scales of the post norm's xq, row-major (their tokens carry them): xs
     // itself, or xs_rows, a copy the post norm also writes when xs is M-major for the shared
@@ -212,7 +212,7 @@ BufferElems buffer_elems(const io::ModelConfig& c, const LayerLimits& lim_in) {
     n.k_pe = own * rp;
     n.kv_expanded = own * H * (nope + Vh);
     n.xs = n.xq / 16 + H * T * 2;  // one scale per 128 values of a row, rows of ≥ 16
-    n.xs_rows = c.n_routed_experts > 0 ? T * ((D + 127) / 128) : 0;
+    n.xs_rows = c.n_routed_experts > 0 && fp8 ? T * ((D + 127) / 128) : 0;
     n.router_logits = T * E;
     n.topk_idx = T * K;
     n.topk_weight = T * K;
@@ -299,6 +299,7 @@ CudaLayerExec::CudaLayerExec(const io::ModelConfig& c, const ops::RopeTable& rop
     b.xq = DeviceArray<uint8_t>(n.xq);
     b.xs = DeviceArray<float>(n.xs);
     if (n.xs_rows > 0) b.xs_rows = DeviceArray<float>(n.xs_rows);
+    b.routed_xs = b.xs.get();  // until a post norm says otherwise (an empty step's dispatch reads it too)
     b.router_logits = DeviceArray<float>(n.router_logits);
     b.topk_idx = DeviceArray<int32_t>(n.topk_idx);
     b.topk_weight = DeviceArray<float>(n.topk_weight);

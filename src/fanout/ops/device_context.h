@@ -62,7 +62,8 @@ class DeviceContext {
     // residual), or nullptr when its heuristic has no algorithm for the shape (remembered too).
     // The scale pointers are set by each launch (launch_gemm_fp8_cublaslt).
     const BlasPlan* blas_fp8_plan(int M, int N, int K);
-    // Scratch for x's scales transposed into the M-major layout cuBLASLt's VEC128 scales take.
+    // Scratch for x's scales transposed into the order the GEMM that runs reads: M-major for
+    // cuBLASLt's VEC128 scales, row-major for the tile kernel (gemm_fp8_cublaslt.cc).
     static constexpr size_t kFp8ScaleScratchFloats = size_t{4} << 20;
     float* fp8_scale_scratch() const { return fp8_scale_scratch_; }
     // Two device ints, zero, for a persistent kernel that hands out its work items by atomics (the

@@ -26,10 +26,10 @@ constexpr float kActQuantMinAmax = 1e-4f;  // DeepSeek's act_quant floor on a bl
 // The order of an activation's scales, one f32 per 1×128 block of each of its `rows` rows:
 // * kRowMajor, [rows][nb]: act_quant's layout. A token's scales sit beside each other, so they
 //   travel with it: the MoE permute, the EP dispatch and the grouped GEMMs read this order.
-// * kMMajor, [nb][rows]: cuBLASLt's VEC128 layout. The dense FP8 GEMM reads it without first
-//   transposing it (gemm.h; the tile kernels read either order).
+// * kMMajor, [nb][rows]: cuBLASLt's VEC128 layout, which its block-scaled FP8 GEMM reads as it is
+//   (the tile kernels read row-major; gemm.h's gemm_fp8_scale_order says which to write).
 enum class ScaleOrder { kRowMajor, kMMajor };
-// Where the scale of (row, block) is: scales[row * row + block * block].
+// Where the scale of row r's block b is: scales[r * strides.row + b * strides.block].
 struct ScaleStrides {
     int64_t row = 0, block = 0;
 };

@@ -61,7 +61,7 @@ void launch_gemm_fp8(DeviceContext& ctx, const uint8_t* x, const float* sx, Scal
     const GemmConfig cfg = pick_gemm_config(M, N, K, ctx.sm_count(), true);
     if (cfg.cublaslt && launch_gemm_fp8_cublaslt(ctx, x, sx, sx_order, w, sw, y, M, N, K, residual)) return;
     if (sx_order == ScaleOrder::kMMajor) {  // the tile kernel reads them row-major
-        const int kb = (K + 127) / 128;
+        const int kb = static_cast<int>(ceil_div(K, kFp8Block));
         FANOUT_CHECK(size_t(M) * kb <= DeviceContext::kFp8ScaleScratchFloats,
                      "gemm_fp8: M-major scales of {} rows × {} K blocks exceed the scale scratch ({} floats)", M, kb,
                      DeviceContext::kFp8ScaleScratchFloats);
