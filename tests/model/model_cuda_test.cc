@@ -751,19 +751,35 @@ namespace {
 // With `microbatch`, every step of every rank runs as two microbatches (a second backend on the
 // same communicator and stream): rank 0's one request in the first, the second empty, and the
 // other ranks' empty steps — each exchange twice per layer.
-void check_ep_matches_ep1(comm::GpuBackend backend, bool microbatch = false) {
+// Model::kFp8: the tiny model with FP8 weights, its tokens dispatched as e4m3 rows with their
+// scales (an empty step's dispatch too). Model::kFp8Wide: widths cuBLASLt takes and a 300-token
+// prompt, so the shared experts' GEMM reads M-major scales and the dispatch the post norm's
+// row-major copy. The FP8 cases compare within the cross-GPU bound (a wrong scale moves every
+// position by far more).
+enum class EpModel { kBf16, kFp8, kFp8Wide };
+void check_ep_matches_ep1(comm::GpuBackend backend, bool microbatch = false, EpModel model = EpModel::kBf16) {
     REQUIRE_GPU();
     int gpus = 0;
     FANOUT_CUDA_CHECK(cudaGetDeviceCount(&gpus));
     const int world = gpus >= 2 ? 2 : 1;
     const std::string dir = fanout::testing::temp_dir("tiny_ep_cuda");
-    write_synthetic_model(dir, preset_config("tiny", 3), {});
-    const std::vector<int32_t> ids = spread_ids(40);
+    io::ModelConfig mc = preset_config("tiny", 3);
+    if (model != EpModel::kBf16) mc.fp8 = io::Fp8QuantConfig{};
+    if (model == EpModel::kFp8Wide) {
+        mc.hidden_size = 512;
+        mc.intermediate_size = 512;
+        mc.moe_intermediate_size = 512;
+        mc.q_lora_rank = 512;
+        mc.v_head_dim = 128;
+    }
+    write_synthetic_model(dir, mc, {});
+    const std::vector<int32_t> ids = spread_ids(model == EpModel::kFp8Wide ? 300 : 40);
     const int64_t T = static_cast<int64_t>(ids.size());
     constexpr int kDecode = 6;
+    const comm::Payload payload = model == EpModel::kBf16 ? comm::Payload::kBf16 : comm::Payload::kFp8;
     CudaModelOptions o;
     o.max_requests = 2;
-    o.max_context = 128;
+    o.max_context = std::max<int64_t>(128, T + kDecode);
     o.max_step_tokens = T;
     o.max_logit_rows = T;
     // One request's prefill logits and greedy continuation on `gpu` (rank 0's part of a step).
@@ -803,7 +819,7 @@ void check_ep_matches_ep1(comm::GpuBackend backend, bool microbatch = false) {
         const io::ModelConfig& c = m->config();
         const comm::EpConfig ec = comm::EpConfig::for_rank(
             ParallelConfig{r, world, 1}, static_cast<int>(c.n_routed_experts), static_cast<int>(c.num_experts_per_tok),
-            static_cast<int>(c.hidden_size), static_cast<int>(T), comm::Payload::kBf16);
+            static_cast<int>(c.hidden_size), static_cast<int>(T), payload);
         auto ep = comm::make_gpu_ep(backend, ec, ranks.comm(r), ranks.stream(r));
         std::unique_ptr<comm::ExpertParallel> ep_mb;
         if (microbatch) ep_mb = comm::make_gpu_ep(backend, ec, ranks.comm(r), ranks.stream(r));
@@ -827,9 +843,12 @@ void check_ep_matches_ep1(comm::GpuBackend backend, bool microbatch = false) {
     for (int r = 0; r < world; ++r) ASSERT_EQ(failures[r], "") << "rank " << r;
     const int64_t V = want_logits.dim(1);
     expect_close(position_diffs(got_logits.data_as<float>(), want_logits.data_as<float>(), T, V), max_abs(want_logits),
-                 world == 1 ? kSameArithmetic : Bounds{0.01, 0.02, 1.0},
-                 fmt::format("EP{} ({}{}) prefill vs EP1", world, comm::gpu_backend_name(backend),
-                             microbatch ? ", two microbatches" : ""));
+                 world == 1 && model == EpModel::kBf16 ? kSameArithmetic : Bounds{0.01, 0.02, 1.0},
+                 fmt::format("EP{} ({}{}{}) prefill vs EP1", world, comm::gpu_backend_name(backend),
+                             microbatch ? ", two microbatches" : "",
+                             model == EpModel::kBf16  ? ""
+                             : model == EpModel::kFp8 ? ", fp8"
+                                                      : ", fp8 wide"));
     EXPECT_EQ(got, want) << "greedy tokens at EP" << world << " differ from EP1";
     fs::remove_all(dir);
 }
@@ -838,6 +857,17 @@ TEST(CudaModelEp, NcclBackendOverVisibleGpusMatchesEp1) { check_ep_matches_ep1(c
 TEST(CudaModelEp, NvlinkBackendOverVisibleGpusMatchesEp1) { check_ep_matches_ep1(comm::GpuBackend::kNvlink); }
 TEST(CudaModelEp, NcclBackendMicrobatchedMatchesEp1) { check_ep_matches_ep1(comm::GpuBackend::kNccl, true); }
 TEST(CudaModelEp, NvlinkBackendMicrobatchedMatchesEp1) { check_ep_matches_ep1(comm::GpuBackend::kNvlink, true); }
+// FP8 tokens through both backends; microbatched, so the second microbatch's empty steps dispatch
+// too (with no post norm run before them on that lane).
+TEST(CudaModelEp, NcclBackendFp8MicrobatchedMatchesEp1) {
+    check_ep_matches_ep1(comm::GpuBackend::kNccl, true, EpModel::kFp8);
+}
+TEST(CudaModelEp, NvlinkBackendFp8MicrobatchedMatchesEp1) {
+    check_ep_matches_ep1(comm::GpuBackend::kNvlink, true, EpModel::kFp8);
+}
+TEST(CudaModelEp, NcclBackendFp8WideMatchesEp1) {
+    check_ep_matches_ep1(comm::GpuBackend::kNccl, false, EpModel::kFp8Wide);
+}
 
 }  // namespace
 }  // namespace fanout::model
