@@ -99,11 +99,11 @@ struct Fp8Operands {
     }
 };
 
-// x's scales [rows, nb] in M-major order [nb, rows] (fp8_constants.h).
-std::vector<float> m_major(const std::vector<float>& s, int64_t rows, int64_t nb) {
+// A [rows, cols] matrix transposed: x's scales [M, nb] into M-major [nb, M], or back.
+std::vector<float> transposed(const std::vector<float>& s, int64_t rows, int64_t cols) {
     std::vector<float> t(s.size());
-    for (int64_t m = 0; m < rows; ++m)
-        for (int64_t b = 0; b < nb; ++b) t[size_t(b * rows + m)] = s[size_t(m * nb + b)];
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) t[size_t(c * rows + r)] = s[size_t(r * cols + c)];
     return t;
 }
 
@@ -116,7 +116,7 @@ struct DeviceFp8 {
         x.upload(o.x.data());
         w.upload(o.w.data());
         sx.upload(o.sx.data());
-        sx_m.upload(m_major(o.sx, o.sx.size() / o.nbk, o.nbk).data());
+        sx_m.upload(transposed(o.sx, o.sx.size() / o.nbk, o.nbk).data());
         sw.upload(o.sw.data());
     }
     const float* scales(ScaleOrder order) const { return order == ScaleOrder::kRowMajor ? sx.ptr : sx_m.ptr; }
@@ -532,10 +532,7 @@ TEST(SiluMulQuantCuda, OneGroupWritesMMajorScales) {
         sm.poison();
         launch_silu_mul_quant_masked(gu, dc.ptr, 1, max_m, I, q, sm.ptr, ScaleOrder::kMMajor, nullptr);
         FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
-        const std::vector<float> got = sm.download();
-        std::vector<float> rows(got.size());  // back to [row][block] for the row-major check
-        for (int r = 0; r < max_m; ++r)
-            for (int64_t b = 0; b < nb; ++b) rows[size_t(r * nb + b)] = got[size_t(b * max_m + r)];
+        const std::vector<float> rows = transposed(sm.download(), nb, max_m);  // back to [row][block]
         FANOUT_CUDA_CHECK(cudaMemcpy(s, rows.data(), rows.size() * sizeof(float), cudaMemcpyHostToDevice));
     });
     DeviceBuffer<uint16_t> gu(size_t(2) * 4 * 2 * I);
