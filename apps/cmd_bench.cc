@@ -96,6 +96,10 @@ void add_bench_command(CLI::App& app) {
     auto* kernels = bench->add_subcommand(
         "kernels", "FP8 GEMM and grouped GEMM kernels beside cuBLASLt, DeepGEMM and the rooflines (GPU)");
     kernels->add_flag("--sweep", k->sweep, "also time every tile shape and split of the dense GEMM");
+    kernels->add_flag(
+        "--cold", k->cold,
+        "dense: each call reads its own copy of W (the copies together 3x the L2), as a model's "
+        "layers do; the default reuses one W, cache-warm where it fits the L2, as the anchors were taken");
     kernels->add_flag("!--no-dense", k->dense, "skip the dense shapes");
     kernels->add_flag("!--no-grouped", k->grouped, "skip the grouped points");
     kernels->add_option("--shape", k->shape,

@@ -1,8 +1,10 @@
 // `fanout bench kernels`: see kernels_bench.h. Every timing is the best of 5 replays of a CUDA
 // graph of back-to-back calls (as the anchors were taken). Dense operands are the same buffers
-// each call, so shapes whose weights fit the 60 MB L2 run cache-warm, as in the anchors; the
-// grouped points stream 0.5–1 GB of expert weights and cannot. Operands are random e4m3 (never
-// zeros). Timing only: the kernels' numbers are checked by ops_cuda_test.
+// each call, so shapes whose weights fit the 60 MB L2 run cache-warm, as in the anchors (--cold
+// rotates each call over copies of W that together exceed the L2 three times: the model's case,
+// where every layer streams its own weights from HBM; x stays one buffer, as the activations a
+// GEMM reads were just written); the grouped points stream 0.5–1 GB of expert weights and cannot. Operands are random
+// e4m3 (never zeros). Timing only: the kernels' numbers are checked by ops_cuda_test.
 #include "kernels_bench.h"
 
 #include <cublasLt.h>
@@ -196,10 +198,18 @@ std::string config_name(const ops::GemmConfig& g) {
 // dense timing starts from the same state: an idle pause first.
 void settle() { std::this_thread::sleep_for(std::chrono::milliseconds(150)); }
 
+size_t l2_bytes() {
+    int dev = 0, bytes = 0;
+    FANOUT_CUDA_CHECK(cudaGetDevice(&dev));
+    FANOUT_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, dev));
+    return size_t(bytes);
+}
+
 nlohmann::json bench_dense(Context& c, const KernelsBenchOptions& opts) {
     const bool sweep = opts.sweep;
     nlohmann::json rows = nlohmann::json::array();
-    std::printf("dense FP8 GEMM, y[M,N] = x[M,K]·W[N,K]^T (bf16 out)\n");
+    std::printf("dense FP8 GEMM, y[M,N] = x[M,K]·W[N,K]^T (bf16 out)%s\n",
+                opts.cold ? "; W from HBM: each call its own copy (--cold)" : "");
     std::printf("%-15s %5s %9s %-9s %7s %6s %6s %6s %9s %9s %8s%s\n", "shape", "M", "fanout", "tile", "TFLOP/s", "GB/s",
                 "%mem", "%fp8", "cuBLASLt", "DeepGEMM", "floor", sweep ? "  sweep best" : "");
     double sums[5] = {}, cub_sums[5] = {}, dg_sums[5] = {}, floor_sums[5] = {}, best_sums[5] = {};
@@ -209,6 +219,19 @@ nlohmann::json bench_dense(Context& c, const KernelsBenchOptions& opts) {
     for (const Shape& sh : kShapes) {
         if (!opts.shape.empty() && opts.shape != sh.name) continue;
         auto w = random_fp8(size_t(sh.n * sh.k), 3);
+        // --cold: copies of W, each call the next (the graphs capture each call's pointer).
+        std::vector<std::unique_ptr<DevicePtr<uint8_t>>> w_copies;
+        const size_t w_bytes = size_t(sh.n * sh.k);
+        const size_t copies = opts.cold ? std::max<size_t>(2, (3 * l2_bytes() + w_bytes - 1) / w_bytes) : 1;
+        for (size_t i = 1; i < copies; ++i) {
+            w_copies.push_back(std::make_unique<DevicePtr<uint8_t>>(w_bytes));
+            FANOUT_CUDA_CHECK(cudaMemcpy(w_copies.back()->p, w->p, w_bytes, cudaMemcpyDeviceToDevice));
+        }
+        size_t call = 0;
+        const auto next_w = [&]() -> const uint8_t* {
+            const size_t i = call++ % copies;
+            return i == 0 ? w->p : w_copies[i - 1]->p;
+        };
         auto sw = random_scales(size_t((sh.n + 127) / 128) * size_t((sh.k + 127) / 128), 4);
         for (int mi = 0; mi < 5; ++mi) {
             const int64_t M = kMs[mi];
@@ -219,12 +242,13 @@ nlohmann::json bench_dense(Context& c, const KernelsBenchOptions& opts) {
             CublasFp8 g(c.lt, M, sh.n, sh.k, true, sw->p, sx->p, c.wsize);
             settle();
             const double cub_us =
-                g.ok ? time_graph_us(c.stream, 50, [&] { g.run(c.lt, w->p, x->p, y.p, c.ws->p, c.wsize, c.stream); })
-                     : -1;
+                g.ok
+                    ? time_graph_us(c.stream, 50, [&] { g.run(c.lt, next_w(), x->p, y.p, c.ws->p, c.wsize, c.stream); })
+                    : -1;
             auto run = [&](ops::GemmConfig cfg, int calls) {
                 return time_graph_us(c.stream, calls, [&] {
-                    ops::launch_gemm_fp8(x->p, sx->p, w->p, sw->p, y.p, int(M), int(sh.n), int(sh.k), c.stream, nullptr,
-                                         &c.gemm_ws, cfg);
+                    ops::launch_gemm_fp8(x->p, sx->p, next_w(), sw->p, y.p, int(M), int(sh.n), int(sh.k), c.stream,
+                                         nullptr, &c.gemm_ws, cfg);
                 });
             };
             const ops::GemmConfig table =
@@ -238,7 +262,7 @@ nlohmann::json bench_dense(Context& c, const KernelsBenchOptions& opts) {
                                                                                 y.p, int(M), int(sh.n), int(sh.k));
             auto dispatch = [&] {
                 return time_graph_us(c.stream, 50, [&] {
-                    ops::launch_gemm_fp8(dctx, x->p, sx->p, order, w->p, sw->p, y.p, int(M), int(sh.n), int(sh.k));
+                    ops::launch_gemm_fp8(dctx, x->p, sx->p, order, next_w(), sw->p, y.p, int(M), int(sh.n), int(sh.k));
                 });
             };
             settle();
@@ -258,7 +282,8 @@ nlohmann::json bench_dense(Context& c, const KernelsBenchOptions& opts) {
                                   {"cublaslt_us", cub_us},
                                   {"deepgemm_us_reference_md",
                                    sh.deepgemm_us[mi] > 0 ? nlohmann::json(sh.deepgemm_us[mi]) : nlohmann::json()},
-                                  {"roofline_floor_us", floor_us}};
+                                  {"roofline_floor_us", floor_us},
+                                  {"w_cold", opts.cold}};
             double best_us = us;
             ops::GemmConfig best = table;
             if (sweep) {

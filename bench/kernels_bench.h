@@ -3,7 +3,8 @@
 // cuBLASLt's tensor-wise FP8 rate), cuBLASLt block-scaled FP8 timed on the same operands, and
 // the DeepGEMM anchors of REFERENCE.md §3.
 //  * dense: the six DeepSeek-V3 shapes at M = 64 … 4096, fanout with its measured tile table
-//    (and, with --sweep, every tile shape and split, to re-measure that table);
+//    (and, with --sweep, every tile shape and split, to re-measure that table); with --cold each
+//    call reads W from HBM, as the model's GEMMs do (every layer has its own weights);
 //  * grouped masked: the seed's EP8 … EP128 decode points (batch 128 per GPU, query length 2:
 //    256/EP experts × 8·EP tokens each), gate/up 4096×7168 and down 7168×2048, beside cuBLASLt
 //    run expert by expert with the counts known on the host (what a user without a grouped kernel
@@ -19,6 +20,7 @@ namespace fanout::bench {
 struct KernelsBenchOptions {
     std::string json_out = "kernels_bench.json";
     bool sweep = false;  // time every tile shape and split of the dense GEMM
+    bool cold = false;   // dense: each call reads its own copy of W, the copies together past the L2
     bool dense = true;
     bool grouped = true;
     std::string shape;   // dense: only this shape ("o_proj", ...; "" = all six)
