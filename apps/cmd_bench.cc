@@ -100,6 +100,9 @@ void add_bench_command(CLI::App& app) {
         "--cold", k->cold,
         "dense: each call reads its own copy of W (the copies together 3x the L2), as a model's "
         "layers do; the default reuses one W, cache-warm where it fits the L2, as the anchors were taken");
+    kernels->add_flag("--serial", k->serial,
+                      "dense: no call overlaps the next (an empty kernel between them, its time subtracted), as in a "
+                      "layer; the default times back-to-back calls, each starting in the previous one's tail");
     kernels->add_flag("!--no-dense", k->dense, "skip the dense shapes");
     kernels->add_flag("!--no-grouped", k->grouped, "skip the grouped points");
     kernels->add_option("--shape", k->shape,

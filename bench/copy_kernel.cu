@@ -12,7 +12,13 @@ __global__ void copy16(const int4* __restrict__ src, int4* __restrict__ dst, siz
         dst[i] = src[i];
 }
 
+__global__ void empty_kernel() {}
+
 }  // namespace
+
+// One block that does nothing: launched between two calls without a programmatic dependency, it
+// makes the second wait for the first to finish (`bench kernels --serial`).
+void launch_empty(cudaStream_t stream) { empty_kernel<<<1, 32, 0, stream>>>(); }
 
 // Copies `bytes` (a multiple of 16) from src to dst on `stream`.
 void launch_copy16(const void* src, void* dst, size_t bytes, cudaStream_t stream) {

@@ -3,8 +3,9 @@
 // each call, so shapes whose weights fit the 60 MB L2 run cache-warm, as in the anchors (--cold
 // rotates each call over copies of W that together exceed the L2 three times: the model's case,
 // where every layer streams its own weights from HBM; x stays one buffer, as the activations a
-// GEMM reads were just written); the grouped points stream 0.5–1 GB of expert weights and cannot. Operands are random
-// e4m3 (never zeros). Timing only: the kernels' numbers are checked by ops_cuda_test.
+// GEMM reads were just written; --serial keeps each call from overlapping the next, as in a layer,
+// where a GEMM's neighbours are other kernels); the grouped points stream 0.5–1 GB of expert weights and cannot.
+// Operands are random e4m3 (never zeros). Timing only: the kernels' numbers are checked by ops_cuda_test.
 #include "kernels_bench.h"
 
 #include <cublasLt.h>
@@ -33,6 +34,7 @@
 #include "gpu_timing.h"
 
 void launch_copy16(const void* src, void* dst, size_t bytes, cudaStream_t stream);  // copy_kernel.cu
+void launch_empty(cudaStream_t stream);                                             // copy_kernel.cu
 
 namespace fanout::bench {
 namespace {
@@ -208,14 +210,27 @@ size_t l2_bytes() {
 nlohmann::json bench_dense(Context& c, const KernelsBenchOptions& opts) {
     const bool sweep = opts.sweep;
     nlohmann::json rows = nlohmann::json::array();
-    std::printf("dense FP8 GEMM, y[M,N] = x[M,K]·W[N,K]^T (bf16 out)%s\n",
-                opts.cold ? "; W from HBM: each call its own copy (--cold)" : "");
+    std::printf("dense FP8 GEMM, y[M,N] = x[M,K]·W[N,K]^T (bf16 out)%s%s\n",
+                opts.cold ? "; W from HBM: each call its own copy (--cold)" : "",
+                opts.serial ? "; calls do not overlap (--serial)" : "");
     std::printf("%-15s %5s %9s %-9s %7s %6s %6s %6s %9s %9s %8s%s\n", "shape", "M", "fanout", "tile", "TFLOP/s", "GB/s",
                 "%mem", "%fp8", "cuBLASLt", "DeepGEMM", "floor", sweep ? "  sweep best" : "");
     double sums[5] = {}, cub_sums[5] = {}, dg_sums[5] = {}, floor_sums[5] = {}, best_sums[5] = {};
     const int sms = ops::device_sm_count();
     const ops::GemmConfig forced = opts.config.empty() ? ops::GemmConfig{} : parse_gemm_config(opts.config);
     ops::DeviceContext dctx(c.stream);
+    // --serial: an empty kernel after each call, so no call overlaps the next; its own time,
+    // measured alone, comes off.
+    const double empty_us = opts.serial ? time_graph_us(c.stream, 50, [&] { launch_empty(c.stream); }) : 0.0;
+    const auto timed = [&](int calls, const auto& fn) {
+        if (!opts.serial) return time_graph_us(c.stream, calls, fn);
+        return time_graph_us(c.stream, calls,
+                             [&] {
+                                 fn();
+                                 launch_empty(c.stream);
+                             }) -
+               empty_us;
+    };
     for (const Shape& sh : kShapes) {
         if (!opts.shape.empty() && opts.shape != sh.name) continue;
         auto w = random_fp8(size_t(sh.n * sh.k), 3);
@@ -242,11 +257,9 @@ nlohmann::json bench_dense(Context& c, const KernelsBenchOptions& opts) {
             CublasFp8 g(c.lt, M, sh.n, sh.k, true, sw->p, sx->p, c.wsize);
             settle();
             const double cub_us =
-                g.ok
-                    ? time_graph_us(c.stream, 50, [&] { g.run(c.lt, next_w(), x->p, y.p, c.ws->p, c.wsize, c.stream); })
-                    : -1;
+                g.ok ? timed(50, [&] { g.run(c.lt, next_w(), x->p, y.p, c.ws->p, c.wsize, c.stream); }) : -1;
             auto run = [&](ops::GemmConfig cfg, int calls) {
-                return time_graph_us(c.stream, calls, [&] {
+                return timed(calls, [&] {
                     ops::launch_gemm_fp8(x->p, sx->p, next_w(), sw->p, y.p, int(M), int(sh.n), int(sh.k), c.stream,
                                          nullptr, &c.gemm_ws, cfg);
                 });
@@ -261,7 +274,7 @@ nlohmann::json bench_dense(Context& c, const KernelsBenchOptions& opts) {
             const bool via_lt = table.cublaslt && ops::launch_gemm_fp8_cublaslt(dctx, x->p, sx->p, order, w->p, sw->p,
                                                                                 y.p, int(M), int(sh.n), int(sh.k));
             auto dispatch = [&] {
-                return time_graph_us(c.stream, 50, [&] {
+                return timed(50, [&] {
                     ops::launch_gemm_fp8(dctx, x->p, sx->p, order, next_w(), sw->p, y.p, int(M), int(sh.n), int(sh.k));
                 });
             };
@@ -283,7 +296,8 @@ nlohmann::json bench_dense(Context& c, const KernelsBenchOptions& opts) {
                                   {"deepgemm_us_reference_md",
                                    sh.deepgemm_us[mi] > 0 ? nlohmann::json(sh.deepgemm_us[mi]) : nlohmann::json()},
                                   {"roofline_floor_us", floor_us},
-                                  {"w_cold", opts.cold}};
+                                  {"w_cold", opts.cold},
+                                  {"serial", opts.serial}};
             double best_us = us;
             ops::GemmConfig best = table;
             if (sweep) {

@@ -19,8 +19,9 @@ namespace fanout::bench {
 
 struct KernelsBenchOptions {
     std::string json_out = "kernels_bench.json";
-    bool sweep = false;  // time every tile shape and split of the dense GEMM
-    bool cold = false;   // dense: each call reads its own copy of W, the copies together past the L2
+    bool sweep = false;   // time every tile shape and split of the dense GEMM
+    bool cold = false;    // dense: each call reads its own copy of W, the copies together past the L2
+    bool serial = false;  // dense: an empty kernel between calls, so none overlaps the next (its time subtracted)
     bool dense = true;
     bool grouped = true;
     std::string shape;   // dense: only this shape ("o_proj", ...; "" = all six)
