@@ -107,7 +107,10 @@ void add_bench_command(CLI::App& app) {
     kernels->add_flag("!--no-grouped", k->grouped, "skip the grouped points");
     kernels->add_option("--shape", k->shape,
                         "dense: only this shape (fused qkv_a, q_b, kv_b, o_proj, shared gate+up, shared down)");
-    kernels->add_option("--m", k->m, "dense: only this M (64, 128, 256, 1024, 4096)");
+    kernels
+        ->add_option("--m", k->m,
+                     "dense: only this M (64, 128, 256, 1024 and 4096 have anchors and sums; any other runs alone)")
+        ->check(CLI::PositiveNumber);
     kernels->add_option("--config", k->config,
                         "dense: this tile config instead of the table, e.g. 128x256/1 or 128x128/2c2");
     kernels->add_option("--json", k->json_out, "JSON output ('' to skip)")->capture_default_str();

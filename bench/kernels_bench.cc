@@ -231,6 +231,12 @@ nlohmann::json bench_dense(Context& c, const KernelsBenchOptions& opts) {
                              }) -
                empty_us;
     };
+    // The Ms to time, as (index into kMs, M); an --m outside kMs (a decode batch: M = 2 for one
+    // request with MTP) runs alone, with no anchor and outside the sums.
+    std::vector<std::pair<int, int64_t>> ms;
+    for (int mi = 0; mi < 5; ++mi)
+        if (opts.m == 0 || opts.m == kMs[mi]) ms.emplace_back(mi, kMs[mi]);
+    if (ms.empty()) ms.emplace_back(-1, int64_t{opts.m});
     for (const Shape& sh : kShapes) {
         if (!opts.shape.empty() && opts.shape != sh.name) continue;
         auto w = random_fp8(size_t(sh.n * sh.k), 3);
@@ -248,9 +254,8 @@ nlohmann::json bench_dense(Context& c, const KernelsBenchOptions& opts) {
             return i == 0 ? w->p : w_copies[i - 1]->p;
         };
         auto sw = random_scales(size_t((sh.n + 127) / 128) * size_t((sh.k + 127) / 128), 4);
-        for (int mi = 0; mi < 5; ++mi) {
-            const int64_t M = kMs[mi];
-            if (opts.m != 0 && opts.m != M) continue;
+        for (const auto& [mi, M] : ms) {
+            const double anchor_us = mi >= 0 ? sh.deepgemm_us[mi] : 0.0;
             auto x = random_fp8(size_t(M * sh.k), 5);
             auto sx = random_scales(size_t(M) * size_t((sh.k + 127) / 128), 6);
             DevicePtr<uint16_t> y(size_t(M * sh.n));
@@ -284,20 +289,20 @@ nlohmann::json bench_dense(Context& c, const KernelsBenchOptions& opts) {
             const double tile_us = via_lt ? run(table, 50) : us;  // the tile kernel the table would fall back to
             const double flops = 2.0 * M * sh.n * sh.k, bytes = double(M * sh.k + sh.n * sh.k + 2 * M * sh.n);
             const double floor_us = c.floor_us(flops, bytes);
-            nlohmann::json row = {{"shape", sh.name},
-                                  {"M", M},
-                                  {"N", sh.n},
-                                  {"K", sh.k},
-                                  {"config", via_lt ? "cuBLASLt" : config_name(table)},
-                                  {"fallback_config", config_name(table)},
-                                  {"fallback_us", tile_us},
-                                  {"fanout", c.figures(us, flops, bytes)},
-                                  {"cublaslt_us", cub_us},
-                                  {"deepgemm_us_reference_md",
-                                   sh.deepgemm_us[mi] > 0 ? nlohmann::json(sh.deepgemm_us[mi]) : nlohmann::json()},
-                                  {"roofline_floor_us", floor_us},
-                                  {"w_cold", opts.cold},
-                                  {"serial", opts.serial}};
+            nlohmann::json row = {
+                {"shape", sh.name},
+                {"M", M},
+                {"N", sh.n},
+                {"K", sh.k},
+                {"config", via_lt ? "cuBLASLt" : config_name(table)},
+                {"fallback_config", config_name(table)},
+                {"fallback_us", tile_us},
+                {"fanout", c.figures(us, flops, bytes)},
+                {"cublaslt_us", cub_us},
+                {"deepgemm_us_reference_md", anchor_us > 0 ? nlohmann::json(anchor_us) : nlohmann::json()},
+                {"roofline_floor_us", floor_us},
+                {"w_cold", opts.cold},
+                {"serial", opts.serial}};
             double best_us = us;
             ops::GemmConfig best = table;
             if (sweep) {
@@ -322,16 +327,16 @@ nlohmann::json bench_dense(Context& c, const KernelsBenchOptions& opts) {
             std::printf("%-15s %5lld %6.1f us %-9s %7.0f %6.0f %5.0f%% %5.0f%% %6.1f us %6.1f us %5.1f us", sh.name,
                         (long long)M, us, via_lt ? "cuBLASLt" : config_name(table).c_str(), flops / us / 1e6,
                         bytes / us / 1e3, 100 * bytes / (c.bw_gbs * 1e3) / us, 100 * flops / (c.peak_tflops * 1e6) / us,
-                        cub_us, sh.deepgemm_us[mi], floor_us);
+                        cub_us, anchor_us, floor_us);
             if (sweep) std::printf("  %6.1f us %s", best_us, config_name(best).c_str());
             if (via_lt) std::printf("  (tile %s %.1f us)", config_name(table).c_str(), tile_us);
             std::printf("\n");
             rows.push_back(row);
-            if (!sh.in_sum) continue;
+            if (!sh.in_sum || mi < 0) continue;
             sums[mi] += us;
             best_sums[mi] += best_us;
             cub_sums[mi] += cub_us;
-            dg_sums[mi] += sh.deepgemm_us[mi];
+            dg_sums[mi] += anchor_us;
             floor_sums[mi] += floor_us;
         }
     }
