@@ -344,6 +344,7 @@ nlohmann::json bench_dense(Context& c, const KernelsBenchOptions& opts) {
                 sweep ? "  sweep-best" : "");
     nlohmann::json sum_rows = nlohmann::json::array();
     for (int mi = 0; mi < 5; ++mi) {
+        if (opts.m != 0 && opts.m != kMs[mi]) continue;  // not timed
         std::printf("                             %5lld %8.1f %9.1f %9.1f %7.1f", (long long)kMs[mi], sums[mi],
                     cub_sums[mi], dg_sums[mi], floor_sums[mi]);
         if (sweep) std::printf(" %10.1f", best_sums[mi]);

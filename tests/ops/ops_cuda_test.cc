@@ -226,7 +226,10 @@ TEST(GemmFp8Cuda, EveryTileShapeSplitClusterAndTheResidual) {
                     run_dense(Fp8Operands(129, 200, 1040, seed), cfg, &ws, splits == 3, pool);
                     // 400 rows: 192-row tiles whose last holds 16 rows (the third warpgroup's none).
                     if (bm == 192) run_dense(Fp8Operands(400, 264, 1040, seed + 3), cfg, &ws, splits == 1, pool);
+                    // Fewer rows than a tile: x's box is 8 or 40 rows, the tile's other rows hold
+                    // whatever the stage held before and must not reach y.
                     run_dense(Fp8Operands(5, 384, 768, seed + 1), cfg, &ws, false, pool);
+                    run_dense(Fp8Operands(37, 256, 640, seed + 4), cfg, &ws, splits == 8, pool);
                     // N % 8 != 0: every row block stores from registers (no TMA store).
                     run_dense(Fp8Operands(70, 131, 256, seed + 2), cfg, &ws, splits == 1, pool);
                 }
