@@ -1,11 +1,12 @@
 // `fanout bench kernels`: see kernels_bench.h. Every timing is the best of 5 replays of a CUDA
 // graph of back-to-back calls (as the anchors were taken). Dense operands are the same buffers
-// each call, so shapes whose weights fit the 60 MB L2 run cache-warm, as in the anchors (--cold
-// rotates each call over copies of W that together exceed the L2 three times: the model's case,
-// where every layer streams its own weights from HBM; x stays one buffer, as the activations a
-// GEMM reads were just written; --serial keeps each call from overlapping the next, as in a layer,
-// where a GEMM's neighbours are other kernels); the grouped points stream 0.5–1 GB of expert weights and cannot.
-// Operands are random e4m3 (never zeros). Timing only: the kernels' numbers are checked by ops_cuda_test.
+// each call, so shapes whose weights fit the 60 MB L2 run cache-warm, as in the anchors. Two
+// options time them as a layer runs them instead: --cold rotates each call over copies of W that
+// together exceed the L2 three times (every layer streams its own weights from HBM; x stays one
+// buffer, as the activations a GEMM reads were just written), and --serial keeps each call from
+// overlapping the next (in a layer a GEMM's neighbours are other kernels). The grouped points
+// stream 0.5–1 GB of expert weights and cannot run warm. Operands are random e4m3 (never zeros).
+// Timing only: the kernels' numbers are checked by ops_cuda_test.
 #include "kernels_bench.h"
 
 #include <cublasLt.h>

@@ -4,7 +4,8 @@
 // the DeepGEMM anchors of REFERENCE.md §3.
 //  * dense: the six DeepSeek-V3 shapes at M = 64 … 4096, fanout with its measured tile table
 //    (and, with --sweep, every tile shape and split, to re-measure that table); with --cold each
-//    call reads W from HBM, as the model's GEMMs do (every layer has its own weights);
+//    call reads W from HBM, as the model's GEMMs do (every layer has its own weights), with
+//    --serial no call overlaps the next, and --m times any M (M = 2: one request with MTP);
 //  * grouped masked: the seed's EP8 … EP128 decode points (batch 128 per GPU, query length 2:
 //    256/EP experts × 8·EP tokens each), gate/up 4096×7168 and down 7168×2048, beside cuBLASLt
 //    run expert by expert with the counts known on the host (what a user without a grouped kernel
