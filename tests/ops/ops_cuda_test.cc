@@ -222,12 +222,13 @@ TEST(GemmFp8Cuda, EveryTileShapeSplitClusterAndTheResidual) {
                     if (bm == 192 && bn != 128) continue;  // three consumer warpgroups come in one width
                     const GemmConfig cfg{bm, bn, splits, cluster};
                     const uint64_t seed = 7 + bm + bn + splits + cluster;
-                    // 129 rows: a partial last tile, and with clusters a pair whose second tile is past M.
+                    // 129 rows: a partial last tile (x's box there is 8 rows, the tile's other rows hold
+                    // the stage's bytes of an earlier tile and must not reach y), and with clusters a
+                    // pair whose second tile is past M.
                     run_dense(Fp8Operands(129, 200, 1040, seed), cfg, &ws, splits == 3, pool);
                     // 400 rows: 192-row tiles whose last holds 16 rows (the third warpgroup's none).
                     if (bm == 192) run_dense(Fp8Operands(400, 264, 1040, seed + 3), cfg, &ws, splits == 1, pool);
-                    // Fewer rows than a tile: x's box is 8 or 40 rows, the tile's other rows hold
-                    // whatever the stage held before and must not reach y.
+                    // Fewer rows than a tile: the only tile is the last, its box 8 or 40 rows.
                     run_dense(Fp8Operands(5, 384, 768, seed + 1), cfg, &ws, false, pool);
                     run_dense(Fp8Operands(37, 256, 640, seed + 4), cfg, &ws, splits == 8, pool);
                     // N % 8 != 0: every row block stores from registers (no TMA store).

@@ -89,8 +89,8 @@ struct Params {
     const int32_t* block_expert;  // contiguous
     const int32_t* counts;        // masked
     int num_experts;
-    bool tma_store;  // the epilogue writes y through TMA (else plain stores)
-    int x_box_rows;  // rows of x one TMA load brings: BM, or fewer when x has fewer rows (launch_config)
+    bool tma_store;   // the epilogue writes y through TMA (else plain stores)
+    int x_tail_rows;  // rows of x a load through tmap_x_tail brings (launch_config)
 };
 
 struct Tile {
@@ -169,8 +169,9 @@ __device__ __forceinline__ float bf16_at(const __nv_bfloat16* p, size_t i) { ret
 
 template <int BM, int BN, int STAGES, Layout L, int CL>
 __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
-    gemm_fp8_sm90_kernel(const __grid_constant__ CUtensorMap tmap_x, const __grid_constant__ CUtensorMap tmap_w,
-                         const __grid_constant__ CUtensorMap tmap_y, const Params p) {
+    gemm_fp8_sm90_kernel(const __grid_constant__ CUtensorMap tmap_x, const __grid_constant__ CUtensorMap tmap_x_tail,
+                         const __grid_constant__ CUtensorMap tmap_w, const __grid_constant__ CUtensorMap tmap_y,
+                         const Params p) {
     constexpr int kConsumers = BM / 64;
     constexpr int kABytes = BM * kBK, kBBytes = BN * kBK, kStageBytes = kABytes + kBBytes;
     constexpr int kScaleFloats = BM + 4;  // sx per row, sw per 128 columns (<= 2), padded to 16 bytes
@@ -226,6 +227,7 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
         }
         mbar_fence_init();
         tma_prefetch_descriptor(&tmap_x);
+        tma_prefetch_descriptor(&tmap_x_tail);
         tma_prefetch_descriptor(&tmap_w);
     }
     if constexpr (CL > 1)
@@ -238,21 +240,25 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     // fetches the weight tiles of its first stages, which no kernel writes); every read of
     // activations, counts or the workspace and every write comes after the wait.
     grid_launch_dependents();
-    // Bytes a stage's loads deliver: the x box (p.x_box_rows rows; the tile's rows past it are
-    // never stored, so whatever the stage held there only feeds discarded outputs) and the W tile.
-    const uint32_t stage_tx = static_cast<uint32_t>(p.x_box_rows * kBK + kBBytes);
+    // A tile with fewer than BM rows of x loads them through tmap_x_tail, whose box is only as tall
+    // as those rows (rounded up to 8; launch_config); its rows past the box are never stored, so
+    // whatever the stage held there only feeds discarded outputs. The stage then expects fewer bytes.
+    auto x_map = [&](const Tile& tile) { return tile.rows < BM ? &tmap_x_tail : &tmap_x; };
+    auto stage_tx = [&](const Tile& tile) {
+        return static_cast<uint32_t>((tile.rows < BM ? p.x_tail_rows : BM) * kBK + kBBytes);
+    };
     int prefetched = 0;  // producer: K blocks of its first tile already requested
     if constexpr (L == Layout::kDense) {
         if (threadIdx.x == 0 && first < sched.total()) {
             const Tile tile = sched.get(first, rank);
             prefetched = min(STAGES, tile.kb1 - tile.kb0);
             for (int i = 0; i < prefetched; ++i) {  // fresh stages: no need to wait for `empty`
-                mbar_arrive_expect_tx(&full[i], stage_tx);
+                mbar_arrive_expect_tx(&full[i], stage_tx(tile));
                 load_w(i, tile.kb0 + i, tile.b_row);
             }
             grid_dependency_wait();
             for (int i = 0; i < prefetched; ++i)
-                tma_load_2d(smem + i * kStageBytes, &tmap_x, &full[i], (tile.kb0 + i) * kBK, tile.a_row);
+                tma_load_2d(smem + i * kStageBytes, x_map(tile), &full[i], (tile.kb0 + i) * kBK, tile.a_row);
         }
     }
     grid_dependency_wait();
@@ -291,8 +297,8 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
                 if (CL == 1 && tile.rows <= 0) continue;
                 for (int kb = tile.kb0 + (t == first ? prefetched : 0); kb < tile.kb1; ++kb) {
                     mbar_wait(&empty[s], phase ^ 1);  // with clusters: free in every CTA of it
-                    mbar_arrive_expect_tx(&full[s], stage_tx);
-                    tma_load_2d(smem + s * kStageBytes, &tmap_x, &full[s], kb * kBK, tile.a_row);
+                    mbar_arrive_expect_tx(&full[s], stage_tx(tile));
+                    tma_load_2d(smem + s * kStageBytes, x_map(tile), &full[s], kb * kBK, tile.a_row);
                     load_w(s, kb, tile.b_row);
                     if (++s == STAGES) s = 0, phase ^= 1;
                 }
@@ -663,18 +669,21 @@ void launch_config(const Operands& o, const Params& p, cudaStream_t stream) {
     }();
     const int units = o.units > 0 ? std::min(o.units, max_units) : max_units;
     launch.gridDim = dim3(CL * units);
-    // x with fewer rows than a tile (a decode step: M = 2 for one request with MTP) is loaded in a
-    // box of its rows rounded up to 8, not of BM rows. With the full box, TMA's zero fill of the
-    // rows past the tensor made the GEMM slower than with every row real: o_proj at M = 2 took
-    // 55.9 µs against 37.3 at M = 64, and 35.0 with the short box (PERF.md, 2026-12-03).
-    const uint32_t x_box = o.x_rows < uint64_t(BM) ? uint32_t((o.x_rows + 7) / 8 * 8) : uint32_t(BM);
-    const CUtensorMap tx = tmap_rows_by_k(o.x, o.x_rows, p.K, x_box);
+    // The last row block of a dense x that ends inside it (a decode step: M = 2 for one request
+    // with MTP, or M = 200 on 128-row tiles) is loaded in a box of its rows rounded up to 8, not of
+    // BM rows. With the full box, TMA's zero fill of the rows past the tensor made the GEMM slower
+    // than with every row real: o_proj at M = 2 took 55.9 µs against 37.3 at M = 64, and 35.0 with
+    // the short box (PERF.md, 2026-12-03). The grouped layouts' rows past a count are real memory.
+    const uint32_t tail_rows =
+        L == Layout::kDense && o.x_rows % BM != 0 ? uint32_t((o.x_rows % BM + 7) / 8 * 8) : uint32_t(BM);
+    const CUtensorMap tx = tmap_rows_by_k(o.x, o.x_rows, p.K, BM);
+    const CUtensorMap tx_tail = tail_rows == uint32_t(BM) ? tx : tmap_rows_by_k(o.x, o.x_rows, p.K, tail_rows);
     const CUtensorMap tw = tmap_rows_by_k(o.w, o.w_rows, p.K, BN / CL);
     Params q = p;
-    q.x_box_rows = static_cast<int>(x_box);
+    q.x_tail_rows = static_cast<int>(tail_rows);
     q.tma_store = p.N % 8 == 0 && reinterpret_cast<uintptr_t>(p.y) % 16 == 0;
     const CUtensorMap ty = q.tma_store ? tmap_y(p.y, o.x_rows, p.N) : tx;
-    FANOUT_CUDA_CHECK(cudaLaunchKernelEx(&launch, kernel, tx, tw, ty, q));
+    FANOUT_CUDA_CHECK(cudaLaunchKernelEx(&launch, kernel, tx, tx_tail, tw, ty, q));
 }
 
 template <Layout L>
