@@ -10,6 +10,7 @@
 // Only fmt-free headers here: fmt does not compile under nvcc.
 #include "fanout/core/cuda_check.h"
 #include "fanout/ops/fp8_constants.h"
+#include "fanout/ops/pdl.cuh"
 
 namespace fanout::ops {
 namespace {
@@ -22,6 +23,7 @@ __device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162flo
 template <typename T>
 __global__ void act_quant_kernel(const T* __restrict__ x, uint8_t* __restrict__ q, float* __restrict__ scales, int M,
                                  int K, int num_kblocks, ScaleStrides ss) {
+    pdl_enter();
     const int warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (warp >= M * num_kblocks) return;
     const int m = warp / num_kblocks, b = warp % num_kblocks;
@@ -50,6 +52,7 @@ __global__ void act_quant_kernel(const T* __restrict__ x, uint8_t* __restrict__ 
 template <typename T>
 __global__ void act_quant_vec4_kernel(const T* __restrict__ x, uint8_t* __restrict__ q, float* __restrict__ scales,
                                       int M, int K, int num_kblocks, ScaleStrides ss) {
+    pdl_enter();
     using Vec = std::conditional_t<sizeof(T) == 4, float4, uint2>;  // 4 values
     const int warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (warp >= M * num_kblocks) return;
@@ -84,15 +87,15 @@ void launch(const T* x, uint8_t* q, float* scales, ScaleOrder order, int M, int 
     const bool vec =
         K % 4 == 0 && reinterpret_cast<uintptr_t>(x) % (4 * sizeof(T)) == 0 && reinterpret_cast<uintptr_t>(q) % 4 == 0;
     auto* kernel = vec ? act_quant_vec4_kernel<T> : act_quant_kernel<T>;
-    kernel<<<(warps + kWarpsPerBlock - 1) / kWarpsPerBlock, 32 * kWarpsPerBlock, 0,
-             static_cast<cudaStream_t>(cuda_stream)>>>(x, q, scales, M, K, nb, scale_strides(order, M, nb));
-    FANOUT_CUDA_CHECK_LAUNCH("act_quant_kernel");
+    launch_pdl(kernel, (warps + kWarpsPerBlock - 1) / kWarpsPerBlock, 32 * kWarpsPerBlock, 0,
+               static_cast<cudaStream_t>(cuda_stream), x, q, scales, M, K, nb, scale_strides(order, M, nb));
 }
 
 constexpr int kTile = 32;
 
 // out[k][m] = in[m][k] for an [M, nb] matrix, through a shared tile (coalesced both ways).
 __global__ void transpose_scales_kernel(const float* __restrict__ in, float* __restrict__ out, int M, int nb) {
+    pdl_enter();
     __shared__ float tile[kTile][kTile + 1];
     const int m0 = blockIdx.x * kTile, k0 = blockIdx.y * kTile;
     for (int r = threadIdx.y; r < kTile; r += blockDim.y) {
@@ -111,8 +114,7 @@ __global__ void transpose_scales_kernel(const float* __restrict__ in, float* __r
 void launch_transpose_scales(const float* scales, float* out, int M, int nb, void* cuda_stream) {
     if (M <= 0 || nb <= 0) return;
     const dim3 grid((M + kTile - 1) / kTile, (nb + kTile - 1) / kTile), block(kTile, 8);
-    transpose_scales_kernel<<<grid, block, 0, static_cast<cudaStream_t>(cuda_stream)>>>(scales, out, M, nb);
-    FANOUT_CUDA_CHECK_LAUNCH("transpose_scales_kernel");
+    launch_pdl(transpose_scales_kernel, grid, block, 0, static_cast<cudaStream_t>(cuda_stream), scales, out, M, nb);
 }
 
 void launch_act_quant(const float* x, uint8_t* q, float* scales, int M, int K, void* cuda_stream) {

@@ -130,7 +130,9 @@ void launch_gemm_bf16_batched(DeviceContext& ctx, const StridedBatchedGemm& g);
 // few rows of a narrow W go to launch_gemv_bf16_f32 instead of cuBLASLt.
 void launch_gemm_bf16_f32(DeviceContext& ctx, const uint16_t* x, const uint16_t* w, float* y, int M, int N, int K);
 // y[M, N] f32 = x[M, K] · W[N, K]ᵀ by a CTA per column (gemv_bf16_cuda.cu): M <= kGemvMaxRows,
-// N <= kGemvMaxColumns, K a multiple of 8, x and W 16-byte aligned (gemv_bf16_f32_fits).
+// N <= kGemvMaxColumns, K a multiple of 8, x and W 16-byte aligned (gemv_bf16_f32_fits). W is a
+// weight: the kernel requests its first slice before waiting for the previous kernel (pdl.cuh), so
+// no kernel just before it may write W.
 constexpr int kGemvMaxRows = 8, kGemvMaxColumns = 4096;
 bool gemv_bf16_f32_fits(const uint16_t* x, const uint16_t* w, int M, int N, int K);
 void launch_gemv_bf16_f32(const uint16_t* x, const uint16_t* w, float* y, int M, int N, int K, void* cuda_stream);

@@ -11,6 +11,7 @@
 
 #include "fanout/core/cuda_check.h"
 #include "fanout/ops/gemm.h"
+#include "fanout/ops/pdl.cuh"
 
 namespace fanout::ops {
 namespace {
@@ -38,9 +39,14 @@ __global__ void __launch_bounds__(kWarps * 32)
     float acc[kM];
 #pragma unroll
     for (int m = 0; m < kM; ++m) acc[m] = 0.0f;
+    // The first slice of weights is requested before the wait: no kernel writes W, so its load
+    // overlaps the previous kernel's tail (pdl.cuh).
+    uint4 next = threadIdx.x < chunks ? __ldg(wr + threadIdx.x) : uint4{};
+    pdl_enter();
     for (int c = threadIdx.x; c < chunks; c += kWarps * 32) {
         float wf[8];
-        unpack8(__ldg(wr + c), wf);
+        unpack8(next, wf);
+        if (c + kWarps * 32 < chunks) next = __ldg(wr + c + kWarps * 32);
 #pragma unroll
         for (int m = 0; m < kM; ++m) {
             float xf[8];
@@ -65,8 +71,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 template <int kM>
 void launch_m(const uint16_t* x, const uint16_t* w, float* y, int N, int K, cudaStream_t s) {
-    gemv_bf16_f32_kernel<kM><<<N, kWarps * 32, 0, s>>>(reinterpret_cast<const __nv_bfloat16*>(x),
-                                                       reinterpret_cast<const __nv_bfloat16*>(w), y, N, K);
+    launch_pdl(gemv_bf16_f32_kernel<kM>, N, kWarps * 32, 0, s, reinterpret_cast<const __nv_bfloat16*>(x),
+               reinterpret_cast<const __nv_bfloat16*>(w), y, N, K);
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "fanout/ops/fp8_constants.h"
 #include "fanout/ops/gemm.h"
 #include "fanout/ops/grouped_gemm_cuda.h"
+#include "fanout/ops/pdl.cuh"
 
 namespace fanout::ops {
 namespace {
@@ -84,6 +85,7 @@ __global__ void __launch_bounds__(kThreads)
     silu_mul_quant_masked_kernel(const __nv_bfloat16* __restrict__ gate_up, const int32_t* __restrict__ counts,
                                  int max_m, int I, uint8_t* __restrict__ q, float* __restrict__ scales,
                                  ScaleStrides ss) {
+    pdl_enter();
     const int e = blockIdx.x / max_m, row = blockIdx.x % max_m;
     if (row >= min(max(counts[e], 0), max_m)) return;
     silu_mul_quant_row(gate_up, blockIdx.x, I, q, scales, ss);
@@ -93,6 +95,7 @@ __global__ void __launch_bounds__(kThreads)
     silu_mul_quant_contiguous_kernel(const __nv_bfloat16* __restrict__ gate_up,
                                      const int32_t* __restrict__ block_expert, int I, uint8_t* __restrict__ q,
                                      float* __restrict__ scales) {
+    pdl_enter();
     const size_t r0 = static_cast<size_t>(blockIdx.x) * kContiguousRows;
     if (block_expert[r0 / kContiguousBlock] < 0) return;
     const ScaleStrides ss{(I + kFp8Block - 1) / kFp8Block, 1};
@@ -113,10 +116,9 @@ void launch_silu_mul_quant_masked(const uint16_t* gate_up, const int32_t* counts
     FANOUT_DEVICE_REQUIRE(static_cast<int64_t>(num_experts) * max_m < (int64_t{1} << 31),
                           "silu_mul_quant_masked: experts × max_m exceeds the grid");
     const dim3 grid(num_experts * max_m, passes(I));
-    silu_mul_quant_masked_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(cuda_stream)>>>(
-        reinterpret_cast<const __nv_bfloat16*>(gate_up), counts, max_m, I, q, scales,
-        scale_strides(order, max_m, (I + kFp8Block - 1) / kFp8Block));
-    FANOUT_CUDA_CHECK_LAUNCH("silu_mul_quant_masked_kernel");
+    launch_pdl(silu_mul_quant_masked_kernel, grid, kThreads, 0, static_cast<cudaStream_t>(cuda_stream),
+               reinterpret_cast<const __nv_bfloat16*>(gate_up), counts, max_m, I, q, scales,
+               scale_strides(order, max_m, (I + kFp8Block - 1) / kFp8Block));
 }
 
 void launch_silu_mul_quant_contiguous(const uint16_t* gate_up, const int32_t* block_expert, int rows, int I, uint8_t* q,
@@ -124,10 +126,9 @@ void launch_silu_mul_quant_contiguous(const uint16_t* gate_up, const int32_t* bl
     if (rows <= 0 || I <= 0) return;
     FANOUT_DEVICE_REQUIRE(rows % kContiguousBlock == 0,
                           "silu_mul_quant_contiguous: rows must be a multiple of 128, got " + std::to_string(rows));
-    silu_mul_quant_contiguous_kernel<<<dim3(rows / kContiguousRows, passes(I)), kThreads, 0,
-                                       static_cast<cudaStream_t>(cuda_stream)>>>(
-        reinterpret_cast<const __nv_bfloat16*>(gate_up), block_expert, I, q, scales);
-    FANOUT_CUDA_CHECK_LAUNCH("silu_mul_quant_contiguous_kernel");
+    launch_pdl(silu_mul_quant_contiguous_kernel, dim3(rows / kContiguousRows, passes(I)), kThreads, 0,
+               static_cast<cudaStream_t>(cuda_stream), reinterpret_cast<const __nv_bfloat16*>(gate_up), block_expert, I,
+               q, scales);
 }
 
 }  // namespace fanout::ops

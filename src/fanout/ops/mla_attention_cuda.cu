@@ -35,6 +35,7 @@
 #include "fanout/ops/fp8_constants.h"
 #include "fanout/ops/gemm.h"
 #include "fanout/ops/mla_attention_cuda.h"
+#include "fanout/ops/pdl.cuh"
 #include "fanout/ops/search.cuh"
 #include "fanout/ops/sm90.cuh"
 #include "fanout/ops/tensor_map.h"
@@ -698,6 +699,7 @@ __device__ __forceinline__ float cache_value(const MlaAttentionParams& p, int64_
 // chunks of 128: a thread scores one position, then every thread accumulates its output columns.
 __global__ void __launch_bounds__(kGenThreads)
     mla_generic_kernel(const MlaAttentionParams p, int num_splits, float scale_log2, float* part_o, float* part_lse) {
+    pdl_enter();
     __shared__ float sq[kGenMaxLora + kGenMaxRope];
     __shared__ float sp[kGenThreads];
     __shared__ int64_t s_slot[kGenThreads];
@@ -776,14 +778,14 @@ constexpr int kCombineThreads = 128;
 // grid (T·H rows, column blocks of 128): out = Σ_s 2^(lse_s − max) · o_s / Σ_s 2^(lse_s − max). Splits
 // with lse = −inf saw nothing of the row; their partial rows were never written and are not read. A
 // thread owns one column and reads eight splits' values at once (independent loads). Launched as a
-// programmatic dependent of the split kernel: it waits for that grid's writes before reading.
+// programmatic dependent of the split kernel (launch_pdl): it waits for that grid's writes before reading.
 __global__ void __launch_bounds__(kCombineThreads)
     mla_combine_kernel(const MlaAttentionParams p, int num_splits, const float* part_o, const float* part_lse) {
     __shared__ float s_w[kMaxSplits];
     __shared__ float s_inv;
     const int total_rows = p.num_tokens * p.num_heads, C = p.kv_lora;
     const int row = blockIdx.x, tid = threadIdx.x, d = blockIdx.y * kCombineThreads + tid;
-    sm90::grid_dependency_wait();
+    pdl_enter();
     if (tid < 32) {
         float lse[kMaxSplits / 32];
         float mx = -INFINITY;
@@ -897,17 +899,8 @@ int pick_splits(int64_t ctas, const MlaAttentionParams& p, const MlaWorkspace* w
 void launch_combine(const MlaAttentionParams& p, int splits, const float* part_o, const float* part_lse,
                     cudaStream_t stream) {
     const int64_t rows = int64_t(p.num_tokens) * p.num_heads;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(unsigned(rows), unsigned((p.kv_lora + kCombineThreads - 1) / kCombineThreads));
-    cfg.blockDim = dim3(kCombineThreads);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    FANOUT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, mla_combine_kernel, p, splits, part_o, part_lse));
-    FANOUT_CUDA_CHECK_LAUNCH("mla_combine_kernel");
+    launch_pdl(mla_combine_kernel, dim3(unsigned(rows), unsigned((p.kv_lora + kCombineThreads - 1) / kCombineThreads)),
+               kCombineThreads, 0, stream, p, splits, part_o, part_lse);
 }
 
 // The FP8 cache's three views, each [kTmapRows rows 656 bytes apart]: the e4m3 c_kv in boxes of 64
@@ -999,9 +992,8 @@ void launch_mla_attention_generic(const MlaAttentionParams& p, MlaWorkspace* wor
     const int splits = pick_splits(int64_t(p.num_tokens) * p.num_heads, p, workspace, force_splits);
     float* part_o = splits > 1 ? workspace->partials : nullptr;
     float* part_lse = splits > 1 ? part_o + size_t(splits) * p.num_tokens * p.num_heads * p.kv_lora : nullptr;
-    mla_generic_kernel<<<dim3(unsigned(p.num_tokens), unsigned(p.num_heads), unsigned(splits)), kGenThreads, 0,
-                         stream>>>(p, splits, p.scale * kLog2e, part_o, part_lse);
-    FANOUT_CUDA_CHECK_LAUNCH("mla_generic_kernel");
+    launch_pdl(mla_generic_kernel, dim3(unsigned(p.num_tokens), unsigned(p.num_heads), unsigned(splits)), kGenThreads,
+               0, stream, p, splits, p.scale * kLog2e, part_o, part_lse);
     if (splits > 1) launch_combine(p, splits, part_o, part_lse, stream);
 }
 
@@ -1026,6 +1018,8 @@ void launch_mla_attention(const MlaAttentionParams& p, MlaWorkspace* workspace, 
     float* part_o = splits > 1 ? workspace->partials : nullptr;
     float* part_lse = splits > 1 ? part_o + size_t(splits) * p.num_tokens * p.num_heads * kLora : nullptr;
     const dim3 grid(unsigned(row_blocks), unsigned(splits), unsigned(p.num_requests));
+    // A plain launch, not launch_pdl: with the programmatic dependency the kernel alone measured
+    // 0.6% slower (bench mla, batch 128: 575–576 against 572 µs; PERF.md, 2026-12-03).
     if (p.cache_fp8 != nullptr) {
         const Fp8CacheMaps m = fp8_cache_tensor_maps(p.cache_fp8);
         mla_fast_kernel<true><<<grid, kFastThreads, kFastSmemBytes, stream>>>(m.c_kv, m.rope, m.scale, p, splits,

@@ -9,6 +9,7 @@
 #include "fanout/ops/block_reduce.cuh"
 #include "fanout/ops/fp8_constants.h"
 #include "fanout/ops/model_glue_cuda.h"
+#include "fanout/ops/pdl.cuh"
 #include "fanout/ops/search.cuh"
 
 namespace fanout::ops {
@@ -21,6 +22,7 @@ cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
 __global__ void embed_kernel(const bf16* __restrict__ table, const int32_t* __restrict__ tokens, int D,
                              bf16* __restrict__ out) {
+    pdl_enter();
     const size_t t = blockIdx.x;
     const bf16* src = table + static_cast<size_t>(tokens[t]) * D;
     for (int d = threadIdx.x; d < D; d += kThreads) out[t * D + d] = src[d];
@@ -76,6 +78,7 @@ __device__ inline void q_rope_block(const bf16* __restrict__ q, int H, int nope,
 
 __global__ void mla_q_rope_kernel(const bf16* __restrict__ q, int H, int nope, const int32_t* __restrict__ positions,
                                   RopeDevice rope, bf16* __restrict__ q_pe) {
+    pdl_enter();
     q_rope_block(q, H, nope, static_cast<float>(positions[blockIdx.x]), rope, q_pe, blockIdx.x,
                  blockIdx.y * kHeadsPerBlock);
 }
@@ -83,6 +86,7 @@ __global__ void mla_q_rope_kernel(const bf16* __restrict__ q, int H, int nope, c
 // A block per (token, kHeadsPerBlock heads): the rope part of each head rotated in place.
 __global__ void rope_q_inplace_kernel(bf16* __restrict__ q, int H, int nope, const int32_t* __restrict__ positions,
                                       RopeDevice rope) {
+    pdl_enter();
     __shared__ float2 sc[kMaxRopeDim / 2];
     const int t = blockIdx.x, width = nope + rope.dim, half = rope.dim / 2;
     const int h0 = blockIdx.y * kHeadsPerBlock, nh = min(kHeadsPerBlock, H - h0);
@@ -106,6 +110,7 @@ __global__ void __launch_bounds__(kThreads)
     gather_latent_kernel(const void* __restrict__ cache, const int32_t* __restrict__ block_table, int max_blocks,
                          int block_size, const int32_t* __restrict__ kv_start, int num_requests, int total_rows,
                          int kv_lora, int rope, bf16* __restrict__ latent, bf16* __restrict__ k_pe, bool vec16) {
+    pdl_enter();
     const int j = blockIdx.x * (kThreads / 32) + static_cast<int>(threadIdx.x) / 32, lane = threadIdx.x % 32;
     if (j >= total_rows) return;
     const int entry = kv_lora + rope;
@@ -209,6 +214,7 @@ template <bool kFp8>
 __global__ void mla_kv_append_kernel(const bf16* __restrict__ kv_a, int64_t row_stride, int kv_lora,
                                      const float* __restrict__ norm_w, float eps, const int32_t* __restrict__ positions,
                                      RopeDevice rope, const int32_t* __restrict__ slots, void* __restrict__ cache) {
+    pdl_enter();
     const int t = blockIdx.x;
     kv_append_block<kFp8>(kv_a, row_stride, kv_lora, norm_w, eps, static_cast<float>(positions[t]), rope, slots[t],
                           cache, t);
@@ -222,6 +228,7 @@ __global__ void mla_q_rope_kv_append_kernel(const bf16* __restrict__ q, int H, i
                                             const float* __restrict__ norm_w, float eps,
                                             const int32_t* __restrict__ positions, RopeDevice rope,
                                             const int32_t* __restrict__ slots, void* __restrict__ cache) {
+    pdl_enter();
     const int t = blockIdx.x;
     const float pos = static_cast<float>(positions[t]);
     if (blockIdx.y + 1 < gridDim.y) {
@@ -232,6 +239,7 @@ __global__ void mla_q_rope_kv_append_kernel(const bf16* __restrict__ q, int H, i
 }
 
 __global__ void silu_mul_kernel(const bf16* __restrict__ gate_up, int I, bf16* __restrict__ out) {
+    pdl_enter();
     const size_t r = blockIdx.x;
     for (int i = threadIdx.x; i < I; i += kThreads) {
         const float g = __bfloat162float(gate_up[r * 2 * I + i]), u = __bfloat162float(gate_up[r * 2 * I + I + i]);
@@ -272,6 +280,7 @@ __global__ void batched_gemm_bf16_kernel(BatchedGemmBf16 g) {
 }
 
 __global__ void fill_kernel(int32_t* p, int n, int32_t v) {
+    pdl_enter();
     const int i = blockIdx.x * kThreads + threadIdx.x;
     if (i < n) p[i] = v;
 }
@@ -341,9 +350,8 @@ void launch_random_bf16(uint16_t* p, size_t n, float scale, uint64_t seed, void*
 
 void launch_embed_bf16(const uint16_t* table, const int32_t* tokens, int T, int D, uint16_t* out, void* cuda_stream) {
     if (T <= 0) return;
-    embed_kernel<<<T, kThreads, 0, as_stream(cuda_stream)>>>(reinterpret_cast<const bf16*>(table), tokens, D,
-                                                             reinterpret_cast<bf16*>(out));
-    FANOUT_CUDA_CHECK_LAUNCH("embed_kernel");
+    launch_pdl(embed_kernel, T, kThreads, 0, as_stream(cuda_stream), reinterpret_cast<const bf16*>(table), tokens, D,
+               reinterpret_cast<bf16*>(out));
 }
 
 void launch_mla_q_rope(const uint16_t* q, int T, int H, int nope, const int32_t* positions, RopeDevice rope,
@@ -353,9 +361,8 @@ void launch_mla_q_rope(const uint16_t* q, int T, int H, int nope, const int32_t*
                               ", got " + std::to_string(rope.dim));
     if (T <= 0) return;
     const dim3 grid(T, (H + kHeadsPerBlock - 1) / kHeadsPerBlock);
-    mla_q_rope_kernel<<<grid, kThreads, 0, as_stream(cuda_stream)>>>(reinterpret_cast<const bf16*>(q), H, nope,
-                                                                     positions, rope, reinterpret_cast<bf16*>(q_pe));
-    FANOUT_CUDA_CHECK_LAUNCH("mla_q_rope_kernel");
+    launch_pdl(mla_q_rope_kernel, grid, kThreads, 0, as_stream(cuda_stream), reinterpret_cast<const bf16*>(q), H, nope,
+               positions, rope, reinterpret_cast<bf16*>(q_pe));
 }
 
 void launch_mla_kv_append(const uint16_t* kv_a, int64_t row_stride, int T, int kv_lora, const float* norm_w, float eps,
@@ -364,9 +371,8 @@ void launch_mla_kv_append(const uint16_t* kv_a, int64_t row_stride, int T, int k
     check_kv_append("mla_kv_append", row_stride, kv_lora, rope, cache);
     if (T <= 0) return;
     const auto kernel = cache.is_fp8() ? mla_kv_append_kernel<true> : mla_kv_append_kernel<false>;
-    kernel<<<T, kThreads, 0, as_stream(cuda_stream)>>>(reinterpret_cast<const bf16*>(kv_a), row_stride, kv_lora, norm_w,
-                                                       eps, positions, rope, slots, cache.entries());
-    FANOUT_CUDA_CHECK_LAUNCH("mla_kv_append_kernel");
+    launch_pdl(kernel, T, kThreads, 0, as_stream(cuda_stream), reinterpret_cast<const bf16*>(kv_a), row_stride, kv_lora,
+               norm_w, eps, positions, rope, slots, cache.entries());
 }
 
 void launch_mla_q_rope_kv_append(const uint16_t* q, int T, int H, int nope, uint16_t* q_pe, const uint16_t* kv_a,
@@ -377,10 +383,9 @@ void launch_mla_q_rope_kv_append(const uint16_t* q, int T, int H, int nope, uint
     if (T <= 0) return;
     const dim3 grid(T, (H + kHeadsPerBlock - 1) / kHeadsPerBlock + 1);
     const auto kernel = cache.is_fp8() ? mla_q_rope_kv_append_kernel<true> : mla_q_rope_kv_append_kernel<false>;
-    kernel<<<grid, kThreads, 0, as_stream(cuda_stream)>>>(
-        reinterpret_cast<const bf16*>(q), H, nope, reinterpret_cast<bf16*>(q_pe), reinterpret_cast<const bf16*>(kv_a),
-        row_stride, kv_lora, norm_w, eps, positions, rope, slots, cache.entries());
-    FANOUT_CUDA_CHECK_LAUNCH("mla_q_rope_kv_append_kernel");
+    launch_pdl(kernel, grid, kThreads, 0, as_stream(cuda_stream), reinterpret_cast<const bf16*>(q), H, nope,
+               reinterpret_cast<bf16*>(q_pe), reinterpret_cast<const bf16*>(kv_a), row_stride, kv_lora, norm_w, eps,
+               positions, rope, slots, cache.entries());
 }
 
 void launch_rope_q_inplace(uint16_t* q, int T, int H, int nope, const int32_t* positions, RopeDevice rope,
@@ -390,9 +395,8 @@ void launch_rope_q_inplace(uint16_t* q, int T, int H, int nope, const int32_t* p
                               ", got " + std::to_string(rope.dim));
     if (T <= 0) return;
     const dim3 grid(T, (H + kHeadsPerBlock - 1) / kHeadsPerBlock);
-    rope_q_inplace_kernel<<<grid, kThreads, 0, as_stream(cuda_stream)>>>(reinterpret_cast<bf16*>(q), H, nope, positions,
-                                                                         rope);
-    FANOUT_CUDA_CHECK_LAUNCH("rope_q_inplace_kernel");
+    launch_pdl(rope_q_inplace_kernel, grid, kThreads, 0, as_stream(cuda_stream), reinterpret_cast<bf16*>(q), H, nope,
+               positions, rope);
 }
 
 void launch_gather_latent(DeviceLatentCache cache, const int32_t* block_table, int max_blocks, int block_size,
@@ -411,17 +415,15 @@ void launch_gather_latent(DeviceLatentCache cache, const int32_t* block_table, i
     constexpr int kRowsPerBlock = kThreads / 32;
     const unsigned grid = (total_rows + kRowsPerBlock - 1) / kRowsPerBlock;
     const auto kernel = cache.is_fp8() ? gather_latent_kernel<true> : gather_latent_kernel<false>;
-    kernel<<<grid, kThreads, 0, as_stream(cuda_stream)>>>(
-        cache.entries(), block_table, max_blocks, block_size, kv_start, num_requests, total_rows, kv_lora, rope,
-        reinterpret_cast<bf16*>(latent), reinterpret_cast<bf16*>(k_pe), vec16);
-    FANOUT_CUDA_CHECK_LAUNCH("gather_latent_kernel");
+    launch_pdl(kernel, grid, kThreads, 0, as_stream(cuda_stream), cache.entries(), block_table, max_blocks, block_size,
+               kv_start, num_requests, total_rows, kv_lora, rope, reinterpret_cast<bf16*>(latent),
+               reinterpret_cast<bf16*>(k_pe), vec16);
 }
 
 void launch_silu_mul_bf16(const uint16_t* gate_up, int R, int I, uint16_t* out, void* cuda_stream) {
     if (R <= 0) return;
-    silu_mul_kernel<<<R, kThreads, 0, as_stream(cuda_stream)>>>(reinterpret_cast<const bf16*>(gate_up), I,
-                                                                reinterpret_cast<bf16*>(out));
-    FANOUT_CUDA_CHECK_LAUNCH("silu_mul_kernel");
+    launch_pdl(silu_mul_kernel, R, kThreads, 0, as_stream(cuda_stream), reinterpret_cast<const bf16*>(gate_up), I,
+               reinterpret_cast<bf16*>(out));
 }
 
 void launch_batched_gemm_bf16(const BatchedGemmBf16& g, void* cuda_stream) {
@@ -439,8 +441,7 @@ void launch_batched_gemm_bf16(const BatchedGemmBf16& g, void* cuda_stream) {
 
 void launch_fill_i32(int32_t* p, int n, int32_t value, void* cuda_stream) {
     if (n <= 0) return;
-    fill_kernel<<<(n + kThreads - 1) / kThreads, kThreads, 0, as_stream(cuda_stream)>>>(p, n, value);
-    FANOUT_CUDA_CHECK_LAUNCH("fill_kernel");
+    launch_pdl(fill_kernel, (n + kThreads - 1) / kThreads, kThreads, 0, as_stream(cuda_stream), p, n, value);
 }
 
 }  // namespace fanout::ops

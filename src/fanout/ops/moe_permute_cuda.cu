@@ -21,6 +21,7 @@
 #include "fanout/core/cuda_check.h"
 #include "fanout/ops/fp8_constants.h"
 #include "fanout/ops/moe_permute.h"
+#include "fanout/ops/pdl.cuh"
 #include "fanout/ops/search.cuh"
 
 namespace fanout::ops {
@@ -64,6 +65,7 @@ __device__ int block_exclusive_scan(int v, int& total) {
 __global__ void __launch_bounds__(kThreads)
     moe_rank_kernel(const int32_t* __restrict__ idx, int num_choices, int expert_begin, int32_t* __restrict__ counts,
                     int32_t* __restrict__ rank) {
+    pdl_enter();
     const int expert = expert_begin + static_cast<int>(blockIdx.x);
     int running = 0;  // the expert's choices in earlier passes
     for (int i0 = 0; i0 < num_choices; i0 += kThreads * kRankPerThread) {
@@ -104,6 +106,7 @@ __global__ void __launch_bounds__(kThreads)
                      int spill_rows, uint8_t* __restrict__ out_x, float* __restrict__ out_s,
                      const int32_t* __restrict__ counts, int32_t* __restrict__ spill_block_expert,
                      int32_t* __restrict__ slot) {
+    pdl_enter();
     extern __shared__ int spill_begin[];  // [num_local + 1]
     __shared__ int src_token[kPlacePerBlock], dst_row[kPlacePerBlock];
     spill_segments(counts, num_local, cap, spill_begin);
@@ -153,6 +156,7 @@ __global__ void __launch_bounds__(kThreads)
     moe_unpermute_kernel(const __nv_bfloat16* __restrict__ y, const int32_t* __restrict__ slot,
                          const float* __restrict__ weight, int K, int D, const __nv_bfloat16* base,
                          __nv_bfloat16* out) {
+    pdl_enter();
     __shared__ int rows[kMaxK];
     __shared__ float w[kMaxK];
     const size_t t = blockIdx.x;
@@ -186,15 +190,12 @@ void permute_rows(const uint8_t* x, const float* sx, const int32_t* topk_idx, in
                               ")");
     const cudaStream_t stream = static_cast<cudaStream_t>(cuda_stream);
     const int choices = T * K;
-    moe_rank_kernel<<<num_local, kThreads, 0, stream>>>(topk_idx, choices, expert_begin, counts, slot);
-    FANOUT_CUDA_CHECK_LAUNCH("moe_rank_kernel");
+    launch_pdl(moe_rank_kernel, num_local, kThreads, 0, stream, topk_idx, choices, expert_begin, counts, slot);
     // At least one block, so spill_block_expert is written even for an empty step.
     const int blocks = std::max(1, (choices + kPlacePerBlock - 1) / kPlacePerBlock);
     const size_t smem = (static_cast<size_t>(num_local) + 1) * sizeof(int);
-    moe_place_kernel<<<blocks, kThreads, smem, stream>>>(x, sx, topk_idx, choices, K, row_bytes, nb, expert_begin,
-                                                         num_local, cap, spill_rows, out_x, out_s, counts,
-                                                         spill_block_expert, slot);
-    FANOUT_CUDA_CHECK_LAUNCH("moe_place_kernel");
+    launch_pdl(moe_place_kernel, blocks, kThreads, smem, stream, x, sx, topk_idx, choices, K, row_bytes, nb,
+               expert_begin, num_local, cap, spill_rows, out_x, out_s, counts, spill_block_expert, slot);
 }
 
 }  // namespace
@@ -221,10 +222,9 @@ void launch_moe_unpermute(const uint16_t* y, const int32_t* slot, const float* w
                           "moe_unpermute: K " + std::to_string(K) + " (at most 32), D " + std::to_string(D));
     if (T <= 0) return;
     const dim3 grid(T, (D + kUnpermuteChunk - 1) / kUnpermuteChunk);
-    moe_unpermute_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(cuda_stream)>>>(
-        reinterpret_cast<const __nv_bfloat16*>(y), slot, weight, K, D, reinterpret_cast<const __nv_bfloat16*>(base),
-        reinterpret_cast<__nv_bfloat16*>(out));
-    FANOUT_CUDA_CHECK_LAUNCH("moe_unpermute_kernel");
+    launch_pdl(moe_unpermute_kernel, grid, kThreads, 0, static_cast<cudaStream_t>(cuda_stream),
+               reinterpret_cast<const __nv_bfloat16*>(y), slot, weight, K, D,
+               reinterpret_cast<const __nv_bfloat16*>(base), reinterpret_cast<__nv_bfloat16*>(out));
 }
 
 }  // namespace fanout::ops

@@ -12,6 +12,7 @@
 
 #include "fanout/core/cuda_check.h"
 #include "fanout/ops/moe_router_cuda.h"
+#include "fanout/ops/pdl.cuh"
 
 namespace fanout::ops {
 namespace {
@@ -31,6 +32,7 @@ __device__ __forceinline__ int rank_in(const float* values, int n, int base, flo
 __global__ void __launch_bounds__(kMaxExperts)
     moe_route_kernel(const float* __restrict__ logits, const float* __restrict__ bias, RouterParams p,
                      int* __restrict__ topk_idx, float* __restrict__ topk_weight) {
+    pdl_enter();
     __shared__ float choices[kMaxExperts];
     __shared__ float top1[kMaxGroups], top2[kMaxGroups], group_score[kMaxGroups];
     __shared__ float cand_value[kMaxGroups * kMaxK];
@@ -108,8 +110,8 @@ void launch_moe_route(const float* logits, const float* bias, const RouterParams
                               " top_k=" + std::to_string(K) + " (GPU: experts <= 512, groups <= 32, top_k <= 32)");
     if (T <= 0) return;
     const int threads = (E + 31) / 32 * 32;
-    moe_route_kernel<<<T, threads, 0, static_cast<cudaStream_t>(cuda_stream)>>>(logits, bias, p, topk_idx, topk_weight);
-    FANOUT_CUDA_CHECK_LAUNCH("moe_route_kernel");
+    launch_pdl(moe_route_kernel, T, threads, 0, static_cast<cudaStream_t>(cuda_stream), logits, bias, p, topk_idx,
+               topk_weight);
 }
 
 }  // namespace fanout::ops

@@ -11,6 +11,7 @@
 #include "fanout/core/cuda_check.h"
 #include "fanout/ops/block_reduce.cuh"
 #include "fanout/ops/fp8_constants.h"
+#include "fanout/ops/pdl.cuh"
 
 namespace fanout::ops {
 namespace {
@@ -46,6 +47,7 @@ __global__ void __launch_bounds__(1024)
                          const float* __restrict__ w, float eps, __nv_bfloat16* y, int64_t y_stride, int D,
                          uint8_t* __restrict__ q, float* __restrict__ scales, ScaleStrides scale_at,
                          float* __restrict__ row_scales) {
+    pdl_enter();
     const size_t base = static_cast<size_t>(blockIdx.x) * D;
     const size_t xbase = static_cast<size_t>(blockIdx.x) * x_stride, ybase = static_cast<size_t>(blockIdx.x) * y_stride;
     float v[kSlots][8];
@@ -181,11 +183,10 @@ void launch_rms_norm_quant_bf16(const uint16_t* x, int64_t x_stride, uint16_t* r
                      aligned(y, 16) && aligned(residual, 16) && aligned(w, 16) && aligned(q, 8);
     auto* kernel = vec ? (slots == 1 ? rms_norm_bf16_kernel<true, 1> : rms_norm_bf16_kernel<true, 2>)
                        : (slots == 1 ? rms_norm_bf16_kernel<false, 1> : rms_norm_bf16_kernel<false, 2>);
-    kernel<<<M, threads, 0, static_cast<cudaStream_t>(cuda_stream)>>>(
-        reinterpret_cast<const __nv_bfloat16*>(x), x_stride, reinterpret_cast<__nv_bfloat16*>(residual), w, eps,
-        reinterpret_cast<__nv_bfloat16*>(y), y_stride, D, q, scales,
-        scale_strides(order, M, (D + kFp8Block - 1) / kFp8Block), q != nullptr ? row_scales : nullptr);
-    FANOUT_CUDA_CHECK_LAUNCH("rms_norm_bf16_kernel");
+    launch_pdl(kernel, M, threads, 0, static_cast<cudaStream_t>(cuda_stream), reinterpret_cast<const __nv_bfloat16*>(x),
+               x_stride, reinterpret_cast<__nv_bfloat16*>(residual), w, eps, reinterpret_cast<__nv_bfloat16*>(y),
+               y_stride, D, q, scales, scale_strides(order, M, (D + kFp8Block - 1) / kFp8Block),
+               q != nullptr ? row_scales : nullptr);
 }
 
 void launch_rms_norm(const float* x, const float* w, float eps, float* out, int M, int D, void* cuda_stream) {

@@ -18,6 +18,7 @@
 #include <string>
 
 #include "fanout/core/cuda_check.h"
+#include "fanout/ops/pdl.cuh"
 #include "fanout/ops/sampling_cuda.h"
 
 namespace fanout::ops {
@@ -122,6 +123,7 @@ __device__ Boundary select(const Row& row, const Boundary& set, bool probability
 __global__ void __launch_bounds__(kThreads)
     sample_kernel(float* logits, int vocab, const SamplingRow* __restrict__ params,
                   const LogitBias* __restrict__ logit_bias, int32_t* __restrict__ tokens) {
+    pdl_enter();
     __shared__ Shared sh;
     __shared__ double bcast;
     __shared__ int found_id;
@@ -236,9 +238,8 @@ void launch_sample(float* logits, int rows, int vocab, const SamplingRow* params
                    int32_t* tokens, void* cuda_stream) {
     FANOUT_DEVICE_REQUIRE(vocab > 0, "sample: empty logits (vocab " + std::to_string(vocab) + ")");
     if (rows <= 0) return;
-    sample_kernel<<<rows, kThreads, 0, static_cast<cudaStream_t>(cuda_stream)>>>(logits, vocab, params, logit_bias,
-                                                                                 tokens);
-    FANOUT_CUDA_CHECK_LAUNCH("sample_kernel");
+    launch_pdl(sample_kernel, rows, kThreads, 0, static_cast<cudaStream_t>(cuda_stream), logits, vocab, params,
+               logit_bias, tokens);
 }
 
 }  // namespace fanout::ops
