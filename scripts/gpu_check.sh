@@ -27,7 +27,7 @@ run() {  # run NAME CMD...: logs to $out/NAME.log, records pass/fail
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 if [[ $mode == model || $mode == all ]]; then
-    for t in ops/glue_cuda_test ops/mla_cuda_test ops/mha_prefill_cuda_test model/model_cuda_test engine/engine_cuda_test; do
+    for t in ops/glue_cuda_test ops/pdl_cuda_test ops/mla_cuda_test ops/mha_prefill_cuda_test model/model_cuda_test engine/engine_cuda_test; do
         run "$(basename $t)" "$build/tests/$t"
         tail -3 "$logs/$(basename $t).log"
     done
