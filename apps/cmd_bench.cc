@@ -104,7 +104,7 @@ void add_bench_command(CLI::App& app) {
                       "dense: no call overlaps the next (an empty kernel between them, its time subtracted), as in a "
                       "layer; the default times back-to-back calls, each starting in the previous one's tail");
     kernels->add_flag("!--no-dense", k->dense, "skip the dense shapes");
-    kernels->add_flag("!--no-grouped", k->grouped, "skip the grouped points");
+    kernels->add_flag("!--no-grouped", k->grouped, "skip the grouped points (masked decode and contiguous prefill)");
     kernels->add_option("--shape", k->shape,
                         "dense: only this shape (fused qkv_a, q_b, kv_b, o_proj, shared gate+up, shared down)");
     kernels

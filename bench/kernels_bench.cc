@@ -5,7 +5,7 @@
 // together exceed the L2 three times (every layer streams its own weights from HBM; x stays one
 // buffer, as the activations a GEMM reads were just written), and --serial keeps each call from
 // overlapping the next (in a layer a GEMM's neighbours are other kernels). The grouped points
-// stream 0.5–1 GB of expert weights and cannot run warm. Operands are random e4m3 (never zeros).
+// stream 0.5–1.4 GB of expert weights and cannot run warm. Operands are random e4m3 (never zeros).
 // Timing only: the kernels' numbers are checked by ops_cuda_test.
 #include "kernels_bench.h"
 
@@ -192,7 +192,7 @@ void measure_ceilings(Context& c) {
 // "128x256/2c2": block_m × block_n, K splits, and the cluster size when it is 2.
 std::string config_name(const ops::GemmConfig& g) {
     return std::to_string(g.block_m) + "x" + std::to_string(g.block_n) + "/" + std::to_string(g.splits) +
-           (g.cluster > 1 ? "c" + std::to_string(g.cluster) : "");
+           (g.cluster > 1 ? std::string("c").append(std::to_string(g.cluster)) : std::string());
 }
 
 // Long FP8 GEMMs at prefill sizes hold the GPU at its power limit, and its clock falls within
@@ -469,6 +469,93 @@ nlohmann::json bench_grouped(Context& c) {
     return rows;
 }
 
+// Prefill through the contiguous layout: 4,096 prompt tokens on each rank of an EP group, top-8 of
+// 256, so 32,768 routed rows arrive at every rank, spread over its experts (each count uniform in
+// ±25% of the mean) and padded to 128 per expert. DeepGEMM's contiguous kernel was not measured on
+// this machine, so there is no anchor: beside the floor stand cuBLASLt (a GEMM per expert) and the
+// dense GEMM of the same rows against one weight (the model's dispatch), which grouping should
+// match.
+nlohmann::json bench_grouped_contiguous(Context& c) {
+    std::printf("\ngrouped contiguous FP8 GEMM at prefill (4,096 tokens per rank, top-8 of 256)\n");
+    std::printf("%-5s %-9s %7s %7s %7s %9s %7s %6s %9s %9s %8s\n", "EP", "N x K", "experts", "rows", "padded", "fanout",
+                "TFLOP/s", "%fp8", "dense", "cuBLASLt", "floor");
+    nlohmann::json rows_out = nlohmann::json::array();
+    const int sms = ops::device_sm_count();
+    ops::DeviceContext dctx(c.stream);
+    for (const int ep : {8, 32, 64}) {
+        const int E = 256 / ep, mean = 128 * ep;
+        std::mt19937 rng(100 + ep);
+        std::uniform_int_distribution<int> dist(mean * 3 / 4, mean * 5 / 4);
+        std::vector<int32_t> counts(E), block_expert;
+        int64_t valid = 0;
+        for (int e = 0; e < E; ++e) {
+            valid += counts[e] = dist(rng);
+            for (int b = 0; b < (counts[e] + 127) / 128; ++b) block_expert.push_back(e);
+        }
+        const int64_t rows = int64_t(block_expert.size()) * 128;
+        DevicePtr<int32_t> dblocks(block_expert.size());
+        FANOUT_CUDA_CHECK(
+            cudaMemcpy(dblocks.p, block_expert.data(), block_expert.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+        for (int si = 0; si < 2; ++si) {
+            const int64_t N = kGroupedShapes[si][0], K = kGroupedShapes[si][1];
+            const int64_t nbk = (K + 127) / 128, nbn = (N + 127) / 128;
+            auto w = random_fp8(size_t(E) * N * K, 20 + si);
+            auto sw = random_scales(size_t(E) * nbn * nbk, 21);
+            auto x = random_fp8(size_t(rows) * K, 22);
+            auto sx = random_scales(size_t(rows) * nbk, 23);
+            DevicePtr<uint16_t> y(size_t(rows) * N);
+            settle();
+            const double us = time_graph_us(c.stream, 5, [&] {
+                ops::launch_grouped_gemm_fp8_contiguous(x->p, sx->p, int(rows), dblocks.p, w->p, sw->p, E, int(N),
+                                                        int(K), y.p, c.stream);
+            });
+            // The same rows through one weight, as the model dispatches a dense GEMM of this size
+            // (the random scales serve either order).
+            const ops::ScaleOrder order = ops::gemm_fp8_scale_order(int(rows), int(N), int(K), sms);
+            settle();
+            const double dense_us = time_graph_us(c.stream, 5, [&] {
+                ops::launch_gemm_fp8(dctx, x->p, sx->p, order, w->p, sw->p, y.p, int(rows), int(N), int(K));
+            });
+            // cuBLASLt: one block-scaled GEMM per expert over its padded segment.
+            std::vector<std::unique_ptr<CublasFp8>> per;
+            std::vector<int64_t> first_row;
+            bool ok = true;
+            int64_t row = 0;
+            for (int e = 0; e < E; ++e) {
+                const int64_t seg = int64_t((counts[e] + 127) / 128) * 128;
+                first_row.push_back(row);
+                per.push_back(std::make_unique<CublasFp8>(c.lt, seg, N, K, true, sw->p + size_t(e) * nbn * nbk,
+                                                          sx->p + size_t(row) * nbk, c.wsize));
+                ok = ok && per.back()->ok;
+                row += seg;
+            }
+            settle();
+            const double cub_us = !ok ? -1 : time_graph_us(c.stream, 5, [&] {
+                for (int e = 0; e < E; ++e)
+                    per[e]->run(c.lt, w->p + size_t(e) * N * K, x->p + size_t(first_row[e]) * K,
+                                y.p + size_t(first_row[e]) * N, c.ws->p, c.wsize, c.stream);
+            });
+            const double flops = 2.0 * valid * N * K, bytes = double(E * N * K + valid * K + 2 * valid * N);
+            const double floor_us = c.floor_us(flops, bytes);
+            std::printf("EP%-3d %4lldx%-4lld %7d %7lld %7lld %6.1f us %7.0f %5.0f%% %6.1f us %6.1f us %5.1f us\n", ep,
+                        (long long)N, (long long)K, E, (long long)valid, (long long)rows, us, flops / us / 1e6,
+                        100 * flops / (c.peak_tflops * 1e6) / us, dense_us, cub_us, floor_us);
+            rows_out.push_back({{"kind", "grouped_contiguous"},
+                                {"ep", ep},
+                                {"experts", E},
+                                {"valid_m", valid},
+                                {"padded_rows", rows},
+                                {"N", N},
+                                {"K", K},
+                                {"fanout", c.figures(us, flops, bytes)},
+                                {"dense_same_rows_us", dense_us},
+                                {"cublaslt_per_expert_us", cub_us},
+                                {"roofline_floor_us", floor_us}});
+        }
+    }
+    return rows_out;
+}
+
 }  // namespace
 
 ops::GemmConfig parse_gemm_config(const std::string& text) {
@@ -523,7 +610,10 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
     nlohmann::json out = {
         {"benchmark", "kernels"}, {"gpu", prop.name}, {"copy_gbs", c.bw_gbs}, {"fp8_tensorwise_tflops", c.peak_tflops}};
     if (opts.dense) out["dense"] = bench_dense(c, opts);
-    if (opts.grouped) out["grouped"] = bench_grouped(c);
+    if (opts.grouped) {
+        out["grouped"] = bench_grouped(c);
+        out["grouped_contiguous"] = bench_grouped_contiguous(c);
+    }
     if (!opts.json_out.empty()) {
         std::ofstream(opts.json_out) << out.dump(2) << "\n";
         std::printf("wrote %s\n", opts.json_out.c_str());

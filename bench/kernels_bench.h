@@ -9,7 +9,10 @@
 //  * grouped masked: the seed's EP8 … EP128 decode points (batch 128 per GPU, query length 2:
 //    256/EP experts × 8·EP tokens each), gate/up 4096×7168 and down 7168×2048, beside cuBLASLt
 //    run expert by expert with the counts known on the host (what a user without a grouped kernel
-//    does); plus the fused silu·mul·quant kernel at each point.
+//    does); plus the fused silu·mul·quant kernel at each point;
+//  * grouped contiguous: prefill at EP8, EP32 and EP64 (4,096 tokens per rank, top-8 of 256: 32,768
+//    routed rows per rank, padded to 128 per expert), beside cuBLASLt expert by expert and the
+//    dense GEMM of the same rows against one weight (no DeepGEMM anchor for this layout).
 #pragma once
 
 #include <string>
