@@ -1,13 +1,15 @@
 // Programmatic dependent launch (PDL) for the small kernels between a layer's GEMMs.
 //
 // launch_pdl starts a kernel with a programmatic dependency on the previous kernel in the stream:
-// its CTAs may be scheduled as soon as every CTA of that kernel has started (or the GEMMs' CTAs
-// retire), instead of after it has drained, so the launch latency between two kernels overlaps
-// the first one's tail. The price is a rule: every kernel launched this way calls pdl_enter()
-// before it reads or writes global memory. pdl_enter() waits until the grids it depends on have
-// completed and their writes are visible, then lets the next kernel launch in turn. Called in a
-// kernel launched without the attribute, the wait returns at once. Every kernel of the chain
-// waits, so a kernel's wait also covers the kernels before its predecessor.
+// its CTAs may be scheduled once every CTA of that kernel has let dependents launch (pdl_enter(),
+// the FP8 GEMM's grid_launch_dependents()) or exited, instead of after that kernel has drained,
+// so the launch latency between two kernels overlaps the first one's tail. The price is a rule:
+// every kernel launched this way calls pdl_enter() before it reads or writes global memory — only
+// weights, which no kernel writes, may be read before it. pdl_enter() waits until the grids it
+// depends on have completed and their writes are visible, then lets the next kernel launch in
+// turn. In a kernel launched without the attribute the wait returns at once. Every kernel of the
+// chain waits, so a kernel's wait also covers the kernels before its predecessor.
+// tests/ops/pdl_cuda_test.cc checks that the kernels wait.
 //
 // Include only from .cu files compiled for sm_90a.
 #pragma once
