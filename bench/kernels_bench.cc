@@ -504,11 +504,15 @@ nlohmann::json bench_grouped_contiguous(Context& c) {
             auto x = random_fp8(size_t(rows) * K, 22);
             auto sx = random_scales(size_t(rows) * nbk, 23);
             DevicePtr<uint16_t> y(size_t(rows) * N);
-            settle();
-            const double us = time_graph_us(c.stream, 5, [&] {
-                ops::launch_grouped_gemm_fp8_contiguous(x->p, sx->p, int(rows), dblocks.p, w->p, sw->p, E, int(N),
-                                                        int(K), y.p, c.stream);
-            });
+            auto run = [&](ops::GemmConfig cfg) {
+                settle();
+                return time_graph_us(c.stream, 5, [&] {
+                    ops::launch_grouped_gemm_fp8_contiguous(x->p, sx->p, int(rows), dblocks.p, w->p, sw->p, E, int(N),
+                                                            int(K), y.p, c.stream, cfg);
+                });
+            };
+            const double us = run({});
+            const double narrow_us = run({128, 128, 1});  // the default is 128 × 256 (no clusters here)
             // The same rows through one weight, as the model dispatches a dense GEMM of this size
             // (the random scales serve either order).
             const ops::ScaleOrder order = ops::gemm_fp8_scale_order(int(rows), int(N), int(K), sms);
@@ -537,9 +541,11 @@ nlohmann::json bench_grouped_contiguous(Context& c) {
             });
             const double flops = 2.0 * valid * N * K, bytes = double(E * N * K + valid * K + 2 * valid * N);
             const double floor_us = c.floor_us(flops, bytes);
-            std::printf("EP%-3d %4lldx%-4lld %7d %7lld %7lld %6.1f us %7.0f %5.0f%% %6.1f us %6.1f us %5.1f us\n", ep,
-                        (long long)N, (long long)K, E, (long long)valid, (long long)rows, us, flops / us / 1e6,
-                        100 * flops / (c.peak_tflops * 1e6) / us, dense_us, cub_us, floor_us);
+            std::printf(
+                "EP%-3d %4lldx%-4lld %7d %7lld %7lld %6.1f us %7.0f %5.0f%% %6.1f us %6.1f us %5.1f us   128x128/1 "
+                "%.1f us\n",
+                ep, (long long)N, (long long)K, E, (long long)valid, (long long)rows, us, flops / us / 1e6,
+                100 * flops / (c.peak_tflops * 1e6) / us, dense_us, cub_us, floor_us, narrow_us);
             rows_out.push_back({{"kind", "grouped_contiguous"},
                                 {"ep", ep},
                                 {"experts", E},
@@ -548,6 +554,7 @@ nlohmann::json bench_grouped_contiguous(Context& c) {
                                 {"N", N},
                                 {"K", K},
                                 {"fanout", c.figures(us, flops, bytes)},
+                                {"tile_128x128_us", narrow_us},
                                 {"dense_same_rows_us", dense_us},
                                 {"cublaslt_per_expert_us", cub_us},
                                 {"roofline_floor_us", floor_us}});
