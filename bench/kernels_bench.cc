@@ -201,6 +201,31 @@ std::string config_name(const ops::GemmConfig& g) {
 // dense timing starts from the same state: an idle pause first.
 void settle() { std::this_thread::sleep_for(std::chrono::milliseconds(150)); }
 
+// cuBLASLt as a user without a grouped kernel runs experts: one block-scaled GEMM per expert e
+// over rows [first_row[e], first_row[e] + rows[e]) of x, y and sx (row-major scales), against
+// expert e's slice of the stacked w / sw. -1 when cuBLASLt has no algorithm for some expert.
+double time_cublaslt_per_expert(Context& c, const uint8_t* w, const float* sw, const uint8_t* x, const float* sx,
+                                uint16_t* y, int64_t N, int64_t K, const std::vector<int64_t>& first_row,
+                                const std::vector<int64_t>& rows) {
+    const int64_t nbk = (K + 127) / 128, nbn = (N + 127) / 128;
+    std::vector<std::unique_ptr<CublasFp8>> per;
+    bool ok = true;
+    for (size_t e = 0; e < rows.size(); ++e) {
+        per.push_back(std::make_unique<CublasFp8>(c.lt, rows[e], N, K, true, sw + e * nbn * nbk,
+                                                  sx + size_t(first_row[e]) * nbk, c.wsize));
+        if (!per.back()->ok)
+            std::printf("  (cuBLASLt: no block-scaled algorithm for M %lld N %lld K %lld)\n", (long long)rows[e],
+                        (long long)N, (long long)K);
+        ok = ok && per.back()->ok;
+    }
+    if (!ok) return -1;
+    return time_graph_us(c.stream, 5, [&] {
+        for (size_t e = 0; e < rows.size(); ++e)
+            per[e]->run(c.lt, w + e * N * K, x + size_t(first_row[e]) * K, y + size_t(first_row[e]) * N, c.ws->p,
+                        c.wsize, c.stream);
+    });
+}
+
 size_t l2_bytes() {
     int dev = 0, bytes = 0;
     FANOUT_CUDA_CHECK(cudaGetDevice(&dev));
@@ -242,18 +267,17 @@ nlohmann::json bench_dense(Context& c, const KernelsBenchOptions& opts) {
         if (!opts.shape.empty() && opts.shape != sh.name) continue;
         auto w = random_fp8(size_t(sh.n * sh.k), 3);
         // --cold: copies of W, each call the next (the graphs capture each call's pointer).
-        std::vector<std::unique_ptr<DevicePtr<uint8_t>>> w_copies;
         const size_t w_bytes = size_t(sh.n * sh.k);
         const size_t copies = opts.cold ? std::max<size_t>(2, (3 * l2_bytes() + w_bytes - 1) / w_bytes) : 1;
-        for (size_t i = 1; i < copies; ++i) {
+        std::vector<std::unique_ptr<DevicePtr<uint8_t>>> w_copies;
+        std::vector<const uint8_t*> w_ring{w->p};
+        while (w_ring.size() < copies) {
             w_copies.push_back(std::make_unique<DevicePtr<uint8_t>>(w_bytes));
             FANOUT_CUDA_CHECK(cudaMemcpy(w_copies.back()->p, w->p, w_bytes, cudaMemcpyDeviceToDevice));
+            w_ring.push_back(w_copies.back()->p);
         }
         size_t call = 0;
-        const auto next_w = [&]() -> const uint8_t* {
-            const size_t i = call++ % copies;
-            return i == 0 ? w->p : w_copies[i - 1]->p;
-        };
+        const auto next_w = [&] { return w_ring[call++ % w_ring.size()]; };
         auto sw = random_scales(size_t((sh.n + 127) / 128) * size_t((sh.k + 127) / 128), 4);
         for (const auto& [mi, M] : ms) {
             const double anchor_us = mi >= 0 ? sh.deepgemm_us[mi] : 0.0;
@@ -402,24 +426,14 @@ nlohmann::json bench_grouped(Context& c) {
                 variants.push_back({{"config", config_name(cfg)}, {"us", t}});
                 if (t < best_us) best_us = t, best_name = config_name(cfg);
             }
-            // cuBLASLt, one block-scaled GEMM per expert with its count known on the host, rounded up
-            // to a multiple of 16 rows (cuBLASLt's block-scaled FP8 finds no algorithm otherwise).
-            std::vector<std::unique_ptr<CublasFp8>> per;
-            bool ok = true;
+            // cuBLASLt with each expert's count known on the host, rounded up to a multiple of 16
+            // rows (cuBLASLt's block-scaled FP8 finds no algorithm otherwise).
+            std::vector<int64_t> first_row, seg_rows;
             for (int e = 0; e < E; ++e) {
-                const int rows = std::min(max_m, (counts[e] + 15) / 16 * 16);
-                per.push_back(std::make_unique<CublasFp8>(c.lt, rows, N, K, true, sw->p + size_t(e) * nbn * nbk,
-                                                          sx->p + size_t(e) * max_m * nbk, c.wsize));
-                if (!per.back()->ok)
-                    std::printf("  (cuBLASLt: no block-scaled algorithm for M %d N %lld K %lld)\n", rows, (long long)N,
-                                (long long)K);
-                ok = ok && per.back()->ok;
+                first_row.push_back(int64_t(e) * max_m);
+                seg_rows.push_back(std::min(max_m, (counts[e] + 15) / 16 * 16));
             }
-            const double cub_us = !ok ? -1 : time_graph_us(c.stream, 5, [&] {
-                for (int e = 0; e < E; ++e)
-                    per[e]->run(c.lt, w->p + size_t(e) * N * K, x->p + size_t(e) * max_m * K,
-                                y.p + size_t(e) * max_m * N, c.ws->p, c.wsize, c.stream);
-            });
+            const double cub_us = time_cublaslt_per_expert(c, w->p, sw->p, x->p, sx->p, y.p, N, K, first_row, seg_rows);
             const double flops = 2.0 * valid * N * K, bytes = double(E * N * K + valid * K + 2 * valid * N);
             const double floor_us = c.floor_us(flops, bytes);
             std::printf(
@@ -520,25 +534,15 @@ nlohmann::json bench_grouped_contiguous(Context& c) {
             const double dense_us = time_graph_us(c.stream, 5, [&] {
                 ops::launch_gemm_fp8(dctx, x->p, sx->p, order, w->p, sw->p, y.p, int(rows), int(N), int(K));
             });
-            // cuBLASLt: one block-scaled GEMM per expert over its padded segment.
-            std::vector<std::unique_ptr<CublasFp8>> per;
-            std::vector<int64_t> first_row;
-            bool ok = true;
-            int64_t row = 0;
-            for (int e = 0; e < E; ++e) {
-                const int64_t seg = int64_t((counts[e] + 127) / 128) * 128;
+            // cuBLASLt: one GEMM per expert over its padded segment.
+            std::vector<int64_t> first_row, seg_rows;
+            for (int e = 0, row = 0; e < E; ++e) {
                 first_row.push_back(row);
-                per.push_back(std::make_unique<CublasFp8>(c.lt, seg, N, K, true, sw->p + size_t(e) * nbn * nbk,
-                                                          sx->p + size_t(row) * nbk, c.wsize));
-                ok = ok && per.back()->ok;
-                row += seg;
+                seg_rows.push_back(int64_t((counts[e] + 127) / 128) * 128);
+                row += int(seg_rows.back());
             }
             settle();
-            const double cub_us = !ok ? -1 : time_graph_us(c.stream, 5, [&] {
-                for (int e = 0; e < E; ++e)
-                    per[e]->run(c.lt, w->p + size_t(e) * N * K, x->p + size_t(first_row[e]) * K,
-                                y.p + size_t(first_row[e]) * N, c.ws->p, c.wsize, c.stream);
-            });
+            const double cub_us = time_cublaslt_per_expert(c, w->p, sw->p, x->p, sx->p, y.p, N, K, first_row, seg_rows);
             const double flops = 2.0 * valid * N * K, bytes = double(E * N * K + valid * K + 2 * valid * N);
             const double floor_us = c.floor_us(flops, bytes);
             std::printf(
