@@ -526,7 +526,7 @@ nlohmann::json bench_grouped_contiguous(Context& c) {
                 });
             };
             const double us = run({});
-            const double narrow_us = run({128, 128, 1});  // the default is 128 × 256 (no clusters here)
+            const double unpaired_us = run({128, 256, 1, 1});  // the default's tile without cluster pairs
             // The same rows through one weight, as the model dispatches a dense GEMM of this size
             // (the random scales serve either order).
             const ops::ScaleOrder order = ops::gemm_fp8_scale_order(int(rows), int(N), int(K), sms);
@@ -546,10 +546,10 @@ nlohmann::json bench_grouped_contiguous(Context& c) {
             const double flops = 2.0 * valid * N * K, bytes = double(E * N * K + valid * K + 2 * valid * N);
             const double floor_us = c.floor_us(flops, bytes);
             std::printf(
-                "EP%-3d %4lldx%-4lld %7d %7lld %7lld %6.1f us %7.0f %5.0f%% %6.1f us %6.1f us %5.1f us   128x128/1 "
+                "EP%-3d %4lldx%-4lld %7d %7lld %7lld %6.1f us %7.0f %5.0f%% %6.1f us %6.1f us %5.1f us   unpaired "
                 "%.1f us\n",
                 ep, (long long)N, (long long)K, E, (long long)valid, (long long)rows, us, flops / us / 1e6,
-                100 * flops / (c.peak_tflops * 1e6) / us, dense_us, cub_us, floor_us, narrow_us);
+                100 * flops / (c.peak_tflops * 1e6) / us, dense_us, cub_us, floor_us, unpaired_us);
             rows_out.push_back({{"kind", "grouped_contiguous"},
                                 {"ep", ep},
                                 {"experts", E},
@@ -558,7 +558,7 @@ nlohmann::json bench_grouped_contiguous(Context& c) {
                                 {"N", N},
                                 {"K", K},
                                 {"fanout", c.figures(us, flops, bytes)},
-                                {"tile_128x128_us", narrow_us},
+                                {"tile_128x256_unpaired_us", unpaired_us},
                                 {"dense_same_rows_us", dense_us},
                                 {"cublaslt_per_expert_us", cub_us},
                                 {"roofline_floor_us", floor_us}});

@@ -334,34 +334,44 @@ TEST(GroupedGemmFp8Cuda, ContiguousMatchesCpuReference) {
     ThreadPool pool(0);
     const int E = 5, N = 320, K = 400;
     // Experts by 128-row block, -1 padding included, some experts with several blocks, some none.
-    const std::vector<int32_t> block_expert = {3, 3, 0, -1, 4, 4, 4, 1, -1};
-    const int rows = int(block_expert.size()) * 128;
-    const Fp8Operands o(rows, N, K, 71, E);
-    for (GemmConfig cfg : {GemmConfig{}, GemmConfig{64, 64, 1}, GemmConfig{128, 64, 1}, GemmConfig{64, 256, 1}}) {
-        DeviceFp8 d(o);
-        DeviceBuffer<int32_t> dbe(block_expert.size());
-        dbe.upload(block_expert.data());
-        DeviceBuffer<uint16_t> dy(size_t(rows) * N);
-        dy.poison();
-        launch_grouped_gemm_fp8_contiguous(d.x.ptr, d.sx.ptr, rows, dbe.ptr, d.w.ptr, d.sw.ptr, E, N, K, dy.ptr,
-                                           nullptr, cfg);
-        FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
-        std::vector<uint16_t> got(size_t(rows) * N);
-        dy.download(got.data());
-        std::vector<float> ref(size_t(128) * N);
-        for (size_t b = 0; b < block_expert.size(); ++b) {
-            const uint16_t* g = got.data() + b * 128 * N;
-            if (block_expert[b] < 0) {  // padding blocks are not written
-                for (size_t i = 0; i < ref.size(); ++i) ASSERT_EQ(g[i], 0xffff) << "padding block " << b;
-                continue;
+    // In cluster pairs (blocks 0-1, 2-3, ...) the first list's pairs share a W tile, take expert 0's
+    // beside padding (which computes expert 0's), straddle experts 4 and 1, and end in padding
+    // without a peer (skipped); the second's straddle padding and expert 2, and experts 1 and 2, and
+    // end in a block without a peer; the third has a pair of padding blocks (skipped).
+    for (const std::vector<int32_t>& block_expert :
+         {std::vector<int32_t>{3, 3, 0, -1, 4, 4, 4, 1, -1}, std::vector<int32_t>{2, -1, 1, 1, 1, 2, 0},
+          std::vector<int32_t>{1, -1, -1, -1, 0, 1}})
+        for (GemmConfig cfg : {GemmConfig{}, GemmConfig{64, 64, 1}, GemmConfig{128, 64, 1}, GemmConfig{64, 256, 1},
+                               GemmConfig{128, 256, 1, 1}, GemmConfig{128, 128, 1, 2}, GemmConfig{64, 128, 1, 2}}) {
+            const int rows = int(block_expert.size()) * 128;
+            const Fp8Operands o(rows, N, K, 71, E);
+            DeviceFp8 d(o);
+            DeviceBuffer<int32_t> dbe(block_expert.size());
+            dbe.upload(block_expert.data());
+            DeviceBuffer<uint16_t> dy(size_t(rows) * N);
+            dy.poison();
+            launch_grouped_gemm_fp8_contiguous(d.x.ptr, d.sx.ptr, rows, dbe.ptr, d.w.ptr, d.sw.ptr, E, N, K, dy.ptr,
+                                               nullptr, cfg);
+            FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+            std::vector<uint16_t> got(size_t(rows) * N);
+            dy.download(got.data());
+            std::vector<float> ref(size_t(128) * N);
+            for (size_t b = 0; b < block_expert.size(); ++b) {
+                const uint16_t* g = got.data() + b * 128 * N;
+                if (block_expert[b] < 0) {  // padding blocks are not written
+                    for (size_t i = 0; i < ref.size(); ++i) ASSERT_EQ(g[i], 0xffff) << "padding block " << b;
+                    continue;
+                }
+                o.reference(int64_t(b) * 128, 128, block_expert[b], ref.data(), pool);
+                expect_close_bf16(g, ref.data(), ref.size(),
+                                  "block " + std::to_string(b) + " cfg " + std::to_string(cfg.block_m) + "x" +
+                                      std::to_string(cfg.block_n) + " cluster " + std::to_string(cfg.cluster));
             }
-            o.reference(int64_t(b) * 128, 128, block_expert[b], ref.data(), pool);
-            expect_close_bf16(g, ref.data(), ref.size(),
-                              "block " + std::to_string(b) + " cfg " + std::to_string(cfg.block_m) + "x" +
-                                  std::to_string(cfg.block_n));
         }
-    }
     // 192-row tiles would straddle two experts' blocks: refused before anything runs.
+    const std::vector<int32_t> block_expert = {0, 1};
+    const int rows = 256;
+    const Fp8Operands o(rows, N, K, 71, E);
     DeviceFp8 d(o);
     DeviceBuffer<int32_t> dbe(block_expert.size());
     dbe.upload(block_expert.data());

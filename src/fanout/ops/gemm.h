@@ -28,8 +28,8 @@ void gemm_fp8_cpu(const uint8_t* x, const float* sx, const uint8_t* w, const flo
 // The tile shape of one launch: block_m ∈ {64, 128} rows (one consumer warpgroup per 64),
 // block_n ∈ {64, 128, 256} columns, or 192 × 128 (three consumer warpgroups; not for the contiguous
 // grouped layout, whose tiles stay in one expert's 128-row block), K split `splits` ways, and
-// `cluster` CTAs (1 or 2; not for the contiguous grouped layout)
-// that compute tiles stacked along M and fetch their shared W tile once, multicast to both.
+// `cluster` CTAs (1 or 2) that compute tiles stacked along M and fetch their shared W tile once,
+// multicast to both (a contiguous pair straddling two experts fetches a W tile each).
 // block_m = 0 asks for the measured table. `cublaslt`: the table measured cuBLASLt's block-scaled
 // FP8 faster for this shape and M (prefill sizes): the DeviceContext launch runs it there, the
 // tile shape is the fallback (and what the stream-only launch runs).

@@ -19,8 +19,9 @@
 // counter per tile, reset by that CTA) adds the others in split order and writes bf16 — one
 // kernel, deterministic, no memset.
 //
-// Cluster pairs (dense and masked): two CTAs on tiles stacked along M fetch half of their shared
-// W tile each and multicast it to both.
+// Cluster pairs: two CTAs on tiles stacked along M fetch half of their shared W tile each and
+// multicast it to both. In the contiguous layout a pair may straddle two experts' blocks; then
+// each CTA fetches its own W tile.
 //
 // Grouped: the W tile comes from expert e's slice of [E·N, K]; contiguous tiles take e from the
 // 128-row block's entry, masked tiles come from a tile list built in shared memory from the
@@ -47,6 +48,9 @@ using namespace sm90;
 
 constexpr int kBK = 128;           // K per stage = one scale block = one 128-byte swizzle row
 constexpr int kMaxExperts = 1024;  // masked layout: experts per launch
+#ifndef FANOUT_GEMM_GROUP_M
+#define FANOUT_GEMM_GROUP_M 8
+#endif
 // Register budget per thread after setmaxnreg: 64K registers per SM over 128 producer-side and
 // 128·consumers threads.
 constexpr int kProducerRegs = 56;
@@ -101,11 +105,20 @@ struct Tile {
     int sw_base;   // index of sw[.., n0 / 128, 0]
     int kb0, kb1;  // K blocks of this tile (split)
     int id, split;
+    bool shared_w = true;  // with clusters: every CTA of it loads this W tile (else each its own)
+    bool skip = false;     // no CTA of the cluster has rows here: all of them pass it by
 };
 
-// Tile t of the launch. With clusters of CL CTAs (dense and masked) t names CL tiles stacked
-// along M that share their W tile, and `rank` picks one; the last may lie past M or the expert's
-// count (rows <= 0: it runs the pipeline for its peer and writes nothing).
+// Tile t of the launch. With clusters of CL CTAs t names CL tiles stacked along M that share
+// their W tile, and `rank` picks one; the last may lie past M or the expert's count (rows <= 0:
+// it runs the pipeline for its peer and writes nothing).
+//
+// Dense and contiguous tiles go in groups of kGroupM row units (units of CL row blocks): within a
+// group the row unit varies fastest, then the column block, so the tiles running at once cover a
+// near-square patch of y and read its x rows and W columns from L2 instead of streaming all of x
+// once per column block (32,768 contiguous rows of 7 KB against 16 column blocks were 3.9 GB of
+// x). Up to kGroupM row units (every decode size) this is the plain row-fastest order.
+constexpr int kGroupM = FANOUT_GEMM_GROUP_M;
 template <int BM, int BN, Layout L, int CL>
 struct Scheduler {
     const Params& p;
@@ -113,6 +126,14 @@ struct Scheduler {
     int m_blocks;
 
     __device__ int m_units() const { return (m_blocks + CL - 1) / CL; }
+
+    // Contiguous: the expert of the 128-row block holding `row`, or -1 for a padding block or a
+    // row past the end.
+    __device__ int expert_of(int row) const {
+        if (row >= p.rows) return -1;
+        const int e = p.block_expert[row / kBK];
+        return e >= 0 && e < p.num_experts ? e : -1;
+    }
 
     __device__ int total() const {
         if constexpr (L == Layout::kMasked)
@@ -139,28 +160,41 @@ struct Scheduler {
             tile.kb1 = p.nkb;
             tile.id = t;
         } else {
-            const int m_blk = CL * (t % m_units()) + rank, rest = t / m_units();
-            const int n_blk = rest % p.n_blocks;
+            const int per_split = m_units() * p.n_blocks, u = t % per_split;
+            const int group = u / (kGroupM * p.n_blocks), in_group = u % (kGroupM * p.n_blocks);
+            const int group_units = min(kGroupM, m_units() - group * kGroupM);
+            const int m_unit = group * kGroupM + in_group % group_units;
+            const int m_blk = CL * m_unit + rank, n_blk = in_group / group_units;
             tile.n0 = n_blk * BN;
             tile.a_row = m_blk * BM;
             tile.id = m_blk + n_blk * m_blocks;
             if constexpr (L == Layout::kDense) {
-                tile.split = rest / p.n_blocks;
+                tile.split = t / per_split;
                 tile.rows = p.rows - tile.a_row;
                 tile.b_row = tile.n0;
                 tile.sw_base = (tile.n0 / kBK) * p.nkb;
                 tile.kb0 = tile.split * p.kb_per_split;
                 tile.kb1 = min(p.nkb, tile.kb0 + p.kb_per_split);
             } else {
-                const int e = p.block_expert[tile.a_row / kBK];
-                const bool real = e >= 0 && e < p.num_experts;
-                tile.rows = real ? min(BM, p.rows - tile.a_row) : 0;
-                tile.b_row = (real ? e : 0) * p.N + tile.n0;
-                tile.sw_base = (real ? e : 0) * sw_per_expert + (tile.n0 / kBK) * p.nkb;
+                // A block past the rows (the last pair's second CTA) or of no expert (padding)
+                // computes expert 0's product for its peer and writes nothing; a pair with no
+                // expert's block (the unused end of the model's spill region) is skipped.
+                const int e = expert_of(tile.a_row);
+                tile.rows = e >= 0 ? min(BM, p.rows - tile.a_row) : 0;
+                tile.b_row = max(e, 0) * p.N + tile.n0;
+                tile.sw_base = max(e, 0) * sw_per_expert + (tile.n0 / kBK) * p.nkb;
                 tile.kb0 = 0;
                 tile.kb1 = p.nkb;
+                if constexpr (CL > 1) {
+                    // The pair shares its W tile only when both blocks take the same expert's.
+                    static_assert(CL <= 2, "the pair's peer is rank ^ 1");
+                    const int peer = expert_of((CL * m_unit + (rank ^ 1)) * BM);
+                    tile.shared_w = max(peer, 0) == max(e, 0);
+                    tile.skip = e < 0 && peer < 0;
+                }
             }
         }
+        if constexpr (CL == 1) tile.skip = tile.rows <= 0;
         return tile;
     }
 };
@@ -205,15 +239,23 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     const Scheduler<BM, BN, L, CL> sched{p, prefix, (p.rows + BM - 1) / BM};
     const int rank = CL > 1 ? static_cast<int>(cluster_rank()) : 0;
     const int first = blockIdx.x / CL, stride = gridDim.x / CL;  // the cluster's share of the tiles
-    // The W tile of a stage: with clusters each CTA fetches 1/CL of its rows for all of them.
-    auto load_w = [&](int stage, int kb, int b_row) {
+    // The W tile of a stage: with clusters each CTA fetches 1/CL of its rows for all of them — or,
+    // when the CTAs' tiles take different W tiles (contiguous blocks of two experts), each its own
+    // in CL boxes, for the same bytes on its barrier.
+    auto load_w = [&](int stage, int kb, const Tile& tile) {
         uint8_t* dst = smem + stage * kStageBytes + kABytes;
         if constexpr (CL == 1) {
-            tma_load_2d(dst, &tmap_w, &full[stage], kb * kBK, b_row);
+            tma_load_2d(dst, &tmap_w, &full[stage], kb * kBK, tile.b_row);
         } else {
             constexpr int kRows = BN / CL;
-            tma_load_2d_multicast(dst + rank * kRows * kBK, &tmap_w, &full[stage], kb * kBK, b_row + rank * kRows,
-                                  static_cast<uint16_t>((1 << CL) - 1));
+            if (tile.shared_w) {
+                tma_load_2d_multicast(dst + rank * kRows * kBK, &tmap_w, &full[stage], kb * kBK,
+                                      tile.b_row + rank * kRows, static_cast<uint16_t>((1 << CL) - 1));
+            } else {
+#pragma unroll
+                for (int c = 0; c < CL; ++c)
+                    tma_load_2d(dst + c * kRows * kBK, &tmap_w, &full[stage], kb * kBK, tile.b_row + c * kRows);
+            }
         }
     };
 
@@ -254,7 +296,7 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
             prefetched = min(STAGES, tile.kb1 - tile.kb0);
             for (int i = 0; i < prefetched; ++i) {  // fresh stages: no need to wait for `empty`
                 mbar_arrive_expect_tx(&full[i], stage_tx(tile));
-                load_w(i, tile.kb0 + i, tile.b_row);
+                load_w(i, tile.kb0 + i, tile);
             }
             grid_dependency_wait();
             for (int i = 0; i < prefetched; ++i)
@@ -294,12 +336,12 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
             uint32_t phase = prefetched == STAGES ? 1 : 0;
             for (int t = first; t < total; t += stride) {
                 const Tile tile = sched.get(t, rank);
-                if (CL == 1 && tile.rows <= 0) continue;
+                if (tile.skip) continue;
                 for (int kb = tile.kb0 + (t == first ? prefetched : 0); kb < tile.kb1; ++kb) {
                     mbar_wait(&empty[s], phase ^ 1);  // with clusters: free in every CTA of it
                     mbar_arrive_expect_tx(&full[s], stage_tx(tile));
                     tma_load_2d(smem + s * kStageBytes, x_map(tile), &full[s], kb * kBK, tile.a_row);
-                    load_w(s, kb, tile.b_row);
+                    load_w(s, kb, tile);
                     if (++s == STAGES) s = 0, phase ^= 1;
                 }
             }
@@ -311,7 +353,7 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
             uint32_t phase = 0;
             for (int t = first; t < total; t += stride) {
                 const Tile tile = sched.get(t, rank);
-                if (CL == 1 && tile.rows <= 0) continue;
+                if (tile.skip) continue;
                 for (int kb = tile.kb0; kb < tile.kb1; ++kb) {
                     float* dst = scales + s * kScaleFloats;
                     float v[BM / 32], w = 0.0f;
@@ -353,8 +395,9 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
         int kb0, kb1;
         {
             const Tile tile = sched.get(t, rank);
-            // With clusters a tile past M still runs its pipeline (the peer's W rows come through it).
-            if (CL == 1 && tile.rows <= 0) continue;
+            // With clusters a tile past M still runs its pipeline (the peer's W rows come through
+            // it) unless the whole cluster skips it.
+            if (tile.skip) continue;
             kb0 = tile.kb0;
             kb1 = tile.kb1;
         }
@@ -692,14 +735,12 @@ void launch_layout(const GemmConfig& cfg, const Operands& o, const Params& p, cu
     FANOUT_DEVICE_REQUIRE(L != Layout::kContiguous || cfg.block_m <= 128,
                           "gemm_fp8: the contiguous layout's tiles stay inside one 128-row expert block (block_m " +
                               std::to_string(cfg.block_m) + ")");
-    FANOUT_DEVICE_REQUIRE(
-        cfg.cluster == 1 || (pair && L != Layout::kContiguous),
-        "gemm_fp8: clusters of " + std::to_string(cfg.cluster) + " (have 1, and 2 for the dense and masked layouts)");
-#define FANOUT_GEMM_CASE(bm, bn)                                        \
-    if (cfg.block_m == bm && cfg.block_n == bn) {                       \
-        if constexpr (L != Layout::kContiguous)                         \
-            if (pair) return launch_config<bm, bn, L, 2>(o, p, stream); \
-        return launch_config<bm, bn, L, 1>(o, p, stream);               \
+    FANOUT_DEVICE_REQUIRE(cfg.cluster == 1 || pair,
+                          "gemm_fp8: clusters of " + std::to_string(cfg.cluster) + " (have 1 and 2)");
+#define FANOUT_GEMM_CASE(bm, bn)                                    \
+    if (cfg.block_m == bm && cfg.block_n == bn) {                   \
+        if (pair) return launch_config<bm, bn, L, 2>(o, p, stream); \
+        return launch_config<bm, bn, L, 1>(o, p, stream);           \
     }
     FANOUT_GEMM_CASE(64, 64)
     FANOUT_GEMM_CASE(64, 128)
@@ -798,12 +839,13 @@ void launch_grouped_gemm_fp8_contiguous(const uint8_t* x, const float* sx, int r
     FANOUT_DEVICE_REQUIRE(rows % kBK == 0,
                           "grouped_gemm_fp8_contiguous: rows must be a multiple of 128, got " + std::to_string(rows));
     FANOUT_DEVICE_REQUIRE(num_experts > 0, "grouped_gemm_fp8_contiguous: no experts");
-    if (cfg.block_m == 0) cfg = {128, 256, 1, 1};
+    if (cfg.block_m == 0) cfg = {128, 256, 1, 2};
     Params p = base_params(sx, sw, y, rows, N, K, cfg.block_n);
     p.block_expert = block_expert;
     p.num_experts = num_experts;
-    const int tiles = (rows / cfg.block_m) * p.n_blocks;
-    launch_layout<Layout::kContiguous>(cfg, {x, uint64_t(rows), w, uint64_t(num_experts) * N, tiles}, p,
+    const int m_blocks = rows / cfg.block_m, cl = std::max(cfg.cluster, 1);  // (both checked at the launch)
+    const int units = ((m_blocks + cl - 1) / cl) * p.n_blocks;
+    launch_layout<Layout::kContiguous>(cfg, {x, uint64_t(rows), w, uint64_t(num_experts) * N, units}, p,
                                        static_cast<cudaStream_t>(cuda_stream));
 }
 

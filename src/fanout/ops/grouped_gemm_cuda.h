@@ -15,7 +15,8 @@ namespace fanout::ops {
 // weights of all experts stacked: w [E, N, K] e4m3, sw [E, ceil(N/128), ceil(K/128)].
 //
 // Contiguous: x [rows, K] with rows a multiple of 128 and block_expert[rows / 128] on the device
-// naming the expert of each 128-row block (-1: padding, skipped). y [rows, N].
+// naming the expert of each 128-row block (-1: padding, skipped). y [rows, N]. The default tile is
+// 128 × 256 in cluster pairs.
 void launch_grouped_gemm_fp8_contiguous(const uint8_t* x, const float* sx, int rows, const int32_t* block_expert,
                                         const uint8_t* w, const float* sw, int num_experts, int N, int K, uint16_t* y,
                                         void* cuda_stream, GemmConfig cfg = {});
