@@ -68,32 +68,57 @@ inline std::vector<RankInput> make_step_inputs(const EpConfig& cfg, int step, st
     return inputs;
 }
 
+// Whether a backend may deliver an expert's rows in any order (ep.h): when none can be dropped.
+inline bool rows_may_come_in_any_order(const EpConfig& c) {
+    return int64_t(c.rows_per_expert()) >= int64_t(c.world) * c.max_tokens_per_rank;
+}
+
 // What this rank received, in a host view of recv_batch(): local expert e holds, in (source rank,
 // token, choice) order, every choice naming it (the first max_m of them), and counts[e] of them.
-inline std::string check_received(const EpConfig& cfg, const std::vector<RankInput>& inputs, const ExpertBatch& b) {
+// With `any_order` the rows may be any permutation of those (each payload with its scales).
+inline std::string check_received(const EpConfig& cfg, const std::vector<RankInput>& inputs, const ExpertBatch& b,
+                                  bool any_order = false) {
     const int r = cfg.rank, W = cfg.world, K = cfg.experts_per_token, L = cfg.local_experts();
     const size_t pb = size_t(cfg.payload_bytes()), nb = size_t(cfg.scale_blocks());
+    const size_t sb = cfg.payload == Payload::kFp8 ? nb * sizeof(float) : 0;  // scale bytes per row
     std::string failure;
     const auto* got = static_cast<const uint8_t*>(b.tokens);
+    // A row as bytes: payload, then its scales.
+    const auto row_bytes = [&](const uint8_t* payload, const float* scales) {
+        std::string s(reinterpret_cast<const char*>(payload), pb);
+        if (sb > 0) s.append(reinterpret_cast<const char*>(scales), sb);
+        return s;
+    };
     for (int e = 0; e < L; ++e) {
         const int expert = r * L + e;
-        int row = 0;
+        std::vector<std::string> want, have;
         for (int src = 0; src < W; ++src)
             for (int t = 0; t < inputs[src].T; ++t)
-                for (int k = 0; k < K; ++k) {
-                    if (inputs[src].topk[size_t(t) * K + k] != expert) continue;
-                    const size_t dst = size_t(e) * b.max_m + row;
-                    if (row < b.max_m && (std::memcmp(got + dst * pb, inputs[src].tokens.data() + t * pb, pb) != 0 ||
-                                          (cfg.payload == Payload::kFp8 &&
-                                           std::memcmp(b.scales + dst * nb, inputs[src].scales.data() + t * nb,
-                                                       nb * sizeof(float)) != 0)))
-                        failure = "rank " + std::to_string(r) + " expert " + std::to_string(expert) + " row " +
-                                  std::to_string(row) + ": wrong payload";
-                    ++row;
-                }
-        if (b.counts[e] != row)
+                for (int k = 0; k < K; ++k)
+                    if (inputs[src].topk[size_t(t) * K + k] == expert)
+                        want.push_back(row_bytes(inputs[src].tokens.data() + t * pb,
+                                                 sb > 0 ? inputs[src].scales.data() + t * nb : nullptr));
+        const int count = int(want.size()), kept = std::min(count, b.max_m);
+        if (b.counts[e] != count) {
             failure = "rank " + std::to_string(r) + " expert " + std::to_string(expert) + ": count " +
-                      std::to_string(b.counts[e]) + ", want " + std::to_string(row);
+                      std::to_string(b.counts[e]) + ", want " + std::to_string(count);
+            continue;
+        }
+        for (int row = 0; row < kept; ++row) {
+            const size_t dst = size_t(e) * b.max_m + row;
+            have.push_back(row_bytes(got + dst * pb, sb > 0 ? b.scales + dst * nb : nullptr));
+        }
+        want.resize(size_t(kept));
+        if (any_order) {
+            std::sort(want.begin(), want.end());
+            std::sort(have.begin(), have.end());
+        }
+        for (int row = 0; row < kept; ++row)
+            if (have[size_t(row)] != want[size_t(row)]) {
+                failure = "rank " + std::to_string(r) + " expert " + std::to_string(expert) + " row " +
+                          std::to_string(row) + ": wrong payload" + (any_order ? " (rows compared sorted)" : "");
+                break;
+            }
     }
     return failure;
 }

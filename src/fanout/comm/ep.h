@@ -18,7 +18,10 @@
 // configured maximum. The receive side is the masked layout of the grouped GEMM
 // (`launch_grouped_gemm_fp8_masked`): per local expert a count and `max_m` rows, rows in
 // (source rank, token, choice) order. Rows beyond max_m are dropped (and contribute nothing to
-// the combine); with max_m = world · max_tokens_per_rank (the default) nothing can be dropped.
+// the combine); with max_m = world · max_tokens_per_rank (the default) nothing can be dropped,
+// and then a GPU backend may deliver an expert's rows in any order (the nvlink backend: arrival
+// order, which saves the ranks a round trip) — each row's expert output does not depend on its
+// place, so results do not either.
 #pragma once
 
 #include <cstdint>

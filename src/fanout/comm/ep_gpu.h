@@ -5,8 +5,10 @@
 //
 //  * kNvlink: kernels that write straight into the peers' receive buffers through NCCL 2.28's
 //    device API — a symmetric window (ncclMemAlloc + ncclCommWindowRegister) and LSA pointers
-//    (ncclGetLsaPointer) — for the GPUs one NVLink domain connects. Counts go first, then rows;
-//    receivers wait on flags, with a timeout.
+//    (ncclGetLsaPointer) — for the GPUs one NVLink domain connects. When no row can be dropped
+//    (the default max_m) each row claims its place on the destination with an atomic and goes at
+//    once, one kernel per half; with a smaller max_m counts go first, then rows, in order.
+//    Receivers wait on flags, with a timeout.
 //  * kNccl: host-side grouped ncclSend/ncclRecv of fixed-size (padded) per-peer buffers: works
 //    across nodes (IB, sockets), the portable path and the baseline.
 //

@@ -5,29 +5,39 @@
 //
 // The window (same layout on every rank, `Layout`):
 //   counts_all [W][E]        each source's per-expert row totals, broadcast to every rank, so every
-//                            rank can compute where its rows go on any destination
+//                            rank can compute where its rows go on any destination (ordered)
+//   claims     [EL]          rows claimed so far this step per local expert (one-shot)
 //   recv rows  [EL][max_m]   payload, fp8 scales, and the row's origin (source, token, choice)
 //   returned   [T_max][K][D] expert outputs coming home (bf16)
 //   flags      [3][W]        per source: the step whose counts / rows / returns it has finished
 //
-// One step, on the caller's stream, never waiting on the host:
-//   dispatch_send: route_index (per 256-token chunk: each choice's index among the chunk's choices
-//                  of its expert, and the chunk's per-expert counts) → counts (step += 1; totals
-//                  to every rank's counts_all; counts flag) → rows (wait for every source's
-//                  counts; row = Σ counts of lower sources + index among this source's; a warp
-//                  stores each row into its destination; the last block to finish raises the
-//                  rows flag on every rank)
-//   dispatch_recv: wait for every source's rows flag; counts of the local experts
+// Dispatch has two protocols, picked once from the configuration:
+//  * one-shot, when no row can be dropped (max_m ≥ world · T_max, the default): one kernel.
+//    step += 1; a warp per (token, choice) claims the next row of its expert on the destination
+//    with a system-scope atomic add on that rank's `claims`, stores the row there at once; the
+//    last block raises the rows flag on every rank. No counts go ahead of the rows, so there is no
+//    round trip between the ranks before the first byte moves. Rows land in arrival order; since
+//    none is dropped and the grouped GEMM computes each row on its own, results do not depend on
+//    that order. dispatch_recv waits for every source's rows flag and takes each local expert's
+//    count from `claims`, resetting it for the next step — which no source can reach before this
+//    rank's combine_send of this step (it waits for that in its combine), after the reset.
+//  * ordered, when max_m is smaller and rows past it must be dropped in (source, token, choice)
+//    order, the same on every backend:
+//      route_index (per 256-token chunk: each choice's index among the chunk's choices of its
+//      expert, and the chunk's per-expert counts) → counts (step += 1; totals to every rank's
+//      counts_all; counts flag) → rows (wait for every source's counts; row = Σ counts of lower
+//      sources + index among this source's; a warp stores each row into its destination; the
+//      last block to finish raises the rows flag on every rank); dispatch_recv waits for every
+//      source's rows flag and sums the local experts' counts.
+//
+// The rest of a step, on the caller's stream, never waiting on the host:
 //   combine_send:  a warp per received row stores the expert output into the source's returned
 //                  slot (token, choice); the last block raises the returns flag on every rank
 //   combine_recv:  wait for every source's returns flag; weighted sum per token in f32 → bf16
 //                  (combine_recv_add: starting from the residual's value, written back in place)
-// Rows go to a destination in (source rank, token, choice) order per expert — the order of the
-// CPU backends — with no atomics on the data path, so results are deterministic.
-//
-// Reuse across steps needs no second buffer: a rank can only start step s+1's stores into a
-// peer after every rank finished step s's counts (it waits for them), and a rank's buffers of
-// step s are dead once it raised its returns flag of step s, which precedes every peer's step s+1.
+// Reuse across steps needs no second buffer: a rank starts step s+1's stores into a peer only
+// after that peer's returns of step s reached it (its combine waits for them), and a rank's buffers
+// of step s are dead once it raised its returns flag of step s.
 //
 // Waits poll flags with acquire loads at system scope and give up after the configured timeout:
 // the first to give up records (phase, peer, step) in host-mapped memory and raise_if_failed()
@@ -43,13 +53,15 @@
 #include "fanout/comm/nccl_check.h"
 #include "fanout/core/api_error.h"
 #include "fanout/core/cuda_check.h"
+#include "fanout/core/search.cuh"
 
 namespace fanout::comm {
 namespace {
 
 constexpr int kThreads = 256, kWarps = kThreads / 32;
-constexpr int kChunk = 256;      // tokens per route_index block
-constexpr int kMaxWorld = 64;    // ranks of one NVLink domain this backend addresses
+constexpr int kChunk = 256;    // tokens per route_index block
+constexpr int kMaxWorld = 64;  // ranks of one NVLink domain this backend addresses
+constexpr int kMaxLocalExperts = 1024;
 constexpr int kRowBlocks = 264;  // blocks of the row kernels: 2 per SM on an H200
 
 enum Phase : int { kPhaseCounts = 0, kPhaseRows = 1, kPhaseReturns = 2 };
@@ -60,7 +72,7 @@ struct ErrorRecord {
 };
 
 struct Layout {
-    size_t counts_all, recv_tokens, recv_scales, recv_meta, returned, flags, bytes;
+    size_t counts_all, claims, recv_tokens, recv_scales, recv_meta, returned, flags, bytes;
 };
 
 size_t align_up(size_t x) { return (x + 255) & ~size_t{255}; }
@@ -76,6 +88,7 @@ Layout make_layout(const EpConfig& c) {
         return o;
     };
     l.counts_all = take(W * E * 4);
+    l.claims = take(EL * 4);
     l.recv_tokens = take(EL * M * c.payload_bytes());
     l.recv_scales = take(EL * M * nb * 4);
     l.recv_meta = take(EL * M * 4);
@@ -88,6 +101,7 @@ Layout make_layout(const EpConfig& c) {
 // Everything the kernels need, passed by value.
 struct Params {
     int rank, world, E, EL, K, D, T_max, max_m, payload_bytes, nb;
+    bool one_shot;  // max_m >= world · T_max: no row can be dropped (see the top of the file)
     Layout layout;
     char* peer_base[kMaxWorld];  // the window on each rank, as this GPU addresses it
     unsigned long long* step;    // this rank's step counter (device memory)
@@ -153,13 +167,16 @@ __device__ bool wait_all_sources(const Params& p, int phase, unsigned long long 
 }
 
 // The last block of a grid to get here raises `phase`'s flag for this rank on every rank, after
-// every block's stores are visible system-wide.
-__device__ void finish_and_signal(const Params& p, unsigned int* done, int phase, unsigned long long step) {
+// every block's stores are visible system-wide; with `publish_step` it also stores `step` as the
+// rank's step counter (the one-shot dispatch, whose blocks all read the counter before any gets here).
+__device__ void finish_and_signal(const Params& p, unsigned int* done, int phase, unsigned long long step,
+                                  bool publish_step = false) {
     __threadfence_system();
     __syncthreads();
     if (threadIdx.x != 0) return;
     if (atomicAdd(done, 1u) != gridDim.x - 1) return;
     *done = 0;  // the next step's launch sees it reset (same stream)
+    if (publish_step) *p.step = step;
     __threadfence_system();
     for (int r = 0; r < p.world; ++r) store_release_sys(flag(p, r, phase, p.rank), step);
 }
@@ -211,7 +228,23 @@ __global__ void __launch_bounds__(kThreads) counts_kernel(Params p, const int32_
         for (int r = 0; r < p.world; ++r) store_release_sys(flag(p, r, kPhaseCounts, p.rank), step);
 }
 
-// A warp per (token, choice): its row's place on the destination, then the row itself.
+// One warp stores choice i (token t) into row `row` of local expert `el` on rank `dst`, or marks it
+// dropped past max_m.
+__device__ inline void store_row(const Params& p, int i, int t, int dst, int el, int row,
+                                 const uint8_t* __restrict__ tokens, const float* __restrict__ scales, int lane) {
+    const bool kept = row < p.max_m;
+    if (lane == 0) p.valid[i] = kept;
+    if (!kept) return;
+    const size_t slot = size_t(el) * p.max_m + row;
+    warp_copy(at<uint8_t>(p, dst, p.layout.recv_tokens) + slot * p.payload_bytes, tokens + size_t(t) * p.payload_bytes,
+              p.payload_bytes, lane);
+    if (p.nb > 0)
+        for (int b = lane; b < p.nb; b += 32)
+            at<float>(p, dst, p.layout.recv_scales)[slot * p.nb + b] = scales[size_t(t) * p.nb + b];
+    if (lane == 0) at<int32_t>(p, dst, p.layout.recv_meta)[slot] = (p.rank * p.T_max + t) * p.K + i % p.K;
+}
+
+// Ordered: a warp per (token, choice): its row's place on the destination, then the row itself.
 __global__ void __launch_bounds__(kThreads)
     dispatch_rows_kernel(Params p, const int32_t* __restrict__ num_tokens, const uint8_t* __restrict__ tokens,
                          const float* __restrict__ scales, const int32_t* __restrict__ topk) {
@@ -221,50 +254,82 @@ __global__ void __launch_bounds__(kThreads)
         // counts_all was stored by other GPUs: read it through L2 (__ldcg).
         const int32_t* counts_all = at<int32_t>(p, p.rank, p.layout.counts_all);
         for (int i = blockIdx.x * kWarps + threadIdx.x / 32; i < T * p.K; i += gridDim.x * kWarps) {
-            const int t = i / p.K, e = topk[i], dst = e / p.EL, el = e % p.EL;
+            const int t = i / p.K, e = topk[i];
             // Rows of lower sources first, then this source's earlier choices of e.
             int row = p.chunk_index[i];
             for (int c = 0; c < t / kChunk; ++c) row += p.chunk_counts[size_t(c) * p.E + e];
             for (int s = 0; s < p.rank; ++s) row += __ldcg(counts_all + size_t(s) * p.E + e);
-            const bool kept = row < p.max_m;
-            if (lane == 0) p.valid[i] = kept;
-            if (!kept) continue;
-            const size_t slot = size_t(el) * p.max_m + row;
-            warp_copy(at<uint8_t>(p, dst, p.layout.recv_tokens) + slot * p.payload_bytes,
-                      tokens + size_t(t) * p.payload_bytes, p.payload_bytes, lane);
-            if (p.nb > 0)
-                for (int b = lane; b < p.nb; b += 32)
-                    at<float>(p, dst, p.layout.recv_scales)[slot * p.nb + b] = scales[size_t(t) * p.nb + b];
-            if (lane == 0) at<int32_t>(p, dst, p.layout.recv_meta)[slot] = (p.rank * p.T_max + t) * p.K + i % p.K;
+            store_row(p, i, t, e / p.EL, e % p.EL, row, tokens, scales, lane);
         }
     }
     finish_and_signal(p, p.done, kPhaseRows, step);
 }
 
-// One block: wait for every source's rows, then the local experts' counts.
+// One-shot: a warp per (token, choice) claims its row on the destination and stores it.
+__global__ void __launch_bounds__(kThreads)
+    dispatch_one_shot_kernel(Params p, const int32_t* __restrict__ num_tokens, const uint8_t* __restrict__ tokens,
+                             const float* __restrict__ scales, const int32_t* __restrict__ topk) {
+    const unsigned long long step = *p.step + 1;  // published by the last block, after every block read it
+    const int T = min(max(*num_tokens, 0), p.T_max), lane = threadIdx.x % 32;
+    for (int i = blockIdx.x * kWarps + threadIdx.x / 32; i < T * p.K; i += gridDim.x * kWarps) {
+        const int t = i / p.K, e = topk[i], dst = e / p.EL, el = e % p.EL;
+        int row = 0;
+        if (lane == 0) row = atomicAdd_system(at<int>(p, dst, p.layout.claims) + el, 1);
+        // Past max_m only if a token named an expert twice (the router never does): dropped.
+        store_row(p, i, t, dst, el, __shfl_sync(0xffffffffu, row, 0), tokens, scales, lane);
+    }
+    finish_and_signal(p, p.done, kPhaseRows, step, true);
+}
+
+// One block: wait for every source's rows, then the local experts' counts (one-shot: the claims,
+// reset for the next step; ordered: the sum of every source's counts).
 __global__ void __launch_bounds__(kThreads) dispatch_wait_kernel(Params p) {
     const unsigned long long step = *p.step;
     if (!wait_all_sources(p, kPhaseRows, step)) return;
     const int32_t* counts_all = at<int32_t>(p, p.rank, p.layout.counts_all);
+    int* claims = at<int>(p, p.rank, p.layout.claims);
     for (int el = threadIdx.x; el < p.EL; el += kThreads) {
         int total = 0;
-        for (int s = 0; s < p.world; ++s) total += __ldcg(counts_all + size_t(s) * p.E + p.rank * p.EL + el);
+        if (p.one_shot)
+            total = atomicExch_system(claims + el, 0);
+        else
+            for (int s = 0; s < p.world; ++s) total += __ldcg(counts_all + size_t(s) * p.E + p.rank * p.EL + el);
         p.counts[el] = total;
     }
 }
 
 // A warp per received row: the expert's output back to the row's source, at (token, choice).
+// Each block first lays the local experts' stored rows end to end (a prefix over their counts in
+// shared memory), so the warps walk only the rows that arrived — not every expert's max_m slots,
+// which with the default max_m (world · T_max) are mostly empty.
 __global__ void __launch_bounds__(kThreads)
     combine_rows_kernel(Params p, const __nv_bfloat16* __restrict__ expert_out) {
+    __shared__ int first[kMaxLocalExperts + 1];  // first[el]: stored rows of the experts before el
     const unsigned long long step = *p.step;
     const int lane = threadIdx.x % 32, row_bytes = p.D * 2;
+    if (threadIdx.x < 32) {  // warp 0, 32 experts at a time
+        int carry = 0;
+        for (int base = 0; base < p.EL; base += 32) {
+            const int el = base + lane;
+            int v = el < p.EL ? min(max(p.counts[el], 0), p.max_m) : 0;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int u = __shfl_up_sync(0xffffffffu, v, o);
+                if (lane >= o) v += u;
+            }
+            if (el < p.EL) first[el + 1] = carry + v;
+            carry += __shfl_sync(0xffffffffu, v, 31);
+        }
+        if (lane == 0) first[0] = 0;
+    }
+    __syncthreads();
     const int32_t* meta = at<int32_t>(p, p.rank, p.layout.recv_meta);
-    for (int i = blockIdx.x * kWarps + threadIdx.x / 32; i < p.EL * p.max_m; i += gridDim.x * kWarps) {
-        const int el = i / p.max_m, r = i % p.max_m;
-        if (r >= min(p.counts[el], p.max_m)) continue;
+    for (int j = blockIdx.x * kWarps + threadIdx.x / 32; j < first[p.EL]; j += gridDim.x * kWarps) {
+        const int el = segment_of(first, p.EL, j);
+        const size_t i = size_t(el) * p.max_m + (j - first[el]);
         const int origin = __ldcg(meta + i), src = origin / (p.T_max * p.K), tk = origin % (p.T_max * p.K);
-        warp_copy(at<uint8_t>(p, src, p.layout.returned) + size_t(tk) * row_bytes, expert_out + size_t(i) * p.D,
-                  row_bytes, lane);
+        warp_copy(at<uint8_t>(p, src, p.layout.returned) + size_t(tk) * row_bytes, expert_out + i * p.D, row_bytes,
+                  lane);
     }
     finish_and_signal(p, p.done + 1, kPhaseReturns, step);
 }
@@ -314,6 +379,9 @@ class NvlinkEp final : public ExpertParallel {
         : config_(c), comm_(comm), stream_(stream) {
         FANOUT_DEVICE_REQUIRE(c.world <= kMaxWorld, "nvlink EP: at most " + std::to_string(kMaxWorld) + " ranks, got " +
                                                         std::to_string(c.world));
+        FANOUT_DEVICE_REQUIRE(c.local_experts() <= kMaxLocalExperts,
+                              "nvlink EP: at most " + std::to_string(kMaxLocalExperts) + " experts per rank, got " +
+                                  std::to_string(c.local_experts()));
         FANOUT_DEVICE_REQUIRE(c.experts_per_token <= 32,
                               "nvlink EP: top-k at most 32, got " + std::to_string(c.experts_per_token));
         ncclTeam_t lsa = ncclTeamLsa(comm);
@@ -336,6 +404,7 @@ class NvlinkEp final : public ExpertParallel {
         p.D = c.hidden;
         p.T_max = c.max_tokens_per_rank;
         p.max_m = c.rows_per_expert();
+        p.one_shot = int64_t(p.max_m) >= int64_t(p.world) * p.T_max;
         p.payload_bytes = c.payload_bytes();
         p.nb = c.payload == Payload::kFp8 ? c.scale_blocks() : 0;
         p.layout = layout;
@@ -384,6 +453,12 @@ class NvlinkEp final : public ExpertParallel {
 
     void dispatch_send(const DispatchInput& in) override {
         num_tokens_ = in.num_tokens;
+        if (params_.one_shot) {
+            dispatch_one_shot_kernel<<<rows_blocks(size_t(params_.T_max) * params_.K), kThreads, 0, stream_>>>(
+                params_, in.num_tokens, static_cast<const uint8_t*>(in.tokens), in.scales, in.topk_idx);
+            FANOUT_CUDA_CHECK_LAUNCH("dispatch_one_shot_kernel");
+            return;
+        }
         const int chunks = (params_.T_max + kChunk - 1) / kChunk;
         route_index_kernel<<<chunks, kThreads, 0, stream_>>>(params_, in.num_tokens, in.topk_idx);
         FANOUT_CUDA_CHECK_LAUNCH("route_index_kernel");
@@ -402,8 +477,11 @@ class NvlinkEp final : public ExpertParallel {
     ExpertBatch recv_batch() const override { return batch_; }
 
     void combine_send(const void* expert_out) override {
-        combine_rows_kernel<<<rows_blocks(size_t(params_.EL) * params_.max_m), kThreads, 0, stream_>>>(
-            params_, static_cast<const __nv_bfloat16*>(expert_out));
+        // Rows received: at most every choice of every rank, and at most the slots.
+        const size_t most =
+            std::min(size_t(params_.EL) * params_.max_m, size_t(params_.world) * params_.T_max * params_.K);
+        combine_rows_kernel<<<rows_blocks(most), kThreads, 0, stream_>>>(params_,
+                                                                         static_cast<const __nv_bfloat16*>(expert_out));
         FANOUT_CUDA_CHECK_LAUNCH("combine_rows_kernel");
     }
 

@@ -34,10 +34,10 @@
 #include <string>
 
 #include "fanout/core/cuda_check.h"
+#include "fanout/core/search.cuh"
 #include "fanout/ops/fp8_constants.h"
 #include "fanout/ops/gemm.h"
 #include "fanout/ops/grouped_gemm_cuda.h"
-#include "fanout/ops/search.cuh"
 #include "fanout/ops/sm90.cuh"
 #include "fanout/ops/tensor_map.h"
 

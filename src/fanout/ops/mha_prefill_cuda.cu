@@ -9,10 +9,10 @@
 #include <string>
 
 #include "fanout/core/cuda_check.h"
+#include "fanout/core/search.cuh"
 #include "fanout/ops/bf16_bits.cuh"
 #include "fanout/ops/device_context.h"
 #include "fanout/ops/mha_prefill_cuda.h"
-#include "fanout/ops/search.cuh"
 
 namespace fanout::ops {
 namespace {

@@ -31,12 +31,12 @@
 #include <string>
 
 #include "fanout/core/cuda_check.h"
+#include "fanout/core/search.cuh"
 #include "fanout/ops/bf16_bits.cuh"
 #include "fanout/ops/fp8_constants.h"
 #include "fanout/ops/gemm.h"
 #include "fanout/ops/mla_attention_cuda.h"
 #include "fanout/ops/pdl.cuh"
-#include "fanout/ops/search.cuh"
 #include "fanout/ops/sm90.cuh"
 #include "fanout/ops/tensor_map.h"
 

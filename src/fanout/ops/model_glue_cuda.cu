@@ -6,11 +6,11 @@
 #include <string>
 
 #include "fanout/core/cuda_check.h"
+#include "fanout/core/search.cuh"
 #include "fanout/ops/block_reduce.cuh"
 #include "fanout/ops/fp8_constants.h"
 #include "fanout/ops/model_glue_cuda.h"
 #include "fanout/ops/pdl.cuh"
-#include "fanout/ops/search.cuh"
 
 namespace fanout::ops {
 namespace {

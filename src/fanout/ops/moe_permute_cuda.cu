@@ -19,10 +19,10 @@
 #include <string>
 
 #include "fanout/core/cuda_check.h"
+#include "fanout/core/search.cuh"
 #include "fanout/ops/fp8_constants.h"
 #include "fanout/ops/moe_permute.h"
 #include "fanout/ops/pdl.cuh"
-#include "fanout/ops/search.cuh"
 
 namespace fanout::ops {
 namespace {

@@ -1,7 +1,7 @@
 // Device-side search in sorted offsets. Include only from .cu files.
 #pragma once
 
-namespace fanout::ops {
+namespace fanout {
 
 // The last i in [0, n) with starts[i] <= x (0 when there is none): which segment of a list of
 // nondecreasing segment starts holds x — an empty segment shares the next one's start and comes
@@ -18,4 +18,4 @@ __device__ __forceinline__ int segment_of(const int* starts, int n, int x) {
     return lo;
 }
 
-}  // namespace fanout::ops
+}  // namespace fanout
