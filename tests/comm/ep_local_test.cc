@@ -2,6 +2,7 @@
 // included), several steps through the same endpoints (ep_check.h has the per-rank checks).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <thread>
 #include <vector>
@@ -69,6 +70,36 @@ TEST(EpLocal, RowsPastMaxMAreDroppedNotMisplaced) {
     ep->combine_recv(w.data(), out.data());
     EXPECT_EQ(bf16_to_f32(out[0]), 0.5f);
     EXPECT_EQ(bf16_to_f32(out[3 * 16]), 0.0f);  // token 3's only choice was dropped
+}
+
+// check_received's two modes on a batch the local backend delivered in order: permuted rows of an
+// expert pass only when any order is allowed, a changed scale fails either way.
+TEST(EpLocal, CheckReceivedTellsAPermutationFromAWrongRow) {
+    const EpConfig cfg{0, 1, 2, 1, 16, 8, Payload::kFp8, 0};
+    ASSERT_TRUE(testing::rows_may_come_in_any_order(cfg));
+    LocalFabric fabric(cfg);
+    auto ep = fabric.endpoint(0);
+    std::mt19937 rng(5);
+    const std::vector<testing::RankInput> inputs = {testing::make_input(cfg, 6, rng)};
+    const int32_t T = inputs[0].T;
+    ep->dispatch_send({&T, inputs[0].tokens.data(), inputs[0].scales.data(), inputs[0].topk.data()});
+    ep->dispatch_recv();
+    const ExpertBatch b = ep->recv_batch();
+    const int e = b.counts[0] >= 2 ? 0 : 1;
+    ASSERT_GE(b.counts[e], 2) << "six tokens over two experts leave one expert at least three";
+    const size_t pb = size_t(cfg.payload_bytes()), nb = size_t(cfg.scale_blocks());
+    std::vector<uint8_t> tokens(static_cast<const uint8_t*>(b.tokens),
+                                static_cast<const uint8_t*>(b.tokens) + 2 * size_t(b.max_m) * pb);
+    std::vector<float> scales(b.scales, b.scales + 2 * size_t(b.max_m) * nb);
+    const ExpertBatch copy{b.counts, tokens.data(), scales.data(), b.max_m};
+    EXPECT_EQ(testing::check_received(cfg, inputs, copy), "");
+    const size_t r0 = size_t(e) * b.max_m, r1 = r0 + 1;  // swap the expert's first two rows
+    std::swap_ranges(tokens.begin() + r0 * pb, tokens.begin() + r1 * pb, tokens.begin() + r1 * pb);
+    std::swap_ranges(scales.begin() + r0 * nb, scales.begin() + r1 * nb, scales.begin() + r1 * nb);
+    EXPECT_NE(testing::check_received(cfg, inputs, copy), "");
+    EXPECT_EQ(testing::check_received(cfg, inputs, copy, true), "");
+    scales[r1 * nb] += 1.0f;
+    EXPECT_NE(testing::check_received(cfg, inputs, copy, true).find("wrong payload"), std::string::npos);
 }
 
 TEST(EpLocal, BadConfigsAndInputsAreClearErrors) {
