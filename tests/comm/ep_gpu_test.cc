@@ -256,6 +256,14 @@ TEST_P(EpGpu, Fp8PayloadOddHidden) { run_steps({0, 0, 4 * world_, 3, 130, 9, Pay
 
 TEST_P(EpGpu, RowsPastMaxMAreDroppedNotMisplaced) { run_steps({0, 0, 2 * world_, 2, 64, 16, Payload::kFp8, 3}, 4, 13); }
 
+// More tokens per rank than the combine's grid has rows (264) and than the ordered dispatch's
+// 256-token chunks: the one-shot dispatch (nothing droppable) and the ordered one (max_m 200, so
+// rows are dropped at world 1).
+TEST_P(EpGpu, ManyTokensPerRank) {
+    run_steps({0, 0, 8 * world_, 4, 64, 600, Payload::kFp8, 0}, 3, 19);
+    run_steps({0, 0, 8 * world_, 4, 64, 600, Payload::kFp8, 200}, 3, 23);
+}
+
 TEST_P(EpGpu, DeepSeekV3Shape) {
     // hidden 7168, top-8 of 256 experts (needs the GPU count to divide 256).
     if (256 % world_ != 0) GTEST_SKIP() << world_ << " GPUs do not divide 256 experts";

@@ -520,17 +520,32 @@ void check_silu_mul_quant(int E, int max_m, const std::vector<int32_t>& counts, 
     EXPECT_EQ(checked, want_checked);
 }
 
+// A block per slot (no bound), then a block per stored row found from the counts' prefix: with
+// the exact bound (43 rows) and a looser one; then 300 experts (the prefix in two rounds of 256).
 TEST(SiluMulQuantCuda, MaskedMatchesCpuReference) {
     REQUIRE_GPU();
-    for (const int I : {300, 2048 + 8}) {  // the scalar path, then the 16-byte one with a partial block
-        const int E = 4, max_m = 37;
-        const std::vector<int32_t> counts = {0, 37, 5, 1};
-        check_silu_mul_quant(E, max_m, counts, I, [&](const uint16_t* gu, uint8_t* q, float* s) {
-            DeviceBuffer<int32_t> dc(counts);
-            launch_silu_mul_quant_masked(gu, dc.ptr, E, max_m, I, q, s, ScaleOrder::kRowMajor, nullptr);
-            FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
-        });
-    }
+    for (const int I : {300, 2048 + 8})  // the scalar path, then the 16-byte one with a partial block
+        for (const int64_t max_rows : {0, 43, 100}) {
+            SCOPED_TRACE("I " + std::to_string(I) + ", row bound " + std::to_string(max_rows));
+            const int E = 4, max_m = 37;
+            const std::vector<int32_t> counts = {0, 37, 5, 1};
+            check_silu_mul_quant(E, max_m, counts, I, [&](const uint16_t* gu, uint8_t* q, float* s) {
+                DeviceBuffer<int32_t> dc(counts);
+                launch_silu_mul_quant_masked(gu, dc.ptr, E, max_m, I, q, s, ScaleOrder::kRowMajor, nullptr, max_rows);
+                FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+            });
+        }
+    std::mt19937 rng(3);
+    std::vector<int32_t> counts(300);
+    for (auto& c : counts) c = int32_t(rng() % 4);  // 0 .. max_m
+    counts[299] = 3;                                // the last expert's rows come last
+    int64_t stored = 0;
+    for (int32_t c : counts) stored += c;
+    check_silu_mul_quant(300, 3, counts, 256, [&](const uint16_t* gu, uint8_t* q, float* s) {
+        DeviceBuffer<int32_t> dc(counts);
+        launch_silu_mul_quant_masked(gu, dc.ptr, 300, 3, 256, q, s, ScaleOrder::kRowMajor, nullptr, stored);
+        FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+    });
 }
 
 // One group (the shared experts' MLP) with M-major scales: the same values, each scale at

@@ -120,6 +120,7 @@ struct CudaLayerExec::ExpertRows {
     int expected_m = 1;                     // tokens per expert expected: picks the masked GEMM's tile
     int spill_rows = 0;                     // contiguous rows after the masked part (0: none)
     const int32_t* block_expert = nullptr;  // [spill_rows / 128] on the device, -1: unused block
+    int64_t max_stored = 0;                 // > 0: a bound on the masked part's stored rows, below it
 
     int64_t masked_rows() const { return static_cast<int64_t>(num_experts) * max_m; }
 };
@@ -690,7 +691,14 @@ void CudaLayerExec::experts(const DeviceLayer& w, const LayerStep& st, const Ker
         const comm::EpConfig& e = ep_->config();
         const int expected =
             st.expected_m > 0 ? st.expected_m : expected_tokens_per_expert(c_, st.T) * e.world;  // all ranks' tokens
-        const ExpertRows rows{EL, in.max_m, in.counts, expected, 0, nullptr};
+        // Every rank's choices at most: far below EL · max_m when max_m = world · max tokens.
+        const ExpertRows rows{EL,
+                              in.max_m,
+                              in.counts,
+                              expected,
+                              0,
+                              nullptr,
+                              int64_t{e.world} * e.max_tokens_per_rank * e.experts_per_token};
         expert_mlp(w, rows, static_cast<const uint16_t*>(in.tokens), static_cast<const uint8_t*>(in.tokens), in.scales,
                    mark);
         ep_->combine_send(b.expert_out.get());
@@ -734,7 +742,7 @@ void CudaLayerExec::expert_mlp(const DeviceLayer& w, const ExpertRows& rows, con
         if (rows.max_m > 0)
             ops::launch_silu_mul_quant_masked(b.expert_gate_up.get(), rows.counts, EL, rows.max_m, I,
                                               b.expert_act_q.get(), b.expert_act_s.get(), ops::ScaleOrder::kRowMajor,
-                                              stream_);
+                                              stream_, rows.max_stored);
         if (rows.spill_rows > 0)
             ops::launch_silu_mul_quant_contiguous(b.expert_gate_up.get() + masked * 2 * I, rows.block_expert,
                                                   rows.spill_rows, I, b.expert_act_q.get() + masked * I,

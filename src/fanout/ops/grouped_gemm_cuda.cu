@@ -16,6 +16,7 @@
 #include <string>
 
 #include "fanout/core/cuda_check.h"
+#include "fanout/core/search.cuh"
 #include "fanout/ops/fp8_constants.h"
 #include "fanout/ops/gemm.h"
 #include "fanout/ops/grouped_gemm_cuda.h"
@@ -81,14 +82,50 @@ __device__ void silu_mul_quant_row(const __nv_bfloat16* __restrict__ gate_up, si
     }
 }
 
+constexpr int kMaxWalkExperts = 1024;
+
+// A block per row slot (grid.x = E · max_m), or, with `walk` (grid.x = a bound on the rows the
+// counts name), a block per stored row: the block finds its expert in a prefix over the counts.
 __global__ void __launch_bounds__(kThreads)
     silu_mul_quant_masked_kernel(const __nv_bfloat16* __restrict__ gate_up, const int32_t* __restrict__ counts,
-                                 int max_m, int I, uint8_t* __restrict__ q, float* __restrict__ scales,
-                                 ScaleStrides ss) {
+                                 int num_experts, int max_m, bool walk, int I, uint8_t* __restrict__ q,
+                                 float* __restrict__ scales, ScaleStrides ss) {
     pdl_enter();
-    const int e = blockIdx.x / max_m, row = blockIdx.x % max_m;
-    if (row >= min(max(counts[e], 0), max_m)) return;
-    silu_mul_quant_row(gate_up, blockIdx.x, I, q, scales, ss);
+    if (!walk) {
+        const int e = blockIdx.x / max_m, row = blockIdx.x % max_m;
+        if (row >= min(max(counts[e], 0), max_m)) return;
+        silu_mul_quant_row(gate_up, blockIdx.x, I, q, scales, ss);
+        return;
+    }
+    __shared__ int first[kMaxWalkExperts + 1];  // first[e]: stored rows of the experts before e
+    __shared__ int warp_sum[kThreads / 32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int carry = 0;
+    for (int base = 0; base < num_experts; base += kThreads) {  // a scan per warp, then the warps' totals
+        const int e = base + static_cast<int>(threadIdx.x);
+        int v = e < num_experts ? min(max(counts[e], 0), max_m) : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int u = __shfl_up_sync(0xffffffffu, v, o);
+            if (lane >= o) v += u;
+        }
+        if (lane == 31) warp_sum[warp] = v;
+        __syncthreads();
+        int before = 0, total = 0;
+        for (int w = 0; w < kThreads / 32; ++w) {
+            before += w < warp ? warp_sum[w] : 0;
+            total += warp_sum[w];
+        }
+        if (e < num_experts) first[e + 1] = carry + before + v;
+        carry += total;
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) first[0] = 0;
+    __syncthreads();
+    const int j = static_cast<int>(blockIdx.x);
+    if (j >= first[num_experts]) return;
+    const int e = segment_of(first, num_experts, j);
+    silu_mul_quant_row(gate_up, static_cast<size_t>(e) * max_m + (j - first[e]), I, q, scales, ss);
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -108,16 +145,21 @@ unsigned passes(int I) { return static_cast<unsigned>((I + kThreads * kPerThread
 }  // namespace
 
 void launch_silu_mul_quant_masked(const uint16_t* gate_up, const int32_t* counts, int num_experts, int max_m, int I,
-                                  uint8_t* q, float* scales, ScaleOrder order, void* cuda_stream) {
+                                  uint8_t* q, float* scales, ScaleOrder order, void* cuda_stream, int64_t max_rows) {
     if (num_experts <= 0 || max_m <= 0 || I <= 0) return;
     FANOUT_DEVICE_REQUIRE(
         order == ScaleOrder::kRowMajor || num_experts == 1,
         "silu_mul_quant_masked: M-major scales for one group only, got " + std::to_string(num_experts));
-    FANOUT_DEVICE_REQUIRE(static_cast<int64_t>(num_experts) * max_m < (int64_t{1} << 31),
-                          "silu_mul_quant_masked: experts × max_m exceeds the grid");
-    const dim3 grid(num_experts * max_m, passes(I));
+    const int64_t slots = static_cast<int64_t>(num_experts) * max_m;
+    const bool walk = max_rows > 0 && max_rows < slots;
+    FANOUT_DEVICE_REQUIRE(!walk || num_experts <= kMaxWalkExperts, "silu_mul_quant_masked: a row bound with at most " +
+                                                                       std::to_string(kMaxWalkExperts) +
+                                                                       " experts, got " + std::to_string(num_experts));
+    const int64_t blocks = walk ? max_rows : slots;
+    FANOUT_DEVICE_REQUIRE(blocks < (int64_t{1} << 31), "silu_mul_quant_masked: experts × max_m exceeds the grid");
+    const dim3 grid(static_cast<unsigned>(blocks), passes(I));
     launch_pdl(silu_mul_quant_masked_kernel, grid, kThreads, 0, static_cast<cudaStream_t>(cuda_stream),
-               reinterpret_cast<const __nv_bfloat16*>(gate_up), counts, max_m, I, q, scales,
+               reinterpret_cast<const __nv_bfloat16*>(gate_up), counts, num_experts, max_m, walk, I, q, scales,
                scale_strides(order, max_m, (I + kFp8Block - 1) / kFp8Block));
 }
 

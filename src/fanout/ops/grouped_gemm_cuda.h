@@ -32,9 +32,14 @@ void launch_grouped_gemm_fp8_masked(const uint8_t* x, const float* sx, const int
 // silu_mul_quant_masked on the device, reading bf16 gate_up [E, max_m, 2I] (the grouped GEMM's
 // output) and the counts on the device: q [E, max_m, I] e4m3, scales [E, max_m, ceil(I/128)] —
 // or, for one group (E = 1: the shared experts' MLP, whose down projection is a dense GEMM), in
-// `order` kMMajor [ceil(I/128), max_m] (fp8_constants.h).
+// `order` kMMajor [ceil(I/128), max_m] (fp8_constants.h). `max_rows` > 0: a bound on the rows the
+// counts name (Σ min(count, max_m)), known to the caller (an EP receive: every rank's choices); if it
+// is below E · max_m, the grid has that many rows instead of one per slot, each block finding its
+// expert from a prefix over the counts — an EP receive's max_m is world · max tokens, and a grid of
+// every slot cost 83 µs at world 1 and 256 experts (PERF.md, 2026-12-03). Rows past the bound
+// are not done.
 void launch_silu_mul_quant_masked(const uint16_t* gate_up, const int32_t* counts, int num_experts, int max_m, int I,
-                                  uint8_t* q, float* scales, ScaleOrder order, void* cuda_stream);
+                                  uint8_t* q, float* scales, ScaleOrder order, void* cuda_stream, int64_t max_rows = 0);
 
 // The same over the contiguous layout: gate_up [rows, 2I] bf16 with rows a multiple of 128 and
 // block_expert[rows / 128] on the device; q [rows, I] e4m3, scales [rows, ceil(I/128)]. Rows of a
