@@ -256,9 +256,9 @@ TEST_P(EpGpu, Fp8PayloadOddHidden) { run_steps({0, 0, 4 * world_, 3, 130, 9, Pay
 
 TEST_P(EpGpu, RowsPastMaxMAreDroppedNotMisplaced) { run_steps({0, 0, 2 * world_, 2, 64, 16, Payload::kFp8, 3}, 4, 13); }
 
-// More tokens per rank than the combine's grid has rows (264) and than the ordered dispatch's
-// 256-token chunks: the one-shot dispatch (nothing droppable) and the ordered one (max_m 200, so
-// rows are dropped at world 1).
+// More tokens per rank than the ordered dispatch's 256-token chunks and than its row kernels'
+// 264 blocks have warps: the one-shot dispatch (nothing droppable) and the ordered one (max_m
+// 200, so rows are dropped at world 1).
 TEST_P(EpGpu, ManyTokensPerRank) {
     run_steps({0, 0, 8 * world_, 4, 64, 600, Payload::kFp8, 0}, 3, 19);
     run_steps({0, 0, 8 * world_, 4, 64, 600, Payload::kFp8, 200}, 3, 23);
