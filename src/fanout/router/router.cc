@@ -189,40 +189,57 @@ struct Router::Relay : std::enable_shared_from_this<Relay> {
     Relay(Router& r, engine::RequestParams p, std::vector<uint64_t> h, std::shared_ptr<engine::RequestHandle> c)
         : router(r), params(std::move(p)), hashes(std::move(h)), caller(std::move(c)) {}
 
-    // Sends the request to engine e (mutex held).
+    // Sends the request to engine e (mutex held). The caller then calls watch(), without the
+    // mutex: on_event runs its callback at once when events already wait, and that callback
+    // (pump) takes the mutex — installed under it, an event arriving between the submit and
+    // on_event deadlocked the relay's thread on its own mutex (a CI run under load, 2026-12-03).
     void send_locked(int e) {
         engine = e;
         tried.push_back(e);
         remote = router.engines_[static_cast<size_t>(e)]->remote->submit(params);
+    }
+    // Has the current attempt's events drive pump() (mutex not held).
+    void watch() {
+        std::shared_ptr<engine::RequestHandle> r;
+        {
+            std::lock_guard lock(mutex);
+            r = remote;
+        }
+        if (!r) return;
         std::weak_ptr<Relay> self = shared_from_this();
-        remote->on_event([self] {
-            if (auto r = self.lock()) r->pump();
+        r->on_event([self] {
+            if (auto x = self.lock()) x->pump();
         });
     }
     void pump() {
-        std::lock_guard lock(mutex);
-        engine::RequestEvent ev;
-        while (remote && remote->next(&ev, std::chrono::milliseconds(0))) {
-            if (ev.finished && ev.finish_reason == "unavailable") {
-                router.mark_down(engine, "a call to it broke");
-                if (forwarded == 0 && !caller->cancelled()) {
-                    const int next = router.pick(hashes, tried);
-                    if (next >= 0) {
-                        remote->on_event(nullptr);
-                        send_locked(next);  // nothing was sent to the caller: place it again
-                        return;
+        bool placed_again = false;
+        {
+            std::lock_guard lock(mutex);
+            engine::RequestEvent ev;
+            while (remote && remote->next(&ev, std::chrono::milliseconds(0))) {
+                if (ev.finished && ev.finish_reason == "unavailable") {
+                    router.mark_down(engine, "a call to it broke");
+                    if (forwarded == 0 && !caller->cancelled()) {
+                        const int next = router.pick(hashes, tried);
+                        if (next >= 0) {
+                            remote->on_event(nullptr);
+                            send_locked(next);  // nothing was sent to the caller: place it again
+                            placed_again = true;
+                            break;
+                        }
                     }
                 }
-            }
-            ++forwarded;
-            const bool last = ev.finished;
-            caller->push(std::move(ev));
-            if (last) {
-                remote->on_event(nullptr);
-                remote.reset();
-                caller->on_cancel(nullptr);  // the caller's handle lets go of this relay
+                ++forwarded;
+                const bool last = ev.finished;
+                caller->push(std::move(ev));
+                if (last) {
+                    remote->on_event(nullptr);
+                    remote.reset();
+                    caller->on_cancel(nullptr);  // the caller's handle lets go of this relay
+                }
             }
         }
+        if (placed_again) watch();
     }
     void cancel() {
         std::lock_guard lock(mutex);
@@ -251,6 +268,7 @@ std::shared_ptr<engine::RequestHandle> Router::submit(engine::RequestParams para
         std::lock_guard lock(relay->mutex);
         relay->send_locked(e);
     }
+    relay->watch();
     // The caller's handle keeps the relay alive until the request ends (then pump() lets go) or
     // is cancelled.
     caller->on_cancel([relay] { relay->cancel(); });
