@@ -52,6 +52,7 @@
 #include "fanout/comm/ep_gpu.h"
 #include "fanout/comm/nccl_check.h"
 #include "fanout/core/api_error.h"
+#include "fanout/core/block_scan.cuh"
 #include "fanout/core/cuda_check.h"
 #include "fanout/core/search.cuh"
 
@@ -305,32 +306,9 @@ __global__ void __launch_bounds__(kThreads) dispatch_wait_kernel(Params p) {
 __global__ void __launch_bounds__(kThreads)
     combine_rows_kernel(Params p, const __nv_bfloat16* __restrict__ expert_out) {
     __shared__ int first[kMaxLocalExperts + 1];  // first[el]: stored rows of the experts before el
-    __shared__ int warp_sum[kWarps];
     const unsigned long long step = *p.step;
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, row_bytes = p.D * 2;
-    // The prefix, kThreads experts at a time: a scan per warp, then the warps' totals.
-    int carry = 0;
-    for (int base = 0; base < p.EL; base += kThreads) {
-        const int el = base + static_cast<int>(threadIdx.x);
-        int v = el < p.EL ? min(max(p.counts[el], 0), p.max_m) : 0;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int u = __shfl_up_sync(0xffffffffu, v, o);
-            if (lane >= o) v += u;
-        }
-        if (lane == 31) warp_sum[warp] = v;
-        __syncthreads();
-        int before = 0, total = 0;
-        for (int w = 0; w < kWarps; ++w) {
-            before += w < warp ? warp_sum[w] : 0;
-            total += warp_sum[w];
-        }
-        if (el < p.EL) first[el + 1] = carry + before + v;
-        carry += total;
-        __syncthreads();  // warp_sum is rewritten next round
-    }
-    if (threadIdx.x == 0) first[0] = 0;
-    __syncthreads();
+    const int lane = threadIdx.x % 32, row_bytes = p.D * 2;
+    block_count_prefix<kThreads>(p.counts, p.EL, p.max_m, first);
     const int32_t* meta = at<int32_t>(p, p.rank, p.layout.recv_meta);
     for (int j = blockIdx.x * kWarps + threadIdx.x / 32; j < first[p.EL]; j += gridDim.x * kWarps) {
         const int el = segment_of(first, p.EL, j);

@@ -15,6 +15,7 @@
 
 #include <string>
 
+#include "fanout/core/block_scan.cuh"
 #include "fanout/core/cuda_check.h"
 #include "fanout/core/search.cuh"
 #include "fanout/ops/fp8_constants.h"
@@ -98,30 +99,7 @@ __global__ void __launch_bounds__(kThreads)
         return;
     }
     __shared__ int first[kMaxWalkExperts + 1];  // first[e]: stored rows of the experts before e
-    __shared__ int warp_sum[kThreads / 32];
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    int carry = 0;
-    for (int base = 0; base < num_experts; base += kThreads) {  // a scan per warp, then the warps' totals
-        const int e = base + static_cast<int>(threadIdx.x);
-        int v = e < num_experts ? min(max(counts[e], 0), max_m) : 0;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int u = __shfl_up_sync(0xffffffffu, v, o);
-            if (lane >= o) v += u;
-        }
-        if (lane == 31) warp_sum[warp] = v;
-        __syncthreads();
-        int before = 0, total = 0;
-        for (int w = 0; w < kThreads / 32; ++w) {
-            before += w < warp ? warp_sum[w] : 0;
-            total += warp_sum[w];
-        }
-        if (e < num_experts) first[e + 1] = carry + before + v;
-        carry += total;
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) first[0] = 0;
-    __syncthreads();
+    block_count_prefix<kThreads>(counts, num_experts, max_m, first);
     const int j = static_cast<int>(blockIdx.x);
     if (j >= first[num_experts]) return;
     const int e = segment_of(first, num_experts, j);

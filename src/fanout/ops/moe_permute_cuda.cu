@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <string>
 
+#include "fanout/core/block_scan.cuh"
 #include "fanout/core/cuda_check.h"
 #include "fanout/core/search.cuh"
 #include "fanout/ops/fp8_constants.h"
@@ -36,29 +37,6 @@ constexpr int kMaxK = 32;
 // spreads over the GPU.
 constexpr int kUnpermuteChunk = 1024;
 
-// The exclusive prefix sum of each thread's v over the block; `total` gets the block's sum.
-// Every thread of the block must call it (it synchronizes).
-__device__ int block_exclusive_scan(int v, int& total) {
-    __shared__ int warp_sums[kThreads / 32];
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    int inclusive = v;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const int u = __shfl_up_sync(0xffffffffu, inclusive, o);
-        if (lane >= o) inclusive += u;
-    }
-    if (lane == 31) warp_sums[warp] = inclusive;
-    __syncthreads();
-    int before = 0;
-    total = 0;
-    for (int w = 0; w < kThreads / 32; ++w) {
-        before += w < warp ? warp_sums[w] : 0;
-        total += warp_sums[w];
-    }
-    __syncthreads();  // the next call rewrites warp_sums
-    return before + inclusive - v;
-}
-
 // After this kernel: counts[e] = local expert e's choices, and slot[i] = the rank of choice i
 // among its expert's choices in (t, k) order, for every choice routed to a local expert (the
 // others' slots are untouched).
@@ -75,7 +53,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int j = 0; j < kRankPerThread; ++j)
             if (first + j < num_choices && __ldg(idx + first + j) == expert) match |= 1u << j;
         int total;
-        int r = running + block_exclusive_scan(__popc(match), total);
+        int r = running + block_exclusive_scan<kThreads>(__popc(match), total);
 #pragma unroll
         for (int j = 0; j < kRankPerThread; ++j)
             if (match >> j & 1u) rank[first + j] = r++;
@@ -92,7 +70,8 @@ __device__ void spill_segments(const int32_t* __restrict__ counts, int num_local
         const int e = e0 + static_cast<int>(threadIdx.x);
         const int extra = e < num_local ? max(counts[e] - cap, 0) : 0;
         int total;
-        const int before = block_exclusive_scan((extra + kMoeSpillBlock - 1) / kMoeSpillBlock * kMoeSpillBlock, total);
+        const int before =
+            block_exclusive_scan<kThreads>((extra + kMoeSpillBlock - 1) / kMoeSpillBlock * kMoeSpillBlock, total);
         if (e < num_local) begin[e] = carry + before;
         carry += total;
     }
