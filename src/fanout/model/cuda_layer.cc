@@ -120,7 +120,7 @@ struct CudaLayerExec::ExpertRows {
     int expected_m = 1;                     // tokens per expert expected: picks the masked GEMM's tile
     int spill_rows = 0;                     // contiguous rows after the masked part (0: none)
     const int32_t* block_expert = nullptr;  // [spill_rows / 128] on the device, -1: unused block
-    int64_t max_stored = 0;                 // > 0: a bound on the masked part's stored rows, below it
+    int64_t max_stored = 0;                 // a bound on the masked part's stored rows (0: none known)
 
     int64_t masked_rows() const { return static_cast<int64_t>(num_experts) * max_m; }
 };

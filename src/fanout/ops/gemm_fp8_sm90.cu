@@ -48,9 +48,6 @@ using namespace sm90;
 
 constexpr int kBK = 128;           // K per stage = one scale block = one 128-byte swizzle row
 constexpr int kMaxExperts = 1024;  // masked layout: experts per launch
-#ifndef FANOUT_GEMM_GROUP_M
-#define FANOUT_GEMM_GROUP_M 8
-#endif
 // Register budget per thread after setmaxnreg: 64K registers per SM over 128 producer-side and
 // 128·consumers threads.
 constexpr int kProducerRegs = 56;
@@ -117,8 +114,9 @@ struct Tile {
 // group the row unit varies fastest, then the column block, so the tiles running at once cover a
 // near-square patch of y and read its x rows and W columns from L2 instead of streaming all of x
 // once per column block (32,768 contiguous rows of 7 KB against 16 column blocks were 3.9 GB of
-// x). Up to kGroupM row units (every decode size) this is the plain row-fastest order.
-constexpr int kGroupM = FANOUT_GEMM_GROUP_M;
+// x). Up to kGroupM row units (every decode size) this is the plain row-fastest order. Groups of 4
+// and 16 measured slower than 8 (PERF.md, 2026-12-03).
+constexpr int kGroupM = 8;
 template <int BM, int BN, Layout L, int CL>
 struct Scheduler {
     const Params& p;
