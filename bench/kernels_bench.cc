@@ -575,9 +575,10 @@ ops::GemmConfig parse_gemm_config(const std::string& text) {
     int consumed = 0;
     const int n = std::sscanf(text.c_str(), "%dx%d/%d%n", &g.block_m, &g.block_n, &g.splits, &consumed);
     if (n == 3 && consumed < int(text.size())) {
-        const int m = std::sscanf(text.c_str() + consumed, "%c%d", &c, &g.cluster);
-        FANOUT_CHECK(m == 2 && c == 'c', "bad GEMM config '{}': expected BMxBN/SPLITS[cCLUSTER], e.g. 128x256/1c2",
-                     text);
+        int more = 0;
+        const int m = std::sscanf(text.c_str() + consumed, "%c%d%n", &c, &g.cluster, &more);
+        FANOUT_CHECK(m == 2 && c == 'c' && consumed + more == int(text.size()),
+                     "bad GEMM config '{}': expected BMxBN/SPLITS[cCLUSTER], e.g. 128x256/1c2", text);
     }
     FANOUT_CHECK(n == 3 && g.block_m > 0 && g.block_n > 0 && g.splits > 0 && g.cluster > 0,
                  "bad GEMM config '{}': expected BMxBN/SPLITS[cCLUSTER], e.g. 128x256/1c2", text);
