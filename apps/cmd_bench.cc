@@ -185,6 +185,11 @@ void add_bench_command(CLI::App& app) {
         "comm", "EP dispatch/combine on all visible GPUs beside peer bandwidth, NCCL all-to-all and pplx (GPU)");
     comm->add_option("--backends", m->backends, "GPU EP backends: nvlink, nccl")->delimiter(',')->capture_default_str();
     comm->add_option("--tokens", m->tokens, "tokens per rank")->delimiter(',')->capture_default_str();
+    comm->add_option("--capacity", m->capacity,
+                     "tokens per rank the backends are built for, as a server builds them for its step budget "
+                     "(0: each point's own count)")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
     comm->add_option("--hidden", m->hidden, "hidden size")->capture_default_str();
     comm->add_option("--experts", m->experts, "routed experts")->capture_default_str();
     comm->add_option("--topk", m->topk, "experts per token")->capture_default_str();

@@ -200,16 +200,18 @@ struct RankFigures {
 
 nlohmann::json bench_point(comm::LocalGpus& ranks, GpuBackend backend, const CommBenchOptions& o, int T,
                            double peer_gbs, unsigned seed) {
-    const int W = ranks.world();
-    EpConfig cfg{0, W, o.experts, o.topk, o.hidden, T, Payload::kFp8, 0};
-    // Rows per expert: the default W·T (no row can be dropped: the nvlink backend's one-shot
+    const int W = ranks.world(), C = o.capacity > 0 ? std::max(o.capacity, T) : T;
+    EpConfig cfg{0, W, o.experts, o.topk, o.hidden, C, Payload::kFp8, 0};
+    // Rows per expert: the default W·C (no row can be dropped: the nvlink backend's one-shot
     // dispatch, ep_gpu.h) while the receive rows and the expert outputs fit in 1 GiB (V3 up to 128
-    // tokens per rank); beyond, W·T would take tens of GB at 4096 tokens, so the mean under uniform
+    // tokens per rank) — 16 GiB with --capacity, which stands for a server's backend, built with
+    // the default; beyond, W·C would take tens of GB at 4096 tokens, so the mean under uniform
     // routing, doubled, plus margin (rows past it would be dropped: the ordered dispatch).
     const double row_bytes = cfg.payload_bytes() + 4.0 * cfg.scale_blocks() + 2.0 * o.hidden;
-    if (double(cfg.local_experts()) * W * T * row_bytes > double(1 << 30)) {
+    const double limit = double(o.capacity > 0 ? 16 : 1) * double(1 << 30);
+    if (double(cfg.local_experts()) * W * C * row_bytes > limit) {
         const double mean_rows = double(W) * T * o.topk / o.experts;
-        cfg.max_m = std::min(W * T, int(std::ceil(2 * mean_rows)) + 32);
+        cfg.max_m = std::min(W * C, int(std::ceil(2 * mean_rows)) + 32);
     }
     cfg.max_m = cfg.rows_per_expert();
     std::mt19937 rng(seed);
@@ -355,7 +357,8 @@ nlohmann::json bench_point(comm::LocalGpus& ranks, GpuBackend backend, const Com
                         {"dispatch_payload", "fp8_e4m3+1x128_scales"},
                         {"combine_payload", "bf16"},
                         {"max_m", cfg.max_m},
-                        {"rows_droppable", int64_t(cfg.max_m) < int64_t(W) * T},  // nvlink: ordered, else one-shot
+                        {"capacity", C},
+                        {"rows_droppable", int64_t(cfg.max_m) < int64_t(W) * C},  // nvlink: ordered, else one-shot
                         {"dispatch_us", dispatch_us},
                         {"dispatch_send_us", avg(&RankFigures::dispatch_send)},
                         {"dispatch_recv_us", avg(&RankFigures::dispatch_recv)},
@@ -405,8 +408,11 @@ void print_point(const nlohmann::json& p, bool pplx_comparable) {
         get("step_pipelined_us"), get("dispatch_gbs"), get("combine_gbs"),
         100 * std::max(get("dispatch_peer_fraction"), 0.0), get("nccl_alltoall_dispatch_us"),
         get("nccl_alltoall_combine_us"), anchor.c_str(),
-        p.value("rows_droppable", false) ? fmt::format("  (max_m {}: rows droppable)", p["max_m"].get<int>()).c_str()
-                                         : "");
+        (std::string(p.value("rows_droppable", false)
+                         ? fmt::format("  (max_m {}: rows droppable)", p["max_m"].get<int>())
+                         : "") +
+         (p.value("capacity", T) != T ? fmt::format("  (built for {} tokens)", p["capacity"].get<int>()) : ""))
+            .c_str());
 }
 
 }  // namespace

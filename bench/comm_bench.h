@@ -17,6 +17,9 @@ namespace fanout::bench {
 struct CommBenchOptions {
     std::vector<std::string> backends = {"nvlink", "nccl"};
     std::vector<int> tokens = {1, 8, 32, 128, 512, 4096};  // tokens per rank
+    // Tokens per rank each backend is built for (a server's step budget, max_batched_tokens);
+    // 0: each point's own token count.
+    int capacity = 0;
     int hidden = 7168;
     int experts = 256;
     int topk = 8;

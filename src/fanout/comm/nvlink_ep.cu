@@ -322,26 +322,31 @@ __global__ void __launch_bounds__(kThreads)
 
 // A block per (token, 1024 values): wait for every rank's returns, then the weighted sum. (A grid
 // of at most kRowBlocks rows striding over the tokens measured slower: 19.5 against 12.7 µs at 128
-// tokens, 87 against 56 at 512, world 1 — PERF.md, 2026-12-03.)
-constexpr int kCombineChunk = 1024;
+// tokens, 87 against 56 at 512, world 1 — PERF.md, 2026-12-03.) Past kCombineTokens tokens each
+// block takes tokens t, t + kCombineTokens, ...: the grid follows T_max, the step budget a server
+// builds the backend for (thousands of tokens), not the step's T, and a decode step would
+// otherwise launch thousands of blocks that find nothing to do.
+constexpr int kCombineChunk = 1024, kCombineTokens = 512;
 
 __global__ void __launch_bounds__(kThreads)
     combine_reduce_kernel(Params p, const int32_t* __restrict__ num_tokens, const float* __restrict__ weight,
                           __nv_bfloat16* __restrict__ out, bool add) {
-    const int T = min(max(*num_tokens, 0), p.T_max), t = blockIdx.x;
-    if (t >= T) return;
+    const int T = min(max(*num_tokens, 0), p.T_max);
+    if (static_cast<int>(blockIdx.x) >= T) return;
     const unsigned long long step = *p.step;
     if (!wait_all_sources(p, kPhaseReturns, step)) return;
-    // Stored by other GPUs during this kernel's wait: read through L2 (__ldcg), never a stale L1 line.
-    const unsigned short* ret = at<unsigned short>(p, p.rank, p.layout.returned) + size_t(t) * p.K * p.D;
     const int end = min(p.D, static_cast<int>(blockIdx.y + 1) * kCombineChunk);
-    for (int d = blockIdx.y * kCombineChunk + threadIdx.x; d < end; d += kThreads) {
-        float acc = add ? __bfloat162float(out[size_t(t) * p.D + d]) : 0.0f;  // same thread, same element
-        for (int k = 0; k < p.K; ++k)
-            if (p.valid[size_t(t) * p.K + k])
-                acc += weight[size_t(t) * p.K + k] *
-                       __bfloat162float(__ushort_as_bfloat16(__ldcg(ret + size_t(k) * p.D + d)));
-        out[size_t(t) * p.D + d] = __float2bfloat16(acc);
+    for (int t = blockIdx.x; t < T; t += gridDim.x) {
+        // Stored by other GPUs during this kernel's wait: read through L2 (__ldcg), never a stale L1 line.
+        const unsigned short* ret = at<unsigned short>(p, p.rank, p.layout.returned) + size_t(t) * p.K * p.D;
+        for (int d = blockIdx.y * kCombineChunk + threadIdx.x; d < end; d += kThreads) {
+            float acc = add ? __bfloat162float(out[size_t(t) * p.D + d]) : 0.0f;  // same thread, same element
+            for (int k = 0; k < p.K; ++k)
+                if (p.valid[size_t(t) * p.K + k])
+                    acc += weight[size_t(t) * p.K + k] *
+                           __bfloat162float(__ushort_as_bfloat16(__ldcg(ret + size_t(k) * p.D + d)));
+            out[size_t(t) * p.D + d] = __float2bfloat16(acc);
+        }
     }
 }
 
@@ -493,7 +498,7 @@ class NvlinkEp final : public ExpertParallel {
   private:
     void reduce(const float* topk_weight, void* out, bool add) {
         FANOUT_DEVICE_REQUIRE(num_tokens_ != nullptr, "nvlink EP: combine_recv before dispatch_send");
-        const dim3 grid(params_.T_max, (params_.D + kCombineChunk - 1) / kCombineChunk);
+        const dim3 grid(std::min(params_.T_max, kCombineTokens), (params_.D + kCombineChunk - 1) / kCombineChunk);
         combine_reduce_kernel<<<grid, kThreads, 0, stream_>>>(params_, num_tokens_, topk_weight,
                                                               static_cast<__nv_bfloat16*>(out), add);
         FANOUT_CUDA_CHECK_LAUNCH("combine_reduce_kernel");
