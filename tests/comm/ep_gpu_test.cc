@@ -259,6 +259,7 @@ TEST_P(EpGpu, RowsPastMaxMAreDroppedNotMisplaced) { run_steps({0, 0, 2 * world_,
 // More tokens per rank than the ordered dispatch's 256-token chunks and than its row kernels'
 // 264 blocks have warps: the one-shot dispatch (nothing droppable) and the ordered one (max_m
 // 200, so rows are dropped at world 1).
+// 600 tokens per rank: past the nvlink combine's 512-token grid, whose blocks then stride over tokens.
 TEST_P(EpGpu, ManyTokensPerRank) {
     run_steps({0, 0, 8 * world_, 4, 64, 600, Payload::kFp8, 0}, 3, 19);
     run_steps({0, 0, 8 * world_, 4, 64, 600, Payload::kFp8, 200}, 3, 23);
