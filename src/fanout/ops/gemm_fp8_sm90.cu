@@ -217,6 +217,11 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     // Two partials in flight: the 64 × 64 tiles, whose one consumer warpgroup is alone with its
     // K loop's chain (see the loop).
     constexpr bool kPipelined = BM == 64 && BN == 64;
+    // A consumer warpgroup with no row of x in its 64 skips the MMAs (the `idle` loop below) on
+    // the 256-wide and 192-row tiles. On 128 × 128 tiles that path cost 1–2.5% on the
+    // compute-bound gate+up GEMMs even where no warpgroup was idle, and gained nothing (PERF.md,
+    // 2026-12-03); 64-row tiles have one warpgroup.
+    constexpr bool kSkipIdle = BM > 64 && (BN == 256 || BM == 192);
     static_assert(!kPipelined || STAGES >= 2, "two partials in flight hold two stages");
     static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "stages must keep 1024-byte alignment");
 
@@ -391,6 +396,7 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     uint32_t phase = 0;
     for (int t = first; t < total; t += stride) {
         int kb0, kb1;
+        bool idle;  // none of this warpgroup's 64 rows is in x (the last row block, a masked count)
         {
             const Tile tile = sched.get(t, rank);
             // With clusters a tile past M still runs its pipeline (the peer's W rows come through
@@ -398,6 +404,7 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
             if (tile.skip) continue;
             kb0 = tile.kb0;
             kb1 = tile.kb1;
+            idle = kSkipIdle && tile.rows <= 64 * consumer;
         }
         opaque(kb1);  // kept, not recomputed from the parameters per K block
         float acc[kAcc];
@@ -488,6 +495,15 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
                 fence_regs(pa);
                 release(st_a);
                 promote(pa, acc, sc_a_lo, sc_a_hi);
+            }
+        } else if (kSkipIdle && idle) {
+            // Nothing of its own to compute: it only hands the stages back, so the tensor cores
+            // serve the tile's other warpgroups alone (a masked expert's last row block often holds
+            // fewer than 64 rows; PERF.md, 2026-12-03). Its zero accumulators are never stored.
+            for (int kb = kb0; kb < kb1; ++kb) {
+                mbar_wait(base + kFullOff + 8 * s, phase);
+                release(s);
+                if (++s == STAGES) s = 0, phase ^= 1;
             }
         } else {
             for (int kb = kb0; kb < kb1; ++kb) {
