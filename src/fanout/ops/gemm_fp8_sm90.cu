@@ -219,8 +219,8 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     constexpr bool kPipelined = BM == 64 && BN == 64;
     // A consumer warpgroup with no row of x in its 64 skips the MMAs (the `idle` loop below) on
     // the 256-wide and 192-row tiles. On 128 × 128 tiles that path cost 1–2.5% on the
-    // compute-bound gate+up GEMMs even where no warpgroup was idle, and gained nothing (PERF.md,
-    // 2026-12-03); 64-row tiles have one warpgroup.
+    // compute-bound gate+up GEMMs even where no warpgroup was idle, more than the down
+    // projections gained (1–2 µs; PERF.md, 2026-12-03); 64-row tiles have one warpgroup.
     constexpr bool kSkipIdle = BM > 64 && (BN == 256 || BM == 192);
     static_assert(!kPipelined || STAGES >= 2, "two partials in flight hold two stages");
     static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "stages must keep 1024-byte alignment");
