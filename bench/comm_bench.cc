@@ -358,7 +358,7 @@ nlohmann::json bench_point(comm::LocalGpus& ranks, GpuBackend backend, const Com
                         {"combine_payload", "bf16"},
                         {"max_m", cfg.max_m},
                         {"capacity", C},
-                        {"rows_droppable", int64_t(cfg.max_m) < int64_t(W) * C},  // nvlink: ordered, else one-shot
+                        {"rows_droppable", cfg.rows_droppable()},  // nvlink: ordered, else one-shot
                         {"dispatch_us", dispatch_us},
                         {"dispatch_send_us", avg(&RankFigures::dispatch_send)},
                         {"dispatch_recv_us", avg(&RankFigures::dispatch_recv)},

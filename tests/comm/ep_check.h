@@ -68,11 +68,6 @@ inline std::vector<RankInput> make_step_inputs(const EpConfig& cfg, int step, st
     return inputs;
 }
 
-// Whether a backend may deliver an expert's rows in any order (ep.h): when none can be dropped.
-inline bool rows_may_come_in_any_order(const EpConfig& c) {
-    return int64_t(c.rows_per_expert()) >= int64_t(c.world) * c.max_tokens_per_rank;
-}
-
 // What this rank received, in a host view of recv_batch(): local expert e holds, in (source rank,
 // token, choice) order, every choice naming it (the first max_m of them), and counts[e] of them.
 // With `any_order` the rows may be any permutation of those (each payload with its scales).

@@ -72,11 +72,18 @@ TEST(EpLocal, RowsPastMaxMAreDroppedNotMisplaced) {
     EXPECT_EQ(bf16_to_f32(out[3 * 16]), 0.0f);  // token 3's only choice was dropped
 }
 
+// Rows can be dropped exactly when an expert has fewer receive rows than every rank's tokens.
+TEST(EpConfig, RowsDroppableWhenMaxMIsBelowWorldTimesTokens) {
+    EXPECT_FALSE((EpConfig{0, 2, 4, 2, 16, 8, Payload::kFp8, 0}.rows_droppable()));  // default: 2 · 8
+    EXPECT_FALSE((EpConfig{0, 2, 4, 2, 16, 8, Payload::kFp8, 16}.rows_droppable()));
+    EXPECT_TRUE((EpConfig{0, 2, 4, 2, 16, 8, Payload::kFp8, 15}.rows_droppable()));
+}
+
 // check_received's two modes on a batch the local backend delivered in order: permuted rows of an
 // expert pass only when any order is allowed, a changed scale fails either way.
 TEST(EpLocal, CheckReceivedTellsAPermutationFromAWrongRow) {
     const EpConfig cfg{0, 1, 2, 1, 16, 8, Payload::kFp8, 0};
-    ASSERT_TRUE(testing::rows_may_come_in_any_order(cfg));
+    ASSERT_FALSE(cfg.rows_droppable());
     LocalFabric fabric(cfg);
     auto ep = fabric.endpoint(0);
     std::mt19937 rng(5);

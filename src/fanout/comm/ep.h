@@ -64,6 +64,9 @@ struct EpConfig {
         return c;
     }
     int rows_per_expert() const { return max_m > 0 ? max_m : world * max_tokens_per_rank; }
+    // Whether a step can drop rows: fewer receive rows per expert than every rank's tokens. When it
+    // cannot (the default), a GPU backend may deliver an expert's rows in any order (see the top).
+    bool rows_droppable() const { return int64_t{rows_per_expert()} < int64_t{world} * max_tokens_per_rank; }
     int scale_blocks() const { return (hidden + 127) / 128; }
     int payload_bytes() const {
         return payload == Payload::kFp8 ? hidden : payload == Payload::kBf16 ? 2 * hidden : 4 * hidden;

@@ -397,7 +397,7 @@ class NvlinkEp final : public ExpertParallel {
         p.D = c.hidden;
         p.T_max = c.max_tokens_per_rank;
         p.max_m = c.rows_per_expert();
-        p.one_shot = int64_t(p.max_m) >= int64_t(p.world) * p.T_max;
+        p.one_shot = !c.rows_droppable();
         p.payload_bytes = c.payload_bytes();
         p.nb = c.payload == Payload::kFp8 ? c.scale_blocks() : 0;
         p.layout = layout;
