@@ -62,9 +62,9 @@ __host__ __device__ constexpr int consumer_regs(int consumers, int ctas) {
 
 // The dynamic shared memory of a CTA with `s` stages, in order after up to 1 KB of alignment
 // slack: the stages' x and W tiles (K-major, 1024-byte aligned), one 64×64 bf16 epilogue block
-// per consumer warpgroup, each stage's scales (sx of the tile's rows, sw of its one or two
-// 128-column blocks, padded to 16 bytes), then the ring's full and empty barriers. One
-// definition for the kernel's addresses, the launch's size and the stage count.
+// per consumer warpgroup (16 rows for each of its warps), each stage's scales (sx of the tile's rows, sw of its one or
+// two 128-column blocks, padded to 16 bytes), then the ring's full and empty barriers. One definition for the kernel's
+// addresses, the launch's size and the stage count.
 struct SmemLayout {
     int stage_bytes, scales_off, full_off, empty_off, bytes;
     __host__ __device__ constexpr SmemLayout(int bm, int bn, int s)
@@ -565,41 +565,44 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
             }
         }
 
-        // Epilogue: bf16 out (+ residual). Per 8-column group each thread holds two adjacent
-        // columns of rows r_lo and r_lo + 8. A warpgroup whose 64 rows are all valid (and N % 8
-        // == 0) writes them through shared memory in 64-column blocks, laid out in the 128-byte
-        // swizzle of y's tensor map, and TMA stores them (clipping at N); partial row blocks
-        // (M edges, masked counts) store from registers, so no row past them is touched.
-        if (p.tma_store && tile.rows >= 64 * (consumer + 1)) {
-            uint8_t* buf = epilogue + consumer * kEpilogueBytes;
-            const bool leader = warp == 0 && lane == 0;
-            const int wr = 16 * warp + lane / 4;  // row within the warpgroup's 64
+        // Epilogue: bf16 out (+ residual). Each warp owns 16 rows of its warpgroup's 64; per 8-column
+        // group each thread holds two adjacent columns of rows r_lo and r_lo + 8. A warp whose 16
+        // rows are all valid (and N % 8 == 0) writes them 64 columns at a time into its 2 KB of the
+        // warpgroup's epilogue block, in the 128-byte swizzle of y's tensor map (stmatrix), and has
+        // TMA store that box (clipped at N), waiting only for its own previous store to have read
+        // the buffer. Before, the warpgroup's four warps stored 64-row boxes between two named
+        // barriers each; per-warp boxes took 4–7% off the tile kernel at prefill sizes (kv_b,
+        // q_b; PERF.md, 2026-12-03), and a ring of two or four blocks per warpgroup, which costs
+        // 128 × 256 and 128 × 128 tiles a stage, gained nothing more. Warps with rows past the
+        // tile's (M edges, masked counts) store from registers, so no row past them is touched.
+        const int w_row = 64 * consumer + 16 * warp;  // the warp's first row in the tile
+        if (p.tma_store && tile.rows >= w_row + 16) {
+            uint8_t* box = epilogue + consumer * kEpilogueBytes + warp * (16 * 128);
 #pragma unroll
             for (int c = 0; c < BN / 64; ++c) {
                 if (tile.n0 + 64 * c >= p.N) break;
-                if (leader) bulk_wait_read();  // the previous block has left the buffer
-                named_barrier(2 + consumer, 128);
+                uint32_t pk[16];
 #pragma unroll
                 for (int jj = 0; jj < 8; ++jj) {
-                    const int j = 8 * c + jj, cc = 8 * jj + 2 * (lane % 4);  // column within the block
+                    const int j = 8 * c + jj, col = tile.n0 + 8 * j + 2 * (lane % 4);
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
-                        const int r = wr + 8 * h;
                         float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
-                        if (p.residual != nullptr && tile.n0 + 64 * c + cc < p.N) {
-                            const size_t idx =
-                                static_cast<size_t>(tile.a_row + r_lo + 8 * h) * p.N + tile.n0 + 64 * c + cc;
+                        if (p.residual != nullptr && col < p.N) {
+                            const size_t idx = static_cast<size_t>(tile.a_row + r_lo + 8 * h) * p.N + col;
                             v0 += bf16_at(p.residual, idx);
                             v1 += bf16_at(p.residual, idx + 1);
                         }
-                        const int off = r * 128 + ((((2 * cc) >> 4) ^ (r & 7)) << 4) + ((2 * cc) & 15);
-                        *reinterpret_cast<__nv_bfloat162*>(buf + off) = __floats2bfloat162_rn(v0, v1);
+                        pk[2 * jj + h] = pack_bf16_rn(v0, v1);
                     }
                 }
+                if (lane == 0) bulk_wait_read();  // the warp's previous store has read the buffer
+                __syncwarp();
+                store_rows_sw128(box, pk, lane / 4, lane);
                 fence_proxy_async();
-                named_barrier(2 + consumer, 128);
-                if (leader) {
-                    tma_store_2d(&tmap_y, buf, tile.n0 + 64 * c, tile.a_row + 64 * consumer);
+                __syncwarp();
+                if (lane == 0) {
+                    tma_store_2d(&tmap_y, box, tile.n0 + 64 * c, tile.a_row + w_row);
                     bulk_commit();
                 }
             }
@@ -630,7 +633,7 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
             }
         }
     }
-    if (p.tma_store && threadIdx.x % 128 == 0) bulk_wait();  // this warpgroup's stores are done
+    if (p.tma_store && lane == 0) bulk_wait();  // this warp's stores are done
     if constexpr (CL > 1) cluster_sync();
 }
 
@@ -661,9 +664,9 @@ CUtensorMap tmap_rows_by_k(const uint8_t* base, uint64_t rows, uint64_t K, uint3
                    "x or W");
 }
 
-// y [rows, N] bf16 in 64 × 64 boxes (the TMA-store epilogue).
+// y [rows, N] bf16 in boxes of 16 rows × 64 columns (a warp's stores in the TMA-store epilogue).
 CUtensorMap tmap_y(const void* y, uint64_t rows, uint64_t N) {
-    return tmap_2d(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, y, rows, N, 64, 64, CU_TENSOR_MAP_L2_PROMOTION_NONE, "y");
+    return tmap_2d(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, y, rows, N, 16, 64, CU_TENSOR_MAP_L2_PROMOTION_NONE, "y");
 }
 
 // As many stages as fit (at most 16): a CTA gets at most 227 KB of shared memory, and with two

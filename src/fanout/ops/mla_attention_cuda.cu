@@ -203,25 +203,6 @@ __device__ __forceinline__ void rescale_rows(float (&o)[128], float f0, float f1
     if (!__all_sync(0xffffffffu, f0 == 1.0f && f1 == 1.0f)) sm90::scale_rows(o, f0, f1);
 }
 
-// The row lane `lane` addresses in an stmatrix .x4 of a warp's wgmma fragment rows (r0: the
-// thread's first fragment row): row L % 8 of 8 × 8 block L / 8, blocks 0 and 2 the warp's top
-// 8 rows, 1 and 3 its bottom 8.
-__device__ __forceinline__ int stmatrix_row(int r0, int lane) { return r0 - lane / 4 + 8 * (lane / 8 & 1) + lane % 8; }
-
-// P in bf16 pairs (the register A operand of P·V: pk[2j] row r0, pk[2j + 1] row r0 + 8, columns
-// 8j + 2·tig, + 1) → a K-major [64 rows][64 kv] swizzled panel (the shared-memory A operand), by
-// four stmatrix of four 8 × 8 blocks each (column block 2q + L / 16 for lane L).
-
-__device__ __forceinline__ void store_p(uint8_t* sp, const uint32_t (&pk)[16], int r0, int lane) {
-    const int row = stmatrix_row(r0, lane);
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-        const int j = 2 * q + lane / 16;
-        sm90::stmatrix_x4(sp + row * 128 + ((j ^ (row & 7)) << 4), pk[4 * q], pk[4 * q + 1], pk[4 * q + 2],
-                          pk[4 * q + 3]);
-    }
-}
-
 // The same for P · f per row (when f is not 1 for every row of the warp), from the f32 scores.
 __device__ __forceinline__ void store_p_scaled(uint8_t* sp, const float (&s)[32], int r0, int lane, float f0,
                                                float f1) {
@@ -231,7 +212,7 @@ __device__ __forceinline__ void store_p_scaled(uint8_t* sp, const float (&s)[32]
         pf[2 * j] = sm90::pack_bf16_rn(s[4 * j] * f0, s[4 * j + 1] * f0);
         pf[2 * j + 1] = sm90::pack_bf16_rn(s[4 * j + 2] * f1, s[4 * j + 3] * f1);
     }
-    store_p(sp, pf, r0, lane);
+    sm90::store_rows_sw128(sp, pf, r0, lane);
 }
 
 // 8 e4m3 values (bytes of x, low first) · scale → 8 bf16 (a 16-byte chunk of a panel row), three
@@ -485,7 +466,7 @@ __global__ void __launch_bounds__(kFastThreads, 1)
             for (int i = 0; i < 16; ++i) pk[i] = sm90::pack_bf16_rn(s[2 * i], s[2 * i + 1]);
             // P_A for the right warpgroup, at m_a: stored before the wgmma that reads pk is issued
             // (its A registers may not be touched until it completes).
-            store_p(kva + 8 * kPanelBytes, pk, r0, lane);
+            sm90::store_rows_sw128(kva + 8 * kPanelBytes, pk, r0, lane);
             rescale_rows(o, corr0, corr1);
             sm90::fence_regs(o);
             sm90::fence_u32(pk);
@@ -573,7 +554,7 @@ __global__ void __launch_bounds__(kFastThreads, 1)
                 l1 += sum1;
 #pragma unroll
                 for (int i = 0; i < 16; ++i) pk[i] = sm90::pack_bf16_rn(s[2 * i], s[2 * i + 1]);
-                store_p(kvb + 8 * kPanelBytes, pk, r0, lane);  // before the wgmma that reads pk
+                sm90::store_rows_sw128(kvb + 8 * kPanelBytes, pk, r0, lane);  // before the wgmma that reads pk
                 sm90::fence_proxy_async();
                 sm90::fence_regs(o);
                 sm90::fence_u32(pk);
@@ -622,7 +603,7 @@ __global__ void __launch_bounds__(kFastThreads, 1)
         constexpr int kPitch = kLora * 2 + 16;  // bytes per staged row; +16 puts stmatrix's rows on distinct banks
         static_assert(kRows * kPitch <= kTileBytes, "the staged output fits a kv buffer");
         const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
-        const int srow = stmatrix_row(r0, lane);
+        const int srow = sm90::stmatrix_row(r0, lane);
 #pragma unroll
         for (int q = 0; q < 16; ++q) {  // column blocks 2q and 2q + 1 of this warpgroup's 256
             const int j = 2 * q + lane / 16;

@@ -265,6 +265,24 @@ __device__ __forceinline__ void stmatrix_x4(void* row_addr, uint32_t b0, uint32_
                  : "memory");
 }
 
+// The row lane `lane` addresses in an stmatrix .x4 of a warp's wgmma fragment rows (r0: the
+// thread's first fragment row): row L % 8 of 8 × 8 block L / 8, blocks 0 and 2 the warp's top
+// 8 rows, 1 and 3 its bottom 8.
+__device__ __forceinline__ int stmatrix_row(int r0, int lane) { return r0 - lane / 4 + 8 * (lane / 8 & 1) + lane % 8; }
+
+// A warp's 16 rows × 64 columns of a wgmma fragment in bf16 pairs (pk[2j] row r0, pk[2j + 1] row
+// r0 + 8, columns 8j + 2·(lane % 4), + 1) → rows of 128 bytes in the 128-byte swizzle from `panel`
+// (1024-byte aligned: the layout of a K-major wgmma operand and of a TMA box with that swizzle), by
+// four stmatrix of four 8 × 8 blocks each (column block 2q + L / 16 for lane L).
+__device__ __forceinline__ void store_rows_sw128(uint8_t* panel, const uint32_t (&pk)[16], int r0, int lane) {
+    const int row = stmatrix_row(r0, lane);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        const int j = 2 * q + lane / 16;
+        stmatrix_x4(panel + row * 128 + ((j ^ (row & 7)) << 4), pk[4 * q], pk[4 * q + 1], pk[4 * q + 2], pk[4 * q + 3]);
+    }
+}
+
 // Two f32 → bf16x2 (round to nearest even), `lo` in the low half.
 __device__ __forceinline__ uint32_t pack_bf16_rn(float lo, float hi) {
     uint32_t d;
