@@ -255,6 +255,25 @@ void check_generate(const DeepseekV3& model, const std::vector<int32_t>& ids, co
         << name << ": the device sampler disagrees with the CPU rule on the runner's own logits";
 }
 
+// Host arithmetic only (no GPU needed): the routed experts' gate/up outputs live in expert_out's
+// memory, so each receive row an EP backend may deliver costs expert_out's width (the larger of
+// hidden and 2 · intermediate), the FP8 activation and its scales — not a gate/up row besides.
+TEST(CudaLayerBuffers, GateUpOutputsShareExpertOutMemory) {
+    const io::ModelConfig c = preset_config("full-layers", 4);
+    LayerLimits lim;
+    lim.max_tokens = 2048;
+    lim.max_masked_tokens = 256;
+    lim.num_local_experts = 32;  // EP8
+    lim.fp8_experts = true;
+    const int64_t D = c.hidden_size, I = c.moe_intermediate_size, nbI = (I + 127) / 128;
+    lim.max_dispatch_m = 8 * 2048;  // world · max tokens: more rows than the local permute's
+    const size_t at_16k = CudaLayerExec::buffer_bytes(c, lim);
+    lim.max_dispatch_m = 8 * 2048 + 1000;
+    const size_t more = CudaLayerExec::buffer_bytes(c, lim) - at_16k;
+    const size_t per_row = 2 * size_t(std::max(D, 2 * I)) + size_t(I) + 4 * size_t(nbI);
+    EXPECT_EQ(more, size_t(32) * 1000 * per_row);
+}
+
 TEST(TinyBf16Cuda, LogitsAndGenerateMatchCpuWithRoutingPinned) {
     REQUIRE_GPU();
     auto m = pinned_model(fanout::testing::temp_dir("tiny_bf16"), preset_config("tiny", 3));

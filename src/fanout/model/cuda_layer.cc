@@ -102,7 +102,7 @@ struct CudaLayerExec::Buffers {
     const float* routed_xs = nullptr;
     DeviceArray<int32_t> topk_idx, counts, fill_t, slot, spill_block_expert;
     // The routed experts' rows (moe_permute.h's layout; the GEMMs' outputs also an EP backend's
-    // receive layout).
+    // receive layout). expert_gate_up is a view of expert_out's memory (buffer_elems).
     DeviceArray<uint8_t> perm_q, expert_act_q;
     DeviceArray<float> perm_s, expert_act_s;
     DeviceArray<uint16_t> perm_bf16, expert_gate_up, expert_act, expert_out;
@@ -232,11 +232,14 @@ BufferElems buffer_elems(const io::ModelConfig& c, const LayerLimits& lim_in) {
         n.perm_q = fp8 ? perm * D : 0;
         n.perm_s = fp8 ? perm * nbD : 0;
         n.perm_bf16 = fp8 ? 0 : perm * D;
-        n.expert_gate_up = rows * 2 * Ie;
         n.expert_act_q = fp8 ? rows * Ie : 0;
         n.expert_act_s = fp8 ? rows * nbI : 0;
         n.expert_act = fp8 ? 0 : rows * Ie;
-        n.expert_out = rows * D;
+        // The gate/up outputs are dead once silu·mul has read them all, before the down projection
+        // writes its first row, so they live in expert_out's memory (expert_mlp): one allocation of
+        // the larger of the two. At V3's EP8 with 2,048 tokens a step that saves 4.3 GB per GPU.
+        n.expert_out = rows * std::max(D, 2 * Ie);
+        n.expert_gate_up = 0;
     }
     return n;
 }
@@ -315,8 +318,8 @@ CudaLayerExec::CudaLayerExec(const io::ModelConfig& c, const ops::RopeTable& rop
         b.expert_act_s = DeviceArray<float>(n.expert_act_s);
         b.perm_bf16 = DeviceArray<uint16_t>(n.perm_bf16);
         b.expert_act = DeviceArray<uint16_t>(n.expert_act);
-        b.expert_gate_up = DeviceArray<uint16_t>(n.expert_gate_up);
         b.expert_out = DeviceArray<uint16_t>(n.expert_out);
+        b.expert_gate_up = DeviceArray<uint16_t>::view(b.expert_out.get(), n.expert_out);
     }
     b.inv_freq = DeviceArray<float>(rope.inv_freq.data(), rope.inv_freq.size());
     FANOUT_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -734,6 +737,9 @@ void CudaLayerExec::expert_mlp(const DeviceLayer& w, const ExpertRows& rows, con
                                const float* xs, const KernelMark& mark) {
     Buffers& b = *b_;
     const int I = static_cast<int>(c_.moe_intermediate_size), EL = rows.num_experts;
+    // expert_gate_up and expert_out are one allocation: every silu·mul below has read the gate/up
+    // rows before the down projection writes (stream order; the FP8 GEMM, a programmatic dependent,
+    // writes only after its wait for the kernel before it).
     expert_gemm(w.experts_gate_up, rows, x, xq, xs, b.expert_gate_up.get());
     if (mark) mark("grouped_gate_up");
     const int64_t masked = rows.masked_rows();
