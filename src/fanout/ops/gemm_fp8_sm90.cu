@@ -62,9 +62,10 @@ __host__ __device__ constexpr int consumer_regs(int consumers, int ctas) {
 
 // The dynamic shared memory of a CTA with `s` stages, in order after up to 1 KB of alignment
 // slack: the stages' x and W tiles (K-major, 1024-byte aligned), one 64×64 bf16 epilogue block
-// per consumer warpgroup (16 rows for each of its warps), each stage's scales (sx of the tile's rows, sw of its one or
-// two 128-column blocks, padded to 16 bytes), then the ring's full and empty barriers. One definition for the kernel's
-// addresses, the launch's size and the stage count.
+// per consumer warpgroup (16 rows for each of its warps), each stage's scales (sx of the tile's
+// rows, sw of its one or two 128-column blocks, padded to 16 bytes), then the ring's full and
+// empty barriers. One definition for the kernel's addresses, the launch's size and the stage
+// count.
 struct SmemLayout {
     int stage_bytes, scales_off, full_off, empty_off, bytes;
     __host__ __device__ constexpr SmemLayout(int bm, int bn, int s)

@@ -203,7 +203,9 @@ __device__ __forceinline__ void rescale_rows(float (&o)[128], float f0, float f1
     if (!__all_sync(0xffffffffu, f0 == 1.0f && f1 == 1.0f)) sm90::scale_rows(o, f0, f1);
 }
 
-// The same for P · f per row (when f is not 1 for every row of the warp), from the f32 scores.
+// P in bf16 pairs (the register A operand of P·V) goes to a K-major [64 rows][64 kv] swizzled
+// panel, the shared-memory A operand, through sm90::store_rows_sw128; this stores P · f per row
+// (when f is not 1 for every row of the warp) the same way, from the f32 scores.
 __device__ __forceinline__ void store_p_scaled(uint8_t* sp, const float (&s)[32], int r0, int lane, float f0,
                                                float f1) {
     uint32_t pf[16];
