@@ -571,11 +571,9 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
         // rows are all valid (and N % 8 == 0) writes them 64 columns at a time into its 2 KB of the
         // warpgroup's epilogue block, in the 128-byte swizzle of y's tensor map (stmatrix), and has
         // TMA store that box (clipped at N), waiting only for its own previous store to have read
-        // the buffer. Before, the warpgroup's four warps stored 64-row boxes between two named
-        // barriers each; per-warp boxes took 4–7% off the tile kernel at prefill sizes (kv_b,
-        // q_b; PERF.md, 2026-12-03), and a ring of two or four blocks per warpgroup, which costs
-        // 128 × 256 and 128 × 128 tiles a stage, gained nothing more. Warps with rows past the
-        // tile's (M edges, masked counts) store from registers, so no row past them is touched.
+        // the buffer — no named barrier between warps (DECISIONS: 2–6% at prefill sizes against
+        // warpgroup-wide boxes). Warps with rows past the tile's (M edges, masked counts) store
+        // from registers, so no row past them is touched.
         const int w_row = 64 * consumer + 16 * warp;  // the warp's first row in the tile
         if (p.tma_store && tile.rows >= w_row + 16) {
             uint8_t* box = epilogue + consumer * kEpilogueBytes + warp * (16 * 128);
