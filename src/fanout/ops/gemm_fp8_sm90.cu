@@ -535,9 +535,14 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
                 constexpr int kThreads = kConsumers * 128;
                 float4* mine = reinterpret_cast<float4*>(p.partials) +
                                (static_cast<size_t>(tile.id) * p.splits + tile.split) * (kThreads * kAcc / 4);
+                // Each float4 holds a quad with its pairs swapped (acc[1], acc[0], acc[3], acc[2]), read
+                // back the same way. A 16-byte store needs its four registers consecutive and aligned,
+                // so in plain order acc[j] would share the parity of the wgmma fragment's part[j], and
+                // every promotion FFMA would read two operands from one register bank. Swapped, ptxas
+                // gives acc[j] the other parity (as in the grouped layouts, which have no such store).
 #pragma unroll
                 for (int i = 0; i < kAcc / 4; ++i)
-                    mine[i * kThreads + ctid] = make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
+                    mine[i * kThreads + ctid] = make_float4(acc[4 * i + 1], acc[4 * i], acc[4 * i + 3], acc[4 * i + 2]);
                 __threadfence();
                 named_barrier(1, kThreads);
                 if (ctid == 0) {
@@ -557,10 +562,10 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
 #pragma unroll
                     for (int i = 0; i < kAcc / 4; ++i) {
                         const float4 v = __ldcg(src + i * kThreads + ctid);
-                        acc[4 * i] += v.x;
-                        acc[4 * i + 1] += v.y;
-                        acc[4 * i + 2] += v.z;
-                        acc[4 * i + 3] += v.w;
+                        acc[4 * i + 1] += v.x;  // pairs swapped, as stored
+                        acc[4 * i] += v.y;
+                        acc[4 * i + 3] += v.z;
+                        acc[4 * i + 2] += v.w;
                     }
                 }
             }
