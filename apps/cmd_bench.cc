@@ -113,6 +113,9 @@ void add_bench_command(CLI::App& app) {
         ->check(CLI::PositiveNumber);
     kernels->add_option("--config", k->config,
                         "dense: this tile config instead of the table, e.g. 128x256/1 or 128x128/2c2");
+    kernels->add_flag("--lt-search", k->lt_search,
+                      "dense: also time cuBLASLt's block-scaled FP8 algorithm in every tile and cluster shape it "
+                      "accepts (its heuristic offers one)");
     kernels->add_option("--json", k->json_out, "JSON output ('' to skip)")->capture_default_str();
     kernels->callback([k] {
 #ifdef FANOUT_WITH_CUDA

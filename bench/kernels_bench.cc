@@ -103,9 +103,11 @@ struct CublasFp8 {
     cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
     cublasLtMatmulHeuristicResult_t algo{};
     bool ok = false;
+    int64_t m = 0, n = 0, k = 0;
 
     CublasFp8(cublasLtHandle_t lt, int64_t m, int64_t n, int64_t k, bool blockwise, const float* sa, const float* sb,
-              size_t workspace) {
+              size_t workspace)
+        : m(m), n(n), k(k) {
         FANOUT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
         const cublasOperation_t t = CUBLAS_OP_T, nt = CUBLAS_OP_N;
         FANOUT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
@@ -142,10 +144,11 @@ struct CublasFp8 {
     }
     CublasFp8(const CublasFp8&) = delete;
     CublasFp8& operator=(const CublasFp8&) = delete;
-    void run(cublasLtHandle_t lt, const void* w, const void* x, void* y, void* ws, size_t wsize, cudaStream_t s) {
+    void run(cublasLtHandle_t lt, const void* w, const void* x, void* y, void* ws, size_t wsize, cudaStream_t s,
+             const cublasLtMatmulAlgo_t* with = nullptr) {
         const float one = 1.0f, zero = 0.0f;
-        FANOUT_CUBLAS_CHECK(
-            cublasLtMatmul(lt, desc, &one, w, la, x, lb, &zero, y, lc, y, lc, &algo.algo, ws, wsize, s));
+        FANOUT_CUBLAS_CHECK(cublasLtMatmul(lt, desc, &one, w, la, x, lb, &zero, y, lc, y, lc,
+                                           with != nullptr ? with : &algo.algo, ws, wsize, s));
     }
 };
 
@@ -200,6 +203,88 @@ std::string config_name(const ops::GemmConfig& g) {
 // (o_proj at M = 4096: the same cuBLASLt algorithm 613 µs first, 700 µs right after). So every
 // dense timing starts from the same state: an idle pause first.
 void settle() { std::this_thread::sleep_for(std::chrono::milliseconds(150)); }
+
+// An algorithm's configuration: id, tile, stages, split-K, CTA swizzle and cluster shape ids
+// (cublasLt.h's enums).
+nlohmann::json lt_algo_config(const cublasLtMatmulAlgo_t& a) {
+    const auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr, auto v) {
+        size_t written = 0;
+        return cublasLtMatmulAlgoConfigGetAttribute(&a, attr, &v, sizeof(v), &written) == CUBLAS_STATUS_SUCCESS
+                   ? nlohmann::json(v)
+                   : nlohmann::json();
+    };
+    return {{"id", get(CUBLASLT_ALGO_CONFIG_ID, int32_t{})},
+            {"tile", get(CUBLASLT_ALGO_CONFIG_TILE_ID, uint32_t{})},
+            {"stages", get(CUBLASLT_ALGO_CONFIG_STAGES_ID, uint32_t{})},
+            {"splitk", get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM, uint32_t{})},
+            {"swizzle", get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, uint32_t{})},
+            {"cluster", get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, uint16_t{})}};
+}
+
+// Every configuration of g's algorithms that cuBLASLt accepts for its shape, built by hand (the
+// heuristic returns one): each algorithm id for these types, in each tile below, with 128-deep
+// stages (as many as fit) and the cluster shapes auto, 1×1, 2×1, 1×2 and 2×2.
+std::vector<cublasLtMatmulAlgo_t> lt_candidates(cublasLtHandle_t lt, const CublasFp8& g, size_t wsize) {
+    std::vector<cublasLtMatmulAlgo_t> out;
+    int ids[64], n_ids = 0;
+    if (cublasLtMatmulAlgoGetIds(lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF,
+                                 CUDA_R_16BF, 64, ids, &n_ids) != CUBLAS_STATUS_SUCCESS)
+        return out;
+    for (int i = 0; i < n_ids; ++i) {
+        cublasLtMatmulAlgo_t a{};
+        if (cublasLtMatmulAlgoInit(lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF,
+                                   CUDA_R_16BF, ids[i], &a) != CUBLAS_STATUS_SUCCESS)
+            continue;
+        const auto list = [&](cublasLtMatmulAlgoCapAttributes_t cap) {
+            size_t bytes = 0;
+            std::vector<uint32_t> v;
+            if (cublasLtMatmulAlgoCapGetAttribute(&a, cap, nullptr, 0, &bytes) != CUBLAS_STATUS_SUCCESS || bytes == 0)
+                return v;
+            v.resize(bytes / sizeof(uint32_t));
+            if (cublasLtMatmulAlgoCapGetAttribute(&a, cap, v.data(), bytes, &bytes) != CUBLAS_STATUS_SUCCESS) v.clear();
+            return v;
+        };
+        // Tiles from 64 × 128 up, whether the algorithm lists them or not (on sm_90 the block-scaled
+        // algorithm lists tiles up to 128 × 64 and 64 × 128, yet its heuristic picks 128 × 128; the
+        // smaller ones it lists were all slower at M = 1,024 and 4,096): the check decides.
+        const std::vector<uint32_t> stages = list(CUBLASLT_ALGO_CAP_STAGES_IDS);
+        const uint32_t tiles[] = {
+            CUBLASLT_MATMUL_TILE_64x128,  CUBLASLT_MATMUL_TILE_128x64,  CUBLASLT_MATMUL_TILE_128x128,
+            CUBLASLT_MATMUL_TILE_128x256, CUBLASLT_MATMUL_TILE_256x128, CUBLASLT_MATMUL_TILE_128x192,
+            CUBLASLT_MATMUL_TILE_192x128, CUBLASLT_MATMUL_TILE_128x160, CUBLASLT_MATMUL_TILE_160x128};
+        // K 128 a stage (one scale block), as many stages as fit; else whatever the algorithm lists.
+        std::vector<uint32_t> auto_stages;
+        for (uint32_t st : stages)
+            if (st == CUBLASLT_MATMUL_STAGES_128xAUTO) auto_stages.push_back(st);
+        if (auto_stages.empty()) auto_stages = stages.empty() ? std::vector<uint32_t>{0} : stages;
+        for (uint32_t tile : tiles)
+            for (uint32_t st : auto_stages)
+                for (uint16_t cl : {uint16_t{CUBLASLT_CLUSTER_SHAPE_AUTO}, uint16_t{CUBLASLT_CLUSTER_SHAPE_1x1x1},
+                                    uint16_t{CUBLASLT_CLUSTER_SHAPE_2x1x1}, uint16_t{CUBLASLT_CLUSTER_SHAPE_1x2x1},
+                                    uint16_t{CUBLASLT_CLUSTER_SHAPE_2x2x1}})
+                    for (uint32_t swizzle : {0u}) {
+                        cublasLtMatmulAlgo_t c = a;
+                        const uint32_t one = 1;
+                        if (cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile,
+                                                                 sizeof(tile)) != CUBLAS_STATUS_SUCCESS ||
+                            cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_STAGES_ID, &st, sizeof(st)) !=
+                                CUBLAS_STATUS_SUCCESS ||
+                            cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one,
+                                                                 sizeof(one)) != CUBLAS_STATUS_SUCCESS ||
+                            cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cl,
+                                                                 sizeof(cl)) != CUBLAS_STATUS_SUCCESS ||
+                            cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle,
+                                                                 sizeof(swizzle)) != CUBLAS_STATUS_SUCCESS)
+                            continue;
+                        cublasLtMatmulHeuristicResult_t r{};
+                        if (cublasLtMatmulAlgoCheck(lt, g.desc, g.la, g.lb, g.lc, g.lc, &c, &r) ==
+                                CUBLAS_STATUS_SUCCESS &&
+                            r.workspaceSize <= wsize)
+                            out.push_back(c);
+                    }
+    }
+    return out;
+}
 
 // cuBLASLt as a user without a grouped kernel runs experts: one block-scaled GEMM per expert e
 // over rows [first_row[e], first_row[e] + rows[e]) of x, y and sx (row-major scales), against
@@ -288,6 +373,22 @@ nlohmann::json bench_dense(Context& c, const KernelsBenchOptions& opts) {
             settle();
             const double cub_us =
                 g.ok ? timed(50, [&] { g.run(c.lt, next_w(), x->p, y.p, c.ws->p, c.wsize, c.stream); }) : -1;
+            // --lt-search: the same algorithms in every configuration cuBLASLt accepts, each from an
+            // idle pause, beside the heuristic's.
+            nlohmann::json lt_all = nlohmann::json::array();
+            double lt_best_us = cub_us;
+            nlohmann::json lt_best = g.ok ? lt_algo_config(g.algo.algo) : nlohmann::json();
+            size_t lt_count = 0;
+            if (opts.lt_search && g.ok) {
+                for (const cublasLtMatmulAlgo_t& a : lt_candidates(c.lt, g, c.wsize)) {
+                    settle();
+                    const double t =
+                        timed(20, [&] { g.run(c.lt, next_w(), x->p, y.p, c.ws->p, c.wsize, c.stream, &a); });
+                    lt_all.push_back({{"algo", lt_algo_config(a)}, {"us", t}});
+                    ++lt_count;
+                    if (t < lt_best_us) lt_best_us = t, lt_best = lt_algo_config(a);
+                }
+            }
             auto run = [&](ops::GemmConfig cfg, int calls) {
                 return timed(calls, [&] {
                     ops::launch_gemm_fp8(x->p, sx->p, next_w(), sw->p, y.p, int(M), int(sh.n), int(sh.k), c.stream,
@@ -324,6 +425,7 @@ nlohmann::json bench_dense(Context& c, const KernelsBenchOptions& opts) {
                 {"fallback_us", tile_us},
                 {"fanout", c.figures(us, flops, bytes)},
                 {"cublaslt_us", cub_us},
+                {"cublaslt_algo", g.ok ? lt_algo_config(g.algo.algo) : nlohmann::json()},
                 {"deepgemm_us_reference_md", anchor_us > 0 ? nlohmann::json(anchor_us) : nlohmann::json()},
                 {"roofline_floor_us", floor_us},
                 {"w_cold", opts.cold},
@@ -355,6 +457,11 @@ nlohmann::json bench_dense(Context& c, const KernelsBenchOptions& opts) {
                         cub_us, anchor_us, floor_us);
             if (sweep) std::printf("  %6.1f us %s", best_us, config_name(best).c_str());
             if (via_lt) std::printf("  (tile %s %.1f us)", config_name(table).c_str(), tile_us);
+            if (opts.lt_search) {
+                row["cublaslt_search"] = lt_all;
+                row["cublaslt_search_best"] = {{"algo", lt_best}, {"us", lt_best_us}};
+                std::printf("  [cuBLASLt, best of %zu: %.1f us %s]", lt_count, lt_best_us, lt_best.dump().c_str());
+            }
             std::printf("\n");
             rows.push_back(row);
             if (!sh.in_sum || mi < 0) continue;

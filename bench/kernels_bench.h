@@ -28,9 +28,10 @@ struct KernelsBenchOptions {
     bool serial = false;  // dense: an empty kernel between calls, so none overlaps the next (its time subtracted)
     bool dense = true;
     bool grouped = true;
-    std::string shape;   // dense: only this shape ("o_proj", ...; "" = all six)
-    int m = 0;           // dense: only this M (0 = all five)
-    std::string config;  // dense: this tile config instead of the table, e.g. "128x256/1" or "128x128/2c2"
+    std::string shape;       // dense: only this shape ("o_proj", ...; "" = all six)
+    int m = 0;               // dense: only this M (0 = all five)
+    std::string config;      // dense: this tile config instead of the table, e.g. "128x256/1" or "128x128/2c2"
+    bool lt_search = false;  // dense: also time cuBLASLt's block-scaled algorithm in every tile and cluster shape
 };
 
 // "128x256/2c2" -> {128, 256, 2, 2}; throws fanout::Error naming the text when malformed.
