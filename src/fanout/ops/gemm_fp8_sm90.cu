@@ -395,6 +395,88 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     constexpr uint32_t kStageDesc = kStageBytes / 16, kHalfDesc = kWN * kBK / 16;
     int s = 0;
     uint32_t phase = 0;
+    // kDefer: a tile's epilogue waits in acc_kept until the warpgroup has issued the first wgmmas
+    // of its next tile, so the tensor cores work while it stores (the K loop's first block below).
+    // Grouped layouts, 64- and 128-wide tiles of one or two consumer warpgroups: 1–2% faster there
+    // (PERF.md, 2026-12-04). Not the wider tiles, where acc, a partial and the epilogue's registers
+    // do not fit without spills; not the 64 × 64 tiles, whose K loop keeps two partials in flight;
+    // not the dense layout, whose 128-wide tiles at decode sizes lost 3–8% (a CTA's one tile).
+    constexpr bool kDefer = L != Layout::kDense && !kPipelined && kAcc <= 64 && kConsumers <= 2;
+    float acc_kept[kDefer ? kAcc : 1];
+
+    // Epilogue: bf16 out (+ residual). Each warp owns 16 rows of its warpgroup's 64; per 8-column
+    // group each thread holds two adjacent columns of rows r_lo and r_lo + 8. A warp whose 16
+    // rows are all valid (and N % 8 == 0) writes them 64 columns at a time into its 2 KB of the
+    // warpgroup's epilogue block, in the 128-byte swizzle of y's tensor map (stmatrix), and has
+    // TMA store that box (clipped at N), waiting only for its own previous store to have read
+    // the buffer — no named barrier between warps (DECISIONS: 2–6% at prefill sizes against
+    // warpgroup-wide boxes). Warps with rows past the tile's (M edges, masked counts) store
+    // from registers, so no row past them is touched.
+    auto store_tile = [&](const Tile& tile, const float* acc) {
+        const int w_row = 64 * consumer + 16 * warp;  // the warp's first row in the tile
+        if (p.tma_store && tile.rows >= w_row + 16) {
+            uint8_t* box = epilogue + consumer * kEpilogueBytes + warp * (16 * 128);
+#pragma unroll
+            for (int c = 0; c < BN / 64; ++c) {
+                if (tile.n0 + 64 * c >= p.N) break;
+                uint32_t pk[16];
+#pragma unroll
+                for (int jj = 0; jj < 8; ++jj) {
+                    const int j = 8 * c + jj, col = tile.n0 + 8 * j + 2 * (lane % 4);
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+                        if (p.residual != nullptr && col < p.N) {
+                            const size_t idx = static_cast<size_t>(tile.a_row + r_lo + 8 * h) * p.N + col;
+                            v0 += bf16_at(p.residual, idx);
+                            v1 += bf16_at(p.residual, idx + 1);
+                        }
+                        pk[2 * jj + h] = pack_bf16_rn(v0, v1);
+                    }
+                }
+                if (lane == 0) bulk_wait_read();  // the warp's previous store has read the buffer
+                __syncwarp();
+                store_rows_sw128(box, pk, lane / 4, lane);
+                fence_proxy_async();
+                __syncwarp();
+                if (lane == 0) {
+                    tma_store_2d(&tmap_y, box, tile.n0 + 64 * c, tile.a_row + w_row);
+                    bulk_commit();
+                }
+            }
+            return;
+        }
+        const bool pairs = (p.N % 2) == 0;
+#pragma unroll
+        for (int j = 0; j < kAcc / 4; ++j) {
+            const int col = tile.n0 + 8 * j + 2 * (lane % 4);
+            if (col >= p.N) continue;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = r_lo + 8 * h;
+                if (r >= tile.rows) continue;
+                const size_t idx = static_cast<size_t>(tile.a_row + r) * p.N + col;
+                float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+                const bool two = col + 1 < p.N;
+                if (p.residual != nullptr) {
+                    v0 += bf16_at(p.residual, idx);
+                    if (two) v1 += bf16_at(p.residual, idx + 1);
+                }
+                if (two && pairs) {
+                    *reinterpret_cast<__nv_bfloat162*>(p.y + idx) = __floats2bfloat162_rn(v0, v1);
+                } else {
+                    p.y[idx] = __float2bfloat16(v0);
+                    if (two) p.y[idx + 1] = __float2bfloat16(v1);
+                }
+            }
+        }
+    };
+    int pending = -1;  // kDefer: the tile index whose results acc_kept holds, not yet stored
+    auto flush = [&] {
+        if (pending >= 0) store_tile(sched.get(pending, rank), acc_kept);
+        pending = -1;
+    };
+
     for (int t = first; t < total; t += stride) {
         int kb0, kb1;
         bool idle;  // none of this warpgroup's 64 rows is in x (the last row block, a masked count)
@@ -407,10 +489,13 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
             kb1 = tile.kb1;
             idle = kSkipIdle && tile.rows <= 64 * consumer;
         }
-        opaque(kb1);  // kept, not recomputed from the parameters per K block
-        float acc[kAcc];
+        opaque(kb1);                        // kept, not recomputed from the parameters per K block
+        float acc_tile[kDefer ? 1 : kAcc];  // a tile's own accumulators, when no epilogue waits
+        float* acc = kDefer ? acc_kept : acc_tile;
+        if constexpr (!kDefer) {
 #pragma unroll
-        for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+            for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+        }
         // Four k32 wgmmas over stage `st` (columns h·kWN.. of the W tile) into `part`, committed.
         auto issue = [&](int st, int h, float(&part)[kPart]) {
             const uint32_t a_lo = desc_k_major_sw128_lo(base) + st * kStageDesc + consumer * (64 * kBK / 16);
@@ -431,13 +516,15 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
                     for (int c = 1; c < CL; ++c) mbar_arrive_cluster(bar, (rank + c) % CL);
             }
         };
-        auto promote = [&](const float(&part)[kPart], float* a, float s_lo, float s_hi) {
+        // a += part · scale; with `first` (a kDefer tile's first K block) a = part · scale, so acc
+        // needs no zeroing and holds the previous tile's results until that block's wgmmas run.
+        auto promote = [&](bool first, const float(&part)[kPart], float* a, float s_lo, float s_hi) {
 #pragma unroll
             for (int j = 0; j < kPart / 4; ++j) {
-                a[4 * j + 0] = fmaf(part[4 * j + 0], s_lo, a[4 * j + 0]);
-                a[4 * j + 1] = fmaf(part[4 * j + 1], s_lo, a[4 * j + 1]);
-                a[4 * j + 2] = fmaf(part[4 * j + 2], s_hi, a[4 * j + 2]);
-                a[4 * j + 3] = fmaf(part[4 * j + 3], s_hi, a[4 * j + 3]);
+                a[4 * j + 0] = first ? part[4 * j + 0] * s_lo : fmaf(part[4 * j + 0], s_lo, a[4 * j + 0]);
+                a[4 * j + 1] = first ? part[4 * j + 1] * s_lo : fmaf(part[4 * j + 1], s_lo, a[4 * j + 1]);
+                a[4 * j + 2] = first ? part[4 * j + 2] * s_hi : fmaf(part[4 * j + 2], s_hi, a[4 * j + 2]);
+                a[4 * j + 3] = first ? part[4 * j + 3] * s_hi : fmaf(part[4 * j + 3], s_hi, a[4 * j + 3]);
             }
         };
         // Per K block: each half's wgmmas into a fresh partial, wait, promote — except on the
@@ -474,40 +561,46 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
                 wgmma_wait<1>();
                 fence_regs(pa);
                 release(st_a);
-                promote(pa, acc, sc_a_lo, sc_a_hi);
+                promote(false, pa, acc, sc_a_lo, sc_a_hi);
                 start(st_a, sc_a_lo, sc_a_hi, pa);
                 wgmma_wait<1>();
                 fence_regs(pb);
                 release(st_b);
-                promote(pb, acc, sc_b_lo, sc_b_hi);
+                promote(false, pb, acc, sc_b_lo, sc_b_hi);
             }
             if (kb < kb1) {
                 start(st_b, sc_b_lo, sc_b_hi, pb);
                 wgmma_wait<1>();
                 fence_regs(pa);
                 release(st_a);
-                promote(pa, acc, sc_a_lo, sc_a_hi);
+                promote(false, pa, acc, sc_a_lo, sc_a_hi);
                 wgmma_wait<0>();
                 fence_regs(pb);
                 release(st_b);
-                promote(pb, acc, sc_b_lo, sc_b_hi);
+                promote(false, pb, acc, sc_b_lo, sc_b_hi);
             } else {
                 wgmma_wait<0>();
                 fence_regs(pa);
                 release(st_a);
-                promote(pa, acc, sc_a_lo, sc_a_hi);
+                promote(false, pa, acc, sc_a_lo, sc_a_hi);
             }
         } else if (kSkipIdle && idle) {
+            flush();
             // Nothing of its own to compute: it only hands the stages back, so the tensor cores
             // serve the tile's other warpgroups alone (a masked expert's last row block often holds
-            // fewer than 64 rows; PERF.md, 2026-12-03). Its zero accumulators are never stored.
+            // fewer than 64 rows; PERF.md, 2026-12-03). Its accumulators are never stored.
             for (int kb = kb0; kb < kb1; ++kb) {
                 mbar_wait(base + kFullOff + 8 * s, phase);
                 release(s);
                 if (++s == STAGES) s = 0, phase ^= 1;
             }
         } else {
-            for (int kb = kb0; kb < kb1; ++kb) {
+            // One K block; the first stores the pending tile once its first wgmmas are issued.
+            // Peeled in every layout: in this form (first block apart, acc through a pointer, one
+            // epilogue) the dense 128 × 256 tiles also ran 3–8% faster at prefill sizes, though
+            // nothing of theirs is deferred (PERF.md, 2026-12-04; which part ptxas answers to was
+            // not separated).
+            auto k_block = [&](bool first) {
                 mbar_wait(base + kFullOff + 8 * s, phase);
                 // This thread's row scales and the W block scales of the stage (read before it is released).
                 const float* st_scales = scales + s * kScaleFloats;
@@ -519,13 +612,17 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
                 for (int h = 0; h < kHalves; ++h) {
                     float part[kPart];
                     issue(s, h, part);
+                    if constexpr (kDefer)
+                        if (first && h == 0) flush();
                     wgmma_wait<0>();
                     fence_regs(part);
                     if (h == kHalves - 1) release(s);
-                    promote(part, acc + h * kPart, sa_lo * sb[h], sa_hi * sb[h]);
+                    promote(kDefer && first, part, acc + h * kPart, sa_lo * sb[h], sa_hi * sb[h]);
                 }
                 if (++s == STAGES) s = 0, phase ^= 1;
-            }
+            };
+            k_block(true);
+            for (int kb = kb0 + 1; kb < kb1; ++kb) k_block(false);
         }
         const Tile tile = sched.get(t, rank);  // again: kept across the K loop it would take registers
         if (tile.rows <= 0) continue;
@@ -570,73 +667,13 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
                 }
             }
         }
-
-        // Epilogue: bf16 out (+ residual). Each warp owns 16 rows of its warpgroup's 64; per 8-column
-        // group each thread holds two adjacent columns of rows r_lo and r_lo + 8. A warp whose 16
-        // rows are all valid (and N % 8 == 0) writes them 64 columns at a time into its 2 KB of the
-        // warpgroup's epilogue block, in the 128-byte swizzle of y's tensor map (stmatrix), and has
-        // TMA store that box (clipped at N), waiting only for its own previous store to have read
-        // the buffer — no named barrier between warps (DECISIONS: 2–6% at prefill sizes against
-        // warpgroup-wide boxes). Warps with rows past the tile's (M edges, masked counts) store
-        // from registers, so no row past them is touched.
-        const int w_row = 64 * consumer + 16 * warp;  // the warp's first row in the tile
-        if (p.tma_store && tile.rows >= w_row + 16) {
-            uint8_t* box = epilogue + consumer * kEpilogueBytes + warp * (16 * 128);
-#pragma unroll
-            for (int c = 0; c < BN / 64; ++c) {
-                if (tile.n0 + 64 * c >= p.N) break;
-                uint32_t pk[16];
-#pragma unroll
-                for (int jj = 0; jj < 8; ++jj) {
-                    const int j = 8 * c + jj, col = tile.n0 + 8 * j + 2 * (lane % 4);
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
-                        if (p.residual != nullptr && col < p.N) {
-                            const size_t idx = static_cast<size_t>(tile.a_row + r_lo + 8 * h) * p.N + col;
-                            v0 += bf16_at(p.residual, idx);
-                            v1 += bf16_at(p.residual, idx + 1);
-                        }
-                        pk[2 * jj + h] = pack_bf16_rn(v0, v1);
-                    }
-                }
-                if (lane == 0) bulk_wait_read();  // the warp's previous store has read the buffer
-                __syncwarp();
-                store_rows_sw128(box, pk, lane / 4, lane);
-                fence_proxy_async();
-                __syncwarp();
-                if (lane == 0) {
-                    tma_store_2d(&tmap_y, box, tile.n0 + 64 * c, tile.a_row + w_row);
-                    bulk_commit();
-                }
-            }
-            continue;
-        }
-        const bool pairs = (p.N % 2) == 0;
-#pragma unroll
-        for (int j = 0; j < kAcc / 4; ++j) {
-            const int col = tile.n0 + 8 * j + 2 * (lane % 4);
-            if (col >= p.N) continue;
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int r = r_lo + 8 * h;
-                if (r >= tile.rows) continue;
-                const size_t idx = static_cast<size_t>(tile.a_row + r) * p.N + col;
-                float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
-                const bool two = col + 1 < p.N;
-                if (p.residual != nullptr) {
-                    v0 += bf16_at(p.residual, idx);
-                    if (two) v1 += bf16_at(p.residual, idx + 1);
-                }
-                if (two && pairs) {
-                    *reinterpret_cast<__nv_bfloat162*>(p.y + idx) = __floats2bfloat162_rn(v0, v1);
-                } else {
-                    p.y[idx] = __float2bfloat16(v0);
-                    if (two) p.y[idx + 1] = __float2bfloat16(v1);
-                }
-            }
+        if (!kDefer) {
+            store_tile(tile, acc);
+        } else if (!idle) {
+            pending = t;
         }
     }
+    flush();
     if (p.tma_store && lane == 0) bulk_wait();  // this warp's stores are done
     if constexpr (CL > 1) cluster_sync();
 }
