@@ -103,11 +103,9 @@ struct CublasFp8 {
     cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
     cublasLtMatmulHeuristicResult_t algo{};
     bool ok = false;
-    int64_t m = 0, n = 0, k = 0;
 
     CublasFp8(cublasLtHandle_t lt, int64_t m, int64_t n, int64_t k, bool blockwise, const float* sa, const float* sb,
-              size_t workspace)
-        : m(m), n(n), k(k) {
+              size_t workspace) {
         FANOUT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
         const cublasOperation_t t = CUBLAS_OP_T, nt = CUBLAS_OP_N;
         FANOUT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
@@ -252,36 +250,29 @@ std::vector<cublasLtMatmulAlgo_t> lt_candidates(cublasLtHandle_t lt, const Cubla
             CUBLASLT_MATMUL_TILE_64x128,  CUBLASLT_MATMUL_TILE_128x64,  CUBLASLT_MATMUL_TILE_128x128,
             CUBLASLT_MATMUL_TILE_128x256, CUBLASLT_MATMUL_TILE_256x128, CUBLASLT_MATMUL_TILE_128x192,
             CUBLASLT_MATMUL_TILE_192x128, CUBLASLT_MATMUL_TILE_128x160, CUBLASLT_MATMUL_TILE_160x128};
-        // K 128 a stage (one scale block), as many stages as fit; else whatever the algorithm lists.
-        std::vector<uint32_t> auto_stages;
-        for (uint32_t st : stages)
-            if (st == CUBLASLT_MATMUL_STAGES_128xAUTO) auto_stages.push_back(st);
-        if (auto_stages.empty()) auto_stages = stages.empty() ? std::vector<uint32_t>{0} : stages;
+        // K 128 a stage (one scale block), as many stages as fit: an algorithm without it is skipped.
+        const uint32_t st = CUBLASLT_MATMUL_STAGES_128xAUTO;
+        if (std::find(stages.begin(), stages.end(), st) == stages.end()) continue;
         for (uint32_t tile : tiles)
-            for (uint32_t st : auto_stages)
-                for (uint16_t cl : {uint16_t{CUBLASLT_CLUSTER_SHAPE_AUTO}, uint16_t{CUBLASLT_CLUSTER_SHAPE_1x1x1},
-                                    uint16_t{CUBLASLT_CLUSTER_SHAPE_2x1x1}, uint16_t{CUBLASLT_CLUSTER_SHAPE_1x2x1},
-                                    uint16_t{CUBLASLT_CLUSTER_SHAPE_2x2x1}})
-                    for (uint32_t swizzle : {0u}) {
-                        cublasLtMatmulAlgo_t c = a;
-                        const uint32_t one = 1;
-                        if (cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile,
-                                                                 sizeof(tile)) != CUBLAS_STATUS_SUCCESS ||
-                            cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_STAGES_ID, &st, sizeof(st)) !=
-                                CUBLAS_STATUS_SUCCESS ||
-                            cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one,
-                                                                 sizeof(one)) != CUBLAS_STATUS_SUCCESS ||
-                            cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cl,
-                                                                 sizeof(cl)) != CUBLAS_STATUS_SUCCESS ||
-                            cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle,
-                                                                 sizeof(swizzle)) != CUBLAS_STATUS_SUCCESS)
-                            continue;
-                        cublasLtMatmulHeuristicResult_t r{};
-                        if (cublasLtMatmulAlgoCheck(lt, g.desc, g.la, g.lb, g.lc, g.lc, &c, &r) ==
-                                CUBLAS_STATUS_SUCCESS &&
-                            r.workspaceSize <= wsize)
-                            out.push_back(c);
-                    }
+            for (uint16_t cl : {uint16_t{CUBLASLT_CLUSTER_SHAPE_AUTO}, uint16_t{CUBLASLT_CLUSTER_SHAPE_1x1x1},
+                                uint16_t{CUBLASLT_CLUSTER_SHAPE_2x1x1}, uint16_t{CUBLASLT_CLUSTER_SHAPE_1x2x1},
+                                uint16_t{CUBLASLT_CLUSTER_SHAPE_2x2x1}}) {
+                cublasLtMatmulAlgo_t c = a;
+                const uint32_t one = 1;
+                if (cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile)) !=
+                        CUBLAS_STATUS_SUCCESS ||
+                    cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_STAGES_ID, &st, sizeof(st)) !=
+                        CUBLAS_STATUS_SUCCESS ||
+                    cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one, sizeof(one)) !=
+                        CUBLAS_STATUS_SUCCESS ||
+                    cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cl, sizeof(cl)) !=
+                        CUBLAS_STATUS_SUCCESS)
+                    continue;
+                cublasLtMatmulHeuristicResult_t r{};
+                if (cublasLtMatmulAlgoCheck(lt, g.desc, g.la, g.lb, g.lc, g.lc, &c, &r) == CUBLAS_STATUS_SUCCESS &&
+                    r.workspaceSize <= wsize)
+                    out.push_back(c);
+            }
     }
     return out;
 }
