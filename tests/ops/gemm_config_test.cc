@@ -26,12 +26,14 @@ TEST(GemmConfig, MeasuredRowsForTheV3Shapes) {
     EXPECT_TRUE(same(pick_gemm_config(256, 7168, 18432, 132, false), {128, 256, 1, 2}));  // ... no workspace
 }
 
-// cuBLASLt's block-scaled FP8 at prefill sizes (where `fanout bench kernels` measured it faster),
-// the tile kernel at decode sizes.
+// cuBLASLt's block-scaled FP8 at prefill sizes where `fanout bench kernels` measured it faster,
+// the tile kernel at decode sizes and on the prefill rows where it won (q_b, kv_b, shared down).
 TEST(GemmConfig, CublasLtAtPrefillSizesOnly) {
-    EXPECT_TRUE(pick_gemm_config(4096, 7168, 16384, 132, true).cublaslt);  // o_proj
-    EXPECT_TRUE(pick_gemm_config(4096, 24576, 1536, 132, true).cublaslt);  // q_b
-    EXPECT_TRUE(pick_gemm_config(200, 7168, 16384, 132, true).cublaslt);   // o_proj from 129
+    EXPECT_TRUE(pick_gemm_config(4096, 7168, 16384, 132, true).cublaslt);   // o_proj
+    EXPECT_FALSE(pick_gemm_config(4096, 24576, 1536, 132, true).cublaslt);  // q_b
+    EXPECT_FALSE(pick_gemm_config(1024, 24576, 1536, 132, true).cublaslt);
+    EXPECT_TRUE(pick_gemm_config(256, 24576, 1536, 132, true).cublaslt);
+    EXPECT_TRUE(pick_gemm_config(200, 7168, 16384, 132, true).cublaslt);  // o_proj from 129
     EXPECT_FALSE(pick_gemm_config(128, 7168, 16384, 132, true).cublaslt);
     for (int M : {1, 64, 128, 256}) {
         EXPECT_FALSE(pick_gemm_config(M, 2112, 7168, 132, true).cublaslt) << M;  // qkv_a
@@ -42,14 +44,16 @@ TEST(GemmConfig, CublasLtAtPrefillSizesOnly) {
         EXPECT_FALSE(pick_gemm_config(M, 7168, 2048, 132, true).cublaslt) << M;  // shared down
     }
     EXPECT_TRUE(pick_gemm_config(256, 4096, 7168, 132, true).cublaslt);
+    EXPECT_TRUE(pick_gemm_config(256, 7168, 2048, 132, true).cublaslt);  // shared down: 129 to 256 only
+    EXPECT_FALSE(pick_gemm_config(1024, 7168, 2048, 132, true).cublaslt);
+    EXPECT_FALSE(pick_gemm_config(4096, 7168, 2048, 132, true).cublaslt);
     EXPECT_FALSE(pick_gemm_config(64, 24576, 1536, 132, true).cublaslt);  // q_b from M = 65
     EXPECT_TRUE(pick_gemm_config(65, 24576, 1536, 132, true).cublaslt);
     EXPECT_TRUE(pick_gemm_config(600, 384, 512, 132, true).cublaslt);  // the rule, past M = 256
-    // Up to M = 1024 the tile kernel beats cuBLASLt on qkv_a and kv_b.
-    for (auto [N, K] : {std::pair{2112, 7168}, {32768, 512}}) {
-        EXPECT_FALSE(pick_gemm_config(1024, N, K, 132, true).cublaslt) << N;
-        EXPECT_TRUE(pick_gemm_config(1025, N, K, 132, true).cublaslt) << N;
-    }
+    // Up to M = 1024 the tile kernel beats cuBLASLt on qkv_a; on kv_b at every M.
+    EXPECT_FALSE(pick_gemm_config(1024, 2112, 7168, 132, true).cublaslt);
+    EXPECT_TRUE(pick_gemm_config(1025, 2112, 7168, 132, true).cublaslt);
+    for (int M : {1, 256, 1024, 4096, 100000}) EXPECT_FALSE(pick_gemm_config(M, 32768, 512, 132, true).cublaslt) << M;
 }
 
 // The quantization in front of a dense GEMM writes M-major scales exactly where cuBLASLt will

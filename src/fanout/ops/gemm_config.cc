@@ -3,9 +3,11 @@
 // SMs) for DeepSeek-V3's six shapes and its dense layers' MLP (docs/PERF.md has the sweep); other
 // shapes take the rule below, which those measurements suggest. Rows marked lt(...) run cuBLASLt's
 // block-scaled FP8 where it can (`fanout bench kernels` measured it faster there, its x scales
-// M-major as the quantizations then write them: from M = 65 for q_b and the dense MLP, from 129 for
-// o_proj and the shared experts, past 1024 for kv_b and qkv_a); their tile is the fallback. Rows
-// re-swept on 2026-12-03, the cuBLASLt rows again once x's scales no longer needed a transpose.
+// M-major as the quantizations then write them: q_b from M = 65 to 256, the dense MLP from 65, o_proj
+// and the shared gate+up from 129, the shared down projection from 129 to 256, qkv_a past 1024); their
+// tile is the fallback. Rows re-swept on 2026-12-03, the cuBLASLt rows again once x's scales no longer
+// needed a transpose; q_b, kv_b and the shared down projection's prefill rows moved back to the tile
+// kernel on 2026-12-04 (three runs each, PERF.md "The tile table at prefill sizes").
 #include <algorithm>
 #include <array>
 
@@ -32,10 +34,10 @@ constexpr std::array kTable = {
     Row{2112, 7168, 1 << 30, lt({128, 256, 1, 2})},
     // q_b 24576 × 1536
     Row{24576, 1536, 64, {64, 128, 1, 1}},    Row{24576, 1536, 128, lt({128, 256, 1, 1})},
-    Row{24576, 1536, 256, lt({128, 128, 1, 1})}, Row{24576, 1536, 1 << 30, lt({128, 256, 1, 2})},
+    Row{24576, 1536, 256, lt({128, 128, 1, 1})}, Row{24576, 1536, 1 << 30, {128, 256, 1, 2}},
     // kv_b 32768 × 512
     Row{32768, 512, 64, {64, 64, 1, 1}},      Row{32768, 512, 256, {128, 128, 1, 1}},
-    Row{32768, 512, 1024, {128, 256, 1, 2}},  Row{32768, 512, 1 << 30, lt({128, 256, 1, 2})},
+    Row{32768, 512, 1 << 30, {128, 256, 1, 2}},
     // o_proj 7168 × 16384
     Row{7168, 16384, 64, {64, 64, 2, 1}},     Row{7168, 16384, 128, {64, 128, 2, 2}},
     Row{7168, 16384, 256, lt({128, 256, 2, 2})}, Row{7168, 16384, 1 << 30, lt({128, 256, 1, 2})},
@@ -44,8 +46,8 @@ constexpr std::array kTable = {
     Row{4096, 7168, 256, lt({128, 128, 2, 1})}, Row{4096, 7168, 1 << 30, lt({128, 256, 1, 2})},
     // shared experts' down 7168 × 2048
     Row{7168, 2048, 64, {64, 64, 1, 1}},      Row{7168, 2048, 128, {64, 64, 1, 1}},
-    Row{7168, 2048, 256, lt({128, 128, 1, 1})}, Row{7168, 2048, 1024, lt({128, 256, 1, 1})},
-    Row{7168, 2048, 1 << 30, lt({128, 256, 1, 2})},
+    Row{7168, 2048, 256, lt({128, 128, 1, 1})}, Row{7168, 2048, 1024, {128, 256, 1, 1}},
+    Row{7168, 2048, 1 << 30, {128, 256, 1, 2}},
     // the dense layers' MLP gate+up 36864 × 7168 (intermediate 18432; sweep of 2026-12-02)
     Row{36864, 7168, 64, {64, 64, 1, 1}},     Row{36864, 7168, 128, lt({64, 128, 1, 2})},
     Row{36864, 7168, 256, lt({128, 128, 1, 1})}, Row{36864, 7168, 1 << 30, lt({128, 256, 1, 2})},
