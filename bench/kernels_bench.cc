@@ -428,10 +428,11 @@ nlohmann::json bench_dense(Context& c, const KernelsBenchOptions& opts) {
                 const int nkb = int((sh.k + 127) / 128);
                 for (int cluster : {1, 2})
                     for (int bm : {64, 128, 192})
-                        for (int bn : {64, 128, 256})
+                        for (int bn : {64, 128, 192, 256})
                             for (int splits : {1, 2, 4, 8}) {
                                 if (splits > 1 && nkb / splits < 2) continue;
                                 if (bm == 192 && bn != 128) continue;  // the one 192-row shape
+                                if (bn == 192 && bm != 128) continue;  // and the one 192-wide
                                 const ops::GemmConfig cfg{bm, bn, splits, cluster};
                                 const size_t tiles = size_t((M + bm - 1) / bm) * size_t((sh.n + bn - 1) / bn);
                                 if (splits > 1 && tiles * splits * bm * bn > c.gemm_ws.partial_floats) continue;

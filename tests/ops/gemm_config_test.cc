@@ -50,9 +50,9 @@ TEST(GemmConfig, CublasLtAtPrefillSizesOnly) {
     EXPECT_FALSE(pick_gemm_config(64, 24576, 1536, 132, true).cublaslt);  // q_b from M = 65
     EXPECT_TRUE(pick_gemm_config(65, 24576, 1536, 132, true).cublaslt);
     EXPECT_TRUE(pick_gemm_config(600, 384, 512, 132, true).cublaslt);  // the rule, past M = 256
-    // Up to M = 1024 the tile kernel beats cuBLASLt on qkv_a; on kv_b at every M.
+    // The tile kernel beats cuBLASLt on qkv_a and kv_b at every M; qkv_a past 1024 in 128 × 192 tiles.
     EXPECT_FALSE(pick_gemm_config(1024, 2112, 7168, 132, true).cublaslt);
-    EXPECT_TRUE(pick_gemm_config(1025, 2112, 7168, 132, true).cublaslt);
+    EXPECT_TRUE(same(pick_gemm_config(1025, 2112, 7168, 132, true), {128, 192, 1, 1}));
     for (int M : {1, 256, 1024, 4096, 100000}) EXPECT_FALSE(pick_gemm_config(M, 32768, 512, 132, true).cublaslt) << M;
 }
 

@@ -4,10 +4,11 @@
 // shapes take the rule below, which those measurements suggest. Rows marked lt(...) run cuBLASLt's
 // block-scaled FP8 where it can (`fanout bench kernels` measured it faster there, its x scales
 // M-major as the quantizations then write them: q_b from M = 65 to 256, the dense MLP from 65, o_proj
-// and the shared gate+up from 129, the shared down projection from 129 to 256, qkv_a past 1024); their
-// tile is the fallback. Rows re-swept on 2026-12-03, the cuBLASLt rows again once x's scales no longer
-// needed a transpose; q_b, kv_b and the shared down projection's prefill rows moved back to the tile
-// kernel on 2026-12-04 (three runs each, PERF.md "The tile table at prefill sizes").
+// and the shared gate+up from 129, the shared down projection from 129 to 256); their tile is the
+// fallback. Rows re-swept on 2026-12-03, the cuBLASLt rows again once x's scales no longer needed a
+// transpose; on 2026-12-04 the prefill rows of q_b, kv_b and the shared down projection moved back to
+// the tile kernel (three runs each), and qkv_a's past M = 1024 to the 128 × 192 tile (PERF.md, "The
+// tile table at prefill sizes").
 #include <algorithm>
 #include <array>
 
@@ -31,7 +32,7 @@ constexpr std::array kTable = {
     // fused qkv_a 2112 × 7168
     Row{2112, 7168, 64, {64, 64, 4, 1}},      Row{2112, 7168, 128, {64, 64, 2, 1}},
     Row{2112, 7168, 256, {64, 64, 1, 1}},     Row{2112, 7168, 1024, {192, 128, 1, 1}},
-    Row{2112, 7168, 1 << 30, lt({128, 256, 1, 2})},
+    Row{2112, 7168, 1 << 30, {128, 192, 1, 1}},
     // q_b 24576 × 1536
     Row{24576, 1536, 64, {64, 128, 1, 1}},    Row{24576, 1536, 128, lt({128, 256, 1, 1})},
     Row{24576, 1536, 256, lt({128, 128, 1, 1})}, Row{24576, 1536, 1 << 30, {128, 256, 1, 2}},

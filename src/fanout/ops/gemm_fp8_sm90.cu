@@ -213,8 +213,15 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     static_assert(kLayout.stage_bytes == kStageBytes, "SmemLayout and the kernel disagree on a stage");
     constexpr int kAcc = BN / 2;  // f32 accumulators per thread (m64 × BN over 128 threads)
     // wgmma width: a 256-wide tile runs as two n128 halves, each promoted before the next, so
-    // the registers hold acc[128] + part[64] instead of two 128-float sets.
-    constexpr int kWN = BN < 128 ? BN : 128, kHalves = BN / kWN, kPart = kWN / 2;
+    // the registers hold acc[128] + part[64] instead of two 128-float sets. A 192-wide tile
+    // (dense only: qkv_a's N = 2112 is 11 of them, where 256-wide tiles waste 8% of their columns
+    // and a third of the last wave) runs as one n192 group: acc[96] + part[96].
+    constexpr int kWN = BN < 128 || BN == 192 ? BN : 128, kHalves = BN / kWN, kPart = kWN / 2;
+    // W's scales per stage: one per 128-column block of each half; a 192-wide tile's columns
+    // straddle W's 128-column blocks (n0 % 128 is 0 or 64), so it takes one per 64-column chunk.
+    constexpr bool kChunked = BN == 192;
+    constexpr int kWScales = kChunked ? BN / 64 : kHalves;
+    static_assert(kWScales <= 4, "a stage's scales hold at most four W values");
     // Two partials in flight: the 64 × 64 tiles, whose one consumer warpgroup is alone with its
     // K loop's chain (see the loop).
     constexpr bool kPipelined = BM == 64 && BN == 64;
@@ -366,12 +373,15 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
                         const int r = lane + 32 * i;
                         v[i] = r < tile.rows ? __ldg(p.sx + static_cast<size_t>(tile.a_row + r) * p.nkb + kb) : 0.0f;
                     }
-                    if (lane < kHalves && tile.n0 + lane * kWN < p.N)
-                        w = __ldg(p.sw + tile.sw_base + lane * p.nkb + kb);
+                    if (lane < kWScales) {
+                        const int col = kChunked ? 64 * lane : lane * kWN;  // the value's first column in the tile
+                        const int blk = kChunked ? (tile.n0 % kBK + col) / kBK : lane;  // its W block after n0's
+                        if (tile.n0 + col < p.N) w = __ldg(p.sw + tile.sw_base + blk * p.nkb + kb);
+                    }
                     mbar_wait(&empty[s], phase ^ 1);
 #pragma unroll
                     for (int i = 0; i < BM / 32; ++i) dst[lane + 32 * i] = v[i];
-                    if (lane < kHalves) dst[BM + lane] = w;
+                    if (lane < kWScales) dst[BM + lane] = w;
                     mbar_arrive(&full[s]);  // each lane releases its own stores to the waiters
                     if (++s == STAGES) s = 0, phase ^= 1;
                 }
@@ -602,6 +612,33 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
             // not separated).
             auto k_block = [&](bool first) {
                 mbar_wait(base + kFullOff + 8 * s, phase);
+                if constexpr (kChunked) {
+                    // One n192 wgmma group; each 64-column chunk of it promoted with its W block's scale.
+                    const float* st_scales = scales + s * kScaleFloats;
+                    const float sa_lo = st_scales[r_lo], sa_hi = st_scales[r_lo + 8];
+                    float c_lo[kWScales], c_hi[kWScales];
+#pragma unroll
+                    for (int c = 0; c < kWScales; ++c) {
+                        const float w = st_scales[BM + c];
+                        c_lo[c] = sa_lo * w;
+                        c_hi[c] = sa_hi * w;
+                    }
+                    float part[kPart];
+                    issue(s, 0, part);
+                    wgmma_wait<0>();
+                    fence_regs(part);
+                    release(s);
+#pragma unroll
+                    for (int j = 0; j < kPart / 4; ++j) {
+                        const int c = j / 8;  // 8 fragment columns of 8 = one 64-column chunk
+                        acc[4 * j + 0] = fmaf(part[4 * j + 0], c_lo[c], acc[4 * j + 0]);
+                        acc[4 * j + 1] = fmaf(part[4 * j + 1], c_lo[c], acc[4 * j + 1]);
+                        acc[4 * j + 2] = fmaf(part[4 * j + 2], c_hi[c], acc[4 * j + 2]);
+                        acc[4 * j + 3] = fmaf(part[4 * j + 3], c_hi[c], acc[4 * j + 3]);
+                    }
+                    if (++s == STAGES) s = 0, phase ^= 1;
+                    return;
+                }
                 // This thread's row scales and the W block scales of the stage (read before it is released).
                 const float* st_scales = scales + s * kScaleFloats;
                 const float sa_lo = st_scales[r_lo], sa_hi = st_scales[r_lo + 8];
@@ -805,11 +842,13 @@ void launch_layout(const GemmConfig& cfg, const Operands& o, const Params& p, cu
     FANOUT_GEMM_CASE(64, 256)
     FANOUT_GEMM_CASE(128, 64)
     FANOUT_GEMM_CASE(128, 128)
+    if constexpr (L == Layout::kDense) FANOUT_GEMM_CASE(128, 192)
     FANOUT_GEMM_CASE(128, 256)
     FANOUT_GEMM_CASE(192, 128)
 #undef FANOUT_GEMM_CASE
     FANOUT_DEVICE_REQUIRE(false, "gemm_fp8: no kernel for block_m " + std::to_string(cfg.block_m) + " × block_n " +
-                                     std::to_string(cfg.block_n) + " (have 64|128 × 64|128|256, 192 × 128)");
+                                     std::to_string(cfg.block_n) +
+                                     " (have 64|128 × 64|128|256, 192 × 128, and dense 128 × 192)");
 }
 
 void check_operands(const void* x, const void* w, int N, int K, const char* what) {

@@ -165,7 +165,7 @@ __device__ __forceinline__ void wgmma_wait() {
 }
 
 // wgmma's accumulator operands. Inline asm wants the "%0, %1, …" lists as literal strings and one
-// "+f" output per register, so both are spelled once here, for 16, 32, 64 and 128 registers, and
+// "+f" output per register, so both are spelled once here, for 16, 32, 64, 96 and 128 registers, and
 // every wrapper below is written with them.
 // Kept as a table, 16 registers a line (clang-format does not settle on macro continuations).
 // clang-format off
@@ -175,6 +175,9 @@ __device__ __forceinline__ void wgmma_wait() {
 #define FANOUT_SM90_R64 FANOUT_SM90_R32 ", " \
     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define FANOUT_SM90_R96 FANOUT_SM90_R64 ", " \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
 #define FANOUT_SM90_R128 FANOUT_SM90_R64 ", " \
     "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
     "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
@@ -187,6 +190,7 @@ __device__ __forceinline__ void wgmma_wait() {
 #define FANOUT_SM90_OUT16(d, i) FANOUT_SM90_OUT8(d, i), FANOUT_SM90_OUT8(d, (i) + 8)
 #define FANOUT_SM90_OUT32(d, i) FANOUT_SM90_OUT16(d, i), FANOUT_SM90_OUT16(d, (i) + 16)
 #define FANOUT_SM90_OUT64(d, i) FANOUT_SM90_OUT32(d, i), FANOUT_SM90_OUT32(d, (i) + 32)
+#define FANOUT_SM90_OUT96(d) FANOUT_SM90_OUT64(d, 0), FANOUT_SM90_OUT32(d, 64)
 #define FANOUT_SM90_OUT128(d) FANOUT_SM90_OUT64(d, 0), FANOUT_SM90_OUT64(d, 64)
 // clang-format on
 
@@ -214,6 +218,17 @@ struct Wgmma<64> {
             "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
             "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {" FANOUT_SM90_R32 "}, %32, %33, p, 1, 1;\n}\n"
             : FANOUT_SM90_OUT32(d, 0)
+            : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+    }
+};
+
+template <>
+struct Wgmma<192> {
+    static __device__ __forceinline__ void mma(float (&d)[96], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e4m3 {" FANOUT_SM90_R96 "}, %96, %97, p, 1, 1;\n}\n"
+            : FANOUT_SM90_OUT96(d)
             : "l"(desc_a), "l"(desc_b), "r"(scale_d));
     }
 };
