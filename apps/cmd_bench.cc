@@ -1,5 +1,7 @@
 // bench: `fanout bench tokenizer`, `fanout bench serve`, and on CUDA builds `fanout bench kernels`,
 // `fanout bench mla`, `fanout bench layer`, `fanout bench comm`.
+#include <map>
+
 #include "cli_common.h"
 #include "comm_bench.h"
 #include "kernels_bench.h"
@@ -116,6 +118,14 @@ void add_bench_command(CLI::App& app) {
     kernels->add_flag("--lt-search", k->lt_search,
                       "dense: also time cuBLASLt's block-scaled FP8 algorithm in every tile and cluster shape it "
                       "accepts (its heuristic offers one)");
+    kernels
+        ->add_option("--data", k->data,
+                     "the FP8 operands' values: uniform (in ±64), normal (σ = 448/4, as block-quantized Gaussian "
+                     "values) or zeros; long GEMMs run at the power limit, where the values move the clock")
+        ->transform(CLI::CheckedTransformer(std::map<std::string, bench::KernelsBenchOptions::Data>{
+            {"uniform", bench::KernelsBenchOptions::Data::kUniform},
+            {"normal", bench::KernelsBenchOptions::Data::kNormal},
+            {"zeros", bench::KernelsBenchOptions::Data::kZeros}}));
     kernels->add_option("--json", k->json_out, "JSON output ('' to skip)")->capture_default_str();
     kernels->callback([k] {
 #ifdef FANOUT_WITH_CUDA

@@ -69,13 +69,32 @@ constexpr GroupedPoint kGroupedPoints[5] = {
     {8, {263.22, 144.45}}, {16, {154.62, 87.35}}, {32, {133.71, 68.15}}, {64, {112.96, 63.0}}, {128, {114.46, 63.59}}};
 constexpr int64_t kGroupedShapes[2][2] = {{4096, 7168}, {7168, 2048}};  // (N, K)
 
-// Random e4m3 bytes generated on the host in 64 MB pieces (a GB of expert weights included).
+// The FP8 operands' values (--data). Under the power limit the tensor cores' draw, and so the
+// clock every long GEMM runs at, depends on the bits they multiply.
+KernelsBenchOptions::Data g_data = KernelsBenchOptions::Data::kUniform;
+
+// Random e4m3 bytes generated on the host in 64 MB pieces (a GB of expert weights included):
+// uniform in ±64, or normal with σ = 448/4 (as a block quantization of Gaussian values writes
+// them: amax near e4m3's 448), or all zero.
 std::unique_ptr<DevicePtr<uint8_t>> random_fp8(size_t n, uint64_t seed) {
     auto d = std::make_unique<DevicePtr<uint8_t>>(n);
     std::mt19937_64 rng(seed);
-    std::uniform_real_distribution<float> dist(-64.0f, 64.0f);
+    std::uniform_real_distribution<float> uniform(-64.0f, 64.0f);
+    std::normal_distribution<float> normal(0.0f, 112.0f);
     std::vector<uint8_t> table(1 << 16);
-    for (auto& v : table) v = f32_to_fp8e4m3(dist(rng));
+    for (auto& v : table) {
+        switch (g_data) {
+            case KernelsBenchOptions::Data::kUniform:
+                v = f32_to_fp8e4m3(uniform(rng));
+                break;
+            case KernelsBenchOptions::Data::kNormal:
+                v = f32_to_fp8e4m3(std::clamp(normal(rng), -448.0f, 448.0f));
+                break;
+            case KernelsBenchOptions::Data::kZeros:
+                v = 0;
+                break;
+        }
+    }
     const size_t piece = size_t{64} << 20;
     std::vector<uint8_t> h(std::min(n, piece));
     for (size_t off = 0; off < n; off += piece) {
@@ -668,6 +687,18 @@ nlohmann::json bench_grouped_contiguous(Context& c) {
 
 }  // namespace
 
+const char* data_name(KernelsBenchOptions::Data d) {
+    switch (d) {
+        case KernelsBenchOptions::Data::kUniform:
+            return "uniform";
+        case KernelsBenchOptions::Data::kNormal:
+            return "normal";
+        case KernelsBenchOptions::Data::kZeros:
+            return "zeros";
+    }
+    return "?";
+}
+
 ops::GemmConfig parse_gemm_config(const std::string& text) {
     ops::GemmConfig g;
     char c = 0;
@@ -709,6 +740,7 @@ GpuCeilings measure_gpu_ceilings() {
 
 int run_kernels_bench(const KernelsBenchOptions& opts) {
     require_gpu("fanout bench kernels");
+    g_data = opts.data;
     Context c;
     FANOUT_CUDA_CHECK(cudaStreamCreate(&c.stream));
     FANOUT_CUBLAS_CHECK(cublasLtCreate(&c.lt));
@@ -718,8 +750,11 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
     measure_ceilings(c);
     std::printf("%s, %d SMs: copy %.0f GB/s (read + write), cuBLASLt tensor-wise FP8 %.0f TFLOP/s (8192^3)\n\n",
                 prop.name, prop.multiProcessorCount, c.bw_gbs, c.peak_tflops);
-    nlohmann::json out = {
-        {"benchmark", "kernels"}, {"gpu", prop.name}, {"copy_gbs", c.bw_gbs}, {"fp8_tensorwise_tflops", c.peak_tflops}};
+    nlohmann::json out = {{"benchmark", "kernels"},
+                          {"gpu", prop.name},
+                          {"copy_gbs", c.bw_gbs},
+                          {"fp8_tensorwise_tflops", c.peak_tflops},
+                          {"data", data_name(opts.data)}};
     if (opts.dense) out["dense"] = bench_dense(c, opts);
     if (opts.grouped) {
         out["grouped"] = bench_grouped(c);

@@ -32,7 +32,11 @@ struct KernelsBenchOptions {
     int m = 0;               // dense: only this M (0 = all five)
     std::string config;      // dense: this tile config instead of the table, e.g. "128x256/1" or "128x128/2c2"
     bool lt_search = false;  // dense: also time cuBLASLt's block-scaled algorithm in every tile and cluster shape
+    enum class Data { kUniform, kNormal, kZeros };
+    Data data = Data::kUniform;  // the FP8 operands' values (random_fp8)
 };
+
+const char* data_name(KernelsBenchOptions::Data d);
 
 // "128x256/2c2" -> {128, 256, 2, 2}; throws fanout::Error naming the text when malformed.
 ops::GemmConfig parse_gemm_config(const std::string& text);
