@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Nsight Compute (--set full, details page) on two tile kernels of the final code: the masked
+# 128 x 128 kernel at the EP64 decode point (gate+up, 4 experts x ~530 tokens: the first launch of
+# the default after the EP8-EP32 points' 824 launches of that kernel), and the dense 128 x 256 pair
+# kernel on q_b at M = 4096 (run83; run84 repeats the masked one with the template arguments as
+# ncu spells them). Question: is the grouped kernel L2-bound where the dense one is not?
+set -u
+cd "$(dirname "$0")/.."
+tar xJf .carry/build.tar.xz -C .carry
+export LD_LIBRARY_PATH=$PWD/.carry/lib:/usr/local/cuda/targets/x86_64-linux/lib
+B=.carry/build
+S=$OUT/summary.txt
+t0=$(date +%s)
+timeout 200 ncu --kernel-name-base demangled --kernel-name "regex:kernel<\\(int\\)128, \\(int\\)128, \\(int\\)6, [^,]*2, \\(int\\)1>" --launch-skip 824 --launch-count 1 \
+  --set full -o $OUT/masked $B/apps/fanout bench kernels --no-dense --json '' > $OUT/ncu_masked.txt 2>&1
+echo "ncu masked rc=$? t=$(( $(date +%s) - t0 ))" >> $S
+for r in masked; do
+  ncu --import $OUT/$r.ncu-rep --page details --csv > $OUT/${r}_details.csv 2> $OUT/${r}_details.err; echo "details $r rc=$?" >> $S
+done
+gzip -9 $OUT/*.csv
+rm -f $OUT/*.ncu-rep
+tail -5 $OUT/ncu_masked.txt >> $S
+cat $S
