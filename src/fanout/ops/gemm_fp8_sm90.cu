@@ -215,7 +215,8 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     // wgmma width: a 256-wide tile runs as two n128 halves, each promoted before the next, so
     // the registers hold acc[128] + part[64] instead of two 128-float sets. A 192-wide tile
     // (dense only: qkv_a's N = 2112 is 11 of them, where 256-wide tiles waste 8% of their columns
-    // and a third of the last wave) runs as one n192 group: acc[96] + part[96].
+    // and leave the last of three waves four-fifths empty at M = 4096) runs as one n192 group:
+    // acc[96] + part[96].
     constexpr int kWN = BN < 128 || BN == 192 ? BN : 128, kHalves = BN / kWN, kPart = kWN / 2;
     // W's scales per stage: one per 128-column block of each half; a 192-wide tile's columns
     // straddle W's 128-column blocks (n0 % 128 is 0 or 64), so it takes one per 64-column chunk.
