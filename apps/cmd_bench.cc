@@ -122,10 +122,8 @@ void add_bench_command(CLI::App& app) {
         ->add_option("--data", k->data,
                      "the FP8 operands' values: uniform (in ±64), normal (σ = 448/4, as block-quantized Gaussian "
                      "values) or zeros; long GEMMs run at the power limit, where the values move the clock")
-        ->transform(CLI::CheckedTransformer(std::map<std::string, bench::KernelsBenchOptions::Data>{
-            {"uniform", bench::KernelsBenchOptions::Data::kUniform},
-            {"normal", bench::KernelsBenchOptions::Data::kNormal},
-            {"zeros", bench::KernelsBenchOptions::Data::kZeros}}));
+        ->transform(CLI::CheckedTransformer(std::map<std::string, bench::KernelsBenchOptions::Data>(
+            std::begin(bench::kDataNames), std::end(bench::kDataNames))));
     kernels->add_option("--json", k->json_out, "JSON output ('' to skip)")->capture_default_str();
     kernels->callback([k] {
 #ifdef FANOUT_WITH_CUDA

@@ -69,21 +69,18 @@ constexpr GroupedPoint kGroupedPoints[5] = {
     {8, {263.22, 144.45}}, {16, {154.62, 87.35}}, {32, {133.71, 68.15}}, {64, {112.96, 63.0}}, {128, {114.46, 63.59}}};
 constexpr int64_t kGroupedShapes[2][2] = {{4096, 7168}, {7168, 2048}};  // (N, K)
 
-// The FP8 operands' values (--data). Under the power limit the tensor cores' draw, and so the
-// clock every long GEMM runs at, depends on the bits they multiply.
-KernelsBenchOptions::Data g_data = KernelsBenchOptions::Data::kUniform;
-
-// Random e4m3 bytes generated on the host in 64 MB pieces (a GB of expert weights included):
-// uniform in ±64, or normal with σ = 448/4 (as a block quantization of Gaussian values writes
-// them: amax near e4m3's 448), or all zero.
-std::unique_ptr<DevicePtr<uint8_t>> random_fp8(size_t n, uint64_t seed) {
+// Random e4m3 bytes generated on the host in 64 MB pieces (a GB of expert weights included), as
+// --data asks: uniform in ±64, or normal with σ = 448/4 (as a block quantization of Gaussian values
+// writes them: amax near e4m3's 448), or all zero. Under the power limit the tensor cores' draw,
+// and so the clock every long GEMM runs at, depends on the bits they multiply.
+std::unique_ptr<DevicePtr<uint8_t>> random_fp8(size_t n, uint64_t seed, KernelsBenchOptions::Data data) {
     auto d = std::make_unique<DevicePtr<uint8_t>>(n);
     std::mt19937_64 rng(seed);
     std::uniform_real_distribution<float> uniform(-64.0f, 64.0f);
     std::normal_distribution<float> normal(0.0f, 112.0f);
     std::vector<uint8_t> table(1 << 16);
     for (auto& v : table) {
-        switch (g_data) {
+        switch (data) {
             case KernelsBenchOptions::Data::kUniform:
                 v = f32_to_fp8e4m3(uniform(rng));
                 break;
@@ -175,6 +172,7 @@ struct Context {
     size_t wsize = size_t{32} << 20;
     std::unique_ptr<DevicePtr<uint8_t>> ws;
     double bw_gbs = 0, peak_tflops = 0;
+    KernelsBenchOptions::Data data = KernelsBenchOptions::Data::kUniform;  // the FP8 operands' values
     ops::GemmWorkspace gemm_ws{size_t{256} << 20};
 
     double floor_us(double flops, double bytes) const {
@@ -199,7 +197,7 @@ void measure_ceilings(Context& c) {
     });
     c.bw_gbs = 2.0 * copy_bytes / copy_us / 1e3;
     const int64_t big = 8192;
-    auto ba = random_fp8(size_t(big * big), 1), bb = random_fp8(size_t(big * big), 2);
+    auto ba = random_fp8(size_t(big * big), 1, c.data), bb = random_fp8(size_t(big * big), 2, c.data);
     DevicePtr<uint16_t> bc(size_t(big * big));
     auto unit = random_scales(1, 3);
     CublasFp8 peak(c.lt, big, big, big, false, unit->p, unit->p, c.wsize);
@@ -360,7 +358,7 @@ nlohmann::json bench_dense(Context& c, const KernelsBenchOptions& opts) {
     if (ms.empty()) ms.emplace_back(-1, int64_t{opts.m});
     for (const Shape& sh : kShapes) {
         if (!opts.shape.empty() && opts.shape != sh.name) continue;
-        auto w = random_fp8(size_t(sh.n * sh.k), 3);
+        auto w = random_fp8(size_t(sh.n * sh.k), 3, c.data);
         // --cold: copies of W, each call the next (the graphs capture each call's pointer).
         const size_t w_bytes = size_t(sh.n * sh.k);
         const size_t copies = opts.cold ? std::max<size_t>(2, (3 * l2_bytes() + w_bytes - 1) / w_bytes) : 1;
@@ -376,7 +374,7 @@ nlohmann::json bench_dense(Context& c, const KernelsBenchOptions& opts) {
         auto sw = random_scales(size_t((sh.n + 127) / 128) * size_t((sh.k + 127) / 128), 4);
         for (const auto& [mi, M] : ms) {
             const double anchor_us = mi >= 0 ? sh.deepgemm_us[mi] : 0.0;
-            auto x = random_fp8(size_t(M * sh.k), 5);
+            auto x = random_fp8(size_t(M * sh.k), 5, c.data);
             auto sx = random_scales(size_t(M) * size_t((sh.k + 127) / 128), 6);
             DevicePtr<uint16_t> y(size_t(M * sh.n));
             CublasFp8 g(c.lt, M, sh.n, sh.k, true, sw->p, sx->p, c.wsize);
@@ -521,9 +519,9 @@ nlohmann::json bench_grouped(Context& c) {
         for (int si = 0; si < 2; ++si) {
             const int64_t N = kGroupedShapes[si][0], K = kGroupedShapes[si][1];
             const int64_t nbk = (K + 127) / 128, nbn = (N + 127) / 128;
-            auto w = random_fp8(size_t(E) * N * K, 10 + si);
+            auto w = random_fp8(size_t(E) * N * K, 10 + si, c.data);
             auto sw = random_scales(size_t(E) * nbn * nbk, 11);
-            auto x = random_fp8(size_t(E) * max_m * K, 12);
+            auto x = random_fp8(size_t(E) * max_m * K, 12, c.data);
             auto sx = random_scales(size_t(E) * max_m * nbk, 13);
             DevicePtr<uint16_t> y(size_t(E) * max_m * N);
             auto run = [&](ops::GemmConfig cfg) {
@@ -578,7 +576,7 @@ nlohmann::json bench_grouped(Context& c) {
         }
         // The activation between the two GEMMs: bf16 gate_up [E, max_m, 4096] -> fp8 [E, max_m, 2048] + scales.
         const int I = 2048;
-        auto gu = random_fp8(size_t(E) * max_m * 2 * I * 2, 14);  // random bytes as bf16 bit patterns
+        auto gu = random_fp8(size_t(E) * max_m * 2 * I * 2, 14, c.data);  // random bytes as bf16 bit patterns
         DevicePtr<uint8_t> q(size_t(E) * max_m * I);
         DevicePtr<float> s(size_t(E) * max_m * (I / 128));
         const double act_us = time_graph_us(c.stream, 20, [&] {
@@ -631,9 +629,9 @@ nlohmann::json bench_grouped_contiguous(Context& c) {
         for (int si = 0; si < 2; ++si) {
             const int64_t N = kGroupedShapes[si][0], K = kGroupedShapes[si][1];
             const int64_t nbk = (K + 127) / 128, nbn = (N + 127) / 128;
-            auto w = random_fp8(size_t(E) * N * K, 20 + si);
+            auto w = random_fp8(size_t(E) * N * K, 20 + si, c.data);
             auto sw = random_scales(size_t(E) * nbn * nbk, 21);
-            auto x = random_fp8(size_t(rows) * K, 22);
+            auto x = random_fp8(size_t(rows) * K, 22, c.data);
             auto sx = random_scales(size_t(rows) * nbk, 23);
             DevicePtr<uint16_t> y(size_t(rows) * N);
             auto run = [&](ops::GemmConfig cfg) {
@@ -688,14 +686,8 @@ nlohmann::json bench_grouped_contiguous(Context& c) {
 }  // namespace
 
 const char* data_name(KernelsBenchOptions::Data d) {
-    switch (d) {
-        case KernelsBenchOptions::Data::kUniform:
-            return "uniform";
-        case KernelsBenchOptions::Data::kNormal:
-            return "normal";
-        case KernelsBenchOptions::Data::kZeros:
-            return "zeros";
-    }
+    for (const auto& [name, value] : kDataNames)
+        if (value == d) return name;
     return "?";
 }
 
@@ -740,8 +732,8 @@ GpuCeilings measure_gpu_ceilings() {
 
 int run_kernels_bench(const KernelsBenchOptions& opts) {
     require_gpu("fanout bench kernels");
-    g_data = opts.data;
     Context c;
+    c.data = opts.data;
     FANOUT_CUDA_CHECK(cudaStreamCreate(&c.stream));
     FANOUT_CUBLAS_CHECK(cublasLtCreate(&c.lt));
     c.ws = std::make_unique<DevicePtr<uint8_t>>(c.wsize);

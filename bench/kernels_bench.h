@@ -16,6 +16,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 
 #include "fanout/ops/gemm.h"
 
@@ -36,6 +37,11 @@ struct KernelsBenchOptions {
     Data data = Data::kUniform;  // the FP8 operands' values (random_fp8)
 };
 
+// --data's spellings.
+inline constexpr std::pair<const char*, KernelsBenchOptions::Data> kDataNames[] = {
+    {"uniform", KernelsBenchOptions::Data::kUniform},
+    {"normal", KernelsBenchOptions::Data::kNormal},
+    {"zeros", KernelsBenchOptions::Data::kZeros}};
 const char* data_name(KernelsBenchOptions::Data d);
 
 // "128x256/2c2" -> {128, 256, 2, 2}; throws fanout::Error naming the text when malformed.
