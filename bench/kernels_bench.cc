@@ -36,6 +36,7 @@
 
 void launch_copy16(const void* src, void* dst, size_t bytes, cudaStream_t stream);  // copy_kernel.cu
 void launch_empty(cudaStream_t stream);                                             // copy_kernel.cu
+void launch_read16(const void* src, size_t bytes, int* sink, cudaStream_t stream);  // copy_kernel.cu
 
 namespace fanout::bench {
 namespace {
@@ -171,7 +172,7 @@ struct Context {
     cublasLtHandle_t lt = nullptr;
     size_t wsize = size_t{32} << 20;
     std::unique_ptr<DevicePtr<uint8_t>> ws;
-    double bw_gbs = 0, peak_tflops = 0;
+    double bw_gbs = 0, read_gbs = 0, peak_tflops = 0;
     KernelsBenchOptions::Data data = KernelsBenchOptions::Data::kUniform;  // the FP8 operands' values
     ops::GemmWorkspace gemm_ws{size_t{256} << 20};
 
@@ -196,6 +197,12 @@ void measure_ceilings(Context& c) {
         FANOUT_CUDA_CHECK(cudaGetLastError());
     });
     c.bw_gbs = 2.0 * copy_bytes / copy_us / 1e3;
+    DevicePtr<int> sink(1);
+    const double read_us = time_graph_us(c.stream, 10, [&] {
+        launch_read16(c0.p, copy_bytes, sink.p, c.stream);
+        FANOUT_CUDA_CHECK(cudaGetLastError());
+    });
+    c.read_gbs = double(copy_bytes) / read_us / 1e3;
     const int64_t big = 8192;
     auto ba = random_fp8(size_t(big * big), 1, c.data), bb = random_fp8(size_t(big * big), 2, c.data);
     DevicePtr<uint16_t> bc(size_t(big * big));
@@ -715,6 +722,7 @@ GpuCeilings measure_gpu_ceilings() {
     measure_ceilings(c);
     GpuCeilings g;
     g.copy_gbs = c.bw_gbs;
+    g.read_gbs = c.read_gbs;
     g.fp8_tflops = c.peak_tflops;
     // The bf16 tensor-core rate through the BF16 GEMM the model uses (cuBLASLt), 8192³.
     const int64_t big = 8192;
@@ -740,11 +748,14 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
     cudaDeviceProp prop{};
     FANOUT_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     measure_ceilings(c);
-    std::printf("%s, %d SMs: copy %.0f GB/s (read + write), cuBLASLt tensor-wise FP8 %.0f TFLOP/s (8192^3)\n\n",
-                prop.name, prop.multiProcessorCount, c.bw_gbs, c.peak_tflops);
+    std::printf(
+        "%s, %d SMs: copy %.0f GB/s (read + write), read %.0f GB/s, cuBLASLt tensor-wise FP8 %.0f TFLOP/s "
+        "(8192^3)\n\n",
+        prop.name, prop.multiProcessorCount, c.bw_gbs, c.read_gbs, c.peak_tflops);
     nlohmann::json out = {{"benchmark", "kernels"},
                           {"gpu", prop.name},
                           {"copy_gbs", c.bw_gbs},
+                          {"read_gbs", c.read_gbs},
                           {"fp8_tensorwise_tflops", c.peak_tflops},
                           {"data", data_name(opts.data)}};
     if (opts.dense) out["dense"] = bench_dense(c, opts);

@@ -529,13 +529,16 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
         };
         // a += part · scale; with `first` (a kDefer tile's first K block) a = part · scale, so acc
         // needs no zeroing and holds the previous tile's results until that block's wgmmas run.
-        auto promote = [&](bool first, const float(&part)[kPart], float* a, float s_lo, float s_hi) {
+        // s_lo / s_hi: the scales of rows r_lo / r_lo + 8 — one per part, or with kChunked one per
+        // 64-column chunk (8 fragment columns of 8), each with its own W block's scale.
+        auto promote = [&](bool first, const float(&part)[kPart], float* a, const float* s_lo, const float* s_hi) {
 #pragma unroll
             for (int j = 0; j < kPart / 4; ++j) {
-                a[4 * j + 0] = first ? part[4 * j + 0] * s_lo : fmaf(part[4 * j + 0], s_lo, a[4 * j + 0]);
-                a[4 * j + 1] = first ? part[4 * j + 1] * s_lo : fmaf(part[4 * j + 1], s_lo, a[4 * j + 1]);
-                a[4 * j + 2] = first ? part[4 * j + 2] * s_hi : fmaf(part[4 * j + 2], s_hi, a[4 * j + 2]);
-                a[4 * j + 3] = first ? part[4 * j + 3] * s_hi : fmaf(part[4 * j + 3], s_hi, a[4 * j + 3]);
+                const float lo = s_lo[kChunked ? j / 8 : 0], hi = s_hi[kChunked ? j / 8 : 0];
+                a[4 * j + 0] = first ? part[4 * j + 0] * lo : fmaf(part[4 * j + 0], lo, a[4 * j + 0]);
+                a[4 * j + 1] = first ? part[4 * j + 1] * lo : fmaf(part[4 * j + 1], lo, a[4 * j + 1]);
+                a[4 * j + 2] = first ? part[4 * j + 2] * hi : fmaf(part[4 * j + 2], hi, a[4 * j + 2]);
+                a[4 * j + 3] = first ? part[4 * j + 3] * hi : fmaf(part[4 * j + 3], hi, a[4 * j + 3]);
             }
         };
         // Per K block: each half's wgmmas into a fresh partial, wait, promote — except on the
@@ -572,28 +575,28 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
                 wgmma_wait<1>();
                 fence_regs(pa);
                 release(st_a);
-                promote(false, pa, acc, sc_a_lo, sc_a_hi);
+                promote(false, pa, acc, &sc_a_lo, &sc_a_hi);
                 start(st_a, sc_a_lo, sc_a_hi, pa);
                 wgmma_wait<1>();
                 fence_regs(pb);
                 release(st_b);
-                promote(false, pb, acc, sc_b_lo, sc_b_hi);
+                promote(false, pb, acc, &sc_b_lo, &sc_b_hi);
             }
             if (kb < kb1) {
                 start(st_b, sc_b_lo, sc_b_hi, pb);
                 wgmma_wait<1>();
                 fence_regs(pa);
                 release(st_a);
-                promote(false, pa, acc, sc_a_lo, sc_a_hi);
+                promote(false, pa, acc, &sc_a_lo, &sc_a_hi);
                 wgmma_wait<0>();
                 fence_regs(pb);
                 release(st_b);
-                promote(false, pb, acc, sc_b_lo, sc_b_hi);
+                promote(false, pb, acc, &sc_b_lo, &sc_b_hi);
             } else {
                 wgmma_wait<0>();
                 fence_regs(pa);
                 release(st_a);
-                promote(false, pa, acc, sc_a_lo, sc_a_hi);
+                promote(false, pa, acc, &sc_a_lo, &sc_a_hi);
             }
         } else if (kSkipIdle && idle) {
             flush();
@@ -613,39 +616,13 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
             // not separated).
             auto k_block = [&](bool first) {
                 mbar_wait(base + kFullOff + 8 * s, phase);
-                if constexpr (kChunked) {
-                    // One n192 wgmma group; each 64-column chunk of it promoted with its W block's scale.
-                    const float* st_scales = scales + s * kScaleFloats;
-                    const float sa_lo = st_scales[r_lo], sa_hi = st_scales[r_lo + 8];
-                    float c_lo[kWScales], c_hi[kWScales];
-#pragma unroll
-                    for (int c = 0; c < kWScales; ++c) {
-                        const float w = st_scales[BM + c];
-                        c_lo[c] = sa_lo * w;
-                        c_hi[c] = sa_hi * w;
-                    }
-                    float part[kPart];
-                    issue(s, 0, part);
-                    wgmma_wait<0>();
-                    fence_regs(part);
-                    release(s);
-#pragma unroll
-                    for (int j = 0; j < kPart / 4; ++j) {
-                        const int c = j / 8;  // 8 fragment columns of 8 = one 64-column chunk
-                        acc[4 * j + 0] = fmaf(part[4 * j + 0], c_lo[c], acc[4 * j + 0]);
-                        acc[4 * j + 1] = fmaf(part[4 * j + 1], c_lo[c], acc[4 * j + 1]);
-                        acc[4 * j + 2] = fmaf(part[4 * j + 2], c_hi[c], acc[4 * j + 2]);
-                        acc[4 * j + 3] = fmaf(part[4 * j + 3], c_hi[c], acc[4 * j + 3]);
-                    }
-                    if (++s == STAGES) s = 0, phase ^= 1;
-                    return;
-                }
-                // This thread's row scales and the W block scales of the stage (read before it is released).
+                // This thread's row scales and the W scales of the stage (read before it is released):
+                // one per half, or one per 64-column chunk of the one 192-wide part.
                 const float* st_scales = scales + s * kScaleFloats;
                 const float sa_lo = st_scales[r_lo], sa_hi = st_scales[r_lo + 8];
-                float sb[kHalves];
+                float sb[kWScales];
 #pragma unroll
-                for (int h = 0; h < kHalves; ++h) sb[h] = st_scales[BM + h];
+                for (int c = 0; c < kWScales; ++c) sb[c] = st_scales[BM + c];
 #pragma unroll
                 for (int h = 0; h < kHalves; ++h) {
                     float part[kPart];
@@ -655,7 +632,15 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
                     wgmma_wait<0>();
                     fence_regs(part);
                     if (h == kHalves - 1) release(s);
-                    promote(kDefer && first, part, acc + h * kPart, sa_lo * sb[h], sa_hi * sb[h]);
+                    // The scales this part's columns take: its half's, or with kChunked each chunk's.
+                    constexpr int kScalesHere = kChunked ? kWScales : 1;
+                    float lo[kScalesHere], hi[kScalesHere];
+#pragma unroll
+                    for (int c = 0; c < kScalesHere; ++c) {
+                        lo[c] = sa_lo * sb[kChunked ? c : h];
+                        hi[c] = sa_hi * sb[kChunked ? c : h];
+                    }
+                    promote(kDefer && first, part, acc + h * kPart, lo, hi);
                 }
                 if (++s == STAGES) s = 0, phase ^= 1;
             };
