@@ -1,0 +1,175 @@
+// Probe (not part of the build; written in the seventeenth session, compiled, NOT yet run): how
+// fast can TMA stream a K-major FP8 weight matrix into shared memory when nothing consumes it?
+// The decode GEMMs stream W at ~3.2 TB/s where 16-byte loads reach 4.48 (PERF.md, seventeenth
+// session); ring depth, x, the scale loader, W's pitch and layout were ruled out. This times the
+// TMA stream alone: CTAs walk tiles of ROWS rows of W [N, K] like the GEMM (each tile's K blocks
+// in order, 128-byte swizzled boxes of ROWS x 128 bytes, BOXES boxes per stage), a producer thread
+// keeps STAGES stages in flight, one consumer warp waits on each stage and frees it. Grid: every
+// SM, CTAS per SM. Also the plain 16-byte read on the same buffer.
+//
+// Build here:  nvcc -std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a -I src \
+//                 docs/bench/tbl19/tma_read_probe.cu -o tma_read_probe
+// Run there:   ./tma_read_probe            (prints one line per variant: GB/s)
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+
+#include "fanout/ops/sm90.cuh"
+
+using namespace fanout::ops::sm90;
+
+#define CK(x)                                                                                   \
+    do {                                                                                        \
+        cudaError_t e = (x);                                                                    \
+        if (e != cudaSuccess) {                                                                 \
+            std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); \
+            return 1;                                                                           \
+        }                                                                                       \
+    } while (0)
+
+constexpr int kBK = 128;
+
+template <int ROWS, int BOXES, int STAGES>
+__global__ void tma_stream(const __grid_constant__ CUtensorMap tm, int tiles, int nkb, int splits,
+                           unsigned long long* sink) {
+    extern __shared__ uint8_t raw[];
+    uint8_t* smem = raw + ((1024 - (smem_addr(raw) & 1023)) & 1023);
+    constexpr int kStage = ROWS * BOXES * kBK;
+    __shared__ uint64_t full[STAGES], empty[STAGES];
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) mbar_init(&full[s], 1), mbar_init(&empty[s], 1);
+        mbar_fence_init();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {  // producer
+        int s = 0;
+        uint32_t phase = 0;
+        for (int u = blockIdx.x; u < tiles * splits; u += gridDim.x)  // unit u: tile u / splits, its K share
+            for (int kb = (u % splits) * (nkb / splits); kb < (u % splits + 1) * (nkb / splits); ++kb) {
+                const int t = u / splits;
+                mbar_wait(&empty[s], phase ^ 1);
+                mbar_arrive_expect_tx(&full[s], kStage);
+                for (int b = 0; b < BOXES; ++b)
+                    tma_load_2d(smem + s * kStage + b * ROWS * kBK, &tm, &full[s], kb * kBK, (t * BOXES + b) * ROWS);
+                if (++s == STAGES) s = 0, phase ^= 1;
+            }
+    } else if (threadIdx.x == 32) {  // consumer: wait, touch one byte, free
+        int s = 0;
+        uint32_t phase = 0;
+        unsigned long long acc = 0;
+        for (int u = blockIdx.x; u < tiles * splits; u += gridDim.x)
+            for (int kb = (u % splits) * (nkb / splits); kb < (u % splits + 1) * (nkb / splits); ++kb) {
+                mbar_wait(&full[s], phase);
+                acc += smem[s * kStage];
+                mbar_arrive(&empty[s]);
+                if (++s == STAGES) s = 0, phase ^= 1;
+            }
+        if (acc == 0x5a5a5a5a5a5aULL) *sink = acc;
+    }
+}
+
+__global__ void read16(const int4* __restrict__ src, size_t n, int* __restrict__ sink) {
+    int acc = 0;
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+        const int4 v = __ldcs(src + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x5a5a5a5a) sink[0] = acc;
+}
+
+static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+
+// W [rows, K] bytes, boxes of box_rows x 128 bytes, 128-byte swizzle (as the GEMM's x and W).
+static bool make_map(CUtensorMap* m, const void* base, uint64_t rows, uint64_t K, uint32_t box_rows) {
+    cuuint64_t dims[2] = {K, rows}, strides[1] = {K};
+    cuuint32_t box[2] = {kBK, box_rows}, elem[2] = {1, 1};
+    return encode(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box, elem,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <int ROWS, int BOXES, int STAGES>
+static int run(const char* what, const uint8_t* w, uint64_t N, uint64_t K, int ctas_per_sm, int splits, int sms,
+               unsigned long long* sink) {
+    CUtensorMap m;
+    if (!make_map(&m, w, N, K, ROWS)) {
+        std::printf("%s: tensor map refused\n", what);
+        return 1;
+    }
+    constexpr int smem = STAGES * ROWS * BOXES * kBK + 1024;
+    auto* k = tma_stream<ROWS, BOXES, STAGES>;
+    CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    const int tiles = int(N / (ROWS * BOXES)), nkb = int(K / kBK);
+    const int grid = sms * ctas_per_sm;
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    float best = 1e30f;
+    for (int rep = 0; rep < 6; ++rep) {
+        cudaEventRecord(a);
+        k<<<grid, 64, smem>>>(m, tiles, nkb, splits, sink);
+        cudaEventRecord(b);
+        CK(cudaEventSynchronize(b));
+        float ms = 0;
+        cudaEventElapsedTime(&ms, a, b);
+        if (rep > 0 && ms < best) best = ms;
+    }
+    CK(cudaGetLastError());
+    std::printf("%-34s %2d CTAs/SM, split %d, %3d KB in flight per CTA: %7.0f GB/s\n", what, ctas_per_sm, splits,
+                STAGES * ROWS * BOXES * kBK / 1024, double(N) * K / (best * 1e-3) / 1e9);
+    return 0;
+}
+
+int main() {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        f == nullptr) {
+        std::printf("no cuTensorMapEncodeTiled\n");
+        return 1;
+    }
+    encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+    int sms = 0;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    // o_proj's W (7,168 x 16,384 bytes, 117 MB) and a 1 GiB one (65,536 x 16,384).
+    const uint64_t K = 16384, n_small = 7168, n_big = 65536;
+    uint8_t* w = nullptr;
+    unsigned long long* sink = nullptr;
+    CK(cudaMalloc(&w, n_big * K));
+    CK(cudaMalloc(&sink, 64));
+    CK(cudaMemset(w, 1, n_big * K));
+    {
+        float best = 1e30f;
+        cudaEvent_t a, b;
+        cudaEventCreate(&a);
+        cudaEventCreate(&b);
+        for (int rep = 0; rep < 6; ++rep) {
+            cudaEventRecord(a);
+            read16<<<sms * 8, 512>>>(reinterpret_cast<const int4*>(w), n_big * K / 16, reinterpret_cast<int*>(sink));
+            cudaEventRecord(b);
+            CK(cudaEventSynchronize(b));
+            float ms = 0;
+            cudaEventElapsedTime(&ms, a, b);
+            if (rep > 0 && ms < best) best = ms;
+        }
+        std::printf("%-34s %7.0f GB/s\n", "read16, 1 GiB", double(n_big) * K / (best * 1e-3) / 1e9);
+    }
+    for (uint64_t N : {n_small, n_big}) {
+        std::printf("-- W %llu x %llu bytes\n", (unsigned long long)N, (unsigned long long)K);
+        int rc = 0;
+        const int sp = N == n_small ? 2 : 1;  // o_proj's GEMM: 112 tiles of 64 rows, K split in 2
+        rc |= run<64, 1, 6>("64-row boxes x1, 6 stages", w, N, K, 2, sp, sms, sink);  // the o_proj GEMM's W stream
+        rc |= run<64, 1, 12>("64-row boxes x1, 12 stages", w, N, K, 1, sp, sms, sink);
+        rc |= run<64, 1, 12>("64-row boxes x1, 12 stages", w, N, K, 2, sp, sms, sink);
+        rc |= run<128, 1, 6>("128-row boxes x1, 6 stages", w, N, K, 2, sp, sms, sink);
+        rc |= run<256, 1, 6>("256-row boxes x1, 6 stages", w, N, K, 1, sp, sms, sink);
+        rc |= run<64, 4, 6>("64-row boxes x4, 6 stages", w, N, K, 1, sp, sms, sink);
+        rc |= run<64, 1, 24>("64-row boxes x1, 24 stages", w, N, K, 1, sp, sms, sink);
+        rc |= run<64, 1, 6>("64-row boxes x1, 6 stages, split 4", w, N, K, 2, 2 * sp, sms, sink);
+        if (rc) return 1;
+    }
+    return 0;
+}
