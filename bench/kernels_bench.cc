@@ -455,8 +455,7 @@ nlohmann::json bench_dense(Context& c, const KernelsBenchOptions& opts) {
                         for (int bn : {64, 128, 192, 256})
                             for (int splits : {1, 2, 4, 8}) {
                                 if (splits > 1 && nkb / splits < 2) continue;
-                                if (bm == 192 && bn != 128) continue;  // the one 192-row shape
-                                if (bn == 192 && bm != 128) continue;  // and the one 192-wide
+                                if (!ops::gemm_fp8_tile_exists(bm, bn, true)) continue;
                                 const ops::GemmConfig cfg{bm, bn, splits, cluster};
                                 const size_t tiles = size_t((M + bm - 1) / bm) * size_t((sh.n + bn - 1) / bn);
                                 if (splits > 1 && tiles * splits * bm * bn > c.gemm_ws.partial_floats) continue;
@@ -722,7 +721,6 @@ GpuCeilings measure_gpu_ceilings() {
     measure_ceilings(c);
     GpuCeilings g;
     g.copy_gbs = c.bw_gbs;
-    g.read_gbs = c.read_gbs;
     g.fp8_tflops = c.peak_tflops;
     // The bf16 tensor-core rate through the BF16 GEMM the model uses (cuBLASLt), 8192³.
     const int64_t big = 8192;

@@ -47,10 +47,10 @@ const char* data_name(KernelsBenchOptions::Data d);
 // "128x256/2c2" -> {128, 256, 2, 2}; throws fanout::Error naming the text when malformed.
 ops::GemmConfig parse_gemm_config(const std::string& text);
 
-// This GPU's ceilings, measured: a 16-byte copy kernel's bandwidth (read + write), a 16-byte
-// read's, cuBLASLt's tensor-wise FP8 rate and its BF16 rate, both on 8192³.
+// This GPU's ceilings, measured: a 16-byte copy kernel's bandwidth (read + write), cuBLASLt's
+// tensor-wise FP8 rate and its BF16 rate, both on 8192³.
 struct GpuCeilings {
-    double copy_gbs = 0, read_gbs = 0, fp8_tflops = 0, bf16_tflops = 0;
+    double copy_gbs = 0, fp8_tflops = 0, bf16_tflops = 0;
 };
 GpuCeilings measure_gpu_ceilings();
 

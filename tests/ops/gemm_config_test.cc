@@ -98,5 +98,26 @@ TEST(GemmConfig, EveryShapeGetsAKernelThatExists) {
     }
 }
 
+// The tile shapes the FP8 kernel is built for, and every row of the table among them.
+TEST(GemmConfig, TheTableNamesOnlyTilesThatExist) {
+    for (int bm : {64, 128})
+        for (int bn : {64, 128, 256}) EXPECT_TRUE(gemm_fp8_tile_exists(bm, bn, false)) << bm << "x" << bn;
+    EXPECT_TRUE(gemm_fp8_tile_exists(192, 128, false));
+    EXPECT_TRUE(gemm_fp8_tile_exists(128, 192, true));
+    EXPECT_FALSE(gemm_fp8_tile_exists(128, 192, false));  // the n192 tile is dense only
+    EXPECT_FALSE(gemm_fp8_tile_exists(64, 192, true));
+    EXPECT_FALSE(gemm_fp8_tile_exists(192, 256, true));
+    EXPECT_FALSE(gemm_fp8_tile_exists(256, 128, true));
+    EXPECT_FALSE(gemm_fp8_tile_exists(0, 0, true));
+    const std::pair<int, int> v3[] = {{2112, 7168}, {24576, 1536}, {32768, 512},  {7168, 16384},
+                                      {4096, 7168}, {7168, 2048},  {36864, 7168}, {7168, 18432}};
+    for (const auto& [N, K] : v3)
+        for (int M : {1, 64, 65, 128, 129, 256, 257, 1024, 1025, 4096})
+            for (bool ws : {false, true}) {
+                const GemmConfig c = pick_gemm_config(M, N, K, 132, ws);
+                EXPECT_TRUE(gemm_fp8_tile_exists(c.block_m, c.block_n, true)) << M << " " << N << " " << K;
+            }
+}
+
 }  // namespace
 }  // namespace fanout::ops

@@ -27,7 +27,8 @@ void gemm_fp8_cpu(const uint8_t* x, const float* sx, const uint8_t* w, const flo
 
 // The tile shape of one launch: block_m ∈ {64, 128} rows (one consumer warpgroup per 64),
 // block_n ∈ {64, 128, 256} columns, or 192 × 128 (three consumer warpgroups; not for the contiguous
-// grouped layout, whose tiles stay in one expert's 128-row block), K split `splits` ways, and
+// grouped layout, whose tiles stay in one expert's 128-row block), or in the dense layout 128 × 192
+// (one n192 wgmma group; gemm_fp8_tile_exists), K split `splits` ways, and
 // `cluster` CTAs (1 or 2) that compute tiles stacked along M and fetch their shared W tile once,
 // multicast to both (a contiguous pair straddling two experts fetches a W tile each).
 // block_m = 0 asks for the measured table. `cublaslt`: the table measured cuBLASLt's block-scaled
@@ -40,6 +41,10 @@ struct GemmConfig {
     int cluster = 1;
     bool cublaslt = false;
 };
+
+// Whether the FP8 tile kernel is built for block_m × block_n (in the dense layout, or in the
+// grouped ones): the list gemm_fp8_sm90.cu's launch instantiates, for sweeps and tests to walk.
+bool gemm_fp8_tile_exists(int block_m, int block_n, bool dense);
 
 // The measured choice for a dense shape on a GPU with `num_sms` multiprocessors; splits > 1 only
 // when `split_k_allowed` (a GemmWorkspace is at hand).

@@ -88,6 +88,12 @@ GemmConfig pick_gemm_config(int M, int N, int K, int num_sms, bool split_k_allow
     return c;
 }
 
+bool gemm_fp8_tile_exists(int block_m, int block_n, bool dense) {
+    if (block_m == 64 || block_m == 128)
+        if (block_n == 64 || block_n == 128 || block_n == 256) return true;
+    return (block_m == 192 && block_n == 128) || (dense && block_m == 128 && block_n == 192);
+}
+
 ScaleOrder gemm_fp8_scale_order(int M, int N, int K, int num_sms) {
     return gemm_fp8_cublaslt_shape(N, K) && pick_gemm_config(M, N, K, num_sms, true).cublaslt ? ScaleOrder::kMMajor
                                                                                               : ScaleOrder::kRowMajor;
