@@ -2,9 +2,11 @@
 # root on the GPU machine: unpacks the carried build (.carry/build.tar.xz, made on the build
 # machine), puts the carried and CUDA/NCCL libraries on the search path, sets the NCCL/NVSHMEM
 # environment the device tool asks for, and defines B (the build), L (a log folder under $OUT),
-# S (the summary file) and t0 (the start time, for `t=` stamps); and gpu_suites, which runs every
-# GPU test binary of the carried build, the tiny microbatch check and the tiny serve check with
-# both KV caches, one summary line each.
+# S (the summary file) and t0 (the start time, for `t=` stamps); and gpu_suites [OPS_TEST], which
+# runs every GPU test binary of the carried build (OPS_TEST in place of ops/ops_cuda_test: a
+# variant's), the tiny microbatch check and the tiny serve check with both KV caches, one summary
+# line each; and m64_line LABEL FILE BIN, which runs `BIN bench kernels --no-grouped --m 64` into
+# $L/FILE.{json,txt} and writes one summary line: the six-shape sum and every shape's time.
 tar xJf .carry/build.tar.xz -C .carry
 export LD_LIBRARY_PATH=$PWD/.carry/lib:/usr/local/cuda/targets/x86_64-linux/lib:$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia/nccl/lib)
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 FANOUT_CACHE=/tmp/fc
@@ -17,7 +19,7 @@ t0=$(date +%s)
 
 gpu_suites() {
   local t n rc d server
-  for t in ops/ops_cuda_test ops/glue_cuda_test ops/mla_cuda_test ops/mha_prefill_cuda_test ops/pdl_cuda_test model/model_cuda_test engine/engine_cuda_test comm/ep_gpu_test; do
+  for t in ${1:-ops/ops_cuda_test} ops/glue_cuda_test ops/mla_cuda_test ops/mha_prefill_cuda_test ops/pdl_cuda_test model/model_cuda_test engine/engine_cuda_test comm/ep_gpu_test; do
     n=$(basename $t); timeout 120 $B/tests/$t > $L/$n.txt 2>&1; rc=$?
     echo "$n rc=$rc $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' $L/$n.txt | tr '\n' ' ') t=$(( $(date +%s) - t0 ))" >> $S
     grep -E "^\[  FAILED  \]" $L/$n.txt | head -5 >> $S
@@ -31,4 +33,12 @@ gpu_suites() {
     timeout 40 python3 scripts/gpu_serve_check.py http://127.0.0.1:8123 > $L/serve_check_$d.txt 2>&1; echo "serve check $d rc=$?" >> $S
     kill $server; wait $server 2>/dev/null
   done
+}
+
+m64_line() {
+  local label=$1 file=$2 bin=$3
+  timeout 60 $bin bench kernels --no-grouped --m 64 --json $L/$file.json > $L/$file.txt 2>&1
+  echo "m64 $label: $(grep -A1 '^sum over' $L/$file.txt | tail -1) | $(awk 'match($0, / 64 +[0-9.]+ us/) {
+    n = substr($0, 1, RSTART - 1); sub(/ +$/, "", n); t = substr($0, RSTART + 3, RLENGTH - 3); gsub(/ /, "", t)
+    printf "%s %s; ", n, t }' $L/$file.txt)" >> $S
 }

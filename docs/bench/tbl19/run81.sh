@@ -2,14 +2,11 @@
 # Does the data move the prefill GEMMs' time under the power limit? o_proj and q_b at M = 4096,
 # table tile (o_proj forced to the tile kernel) and cuBLASLt, with --data uniform / normal / zeros,
 # twice each, alternating; SM clock and power sampled (100 ms).
+# (Ran as .carry/run81.sh with its preamble inline; since the seventeenth session's review they
+# come from scripts/device_env.sh, which also sets the NCCL and tokenizer variables some of these
+# did not need. Run from the repository root.)
 set -u
-cd "$(dirname "$0")/.."
-tar xJf .carry/build.tar.xz -C .carry
-export LD_LIBRARY_PATH=$PWD/.carry/lib:/usr/local/cuda/targets/x86_64-linux/lib
-B=.carry/build
-L=$OUT/logs; mkdir -p $L
-S=$OUT/summary.txt
-t0=$(date +%s)
+source scripts/device_env.sh
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active --format=csv -lms 100 > $L/smi.csv 2>&1 &
 smi=$!
 i=0

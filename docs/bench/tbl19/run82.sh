@@ -1,14 +1,11 @@
 #!/usr/bin/env bash
 # The kernel bench's new per-row SM clock (NVML, sampled over each timing's replays): the dense
 # shapes with the default data, then with zeros, then the default again.
+# (Ran as .carry/run82.sh with its preamble inline; since the seventeenth session's review they
+# come from scripts/device_env.sh, which also sets the NCCL and tokenizer variables some of these
+# did not need. Run from the repository root.)
 set -u
-cd "$(dirname "$0")/.."
-tar xJf .carry/build.tar.xz -C .carry
-export LD_LIBRARY_PATH=$PWD/.carry/lib:/usr/local/cuda/targets/x86_64-linux/lib
-B=.carry/build
-L=$OUT/logs; mkdir -p $L
-S=$OUT/summary.txt
-t0=$(date +%s)
+source scripts/device_env.sh
 i=0
 for data in uniform zeros uniform; do
   i=$((i+1))

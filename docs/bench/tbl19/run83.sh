@@ -3,13 +3,11 @@
 # 128 x 128 kernel at the EP64 decode point (gate+up, 4 experts x ~530 tokens: the first launch of
 # the default after the EP8-EP32 points' 824 launches of that kernel), and the dense 128 x 256 pair
 # kernel on q_b at M = 4096. Question: is the grouped kernel L2-bound where the dense one is not?
+# (Ran as .carry/run83.sh with its preamble inline; since the seventeenth session's review they
+# come from scripts/device_env.sh, which also sets the NCCL and tokenizer variables some of these
+# did not need. Run from the repository root.)
 set -u
-cd "$(dirname "$0")/.."
-tar xJf .carry/build.tar.xz -C .carry
-export LD_LIBRARY_PATH=$PWD/.carry/lib:/usr/local/cuda/targets/x86_64-linux/lib
-B=.carry/build
-S=$OUT/summary.txt
-t0=$(date +%s)
+source scripts/device_env.sh
 timeout 200 ncu --kernel-name-base demangled --kernel-name "regex:kernel<128, 128, 6, [^,]*2, 1>" --launch-skip 824 --launch-count 1 \
   --set full -o $OUT/masked $B/apps/fanout bench kernels --no-dense --json '' > $OUT/ncu_masked.txt 2>&1
 echo "ncu masked rc=$? t=$(( $(date +%s) - t0 ))" >> $S

@@ -4,13 +4,11 @@
 # the default after the EP8-EP32 points' 824 launches of that kernel), and the dense 128 x 256 pair
 # kernel on q_b at M = 4096 (run83; run84 repeats the masked one with the template arguments as
 # ncu spells them). Question: is the grouped kernel L2-bound where the dense one is not?
+# (Ran as .carry/run84.sh with its preamble inline; since the seventeenth session's review they
+# come from scripts/device_env.sh, which also sets the NCCL and tokenizer variables some of these
+# did not need. Run from the repository root.)
 set -u
-cd "$(dirname "$0")/.."
-tar xJf .carry/build.tar.xz -C .carry
-export LD_LIBRARY_PATH=$PWD/.carry/lib:/usr/local/cuda/targets/x86_64-linux/lib
-B=.carry/build
-S=$OUT/summary.txt
-t0=$(date +%s)
+source scripts/device_env.sh
 timeout 200 ncu --kernel-name-base demangled --kernel-name "regex:kernel<\\(int\\)128, \\(int\\)128, \\(int\\)6, [^,]*2, \\(int\\)1>" --launch-skip 824 --launch-count 1 \
   --set full -o $OUT/masked $B/apps/fanout bench kernels --no-dense --json '' > $OUT/ncu_masked.txt 2>&1
 echo "ncu masked rc=$? t=$(( $(date +%s) - t0 ))" >> $S

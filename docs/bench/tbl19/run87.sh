@@ -4,14 +4,15 @@
 # not held by W's row pitch; the question is whether more bytes in flight (prefetches, which take no
 # shared memory) lift them. Dense M = 64 / 128 / 4096 and the grouped points, D = 0 (off) against others.
 # Run from the repository root: bash docs/bench/tbl19/run87.sh
+# (The M = 64 line: m64_line of scripts/device_env.sh since the seventeenth session's review, the
+# same commands this script ran inline.)
 set -u
 source scripts/device_env.sh
 FANOUT_PROBE_W_PREFETCH=8 timeout 200 $B/tests/ops/ops_cuda_test --gtest_filter='GemmFp8*:GroupedGemm*' > $L/ops_gemm_pf8.txt 2>&1
 echo "ops_cuda gemm (prefetch 8) rc=$? $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' $L/ops_gemm_pf8.txt | tr '\n' ' ') t=$(( $(date +%s) - t0 ))" >> $S
 for i in 1 2; do
   for d in 0 4 8 16 32; do
-    FANOUT_PROBE_W_PREFETCH=$d timeout 60 $B/apps/fanout bench kernels --no-grouped --m 64 --json $L/m64.d$d.$i.json > $L/m64.d$d.$i.txt 2>&1
-    echo "m64 d=$d run $i: $(grep -A1 '^sum over' $L/m64.d$d.$i.txt | tail -1) | $(awk 'match($0, / 64 +[0-9.]+ us/) { n = substr($0, 1, RSTART - 1); sub(/ +$/, "", n); t = substr($0, RSTART + 3, RLENGTH - 3); gsub(/ /, "", t); printf "%s %s; ", n, t }' $L/m64.d$d.$i.txt)" >> $S
+    FANOUT_PROBE_W_PREFETCH=$d m64_line "d=$d run $i" m64.d$d.$i $B/apps/fanout
   done
 done
 for i in 1 2; do

@@ -4,14 +4,14 @@
 # bytes (W viewed as [N*K/128, 128], box (n0/64 * nkb + kb) * 64): the same bytes per stage and
 # the same kernel, the results garbage, the DRAM pattern sequential. M = 64, alternating, and
 # Nsight Compute's DRAM rate for o_proj both ways. Run from the repository root.
+# (The M = 64 line: m64_line of scripts/device_env.sh since the seventeenth session's review, the
+# same commands this script ran inline.)
 set -u
 source scripts/device_env.sh
-ex='match($0, / 64 +[0-9.]+ us/) { n = substr($0, 1, RSTART - 1); sub(/ +$/, "", n); t = substr($0, RSTART + 3, RLENGTH - 3); gsub(/ /, "", t); printf "%s %s; ", n, t }'
 for i in 1 2 3; do
   for v in rowmajor tiled; do
     if [ $v = tiled ]; then export FANOUT_PROBE_W_TILED=1; else unset FANOUT_PROBE_W_TILED; fi
-    timeout 60 $B/apps/fanout bench kernels --no-grouped --m 64 --json $L/m64.$v.$i.json > $L/m64.$v.$i.txt 2>&1
-    echo "m64 $v run $i: $(grep -A1 '^sum over' $L/m64.$v.$i.txt | tail -1) | $(awk "$ex" $L/m64.$v.$i.txt)" >> $S
+    m64_line "$v run $i" m64.$v.$i $B/apps/fanout
   done
 done
 for v in rowmajor tiled; do

@@ -4,16 +4,16 @@
 # producer loads no x tile (each stage expects W's bytes only; results garbage), so the stage waits
 # on W alone and no x crosses L2 or its partition fabric. M = 64, alternating with the final build
 # and with the probe build unset. Run from the repository root.
+# (The M = 64 line: m64_line of scripts/device_env.sh since the seventeenth session's review, the
+# same commands this script ran inline.)
 set -u
 source scripts/device_env.sh
 tar xJf .carry/stages.tar.xz -C .carry
-ex='match($0, / 64 +[0-9.]+ us/) { n = substr($0, 1, RSTART - 1); sub(/ +$/, "", n); t = substr($0, RSTART + 3, RLENGTH - 3); gsub(/ /, "", t); printf "%s %s; ", n, t }'
 for i in 1 2; do
   for v in final probe_unset no_x; do
     bin=$B/apps/fanout; [ $v != final ] && bin=.carry/stages/fanout_nox
     if [ $v = no_x ]; then export FANOUT_PROBE_NO_X=1; else unset FANOUT_PROBE_NO_X; fi
-    timeout 60 $bin bench kernels --no-grouped --m 64 --json $L/m64.$v.$i.json > $L/m64.$v.$i.txt 2>&1
-    echo "m64 $v run $i: $(grep -A1 '^sum over' $L/m64.$v.$i.txt | tail -1) | $(awk "$ex" $L/m64.$v.$i.txt)" >> $S
+    m64_line "$v run $i" m64.$v.$i $bin
   done
 done
 cd $OUT && tar czf logs.tgz logs && rm -rf logs

@@ -5,6 +5,8 @@
 # table, the grouped points and the layer. run94/run95 found o_proj at M = 64 unchanged by more
 # ring stages or no x at all, which leaves the loader's serial chain of L2 misses.
 # Run from the repository root.
+# (The M = 64 line: m64_line of scripts/device_env.sh since the seventeenth session's review, the
+# same commands this script ran inline.)
 set -u
 source scripts/device_env.sh
 tar xJf .carry/stages.tar.xz -C .carry
@@ -14,12 +16,10 @@ for t in ops/ops_cuda_test model/model_cuda_test engine/engine_cuda_test; do
   echo "$n rc=$rc $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' $L/$n.txt | tr '\n' ' ') t=$(( $(date +%s) - t0 ))" >> $S
   grep -E "^\[  FAILED  \]" $L/$n.txt | head -5 >> $S
 done
-ex='match($0, / 64 +[0-9.]+ us/) { n = substr($0, 1, RSTART - 1); sub(/ +$/, "", n); t = substr($0, RSTART + 3, RLENGTH - 3); gsub(/ /, "", t); printf "%s %s; ", n, t }'
 for i in 1 2; do
   for v in new old; do
     bin=$B/apps/fanout; [ $v = old ] && bin=$OLD
-    timeout 60 $bin bench kernels --no-grouped --m 64 --json $L/m64.$v.$i.json > $L/m64.$v.$i.txt 2>&1
-    echo "m64 $v run $i: $(grep -A1 '^sum over' $L/m64.$v.$i.txt | tail -1) | $(awk "$ex" $L/m64.$v.$i.txt)" >> $S
+    m64_line "$v run $i" m64.$v.$i $bin
   done
 done
 for v in new old; do
