@@ -10,12 +10,16 @@
 // Build here:  nvcc -std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a -I src \
 //                 docs/bench/tbl19/tma_read_probe.cu bench/copy_kernel.cu -o tma_read_probe
 // Run there:   ./tma_read_probe            (prints one line per variant: GB/s)
+//              ./tma_read_probe sized      (read16 and the TMA stream at the GEMMs' W sizes, one
+//                                          launch and a graph of 20 as `bench kernels` times)
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <string>
 
 #include "fanout/ops/sm90.cuh"
 
@@ -117,7 +121,78 @@ static int run(const char* what, const uint8_t* w, uint64_t N, uint64_t K, int c
     return 0;
 }
 
-int main() {
+// µs per call of `launch` (which launches on `st`): `calls` back to back captured as one CUDA graph,
+// best of 5 replays (as `fanout bench kernels` times its GEMMs), or one launch between two events.
+template <typename F>
+static float time_us(cudaStream_t st, int calls, F&& launch) {
+    for (int i = 0; i < 2; ++i) launch(i);
+    cudaStreamSynchronize(st);
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    float best = 1e30f;
+    if (calls == 1) {
+        for (int rep = 0; rep < 6; ++rep) {
+            cudaEventRecord(a, st);
+            launch(rep);
+            cudaEventRecord(b, st);
+            cudaEventSynchronize(b);
+            float ms = 0;
+            cudaEventElapsedTime(&ms, a, b);
+            best = std::min(best, ms);
+        }
+    } else {
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal);
+        for (int i = 0; i < calls; ++i) launch(i);
+        cudaStreamEndCapture(st, &g);
+        cudaGraphInstantiate(&ge, g, 0);
+        for (int rep = 0; rep < 5; ++rep) {
+            cudaEventRecord(a, st);
+            cudaGraphLaunch(ge, st);
+            cudaEventRecord(b, st);
+            cudaEventSynchronize(b);
+            float ms = 0;
+            cudaEventElapsedTime(&ms, a, b);
+            best = std::min(best, ms);
+        }
+        cudaGraphExecDestroy(ge);
+        cudaGraphDestroy(g);
+    }
+    return best * 1000.0f / calls;
+}
+
+// The second question (eighteenth session): at a decode GEMM's own W size, timed as the benchmark
+// times it, how fast do read16 and the TMA stream go? `copies` > 1 rotates over that many copies of
+// W (no L2 reuse between calls, as in a layer).
+static int sized(const char* what, const uint8_t* w, uint64_t N, uint64_t K, int copies, int sms, cudaStream_t st,
+                 unsigned long long* sink) {
+    const uint64_t bytes = N * K;
+    CUtensorMap maps[8];
+    for (int c = 0; c < copies; ++c)
+        if (!make_map(&maps[c], w + c * bytes, N, K, 64)) return 1;
+    constexpr int smem = 6 * 64 * kBK + 1024;
+    auto* k = tma_stream<64, 1, 6>;
+    CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    const int tiles = int(N / 64), nkb = int(K / kBK);
+    const int splits = tiles >= 2 * sms ? 1 : 2;
+    for (int calls : {1, 20}) {
+        const float r = time_us(st, calls, [&](int i) {
+            launch_read16(w + (i % copies) * bytes, bytes, reinterpret_cast<int*>(sink), st);
+        });
+        const float t = time_us(
+            st, calls, [&](int i) { k<<<2 * sms, 64, smem, st>>>(maps[i % copies], tiles, nkb, splits, sink); });
+        CK(cudaGetLastError());
+        std::printf(
+            "%-16s %6.1f MB x%d %-11s read16 %6.1f us %5.0f GB/s | TMA 64-row x6 split %d %6.1f us %5.0f GB/s\n", what,
+            bytes / 1e6, copies, calls == 1 ? "one launch" : "graph of 20", r, bytes / (r * 1e3), splits, t,
+            bytes / (t * 1e3));
+    }
+    return 0;
+}
+
+int main(int argc, char** argv) {
     void* f = nullptr;
     cudaDriverEntryPointQueryResult q{};
     if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
@@ -151,6 +226,19 @@ int main() {
         }
         std::printf("%-34s %7.0f GB/s\n", "read16, 1 GiB", double(n_big) * K / (best * 1e-3) / 1e9);
     }
+    if (argc > 1 && std::string(argv[1]) == "sized") {
+        cudaStream_t st;
+        CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+        int rc = 0;
+        rc |= sized("shared down", w, 7168, 2048, 1, sms, st, sink);
+        rc |= sized("o_proj", w, 7168, 16384, 1, sms, st, sink);
+        rc |= sized("o_proj", w, 7168, 16384, 8, sms, st, sink);
+        rc |= sized("dense down", w, 7168, 18432, 1, sms, st, sink);
+        rc |= sized("dense gate+up", w, 36864, 7168, 1, sms, st, sink);
+        rc |= sized("dense gate+up", w, 36864, 7168, 4, sms, st, sink);
+        rc |= sized("1 GiB", w, 65536, 16384, 1, sms, st, sink);
+        return rc;
+    }
     for (uint64_t N : {n_small, n_big}) {
         std::printf("-- W %llu x %llu bytes\n", (unsigned long long)N, (unsigned long long)K);
         int rc = 0;
@@ -163,6 +251,10 @@ int main() {
         rc |= run<64, 4, 6>("64-row boxes x4, 6 stages", w, N, K, 1, sp, sms, sink);
         rc |= run<64, 1, 24>("64-row boxes x1, 24 stages", w, N, K, 1, sp, sms, sink);
         rc |= run<64, 1, 6>("64-row boxes x1, 6 stages, split 4", w, N, K, 2, 2 * sp, sms, sink);
+        rc |= run<64, 1, 6>("64-row boxes x1, 6 stages", w, N, K, 3, sp, sms, sink);
+        rc |= run<64, 1, 6>("64-row boxes x1, 6 stages, split 4", w, N, K, 4, 2 * sp, sms, sink);
+        rc |= run<64, 2, 6>("64-row boxes x2, 6 stages", w, N, K, 2, sp, sms, sink);
+        rc |= run<32, 1, 12>("32-row boxes x1, 12 stages", w, N, K, 2, sp, sms, sink);
         if (rc) return 1;
     }
     return 0;

@@ -106,6 +106,10 @@ struct CudaLayerExec::Buffers {
     DeviceArray<uint8_t> perm_q, expert_act_q;
     DeviceArray<float> perm_s, expert_act_s;
     DeviceArray<uint16_t> perm_bf16, expert_gate_up, expert_act, expert_out;
+    // The shared expert's quantized activation (MoE layers): its own, as it runs beside the
+    // dispatch (which reads xq / xs) on the side stream.
+    DeviceArray<uint8_t> shared_q;
+    DeviceArray<float> shared_s;
     DeviceArray<float> inv_freq;
     DeviceArray<uint16_t> latent, k_pe,
         kv_expanded;  // MHA-form prefill: [ctx, kv_lora], [ctx, rope], [ctx, H·(nope+v)]
@@ -159,6 +163,10 @@ ExpertRowLimits expert_row_limits(const io::ModelConfig& c, int64_t max_tokens, 
     return l;
 }
 
+// Whether the model's MoE layers have a shared expert, which then runs on a side stream beside the
+// gate, top-k and dispatch send (CudaLayerExec::run).
+bool runs_shared_beside(const io::ModelConfig& c) { return c.n_routed_experts > 0 && c.n_shared_experts > 0; }
+
 // Element counts of every step buffer for a set of limits: the constructor allocates exactly
 // these, and buffer_bytes() counts them for the memory plan before anything is allocated.
 struct BufferElems {
@@ -166,14 +174,16 @@ struct BufferElems {
     size_t latent, k_pe, kv_expanded;                                    // bf16, MHA prefill
     size_t xq, xs, xs_rows, router_logits, topk_idx, topk_weight, counts, fill_t, slot, spill_blocks;
     size_t perm_q, perm_s, expert_act_q, expert_act_s, perm_bf16, expert_act, expert_out;  // expert_out: gate/up too
+    size_t shared_q, shared_s;
+    size_t side_context;  // bytes: the side stream's DeviceContext (MoE layers with a shared expert)
 
     size_t bytes() const {
         const size_t bf16 = normed + qkv + q_a + q + q_pe + q_lat + o_lat + attn + gate_up + act + latent + k_pe +
                             kv_expanded + perm_bf16 + expert_act + expert_out;
-        const size_t u8 = xq + perm_q + expert_act_q;
-        const size_t f32 = xs + xs_rows + router_logits + topk_weight + perm_s + expert_act_s;
+        const size_t u8 = xq + perm_q + expert_act_q + shared_q;
+        const size_t f32 = xs + xs_rows + router_logits + topk_weight + perm_s + expert_act_s + shared_s;
         const size_t i32 = topk_idx + counts + fill_t + slot + spill_blocks;
-        return 2 * bf16 + u8 + 4 * (f32 + i32);
+        return 2 * bf16 + u8 + 4 * (f32 + i32) + side_context;
     }
 };
 
@@ -239,6 +249,12 @@ BufferElems buffer_elems(const io::ModelConfig& c, const LayerLimits& lim_in) {
         // writes its first row, so they live in expert_out's memory (expert_mlp): one allocation of
         // the larger of the two. At V3's EP8 with 2,048 tokens a step that saves 4.3 GB per GPU.
         n.expert_out = rows * std::max(D, 2 * Ie);
+    }
+    if (runs_shared_beside(c)) {
+        const size_t Is = static_cast<size_t>(c.moe_intermediate_size * c.n_shared_experts);
+        n.shared_q = T * Is;
+        n.shared_s = T * static_cast<size_t>(ops::ceil_div(static_cast<int64_t>(Is), ops::kFp8Block));
+        n.side_context = ops::DeviceContext::workspace_bytes();
     }
     return n;
 }
@@ -320,24 +336,35 @@ CudaLayerExec::CudaLayerExec(const io::ModelConfig& c, const ops::RopeTable& rop
         b.expert_out = DeviceArray<uint16_t>(n.expert_out);
         b.expert_gate_up = DeviceArray<uint16_t>::view(b.expert_out.get(), n.expert_out);
     }
+    if (n.shared_q > 0) {
+        b.shared_q = DeviceArray<uint8_t>(n.shared_q);
+        b.shared_s = DeviceArray<float>(n.shared_s);
+        side_ = std::make_unique<ops::DeviceContext>();
+        FANOUT_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+        FANOUT_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
+    }
     b.inv_freq = DeviceArray<float>(rope.inv_freq.data(), rope.inv_freq.size());
     FANOUT_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
-CudaLayerExec::~CudaLayerExec() = default;
+CudaLayerExec::~CudaLayerExec() {
+    if (fork_ != nullptr) cudaEventDestroy(fork_);
+    if (join_ != nullptr) cudaEventDestroy(join_);
+}
 
-void CudaLayerExec::linear(const DeviceWeight& w, const uint16_t* x, int M, uint16_t* y, const uint16_t* residual) {
+void CudaLayerExec::linear(ops::DeviceContext& cx, const DeviceWeight& w, const uint16_t* x, int M, uint16_t* y,
+                           const uint16_t* residual) {
     Buffers& b = *b_;
     if (w.fp8) {
         // x == nullptr: the input is already quantized in xq / xs (by the norm in front).
         if (x != nullptr) {
             b.xs_order = scale_order(w, M);
-            ops::launch_act_quant_bf16(x, b.xq.get(), b.xs.get(), b.xs_order, M, static_cast<int>(w.K), stream_);
+            ops::launch_act_quant_bf16(x, b.xq.get(), b.xs.get(), b.xs_order, M, static_cast<int>(w.K), cx.stream());
         }
-        ops::launch_gemm_fp8(ctx_, b.xq.get(), b.xs.get(), b.xs_order, w.q.get(), w.scale.get(), y, M,
+        ops::launch_gemm_fp8(cx, b.xq.get(), b.xs.get(), b.xs_order, w.q.get(), w.scale.get(), y, M,
                              static_cast<int>(w.N), static_cast<int>(w.K), residual);
     } else {
-        ops::launch_gemm_bf16(ctx_, x, w.bf16.get(), y, M, static_cast<int>(w.N), static_cast<int>(w.K), residual);
+        ops::launch_gemm_bf16(cx, x, w.bf16.get(), y, M, static_cast<int>(w.N), static_cast<int>(w.K), residual);
     }
 }
 
@@ -358,23 +385,28 @@ void CudaLayerExec::begin_step(const LayerStep& st) {
     if (st.T > 0) ops::launch_fill_i32(b_->fill_t.get(), static_cast<int>(b_->fill_t.size()), st.T, stream_);
 }
 
-void CudaLayerExec::mlp(const DeviceWeight& gu, const DeviceWeight& down, int T, uint16_t* hidden, bool prequantized,
-                        const KernelMark& mark) {
+void CudaLayerExec::mlp(ops::DeviceContext& cx, const DeviceLayer& w, int T, uint16_t* hidden, const KernelMark& mark) {
     Buffers& b = *b_;
+    const DeviceWeight &gu = w.gate_up, &down = w.down;
     const int I = static_cast<int>(gu.N / 2);
-    linear(gu, prequantized && gu.fp8 ? nullptr : b.normed.get(), T, b.gate_up.get());
+    // The post norm quantized its output for FP8 gate|up (post_quantized); the down projection's
+    // input goes to buffers of the shared expert's own in MoE layers (run() may run it beside the
+    // dispatch, which reads xq / xs), to xq / xs in dense ones.
+    linear(cx, gu, post_quantized(w) && gu.fp8 ? nullptr : b.normed.get(), T, b.gate_up.get());
     if (mark) mark("shared_gate_up");
     if (down.fp8) {  // fill_t holds T (begin_step)
-        b.xs_order = scale_order(down, T);
-        ops::launch_silu_mul_quant_masked(b.gate_up.get(), b.fill_t.get(), 1, T, I, b.xq.get(), b.xs.get(), b.xs_order,
-                                          stream_);
+        uint8_t* q = w.moe ? b.shared_q.get() : b.xq.get();
+        float* s = w.moe ? b.shared_s.get() : b.xs.get();
+        FANOUT_CHECK(q != nullptr, "a MoE layer's shared expert on a model without one (n_shared_experts = 0)");
+        const ops::ScaleOrder order = scale_order(down, T);
+        ops::launch_silu_mul_quant_masked(b.gate_up.get(), b.fill_t.get(), 1, T, I, q, s, order, cx.stream());
         if (mark) mark("shared_silu_quant");
-        ops::launch_gemm_fp8(ctx_, b.xq.get(), b.xs.get(), b.xs_order, down.q.get(), down.scale.get(), hidden, T,
-                             static_cast<int>(down.N), I, hidden);
+        ops::launch_gemm_fp8(cx, q, s, order, down.q.get(), down.scale.get(), hidden, T, static_cast<int>(down.N), I,
+                             hidden);
     } else {
-        ops::launch_silu_mul_bf16(b.gate_up.get(), T, I, b.act.get(), stream_);
+        ops::launch_silu_mul_bf16(b.gate_up.get(), T, I, b.act.get(), cx.stream());
         if (mark) mark("shared_silu_quant");
-        linear(down, b.act.get(), T, hidden, hidden);
+        linear(cx, down, b.act.get(), T, hidden, hidden);
     }
     if (mark) mark("shared_down");
 }
@@ -412,10 +444,23 @@ void CudaLayerExec::run(const DeviceLayer& w, const LayerStep& st, uint16_t* hid
                         const KernelMark& mark) {
     attn_in(w, st, hidden, cache, mark);
     attn_out(w, st, hidden, cache, mark);
+    // MoE layers: the shared expert on the side stream, beside the router GEMM, top-k, dispatch
+    // and routed experts (the small kernels leave most SMs idle; joining before the grouped GEMMs
+    // instead measured 7 µs slower at V3's EP8 batch 128, PERF.md); the combine waits for it. It
+    // writes its own buffers and, last, hidden, which nothing before the combine reads. A marked
+    // run (the benchmark's per-kernel table) keeps to one stream, each mark timing its own kernel.
+    const bool beside = side_ != nullptr && !mark && w.moe && w.has_mlp && st.T > 0;
+    if (beside) {
+        FANOUT_CUDA_CHECK(cudaEventRecord(fork_, stream_));
+        FANOUT_CUDA_CHECK(cudaStreamWaitEvent(side_->stream(), fork_));
+        mlp(*side_, w, st.T, hidden, mark);
+        FANOUT_CUDA_CHECK(cudaEventRecord(join_, side_->stream()));
+    }
     gate(w, st, mark);
     dispatch_send(w, st, mark);
-    shared(w, st, hidden, mark);
+    if (!beside) shared(w, st, hidden, mark);
     experts(w, st, mark);
+    if (beside) FANOUT_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_));
     combine(w, st, hidden, mark);
 }
 
@@ -460,7 +505,7 @@ void CudaLayerExec::attn_in(const DeviceLayer& w, const LayerStep& st, uint16_t*
     if (in_q) in_order = ql <= 0 && w.q_b.fp8 ? scale_order({&w.qkv_a, &w.q_b}, T) : scale_order(w.qkv_a, T);
     norm(hidden, D, w.input_norm.get(), eps, normed_read ? b.normed.get() : nullptr, D, D, in_order);
     m("input_norm");
-    linear(w.qkv_a, in_q ? nullptr : b.normed.get(), T, b.qkv.get());
+    linear(ctx_, w.qkv_a, in_q ? nullptr : b.normed.get(), T, b.qkv.get());
     m("qkv_a");
     const int qkv_width = static_cast<int>(w.qkv_a.N);
     const uint16_t* kv_a = b.qkv.get() + std::max(ql, 0);
@@ -468,9 +513,9 @@ void CudaLayerExec::attn_in(const DeviceLayer& w, const LayerStep& st, uint16_t*
         norm(b.qkv.get(), qkv_width, w.q_a_norm.get(), kLatentNormEps, w.q_b.fp8 ? nullptr : b.q_a.get(), ql, ql,
              w.q_b.fp8 ? std::optional(scale_order(w.q_b, T)) : std::nullopt);
         m("q_a_norm");
-        linear(w.q_b, w.q_b.fp8 ? nullptr : b.q_a.get(), T, b.q.get());
+        linear(ctx_, w.q_b, w.q_b.fp8 ? nullptr : b.q_a.get(), T, b.q.get());
     } else {  // q_proj reads the input norm's output, still quantized in xq when qkv_a is FP8
-        linear(w.q_b, in_q && w.q_b.fp8 ? nullptr : b.normed.get(), T, b.q.get());
+        linear(ctx_, w.q_b, in_q && w.q_b.fp8 ? nullptr : b.normed.get(), T, b.q.get());
     }
     m("q_b");
     const ops::RopeDevice rd{b.inv_freq.get(), rope_dim, rope_factor_};
@@ -509,7 +554,7 @@ void CudaLayerExec::attend_mha(const DeviceLayer& w, const LayerStep& st, ops::D
     ops::launch_gather_latent(cache, st.block_table + int64_t{st.mha_request} * st.max_blocks, st.max_blocks,
                               static_cast<int>(kv::kDefaultBlockSize), st.kv_start, R, ctx, C, rope_dim, b.latent.get(),
                               b.k_pe.get(), stream_);
-    linear(w.kv_b, b.latent.get(), ctx, b.kv_expanded.get());
+    linear(ctx_, w.kv_b, b.latent.get(), ctx, b.kv_expanded.get());
     m("kv_b_expand");
     ops::MhaPrefillParams p;
     p.num_tokens = st.T - t0;
@@ -605,7 +650,7 @@ void CudaLayerExec::attn_out(const DeviceLayer& w, const LayerStep& st, uint16_t
     } else {
         attend_absorbed(w, st, T, st.R, st.max_q, cache, "attention", mark);
     }
-    linear(w.o, b.attn.get(), T, hidden, hidden);
+    linear(ctx_, w.o, b.attn.get(), T, hidden, hidden);
     m("o_proj");
     const bool post_q = post_quantized(w);
     // The shared experts' GEMM takes the scales in its order; the routed experts take them
@@ -679,7 +724,7 @@ void CudaLayerExec::dispatch_send(const DeviceLayer& w, const LayerStep& st, con
 
 void CudaLayerExec::shared(const DeviceLayer& w, const LayerStep& st, uint16_t* hidden, const KernelMark& mark) {
     if (!w.has_mlp || st.T == 0) return;
-    mlp(w.gate_up, w.down, st.T, hidden, post_quantized(w), mark);
+    mlp(ctx_, w, st.T, hidden, mark);
 }
 
 void CudaLayerExec::experts(const DeviceLayer& w, const LayerStep& st, const KernelMark& mark) {

@@ -17,7 +17,8 @@
 //                  permute (moe_permute.h: a masked part capped per expert for decode steps, the
 //                  rest contiguous); under expert parallelism the EP backend's dispatch send
 //   shared:        the shared expert (the dense MLP in dense layers): gate|up GEMM ·
-//                  silu·mul(·quant) · down GEMM (+ residual) — while dispatch is in flight
+//                  silu·mul(·quant) · down GEMM (+ residual) — while dispatch is in flight; run()
+//                  puts a MoE layer's on a side stream beside the gate, dispatch and experts
 //   experts:       (EP: dispatch receive) · grouped gate|up · silu·mul·quant · grouped down ·
 //                  (EP: combine send)
 //   combine:       the weighted sum into the residual: the local un-permute, or the EP backend's
@@ -175,7 +176,7 @@ class CudaLayerExec {
 
     // y [M, w.N] = x [M, w.K] · wᵀ on the exec's stream, through its quantization buffers: a
     // projection outside the layers (the MTP layer's eh_proj, K = 2 · hidden).
-    void project(const DeviceWeight& w, const uint16_t* x, int M, uint16_t* y) { linear(w, x, M, y); }
+    void project(const DeviceWeight& w, const uint16_t* x, int M, uint16_t* y) { linear(ctx_, w, x, M, y); }
 
   private:
     struct Buffers;
@@ -185,15 +186,16 @@ class CudaLayerExec {
                          ops::DeviceLatentCache cache, const char* attention_mark, const KernelMark& mark);
     // Attention of the step's prefill chunks (requests from st.mha_request) in the MHA form.
     void attend_mha(const DeviceLayer& w, const LayerStep& st, ops::DeviceLatentCache cache, const KernelMark& mark);
-    void linear(const DeviceWeight& w, const uint16_t* x, int M, uint16_t* y, const uint16_t* residual = nullptr);
+    // On cx (ctx_, or side_ for the shared expert beside the dispatch).
+    void linear(ops::DeviceContext& cx, const DeviceWeight& w, const uint16_t* x, int M, uint16_t* y,
+                const uint16_t* residual = nullptr);
     // The order of x's scales that the FP8 GEMM of `w` over M rows reads fastest (gemm.h's
     // gemm_fp8_scale_order); over several readers of one quantized input, M-major only when all
     // of them want it.
     ops::ScaleOrder scale_order(const DeviceWeight& w, int M) const;
     ops::ScaleOrder scale_order(std::initializer_list<const DeviceWeight*> readers, int M) const;
-    // hidden += down(silu(gate) · up) of normed; `prequantized`: xq / xs already hold normed for FP8.
-    void mlp(const DeviceWeight& gu, const DeviceWeight& down, int T, uint16_t* hidden, bool prequantized,
-             const KernelMark& mark);
+    // hidden += down(silu(gate) · up) of the post norm's output: w's dense MLP or shared expert, on cx.
+    void mlp(ops::DeviceContext& cx, const DeviceLayer& w, int T, uint16_t* hidden, const KernelMark& mark);
     struct ExpertRows;
     // The routed experts' grouped GEMMs over `rows` (gate|up, silu·mul(·quant), down into
     // expert_out); FP8 experts read xq / xs, bf16 experts x.
@@ -218,6 +220,11 @@ class CudaLayerExec {
     } dims_;
     ops::DeviceContext& ctx_;
     cudaStream_t stream_ = nullptr;
+    // MoE layers with a shared expert: the side stream's context (its own scratch: the shared
+    // expert's GEMMs run while the router's do) and the events that fork it from the stream and
+    // join it back (run()).
+    std::unique_ptr<ops::DeviceContext> side_;
+    cudaEvent_t fork_ = nullptr, join_ = nullptr;
     std::unique_ptr<Buffers> b_;
 };
 
