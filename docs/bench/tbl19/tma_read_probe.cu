@@ -75,6 +75,57 @@ __global__ void tma_stream(const __grid_constant__ CUtensorMap tm, int tiles, in
     }
 }
 
+// The same stream through cp.async (16-byte LDGSTS, L1 bypassed) instead of TMA: PRODUCERS threads
+// copy each stage's ROWS x 128-byte box into the 128-byte swizzled layout wgmma reads, each
+// arriving on `full` when its copies have landed (cp.async.mbarrier.arrive.noinc); the next thread
+// consumes as above.
+template <int ROWS, int STAGES, int PRODUCERS>
+__global__ void cpasync_stream(const uint8_t* __restrict__ w, uint64_t K, int tiles, int nkb, int splits,
+                               unsigned long long* sink) {
+    extern __shared__ uint8_t raw[];
+    uint8_t* smem = raw + ((1024 - (smem_addr(raw) & 1023)) & 1023);
+    constexpr int kStage = ROWS * kBK, kChunks = kStage / 16;
+    static_assert(kChunks % PRODUCERS == 0, "whole chunks per producer");
+    __shared__ uint64_t full[STAGES], empty[STAGES];
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) mbar_init(&full[s], PRODUCERS), mbar_init(&empty[s], 1);
+        mbar_fence_init();
+    }
+    __syncthreads();
+    if (threadIdx.x < PRODUCERS) {
+        int s = 0;
+        uint32_t phase = 0;
+        for (int u = blockIdx.x; u < tiles * splits; u += gridDim.x)
+            for (int kb = (u % splits) * (nkb / splits); kb < (u % splits + 1) * (nkb / splits); ++kb) {
+                const int t = u / splits;
+                mbar_wait(&empty[s], phase ^ 1);
+#pragma unroll
+                for (int j = 0; j < kChunks / PRODUCERS; ++j) {
+                    const int c = threadIdx.x + j * PRODUCERS, row = c / 8, col = c % 8;
+                    const uint8_t* src = w + (uint64_t(t) * ROWS + row) * K + uint64_t(kb) * kBK + col * 16;
+                    const uint32_t dst = smem_addr(smem + s * kStage + row * kBK + ((col ^ (row % 8)) * 16));
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+                }
+                asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(&full[s]))
+                             : "memory");
+                if (++s == STAGES) s = 0, phase ^= 1;
+            }
+        asm volatile("cp.async.wait_all;" ::: "memory");
+    } else if (threadIdx.x == PRODUCERS) {
+        int s = 0;
+        uint32_t phase = 0;
+        unsigned long long acc = 0;
+        for (int u = blockIdx.x; u < tiles * splits; u += gridDim.x)
+            for (int kb = (u % splits) * (nkb / splits); kb < (u % splits + 1) * (nkb / splits); ++kb) {
+                mbar_wait(&full[s], phase);
+                acc += smem[s * kStage];
+                mbar_arrive(&empty[s]);
+                if (++s == STAGES) s = 0, phase ^= 1;
+            }
+        if (acc == 0x5a5a5a5a5a5aULL) *sink = acc;
+    }
+}
+
 // bench/copy_kernel.cu's read ceiling (built with this file).
 void launch_read16(const void* src, size_t bytes, int* sink, cudaStream_t stream);
 
@@ -177,17 +228,28 @@ static int sized(const char* what, const uint8_t* w, uint64_t N, uint64_t K, int
     CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     const int tiles = int(N / 64), nkb = int(K / kBK);
     const int splits = tiles >= 2 * sms ? 1 : 2;
+    auto* ca = cpasync_stream<64, 6, 128>;
+    auto* cb = cpasync_stream<64, 6, 64>;
+    CK(cudaFuncSetAttribute(ca, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CK(cudaFuncSetAttribute(cb, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     for (int calls : {1, 20}) {
         const float r = time_us(st, calls, [&](int i) {
             launch_read16(w + (i % copies) * bytes, bytes, reinterpret_cast<int*>(sink), st);
         });
-        const float t = time_us(
-            st, calls, [&](int i) { k<<<2 * sms, 64, smem, st>>>(maps[i % copies], tiles, nkb, splits, sink); });
+        const float t = time_us(st, calls, [&](int i) {
+            k<<<2 * sms, 64, smem, st>>>(maps[i % copies], tiles, nkb, splits, sink);
+        });
+        const float a = time_us(st, calls, [&](int i) {
+            ca<<<2 * sms, 160, smem, st>>>(w + (i % copies) * bytes, K, tiles, nkb, splits, sink);
+        });
+        const float c = time_us(st, calls, [&](int i) {
+            cb<<<2 * sms, 96, smem, st>>>(w + (i % copies) * bytes, K, tiles, nkb, splits, sink);
+        });
         CK(cudaGetLastError());
-        std::printf(
-            "%-16s %6.1f MB x%d %-11s read16 %6.1f us %5.0f GB/s | TMA 64-row x6 split %d %6.1f us %5.0f GB/s\n", what,
-            bytes / 1e6, copies, calls == 1 ? "one launch" : "graph of 20", r, bytes / (r * 1e3), splits, t,
-            bytes / (t * 1e3));
+        std::printf("%-14s %6.1f MB x%d %-11s read16 %6.1f us %5.0f GB/s | TMA split %d %6.1f us %5.0f | cp.async x128 "
+                    "%6.1f us %5.0f | x64 %6.1f us %5.0f GB/s\n",
+                    what, bytes / 1e6, copies, calls == 1 ? "one launch" : "graph of 20", r, bytes / (r * 1e3), splits, t,
+                    bytes / (t * 1e3), a, bytes / (a * 1e3), c, bytes / (c * 1e3));
     }
     return 0;
 }
