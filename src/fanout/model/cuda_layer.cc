@@ -397,7 +397,8 @@ void CudaLayerExec::mlp(ops::DeviceContext& cx, const DeviceLayer& w, int T, uin
     if (down.fp8) {  // fill_t holds T (begin_step)
         uint8_t* q = w.moe ? b.shared_q.get() : b.xq.get();
         float* s = w.moe ? b.shared_s.get() : b.xs.get();
-        FANOUT_CHECK(q != nullptr, "a MoE layer's shared expert on a model without one (n_shared_experts = 0)");
+        FANOUT_CHECK(q != nullptr,
+                     "a MoE layer with a shared expert, but the config's n_shared_experts is 0 (no buffers for it)");
         const ops::ScaleOrder order = scale_order(down, T);
         ops::launch_silu_mul_quant_masked(b.gate_up.get(), b.fill_t.get(), 1, T, I, q, s, order, cx.stream());
         if (mark) mark("shared_silu_quant");
