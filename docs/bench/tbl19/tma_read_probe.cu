@@ -12,6 +12,8 @@
 // Run there:   ./tma_read_probe            (prints one line per variant: GB/s)
 //              ./tma_read_probe sized      (read16 and the TMA stream at the GEMMs' W sizes, one
 //                                          launch and a graph of 20 as `bench kernels` times)
+// Ran as `run97` (single launches), `run98` (sized, TMA and read16) and `run100` (sized, with the
+// cp.async stream); the two consumers' identical loops were folded into consume() afterwards.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
@@ -35,6 +37,24 @@ using namespace fanout::ops::sm90;
     } while (0)
 
 constexpr int kBK = 128;
+
+// A stream's consumer: waits for each stage of this CTA's units in turn (unit u = tile u / splits,
+// its K share; units blockIdx.x, + gridDim.x, ...), touches one byte of it and frees it.
+template <int STAGES>
+__device__ void consume(const uint8_t* smem, int stage_bytes, uint64_t* full, uint64_t* empty, int tiles, int nkb,
+                        int splits, unsigned long long* sink) {
+    int s = 0;
+    uint32_t phase = 0;
+    unsigned long long acc = 0;
+    for (int u = blockIdx.x; u < tiles * splits; u += gridDim.x)
+        for (int kb = (u % splits) * (nkb / splits); kb < (u % splits + 1) * (nkb / splits); ++kb) {
+            mbar_wait(&full[s], phase);
+            acc += smem[s * stage_bytes];
+            mbar_arrive(&empty[s]);
+            if (++s == STAGES) s = 0, phase ^= 1;
+        }
+    if (acc == 0x5a5a5a5a5a5aULL) *sink = acc;
+}
 
 template <int ROWS, int BOXES, int STAGES>
 __global__ void tma_stream(const __grid_constant__ CUtensorMap tm, int tiles, int nkb, int splits,
@@ -61,17 +81,7 @@ __global__ void tma_stream(const __grid_constant__ CUtensorMap tm, int tiles, in
                 if (++s == STAGES) s = 0, phase ^= 1;
             }
     } else if (threadIdx.x == 32) {  // consumer: wait, touch one byte, free
-        int s = 0;
-        uint32_t phase = 0;
-        unsigned long long acc = 0;
-        for (int u = blockIdx.x; u < tiles * splits; u += gridDim.x)
-            for (int kb = (u % splits) * (nkb / splits); kb < (u % splits + 1) * (nkb / splits); ++kb) {
-                mbar_wait(&full[s], phase);
-                acc += smem[s * kStage];
-                mbar_arrive(&empty[s]);
-                if (++s == STAGES) s = 0, phase ^= 1;
-            }
-        if (acc == 0x5a5a5a5a5a5aULL) *sink = acc;
+        consume<STAGES>(smem, kStage, full, empty, tiles, nkb, splits, sink);
     }
 }
 
@@ -112,17 +122,7 @@ __global__ void cpasync_stream(const uint8_t* __restrict__ w, uint64_t K, int ti
             }
         asm volatile("cp.async.wait_all;" ::: "memory");
     } else if (threadIdx.x == PRODUCERS) {
-        int s = 0;
-        uint32_t phase = 0;
-        unsigned long long acc = 0;
-        for (int u = blockIdx.x; u < tiles * splits; u += gridDim.x)
-            for (int kb = (u % splits) * (nkb / splits); kb < (u % splits + 1) * (nkb / splits); ++kb) {
-                mbar_wait(&full[s], phase);
-                acc += smem[s * kStage];
-                mbar_arrive(&empty[s]);
-                if (++s == STAGES) s = 0, phase ^= 1;
-            }
-        if (acc == 0x5a5a5a5a5a5aULL) *sink = acc;
+        consume<STAGES>(smem, kStage, full, empty, tiles, nkb, splits, sink);
     }
 }
 
@@ -236,9 +236,8 @@ static int sized(const char* what, const uint8_t* w, uint64_t N, uint64_t K, int
         const float r = time_us(st, calls, [&](int i) {
             launch_read16(w + (i % copies) * bytes, bytes, reinterpret_cast<int*>(sink), st);
         });
-        const float t = time_us(st, calls, [&](int i) {
-            k<<<2 * sms, 64, smem, st>>>(maps[i % copies], tiles, nkb, splits, sink);
-        });
+        const float t = time_us(
+            st, calls, [&](int i) { k<<<2 * sms, 64, smem, st>>>(maps[i % copies], tiles, nkb, splits, sink); });
         const float a = time_us(st, calls, [&](int i) {
             ca<<<2 * sms, 160, smem, st>>>(w + (i % copies) * bytes, K, tiles, nkb, splits, sink);
         });
@@ -246,10 +245,11 @@ static int sized(const char* what, const uint8_t* w, uint64_t N, uint64_t K, int
             cb<<<2 * sms, 96, smem, st>>>(w + (i % copies) * bytes, K, tiles, nkb, splits, sink);
         });
         CK(cudaGetLastError());
-        std::printf("%-14s %6.1f MB x%d %-11s read16 %6.1f us %5.0f GB/s | TMA split %d %6.1f us %5.0f | cp.async x128 "
-                    "%6.1f us %5.0f | x64 %6.1f us %5.0f GB/s\n",
-                    what, bytes / 1e6, copies, calls == 1 ? "one launch" : "graph of 20", r, bytes / (r * 1e3), splits, t,
-                    bytes / (t * 1e3), a, bytes / (a * 1e3), c, bytes / (c * 1e3));
+        std::printf(
+            "%-14s %6.1f MB x%d %-11s read16 %6.1f us %5.0f GB/s | TMA split %d %6.1f us %5.0f | cp.async x128 "
+            "%6.1f us %5.0f | x64 %6.1f us %5.0f GB/s\n",
+            what, bytes / 1e6, copies, calls == 1 ? "one launch" : "graph of 20", r, bytes / (r * 1e3), splits, t,
+            bytes / (t * 1e3), a, bytes / (a * 1e3), c, bytes / (c * 1e3));
     }
     return 0;
 }
