@@ -1,5 +1,6 @@
-// Probe (not part of the build; written in the seventeenth session, compiled, NOT yet run): how
-// fast can TMA stream a K-major FP8 weight matrix into shared memory when nothing consumes it?
+// Probe (not part of the build; written in the seventeenth session, run in the eighteenth: PERF.md
+// "The W stream without the GEMM"): how fast can TMA stream a K-major FP8 weight matrix into
+// shared memory when nothing consumes it?
 // The decode GEMMs stream W at ~3.2 TB/s where 16-byte loads reach 4.48 (PERF.md, seventeenth
 // session); ring depth, x, the scale loader, W's pitch and layout were ruled out. This times the
 // TMA stream alone: CTAs walk tiles of ROWS rows of W [N, K] like the GEMM (each tile's K blocks
