@@ -13,6 +13,8 @@
 // Run there:   ./tma_read_probe            (prints one line per variant: GB/s)
 //              ./tma_read_probe sized      (read16 and the TMA stream at the GEMMs' W sizes, one
 //                                          launch and a graph of 20 as `bench kernels` times)
+//              ./tma_read_probe kscan      (the GEMM at M = 64 over K against the streams; build
+//                 with -DWITH_GEMM -DFANOUT_WITH_CUDA=1 and build/src/fanout/libfanout_{ops,core}.a)
 // Ran as `run97` (single launches), `run98` (sized, TMA and read16) and `run100` (sized, with the
 // cp.async stream); the two consumers' identical loops were folded into consume() afterwards.
 #include <cuda.h>
@@ -23,6 +25,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
+
+#ifdef WITH_GEMM
+#include "fanout/ops/gemm.h"
+#endif
 
 #include "fanout/ops/sm90.cuh"
 
@@ -255,6 +262,54 @@ static int sized(const char* what, const uint8_t* w, uint64_t N, uint64_t K, int
     return 0;
 }
 
+#ifdef WITH_GEMM
+// The third question: how the GEMM's time at M = 64 grows with K against the bare streams' — the
+// intercept is what a launch costs besides its bytes, the slope its rate. W [7168, K] (o_proj's N),
+// 64 × 64 tiles split 2 and unsplit, a graph of 20 calls rotating over copies of W (no L2 reuse).
+static int kscan(uint8_t* w, int sms, cudaStream_t st, unsigned long long* sink) {
+    const int M = 64, N = 7168;
+    fanout::ops::GemmWorkspace ws;
+    uint8_t* x = nullptr;
+    float *sx = nullptr, *sw = nullptr;
+    uint16_t* y = nullptr;
+    CK(cudaMalloc(&x, size_t(M) * 65536));
+    CK(cudaMalloc(&sx, sizeof(float) * M * 512));
+    CK(cudaMalloc(&sw, sizeof(float) * 56 * 512 * 8));
+    CK(cudaMalloc(&y, sizeof(uint16_t) * M * N));
+    CK(cudaMemset(x, 0x38, size_t(M) * 65536));  // e4m3 1.0
+    std::vector<float> ones(56 * 512 * 8, 1.0f);
+    CK(cudaMemcpy(sw, ones.data(), ones.size() * sizeof(float), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(sx, ones.data(), sizeof(float) * M * 512, cudaMemcpyHostToDevice));
+    constexpr int smem = 6 * 64 * kBK + 1024;
+    auto* k = tma_stream<64, 1, 6>;
+    CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    for (int K : {2048, 4096, 8192, 16384, 32768}) {
+        const uint64_t bytes = uint64_t(N) * K;
+        const int copies = int(std::min<uint64_t>(8, (1ull << 30) / bytes));
+        CUtensorMap maps[8];
+        for (int c = 0; c < copies; ++c)
+            if (!make_map(&maps[c], w + c * bytes, N, K, 64)) return 1;
+        const int tiles = N / 64, nkb = K / kBK;
+        const float r = time_us(
+            st, 20, [&](int i) { launch_read16(w + (i % copies) * bytes, bytes, reinterpret_cast<int*>(sink), st); });
+        const float t =
+            time_us(st, 20, [&](int i) { k<<<2 * sms, 64, smem, st>>>(maps[i % copies], tiles, nkb, 2, sink); });
+        float g[2];
+        for (int sp = 1; sp <= 2; ++sp)
+            g[sp - 1] = time_us(st, 20, [&](int i) {
+                fanout::ops::launch_gemm_fp8(x, sx, w + (i % copies) * bytes, sw, y, M, N, K, st, nullptr, &ws,
+                                             fanout::ops::GemmConfig{64, 64, sp, 1});
+            });
+        CK(cudaGetLastError());
+        std::printf(
+            "K %5d  W %6.1f MB x%d: read16 %6.1f us | TMA stream (split 2) %6.1f us | GEMM 64x64/1 %6.1f us, "
+            "64x64/2 %6.1f us\n",
+            K, bytes / 1e6, copies, r, t, g[0], g[1]);
+    }
+    return 0;
+}
+#endif
+
 int main(int argc, char** argv) {
     void* f = nullptr;
     cudaDriverEntryPointQueryResult q{};
@@ -289,6 +344,13 @@ int main(int argc, char** argv) {
         }
         std::printf("%-34s %7.0f GB/s\n", "read16, 1 GiB", double(n_big) * K / (best * 1e-3) / 1e9);
     }
+#ifdef WITH_GEMM
+    if (argc > 1 && std::string(argv[1]) == "kscan") {
+        cudaStream_t st;
+        CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+        return kscan(w, sms, st, sink);
+    }
+#endif
     if (argc > 1 && std::string(argv[1]) == "sized") {
         cudaStream_t st;
         CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
