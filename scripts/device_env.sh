@@ -2,7 +2,9 @@
 # root on the GPU machine: unpacks the carried build (.carry/build.tar.xz, made on the build
 # machine), puts the carried and CUDA/NCCL libraries on the search path, sets the NCCL/NVSHMEM
 # environment the device tool asks for, and defines B (the build), L (a log folder under $OUT),
-# S (the summary file) and t0 (the start time, for `t=` stamps); and gpu_suites [OPS_TEST], which
+# S (the summary file) and t0 (the start time, for `t=` stamps); test_line TEST [LABEL], one test
+# binary of the carried build and its summary line; run_line LABEL FILE CMD..., a probe's run
+# and its whole output; gpu_suites [OPS_TEST], which
 # runs every GPU test binary of the carried build (OPS_TEST in place of ops/ops_cuda_test: a
 # variant's), the tiny microbatch check and the tiny serve check with both KV caches, one summary
 # line each; and m64_line LABEL FILE BIN, which runs `BIN bench kernels --no-grouped --m 64` into
@@ -17,12 +19,28 @@ mkdir -p "$L"
 S=$OUT/summary.txt
 t0=$(date +%s)
 
+# test_line TEST [LABEL]: runs $B/tests/TEST (e.g. ops/ops_cuda_test) into $L and writes one
+# summary line (LABEL after the name, if given) and its failures.
+test_line() {
+  local t=$1 n rc
+  n=$(basename $t); timeout 120 $B/tests/$t > $L/$n.txt 2>&1; rc=$?
+  echo "$n${2:+ $2} rc=$rc $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' $L/$n.txt | tr '\n' ' ') t=$(( $(date +%s) - t0 ))" >> $S
+  grep -E "^\[  FAILED  \]" $L/$n.txt | head -5 >> $S
+}
+
+# run_line LABEL FILE CMD...: runs CMD (timeout 120 s) into $L/FILE.txt and appends a line with
+# LABEL, its exit status and time, then CMD's whole output, to the summary (probes).
+run_line() {
+  local label=$1 file=$2 rc
+  shift 2
+  timeout 120 "$@" > $L/$file.txt 2>&1; rc=$?
+  echo "$label rc=$rc t=$(( $(date +%s) - t0 ))" >> $S; cat $L/$file.txt >> $S
+}
+
 gpu_suites() {
-  local t n rc d server
+  local t d server
   for t in ${1:-ops/ops_cuda_test} ops/glue_cuda_test ops/mla_cuda_test ops/mha_prefill_cuda_test ops/pdl_cuda_test model/model_cuda_test engine/engine_cuda_test comm/ep_gpu_test; do
-    n=$(basename $t); timeout 120 $B/tests/$t > $L/$n.txt 2>&1; rc=$?
-    echo "$n rc=$rc $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' $L/$n.txt | tr '\n' ' ') t=$(( $(date +%s) - t0 ))" >> $S
-    grep -E "^\[  FAILED  \]" $L/$n.txt | head -5 >> $S
+    test_line $t
   done
   timeout 90 bash scripts/gpu_microbatch_check.sh $B tiny > $L/microbatch_tiny.txt 2>&1
   echo "microbatch tiny rc=$? $(grep -cE '^PASS' $L/microbatch_tiny.txt) PASS $(grep -cE '^FAIL' $L/microbatch_tiny.txt) FAIL t=$(( $(date +%s) - t0 ))" >> $S

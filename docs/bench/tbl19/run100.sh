@@ -4,12 +4,11 @@
 # cp.async (128 or 64 producer threads) beside TMA and read16; then the final commit's layer (the
 # shared expert beside the dispatch) twice, and the M = 256 GEMMs cold and serial as a layer runs
 # them. Run from the repository root.
+# (The probe loop: run_line of scripts/device_env.sh since the eighteenth session's review, the
+# same commands it ran inline.)
 set -u
 source scripts/device_env.sh
-for i in 1 2; do
-  timeout 120 $B/tma_read_probe sized > $L/sized.$i.txt 2>&1
-  echo "tma_read_probe sized rc=$? t=$(( $(date +%s) - t0 ))" >> $S; cat $L/sized.$i.txt >> $S
-done
+for i in 1 2; do run_line "tma_read_probe sized" sized.$i $B/tma_read_probe sized; done
 for i in 1 2; do
   timeout 100 $B/apps/fanout bench layer --batches 32,128 --eps 8 --replays 10 --json $L/layer.$i.json > $L/layer.$i.txt 2>&1
   echo "layer $i rc=$? $(grep -E '^layer total' $L/layer.$i.txt | tr -s ' ' | tr '\n' ' ')" >> $S

@@ -4,13 +4,11 @@
 # with its single-CTA tiles' W through cp.async (producer warps 0, 2, 3), one binary,
 # FANOUT_GEMM_W_CPASYNC=1 against 0, alternating: the GEMM and model tests on the cp.async path,
 # then M = 64, the dense table, the grouped points and the layer. Run from the repository root.
+# (The test loop: test_line of scripts/device_env.sh since the eighteenth session's review, the
+# same commands it ran inline.)
 set -u
 source scripts/device_env.sh
-for t in ops/ops_cuda_test model/model_cuda_test; do
-  n=$(basename $t); FANOUT_GEMM_W_CPASYNC=1 timeout 120 $B/tests/$t > $L/$n.txt 2>&1; rc=$?
-  echo "$n (cp.async) rc=$rc $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' $L/$n.txt | tr '\n' ' ') t=$(( $(date +%s) - t0 ))" >> $S
-  grep -E "^\[  FAILED  \]" $L/$n.txt | head -5 >> $S
-done
+for t in ops/ops_cuda_test model/model_cuda_test; do FANOUT_GEMM_W_CPASYNC=1 test_line $t "(cp.async)"; done
 for i in 1 2; do for v in 1 0; do FANOUT_GEMM_W_CPASYNC=$v m64_line "cp=$v run $i" m64.$v.$i $B/apps/fanout; done; done
 for v in 1 0; do
   FANOUT_GEMM_W_CPASYNC=$v timeout 100 $B/apps/fanout bench kernels --no-grouped --json $L/dense.$v.json > $L/dense.$v.txt 2>&1

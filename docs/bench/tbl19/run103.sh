@@ -3,11 +3,10 @@
 # and 2, W rotated over copies) beside read16 and the bare TMA stream of the same bytes, twice:
 # the intercept is what a launch costs besides its bytes, the slope its rate.
 # Run from the repository root.
+# (The probe loop: run_line of scripts/device_env.sh since the eighteenth session's review, the
+# same commands it ran inline.)
 set -u
 source scripts/device_env.sh
-for i in 1 2; do
-  timeout 120 $B/tma_read_probe_k kscan > $L/kscan.$i.txt 2>&1
-  echo "kscan $i rc=$? t=$(( $(date +%s) - t0 ))" >> $S; cat $L/kscan.$i.txt >> $S
-done
+for i in 1 2; do run_line "kscan $i" kscan.$i $B/tma_read_probe_k kscan; done
 cd $OUT && tar czf logs.tgz logs && rm -rf logs
 cat $S

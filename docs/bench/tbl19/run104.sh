@@ -4,13 +4,11 @@
 # `full`, each consumer warp on `empty`) instead of one per thread, against the same code with
 # per-thread arrivals (fanout_hd, probe_k_hd), alternating: the GEMM and model tests, the K scan,
 # M = 64, the grouped points and the layer. Run from the repository root.
+# (The test loop: test_line of scripts/device_env.sh since the eighteenth session's review, the
+# same commands it ran inline.)
 set -u
 source scripts/device_env.sh
-for t in ops/ops_cuda_test model/model_cuda_test; do
-  n=$(basename $t); timeout 120 $B/tests/$t > $L/$n.txt 2>&1; rc=$?
-  echo "$n rc=$rc $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' $L/$n.txt | tr '\n' ' ') t=$(( $(date +%s) - t0 ))" >> $S
-  grep -E "^\[  FAILED  \]" $L/$n.txt | head -5 >> $S
-done
+for t in ops/ops_cuda_test model/model_cuda_test; do test_line $t; done
 for i in 1 2; do
   for v in new hd; do
     timeout 120 $B/probe_k_$v kscan > $L/kscan.$v.$i.txt 2>&1

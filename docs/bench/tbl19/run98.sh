@@ -3,12 +3,11 @@
 # at 1 GiB, for every box shape and depth, single launches. Here: read16 and the TMA stream at
 # each decode GEMM's W size, one launch and a graph of 20 (as `bench kernels` times), warm and
 # rotating over copies; then the M = 64 line warm, --cold and --serial. Run from the repository root.
+# (The probe loop: run_line of scripts/device_env.sh since the eighteenth session's review, the
+# same commands it ran inline.)
 set -u
 source scripts/device_env.sh
-for i in 1 2; do
-  timeout 120 $B/tma_read_probe sized > $L/sized.$i.txt 2>&1
-  echo "tma_read_probe sized rc=$? t=$(( $(date +%s) - t0 ))" >> $S; cat $L/sized.$i.txt >> $S
-done
+for i in 1 2; do run_line "tma_read_probe sized" sized.$i $B/tma_read_probe sized; done
 m64_line "warm" m64.warm $B/apps/fanout
 timeout 100 $B/apps/fanout bench kernels --no-grouped --m 64 --cold --json $L/m64.cold.json > $L/m64.cold.txt 2>&1
 echo "m64 cold: $(grep -A1 '^sum over' $L/m64.cold.txt | tail -1)" >> $S; grep -E "^[a-z].* 64 " $L/m64.cold.txt >> $S
