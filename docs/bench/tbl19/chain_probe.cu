@@ -28,17 +28,10 @@
 #include <cstdio>
 
 #include "fanout/ops/sm90.cuh"
+#include "probe_util.cuh"
 
 using namespace fanout::ops::sm90;
-
-#define CK(x)                                                                                   \
-    do {                                                                                        \
-        cudaError_t e = (x);                                                                    \
-        if (e != cudaSuccess) {                                                                 \
-            std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); \
-            return 1;                                                                           \
-        }                                                                                       \
-    } while (0)
+using namespace probe;
 
 constexpr int kBK = 128, kRows = 64, kStages = 6;
 constexpr int kBox = kRows * kBK;      // one operand's bytes per stage
@@ -112,70 +105,30 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 128, CTAS)
         if (threadIdx.x >= 128) consume<CONSUMERS>(smem, full, empty, units, per_unit, sink);
 }
 
-static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
-
-static bool make_map(CUtensorMap* m, const void* base, uint64_t rows, uint64_t K) {
-    cuuint64_t dims[2] = {K, rows}, strides[1] = {K};
-    cuuint32_t box[2] = {kBK, kRows}, elem[2] = {1, 1};
-    return encode(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box, elem,
-                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
 template <int CONSUMERS, int CTAS>
 static int run(const uint8_t* w, const uint8_t* x, int K, int sms, cudaStream_t st, unsigned long long* sink) {
     const int N = 7168;
     const uint64_t bytes = uint64_t(N) * K;
     const int copies = int(std::min<uint64_t>(8, (1ull << 30) / bytes));
     CUtensorMap tx, tw[8];
-    if (!make_map(&tx, x, kRows, K)) return 1;
+    if (!make_map(&tx, x, kRows, K, kRows)) return 1;
     for (int c = 0; c < copies; ++c)
-        if (!make_map(&tw[c], w + c * bytes, N, K)) return 1;
+        if (!make_map(&tw[c], w + c * bytes, N, K, kRows)) return 1;
     // One CTA per SM: more shared memory than two could share, so none doubles up.
     constexpr int smem = CTAS == 1 ? 120 * 1024 : kStages * kStageBytes + 1024;
     auto* k = chain<CONSUMERS, CTAS>;
     CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     const int grid = sms * CTAS, threads = (CONSUMERS + 1) * 128;
     const auto launch = [&](int i) { k<<<grid, threads, smem, st>>>(tx, tw[i % copies], N / kRows, K / kBK, sink); };
-    for (int i = 0; i < 2; ++i) launch(i);
-    CK(cudaStreamSynchronize(st));
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    for (int i = 0; i < 20; ++i) launch(i);
-    CK(cudaStreamEndCapture(st, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    cudaEvent_t a, b;
-    cudaEventCreate(&a);
-    cudaEventCreate(&b);
-    float best = 1e30f;
-    for (int rep = 0; rep < 5; ++rep) {
-        cudaEventRecord(a, st);
-        cudaGraphLaunch(ge, st);
-        cudaEventRecord(b, st);
-        CK(cudaEventSynchronize(b));
-        float ms = 0;
-        cudaEventElapsedTime(&ms, a, b);
-        best = std::min(best, ms);
-    }
+    const double us = time_us(st, 20, launch);
     CK(cudaGetLastError());
-    const double us = best * 1000.0 / 20;
     std::printf("K %5d  consumers %d x %d CTAs/SM: %7.1f us  %5.0f GB/s of W\n", K, CONSUMERS, CTAS, us,
                 bytes / (us * 1e3));
-    cudaGraphExecDestroy(ge);
-    cudaGraphDestroy(g);
     return 0;
 }
 
 int main() {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        f == nullptr) {
-        std::printf("no cuTensorMapEncodeTiled\n");
-        return 1;
-    }
-    encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+    if (!init_encode()) return 1;
     int sms = 0;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     uint8_t *w = nullptr, *x = nullptr;

@@ -32,17 +32,10 @@
 #endif
 
 #include "fanout/ops/sm90.cuh"
+#include "probe_util.cuh"
 
 using namespace fanout::ops::sm90;
-
-#define CK(x)                                                                                   \
-    do {                                                                                        \
-        cudaError_t e = (x);                                                                    \
-        if (e != cudaSuccess) {                                                                 \
-            std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); \
-            return 1;                                                                           \
-        }                                                                                       \
-    } while (0)
+using namespace probe;
 
 constexpr int kBK = 128;
 
@@ -137,17 +130,6 @@ __global__ void cpasync_stream(const uint8_t* __restrict__ w, uint64_t K, int ti
 // bench/copy_kernel.cu's read ceiling (built with this file).
 void launch_read16(const void* src, size_t bytes, int* sink, cudaStream_t stream);
 
-static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
-
-// W [rows, K] bytes, boxes of box_rows x 128 bytes, 128-byte swizzle (as the GEMM's x and W).
-static bool make_map(CUtensorMap* m, const void* base, uint64_t rows, uint64_t K, uint32_t box_rows) {
-    cuuint64_t dims[2] = {K, rows}, strides[1] = {K};
-    cuuint32_t box[2] = {kBK, box_rows}, elem[2] = {1, 1};
-    return encode(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box, elem,
-                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
 template <int ROWS, int BOXES, int STAGES>
 static int run(const char* what, const uint8_t* w, uint64_t N, uint64_t K, int ctas_per_sm, int splits, int sms,
                unsigned long long* sink) {
@@ -178,48 +160,6 @@ static int run(const char* what, const uint8_t* w, uint64_t N, uint64_t K, int c
     std::printf("%-34s %2d CTAs/SM, split %d, %3d KB in flight per CTA: %7.0f GB/s\n", what, ctas_per_sm, splits,
                 STAGES * ROWS * BOXES * kBK / 1024, double(N) * K / (best * 1e-3) / 1e9);
     return 0;
-}
-
-// µs per call of `launch` (which launches on `st`): `calls` back to back captured as one CUDA graph,
-// best of 5 replays (as `fanout bench kernels` times its GEMMs), or one launch between two events.
-template <typename F>
-static float time_us(cudaStream_t st, int calls, F&& launch) {
-    for (int i = 0; i < 2; ++i) launch(i);
-    cudaStreamSynchronize(st);
-    cudaEvent_t a, b;
-    cudaEventCreate(&a);
-    cudaEventCreate(&b);
-    float best = 1e30f;
-    if (calls == 1) {
-        for (int rep = 0; rep < 6; ++rep) {
-            cudaEventRecord(a, st);
-            launch(rep);
-            cudaEventRecord(b, st);
-            cudaEventSynchronize(b);
-            float ms = 0;
-            cudaEventElapsedTime(&ms, a, b);
-            best = std::min(best, ms);
-        }
-    } else {
-        cudaGraph_t g;
-        cudaGraphExec_t ge;
-        cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal);
-        for (int i = 0; i < calls; ++i) launch(i);
-        cudaStreamEndCapture(st, &g);
-        cudaGraphInstantiate(&ge, g, 0);
-        for (int rep = 0; rep < 5; ++rep) {
-            cudaEventRecord(a, st);
-            cudaGraphLaunch(ge, st);
-            cudaEventRecord(b, st);
-            cudaEventSynchronize(b);
-            float ms = 0;
-            cudaEventElapsedTime(&ms, a, b);
-            best = std::min(best, ms);
-        }
-        cudaGraphExecDestroy(ge);
-        cudaGraphDestroy(g);
-    }
-    return best * 1000.0f / calls;
 }
 
 // The second question (eighteenth session): at a decode GEMM's own W size, timed as the benchmark
@@ -311,14 +251,7 @@ static int kscan(uint8_t* w, int sms, cudaStream_t st, unsigned long long* sink)
 #endif
 
 int main(int argc, char** argv) {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        f == nullptr) {
-        std::printf("no cuTensorMapEncodeTiled\n");
-        return 1;
-    }
-    encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+    if (!init_encode()) return 1;
     int sms = 0;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     // o_proj's W (7,168 x 16,384 bytes, 117 MB) and a 1 GiB one (65,536 x 16,384).
