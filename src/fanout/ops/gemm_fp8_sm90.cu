@@ -273,11 +273,10 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
-            // full: the TMA producer's expect_tx and every lane of the scale loader; empty: every
-            // consumer thread here (each releases its own reads of the stage's scales) and lane 0
-            // of every consumer warp of the peer CTAs.
-            mbar_init(&full[s], 1 + 32);
-            mbar_init(&empty[s], kConsumers * 128 + (CL - 1) * kConsumers * 4);
+            // full: the TMA producer's expect_tx and lane 0 of the scale loader; empty: lane 0 of
+            // every consumer warp of every CTA of the cluster (each after its warp's reads).
+            mbar_init(&full[s], 1 + 1);
+            mbar_init(&empty[s], CL * kConsumers * 4);
         }
         mbar_fence_init();
         tma_prefetch_descriptor(&tmap_x);
@@ -383,7 +382,8 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
 #pragma unroll
                     for (int i = 0; i < BM / 32; ++i) dst[lane + 32 * i] = v[i];
                     if (lane < kWScales) dst[BM + lane] = w;
-                    mbar_arrive(&full[s]);  // each lane releases its own stores to the waiters
+                    __syncwarp();  // the warp's stores before lane 0's release
+                    if (lane == 0) mbar_arrive(&full[s]);
                     if (++s == STAGES) s = 0, phase ^= 1;
                 }
             }
@@ -520,11 +520,10 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
         // The stage's last reader hands it back to the producer(s).
         auto release = [&](int st) {
             const uint32_t bar = base + kEmptyOff + 8 * st;
-            mbar_arrive(bar);
-            if constexpr (CL > 1) {
-                __syncwarp();
-                if (lane == 0)
-                    for (int c = 1; c < CL; ++c) mbar_arrive_cluster(bar, (rank + c) % CL);
+            __syncwarp();  // the warp's reads of the stage (scales) before lane 0's release
+            if (lane == 0) {
+                mbar_arrive(bar);
+                for (int c = 1; c < CL; ++c) mbar_arrive_cluster(bar, (rank + c) % CL);
             }
         };
         // a += part · scale; with `first` (a kDefer tile's first K block) a = part · scale, so acc
