@@ -236,6 +236,18 @@ TEST(GemmFp8Cuda, EveryTileShapeSplitClusterAndTheResidual) {
                 }
 }
 
+// Split K where the splits would not all fit on the GPU at once: the launch splits fewer ways (a
+// tile's last split waits for the others, so each needs a CTA of its own) — 100 tiles split 8
+// ways run 2-way, 528 tiles unsplit — and the result stays the GEMM's.
+TEST(GemmFp8Cuda, SplitsBeyondOneWaveRunFewer) {
+    REQUIRE_GPU();
+    ThreadPool pool(0);
+    GemmWorkspace ws;
+    run_dense(Fp8Operands(64, 6400, 1040, 91), GemmConfig{64, 64, 8, 1}, &ws, true, pool);
+    run_dense(Fp8Operands(1024, 2112, 1040, 92), GemmConfig{64, 64, 8, 1}, &ws, false, pool);
+    run_dense(Fp8Operands(1024, 2112, 1040, 93), GemmConfig{128, 128, 8, 2}, &ws, false, pool);
+}
+
 TEST(TransposeScalesCuda, MatchesHostTranspose) {
     REQUIRE_GPU();
     for (auto [M, nb] : {std::pair{1, 1}, {33, 56}, {1001, 12}, {64, 144}}) {

@@ -8,7 +8,8 @@
 // fallback. Rows re-swept on 2026-12-03, the cuBLASLt rows again once x's scales no longer needed a
 // transpose; on 2026-12-04 the prefill rows of q_b, kv_b and the shared down projection moved back to
 // the tile kernel (three runs each), and qkv_a's past M = 1024 to the 128 × 192 tile (PERF.md, "The
-// tile table at prefill sizes").
+// tile table at prefill sizes"); the dense MLP's down projection at M <= 64 to 64 × 64 split 2 once
+// the 64 × 64 tiles' scale loader looked ahead (PERF.md, nineteenth session).
 #include <algorithm>
 #include <array>
 
@@ -53,7 +54,7 @@ constexpr std::array kTable = {
     Row{36864, 7168, 64, {64, 64, 1, 1}},     Row{36864, 7168, 128, lt({64, 128, 1, 2})},
     Row{36864, 7168, 256, lt({128, 128, 1, 1})}, Row{36864, 7168, 1 << 30, lt({128, 256, 1, 2})},
     // the dense layers' MLP down 7168 × 18432
-    Row{7168, 18432, 64, {64, 128, 2, 1}},    Row{7168, 18432, 128, lt({64, 128, 2, 2})},
+    Row{7168, 18432, 64, {64, 64, 2, 1}},     Row{7168, 18432, 128, lt({64, 128, 2, 2})},
     Row{7168, 18432, 256, lt({128, 256, 2, 2})}, Row{7168, 18432, 1 << 30, lt({128, 256, 1, 2})},
 };
 // clang-format on

@@ -14,10 +14,13 @@
 //    two partials instead: K block kb + 1's wgmmas run while kb's partial is promoted.
 // The ring runs across tiles, so the producer loads the next tile while consumers finish one.
 //
-// Split-K (dense only): tile t's K blocks are cut into `splits` ranges; each CTA stores its f32
-// partial tile to the workspace in fragment order, and the last of the splits to arrive (a
-// counter per tile, reset by that CTA) adds the others in split order and writes bf16 — one
-// kernel, deterministic, no memset.
+// Split-K (dense only): tile t's K blocks are cut into `splits` ranges, each in a CTA of its own;
+// each split but the last stores its f32 partial tile to the workspace in fragment order and
+// counts itself on the tile's counter; the last split waits for the count, adds the others'
+// partials in split order and its own, resets the counter and writes bf16 — one kernel,
+// deterministic, no memset. Against the earlier protocol (every split stored and counted, the
+// last to arrive reloaded all of them) the M = 64 split GEMMs run 0.6-2.7 µs faster (o_proj 34.1
+// against 36.8 µs; PERF.md, nineteenth session).
 //
 // Cluster pairs: two CTAs on tiles stacked along M fetch half of their shared W tile each and
 // multicast it to both. In the contiguous layout a pair may straddle two experts' blocks; then
@@ -31,6 +34,7 @@
 #include <cuda.h>
 #include <cuda_bf16.h>
 
+#include <cuda/atomic>
 #include <string>
 
 #include "fanout/core/cuda_check.h"
@@ -88,6 +92,8 @@ struct Params {
     int splits, kb_per_split;  // dense split-K
     float* partials;
     int* counters;
+    size_t partial_capacity;      // floats at `partials`
+    int counter_capacity;         // ints at `counters`
     const int32_t* block_expert;  // contiguous
     const int32_t* counts;        // masked
     int num_experts;
@@ -246,7 +252,6 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     uint64_t* full = reinterpret_cast<uint64_t*>(smem + kFullOff);
     uint64_t* empty = reinterpret_cast<uint64_t*>(smem + kEmptyOff);
     __shared__ int prefix[L == Layout::kMasked ? kMaxExperts + 1 : 1];
-    __shared__ int last_arrival;
 
     const Scheduler<BM, BN, L, CL> sched{p, prefix, (p.rows + BM - 1) / BM};
     const int rank = CL > 1 ? static_cast<int>(cluster_rank()) : 0;
@@ -358,33 +363,49 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
             }
         } else if (threadIdx.x / 32 == 1) {
             // The scale loader (warp 1): each stage's sx column and sw values into shared memory,
-            // STAGES K blocks ahead of the consumers, so their strided loads never stall them.
+            // STAGES K blocks ahead of the consumers, so their strided loads never stall them. On
+            // the 64 × 64 tiles the loads of a tile's next kScaleDepth K blocks are in flight while
+            // it waits for a stage: one K block's loads at a time made its L2 misses a serial chain
+            // beside the memory-bound decode tiles (PERF.md, nineteenth session; q_b's 64 × 128
+            // tile lost 1-3 µs with it).
             const int lane = threadIdx.x % 32;
             int s = 0;
             uint32_t phase = 0;
+            constexpr int kScaleDepth = kPipelined ? 4 : 1;  // taller tiles spill at 56 registers
             for (int t = first; t < total; t += stride) {
                 const Tile tile = sched.get(t, rank);
                 if (tile.skip) continue;
-                for (int kb = tile.kb0; kb < tile.kb1; ++kb) {
-                    float* dst = scales + s * kScaleFloats;
-                    float v[BM / 32], w = 0.0f;
+                float v[kScaleDepth][BM / 32], w[kScaleDepth];
+                auto load = [&](int kb, float(&vv)[BM / 32], float& ww) {
 #pragma unroll
                     for (int i = 0; i < BM / 32; ++i) {
                         const int r = lane + 32 * i;
-                        v[i] = r < tile.rows ? __ldg(p.sx + static_cast<size_t>(tile.a_row + r) * p.nkb + kb) : 0.0f;
+                        vv[i] = r < tile.rows ? __ldg(p.sx + static_cast<size_t>(tile.a_row + r) * p.nkb + kb) : 0.0f;
                     }
+                    ww = 0.0f;
                     if (lane < kWScales) {
                         const int col = kChunked ? 64 * lane : lane * kWN;  // the value's first column in the tile
                         const int blk = kChunked ? (tile.n0 % kBK + col) / kBK : lane;  // its W block after n0's
-                        if (tile.n0 + col < p.N) w = __ldg(p.sw + tile.sw_base + blk * p.nkb + kb);
+                        if (tile.n0 + col < p.N) ww = __ldg(p.sw + tile.sw_base + blk * p.nkb + kb);
                     }
-                    mbar_wait(&empty[s], phase ^ 1);
+                };
 #pragma unroll
-                    for (int i = 0; i < BM / 32; ++i) dst[lane + 32 * i] = v[i];
-                    if (lane < kWScales) dst[BM + lane] = w;
-                    __syncwarp();  // the warp's stores before lane 0's release
-                    if (lane == 0) mbar_arrive(&full[s]);
-                    if (++s == STAGES) s = 0, phase ^= 1;
+                for (int j = 0; j < kScaleDepth; ++j)
+                    if (tile.kb0 + j < tile.kb1) load(tile.kb0 + j, v[j], w[j]);
+                for (int kb = tile.kb0; kb < tile.kb1; kb += kScaleDepth) {
+#pragma unroll
+                    for (int j = 0; j < kScaleDepth; ++j) {  // unrolled: v[j] stays in registers
+                        if (kb + j >= tile.kb1) break;
+                        float* dst = scales + s * kScaleFloats;
+                        mbar_wait(&empty[s], phase ^ 1);
+#pragma unroll
+                        for (int i = 0; i < BM / 32; ++i) dst[lane + 32 * i] = v[j][i];
+                        if (lane < kWScales) dst[BM + lane] = w[j];
+                        __syncwarp();  // the warp's stores before lane 0's release
+                        if (lane == 0) mbar_arrive(&full[s]);
+                        if (++s == STAGES) s = 0, phase ^= 1;
+                        if (kb + j + kScaleDepth < tile.kb1) load(kb + j + kScaleDepth, v[j], w[j]);
+                    }
                 }
             }
         }
@@ -651,33 +672,36 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
 
         if constexpr (L == Layout::kDense) {
             if (p.splits > 1) {
-                constexpr int kThreads = kConsumers * 128;
-                float4* mine = reinterpret_cast<float4*>(p.partials) +
-                               (static_cast<size_t>(tile.id) * p.splits + tile.split) * (kThreads * kAcc / 4);
-                // Each float4 holds a quad with its pairs swapped (acc[1], acc[0], acc[3], acc[2]), read
-                // back the same way. A 16-byte store needs its four registers consecutive and aligned,
-                // so in plain order acc[j] would share the parity of the wgmma fragment's part[j], and
-                // every promotion FFMA would read two operands from one register bank. Swapped, ptxas
-                // gives acc[j] the other parity (as in the grouped layouts, which have no such store).
+                constexpr int kThreads = kConsumers * 128, kSlot = kThreads * kAcc / 4;  // float4s per split
+                float4* all = reinterpret_cast<float4*>(p.partials) + static_cast<size_t>(tile.id) * p.splits * kSlot;
+                cuda::atomic_ref<int, cuda::thread_scope_device> stored(p.counters[tile.id]);
+                if (tile.split < p.splits - 1) {
+                    // Each float4 holds a quad with its pairs swapped (acc[1], acc[0], acc[3],
+                    // acc[2]), read back the same way. A 16-byte store needs its four registers
+                    // consecutive and aligned, so in plain order acc[j] would share the parity of
+                    // the wgmma fragment's part[j], and every promotion FFMA would read two operands
+                    // from one register bank. Swapped, ptxas gives acc[j] the other parity (as in
+                    // the grouped layouts, which have no such store).
+                    float4* mine = all + static_cast<size_t>(tile.split) * kSlot;
 #pragma unroll
-                for (int i = 0; i < kAcc / 4; ++i)
-                    mine[i * kThreads + ctid] = make_float4(acc[4 * i + 1], acc[4 * i], acc[4 * i + 3], acc[4 * i + 2]);
-                __threadfence();
-                named_barrier(1, kThreads);
+                    for (int i = 0; i < kAcc / 4; ++i)
+                        mine[i * kThreads + ctid] =
+                            make_float4(acc[4 * i + 1], acc[4 * i], acc[4 * i + 3], acc[4 * i + 2]);
+                    named_barrier(1, kThreads);  // every consumer's stores before the one release
+                    if (ctid == 0) stored.fetch_add(1, cuda::memory_order_release);
+                    continue;
+                }
+                // The last split adds the others' partials to its own in split order (the sum does
+                // not depend on who finishes first) once all of them are stored. Its wait cannot
+                // block them: the launch keeps every unit in a CTA of its own (no CTA waits behind
+                // a later one), and CTAs start in order.
                 if (ctid == 0) {
-                    const int before = atomicAdd(&p.counters[tile.id], 1);
-                    last_arrival = before == p.splits - 1;
-                    if (last_arrival) p.counters[tile.id] = 0;
+                    while (stored.load(cuda::memory_order_acquire) != p.splits - 1) __nanosleep(32);
+                    stored.store(0, cuda::memory_order_relaxed);  // for the next launch
                 }
                 named_barrier(1, kThreads);
-                if (!last_arrival) continue;
-                __threadfence();
-                const float4* all = reinterpret_cast<const float4*>(p.partials) +
-                                    static_cast<size_t>(tile.id) * p.splits * (kThreads * kAcc / 4);
-#pragma unroll
-                for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
-                for (int sp = 0; sp < p.splits; ++sp) {  // in split order: the sum does not depend on arrival
-                    const float4* src = all + static_cast<size_t>(sp) * (kThreads * kAcc / 4);
+                for (int sp = 0; sp < p.splits - 1; ++sp) {  // a split's loads all in flight at once
+                    const float4* src = all + static_cast<size_t>(sp) * kSlot;
 #pragma unroll
                     for (int i = 0; i < kAcc / 4; ++i) {
                         const float4 v = __ldcg(src + i * kThreads + ctid);
@@ -790,7 +814,23 @@ void launch_config(const Operands& o, const Params& p, cudaStream_t stream) {
             return clusters;
         }
     }();
-    const int units = o.units > 0 ? std::min(o.units, max_units) : max_units;
+    Params q = p;
+    int units = o.units > 0 ? std::min(o.units, max_units) : max_units;
+    if (L == Layout::kDense && p.splits > 1 && o.units > max_units) {
+        // A tile's last split waits for its others (the kernel's split-K), so every unit needs a
+        // CTA of its own: fewer splits, or none, where the tiles alone fill the GPU.
+        const int per_split = o.units / p.splits, splits = std::max(1, max_units / per_split);
+        q.kb_per_split = (p.nkb + splits - 1) / splits;
+        q.splits = (p.nkb + q.kb_per_split - 1) / q.kb_per_split;
+        units = std::min(per_split * q.splits, max_units);
+    }
+    if (L == Layout::kDense && q.splits > 1) {
+        const int tiles = static_cast<int>((o.x_rows + BM - 1) / BM) * p.n_blocks;
+        const size_t need = static_cast<size_t>(tiles) * q.splits * BM * BN;
+        FANOUT_DEVICE_REQUIRE(need <= q.partial_capacity && tiles <= q.counter_capacity,
+                              "gemm_fp8: split-K workspace too small (" + std::to_string(need * 4) + " bytes, " +
+                                  std::to_string(tiles) + " counters needed)");
+    }
     launch.gridDim = dim3(CL * units);
     // The last row block of a dense x that ends inside it (a decode step: M = 2 for one request
     // with MTP, or M = 200 on 128-row tiles) is loaded in a box of its rows rounded up to 8, not of
@@ -802,7 +842,6 @@ void launch_config(const Operands& o, const Params& p, cudaStream_t stream) {
     const CUtensorMap tx = tmap_rows_by_k(o.x, o.x_rows, p.K, BM);
     const CUtensorMap tx_tail = tail_rows == uint32_t(BM) ? tx : tmap_rows_by_k(o.x, o.x_rows, p.K, tail_rows);
     const CUtensorMap tw = tmap_rows_by_k(o.w, o.w_rows, p.K, BN / CL);
-    Params q = p;
     q.x_tail_rows = static_cast<int>(tail_rows);
     q.tma_store = p.N % 8 == 0 && reinterpret_cast<uintptr_t>(p.y) % 16 == 0;
     const CUtensorMap ty = q.tma_store ? tmap_y(p.y, o.x_rows, p.N) : tx;
@@ -896,17 +935,15 @@ void launch_gemm_fp8(const uint8_t* x, const float* sx, const uint8_t* w, const 
     if (cfg.block_m == 0) cfg = pick_gemm_config(M, N, K, sms, workspace != nullptr);
     Params p = base_params(sx, sw, y, M, N, K, cfg.block_n);
     p.residual = reinterpret_cast<const __nv_bfloat16*>(residual);
-    const int m_blocks = (M + cfg.block_m - 1) / cfg.block_m, tiles = m_blocks * p.n_blocks;
+    const int m_blocks = (M + cfg.block_m - 1) / cfg.block_m;
     if (cfg.splits > 1) {
         FANOUT_DEVICE_REQUIRE(workspace != nullptr, "gemm_fp8: split-K needs a GemmWorkspace");
         p.kb_per_split = (p.nkb + cfg.splits - 1) / cfg.splits;
         p.splits = (p.nkb + p.kb_per_split - 1) / p.kb_per_split;  // no empty split
-        const size_t need = static_cast<size_t>(tiles) * p.splits * cfg.block_m * cfg.block_n;
-        FANOUT_DEVICE_REQUIRE(need <= workspace->partial_floats && tiles <= workspace->num_counters,
-                              "gemm_fp8: split-K workspace too small (" + std::to_string(need * 4) + " bytes, " +
-                                  std::to_string(tiles) + " counters needed)");
         p.partials = workspace->partials;
         p.counters = workspace->counters;
+        p.partial_capacity = workspace->partial_floats;
+        p.counter_capacity = workspace->num_counters;
     }
     const int units = ((m_blocks + cfg.cluster - 1) / cfg.cluster) * p.n_blocks * p.splits;
     launch_layout<Layout::kDense>(cfg, {x, uint64_t(M), w, uint64_t(N), units}, p,
