@@ -371,7 +371,7 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
             const int lane = threadIdx.x % 32;
             int s = 0;
             uint32_t phase = 0;
-            constexpr int kScaleDepth = kPipelined ? 4 : 1;  // taller tiles spill at 56 registers
+            constexpr int kScaleDepth = kPipelined ? 4 : 1;  // the 64 × 64 tiles only (above)
             for (int t = first; t < total; t += stride) {
                 const Tile tile = sched.get(t, rank);
                 if (tile.skip) continue;
