@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# NOT RUN (written in the nineteenth session for the first session that is lent nvidia-h200-x2).
+# Issue 19 item 6: EP dispatch/combine latency on two H200s against its targets (128 tokens per
+# rank <= 19 + 27 µs, 1 token per rank <= 12 µs each; pplx-kernels 25.2 + 35.7 at 128). Pack the
+# carry as usual (no extra binaries), then run from the repository root with
+# kind nvidia-h200-x2. The EP suites and the layer through scripts/gpu_ep_check.sh (its bench comm
+# at the default points), then bench comm at the item's two points twice more.
+set -u
+source scripts/device_env.sh
+OUT=$OUT bash scripts/gpu_ep_check.sh $B > $L/gpu_ep_check.txt 2>&1
+echo "gpu_ep_check rc=$? t=$(( $(date +%s) - t0 ))" >> $S; grep -E "^(PASS|FAIL)" $L/gpu_ep_check.txt >> $S
+for i in 1 2; do
+  run_line "comm $i" comm.$i $B/apps/fanout bench comm --tokens 1,128 --json $L/comm.$i.json
+done
+cd $OUT && tar czf logs.tgz logs && rm -rf logs
+cat $S
