@@ -83,6 +83,7 @@ LayerLimits layer_limits(const io::ModelConfig& c, const CudaModelOptions& opts)
 LayerLimits microbatch_limits(const io::ModelConfig& c, const CudaModelOptions& opts) {
     LayerLimits l = layer_limits(c, opts);
     l.mha_buffers_lent = l.max_prefill_ctx > 0;  // the first exec's (share_mha_buffers: one stream, in turn)
+    l.shared_beside = false;                     // it only runs through run_microbatched
     if (opts.microbatch_ep) l.max_dispatch_m = opts.microbatch_ep->config().rows_per_expert();
     return l;
 }
