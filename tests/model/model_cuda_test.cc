@@ -365,7 +365,7 @@ TEST(TinyBf16Cuda, MtpDraftsMatchCpuWithRoutingPinned) {
                           .build(),
                       rows, false);
     const std::vector<int32_t> chained_draft =
-        gpu.draft_mtp(StepBatchBuilder(blocks).add(chain_tok, T - 1, gseq, L::kLast).build(), {{T - 2}}, true);
+        gpu.draft_mtp(StepBatchBuilder(blocks).add(chain_tok, T - 1, gseq, L::kLast).build(), {{int(T - 2)}}, true);
     ASSERT_EQ(main_tokens.size(), size_t(T));
     ASSERT_EQ(drafts.size(), size_t(T - 1));
     ASSERT_EQ(chained_draft.size(), 1u);

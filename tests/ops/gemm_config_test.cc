@@ -109,6 +109,9 @@ TEST(GemmConfig, TheTableNamesOnlyTilesThatExist) {
     EXPECT_FALSE(gemm_fp8_tile_exists(192, 256, true));
     EXPECT_FALSE(gemm_fp8_tile_exists(256, 128, true));
     EXPECT_FALSE(gemm_fp8_tile_exists(0, 0, true));
+    // The launch's error names the tiles there are, for the layout asked for.
+    EXPECT_EQ(gemm_fp8_tile_list(true), "64×64, 64×128, 64×256, 128×64, 128×128, 128×192, 128×256, 192×128");
+    EXPECT_EQ(gemm_fp8_tile_list(false), "64×64, 64×128, 64×256, 128×64, 128×128, 128×256, 192×128");
     const std::pair<int, int> v3[] = {{2112, 7168}, {24576, 1536}, {32768, 512},  {7168, 16384},
                                       {4096, 7168}, {7168, 2048},  {36864, 7168}, {7168, 18432}};
     for (const auto& [N, K] : v3)

@@ -188,7 +188,9 @@ TEST(GlueCuda, KvAppendMatchesCpuChain) {
     }
     EXPECT_LT(rel(g, r), 1e-2);
     for (size_t s = 0; s < written.size(); ++s)
-        if (!written[s]) ASSERT_EQ(got[s * (C + rope)], 0xffff) << "slot " << s << " was written";
+        if (!written[s]) {
+            ASSERT_EQ(got[s * (C + rope)], 0xffff) << "slot " << s << " was written";
+        }
 }
 
 // The FP8 append: each entry as quantize_latent_entry_fp8 makes it of the CPU chain's values — up
@@ -197,7 +199,7 @@ TEST(GlueCuda, KvAppendMatchesCpuChain) {
 // model's widths (one group of 64), with a partial last group, and at V3's; other slots untouched.
 TEST(GlueCuda, KvAppendFp8MatchesCpuQuantization) {
     REQUIRE_GPU();
-    for (const auto [C, rope] : {std::pair{64, 16}, std::pair{200, 8}, std::pair{512, 64}}) {
+    for (const auto& [C, rope] : {std::pair{64, 16}, std::pair{200, 8}, std::pair{512, 64}}) {
         const AppendCase a = append_case(7, C, rope);
         const MlaFp8Layout L{C, rope};
         const size_t E = size_t(L.entry_bytes()), slots_n = 3 * 64;
@@ -234,7 +236,9 @@ TEST(GlueCuda, KvAppendFp8MatchesCpuQuantization) {
         }
         EXPECT_LT(rel(all_got, all_ref), 5e-2) << "kv_lora " << C;  // e4m3: ~2–3% rms
         for (size_t sl = 0; sl < slots_n; ++sl)
-            if (!written[sl]) ASSERT_EQ(got[sl * E], 0xff) << "slot " << sl << " was written";
+            if (!written[sl]) {
+                ASSERT_EQ(got[sl * E], 0xff) << "slot " << sl << " was written";
+            }
     }
 }
 
@@ -242,7 +246,7 @@ TEST(GlueCuda, KvAppendFp8MatchesCpuQuantization) {
 // values, bit for bit, for several requests out of scattered blocks.
 TEST(GlueCuda, GatherLatentFp8DequantizesEntries) {
     REQUIRE_GPU();
-    for (const auto [C, rope] : {std::pair{64, 16}, std::pair{200, 8}}) {
+    for (const auto& [C, rope] : {std::pair{64, 16}, std::pair{200, 8}}) {
         const MlaFp8Layout L{C, rope};
         const int bs = 16, max_blocks = 4, num_blocks = 12, E = int(L.entry_bytes());
         const auto values = random_bf16(size_t(num_blocks) * bs * (C + rope), 22, 2.0f);
@@ -283,7 +287,7 @@ TEST(GlueCuda, GatherLatentFp8DequantizesEntries) {
 TEST(GlueCuda, GatherLatentOfSeveralRequestsCopiesTheirEntries) {
     REQUIRE_GPU();
     // 40 + 8: the 16-byte copies; 36 + 6: value by value (rows not a multiple of 16 bytes).
-    for (const auto [C, rope] : {std::pair{40, 8}, std::pair{36, 6}}) {
+    for (const auto& [C, rope] : {std::pair{40, 8}, std::pair{36, 6}}) {
         const int E = C + rope, bs = 16, max_blocks = 4, num_blocks = 12;
         const auto cache = random_bf16(size_t(num_blocks) * bs * E, 21);
         const std::vector<int32_t> lens = {37, 1, 64, 16};

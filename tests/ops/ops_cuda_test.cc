@@ -341,6 +341,26 @@ TEST(GemmFp8Cuda, SplitKWithoutWorkspaceIsAnError) {
     EXPECT_NE(msg.find("GemmWorkspace"), std::string::npos) << msg;
 }
 
+// A tile the kernel is not built for (the n192 tile outside the dense layout, 64 × 192 anywhere)
+// is refused with the list of those it has.
+TEST(GemmFp8Cuda, UnbuiltTileIsAnError) {
+    REQUIRE_GPU();
+    DeviceBuffer<uint8_t> x(128 * 256), w(2 * 192 * 256);
+    DeviceBuffer<float> s(128 * 4);
+    DeviceBuffer<uint16_t> y(128 * 192);
+    DeviceBuffer<int32_t> counts(2);
+    const std::string dense = fanout::testing::error_of([&] {
+        launch_gemm_fp8(x.ptr, s.ptr, w.ptr, s.ptr, y.ptr, 64, 192, 256, nullptr, nullptr, nullptr, {64, 192, 1});
+    });
+    EXPECT_NE(dense.find("block_m 64 × block_n 192"), std::string::npos) << dense;
+    EXPECT_NE(dense.find(gemm_fp8_tile_list(true)), std::string::npos) << dense;
+    const std::string masked = fanout::testing::error_of([&] {
+        launch_grouped_gemm_fp8_masked(x.ptr, s.ptr, counts.ptr, 2, 64, w.ptr, s.ptr, 192, 256, y.ptr, 64, nullptr,
+                                       {128, 192, 1});
+    });
+    EXPECT_NE(masked.find("(have " + gemm_fp8_tile_list(false) + ")"), std::string::npos) << masked;
+}
+
 TEST(GroupedGemmFp8Cuda, ContiguousMatchesCpuReference) {
     REQUIRE_GPU();
     ThreadPool pool(0);

@@ -254,7 +254,7 @@ BufferElems buffer_elems(const io::ModelConfig& c, const LayerLimits& lim_in) {
         const size_t Is = static_cast<size_t>(c.moe_intermediate_size * c.n_shared_experts);
         n.shared_q = T * Is;
         n.shared_s = T * static_cast<size_t>(ops::ceil_div(static_cast<int64_t>(Is), ops::kFp8Block));
-        n.side_context = lim_in.shared_beside ? ops::DeviceContext::workspace_bytes() : 0;
+        n.side_context = lim_in.shared_beside ? ops::DeviceContext::workspace_bytes(ops::ContextScratch::kGemms) : 0;
     }
     return n;
 }
@@ -341,7 +341,7 @@ CudaLayerExec::CudaLayerExec(const io::ModelConfig& c, const ops::RopeTable& rop
         b.shared_s = DeviceArray<float>(n.shared_s);
     }
     if (n.side_context > 0) {
-        side_ = std::make_unique<ops::DeviceContext>();
+        side_ = std::make_unique<ops::DeviceContext>(ops::ContextScratch::kGemms);
         FANOUT_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
         FANOUT_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
     }

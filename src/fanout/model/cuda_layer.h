@@ -129,8 +129,9 @@ struct LayerLimits {
     // widths and 16,384 keys) are another exec's, lent by share_mha_buffers(): not allocated here.
     bool mha_buffers_lent = false;
     bool fp8_experts = true;  // the experts run FP8 (else bf16): only that kind's buffers are made
-    // MoE layers with a shared expert: a side stream's DeviceContext for it (run() puts it beside
-    // the dispatch). False for an exec that only runs through run_microbatched, on one stream.
+    // MoE layers with a shared expert: a side stream's DeviceContext for it, GEMM scratch only
+    // (run() puts it beside the dispatch). False for an exec that only runs through
+    // run_microbatched, on one stream.
     bool shared_beside = true;
 };
 

@@ -13,7 +13,8 @@ BlasPlan::~BlasPlan() {
     if (desc) cublasLtMatmulDescDestroy(desc);
 }
 
-DeviceContext::DeviceContext() {
+DeviceContext::DeviceContext(ContextScratch scratch)
+    : mla_ws_(scratch == ContextScratch::kAll ? MlaWorkspace::kDefaultBytes : 0) {
     FANOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     owns_stream_ = true;
     init();
@@ -43,9 +44,9 @@ DeviceContext::~DeviceContext() {
     if (owns_stream_) cudaStreamDestroy(stream_);
 }
 
-size_t DeviceContext::workspace_bytes() {
+size_t DeviceContext::workspace_bytes(ContextScratch scratch) {
     return kBlasWorkspaceBytes + kFp8ScaleScratchFloats * sizeof(float) + 2 * sizeof(int) +
-           GemmWorkspace::kDefaultBytes + MlaWorkspace::kDefaultBytes;
+           GemmWorkspace::kDefaultBytes + (scratch == ContextScratch::kAll ? MlaWorkspace::kDefaultBytes : 0);
 }
 
 namespace {

@@ -36,11 +36,15 @@ struct BlasPlan {
 // the largest power of two dividing both strides' bytes, at most 16.
 uint32_t strided_alignment(int64_t ld, int64_t stride);
 
+// The launches a context has scratch for: every kernel, or GEMMs only — a side stream that runs an
+// MLP (the MoE layer's shared expert) leaves out the MLA decode's 40 MB of partials.
+enum class ContextScratch { kAll, kGemms };
+
 class DeviceContext {
   public:
     static constexpr size_t kBlasWorkspaceBytes = size_t{32} << 20;
     // On the current device with a stream of its own (non-blocking).
-    DeviceContext();
+    explicit DeviceContext(ContextScratch scratch = ContextScratch::kAll);
     // On the current device over `stream`, borrowed (nullptr: the legacy default stream — tests
     // that mix these launches with synchronous copies).
     explicit DeviceContext(cudaStream_t stream);
@@ -70,10 +74,11 @@ class DeviceContext {
     // MHA-form prefill): such a kernel leaves them zero when it ends.
     int* work_counters() const { return work_counters_; }
     GemmWorkspace& gemm_workspace() { return gemm_ws_; }
+    // Empty (0 bytes: the attention never splits its keys) in a kGemms context.
     MlaWorkspace& mla_workspace() { return mla_ws_; }
 
     // Device bytes a context allocates (its workspaces), for memory plans.
-    static size_t workspace_bytes();
+    static size_t workspace_bytes(ContextScratch scratch = ContextScratch::kAll);
 
   private:
     void init();

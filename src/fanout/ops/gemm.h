@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "fanout/core/thread_pool.h"
 #include "fanout/ops/fp8_constants.h"
@@ -42,9 +43,19 @@ struct GemmConfig {
     bool cublaslt = false;
 };
 
-// Whether the FP8 tile kernel is built for block_m × block_n (in the dense layout, or in the
-// grouped ones): the list gemm_fp8_sm90.cu's launch instantiates, for sweeps and tests to walk.
+// The FP8 tile kernel's CTA tiles, the one list gemm_fp8_sm90.cu's launch instantiates (for the
+// dense layout only where dense_only; each with clusters of 1 and 2).
+struct GemmFp8Tile {
+    int block_m, block_n;
+    bool dense_only;
+};
+inline constexpr GemmFp8Tile kGemmFp8Tiles[] = {{64, 64, false},   {64, 128, false},  {64, 256, false},
+                                                {128, 64, false},  {128, 128, false}, {128, 192, true},
+                                                {128, 256, false}, {192, 128, false}};
+// Whether the tile kernel is built for block_m × block_n in the dense layout (dense) or in the
+// grouped ones, for sweeps and tests to walk; and those tiles as text ("64×64, …"), for errors.
 bool gemm_fp8_tile_exists(int block_m, int block_n, bool dense);
+std::string gemm_fp8_tile_list(bool dense);
 
 // The measured choice for a dense shape on a GPU with `num_sms` multiprocessors; splits > 1 only
 // when `split_k_allowed` (a GemmWorkspace is at hand).

@@ -12,6 +12,8 @@
 // the 64 × 64 tiles' scale loader looked ahead (PERF.md, nineteenth session).
 #include <algorithm>
 #include <array>
+#include <iterator>
+#include <string>
 
 #include "fanout/ops/gemm.h"
 
@@ -90,9 +92,17 @@ GemmConfig pick_gemm_config(int M, int N, int K, int num_sms, bool split_k_allow
 }
 
 bool gemm_fp8_tile_exists(int block_m, int block_n, bool dense) {
-    if (block_m == 64 || block_m == 128)
-        if (block_n == 64 || block_n == 128 || block_n == 256) return true;
-    return (block_m == 192 && block_n == 128) || (dense && block_m == 128 && block_n == 192);
+    return std::any_of(std::begin(kGemmFp8Tiles), std::end(kGemmFp8Tiles), [&](const GemmFp8Tile& t) {
+        return t.block_m == block_m && t.block_n == block_n && (dense || !t.dense_only);
+    });
+}
+
+std::string gemm_fp8_tile_list(bool dense) {
+    std::string s;
+    for (const GemmFp8Tile& t : kGemmFp8Tiles)
+        if (dense || !t.dense_only)
+            s += (s.empty() ? "" : ", ") + std::to_string(t.block_m) + "×" + std::to_string(t.block_n);
+    return s;
 }
 
 ScaleOrder gemm_fp8_scale_order(int M, int N, int K, int num_sms) {

@@ -35,6 +35,7 @@
 #include <cuda_bf16.h>
 
 #include <cuda/atomic>
+#include <iterator>
 #include <string>
 
 #include "fanout/core/cuda_check.h"
@@ -92,8 +93,6 @@ struct Params {
     int splits, kb_per_split;  // dense split-K
     float* partials;
     int* counters;
-    size_t partial_capacity;      // floats at `partials`
-    int counter_capacity;         // ints at `counters`
     const int32_t* block_expert;  // contiguous
     const int32_t* counts;        // masked
     int num_experts;
@@ -770,13 +769,16 @@ constexpr int stages() {
 }
 
 // The operands of one launch: x [x_rows, K] and the stacked W [w_rows, K]; `units` tile units
-// (clusters' worth) to spread over the persistent grid, or 0 when only the device knows (masked).
+// (clusters' worth) to spread over the persistent grid, or 0 when only the device knows (masked);
+// with split K, the workspace's room (the launch checks it after capping the splits).
 struct Operands {
     const uint8_t* x;
     uint64_t x_rows;
     const uint8_t* w;
     uint64_t w_rows;
     int units;
+    size_t partial_capacity = 0;  // floats at Params::partials
+    int counter_capacity = 0;     // ints at Params::counters
 };
 
 template <int BM, int BN, Layout L, int CL>
@@ -827,7 +829,7 @@ void launch_config(const Operands& o, const Params& p, cudaStream_t stream) {
     if (L == Layout::kDense && q.splits > 1) {
         const int tiles = static_cast<int>((o.x_rows + BM - 1) / BM) * p.n_blocks;
         const size_t need = static_cast<size_t>(tiles) * q.splits * BM * BN;
-        FANOUT_DEVICE_REQUIRE(need <= q.partial_capacity && tiles <= q.counter_capacity,
+        FANOUT_DEVICE_REQUIRE(need <= o.partial_capacity && tiles <= o.counter_capacity,
                               "gemm_fp8: split-K workspace too small (" + std::to_string(need * 4) + " bytes, " +
                                   std::to_string(tiles) + " counters needed)");
     }
@@ -848,31 +850,34 @@ void launch_config(const Operands& o, const Params& p, cudaStream_t stream) {
     FANOUT_CUDA_CHECK(cudaLaunchKernelEx(&launch, kernel, tx, tx_tail, tw, ty, q));
 }
 
+// Launches kGemmFp8Tiles' entry I onward that matches cfg's tile (every entry's kernels are
+// instantiated here, for the layouts it serves).
+template <Layout L, size_t I = 0>
+void launch_tile(const GemmConfig& cfg, const Operands& o, const Params& p, cudaStream_t stream) {
+    if constexpr (I < std::size(kGemmFp8Tiles)) {
+        constexpr GemmFp8Tile t = kGemmFp8Tiles[I];
+        if constexpr (L == Layout::kDense || !t.dense_only) {
+            if (cfg.block_m == t.block_m && cfg.block_n == t.block_n) {
+                if (cfg.cluster == 2) return launch_config<t.block_m, t.block_n, L, 2>(o, p, stream);
+                return launch_config<t.block_m, t.block_n, L, 1>(o, p, stream);
+            }
+        }
+        launch_tile<L, I + 1>(cfg, o, p, stream);
+    } else {
+        FANOUT_DEVICE_REQUIRE(false, "gemm_fp8: no kernel for block_m " + std::to_string(cfg.block_m) + " × block_n " +
+                                         std::to_string(cfg.block_n) + " (have " +
+                                         gemm_fp8_tile_list(L == Layout::kDense) + ")");
+    }
+}
+
 template <Layout L>
 void launch_layout(const GemmConfig& cfg, const Operands& o, const Params& p, cudaStream_t stream) {
-    const bool pair = cfg.cluster == 2;
     FANOUT_DEVICE_REQUIRE(L != Layout::kContiguous || cfg.block_m <= 128,
                           "gemm_fp8: the contiguous layout's tiles stay inside one 128-row expert block (block_m " +
                               std::to_string(cfg.block_m) + ")");
-    FANOUT_DEVICE_REQUIRE(cfg.cluster == 1 || pair,
+    FANOUT_DEVICE_REQUIRE(cfg.cluster == 1 || cfg.cluster == 2,
                           "gemm_fp8: clusters of " + std::to_string(cfg.cluster) + " (have 1 and 2)");
-#define FANOUT_GEMM_CASE(bm, bn)                                    \
-    if (cfg.block_m == bm && cfg.block_n == bn) {                   \
-        if (pair) return launch_config<bm, bn, L, 2>(o, p, stream); \
-        return launch_config<bm, bn, L, 1>(o, p, stream);           \
-    }
-    FANOUT_GEMM_CASE(64, 64)
-    FANOUT_GEMM_CASE(64, 128)
-    FANOUT_GEMM_CASE(64, 256)
-    FANOUT_GEMM_CASE(128, 64)
-    FANOUT_GEMM_CASE(128, 128)
-    if constexpr (L == Layout::kDense) FANOUT_GEMM_CASE(128, 192)
-    FANOUT_GEMM_CASE(128, 256)
-    FANOUT_GEMM_CASE(192, 128)
-#undef FANOUT_GEMM_CASE
-    FANOUT_DEVICE_REQUIRE(false, "gemm_fp8: no kernel for block_m " + std::to_string(cfg.block_m) + " × block_n " +
-                                     std::to_string(cfg.block_n) +
-                                     " (have 64|128 × 64|128|256, 192 × 128, and dense 128 × 192)");
+    launch_tile<L>(cfg, o, p, stream);
 }
 
 void check_operands(const void* x, const void* w, int N, int K, const char* what) {
@@ -942,12 +947,14 @@ void launch_gemm_fp8(const uint8_t* x, const float* sx, const uint8_t* w, const 
         p.splits = (p.nkb + p.kb_per_split - 1) / p.kb_per_split;  // no empty split
         p.partials = workspace->partials;
         p.counters = workspace->counters;
-        p.partial_capacity = workspace->partial_floats;
-        p.counter_capacity = workspace->num_counters;
     }
     const int units = ((m_blocks + cfg.cluster - 1) / cfg.cluster) * p.n_blocks * p.splits;
-    launch_layout<Layout::kDense>(cfg, {x, uint64_t(M), w, uint64_t(N), units}, p,
-                                  static_cast<cudaStream_t>(cuda_stream));
+    Operands o{x, uint64_t(M), w, uint64_t(N), units};
+    if (workspace != nullptr) {
+        o.partial_capacity = workspace->partial_floats;
+        o.counter_capacity = workspace->num_counters;
+    }
+    launch_layout<Layout::kDense>(cfg, o, p, static_cast<cudaStream_t>(cuda_stream));
 }
 
 void launch_grouped_gemm_fp8_contiguous(const uint8_t* x, const float* sx, int rows, const int32_t* block_expert,
