@@ -7,10 +7,11 @@
 # and its whole output; gpu_suites [OPS_TEST], which
 # runs every GPU test binary of the carried build (OPS_TEST in place of ops/ops_cuda_test: a
 # variant's), the tiny microbatch check and the tiny serve check with both KV caches, one summary
-# line each; m64_line LABEL FILE BIN, which runs `BIN bench kernels --no-grouped --m 64` into
-# $L/FILE.{json,txt} and writes one summary line: the six-shape sum and every shape's time; and
-# m64_ab N NEW_BIN OLD_BIN, N rounds of m64_line for the two builds in turn (files m64.new.I and
-# m64.old.I), the A/B every GEMM change is judged by inside one call.
+# line each; kernels_line LABEL FILE BIN M, which runs `BIN bench kernels --no-grouped --m M` into
+# $L/FILE.{json,txt} and writes one summary line: the six-shape sum and every shape's time and tile
+# (m64_line LABEL FILE BIN: at M = 64); and kernels_ab N M NEW_BIN OLD_BIN, N rounds of
+# kernels_line for the two builds in turn (files mM.new.I and mM.old.I), the A/B every GEMM change
+# is judged by inside one call.
 tar xJf .carry/build.tar.xz -C .carry
 export LD_LIBRARY_PATH=$PWD/.carry/lib:/usr/local/cuda/targets/x86_64-linux/lib:$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia/nccl/lib)
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 FANOUT_CACHE=/tmp/fc
@@ -55,18 +56,20 @@ gpu_suites() {
   done
 }
 
-m64_line() {
-  local label=$1 file=$2 bin=$3
-  timeout 60 $bin bench kernels --no-grouped --m 64 --json $L/$file.json > $L/$file.txt 2>&1
-  echo "m64 $label: $(grep -A1 '^sum over' $L/$file.txt | tail -1) | $(awk 'match($0, / 64 +[0-9.]+ us/) {
-    n = substr($0, 1, RSTART - 1); sub(/ +$/, "", n); t = substr($0, RSTART + 3, RLENGTH - 3); gsub(/ /, "", t)
-    printf "%s %s; ", n, t }' $L/$file.txt)" >> $S
+kernels_line() {
+  local label=$1 file=$2 bin=$3 m=$4
+  timeout 60 $bin bench kernels --no-grouped --m $m --json $L/$file.json > $L/$file.txt 2>&1
+  echo "m$m $label: $(grep -A1 '^sum over' $L/$file.txt | tail -1) | $(awk -v m=$m 'match($0, " " m " +[0-9.]+ us [0-9a-zA-Z/]+") {
+    n = substr($0, 1, RSTART - 1); sub(/ +$/, "", n); t = substr($0, RSTART + length(m) + 1, RLENGTH - length(m) - 1)
+    gsub(/^ +/, "", t); printf "%s %s; ", n, t }' $L/$file.txt)" >> $S
 }
 
-m64_ab() {
+m64_line() { kernels_line "$1" "$2" "$3" 64; }
+
+kernels_ab() {
   local i
   for i in $(seq $1); do
-    m64_line "new $i" m64.new.$i $2
-    m64_line "old $i" m64.old.$i $3
+    kernels_line "new $i" m$2.new.$i $3 $2
+    kernels_line "old $i" m$2.old.$i $4 $2
   done
 }
