@@ -342,7 +342,7 @@ TEST(GemmFp8Cuda, SplitKWithoutWorkspaceIsAnError) {
 }
 
 // A tile the kernel is not built for (the n192 tile outside the dense layout, 64 × 192 anywhere)
-// is refused with the list of those it has.
+// is refused with the list of those it has; a zero tile width, cluster or split count too.
 TEST(GemmFp8Cuda, UnbuiltTileIsAnError) {
     REQUIRE_GPU();
     DeviceBuffer<uint8_t> x(128 * 256), w(2 * 192 * 256);
@@ -359,6 +359,12 @@ TEST(GemmFp8Cuda, UnbuiltTileIsAnError) {
                                        {128, 192, 1});
     });
     EXPECT_NE(masked.find("(have " + gemm_fp8_tile_list(false) + ")"), std::string::npos) << masked;
+    // Sizes that would divide by zero are refused before anything does.
+    for (const GemmConfig& bad : {GemmConfig{64, 0, 1}, GemmConfig{64, 64, 1, 0}, GemmConfig{64, 64, 0, 1}}) {
+        const std::string msg = fanout::testing::error_of(
+            [&] { launch_gemm_fp8(x.ptr, s.ptr, w.ptr, s.ptr, y.ptr, 64, 192, 256, nullptr, nullptr, nullptr, bad); });
+        EXPECT_NE(msg.find("gemm_fp8: "), std::string::npos) << msg;
+    }
 }
 
 TEST(GroupedGemmFp8Cuda, ContiguousMatchesCpuReference) {

@@ -7,7 +7,7 @@
 # at the default points), then bench comm at the item's two points twice more.
 set -u
 source scripts/device_env.sh
-OUT=$OUT bash scripts/gpu_ep_check.sh $B > $L/gpu_ep_check.txt 2>&1
+OUT=$L/ep bash scripts/gpu_ep_check.sh $B > $L/gpu_ep_check.txt 2>&1  # its own logs.tgz under logs/ep
 echo "gpu_ep_check rc=$? t=$(( $(date +%s) - t0 ))" >> $S; grep -E "^(PASS|FAIL)" $L/gpu_ep_check.txt >> $S
 for i in 1 2; do
   run_line "comm $i" comm.$i $B/apps/fanout bench comm --tokens 1,128 --json $L/comm.$i.json

@@ -39,6 +39,7 @@
 #include <string>
 
 #include "fanout/core/cuda_check.h"
+#include "fanout/core/per_device.h"
 #include "fanout/core/search.cuh"
 #include "fanout/ops/fp8_constants.h"
 #include "fanout/ops/gemm.h"
@@ -799,8 +800,10 @@ void launch_config(const Operands& o, const Params& p, cudaStream_t stream) {
     attr[1].val.clusterDim.z = 1;
     launch.attrs = attr;
     launch.numAttrs = CL > 1 ? 2 : 1;
-    // How many clusters fit at once (CL > 1: pairs of SMs within a GPC): the persistent grid.
-    static const int max_units = [&] {
+    // How many clusters fit at once (CL > 1: pairs of SMs within a GPC): the persistent grid. Per
+    // device, with the kernel's attributes, which CUDA keeps per device.
+    static PerDevice<int> max_units_on;
+    const int max_units = max_units_on.get([&] {
         FANOUT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         if constexpr (CL == 1) {
             int per_sm = 0;
@@ -815,7 +818,7 @@ void launch_config(const Operands& o, const Params& p, cudaStream_t stream) {
             FANOUT_DEVICE_REQUIRE(clusters > 0, "gemm_fp8: no cluster of " + std::to_string(CL) + " fits this GPU");
             return clusters;
         }
-    }();
+    });
     Params q = p;
     int units = o.units > 0 ? std::min(o.units, max_units) : max_units;
     if (L == Layout::kDense && p.splits > 1 && o.units > max_units) {
@@ -850,8 +853,8 @@ void launch_config(const Operands& o, const Params& p, cudaStream_t stream) {
     FANOUT_CUDA_CHECK(cudaLaunchKernelEx(&launch, kernel, tx, tx_tail, tw, ty, q));
 }
 
-// Launches kGemmFp8Tiles' entry I onward that matches cfg's tile (every entry's kernels are
-// instantiated here, for the layouts it serves).
+// Launches the entry of kGemmFp8Tiles from I on that matches cfg's tile (every entry's kernels are
+// instantiated here, for the layouts it serves); check_config has made sure one does.
 template <Layout L, size_t I = 0>
 void launch_tile(const GemmConfig& cfg, const Operands& o, const Params& p, cudaStream_t stream) {
     if constexpr (I < std::size(kGemmFp8Tiles)) {
@@ -865,19 +868,24 @@ void launch_tile(const GemmConfig& cfg, const Operands& o, const Params& p, cuda
         launch_tile<L, I + 1>(cfg, o, p, stream);
     } else {
         FANOUT_DEVICE_REQUIRE(false, "gemm_fp8: no kernel for block_m " + std::to_string(cfg.block_m) + " × block_n " +
-                                         std::to_string(cfg.block_n) + " (have " +
-                                         gemm_fp8_tile_list(L == Layout::kDense) + ")");
+                                         std::to_string(cfg.block_n) + " (not checked by check_config)");
     }
 }
 
-template <Layout L>
-void launch_layout(const GemmConfig& cfg, const Operands& o, const Params& p, cudaStream_t stream) {
+// The configuration of a launch (the table's, or an override's), checked before anything divides
+// by its sizes.
+void check_config(const GemmConfig& cfg, Layout L, const char* what) {
+    const bool dense = L == Layout::kDense;
+    FANOUT_DEVICE_REQUIRE(gemm_fp8_tile_exists(cfg.block_m, cfg.block_n, dense),
+                          std::string(what) + ": no kernel for block_m " + std::to_string(cfg.block_m) + " × block_n " +
+                              std::to_string(cfg.block_n) + " (have " + gemm_fp8_tile_list(dense) + ")");
     FANOUT_DEVICE_REQUIRE(L != Layout::kContiguous || cfg.block_m <= 128,
-                          "gemm_fp8: the contiguous layout's tiles stay inside one 128-row expert block (block_m " +
-                              std::to_string(cfg.block_m) + ")");
+                          std::string(what) + ": the contiguous layout's tiles stay inside one 128-row expert block " +
+                              "(block_m " + std::to_string(cfg.block_m) + ")");
     FANOUT_DEVICE_REQUIRE(cfg.cluster == 1 || cfg.cluster == 2,
-                          "gemm_fp8: clusters of " + std::to_string(cfg.cluster) + " (have 1 and 2)");
-    launch_tile<L>(cfg, o, p, stream);
+                          std::string(what) + ": clusters of " + std::to_string(cfg.cluster) + " (have 1 and 2)");
+    FANOUT_DEVICE_REQUIRE(cfg.splits >= 1,
+                          std::string(what) + ": splits must be at least 1, got " + std::to_string(cfg.splits));
 }
 
 void check_operands(const void* x, const void* w, int N, int K, const char* what) {
@@ -907,20 +915,24 @@ Params base_params(const float* sx, const float* sw, uint16_t* y, int rows, int 
 }  // namespace
 
 int device_sm_count() {
-    static const int n = [] {
+    static PerDevice<int> sms_on;
+    return sms_on.get([] {
         int dev = 0, sms = 0;
         FANOUT_CUDA_CHECK(cudaGetDevice(&dev));
         FANOUT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
         return sms;
-    }();
-    return n;
+    });
 }
 
 GemmWorkspace::GemmWorkspace(size_t partial_bytes, int counters_count)
     : partial_floats(partial_bytes / sizeof(float)), num_counters(counters_count) {
     FANOUT_CUDA_CHECK(cudaMalloc(&partials, partial_floats * sizeof(float)));
     FANOUT_CUDA_CHECK(cudaMalloc(&counters, static_cast<size_t>(num_counters) * sizeof(int)));
+    // Waited for: the memset runs on the default stream, and the GEMMs may follow on a stream that
+    // does not wait for it (a DeviceContext's is non-blocking) — a count that is not yet zero would
+    // let a last split add partials that are not there, or wait for ever.
     FANOUT_CUDA_CHECK(cudaMemset(counters, 0, static_cast<size_t>(num_counters) * sizeof(int)));
+    FANOUT_CUDA_CHECK(cudaStreamSynchronize(nullptr));
 }
 
 GemmWorkspace::~GemmWorkspace() {
@@ -938,6 +950,7 @@ void launch_gemm_fp8(const uint8_t* x, const float* sx, const uint8_t* w, const 
     check_operands(x, w, N, K, "gemm_fp8");
     const int sms = device_sm_count();
     if (cfg.block_m == 0) cfg = pick_gemm_config(M, N, K, sms, workspace != nullptr);
+    check_config(cfg, Layout::kDense, "gemm_fp8");
     Params p = base_params(sx, sw, y, M, N, K, cfg.block_n);
     p.residual = reinterpret_cast<const __nv_bfloat16*>(residual);
     const int m_blocks = (M + cfg.block_m - 1) / cfg.block_m;
@@ -954,7 +967,7 @@ void launch_gemm_fp8(const uint8_t* x, const float* sx, const uint8_t* w, const 
         o.partial_capacity = workspace->partial_floats;
         o.counter_capacity = workspace->num_counters;
     }
-    launch_layout<Layout::kDense>(cfg, o, p, static_cast<cudaStream_t>(cuda_stream));
+    launch_tile<Layout::kDense>(cfg, o, p, static_cast<cudaStream_t>(cuda_stream));
 }
 
 void launch_grouped_gemm_fp8_contiguous(const uint8_t* x, const float* sx, int rows, const int32_t* block_expert,
@@ -966,13 +979,14 @@ void launch_grouped_gemm_fp8_contiguous(const uint8_t* x, const float* sx, int r
                           "grouped_gemm_fp8_contiguous: rows must be a multiple of 128, got " + std::to_string(rows));
     FANOUT_DEVICE_REQUIRE(num_experts > 0, "grouped_gemm_fp8_contiguous: no experts");
     if (cfg.block_m == 0) cfg = {128, 256, 1, 2};
+    check_config(cfg, Layout::kContiguous, "grouped_gemm_fp8_contiguous");
     Params p = base_params(sx, sw, y, rows, N, K, cfg.block_n);
     p.block_expert = block_expert;
     p.num_experts = num_experts;
-    const int m_blocks = rows / cfg.block_m, cl = std::max(cfg.cluster, 1);  // (both checked at the launch)
-    const int units = ((m_blocks + cl - 1) / cl) * p.n_blocks;
-    launch_layout<Layout::kContiguous>(cfg, {x, uint64_t(rows), w, uint64_t(num_experts) * N, units}, p,
-                                       static_cast<cudaStream_t>(cuda_stream));
+    const int m_blocks = rows / cfg.block_m;
+    const int units = ((m_blocks + cfg.cluster - 1) / cfg.cluster) * p.n_blocks;
+    launch_tile<Layout::kContiguous>(cfg, {x, uint64_t(rows), w, uint64_t(num_experts) * N, units}, p,
+                                     static_cast<cudaStream_t>(cuda_stream));
 }
 
 void launch_grouped_gemm_fp8_masked(const uint8_t* x, const float* sx, const int32_t* counts, int num_experts,
@@ -989,11 +1003,12 @@ void launch_grouped_gemm_fp8_masked(const uint8_t* x, const float* sx, const int
     // against 74-76) but lose it inside the layer (1,024 each: 73.3 against 62.1 µs), so they stay
     // out of the default (PERF.md, 2026-12-03).
     if (cfg.block_m == 0) cfg = {128, expected_m <= 128 ? 256 : 128, 1, 1};
+    check_config(cfg, Layout::kMasked, "grouped_gemm_fp8_masked");
     Params p = base_params(sx, sw, y, max_m, N, K, cfg.block_n);
     p.counts = counts;
     p.num_experts = num_experts;
-    launch_layout<Layout::kMasked>(cfg, {x, uint64_t(num_experts) * max_m, w, uint64_t(num_experts) * N, 0}, p,
-                                   static_cast<cudaStream_t>(cuda_stream));
+    launch_tile<Layout::kMasked>(cfg, {x, uint64_t(num_experts) * max_m, w, uint64_t(num_experts) * N, 0}, p,
+                                 static_cast<cudaStream_t>(cuda_stream));
 }
 
 }  // namespace fanout::ops

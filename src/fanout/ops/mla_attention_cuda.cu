@@ -31,6 +31,7 @@
 #include <string>
 
 #include "fanout/core/cuda_check.h"
+#include "fanout/core/per_device.h"
 #include "fanout/core/search.cuh"
 #include "fanout/ops/bf16_bits.cuh"
 #include "fanout/ops/fp8_constants.h"
@@ -987,13 +988,13 @@ void launch_mla_attention(const MlaAttentionParams& p, MlaWorkspace* workspace, 
         launch_mla_attention_generic(p, workspace, cuda_stream, force_splits);
         return;
     }
-    static const bool smem_set = [] {
+    static PerDevice<bool> smem_set_on;  // the attribute is the current device's only
+    smem_set_on.get([] {
         for (auto kernel : {mla_fast_kernel<false>, mla_fast_kernel<true>})
             FANOUT_CUDA_CHECK(
                 cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kFastSmemBytes));
         return true;
-    }();
-    (void)smem_set;
+    });
     const auto stream = static_cast<cudaStream_t>(cuda_stream);
     const int64_t row_blocks = (int64_t(p.max_query_len) * p.num_heads + kRows - 1) / kRows;
     FANOUT_DEVICE_REQUIRE(row_blocks <= 0x7fffffff, "mla attention: max_query_len × heads too large");
