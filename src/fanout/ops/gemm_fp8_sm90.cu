@@ -694,7 +694,10 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
                 // The last split adds the others' partials to its own in split order (the sum does
                 // not depend on who finishes first) once all of them are stored. Its wait cannot
                 // block them: the launch keeps every unit in a CTA of its own (no CTA waits behind
-                // a later one), and CTAs start in order.
+                // a later one), and CTAs start in order of their index — with a kernel on another
+                // stream holding SMs, the splits before this one have started before it. CUDA
+                // does not promise that order, the hardware keeps it; units handed out by an
+                // atomic ticket at each CTA's start would not need it (an atomic more per CTA).
                 if (ctid == 0) {
                     while (stored.load(cuda::memory_order_acquire) != p.splits - 1) __nanosleep(32);
                     stored.store(0, cuda::memory_order_relaxed);  // for the next launch
