@@ -339,6 +339,21 @@ TEST(MlaCuda, TensorCoreKernelMatchesCpuReference) {
     run_case(big, pool, ws);
 }
 
+// One process driving several GPUs: the tensor-core kernel's shared-memory limit is set on each
+// device (devices in reverse order, so that device 0 is not the first a launch met).
+TEST(MlaCuda, EveryDeviceOfOneProcess) {
+    REQUIRE_GPU();
+    ThreadPool pool(0);
+    int devices = 0;
+    FANOUT_CUDA_CHECK(cudaGetDeviceCount(&devices));
+    for (int d = devices - 1; d >= 0; --d) {
+        FANOUT_CUDA_CHECK(cudaSetDevice(d));
+        MlaWorkspace ws;
+        run_case({"q2 on device " + std::to_string(d), 128, 512, 64, {2, 1}, {1000, 65}}, pool, ws);
+    }
+    FANOUT_CUDA_CHECK(cudaSetDevice(0));
+}
+
 // The FP8 cache through the tensor-core kernel against the reference on what it decodes to: every
 // tail position in either tile of a pair, splits, the head-major layout, peaky scores, many tile
 // pairs, and a request whose slots past kv_end hold NaN bytes. Then through the generic kernel: the

@@ -211,6 +211,23 @@ TEST(GemmFp8Cuda, MatchesCpuReferenceWithTheMeasuredTable) {
     }
 }
 
+// One process driving several GPUs (the ranks of comm/local_gpus.h): the kernel's shared-memory
+// limit and persistent grid are set for each device, not only for the first one a launch met —
+// the devices in reverse order, so that device 0 is not the first. One GPU: device 0 alone.
+TEST(GemmFp8Cuda, EveryDeviceOfOneProcess) {
+    REQUIRE_GPU();
+    ThreadPool pool(0);
+    int devices = 0;
+    FANOUT_CUDA_CHECK(cudaGetDeviceCount(&devices));
+    for (int d = devices - 1; d >= 0; --d) {
+        FANOUT_CUDA_CHECK(cudaSetDevice(d));
+        GemmWorkspace ws;
+        run_dense(Fp8Operands(129, 200, 1040, 300 + d), GemmConfig{128, 256, 3, 2}, &ws, false, pool);
+        run_dense(Fp8Operands(64, 2112, 512, 310 + d), GemmConfig{}, &ws, true, pool);
+    }
+    FANOUT_CUDA_CHECK(cudaSetDevice(0));
+}
+
 TEST(GemmFp8Cuda, EveryTileShapeSplitClusterAndTheResidual) {
     REQUIRE_GPU();
     ThreadPool pool(0);
