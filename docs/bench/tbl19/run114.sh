@@ -7,6 +7,9 @@
 # at the default points), then bench comm at the item's two points twice more.
 set -u
 source scripts/device_env.sh
+# On two GPUs: GemmFp8Cuda.EveryDeviceOfOneProcess and MlaCuda.EveryDeviceOfOneProcess (twentieth
+# session) launch on device 1 first, then 0 — the per-device kernel attributes' real check.
+for t in ops/ops_cuda_test ops/mla_cuda_test; do test_line $t; done
 OUT=$L/ep bash scripts/gpu_ep_check.sh $B > $L/gpu_ep_check.txt 2>&1  # its own logs.tgz under logs/ep
 echo "gpu_ep_check rc=$? t=$(( $(date +%s) - t0 ))" >> $S; grep -E "^(PASS|FAIL)" $L/gpu_ep_check.txt >> $S
 for i in 1 2; do

@@ -6,8 +6,10 @@
 # 128 × 192 split 2, the shared gate+up at M 129-256 on 128 × 128 split 2, both instead of
 # cuBLASLt). Checks, in order:
 #  1. every GPU suite on HEAD (the twentieth session's changes ran on no GPU: the launch's one tile
-#     list, the split-K capacities in Operands, the side context without MLA scratch, the new test
-#     GemmFp8Cuda.UnbuiltTileIsAnError; and 910fd6e's exec_mb without a side context);
+#     list and configuration check, the split-K capacities in Operands, the side context without
+#     MLA scratch, per-device kernel attributes (PerDevice), GemmWorkspace's waited memset; new
+#     tests GemmFp8Cuda.UnbuiltTileIsAnError, GemmFp8Cuda.EveryDeviceOfOneProcess,
+#     MlaCuda.EveryDeviceOfOneProcess; and 910fd6e's exec_mb without a side context);
 #  2. the M = 64 line, HEAD ("new") against b718f08 ("old") (the launch refactor must not move it);
 #  3. the MoE layer with its side stream (HEAD), the figure item 5 is judged by;
 #  4. the table patch: M = 128 and 256, patched ("new") against HEAD ("old"), three times each way.
