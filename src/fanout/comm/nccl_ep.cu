@@ -140,6 +140,9 @@ int access_width(int bytes, const void* base = nullptr) {
 // A dispatch packet's header: [0] rows in the packet, [1 + le] rows for local expert le.
 __device__ int* packet_header(uint8_t* packet) { return reinterpret_cast<int*>(packet); }
 __device__ const int* packet_header(const uint8_t* packet) { return reinterpret_cast<const int*>(packet); }
+// The rows a received packet says it holds, kept within the packet's capacity (a peer's number:
+// never a reason to read or write past the buffers).
+__device__ int packet_rows(const uint8_t* packet, int cap) { return min(max(packet_header(packet)[0], 0), cap); }
 
 // One block: the step's routing. After it, for every valid choice i = t·K + k,
 // slot[i] = dest · cap + (its row in dest's packet); the packets' headers and row metadata are
@@ -269,10 +272,11 @@ __global__ void __launch_bounds__(kCopyThreads)
     const int gwarp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32, nwarps = gridDim.x * kWarpsPerBlock;
     for (int s = 0; s < sh.world; ++s) {
         const uint8_t* packet = packet_from(s, sh.rank, send_packets, recv_packets, lay.dispatch_bytes);
-        const int n = packet_header(packet)[0];
+        const int n = packet_rows(packet, sh.cap);
         for (int i = gwarp; i < n; i += nwarps) {
             const int4 meta = reinterpret_cast<const int4*>(packet + lay.meta)[i];
-            const int le = meta.x;
+            // A local expert out of range (a malformed packet) drops the row like one past max_m.
+            const int le = min(max(meta.x, 0), sh.local_experts - 1);
             // Rows of expert le from the sources before s.
             int before = 0;
             for (int s2 = lane; s2 < s; s2 += 32)
@@ -280,7 +284,7 @@ __global__ void __launch_bounds__(kCopyThreads)
                     packet_header(packet_from(s2, sh.rank, send_packets, recv_packets, lay.dispatch_bytes))[1 + le];
             for (int o = 16; o > 0; o /= 2) before += __shfl_xor_sync(0xffffffffu, before, o);
             const int row = before + meta.y;
-            const bool kept = row < sh.max_m;
+            const bool kept = meta.x == le && row >= 0 && row < sh.max_m;
             const size_t dst = size_t(le) * sh.max_m + row;
             if (lane == 0) row_of[size_t(s) * sh.cap + i] = kept ? int(dst) : -1;
             if (!kept) continue;
@@ -301,7 +305,7 @@ __global__ void __launch_bounds__(kCopyThreads)
     const int lane = threadIdx.x % 32, row_bytes = sh.hidden * 2;
     const int gwarp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32, nwarps = gridDim.x * kWarpsPerBlock;
     for (int s = 0; s < sh.world; ++s) {
-        const int n = packet_header(packet_from(s, sh.rank, send_packets, recv_packets, lay.dispatch_bytes))[0];
+        const int n = packet_rows(packet_from(s, sh.rank, send_packets, recv_packets, lay.dispatch_bytes), sh.cap);
         uint8_t* ret = return_packets + size_t(s) * lay.return_bytes;
         for (int i = gwarp; i < n; i += nwarps) {
             const int r = row_of[size_t(s) * sh.cap + i];

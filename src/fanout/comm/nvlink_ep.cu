@@ -66,9 +66,13 @@ constexpr int kMaxLocalExperts = 1024;
 constexpr int kRowBlocks = 264;  // blocks of the row kernels: 2 per SM on an H200
 
 enum Phase : int { kPhaseCounts = 0, kPhaseRows = 1, kPhaseReturns = 2 };
+constexpr int kBadExpert = 3;  // an ErrorRecord's phase for a choice naming no expert (not a wait)
 
+// The first failure of the backend: a wait that timed out (phase, the peer, the step), or a
+// choice naming an expert outside [0, E) (kBadExpert, peer = the choice's index t·K + k,
+// value = the id; the choice is dropped and the step completes).
 struct ErrorRecord {
-    int failed, phase, peer, pad;
+    int failed, phase, peer, value;
     unsigned long long step;
 };
 
@@ -107,6 +111,7 @@ struct Params {
     char* peer_base[kMaxWorld];  // the window on each rank, as this GPU addresses it
     unsigned long long* step;    // this rank's step counter (device memory)
     unsigned int* done;          // block-completion counters of the two row kernels
+    int* aborted;                // set by the first wait to time out: every later wait gives up at once
     int32_t* chunk_index;        // [T_max, K]
     int32_t* chunk_counts;       // [chunks, E]
     uint8_t* valid;              // [T_max, K]: the choice's row was not dropped
@@ -141,7 +146,10 @@ __device__ inline unsigned long long* flag(const Params& p, int on_rank, int pha
 }
 
 // Thread 0 waits until every source's flag of `phase` (in this rank's window) reaches `step`;
-// the block continues after it. False after a timeout (recorded).
+// the block continues after it. False after a timeout (recorded), or at once while it spins once
+// any wait of this backend has timed out: a dead peer costs one timeout, not one per block, kernel
+// and layer (thousands of blocks a step, each spinning its own). The abort flag is device memory,
+// read only while a flag is not there yet, so a wait whose flags have arrived pays nothing for it.
 __device__ bool wait_all_sources(const Params& p, int phase, unsigned long long step) {
     __shared__ int ok;
     if (threadIdx.x == 0) {
@@ -150,6 +158,10 @@ __device__ bool wait_all_sources(const Params& p, int phase, unsigned long long 
         for (int s = 0; s < p.world && ok; ++s) {
             const unsigned long long* f = flag(p, p.rank, phase, s);
             while (load_acquire_sys(f) < step) {
+                if (*reinterpret_cast<volatile int*>(p.aborted) != 0) {
+                    ok = 0;
+                    break;
+                }
                 if (now_ns() - start > p.timeout_ns) {
                     if (atomicCAS(&p.error->failed, 0, 1) == 0) {
                         p.error->phase = phase;
@@ -157,6 +169,7 @@ __device__ bool wait_all_sources(const Params& p, int phase, unsigned long long 
                         p.error->step = step;
                         __threadfence_system();
                     }
+                    *reinterpret_cast<volatile int*>(p.aborted) = 1;
                     ok = 0;
                     break;
                 }
@@ -229,11 +242,25 @@ __global__ void __launch_bounds__(kThreads) counts_kernel(Params p, const int32_
         for (int r = 0; r < p.world; ++r) store_release_sys(flag(p, r, kPhaseCounts, p.rank), step);
 }
 
+// Records a choice naming no expert (the first failure only) and drops it: no row anywhere, left
+// out of the combine.
+__device__ void drop_bad_choice(const Params& p, int i, int e, unsigned long long step, int lane) {
+    if (lane != 0) return;
+    p.valid[i] = 0;
+    if (atomicCAS(&p.error->failed, 0, 1) == 0) {
+        p.error->phase = kBadExpert;
+        p.error->peer = i;
+        p.error->value = e;
+        p.error->step = step;
+        __threadfence_system();
+    }
+}
+
 // One warp stores choice i (token t) into row `row` of local expert `el` on rank `dst`, or marks it
 // dropped past max_m.
 __device__ inline void store_row(const Params& p, int i, int t, int dst, int el, int row,
                                  const uint8_t* __restrict__ tokens, const float* __restrict__ scales, int lane) {
-    const bool kept = row < p.max_m;
+    const bool kept = row >= 0 && row < p.max_m;
     if (lane == 0) p.valid[i] = kept;
     if (!kept) return;
     const size_t slot = size_t(el) * p.max_m + row;
@@ -256,6 +283,10 @@ __global__ void __launch_bounds__(kThreads)
         const int32_t* counts_all = at<int32_t>(p, p.rank, p.layout.counts_all);
         for (int i = blockIdx.x * kWarps + threadIdx.x / 32; i < T * p.K; i += gridDim.x * kWarps) {
             const int t = i / p.K, e = topk[i];
+            if (e < 0 || e >= p.E) {  // route_index counted it nowhere
+                drop_bad_choice(p, i, e, step, lane);
+                continue;
+            }
             // Rows of lower sources first, then this source's earlier choices of e.
             int row = p.chunk_index[i];
             for (int c = 0; c < t / kChunk; ++c) row += p.chunk_counts[size_t(c) * p.E + e];
@@ -274,6 +305,10 @@ __global__ void __launch_bounds__(kThreads)
     const int T = min(max(*num_tokens, 0), p.T_max), lane = threadIdx.x % 32;
     for (int i = blockIdx.x * kWarps + threadIdx.x / 32; i < T * p.K; i += gridDim.x * kWarps) {
         const int t = i / p.K, e = topk[i], dst = e / p.EL, el = e % p.EL;
+        if (e < 0 || e >= p.E) {
+            drop_bad_choice(p, i, e, step, lane);
+            continue;
+        }
         int row = 0;
         if (lane == 0) row = atomicAdd_system(at<int>(p, dst, p.layout.claims) + el, 1);
         // Past max_m only if a token named an expert twice (the router never does): dropped.
@@ -332,7 +367,10 @@ __global__ void __launch_bounds__(kThreads)
     combine_reduce_kernel(Params p, const int32_t* __restrict__ num_tokens, const float* __restrict__ weight,
                           __nv_bfloat16* __restrict__ out, bool add) {
     const int T = min(max(*num_tokens, 0), p.T_max);
-    if (static_cast<int>(blockIdx.x) >= T) return;
+    // A rank without tokens still waits (blocks of token 0): its next dispatch may store into a
+    // peer only once that peer's returns of this step arrived — after the peer reset its claims
+    // and read its rows (see the top of the file).
+    if (static_cast<int>(blockIdx.x) >= max(T, 1)) return;
     const unsigned long long step = *p.step;
     if (!wait_all_sources(p, kPhaseReturns, step)) return;
     const int end = min(p.D, static_cast<int>(blockIdx.y + 1) * kCombineChunk);
@@ -405,10 +443,13 @@ class NvlinkEp final : public ExpertParallel {
         const size_t choices = size_t(p.T_max) * p.K, chunks = (p.T_max + kChunk - 1) / kChunk;
         FANOUT_CUDA_CHECK(cudaMalloc(&scratch_, 64 + choices * 4 + chunks * p.E * 4 + choices + size_t(p.EL) * 4 +
                                                     size_t(kMaxWorld) * sizeof(char*)));
-        FANOUT_CUDA_CHECK(cudaMemset(scratch_, 0, 64));
+        // On the stream every kernel of this backend runs on (the legacy stream's memset would not
+        // be ordered before them), waited for below.
+        FANOUT_CUDA_CHECK(cudaMemsetAsync(scratch_, 0, 64, stream_));
         char* s = static_cast<char*>(scratch_);
         p.step = reinterpret_cast<unsigned long long*>(s);
         p.done = reinterpret_cast<unsigned int*>(s + 16);
+        p.aborted = reinterpret_cast<int*>(s + 32);
         s += 64;
         char** bases = reinterpret_cast<char**>(s);
         s += size_t(kMaxWorld) * sizeof(char*);
@@ -487,7 +528,17 @@ class NvlinkEp final : public ExpertParallel {
         ErrorRecord e;
         e.phase = v.phase;
         e.peer = v.peer;
+        e.value = v.value;
         e.step = v.step;
+        if (e.phase == kBadExpert)
+            ::fanout::throw_message(
+                __FILE__, __LINE__,
+                ("nvlink EP rank " + std::to_string(config_.rank) + ": token " +
+                 std::to_string(e.peer / config_.experts_per_token) + " choice " +
+                 std::to_string(e.peer % config_.experts_per_token) + " names an expert outside [0, " +
+                 std::to_string(config_.num_experts) + ") (" + std::to_string(e.value) + ") at step " +
+                 std::to_string(e.step) + "; the choice was dropped")
+                    .c_str());
         ::fanout::throw_message(__FILE__, __LINE__,
                                 ("nvlink EP rank " + std::to_string(config_.rank) + ": timed out in " +
                                  phase_name(e.phase) + " waiting for rank " + std::to_string(e.peer) + " at step " +
