@@ -120,6 +120,10 @@ class ExpertParallel {
     // GPU backends: after the caller synchronized the stream, throws fanout::Error if a device-side
     // wait timed out (naming the peer and the phase). Host backends fail inside the calls instead.
     virtual void raise_if_failed() {}
+    // GPU backends: the stream (a cudaStream_t) every call enqueues on, which the caller's kernels
+    // around the calls must share (the dispatch reads the top-k the caller just wrote); nullptr for
+    // host backends.
+    virtual void* device_stream() const { return nullptr; }
 };
 
 }  // namespace fanout::comm

@@ -9,7 +9,7 @@
 
 namespace fanout::comm {
 
-LocalGpus::LocalGpus(int world) : comms_(world, nullptr), streams_(world, nullptr), barrier_(world) {
+LocalGpus::LocalGpus(int world) : comms_(world, nullptr), streams_(world, nullptr) {
     FANOUT_CHECK(world >= 1, "LocalGpus: world must be >= 1, got {}", world);
     setenv("NCCL_NVLS_ENABLE", "0", 0);  // never NVLink multicast (the shared machines forbid it)
     ncclUniqueId id;
@@ -35,6 +35,8 @@ LocalGpus::~LocalGpus() {
 
 std::vector<std::string> LocalGpus::run(const std::function<void(int)>& fn) {
     std::vector<std::string> failures(comms_.size());
+    barrier_ = std::make_unique<std::barrier<>>(world());
+    failed_ = false;
     std::vector<std::thread> threads;
     for (int r = 0; r < world(); ++r)
         threads.emplace_back([&, r] {
@@ -44,7 +46,7 @@ std::vector<std::string> LocalGpus::run(const std::function<void(int)>& fn) {
             } catch (const std::exception& e) {
                 failures[r] = "rank " + std::to_string(r) + ": " + e.what();
                 failed_ = true;
-                barrier_.arrive_and_drop();  // the others' sync() must not wait for this rank
+                barrier_->arrive_and_drop();  // the others' sync() must not wait for this rank
             }
         });
     for (auto& t : threads) t.join();
@@ -52,7 +54,7 @@ std::vector<std::string> LocalGpus::run(const std::function<void(int)>& fn) {
 }
 
 void LocalGpus::sync() {
-    barrier_.arrive_and_wait();
+    barrier_->arrive_and_wait();
     FANOUT_CHECK(!failed_, "another rank of this process failed (see its error)");
 }
 

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <barrier>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -40,7 +41,9 @@ class LocalGpus {
     std::atomic<bool> failed_{false};
     std::vector<ncclComm_t> comms_;
     std::vector<cudaStream_t> streams_;
-    std::barrier<> barrier_;
+    // Made afresh by each run(): a rank that throws drops out of it for good (arrive_and_drop),
+    // which must not carry over to the next run's sync().
+    std::unique_ptr<std::barrier<>> barrier_;
 };
 
 }  // namespace fanout::comm

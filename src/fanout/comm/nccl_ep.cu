@@ -456,6 +456,7 @@ class NcclEp final : public ExpertParallel {
     }
 
     const EpConfig& config() const override { return config_; }
+    void* device_stream() const override { return stream_; }
 
     void dispatch_send(const DispatchInput& in) override {
         FANOUT_DEVICE_REQUIRE(in.num_tokens != nullptr && in.topk_idx != nullptr,

@@ -484,6 +484,7 @@ class NvlinkEp final : public ExpertParallel {
     }
 
     const EpConfig& config() const override { return config_; }
+    void* device_stream() const override { return stream_; }
 
     void dispatch_send(const DispatchInput& in) override {
         num_tokens_ = in.num_tokens;

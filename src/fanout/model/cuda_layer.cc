@@ -432,6 +432,10 @@ void CudaLayerExec::set_expert_parallel(comm::ExpertParallel* ep) {
                      "EP backend sized for steps of {} tokens, the layer for {}: they must agree (its combine "
                      "writes the layer's residual rows)",
                      e.max_tokens_per_rank, max_tokens_);
+        FANOUT_CHECK(ep->device_stream() == nullptr || ep->device_stream() == static_cast<void*>(stream_),
+                     "EP backend (rank {} of {}) enqueues on another stream than the layer's: make it with the "
+                     "model's stream (its dispatch must follow the layer's top-k)",
+                     e.rank, e.world);
         FANOUT_CHECK(e.payload == (fp8_experts_ ? comm::Payload::kFp8 : comm::Payload::kBf16),
                      "EP backend carries {}, the experts run {}", e.payload == comm::Payload::kFp8 ? "fp8" : "bf16/f32",
                      fp8_experts_ ? "FP8" : "bf16");
