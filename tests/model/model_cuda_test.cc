@@ -628,6 +628,21 @@ TEST(CudaModel, BatchedDecodeMatchesSingleRequests) {
     short_kv.kv_len[0] = 1;
     const std::string err2 = fanout::testing::error_of([&] { gpu.forward_logits(short_kv); });
     EXPECT_NE(err2.find("2 query tokens but 1 cached"), std::string::npos) << err2;
+    // A block id past the cache, a negative position and arrays that disagree in length: refused
+    // before anything is uploaded (the attention would read another layer's cache rows, divide by an
+    // empty softmax, or read past the host arrays).
+    auto far_block = StepBatchBuilder(blocks).add(two, 0, s).build();
+    far_block.block_table[0] = std::numeric_limits<int32_t>::max();
+    const std::string err3 = fanout::testing::error_of([&] { gpu.forward_logits(far_block); });
+    EXPECT_NE(err3.find("outside the device cache"), std::string::npos) << err3;
+    auto negative = StepBatchBuilder(blocks).add(two, 0, s).build();
+    negative.positions[1] = -1;
+    const std::string err4 = fanout::testing::error_of([&] { gpu.forward_logits(negative); });
+    EXPECT_NE(err4.find("position -1"), std::string::npos) << err4;
+    auto short_slots = StepBatchBuilder(blocks).add(two, 0, s).build();
+    short_slots.slots.pop_back();
+    const std::string err5 = fanout::testing::error_of([&] { gpu.forward_logits(short_slots); });
+    EXPECT_NE(err5.find("they must agree"), std::string::npos) << err5;
 }
 
 // The two-microbatch schedule (CudaModelOptions::microbatch) against one batch, on the tiny

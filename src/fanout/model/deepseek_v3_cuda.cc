@@ -96,7 +96,11 @@ int64_t decode_query_len(const CudaModelOptions& o) { return 1 + o.mtp_draft_tok
 std::vector<int64_t> decode_buckets(const CudaModelOptions& o) {
     std::vector<int64_t> out;
     const int64_t q = decode_query_len(o);
-    for (int64_t R = 1; R <= o.max_requests && R * q <= o.max_step_tokens; R *= 2) out.push_back(R);
+    // A bucket's graph keeps every row's logits with MTP (R · q), one per request without: only
+    // those that fit the step's logit rows (a max_logit_rows below that is never replayed either).
+    for (int64_t R = 1; R <= o.max_requests && R * q <= o.max_step_tokens && (q > 1 ? R * q : R) <= logit_rows_limit(o);
+         R *= 2)
+        out.push_back(R);
     return out;
 }
 
@@ -384,6 +388,8 @@ CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts, cons
     m.opts = opts;
     const io::ModelConfig& c = m.c;
     FANOUT_CHECK(opts.max_mha_context >= 0, "CudaModel: max_mha_context {} must not be negative", opts.max_mha_context);
+    FANOUT_CHECK(opts.max_logit_rows >= 0, "CudaModel: max_logit_rows {} must not be negative (0: the default)",
+                 opts.max_logit_rows);
     FANOUT_CHECK(opts.max_step_tokens >= 1 && opts.max_requests >= 1 && opts.max_context >= 1,
                  "CudaModel: max_step_tokens {}, max_requests {}, max_context {} must be positive",
                  opts.max_step_tokens, opts.max_requests, opts.max_context);
@@ -529,7 +535,18 @@ void CudaModel::Impl::check_step(const StepBatch& batch) const {
     FANOUT_CHECK(rows_n <= logit_rows_limit(opts),
                  "GPU step: {} logit rows; this runner returns at most {} per step (CudaModelOptions::max_logit_rows)",
                  rows_n, logit_rows_limit(opts));
+    FANOUT_CHECK(static_cast<int64_t>(batch.positions.size()) == T && static_cast<int64_t>(batch.slots.size()) == T &&
+                     batch.max_blocks >= 0 && static_cast<int64_t>(batch.block_table.size()) == R * batch.max_blocks,
+                 "GPU step: {} tokens with {} positions and {} slots, {} requests with a block table of {} entries "
+                 "({} per request): they must agree",
+                 T, batch.positions.size(), batch.slots.size(), R, batch.block_table.size(), batch.max_blocks);
+    for (int64_t i = 0; i < static_cast<int64_t>(batch.block_table.size()); ++i)
+        FANOUT_CHECK(batch.block_table[i] < num_blocks,
+                     "request {} names cache block {} outside the device cache's {} blocks (negative: none)",
+                     i / std::max<int64_t>(batch.max_blocks, 1), batch.block_table[i], num_blocks);
     for (int64_t t = 0; t < T; ++t) {
+        FANOUT_CHECK(batch.positions[t] >= 0 && batch.positions[t] < opts.max_context,
+                     "token {} has position {} outside [0, {}) (max_context)", t, batch.positions[t], opts.max_context);
         FANOUT_CHECK(batch.tokens[t] >= 0 && batch.tokens[t] < c.vocab_size,
                      "token id {} at index {} is outside the vocabulary [0, {})", batch.tokens[t], t, c.vocab_size);
         FANOUT_CHECK(batch.slots[t] >= 0 && batch.slots[t] < num_blocks * kv::kDefaultBlockSize,
