@@ -22,6 +22,19 @@ inline bool have_gpu() {
 #define REQUIRE_GPU() \
     if (!::fanout::testing::have_gpu()) GTEST_SKIP() << "no CUDA device"
 
+// fn(device) with each visible device current, the last first and device 0 last (which stays
+// current): what CUDA keeps per device must then be set for each, not only for the first device a
+// launch met, as when one process drives several GPUs (comm/local_gpus.h).
+template <typename Fn>
+void on_every_device_zero_last(Fn&& fn) {
+    int devices = 0;
+    FANOUT_CUDA_CHECK(cudaGetDeviceCount(&devices));
+    for (int d = devices - 1; d >= 0; --d) {
+        FANOUT_CUDA_CHECK(cudaSetDevice(d));
+        fn(d);
+    }
+}
+
 template <typename T>
 struct DeviceBuffer : ops::DeviceArray<T> {
     T* ptr = nullptr;

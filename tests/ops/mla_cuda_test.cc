@@ -344,14 +344,10 @@ TEST(MlaCuda, TensorCoreKernelMatchesCpuReference) {
 TEST(MlaCuda, EveryDeviceOfOneProcess) {
     REQUIRE_GPU();
     ThreadPool pool(0);
-    int devices = 0;
-    FANOUT_CUDA_CHECK(cudaGetDeviceCount(&devices));
-    for (int d = devices - 1; d >= 0; --d) {
-        FANOUT_CUDA_CHECK(cudaSetDevice(d));
+    fanout::testing::on_every_device_zero_last([&](int d) {
         MlaWorkspace ws;
         run_case({"q2 on device " + std::to_string(d), 128, 512, 64, {2, 1}, {1000, 65}}, pool, ws);
-    }
-    FANOUT_CUDA_CHECK(cudaSetDevice(0));
+    });
 }
 
 // The FP8 cache through the tensor-core kernel against the reference on what it decodes to: every

@@ -217,15 +217,11 @@ TEST(GemmFp8Cuda, MatchesCpuReferenceWithTheMeasuredTable) {
 TEST(GemmFp8Cuda, EveryDeviceOfOneProcess) {
     REQUIRE_GPU();
     ThreadPool pool(0);
-    int devices = 0;
-    FANOUT_CUDA_CHECK(cudaGetDeviceCount(&devices));
-    for (int d = devices - 1; d >= 0; --d) {
-        FANOUT_CUDA_CHECK(cudaSetDevice(d));
+    fanout::testing::on_every_device_zero_last([&](int d) {
         GemmWorkspace ws;
         run_dense(Fp8Operands(129, 200, 1040, 300 + d), GemmConfig{128, 256, 3, 2}, &ws, false, pool);
         run_dense(Fp8Operands(64, 2112, 512, 310 + d), GemmConfig{}, &ws, true, pool);
-    }
-    FANOUT_CUDA_CHECK(cudaSetDevice(0));
+    });
 }
 
 TEST(GemmFp8Cuda, EveryTileShapeSplitClusterAndTheResidual) {
