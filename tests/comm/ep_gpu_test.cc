@@ -530,8 +530,7 @@ TEST_P(EpGpu, AMissingPeerIsATimeoutNamingIt) {
     // Nothing droppable, so the one-shot dispatch: its first wait is for the peers' rows. (The
     // ordered protocol's first, for their token counts, was this test's until the one-shot
     // dispatch came; two GPUs had not been lent since.)
-    EXPECT_NE(message.find("timed out in dispatch (waiting for its rows) waiting for rank 1"),
-              std::string::npos)
+    EXPECT_NE(message.find("timed out in dispatch (waiting for its rows) waiting for rank 1"), std::string::npos)
         << "rank 0's error: '" << message << "'";
 }
 
