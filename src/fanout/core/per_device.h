@@ -2,13 +2,16 @@
 // dynamic shared-memory limit (cudaFuncSetAttribute applies to the current device only), its
 // occupancy, the SM count. A function-local `static` would be computed for whichever device was
 // current first and be wrong on the others, as when the ranks of one process drive a GPU each
-// (comm/local_gpus.h). Thread-safe; include only from CUDA-aware sources.
+// (comm/local_gpus.h). Thread-safe; after the first call for a device, a read is one
+// std::call_once fast path (no lock), so launches may ask on every call. Include only from
+// CUDA-aware sources.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <map>
+#include <array>
 #include <mutex>
+#include <string>
 
 #include "fanout/core/cuda_check.h"
 
@@ -17,23 +20,25 @@ namespace fanout {
 template <typename T>
 class PerDevice {
   public:
-    // The value for the current device: make() on the first call for it (under the lock, so two
-    // threads on one device do not both run it), then the same value.
+    static constexpr int kMaxDevices = 64;
+
+    // The value for the current device: make() on the first call for it (once, whichever thread
+    // gets there first; a make() that throws leaves it to the next call), then the same value.
     template <typename Make>
     T get(Make&& make) {
         int device = 0;
         FANOUT_CUDA_CHECK(cudaGetDevice(&device));
-        std::lock_guard lock(mutex_);
-        const auto it = values_.find(device);
-        if (it != values_.end()) return it->second;
-        const T value = make();
-        values_.emplace(device, value);
-        return value;
+        FANOUT_DEVICE_REQUIRE(device >= 0 && device < kMaxDevices, "PerDevice: device " + std::to_string(device) +
+                                                                       " past the " + std::to_string(kMaxDevices) +
+                                                                       " it keeps values for");
+        const size_t d = static_cast<size_t>(device);
+        std::call_once(once_[d], [&] { values_[d] = make(); });
+        return values_[d];
     }
 
   private:
-    std::mutex mutex_;
-    std::map<int, T> values_;
+    std::array<std::once_flag, kMaxDevices> once_;
+    std::array<T, kMaxDevices> values_{};
 };
 
 }  // namespace fanout
