@@ -39,16 +39,15 @@ TEST(GemmConfig, CublasLtAtPrefillSizesOnly) {
         EXPECT_FALSE(pick_gemm_config(M, 2112, 7168, 132, true).cublaslt) << M;  // qkv_a
         EXPECT_FALSE(pick_gemm_config(M, 384, 512, 132, true).cublaslt) << M;    // the rule
     }
-    for (int M : {1, 64, 128}) {
-        EXPECT_FALSE(pick_gemm_config(M, 4096, 7168, 132, true).cublaslt) << M;  // shared gate+up
-        EXPECT_FALSE(pick_gemm_config(M, 7168, 2048, 132, true).cublaslt) << M;  // shared down
-    }
-    EXPECT_TRUE(pick_gemm_config(256, 4096, 7168, 132, true).cublaslt);
+    for (int M : {1, 64, 128}) EXPECT_FALSE(pick_gemm_config(M, 7168, 2048, 132, true).cublaslt) << M;  // shared down
+    for (int M : {1, 64, 128, 256}) EXPECT_FALSE(pick_gemm_config(M, 4096, 7168, 132, true).cublaslt) << M;  // gate+up
+    EXPECT_TRUE(pick_gemm_config(257, 4096, 7168, 132, true).cublaslt);
     EXPECT_TRUE(pick_gemm_config(256, 7168, 2048, 132, true).cublaslt);  // shared down: 129 to 256 only
     EXPECT_FALSE(pick_gemm_config(1024, 7168, 2048, 132, true).cublaslt);
     EXPECT_FALSE(pick_gemm_config(4096, 7168, 2048, 132, true).cublaslt);
-    EXPECT_FALSE(pick_gemm_config(64, 24576, 1536, 132, true).cublaslt);  // q_b from M = 65
-    EXPECT_TRUE(pick_gemm_config(65, 24576, 1536, 132, true).cublaslt);
+    EXPECT_FALSE(pick_gemm_config(64, 24576, 1536, 132, true).cublaslt);  // q_b from M = 129
+    EXPECT_TRUE(same(pick_gemm_config(65, 24576, 1536, 132, true), {128, 192, 2, 1}));
+    EXPECT_TRUE(pick_gemm_config(129, 24576, 1536, 132, true).cublaslt);
     EXPECT_TRUE(pick_gemm_config(600, 384, 512, 132, true).cublaslt);  // the rule, past M = 256
     // The tile kernel beats cuBLASLt on qkv_a and kv_b at every M; qkv_a past 1024 in 128 × 192 tiles.
     EXPECT_FALSE(pick_gemm_config(1024, 2112, 7168, 132, true).cublaslt);

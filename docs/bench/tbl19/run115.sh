@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# NOT RUN YET (written in the twentieth session, which was lent no device). The first one-GPU call
+# Ran in the twenty-first session (run115_summary.txt). The first one-GPU call
 # of the next session. Carry: HEAD's build as usual (scripts/prepare_carry.sh, /tmp/pack.sh), plus
 # build/fanout_b7 = b718f08's fanout (/tmp/fanout_b7 if this machine kept it; its GEMM code is
 # run111's, the last measured) and build/fanout_tbl = HEAD with docs/bench/tbl19/table_m128_m256.patch applied (q_b at M 65-128 on

@@ -3,13 +3,15 @@
 // SMs) for DeepSeek-V3's six shapes and its dense layers' MLP (docs/PERF.md has the sweep); other
 // shapes take the rule below, which those measurements suggest. Rows marked lt(...) run cuBLASLt's
 // block-scaled FP8 where it can (`fanout bench kernels` measured it faster there, its x scales
-// M-major as the quantizations then write them: q_b from M = 65 to 256, the dense MLP from 65, o_proj
-// and the shared gate+up from 129, the shared down projection from 129 to 256); their tile is the
+// M-major as the quantizations then write them: q_b from M = 129 to 256, the dense MLP from 65, o_proj
+// from 129, the shared gate+up from 257, the shared down projection from 129 to 256); their tile is the
 // fallback. Rows re-swept on 2026-12-03, the cuBLASLt rows again once x's scales no longer needed a
 // transpose; on 2026-12-04 the prefill rows of q_b, kv_b and the shared down projection moved back to
 // the tile kernel (three runs each), and qkv_a's past M = 1024 to the 128 × 192 tile (PERF.md, "The
 // tile table at prefill sizes"); the dense MLP's down projection at M <= 64 to 64 × 64 split 2 once
-// the 64 × 64 tiles' scale loader looked ahead (PERF.md, nineteenth session).
+// the 64 × 64 tiles' scale loader looked ahead, and, once split K's last split reduced in place,
+// q_b at M 65-128 to 128 × 192 split 2 and the shared gate+up at M 129-256 to 128 × 128 split 2
+// (PERF.md, nineteenth session).
 #include <algorithm>
 #include <array>
 #include <iterator>
@@ -37,7 +39,7 @@ constexpr std::array kTable = {
     Row{2112, 7168, 256, {64, 64, 1, 1}},     Row{2112, 7168, 1024, {192, 128, 1, 1}},
     Row{2112, 7168, 1 << 30, {128, 192, 1, 1}},
     // q_b 24576 × 1536
-    Row{24576, 1536, 64, {64, 128, 1, 1}},    Row{24576, 1536, 128, lt({128, 256, 1, 1})},
+    Row{24576, 1536, 64, {64, 128, 1, 1}},    Row{24576, 1536, 128, {128, 192, 2, 1}},
     Row{24576, 1536, 256, lt({128, 128, 1, 1})}, Row{24576, 1536, 1 << 30, {128, 256, 1, 2}},
     // kv_b 32768 × 512
     Row{32768, 512, 64, {64, 64, 1, 1}},      Row{32768, 512, 256, {128, 128, 1, 1}},
@@ -47,7 +49,7 @@ constexpr std::array kTable = {
     Row{7168, 16384, 256, lt({128, 256, 2, 2})}, Row{7168, 16384, 1 << 30, lt({128, 256, 1, 2})},
     // shared experts' gate+up 4096 × 7168
     Row{4096, 7168, 64, {64, 64, 4, 1}},      Row{4096, 7168, 128, {64, 64, 2, 2}},
-    Row{4096, 7168, 256, lt({128, 128, 2, 1})}, Row{4096, 7168, 1 << 30, lt({128, 256, 1, 2})},
+    Row{4096, 7168, 256, {128, 128, 2, 1}}, Row{4096, 7168, 1 << 30, lt({128, 256, 1, 2})},
     // shared experts' down 7168 × 2048
     Row{7168, 2048, 64, {64, 64, 1, 1}},      Row{7168, 2048, 128, {64, 64, 1, 1}},
     Row{7168, 2048, 256, lt({128, 128, 1, 1})}, Row{7168, 2048, 1024, {128, 256, 1, 1}},
