@@ -247,6 +247,45 @@ TEST(GemmFp8Cuda, EveryTileShapeSplitClusterAndTheResidual) {
                     // N % 8 != 0: every row block stores from registers (no TMA store).
                     run_dense(Fp8Operands(70, 131, 256, seed + 2), cfg, &ws, splits == 1, pool);
                 }
+    // Every launch above, of its own grid, left the workspace as it found it: the tile counters and
+    // the ticket at zero (the next GEMM on the stream relies on it).
+    std::vector<int> left(size_t(ws.num_counters) + 1, -1);
+    FANOUT_CUDA_CHECK(cudaMemcpy(left.data(), ws.counters, left.size() * sizeof(int), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < left.size(); ++i)
+        ASSERT_EQ(left[i], 0) << (i + 1 < left.size() ? "tile counter " + std::to_string(i) : std::string("ticket"));
+}
+
+// Two split-K GEMMs on two streams at once, each with its workspace, whose CTAs do not all fit on
+// the GPU together (each fills ~70% of it): a tile's last split waits for its others, and the
+// units are handed out in the order CTAs start, so neither waits on a split that cannot start.
+// Split K sums in split order, so each result equals the same GEMM run alone, bit for bit.
+TEST(GemmFp8Cuda, SplitGemmsOnTwoStreamsAtOnce) {
+    REQUIRE_GPU();
+    const int sms = fanout::ops::device_sm_count();
+    const GemmConfig cfg{64, 64, 4, 1};                             // two CTAs per SM
+    const int N = 64 * ((2 * sms * 7 / 10) / 4), K = 2048, M = 64;  // units = N/64 × 4
+    Fp8Operands o(M, N, K, 77);
+    DeviceFp8 d(o);
+    GemmWorkspace ws_a, ws_b;
+    DeviceBuffer<uint16_t> alone(size_t(M) * N), ya(size_t(M) * N), yb(size_t(M) * N);
+    launch_gemm_fp8(d.x.ptr, d.sx.ptr, d.w.ptr, d.sw.ptr, alone.ptr, M, N, K, nullptr, nullptr, &ws_a, cfg);
+    FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<uint16_t> want(size_t(M) * N), got_a(want.size()), got_b(want.size());
+    alone.download(want.data());
+    cudaStream_t sa = nullptr, sb = nullptr;
+    FANOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&sa, cudaStreamNonBlocking));
+    FANOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&sb, cudaStreamNonBlocking));
+    for (int round = 0; round < 50; ++round) {
+        launch_gemm_fp8(d.x.ptr, d.sx.ptr, d.w.ptr, d.sw.ptr, ya.ptr, M, N, K, sa, nullptr, &ws_a, cfg);
+        launch_gemm_fp8(d.x.ptr, d.sx.ptr, d.w.ptr, d.sw.ptr, yb.ptr, M, N, K, sb, nullptr, &ws_b, cfg);
+    }
+    FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+    cudaStreamDestroy(sa);
+    cudaStreamDestroy(sb);
+    ya.download(got_a.data());
+    yb.download(got_b.data());
+    EXPECT_EQ(got_a, want);
+    EXPECT_EQ(got_b, want);
 }
 
 // Split K where the splits would not all fit on the GPU at once: the launch splits fewer ways (a

@@ -94,6 +94,7 @@ struct Params {
     int splits, kb_per_split;  // dense split-K
     float* partials;
     int* counters;
+    unsigned* ticket;             // split K: hands out the units (GemmWorkspace::ticket)
     const int32_t* block_expert;  // contiguous
     const int32_t* counts;        // masked
     int num_experts;
@@ -255,7 +256,17 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
 
     const Scheduler<BM, BN, L, CL> sched{p, prefix, (p.rows + BM - 1) / BM};
     const int rank = CL > 1 ? static_cast<int>(cluster_rank()) : 0;
-    const int first = blockIdx.x / CL, stride = gridDim.x / CL;  // the cluster's share of the tiles
+    const int stride = gridDim.x / CL;
+    // With split K a tile's last split waits for its others, so the units are handed out in the
+    // order the CTAs start (a ticket), not by their index: whichever CTAs run, the earlier splits
+    // of a tile are in CTAs already running before its last split is handed out, and they never
+    // wait. By index, a last split started before its others could hold the SM they need while
+    // another stream's kernel holds the rest. atomicInc wraps the ticket to zero as it hands out
+    // the last unit: one atomic, and the next launch finds it at zero (its CTAs start after every
+    // CTA here took its ticket: they wait for grid_launch_dependents below, and without a
+    // programmatic dependency for this grid's end).
+    __shared__ int ticket;
+    const bool ticketed = L == Layout::kDense && p.splits > 1;
     // The W tile of a stage: with clusters each CTA fetches 1/CL of its rows for all of them — or,
     // when the CTAs' tiles take different W tiles (contiguous blocks of two experts), each its own
     // in CL boxes, for the same bytes on its barrier.
@@ -287,11 +298,15 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
         tma_prefetch_descriptor(&tmap_x);
         tma_prefetch_descriptor(&tmap_x_tail);
         tma_prefetch_descriptor(&tmap_w);
+        if (ticketed && rank == 0) ticket = static_cast<int>(atomicInc(p.ticket, static_cast<unsigned>(stride - 1)));
     }
     if constexpr (CL > 1)
         cluster_sync();  // the peers' barriers exist before anything is multicast to them
     else
         __syncthreads();
+    // The cluster's share of the tiles: from `first` on, every stride-th.
+    int first = static_cast<int>(blockIdx.x) / CL;
+    if (ticketed) first = CL > 1 && rank != 0 ? ld_shared_cluster(smem_addr(&ticket), 0) : ticket;
 
     // Launched with a programmatic dependency on the previous kernel: everything before
     // grid_dependency_wait() overlaps its tail. Only the dense producer does work there (it
@@ -694,10 +709,8 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
                 // The last split adds the others' partials to its own in split order (the sum does
                 // not depend on who finishes first) once all of them are stored. Its wait cannot
                 // block them: the launch keeps every unit in a CTA of its own (no CTA waits behind
-                // a later one), and CTAs start in order of their index — with a kernel on another
-                // stream holding SMs, the splits before this one have started before it. CUDA
-                // does not promise that order, the hardware keeps it; units handed out by an
-                // atomic ticket at each CTA's start would not need it (an atomic more per CTA).
+                // a later one), and the ticket handed this unit out after theirs, to CTAs already
+                // running (the kernel's start).
                 if (ctid == 0) {
                     while (stored.load(cuda::memory_order_acquire) != p.splits - 1) __nanosleep(32);
                     stored.store(0, cuda::memory_order_relaxed);  // for the next launch
@@ -930,11 +943,14 @@ int device_sm_count() {
 GemmWorkspace::GemmWorkspace(size_t partial_bytes, int counters_count)
     : partial_floats(partial_bytes / sizeof(float)), num_counters(counters_count) {
     FANOUT_CUDA_CHECK(cudaMalloc(&partials, partial_floats * sizeof(float)));
-    FANOUT_CUDA_CHECK(cudaMalloc(&counters, static_cast<size_t>(num_counters) * sizeof(int)));
+    // The tile counters, then the ticket.
+    const size_t bytes = static_cast<size_t>(num_counters) * sizeof(int) + sizeof(unsigned);
+    FANOUT_CUDA_CHECK(cudaMalloc(&counters, bytes));
+    ticket = reinterpret_cast<unsigned*>(counters + num_counters);
     // Waited for: the memset runs on the default stream, and the GEMMs may follow on a stream that
     // does not wait for it (a DeviceContext's is non-blocking) — a count that is not yet zero would
     // let a last split add partials that are not there, or wait for ever.
-    FANOUT_CUDA_CHECK(cudaMemset(counters, 0, static_cast<size_t>(num_counters) * sizeof(int)));
+    FANOUT_CUDA_CHECK(cudaMemset(counters, 0, bytes));
     FANOUT_CUDA_CHECK(cudaStreamSynchronize(nullptr));
 }
 
@@ -963,6 +979,7 @@ void launch_gemm_fp8(const uint8_t* x, const float* sx, const uint8_t* w, const 
         p.splits = (p.nkb + p.kb_per_split - 1) / p.kb_per_split;  // no empty split
         p.partials = workspace->partials;
         p.counters = workspace->counters;
+        p.ticket = workspace->ticket;
     }
     const int units = ((m_blocks + cfg.cluster - 1) / cfg.cluster) * p.n_blocks * p.splits;
     Operands o{x, uint64_t(M), w, uint64_t(N), units};

@@ -70,6 +70,14 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank)
 __device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t rank) {
     mbar_arrive_cluster(smem_addr(bar), rank);
 }
+// The int at `addr`'s offset in CTA `rank`'s shared memory (written before a cluster_sync).
+__device__ __forceinline__ int ld_shared_cluster(uint32_t addr, uint32_t rank) {
+    uint32_t remote;
+    int v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+    asm volatile("ld.shared::cluster.s32 %0, [%1];" : "=r"(v) : "r"(remote) : "memory");
+    return v;
+}
 
 // ---- TMA: a 2-D box of `tmap` at (inner coordinate c0, row c1) into shared memory, completing on bar ----
 __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* tmap, uint64_t* bar, int c0, int c1) {
