@@ -275,6 +275,23 @@ TEST(CudaLayerBuffers, GateUpOutputsShareExpertOutMemory) {
     EXPECT_EQ(more, size_t(32) * 1000 * per_row);
 }
 
+// Host arithmetic only: an exec made for an EP backend holds its receive rows and none of the local
+// permute's (its FP8 rows and scales, spill blocks, and the experts' rows sized by them): with a
+// backend of one row per expert the buffers drop by more than 64 FP8 rows per local expert.
+TEST(CudaLayerBuffers, AnExecForAnEpBackendMakesNoLocalPermuteRows) {
+    const io::ModelConfig c = preset_config("full-layers", 4);
+    LayerLimits lim;
+    lim.max_tokens = 2048;
+    lim.max_masked_tokens = 256;
+    lim.num_local_experts = 32;  // EP8
+    lim.fp8_experts = true;
+    const size_t local = CudaLayerExec::buffer_bytes(c, lim);
+    lim.max_dispatch_m = 1;
+    const size_t backend = CudaLayerExec::buffer_bytes(c, lim);
+    ASSERT_LT(backend, local);
+    EXPECT_GT(local - backend, size_t(32) * 64 * size_t(c.hidden_size)) << local << " against " << backend;
+}
+
 TEST(TinyBf16Cuda, LogitsAndGenerateMatchCpuWithRoutingPinned) {
     REQUIRE_GPU();
     auto m = pinned_model(fanout::testing::temp_dir("tiny_bf16"), preset_config("tiny", 3));

@@ -233,8 +233,12 @@ BufferElems buffer_elems(const io::ModelConfig& c, const LayerLimits& lim_in) {
     if (c.n_routed_experts > 0) {
         const size_t nbD = static_cast<size_t>(ops::ceil_div(static_cast<int64_t>(D), ops::kFp8Block));
         const size_t nbI = static_cast<size_t>(ops::ceil_div(static_cast<int64_t>(Ie), ops::kFp8Block));
-        const ExpertRowLimits lim = expert_row_limits(c, max_tokens, max_masked_tokens, static_cast<int64_t>(EL));
-        // The permute's rows; the GEMMs' outputs also hold an EP backend's masked receive rows.
+        // The local permute's rows, or with an EP backend (it always has one: set_expert_parallel
+        // follows the constructor) its masked receive rows — at V3's EP8 the permute's rows the
+        // backend never uses were ~150 MB a GPU.
+        const bool ep = max_dispatch_m > 0;
+        const ExpertRowLimits lim =
+            ep ? ExpertRowLimits{} : expert_row_limits(c, max_tokens, max_masked_tokens, static_cast<int64_t>(EL));
         const size_t perm = static_cast<size_t>(lim.rows), received = EL * static_cast<size_t>(max_dispatch_m);
         const size_t rows = std::max(perm, received);
         n.spill_blocks = static_cast<size_t>(lim.spill_rows / ops::kMoeSpillBlock);
@@ -698,6 +702,13 @@ int expected_tokens_per_expert(const io::ModelConfig& c, int T) {
 }
 }  // namespace
 
+void CudaLayerExec::check_local_permute() const {
+    FANOUT_CHECK(max_dispatch_m_ == 0,
+                 "the layer's step buffers were sized for an EP backend's rows (LayerLimits::max_dispatch_m {}), not "
+                 "for the local permute: set_expert_parallel before the first step",
+                 max_dispatch_m_);
+}
+
 void CudaLayerExec::dispatch_send(const DeviceLayer& w, const LayerStep& st, const KernelMark& mark) {
     if (!w.moe) return;
     Buffers& b = *b_;
@@ -715,6 +726,7 @@ void CudaLayerExec::dispatch_send(const DeviceLayer& w, const LayerStep& st, con
         if (mark) mark("dispatch_send");
         return;
     }
+    check_local_permute();
     if (st.T == 0) return;
     const int T = st.T, D = static_cast<int>(c_.hidden_size), K = static_cast<int>(c_.num_experts_per_tok);
     const ExpertLayout layout = expert_layout(c_, T, max_masked_tokens_, EL);
@@ -759,6 +771,7 @@ void CudaLayerExec::experts(const DeviceLayer& w, const LayerStep& st, const Ker
         if (mark) mark("combine_send");
         return;
     }
+    check_local_permute();
     if (st.T == 0) return;
     const ExpertLayout layout = expert_layout(c_, st.T, max_masked_tokens_, EL);
     const ExpertRows rows{EL,
@@ -779,6 +792,7 @@ void CudaLayerExec::combine(const DeviceLayer& w, const LayerStep& st, uint16_t*
         if (mark) mark("combine_recv");
         return;
     }
+    check_local_permute();
     if (T == 0) return;
     ops::launch_moe_unpermute(b.expert_out.get(), b.slot.get(), b.topk_weight.get(), T, K, D, hidden, hidden, stream_);
     if (mark) mark("unpermute");

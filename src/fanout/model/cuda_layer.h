@@ -123,8 +123,10 @@ struct LayerLimits {
     int64_t max_tokens = 0;         // tokens of one step
     int64_t max_masked_tokens = 0;  // steps up to this many tokens (decode) use the capped masked layout
     int64_t num_local_experts = 0;  // routed experts of each layer on this GPU
-    int64_t max_dispatch_m = 0;     // rows per local expert an EP backend delivers (0: no backend)
-    int64_t max_prefill_ctx = 0;    // MHA-form prefill over contexts of up to this many tokens (0: never)
+    // Rows per local expert an EP backend delivers; 0: no backend (the local permute's buffers,
+    // which an exec for a backend does not make).
+    int64_t max_dispatch_m = 0;
+    int64_t max_prefill_ctx = 0;  // MHA-form prefill over contexts of up to this many tokens (0: never)
     // The MHA form's expansion buffers (the contexts' latents and kv_b's output, ~1 GB at V3's
     // widths and 16,384 keys) are another exec's, lent by share_mha_buffers(): not allocated here.
     bool mha_buffers_lent = false;
@@ -184,6 +186,9 @@ class CudaLayerExec {
 
   private:
     struct Buffers;
+    // The local permute runs only in an exec made without an EP backend's rows (it has no buffers
+    // for it otherwise).
+    void check_local_permute() const;
     // Attention of requests [0, R) — tokens [0, T), at most max_q each — in the absorbed form;
     // the attention kernel's mark is `attention_mark`.
     void attend_absorbed(const DeviceLayer& w, const LayerStep& st, int T, int R, int max_q,
