@@ -661,6 +661,14 @@ TEST(CudaModel, BatchedDecodeMatchesSingleRequests) {
     short_slots.slots.pop_back();
     const std::string err5 = fanout::testing::error_of([&] { gpu.forward_logits(short_slots); });
     EXPECT_NE(err5.find("they must agree"), std::string::npos) << err5;
+    // A row's logit bias naming one token twice: the sampler's threads would add both at once.
+    auto one = StepBatchBuilder(blocks).add(std::span(two).subspan(0, 1), 0, s).build();
+    ops::SamplingRow row{};
+    row.bias_begin = 0;
+    row.bias_count = 2;
+    const ops::LogitBias twice[2] = {{7, 1.0f}, {7, 2.0f}};
+    const std::string err6 = fanout::testing::error_of([&] { gpu.forward_sample(one, {&row, 1}, twice); });
+    EXPECT_NE(err6.find("ascending and unique (token id 7 after 7)"), std::string::npos) << err6;
 }
 
 // The two-microbatch schedule (CudaModelOptions::microbatch) against one batch, on the tiny

@@ -640,10 +640,15 @@ std::vector<int32_t> CudaModel::forward_sample(const StepBatch& batch, std::span
                      row.bias_count, logit_bias.size());
         FANOUT_CHECK(row.draft < c.vocab_size, "GPU step: sampling row {} checks draft token {} outside [0, {})", r,
                      row.draft, c.vocab_size);
-        for (int32_t j = row.bias_begin; j < row.bias_begin + row.bias_count; ++j)
+        for (int32_t j = row.bias_begin; j < row.bias_begin + row.bias_count; ++j) {
             FANOUT_CHECK(logit_bias[j].id >= 0 && logit_bias[j].id < c.vocab_size,
                          "GPU step: logit_bias token id {} (row {}) is outside the vocabulary [0, {})",
                          logit_bias[j].id, r, c.vocab_size);
+            // The sampler's threads add a row's biases in place, one per id (ops/sampling.h's rule).
+            FANOUT_CHECK(j == row.bias_begin || logit_bias[j].id > logit_bias[j - 1].id,
+                         "GPU step: logit_bias token ids of row {} must be ascending and unique (token id {} after {})",
+                         r, logit_bias[j].id, logit_bias[j - 1].id);
+        }
     }
 
     // Graphs serve steps whose requests all have the same query length and return the last row's
