@@ -259,13 +259,19 @@ void check_generate(const DeepseekV3& model, const std::vector<int32_t>& ids, co
 // Host arithmetic only (no GPU needed): the routed experts' gate/up outputs live in expert_out's
 // memory, so each receive row an EP backend may deliver costs expert_out's width (the larger of
 // hidden and 2 · intermediate), the FP8 activation and its scales — not a gate/up row besides.
-TEST(CudaLayerBuffers, GateUpOutputsShareExpertOutMemory) {
-    const io::ModelConfig c = preset_config("full-layers", 4);
+// V3's widths at EP8 (32 local FP8 experts), steps of 2,048 tokens, decode steps of 256.
+LayerLimits ep8_limits() {
     LayerLimits lim;
     lim.max_tokens = 2048;
     lim.max_masked_tokens = 256;
-    lim.num_local_experts = 32;  // EP8
+    lim.num_local_experts = 32;
     lim.fp8_experts = true;
+    return lim;
+}
+
+TEST(CudaLayerBuffers, GateUpOutputsShareExpertOutMemory) {
+    const io::ModelConfig c = preset_config("full-layers", 4);
+    LayerLimits lim = ep8_limits();
     const int64_t D = c.hidden_size, I = c.moe_intermediate_size, nbI = (I + 127) / 128;
     lim.max_dispatch_m = 8 * 2048;  // world · max tokens: more rows than the local permute's
     const size_t at_16k = CudaLayerExec::buffer_bytes(c, lim);
@@ -280,11 +286,7 @@ TEST(CudaLayerBuffers, GateUpOutputsShareExpertOutMemory) {
 // backend of one row per expert the buffers drop by more than 64 FP8 rows per local expert.
 TEST(CudaLayerBuffers, AnExecForAnEpBackendMakesNoLocalPermuteRows) {
     const io::ModelConfig c = preset_config("full-layers", 4);
-    LayerLimits lim;
-    lim.max_tokens = 2048;
-    lim.max_masked_tokens = 256;
-    lim.num_local_experts = 32;  // EP8
-    lim.fp8_experts = true;
+    LayerLimits lim = ep8_limits();
     const size_t local = CudaLayerExec::buffer_bytes(c, lim);
     lim.max_dispatch_m = 1;
     const size_t backend = CudaLayerExec::buffer_bytes(c, lim);
