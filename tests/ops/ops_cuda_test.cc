@@ -4,12 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
 #include <random>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -224,6 +226,16 @@ TEST(GemmFp8Cuda, EveryDeviceOfOneProcess) {
     });
 }
 
+// A split-K workspace after its GEMMs: the tile counters and the ticket at zero, as the next GEMM
+// on the stream needs them.
+void expect_workspace_at_zero(const GemmWorkspace& ws, const std::string& what) {
+    std::vector<int> left(size_t(ws.num_counters) + 1, -1);
+    FANOUT_CUDA_CHECK(cudaMemcpy(left.data(), ws.counters, left.size() * sizeof(int), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < left.size(); ++i)
+        ASSERT_EQ(left[i], 0) << what << ": "
+                              << (i + 1 < left.size() ? "tile counter " + std::to_string(i) : std::string("ticket"));
+}
+
 TEST(GemmFp8Cuda, EveryTileShapeSplitClusterAndTheResidual) {
     REQUIRE_GPU();
     ThreadPool pool(0);
@@ -247,18 +259,18 @@ TEST(GemmFp8Cuda, EveryTileShapeSplitClusterAndTheResidual) {
                     // N % 8 != 0: every row block stores from registers (no TMA store).
                     run_dense(Fp8Operands(70, 131, 256, seed + 2), cfg, &ws, splits == 1, pool);
                 }
-    // Every launch above, of its own grid, left the workspace as it found it: the tile counters and
-    // the ticket at zero (the next GEMM on the stream relies on it).
-    std::vector<int> left(size_t(ws.num_counters) + 1, -1);
-    FANOUT_CUDA_CHECK(cudaMemcpy(left.data(), ws.counters, left.size() * sizeof(int), cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < left.size(); ++i)
-        ASSERT_EQ(left[i], 0) << (i + 1 < left.size() ? "tile counter " + std::to_string(i) : std::string("ticket"));
+    // Every launch above, of its own grid, left the workspace as it found it.
+    expect_workspace_at_zero(ws, "after every tile shape");
 }
 
 // Two split-K GEMMs on two streams at once, each with its workspace, whose CTAs do not all fit on
 // the GPU together (each fills ~70% of it): a tile's last split waits for its others, and the
-// units are handed out in the order CTAs start, so neither waits on a split that cannot start.
-// Split K sums in split order, so each result equals the same GEMM run alone, bit for bit.
+// units are handed out in the order CTAs start, so neither waits on a split that cannot start (a
+// deadlock would hang, and ctest's timeout fail, the test). Both streams wait behind a host
+// callback until all 100 launches are queued, so they overlap. Split K sums in split order, so
+// each result equals the same GEMM run alone, bit for bit; the workspaces end at zero. (The
+// hardware starts CTAs in index order, so the index-based units passed this too: it guards the
+// ticket's hand-out and wrap under overlapping launches, not the order CUDA does not promise.)
 TEST(GemmFp8Cuda, SplitGemmsOnTwoStreamsAtOnce) {
     REQUIRE_GPU();
     const int sms = fanout::ops::device_sm_count();
@@ -275,6 +287,15 @@ TEST(GemmFp8Cuda, SplitGemmsOnTwoStreamsAtOnce) {
     cudaStream_t sa = nullptr, sb = nullptr;
     FANOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&sa, cudaStreamNonBlocking));
     FANOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&sb, cudaStreamNonBlocking));
+    cudaStream_t gate = nullptr;
+    cudaEvent_t open = nullptr;
+    FANOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&gate, cudaStreamNonBlocking));
+    FANOUT_CUDA_CHECK(cudaEventCreateWithFlags(&open, cudaEventDisableTiming));
+    FANOUT_CUDA_CHECK(cudaLaunchHostFunc(
+        gate, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(100)); }, nullptr));
+    FANOUT_CUDA_CHECK(cudaEventRecord(open, gate));
+    FANOUT_CUDA_CHECK(cudaStreamWaitEvent(sa, open, 0));
+    FANOUT_CUDA_CHECK(cudaStreamWaitEvent(sb, open, 0));
     for (int round = 0; round < 50; ++round) {
         launch_gemm_fp8(d.x.ptr, d.sx.ptr, d.w.ptr, d.sw.ptr, ya.ptr, M, N, K, sa, nullptr, &ws_a, cfg);
         launch_gemm_fp8(d.x.ptr, d.sx.ptr, d.w.ptr, d.sw.ptr, yb.ptr, M, N, K, sb, nullptr, &ws_b, cfg);
@@ -282,10 +303,14 @@ TEST(GemmFp8Cuda, SplitGemmsOnTwoStreamsAtOnce) {
     FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
     cudaStreamDestroy(sa);
     cudaStreamDestroy(sb);
+    cudaStreamDestroy(gate);
+    cudaEventDestroy(open);
     ya.download(got_a.data());
     yb.download(got_b.data());
     EXPECT_EQ(got_a, want);
     EXPECT_EQ(got_b, want);
+    expect_workspace_at_zero(ws_a, "stream a");
+    expect_workspace_at_zero(ws_b, "stream b");
 }
 
 // Split K where the splits would not all fit on the GPU at once: the launch splits fewer ways (a

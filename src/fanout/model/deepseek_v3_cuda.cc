@@ -645,9 +645,13 @@ std::vector<int32_t> CudaModel::forward_sample(const StepBatch& batch, std::span
                          "GPU step: logit_bias token id {} (row {}) is outside the vocabulary [0, {})",
                          logit_bias[j].id, r, c.vocab_size);
             // The sampler's threads add a row's biases in place, one per id (ops/sampling.h's rule).
-            FANOUT_CHECK(j == row.bias_begin || logit_bias[j].id > logit_bias[j - 1].id,
-                         "GPU step: logit_bias token ids of row {} must be ascending and unique (token id {} after {})",
-                         r, logit_bias[j].id, logit_bias[j - 1].id);
+            if (j > row.bias_begin) {
+                const int32_t prev = logit_bias[j - 1].id;
+                FANOUT_CHECK(logit_bias[j].id > prev,
+                             "GPU step: logit_bias token ids of row {} must be ascending and unique (token id {} "
+                             "after {})",
+                             r, logit_bias[j].id, prev);
+            }
         }
     }
 

@@ -10,8 +10,9 @@
 // the tile kernel (three runs each), and qkv_a's past M = 1024 to the 128 × 192 tile (PERF.md, "The
 // tile table at prefill sizes"); the dense MLP's down projection at M <= 64 to 64 × 64 split 2 once
 // the 64 × 64 tiles' scale loader looked ahead, and, once split K's last split reduced in place,
-// q_b at M 65-128 to 128 × 192 split 2 and the shared gate+up at M 129-256 to 128 × 128 split 2
-// (PERF.md, nineteenth session).
+// q_b at M 65-128 to the 128 × 192 tile (swept as split 2, which the launch's one-wave cap runs
+// unsplit: 256 units against 132 CTAs) and the shared gate+up at M 129-256 to 128 × 128 split 2
+// (PERF.md, nineteenth and twenty-first sessions).
 #include <algorithm>
 #include <array>
 #include <iterator>
@@ -39,7 +40,7 @@ constexpr std::array kTable = {
     Row{2112, 7168, 256, {64, 64, 1, 1}},     Row{2112, 7168, 1024, {192, 128, 1, 1}},
     Row{2112, 7168, 1 << 30, {128, 192, 1, 1}},
     // q_b 24576 × 1536
-    Row{24576, 1536, 64, {64, 128, 1, 1}},    Row{24576, 1536, 128, {128, 192, 2, 1}},
+    Row{24576, 1536, 64, {64, 128, 1, 1}},    Row{24576, 1536, 128, {128, 192, 1, 1}},
     Row{24576, 1536, 256, lt({128, 128, 1, 1})}, Row{24576, 1536, 1 << 30, {128, 256, 1, 2}},
     // kv_b 32768 × 512
     Row{32768, 512, 64, {64, 64, 1, 1}},      Row{32768, 512, 256, {128, 128, 1, 1}},

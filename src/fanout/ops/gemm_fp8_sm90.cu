@@ -310,8 +310,10 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
 
     // Launched with a programmatic dependency on the previous kernel: everything before
     // grid_dependency_wait() overlaps its tail. Only the dense producer does work there (it
-    // fetches the weight tiles of its first stages, which no kernel writes); every read of
-    // activations, counts or the workspace and every write comes after the wait.
+    // fetches the weight tiles of its first stages, which no kernel writes), and split K's ticket
+    // (above: the previous launch on this workspace handed out all of its own before this grid
+    // could start, and atomics on one address are ordered); every other read of activations,
+    // counts or the workspace and every write comes after the wait.
     grid_launch_dependents();
     // A tile with fewer than BM rows of x loads them through tmap_x_tail, whose box is only as tall
     // as those rows (rounded up to 8; launch_config); its rows past the box are never stored, so
