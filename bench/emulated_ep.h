@@ -28,6 +28,8 @@ class EmulatedEp final : public comm::ExpertParallel {
     // As the GPU backends' fused combine is timed here: combine_recv's stand-in (into a scratch
     // buffer), the residual untouched.
     void combine_recv_add(const float* w, void*) override { combine_recv(w, scratch_.get()); }
+    // Its launches (combine's zeros) go on `stream`, the layer's: set_expert_parallel checks it.
+    void* device_stream() const override { return stream_; }
 
   private:
     comm::EpConfig config_;
