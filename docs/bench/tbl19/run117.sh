@@ -4,7 +4,7 @@
 # hand a stage over by one arrive per warp after __syncwarp. Carry: HEAD's build plus
 # build/ops_cuda_test_rpt = HEAD with release_per_thread.patch (every lane arrives on the stage's
 # empty and full barriers, the pre-nineteenth-session form). Same filter on both binaries. First
-# every GPU suite on HEAD.
+# every GPU suite on HEAD; last the layer (EmulatedEp now names its stream, which the layer checks).
 set -u
 source scripts/device_env.sh
 gpu_suites  # the final code: the review's mends, the duplicate-logit-bias case
@@ -14,5 +14,6 @@ for v in head rpt; do
     --gtest_filter='GemmFp8Cuda.Split*:GemmFp8Cuda.EveryTileShape*' > $L/racecheck_$v.txt 2>&1
   echo "racecheck $v rc=$? $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]|RACECHECK SUMMARY|ERROR SUMMARY' $L/racecheck_$v.txt | tr '\n' ' ') hazard reports: $(grep -c 'Error: Race' $L/racecheck_$v.txt) t=$(( $(date +%s) - t0 ))" >> $S
 done
+run_line "layer HEAD" layer $B/apps/fanout bench layer --batches 32,128 --eps 8 --replays 10 --microbatch --json $L/layer.json
 cd $OUT && tar czf logs.tgz logs && rm -rf logs
 cat $S
