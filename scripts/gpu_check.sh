@@ -69,9 +69,15 @@ tail -3 "$logs/ops_cuda_test.log"
 cuobjdump --dump-sass "$build/tests/ops/ops_cuda_test" > "$logs/sass.txt" 2>&1 &&
     grep -oE "QGMMA|HGMMA|UTMALDG|USETMAXREG|LDL|STL" "$logs/sass.txt" | sort | uniq -c
 if [[ ${SANITIZE:-0} == 1 ]]; then
+    # racecheck leaves out the dense GEMM tests: its 64-row tiles hand a stage between the scale
+    # loader and the consumers with one mbarrier arrive per warp after __syncwarp, which the tool
+    # reports as hazards (docs/PERF.md, twenty-first session: 1,028 errors, 0 with every lane
+    # arriving — docs/bench/tbl19/run117.sh runs that comparison).
     for tool in memcheck racecheck synccheck; do
+        filter='GemmFp8Cuda.Every*:GroupedGemmFp8Cuda.*:SiluMulQuantCuda.*'
+        [[ $tool == racecheck ]] && filter='GroupedGemmFp8Cuda.*:SiluMulQuantCuda.*'
         run "sanitize_$tool" compute-sanitizer --tool $tool --error-exitcode 1 "$build/tests/ops/ops_cuda_test" \
-            --gtest_filter='GemmFp8Cuda.Every*:GroupedGemmFp8Cuda.*:SiluMulQuantCuda.*'
+            --gtest_filter="$filter"
         tail -3 "$logs/sanitize_$tool.log"
     done
 fi
