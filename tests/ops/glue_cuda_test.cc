@@ -492,12 +492,19 @@ TEST(GlueCuda, StridedBatchedGemmBf16MatchesCpu) {
     EXPECT_NE(null_msg.find("device pointers"), std::string::npos) << null_msg;
 }
 
-// cuBLASLt's shapes and the few-row GEMV's (M <= 8, K % 8 == 0: the router's gate at decode), and
-// a K the GEMV cannot take.
+// cuBLASLt's shapes and the few-row GEMV's (M <= 8, K % 8 == 0: the router's gate at decode), a K
+// the GEMV cannot take, and V3's router at batch sizes whose tiles fill under half of the GPU, which
+// cuBLASLt runs with K split (device_context.cc's split_k).
 TEST(GlueCuda, GemmBf16F32OutMatchesCpu) {
     REQUIRE_GPU();
-    for (auto [M, N, K] :
-         {std::tuple{13, 72, 256}, {1, 256, 7168}, {2, 256, 7168}, {8, 37, 136}, {5, 4096, 64}, {3, 19, 36}}) {
+    for (auto [M, N, K] : {std::tuple{13, 72, 256},
+                           {1, 256, 7168},
+                           {2, 256, 7168},
+                           {8, 37, 136},
+                           {5, 4096, 64},
+                           {3, 19, 36},
+                           {61, 256, 7168},
+                           {256, 256, 7168}}) {
         auto x = random_bf16(size_t(M) * K, 9 + M), w = random_bf16(size_t(N) * K, 10 + N);
         Dev<uint16_t> dx(x.bits), dw(w.bits);
         Dev<float> y(size_t(M) * N);
@@ -512,6 +519,9 @@ TEST(GlueCuda, GemmBf16F32OutMatchesCpu) {
                 ref.push_back(float(acc));
             }
         EXPECT_LT(rel(y.download(), ref), 1e-5) << M << "x" << N << "x" << K;
+        if (N == 256 && K == 7168 && M > 8) {
+            EXPECT_GT(ctx.blas_plan(M, N, K, true).split_k, 1) << M << "x" << N << "x" << K << ": K not split";
+        }
     }
     const std::string msg =
         fanout::testing::error_of([] { launch_gemv_bf16_f32(nullptr, nullptr, nullptr, 9, 8, 8, nullptr); });
