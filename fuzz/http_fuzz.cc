@@ -64,9 +64,12 @@ struct World {
 World& world() {
     static World* w = [] {
         auto* w = new World{fanout::io::Tokenizer::load([] {
-            const char* env = std::getenv("FANOUT_TOKENIZER_DIR");
-            return std::string(env && *env ? env : FANOUT_DEFAULT_TOKENIZER_DIR);
-        }())};
+                                const char* env = std::getenv("FANOUT_TOKENIZER_DIR");
+                                return std::string(env && *env ? env : FANOUT_DEFAULT_TOKENIZER_DIR);
+                            }()),
+                            nullptr,
+                            nullptr,
+                            {}};
         fanout::engine::EngineConfig ec;
         ec.num_kv_blocks = 64;
         w->engine = std::make_unique<fanout::engine::Engine>(std::make_unique<FakeRunner>(w->tokenizer.vocab_size()),

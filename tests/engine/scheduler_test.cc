@@ -63,6 +63,28 @@ TEST(Scheduler, ChunksPrefillUnderTheTokenBudgetAndMixesDecode) {
     EXPECT_TRUE(w[1].wants_logits);
 }
 
+// MTP's lookahead reserves KV slots past a chunk that samples, but never past the context: a
+// sequence never holds more blocks than the context needs (the GPU runner refuses such a step).
+TEST(Scheduler, DraftLookaheadStopsAtTheContext) {
+    kv::BlockAllocator alloc(64);
+    kv::PrefixCache pc(alloc, 64);
+    SchedulerConfig c{8, 256, 256};
+    c.draft_lookahead = 2;
+    c.max_context = 128;
+    Scheduler sched(c, pc);
+    auto a = make_seq(1, 127);  // its sample lands at position 127, the context's last
+    sched.add(a);
+    auto w = sched.schedule();
+    ASSERT_EQ(w.size(), 1u);
+    EXPECT_TRUE(w[0].wants_logits);
+    EXPECT_EQ(a->blocks.size(), 2u);  // 127 + 2 slots would need 3 blocks of 64
+    // Inside the context the lookahead still reserves its slots.
+    auto b = make_seq(2, 63);
+    sched.add(b);
+    w = sched.schedule();
+    EXPECT_EQ(b->blocks.size(), 2u);  // 63 tokens + 2 lookahead slots
+}
+
 // A step lists its decodes before its prefill chunks (the GPU model runs the two in different
 // attention forms), each group in arrival order; budget still goes by arrival.
 TEST(Scheduler, ListsDecodesBeforePrefillChunks) {

@@ -433,6 +433,14 @@ TEST(ModelConfigErrorTest, NonPositiveSizes) {
                 HasSubstr("field 'original_max_position_embeddings' must be positive, found 0"));
 }
 
+// YaRN's correction range divides by log(rope_theta): a base of 1 would make every frequency NaN.
+TEST(ModelConfigErrorTest, RopeThetaOfOneWithYarn) {
+    EXPECT_THAT(parse_error(v3_with("rope_theta", 1.0)), HasSubstr("rope_theta must be > 1 with YaRN, found 1"));
+    json j = load_fixture("direct_q");  // no YaRN: a base of 1 is degenerate but finite
+    j["rope_theta"] = 1.0;
+    EXPECT_EQ(parse(j).rope_theta, 1.0);
+}
+
 TEST(ModelConfigErrorTest, NumberTooLargeForADouble) {
     // nlohmann rejects 1e999 while parsing, so it never reaches the field's finiteness check.
     const std::string text = R"({"rms_norm_eps": 1e999, )" + v3_with("rms_norm_eps", kRemove).dump().substr(1);

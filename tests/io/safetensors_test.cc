@@ -373,6 +373,26 @@ TEST_F(SafetensorsTest, BeginAfterEnd) {
     EXPECT_THAT(msg, HasSubstr("data_offsets [8, 4]"));
 }
 
+// The format's rule: no two tensors share bytes (an overlap would alias two weights). Empty tensors
+// take no bytes, so they may sit anywhere.
+TEST_F(SafetensorsTest, OverlappingDataOffsets) {
+    const std::string msg = open_error(safetensors_bytes(
+        R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})",
+        std::string(24, 'x')));
+    EXPECT_THAT(msg, HasSubstr("tensors 'a' and 'b' overlap: data_offsets [0, 16] and [8, 24]"));
+    const std::string same = open_error(safetensors_bytes(
+        R"({"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8]},"b":{"dtype":"U8","shape":[8],"data_offsets":[0,8]}})",
+        std::string(8, 'x')));
+    EXPECT_THAT(same, HasSubstr("overlap"));
+    const std::string p = path("ok.safetensors");
+    write_file(
+        p,
+        safetensors_bytes(
+            R"({"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8]},"e":{"dtype":"U8","shape":[0],"data_offsets":[4,4]},"b":{"dtype":"U8","shape":[8],"data_offsets":[8,16]}})",
+            std::string(16, 'x')));
+    EXPECT_EQ(SafetensorsFile::open(p).entry("b").nbytes, 8u);
+}
+
 TEST_F(SafetensorsTest, OffsetsNearUint64MaxDoNotWrap) {
     const std::string msg = open_error(
         safetensors_bytes(R"({"w":{"dtype":"U8","shape":[2],"data_offsets":[18446744073709551615,1]}})", "ab"));

@@ -348,6 +348,25 @@ TEST_F(HttpServerTest, WholeSourceIsSentWithItsLength) {
     EXPECT_NE(out.find("{\"x\":1}"), std::string::npos);
 }
 
+// A whole (not streamed) body larger than the slow-reader limit on streamed output is still sent
+// whole: it is produced at once, when the source is done, not queued for a reader.
+TEST_F(HttpServerTest, WholeBodyPastThePendingOutputLimitIsSent) {
+    HttpLimits limits;
+    limits.max_pending_output = 1u << 20;
+    start(limits);
+    RawClient c(port);
+    c.send("POST /whole HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    std::this_thread::sleep_for(100ms);
+    const std::string body(3u << 20, 'x');
+    source->push(body, true);
+    std::string out;
+    ASSERT_TRUE(c.read_until_closed(&out, 5s));
+    EXPECT_EQ(status_of(out), 200);
+    EXPECT_NE(out.find("Content-Length: " + std::to_string(body.size())), std::string::npos);
+    EXPECT_EQ(out.size() - out.find("\r\n\r\n") - 4, body.size());
+    EXPECT_FALSE(source->cancelled);
+}
+
 TEST(HttpParse, UsesTheServerLimits) {
     HttpLimits l;
     l.max_body_bytes = 10;

@@ -177,7 +177,7 @@ DeepseekRunner::DeepseekRunner(std::vector<std::unique_ptr<model::DeepseekV3>> m
 DeepseekRunner::DeepseekRunner(std::unique_ptr<model::DeepseekV3> model, model::ForwardOptions opts, int threads,
                                DType kv_dtype, std::unique_ptr<comm::TensorParallel> tp,
                                std::unique_ptr<comm::ControlPlane> followers)
-    : kv_dtype_(kv_dtype), remote_(std::move(followers)) {
+    : remote_(std::move(followers)), kv_dtype_(kv_dtype) {
     FANOUT_CHECK(tp != nullptr && remote_ != nullptr && tp->rank() == 0 && remote_->rank() == 0 &&
                      tp->size() == remote_->world(),
                  "TP group as processes: this runner is TP rank 0 with an endpoint and a channel of the same group");

@@ -151,11 +151,17 @@ struct Engine::Active {
 };
 
 namespace {
-// The scheduler's limits, with the KV slots MTP drafting writes past a chunk.
-SchedulerConfig scheduler_config(const EngineConfig& c) {
+// The scheduler's limits, with the KV slots MTP drafting writes past a chunk, inside the context.
+SchedulerConfig scheduler_config(const EngineConfig& c, int64_t max_context) {
     SchedulerConfig s = c.scheduler;
     s.draft_lookahead = std::max(0, c.mtp_draft_tokens - 1);
+    s.max_context = max_context;
     return s;
+}
+
+// The longest sequence the engine takes: the runner's context, at most what the cache holds.
+int64_t context_limit(const ModelRunner& runner, const EngineConfig& c, const kv::PagedKvCache& cache) {
+    return std::min<int64_t>(runner.max_context(), c.num_kv_blocks * cache.config().block_size);
 }
 }  // namespace
 
@@ -165,8 +171,8 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const io::Tokenizer* tokeniz
       config_(config),
       cache_(runner_->kv_cache_config(config.num_kv_blocks)),
       prefix_(cache_.allocator(), cache_.config().block_size),
-      scheduler_(scheduler_config(config), prefix_),
-      max_context_(std::min<int64_t>(runner_->max_context(), config.num_kv_blocks * cache_.config().block_size)),
+      scheduler_(scheduler_config(config, context_limit(*runner_, config, cache_)), prefix_),
+      max_context_(context_limit(*runner_, config, cache_)),
       eos_(runner_->eos_ids()) {
     stats_.kv_blocks_total = config.num_kv_blocks;
     FANOUT_CHECK(config.microbatch_min_tokens >= 1, "--microbatch-min-tokens must be >= 1, got {}",

@@ -124,8 +124,11 @@ bool Scheduler::ensure_blocks(Sequence* seq, int64_t num_tokens) {
 }
 
 void Scheduler::reserve_lookahead(const ScheduledSeq& s) {
-    if (s.wants_logits && config_.draft_lookahead > 0)
-        ensure_blocks(s.seq, s.start + s.num_tokens + config_.draft_lookahead);  // best effort
+    if (s.wants_logits && config_.draft_lookahead > 0) {
+        int64_t slots = s.start + s.num_tokens + config_.draft_lookahead;
+        if (config_.max_context > 0) slots = std::min(slots, std::max(config_.max_context, s.start + s.num_tokens));
+        ensure_blocks(s.seq, slots);  // best effort
+    }
 }
 
 void Scheduler::preempt(Sequence* seq) {

@@ -67,6 +67,9 @@ struct SchedulerConfig {
     // KV slots a chunk that ends a sequence's known tokens also reserves past itself, when the
     // cache has them without preempting anyone (MTP drafting writes its layer's KV there).
     int64_t draft_lookahead = 0;
+    // Positions a sequence may ever hold (the engine's context; 0: no limit): the lookahead stops
+    // there, so no sequence holds more blocks than a runner allows a request.
+    int64_t max_context = 0;
     // A chunk of more than long_chunk_tokens tokens whose context (start + its tokens) is at most
     // long_chunk_max_context costs n + long_chunk_cost_per_pair · Σ (s + i + 1) +
     // long_chunk_cost_per_key · (s + n) instead; long_chunk_cost_per_pair < 0: no such price.

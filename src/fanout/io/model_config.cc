@@ -109,6 +109,8 @@ void parse_rope(const json& j, const std::string& where, ModelConfig& c) {
     if (type == "default") return;
     FANOUT_CHECK(type == "yarn", "{}: rope type '{}' is not supported; fanout implements 'default' and 'yarn'", sub,
                  type);
+    // YaRN's correction range divides by log(rope_theta): a base of 1 makes every frequency NaN.
+    FANOUT_CHECK(c.rope_theta > 1.0, "{}: rope_theta must be > 1 with YaRN, found {}", sub, c.rope_theta);
     YarnConfig y;
     y.factor = r.number_in("factor", 1.0, 1e6);
     y.original_max_position_embeddings = r.has("original_max_position_embeddings")

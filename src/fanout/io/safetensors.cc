@@ -128,6 +128,19 @@ SafetensorsFile SafetensorsFile::parse(std::shared_ptr<MappedFile> file, const u
         e.nbytes = end - begin;
         st.entries_.emplace(name, std::move(e));
     }
+    // No two tensors share bytes (the format's own rule): an overlap would alias two weights.
+    std::vector<const TensorEntry*> by_offset;
+    for (const auto& [name, e] : st.entries_)
+        if (e.nbytes > 0) by_offset.push_back(&e);
+    std::sort(by_offset.begin(), by_offset.end(),
+              [](const TensorEntry* a, const TensorEntry* b) { return a->offset < b->offset; });
+    for (size_t i = 1; i < by_offset.size(); ++i) {
+        const TensorEntry &prev = *by_offset[i - 1], &cur = *by_offset[i];
+        FANOUT_CHECK(cur.offset >= prev.offset + prev.nbytes,
+                     "{}: tensors '{}' and '{}' overlap: data_offsets [{}, {}] and [{}, {}]", label, prev.name,
+                     cur.name, prev.offset - data_start, prev.offset - data_start + prev.nbytes,
+                     cur.offset - data_start, cur.offset - data_start + cur.nbytes);
+    }
     return st;
 }
 

@@ -386,7 +386,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     void pump() {
         if (!source_ || closed_) return;
         if (!source_done_) source_done_ = source_->pull(pending_);
-        if (pending_.size() > srv_.limits.max_pending_output) return close();  // the client is not reading
+        // A streamed response's chunks wait here for a slow reader, up to the limit. A whole body is
+        // produced at once when the source is done and never waits on the reader while it grows.
+        if (streamed_ && pending_.size() > srv_.limits.max_pending_output) return close();  // the client is not reading
         if (writing_) return;  // the write in flight calls pump() again when it completes
         if (!streamed_) {
             if (!source_done_) return;
