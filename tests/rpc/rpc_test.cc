@@ -4,12 +4,14 @@
 // engines' caches, round-robin, and an engine that goes away mid-stream (its requests end
 // "unavailable", it leaves the rotation, the next requests go elsewhere, it rejoins).
 #include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
 #include <thread>
 
 #include "engine/engine_test_util.h"
 #include "engine/fake_rank_runner.h"
+#include "fanout/engine.grpc.pb.h"
 #include "fanout/kv/prefix_cache.h"
 #include "fanout/router/router.h"
 #include "fanout/rpc/engine_service.h"
@@ -28,9 +30,10 @@ using ::testing::HasSubstr;
 
 // An engine with the fake model behind the gRPC service on a free port.
 struct Node {
-    explicit Node(int port = 0) : shared(1) {
+    // 1,024 blocks: the fake model's whole context (4096 tokens); fewer make a smaller context.
+    explicit Node(int port = 0, int64_t kv_blocks = 1024) : shared(1) {
         engine::EngineConfig cfg;
-        cfg.num_kv_blocks = 1024;  // the fake model's whole context (4096 tokens)
+        cfg.num_kv_blocks = kv_blocks;
         cfg.scheduler = {16, 64, 16};
         eng = std::make_unique<engine::Engine>(std::make_unique<FakeRankRunner>(shared, 0), nullptr, cfg);
         eng->start();
@@ -93,6 +96,53 @@ TEST(EngineService, StreamsExactTokensCancelsAndRefuses) {
     EXPECT_GE(load.requests_received, 13);
     EXPECT_EQ(load.requests_aborted, 1) << "the cancelled call reached the engine";
     EXPECT_FALSE(remote.abort("no-such-request", std::chrono::seconds(5)));
+}
+
+// A request id names one running request: a second call with a running request's id is refused
+// (before, it took the name over, and the first call to end erased the other's entry, so Abort
+// could no longer find it), and the id is free again once its request ends.
+TEST(EngineService, ARunningRequestsIdIsNotTakenOver) {
+    Node node;
+    auto stub = Engine::NewStub(grpc::CreateChannel(node.address(), grpc::InsecureChannelCredentials()));
+    const auto make = [](int64_t max_tokens) {
+        GenerateRequest req;
+        req.set_request_id("dup");
+        for (int32_t t : request(1, 4).prompt) req.add_prompt(t);
+        req.set_max_tokens(max_tokens);
+        req.mutable_sampling()->set_top_p(1.0f);  // greedy (temperature 0)
+        return req;
+    };
+    grpc::ClientContext c1;
+    auto first = stub->Generate(&c1, make(4000));
+    GenerateEvent ev;
+    ASSERT_TRUE(first->Read(&ev));  // running
+    grpc::ClientContext c2;
+    auto second = stub->Generate(&c2, make(2));
+    while (second->Read(&ev)) {
+    }
+    const grpc::Status refused = second->Finish();
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+    EXPECT_THAT(refused.error_message(), HasSubstr("'dup' is already running"));
+    RemoteEngine remote(node.address());
+    EXPECT_TRUE(remote.abort("dup", std::chrono::seconds(5)));  // still finds the first
+    while (first->Read(&ev)) {
+    }
+    EXPECT_TRUE(first->Finish().ok());
+    // The id is free once the server has finished the first call (its OnDone may trail the
+    // status the client read by a moment).
+    grpc::Status done;
+    int64_t tokens = 0;
+    for (int i = 0; i < 100; ++i) {
+        grpc::ClientContext c3;
+        auto again = stub->Generate(&c3, make(2));
+        tokens = 0;
+        while (again->Read(&ev)) tokens += ev.tokens_size();
+        done = again->Finish();
+        if (done.error_code() != grpc::StatusCode::ALREADY_EXISTS) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_TRUE(done.ok()) << done.error_message();
+    EXPECT_EQ(tokens, 2);
 }
 
 TEST(EngineService, KvEventsCarryTheBlocksThePromptFilled) {
@@ -222,6 +272,31 @@ TEST(Router, RoundRobinAlternatesAndAnEngineThatGoesAwayLeavesAndRejoins) {
     a = std::make_unique<Node>(port_a);
     for (int i = 0; i < 250 && !r.healthy(0); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     EXPECT_TRUE(r.healthy(0));
+    r.stop();
+}
+
+// Engines whose caches differ (each GPU's memory left): the router takes requests up to the
+// smallest context, so a request it takes fits wherever it lands; before, it took them up to the
+// first engine's and the smaller engine refused half of them.
+TEST(Router, TheSmallestEngineContextBoundsRequests) {
+    Node a, b(0, 256);  // contexts 4,096 and 1,024
+    router::RouterConfig cfg;
+    cfg.placement.policy = "round-robin";
+    cfg.health_interval = std::chrono::milliseconds(50);
+    router::Router r({a.address(), b.address()}, cfg);
+    r.start();
+    for (int i = 0; i < 100 && !(r.healthy(0) && r.healthy(1)); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ASSERT_TRUE(r.healthy(0) && r.healthy(1));
+    EXPECT_EQ(r.max_context(), 1024);
+    EXPECT_THAT(error_of([&] { r.submit(request(1, 2000)); }), HasSubstr("exceeds the context"));
+    for (int i = 0; i < 4; ++i) {
+        std::string why;
+        EXPECT_EQ(drain(*r.submit(request(10 + i, 500)), &why), expected(request(10 + i, 500).prompt, 500));
+        EXPECT_EQ(why, "length");
+    }
+    EXPECT_EQ(a.eng->stats().requests_received, 2);
+    EXPECT_EQ(b.eng->stats().requests_received, 2);
     r.stop();
 }
 

@@ -13,6 +13,7 @@ struct Router::Slot {
     bool watching = false;     // a KV event stream is open
     engine::EngineStats last;  // its last load report
     std::string last_error;
+    int64_t max_context = 0;  // from its last health report (0: never healthy)
 };
 
 namespace {
@@ -48,14 +49,25 @@ void Router::check(Slot& s) {
     bool start_watch = false;
     {
         std::lock_guard lock(mutex_);
-        if (error.empty() && !model_.empty() && info.model != model_)
-            error = fmt::format("serves model '{}', the others '{}'", info.model, model_);
+        // One model, one vocabulary and one KV block size (prefix hashes are per block) across the
+        // engines; contexts may differ (each engine's cache is what its GPU memory left), and the
+        // router takes requests up to the smallest (max_context()).
+        if (error.empty() && !model_.empty()) {
+            if (info.model != model_)
+                error = fmt::format("serves model '{}', the others '{}'", info.model, model_);
+            else if (info.vocab_size != info_.vocab_size)
+                error = fmt::format("has a vocabulary of {}, the others {}", info.vocab_size, info_.vocab_size);
+            else if (info.kv_block_size != info_.kv_block_size)
+                error =
+                    fmt::format("has KV blocks of {} tokens, the others {}", info.kv_block_size, info_.kv_block_size);
+        }
         if (error.empty()) {
             if (model_.empty()) {
                 model_ = info.model;
                 info_ = info;
             }
             s.remote->set_info(info);
+            s.max_context = info.max_context;
             s.last = s.remote->stats();
             if (!s.healthy)
                 std::fprintf(stderr, "router: engine %s is healthy (model '%s')\n", s.remote->address().c_str(),
@@ -223,9 +235,16 @@ struct Router::Relay : std::enable_shared_from_this<Relay> {
                         const int next = router.pick(hashes, tried);
                         if (next >= 0) {
                             remote->on_event(nullptr);
-                            send_locked(next);  // nothing was sent to the caller: place it again
-                            placed_again = true;
-                            break;
+                            try {
+                                send_locked(next);  // nothing was sent to the caller: place it again
+                                placed_again = true;
+                                break;
+                            } catch (const std::exception& e) {
+                                // The next engine refused it (its limits changed since the router
+                                // checked): the caller gets this attempt's "unavailable" as its end.
+                                std::fprintf(stderr, "router: request %lld not placed again: %s\n",
+                                             static_cast<long long>(caller->id()), e.what());
+                            }
                         }
                     }
                 }
@@ -253,7 +272,7 @@ std::shared_ptr<engine::RequestHandle> Router::submit(engine::RequestParams para
         std::lock_guard lock(mutex_);
         FANOUT_CHECK(!model_.empty(), "router: not started");
         if (draining_) throw engine::ServiceUnavailable(503, "the router is shutting down; retry on another");
-        engine::validate_request(params, info_.max_context, info_.vocab_size, true);
+        engine::validate_request(params, max_context_locked(), info_.vocab_size, true);
         const bool any = std::any_of(engines_.begin(), engines_.end(), [](const auto& s) { return s->healthy; });
         if (!any) throw engine::ServiceUnavailable(503, "no engine is healthy; retry later");
         hashes = kv::block_hashes(params.prompt, info_.kv_block_size);
@@ -264,14 +283,17 @@ std::shared_ptr<engine::RequestHandle> Router::submit(engine::RequestParams para
             429, fmt::format("every engine has {} requests in flight; retry later", config_.max_in_flight));
     auto caller = std::make_shared<engine::RequestHandle>(next_id_++);
     auto relay = std::make_shared<Relay>(*this, std::move(params), std::move(hashes), caller);
-    {
+    // The caller's handle keeps the relay alive until the request ends (then pump() lets go) or
+    // is cancelled. Installed before the first event can arrive, so pump()'s release comes after.
+    caller->on_cancel([relay] { relay->cancel(); });
+    try {
         std::lock_guard lock(relay->mutex);
         relay->send_locked(e);
+    } catch (...) {
+        caller->on_cancel(nullptr);  // nothing runs: the caller never sees the handle
+        throw;
     }
     relay->watch();
-    // The caller's handle keeps the relay alive until the request ends (then pump() lets go) or
-    // is cancelled.
-    caller->on_cancel([relay] { relay->cancel(); });
     relay->pump();
     return caller;
 }
@@ -292,7 +314,14 @@ std::vector<engine::EngineStats> Router::rank_stats() const {
 
 int64_t Router::max_context() const {
     std::lock_guard lock(mutex_);
-    return info_.max_context;
+    return max_context_locked();
+}
+
+int64_t Router::max_context_locked() const {
+    int64_t m = 0;
+    for (const auto& s : engines_)
+        if (s->healthy && s->max_context > 0) m = m == 0 ? s->max_context : std::min(m, s->max_context);
+    return m > 0 ? m : info_.max_context;
 }
 
 int64_t Router::vocab_size() const {

@@ -58,6 +58,7 @@ class Router : public engine::RequestService {
     std::shared_ptr<engine::RequestHandle> submit(engine::RequestParams params) override;
     engine::EngineStats stats() const override;
     std::vector<engine::EngineStats> rank_stats() const override;  // per engine, in --engine order
+    // The smallest context of the healthy engines: a request within it fits wherever it lands.
     int64_t max_context() const override;
     int64_t vocab_size() const override;
 
@@ -79,6 +80,7 @@ class Router : public engine::RequestService {
     void check(Slot& s);
     void health_loop();
     int index_of(const Slot& s) const;
+    int64_t max_context_locked() const;  // mutex_ held
     // Every engine's load for the placer; those in `exclude` are not eligible (mutex_ held).
     std::vector<engine::Placer::Target> targets_locked(const std::vector<int>& exclude) const;
 

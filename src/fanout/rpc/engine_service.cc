@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <random>
 #include <thread>
 
 #include "fanout/engine.grpc.pb.h"
@@ -111,6 +112,17 @@ struct EngineServer::Impl final : public Engine::CallbackService {
       public:
         GenerateCall(Impl& svc, const GenerateRequest& req) : svc_(svc), id_(req.request_id()) {
             ++svc_.in_flight;
+            // A request id names one running request (Abort finds it by the id): a second call
+            // with the id of a running one is refused, not let to take the name over.
+            if (!id_.empty()) {
+                std::lock_guard lock(svc_.mutex);
+                if (!svc_.by_id.emplace(id_, std::weak_ptr<engine::RequestHandle>()).second) {
+                    Finish(Status(StatusCode::ALREADY_EXISTS,
+                                  "request id '" + id_.substr(0, 200) + "' is already running here"));
+                    return;
+                }
+                registered_ = true;
+            }
             try {
                 handle_ = svc_.engine.submit(params_from(req));
             } catch (const Error& e) {
@@ -118,7 +130,7 @@ struct EngineServer::Impl final : public Engine::CallbackService {
                 Finish(Status(stopped ? StatusCode::UNAVAILABLE : StatusCode::INVALID_ARGUMENT, e.what()));
                 return;
             }
-            if (!id_.empty()) {
+            if (registered_) {
                 std::lock_guard lock(svc_.mutex);
                 svc_.by_id[id_] = handle_;
             }
@@ -154,7 +166,7 @@ struct EngineServer::Impl final : public Engine::CallbackService {
                 gate_->call = nullptr;
             }
             if (handle_) handle_->on_event(nullptr);
-            if (!id_.empty()) {
+            if (registered_) {
                 std::lock_guard lock(svc_.mutex);
                 svc_.by_id.erase(id_);
             }
@@ -185,6 +197,7 @@ struct EngineServer::Impl final : public Engine::CallbackService {
 
         Impl& svc_;
         std::string id_;
+        bool registered_ = false;  // id_ is this call's in by_id
         std::shared_ptr<engine::RequestHandle> handle_;
         std::shared_ptr<Gate> gate_;
         GenerateEvent out_;
@@ -375,7 +388,20 @@ class GenerateStream final : public grpc::ClientReadReactor<GenerateEvent> {
 
 }  // namespace
 
-RemoteEngine::RemoteEngine(const std::string& address) : impl_(std::make_unique<Impl>()), address_(address) {
+namespace {
+// A prefix no other client's ids share: two routers (or restarts of one) in front of one engine
+// each count their requests from 1, and the engine refuses a running request's id.
+std::string client_nonce() {
+    std::random_device rd;
+    const uint64_t n = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+    char buf[17];
+    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(n));
+    return buf;
+}
+}  // namespace
+
+RemoteEngine::RemoteEngine(const std::string& address)
+    : impl_(std::make_unique<Impl>()), address_(address), id_prefix_(address + "#" + client_nonce() + "-") {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(64 << 20);
     args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 1000);
@@ -428,11 +454,12 @@ bool RemoteEngine::abort(const std::string& request_id, std::chrono::millisecond
 }
 
 std::shared_ptr<engine::RequestHandle> RemoteEngine::submit(engine::RequestParams params) {
-    FANOUT_CHECK(info_.vocab_size > 0, "engine {}: submit before its health was known", address_);
-    engine::validate_request(params, info_.max_context, info_.vocab_size, true);
+    const EngineInfo info = this->info();
+    FANOUT_CHECK(info.vocab_size > 0, "engine {}: submit before its health was known", address_);
+    engine::validate_request(params, info.max_context, info.vocab_size, true);
     const int64_t id = next_id_++;
     auto handle = std::make_shared<engine::RequestHandle>(id);
-    new GenerateStream(impl_->stub.get(), request_to(params, address_ + "#" + std::to_string(id)), handle, in_flight_);
+    new GenerateStream(impl_->stub.get(), request_to(params, id_prefix_ + std::to_string(id)), handle, in_flight_);
     return handle;
 }
 

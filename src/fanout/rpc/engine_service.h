@@ -17,6 +17,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "fanout/engine/engine.h"
@@ -72,12 +73,20 @@ class RemoteEngine : public engine::RequestService {
     void stop_kv_events();
 
     // RequestService. Before submit(), set_info() (the router does from health()).
-    void set_info(const EngineInfo& info) { info_ = info; }
+    // The health checker sets it while requests are submitted on other threads.
+    void set_info(const EngineInfo& info) {
+        std::lock_guard lock(info_mutex_);
+        info_ = info;
+    }
+    EngineInfo info() const {
+        std::lock_guard lock(info_mutex_);
+        return info_;
+    }
     std::shared_ptr<engine::RequestHandle> submit(engine::RequestParams params) override;
     engine::EngineStats stats() const override;
-    int64_t max_context() const override { return info_.max_context; }
-    int64_t vocab_size() const override { return info_.vocab_size; }
-    int64_t kv_block_size() const override { return info_.kv_block_size; }
+    int64_t max_context() const override { return info().max_context; }
+    int64_t vocab_size() const override { return info().vocab_size; }
+    int64_t kv_block_size() const override { return info().kv_block_size; }
     // Calls in flight through this client.
     int64_t in_flight() const { return in_flight_; }
 
@@ -85,6 +94,8 @@ class RemoteEngine : public engine::RequestService {
     struct Impl;
     std::unique_ptr<Impl> impl_;
     std::string address_;
+    std::string id_prefix_;  // of the request ids this client sends: its address and a nonce
+    mutable std::mutex info_mutex_;
     EngineInfo info_;
     std::atomic<int64_t> in_flight_{0};
     std::atomic<int64_t> next_id_{1};
