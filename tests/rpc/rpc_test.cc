@@ -110,6 +110,7 @@ TEST(EngineService, ARunningRequestsIdIsNotTakenOver) {
         for (int32_t t : request(1, 4).prompt) req.add_prompt(t);
         req.set_max_tokens(max_tokens);
         req.mutable_sampling()->set_top_p(1.0f);  // greedy (temperature 0)
+        req.set_ignore_eos(true);                 // the fake model's tokens reach its EOS
         return req;
     };
     grpc::ClientContext c1;
