@@ -381,6 +381,34 @@ TEST(SchedulerCost, GuaranteesOneTokenWhenOneTokenIsOverBudget) {
     EXPECT_EQ(w[0].num_tokens, 1);  // deep in the prompt: one token a step
 }
 
+// A sequence whose single token exceeds the budget takes turns with the others: it does not hold
+// a decode behind it at a standstill (before, the oldest running sequence got the forced token of
+// every step and the budget was spent, so the decode behind it ran nothing until it finished).
+TEST(SchedulerCost, AnOverBudgetTokenTakesTurnsWithTheSequencesBehindIt) {
+    kv::BlockAllocator alloc(512);
+    kv::PrefixCache pc(alloc, 16);
+    Scheduler sched({8, 8, 64, true, 0.01}, pc);  // a token at context > 700 costs over 8
+    auto a = make_seq(1, 2000), b = make_seq(2, 3);
+    sched.add(a);
+    sched.add(b);
+    int64_t steps = 0, b_ran = 0, a_ran = 0;
+    while (a->num_computed < 1500) {
+        auto w = sched.schedule();
+        ASSERT_FALSE(w.empty());
+        const bool deep = a->num_computed > 800;  // a's one token is over budget
+        for (const auto& s : w) {
+            if (deep && s.seq == b.get()) ++b_ran;
+            if (deep && s.seq == a.get()) ++a_ran;
+        }
+        if (deep) ++steps;
+        run(sched, w);
+        ASSERT_LT(steps, 2000);
+    }
+    EXPECT_GT(steps, 100);
+    EXPECT_GE(b_ran * 2 + 1, steps) << "b runs at least every other step";
+    EXPECT_GE(a_ran * 2 + 1, steps) << "a still runs at least every other step";
+}
+
 // A request arriving while a long prompt is deep in its prefill gets its whole (short) prompt in
 // the next step: a chunk first takes at most prefill_chunk token-equivalents, leaving it room.
 TEST(SchedulerCost, NewRequestIsAdmittedBesideADeepLongPrefill) {

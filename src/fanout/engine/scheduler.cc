@@ -137,6 +137,7 @@ void Scheduler::preempt(Sequence* seq) {
     seq->draft.clear();
     seq->num_computed = 0;
     seq->num_inserted_blocks = 0;
+    seq->passed_over = 0;
     ++seq->num_preemptions;
     ++total_preemptions_;
     const auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& p) { return p.get() == seq; });
@@ -149,10 +150,17 @@ void Scheduler::preempt(Sequence* seq) {
 std::vector<ScheduledSeq> Scheduler::schedule() {
     std::vector<ScheduledSeq> out;
     double budget = static_cast<double>(config_.max_batched_tokens);
+    // The running sequence owed this step's forced token: the one passed over longest (ties: the
+    // oldest). None passed over: the step's first work, as it comes.
+    Sequence* owed = nullptr;
+    for (const auto& p : running_)
+        if (p->passed_over > (owed != nullptr ? owed->passed_over : 0)) owed = p.get();
+    bool owed_seen = owed == nullptr;
     // 1. Running sequences, oldest first; the youngest give way when blocks run out.
-    for (size_t i = 0; i < running_.size() && budget > 0;) {
+    for (size_t i = 0; i < running_.size() && (budget > 0 || !owed_seen);) {
         Sequence* seq = running_[i].get();
-        const int64_t n = first_share(*seq, budget, out.empty());
+        if (seq == owed) owed_seen = true;
+        const int64_t n = first_share(*seq, budget, owed != nullptr ? seq == owed : out.empty());
         if (n == 0) {  // does not fit what is left: next step
             ++i;
             continue;
@@ -204,6 +212,8 @@ std::vector<ScheduledSeq> Scheduler::schedule() {
     }
     // 3. What the budget still holds goes to the chunks that took less than prefill_chunk tokens.
     grow_chunks(out, budget);
+    for (const auto& p : running_) ++p->passed_over;
+    for (const auto& s : out) s.seq->passed_over = 0;
     for (const auto& s : out) reserve_lookahead(s);
     // 4. The step lists its decodes first, then its prefill chunks, each in the order above: the
     // GPU model runs the first in the absorbed form and the chunks after them in the MHA form.

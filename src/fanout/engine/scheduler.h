@@ -17,6 +17,9 @@
 // prefill_chunk token-equivalents, so the sequences behind it still find budget; budget left
 // after everyone had a turn then lets the chunks grow back towards prefill_chunk tokens. The first
 // work of a step always gets at least one token, over budget if it must: progress is guaranteed.
+// That forced token takes turns: it goes to the running sequence passed over for the most steps
+// in a row (one whose single token exceeds the budget waits its turn, so it cannot hold every
+// sequence behind it at a standstill), and only when none was passed over to the step's first work.
 // With attention_cost_per_pair = 0 a cost is a token count and this is the plain token budget.
 // Long chunks may be priced apart (SchedulerConfig::long_chunk_*): the GPU runner runs their
 // attention in MLA's MHA form — cheaper pairs, plus one expansion of the context's latents per
@@ -45,6 +48,7 @@ struct Sequence {
     int64_t num_inserted_blocks = 0;  // full blocks already entered in the prefix cache
     int64_t prefix_hit_tokens = 0;    // prompt tokens reused from the cache at (first) admission
     int64_t num_preemptions = 0;
+    int64_t passed_over = 0;  // steps in a row it ran nothing while running (the scheduler's turns)
     std::vector<int32_t> blocks;
     // MTP speculative decoding: tokens proposed after `tokens`, computed (and checked) with the
     // last one in the next step; their KV becomes the sequence's only where they are accepted.
