@@ -11,6 +11,7 @@ struct Router::Slot {
     std::unique_ptr<rpc::RemoteEngine> remote;
     bool healthy = false;
     bool watching = false;     // a KV event stream is open
+    int64_t watch_gen = 0;     // the current stream's number: an older stream's callbacks do nothing
     engine::EngineStats last;  // its last load report
     std::string last_error;
     int64_t max_context = 0;  // from its last health report (0: never healthy)
@@ -47,6 +48,7 @@ void Router::check(Slot& s) {
         error = e.what();
     }
     bool start_watch = false;
+    int64_t watch_gen = 0;
     {
         std::lock_guard lock(mutex_);
         // One model, one vocabulary and one KV block size (prefix hashes are per block) across the
@@ -74,7 +76,10 @@ void Router::check(Slot& s) {
                              info.model.c_str());
             s.healthy = true;
             start_watch = !s.watching && config_.placement.policy == "prefix";
-            if (start_watch) s.watching = true;
+            if (start_watch) {
+                s.watching = true;
+                watch_gen = ++s.watch_gen;
+            }
         } else {
             if (s.healthy || s.last_error.empty())
                 std::fprintf(stderr, "router: engine %s is out of rotation: %s\n", s.remote->address().c_str(),
@@ -93,13 +98,15 @@ void Router::check(Slot& s) {
         Slot* slot = &s;
         const int e = index_of(s);
         s.remote->watch_kv_events(
-            [this, e](bool reset, const std::vector<uint64_t>& stored, const std::vector<uint64_t>& removed) {
+            [this, slot, e, watch_gen](bool reset, const std::vector<uint64_t>& stored,
+                                       const std::vector<uint64_t>& removed) {
                 std::lock_guard lock(mutex_);
-                placer_.update(e, reset, stored, removed);
+                if (slot->watch_gen == watch_gen) placer_.update(e, reset, stored, removed);
             },
-            [this, slot, e](const std::string&) {
+            [this, slot, e, watch_gen](const std::string&) {
                 std::lock_guard lock(mutex_);
-                placer_.forget(e);  // rebuilt when the next health check opens a new stream
+                if (slot->watch_gen != watch_gen) return;  // replaced: the newer stream keeps the index
+                placer_.forget(e);                         // rebuilt when the next health check opens a new stream
                 slot->watching = false;
             });
     }
@@ -182,6 +189,11 @@ void Router::mark_down(int e, const std::string& why) {
     std::fprintf(stderr, "router: engine %s is out of rotation: %s\n", s.remote->address().c_str(), why.c_str());
     s.healthy = false;
     placer_.forget(e);
+    // The forgotten index comes back from a fresh event stream (a reset first) when the engine
+    // passes its next health check; the old stream, if still open, is replaced then and its
+    // events are ignored from now on.
+    s.watching = false;
+    ++s.watch_gen;
     s.last_error = why;
 }
 
