@@ -2,7 +2,9 @@
 // (router/router.h), until SIGINT / SIGTERM. The engines are given (--engine), or — when mpirun
 // starts the router beside them (`mpirun -np 1 fanout router ... : -np N fanout engine ...`) —
 // each tells the router where it serves once it listens.
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <thread>
@@ -57,10 +59,13 @@ void run_router(RouterArgs& a) {
     std::thread watcher([&] {  // SIGINT / SIGTERM: drain (no new requests; those in flight finish), then stop
         while (!g_router_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
         std::fprintf(stderr, "fanout router: draining (up to %d s)\n", a.drain_seconds);
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(a.drain_seconds);
         if (!r.drain(std::chrono::seconds(a.drain_seconds)))
             std::fprintf(stderr, "fanout router: requests still running after %d s; stopping anyway\n",
                          a.drain_seconds);
-        server.stop();
+        // The engines are done; what they sent may still be on its way to slow readers.
+        server.stop(std::max(std::chrono::milliseconds(0), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                               deadline - std::chrono::steady_clock::now())));
     });
     int healthy = 0;
     for (int e = 0; e < r.num_engines(); ++e) healthy += r.healthy(e) ? 1 : 0;

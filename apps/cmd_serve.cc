@@ -325,7 +325,11 @@ void run_serve(ServeArgs& a) {
     d.start();
     std::thread watcher([&] {  // a signal, or a failed rank, stops the server
         while (!g_stop && d.failure().empty()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        server.stop();
+        // A signal drains: the responses under way (streams to slow readers included) get up to
+        // 20 s, new requests get 503. A failed rank stops at once.
+        const bool drain = d.failure().empty();
+        if (drain) std::fprintf(stderr, "fanout serve: draining (up to 20 s)\n");
+        server.stop(drain ? std::chrono::milliseconds(20'000) : std::chrono::milliseconds(0));
     });
     std::fprintf(stderr, "fanout serve: listening on http://%s:%d (%s)\n", a.server.host.c_str(), port, what.c_str());
     server.serve();

@@ -367,6 +367,38 @@ TEST_F(HttpServerTest, WholeBodyPastThePendingOutputLimitIsSent) {
     EXPECT_FALSE(source->cancelled);
 }
 
+// A stop with a grace lets the response under way finish (a stream to its last chunk), refuses a
+// request that arrives meanwhile with 503 and takes no new connections; without a grace it cuts.
+TEST_F(HttpServerTest, StopWithAGraceLetsAStreamFinish) {
+    start();
+    RawClient c(port);
+    c.send("POST /stream HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n");
+    std::string out;
+    ASSERT_TRUE(c.read_until("\r\n\r\n", &out, 2s));
+    source->push("data: one\n\n", false);
+    ASSERT_TRUE(c.read_until("data: one", &out, 2s));
+    std::atomic<bool> stopped{false};
+    std::thread stopper([&] {
+        server->stop(5s);
+        stopped = true;
+    });
+    std::this_thread::sleep_for(300ms);
+    EXPECT_FALSE(stopped) << "stop waited for the stream";
+    RawClient late(port);  // the listener is closed: refused, or closed without an answer
+    if (late.connected()) {
+        late.send("GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n");
+        std::string r;
+        late.read_until_closed(&r, 1s);
+        EXPECT_NE(status_of(r), 200) << r;
+    }
+    source->push("data: two\n\n", true);
+    ASSERT_TRUE(c.read_until("0\r\n\r\n", &out, 2s)) << out;
+    EXPECT_NE(out.find("data: two"), std::string::npos);
+    stopper.join();
+    EXPECT_TRUE(stopped);
+    EXPECT_FALSE(source->cancelled);
+}
+
 TEST(HttpParse, UsesTheServerLimits) {
     HttpLimits l;
     l.max_body_bytes = 10;

@@ -249,6 +249,7 @@ struct ServerState {
     HttpLimits limits;
     int io_threads;
     std::atomic<int> connections{0}, queued_work{0};
+    std::atomic<int> responding{0};  // requests read in full whose response is not yet all written
     std::atomic<bool> stopping{false};
     asio::io_context ioc;
     tcp::acceptor acceptor{ioc};
@@ -273,6 +274,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     ~Connection() {
         if (source_) source_->cancel();
+        set_responding(false);
         --srv_.connections;
     }
 
@@ -319,6 +321,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
         parser_.reset();
         head_only_ = req->method == "HEAD";
         version_ = req->version;
+        set_responding(true);
+        if (srv_.stopping) {  // draining: the responses under way finish, new ones are refused
+            keep_alive_ = false;
+            return respond(srv_.router.error(503, "the server is shutting down; retry on another"));
+        }
         if (srv_.router.runs_inline(*req)) return respond(srv_.router.dispatch(*req));
         if (srv_.queued_work.load() >= srv_.limits.max_queued_work)
             return respond(srv_.router.error(503, "the server is busy; retry later"));
@@ -445,8 +452,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
 
     void next_request() {
+        set_responding(false);
         if (closed_) return;
-        if (!keep_alive_) return close();
+        if (!keep_alive_ || srv_.stopping) return close();
         if (watching_) {  // the watch read must end before the next head is read
             resume_after_watch_ = true;
             beast::error_code ec;
@@ -503,7 +511,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
                                          });
     }
 
+    // Counts this connection among those with a response under way (HttpServer::stop's grace).
+    void set_responding(bool on) {
+        if (on == responding_) return;
+        responding_ = on;
+        on ? ++srv_.responding : --srv_.responding;
+    }
+
     void close() {
+        set_responding(false);
         if (closed_) return;
         closed_ = true;
         if (source_) {
@@ -528,6 +544,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     std::shared_ptr<ResponseSource> source_;
     std::string pending_;
     std::atomic<bool> wake_posted_{false};
+    bool responding_ = false;
     bool streamed_ = false, source_done_ = false, head_only_ = false, keep_alive_ = true;
     bool writing_ = false, watching_ = false, resume_after_watch_ = false, closed_ = false;
     int version_ = 11;
@@ -616,13 +633,16 @@ void HttpServer::serve() {
     for (auto& t : extra) t.join();
 }
 
-void HttpServer::stop() {
+void HttpServer::stop(std::chrono::milliseconds grace) {
     if (impl_->stopping.exchange(true)) return;
     asio::post(impl_->ioc, [this] {
         beast::error_code ec;
         impl_->acceptor.close(ec);
         impl_->accept_retry.cancel();
     });
+    const auto deadline = std::chrono::steady_clock::now() + grace;
+    while (impl_->responding.load() > 0 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
     impl_->ioc.stop();
 }
 

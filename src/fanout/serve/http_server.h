@@ -147,8 +147,11 @@ class HttpServer {
     int bind(const std::string& host, int port);
     // Serves until stop(); call after bind().
     void serve();
-    // Stops accepting, closes every connection, returns once serve() can return. Any thread.
-    void stop();
+    // Stops accepting, closes every connection, returns once serve() can return. Any thread, but
+    // not an I/O thread when `grace` > 0: the responses under way (streams included) first get up
+    // to `grace` to finish — their connections close after them, a request arriving meanwhile gets
+    // 503 — so a draining process does not cut a slow reader's stream short.
+    void stop(std::chrono::milliseconds grace = std::chrono::milliseconds(0));
     int open_connections() const;
 
   private:

@@ -204,8 +204,8 @@ void OpenAIServer::serve() {
     impl_->http->serve();
 }
 
-void OpenAIServer::stop() {
-    if (impl_->http) impl_->http->stop();
+void OpenAIServer::stop(std::chrono::milliseconds grace) {
+    if (impl_->http) impl_->http->stop(grace);
 }
 
 const HttpRouter& OpenAIServer::router() const { return impl_->router; }

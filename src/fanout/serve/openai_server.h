@@ -47,7 +47,8 @@ class OpenAIServer {
     int bind();
     // Serves until stop(); call after bind().
     void serve();
-    void stop();
+    // HttpServer::stop: the responses under way get up to `grace` to finish.
+    void stop(std::chrono::milliseconds grace = std::chrono::milliseconds(0));
     // The route table alone (no sockets), for the protocol fuzzer and tests.
     const HttpRouter& router() const;
 
