@@ -301,6 +301,24 @@ TEST(Router, TheSmallestEngineContextBoundsRequests) {
     r.stop();
 }
 
+// A router that goes away with a request still running (a drain that timed out) ends it "abort"
+// for its caller: no call outlives the client it reports to.
+TEST(Router, ARequestStillRunningWhenTheRouterGoesEndsAborted) {
+    Node a;
+    std::shared_ptr<engine::RequestHandle> h;
+    {
+        router::Router r({a.address()}, {});
+        r.start();
+        h = r.submit(request(3, 4000));
+        engine::RequestEvent ev;
+        ASSERT_TRUE(h->next(&ev, std::chrono::seconds(10)));  // running
+        EXPECT_FALSE(r.drain(std::chrono::milliseconds(50)));
+    }
+    std::string reason;
+    drain(*h, &reason);
+    EXPECT_EQ(reason, "abort");
+}
+
 TEST(Router, NoHealthyEngineIsA503AndBadConfigsAreRefused) {
     EXPECT_THAT(error_of([] { router::Router({}, {}); }), HasSubstr("no engines"));
     router::RouterConfig bad;

@@ -34,7 +34,12 @@ Router::Router(std::vector<std::string> addresses, RouterConfig config)
     }
 }
 
-Router::~Router() { stop(); }
+Router::~Router() {
+    stop();
+    // Calls still running (a drain that timed out, or none) end "abort" while the router their
+    // relays report to is still whole.
+    for (auto& s : engines_) s->remote->cancel_calls(std::chrono::seconds(5));
+}
 
 // One engine's health: Health + Load within the timeout. A change of state is logged; an engine
 // that comes (back) gets its KV index rebuilt from a fresh event stream.
@@ -243,7 +248,7 @@ struct Router::Relay : std::enable_shared_from_this<Relay> {
             while (remote && remote->next(&ev, std::chrono::milliseconds(0))) {
                 if (ev.finished && ev.finish_reason == "unavailable") {
                     router.mark_down(engine, "a call to it broke");
-                    if (forwarded == 0 && !caller->cancelled()) {
+                    if (forwarded == 0 && !caller->cancelled() && !router.stopping_) {
                         const int next = router.pick(hashes, tried);
                         if (next >= 0) {
                             remote->on_event(nullptr);

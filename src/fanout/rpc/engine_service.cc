@@ -318,7 +318,17 @@ void EngineServer::shutdown(std::chrono::milliseconds grace) {
 // ---------------------------------------------------------------------------------------------
 // Client
 
+// The Generate calls of one client still running: what cancel_calls ends. Shared with the calls,
+// so a call that outlives its RemoteEngine still has it.
+struct LiveCalls {
+    std::mutex mutex;
+    std::condition_variable done;
+    std::map<const void*, std::weak_ptr<engine::RequestHandle>> handles;
+    std::atomic<int64_t> count{0};
+};
+
 struct RemoteEngine::Impl {
+    std::shared_ptr<LiveCalls> calls = std::make_shared<LiveCalls>();
     std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<Engine::Stub> stub;
     mutable std::mutex mutex;
@@ -335,9 +345,13 @@ namespace {
 class GenerateStream final : public grpc::ClientReadReactor<GenerateEvent> {
   public:
     GenerateStream(Engine::Stub* stub, GenerateRequest req, std::shared_ptr<engine::RequestHandle> handle,
-                   std::atomic<int64_t>& in_flight)
-        : req_(std::move(req)), handle_(std::move(handle)), in_flight_(in_flight) {
-        ++in_flight_;
+                   std::shared_ptr<LiveCalls> calls)
+        : req_(std::move(req)), handle_(std::move(handle)), calls_(std::move(calls)) {
+        {
+            std::lock_guard lock(calls_->mutex);
+            calls_->handles.emplace(this, handle_);
+            ++calls_->count;
+        }
         stub->async()->Generate(&ctx_, &req_, this);
         handle_->on_cancel([this_ctx = &ctx_, alive = alive_] {
             std::lock_guard lock(alive->mutex);
@@ -368,7 +382,12 @@ class GenerateStream final : public grpc::ClientReadReactor<GenerateEvent> {
                                                                                     : "unavailable";
             handle_->push(std::move(ev));
         }
-        --in_flight_;
+        {
+            std::lock_guard lock(calls_->mutex);
+            calls_->handles.erase(this);
+            --calls_->count;
+        }
+        calls_->done.notify_all();
         delete this;
     }
 
@@ -381,7 +400,7 @@ class GenerateStream final : public grpc::ClientReadReactor<GenerateEvent> {
     GenerateRequest req_;
     GenerateEvent ev_;
     std::shared_ptr<engine::RequestHandle> handle_;
-    std::atomic<int64_t>& in_flight_;
+    std::shared_ptr<LiveCalls> calls_;
     std::shared_ptr<Alive> alive_ = std::make_shared<Alive>();
     bool got_last_ = false;
 };
@@ -413,7 +432,24 @@ RemoteEngine::RemoteEngine(const std::string& address)
     impl_->stub = Engine::NewStub(impl_->channel);
 }
 
-RemoteEngine::~RemoteEngine() { stop_kv_events(); }
+RemoteEngine::~RemoteEngine() {
+    stop_kv_events();
+    cancel_calls(std::chrono::seconds(5));
+}
+
+bool RemoteEngine::cancel_calls(std::chrono::milliseconds wait) {
+    std::vector<std::shared_ptr<engine::RequestHandle>> running;
+    {
+        std::lock_guard lock(impl_->calls->mutex);
+        for (const auto& [call, h] : impl_->calls->handles)
+            if (auto p = h.lock()) running.push_back(std::move(p));
+    }
+    for (const auto& h : running) h->cancel();  // its call ends "abort" (not re-placed)
+    std::unique_lock lock(impl_->calls->mutex);
+    return impl_->calls->done.wait_for(lock, wait, [&] { return impl_->calls->count.load() == 0; });
+}
+
+int64_t RemoteEngine::in_flight() const { return impl_->calls->count.load(); }
 
 namespace {
 // One unary call within `timeout`: the reply, or an Error naming the engine and `what`.
@@ -459,7 +495,7 @@ std::shared_ptr<engine::RequestHandle> RemoteEngine::submit(engine::RequestParam
     engine::validate_request(params, info.max_context, info.vocab_size, true);
     const int64_t id = next_id_++;
     auto handle = std::make_shared<engine::RequestHandle>(id);
-    new GenerateStream(impl_->stub.get(), request_to(params, id_prefix_ + std::to_string(id)), handle, in_flight_);
+    new GenerateStream(impl_->stub.get(), request_to(params, id_prefix_ + std::to_string(id)), handle, impl_->calls);
     return handle;
 }
 

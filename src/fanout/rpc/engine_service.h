@@ -88,7 +88,10 @@ class RemoteEngine : public engine::RequestService {
     int64_t vocab_size() const override { return info().vocab_size; }
     int64_t kv_block_size() const override { return info().kv_block_size; }
     // Calls in flight through this client.
-    int64_t in_flight() const { return in_flight_; }
+    int64_t in_flight() const;
+    // Cancels every call still running (each ends "abort") and waits up to `wait` for them to end;
+    // false when some did not. The destructor does it, so no call outlives the client.
+    bool cancel_calls(std::chrono::milliseconds wait);
 
   private:
     struct Impl;
@@ -97,7 +100,6 @@ class RemoteEngine : public engine::RequestService {
     std::string id_prefix_;  // of the request ids this client sends: its address and a nonce
     mutable std::mutex info_mutex_;
     EngineInfo info_;
-    std::atomic<int64_t> in_flight_{0};
     std::atomic<int64_t> next_id_{1};
 };
 
