@@ -1,7 +1,5 @@
 #include "fanout/ops/device_context.h"
 
-#include <algorithm>
-
 #include "fanout/core/cuda_check.h"
 #include "fanout/core/error.h"
 #include "fanout/ops/cublas_check.h"
@@ -52,40 +50,9 @@ size_t DeviceContext::workspace_bytes(ContextScratch scratch) {
 }
 
 namespace {
-// An offered algorithm with its K loop split, when its tiles fill under half of the GPU, so that
-// every SM streams a part: the MoE router's GEMM (a few hundred tokens × 256 experts × K 7,168)
-// otherwise runs a handful of CTAs down the whole K (PERF.md, issue 19, twenty-second session). As
-// many splits as make about one wave, at most 16 and none shorter than 256 of K; the partials are
-// summed in f32 in the workspace (deterministic). False where the algorithm cannot split or
-// cuBLASLt refuses the split within the workspace.
-bool split_k(cublasLtHandle_t blas, const BlasPlan& p, const cublasLtMatmulHeuristicResult_t& offered, int K,
-             cublasLtMatmulAlgo_t& algo, int& splits) {
-    int32_t support = 0;
-    size_t written = 0;
-    if (!(offered.wavesCount > 0.0f) ||
-        cublasLtMatmulAlgoCapGetAttribute(&offered.algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &support, sizeof(support),
-                                          &written) != CUBLAS_STATUS_SUCCESS ||
-        support == 0)
-        return false;
-    splits = static_cast<int>(std::min(16.0f, 1.0f / offered.wavesCount));
-    while (splits > 1 && K / splits < 256) --splits;
-    if (splits < 2) return false;
-    algo = offered.algo;
-    const uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-    cublasLtMatmulHeuristicResult_t check{};
-    return cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof(splits)) ==
-               CUBLAS_STATUS_SUCCESS &&
-           cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &reduction,
-                                                sizeof(reduction)) == CUBLAS_STATUS_SUCCESS &&
-           cublasLtMatmulAlgoCheck(blas, p.desc, p.a, p.b, p.c, p.c, &algo, &check) == CUBLAS_STATUS_SUCCESS &&
-           check.workspaceSize <= DeviceContext::kBlasWorkspaceBytes;
-}
-
 // The heuristic's first algorithm for p's descriptors (bf16 or f32 output); false when it has
 // none. `align`: the bytes every A, B, C / D address is a multiple of (0: the default, 256).
-// `split_k_to` > 0 (K): where the first algorithm's tiles fill under half of the GPU, the first of
-// the offered ones that takes a K split (split_k), split.
-bool find_algo(cublasLtHandle_t blas, BlasPlan& p, const uint32_t* align = nullptr, int split_k_to = 0) {
+bool find_algo(cublasLtHandle_t blas, BlasPlan& p, const uint32_t* align = nullptr) {
     struct Pref {  // destroyed on every path out
         cublasLtMatmulPreference_t p = nullptr;
         ~Pref() {
@@ -104,32 +71,19 @@ bool find_algo(cublasLtHandle_t blas, BlasPlan& p, const uint32_t* align = nullp
         for (int i = 0; i < 4; ++i)
             FANOUT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr[i], &align[i], sizeof(uint32_t)));
     }
-    constexpr int kOffers = 8;
-    cublasLtMatmulHeuristicResult_t results[kOffers]{};
+    cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(blas, p.desc, p.a, p.b, p.c, p.c, pref,
-                                                             split_k_to > 0 ? kOffers : 1, results, &found);
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(blas, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
     if (st != CUBLAS_STATUS_SUCCESS || found == 0) return false;
-    p.algo = results[0].algo;
-    if (split_k_to > 0 && results[0].wavesCount > 0.0f && results[0].wavesCount < 0.5f) {
-        for (int i = 0; i < found; ++i) {
-            cublasLtMatmulAlgo_t algo;
-            int splits = 1;
-            if (split_k(blas, p, results[i], split_k_to, algo, splits)) {
-                p.algo = algo;
-                p.split_k = splits;
-                break;
-            }
-        }
-    }
+    p.algo = result.algo;
     return true;
 }
 
 // find_algo or a clear error.
 void pick_algo(cublasLtHandle_t blas, BlasPlan& p, const char* what, int M, int N, int K,
-               const uint32_t* align = nullptr, bool may_split = false) {
-    FANOUT_CHECK(find_algo(blas, p, align, may_split ? K : 0), "cuBLASLt has no {} algorithm for M {} N {} K {}", what,
-                 M, N, K);
+               const uint32_t* align = nullptr) {
+    FANOUT_CHECK(find_algo(blas, p, align), "cuBLASLt has no {} algorithm for M {} N {} K {}", what, M, N, K);
 }
 
 }  // namespace
@@ -183,7 +137,7 @@ const BlasPlan& DeviceContext::blas_plan(int M, int N, int K, bool f32_out) {
     FANOUT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, K, N, K));
     FANOUT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, K, M, K));
     FANOUT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, f32_out ? CUDA_R_32F : CUDA_R_16BF, N, M, N));
-    pick_algo(blas_, *p, "BF16", M, N, K, nullptr, true);
+    pick_algo(blas_, *p, "BF16", M, N, K);
     slot = std::move(p);
     return *slot;
 }

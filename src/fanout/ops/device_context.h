@@ -26,7 +26,6 @@ struct BlasPlan {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
-    int split_k = 1;  // the K splits the algorithm runs (split_k in device_context.cc)
     BlasPlan() = default;
     BlasPlan(const BlasPlan&) = delete;
     BlasPlan& operator=(const BlasPlan&) = delete;
