@@ -140,6 +140,8 @@ void add_bench_command(CLI::App& app) {
     mla->add_option("--query-len", a->query_len, "query tokens per request")->capture_default_str();
     mla->add_option("--kv-len", a->kv_len, "cached positions per request")->capture_default_str();
     mla->add_option("--heads", a->heads, "query heads (128 at TP1)")->capture_default_str();
+    mla->add_flag("--head-major", a->head_major,
+                  "q_lat and the output head-major [H, T, 512], as the layer holds them (default token-major)");
     mla->add_option("--prefill", a->prefill_shapes,
                     "MHA-form prefill points heads:tokens:prefix[:requests] ('' for none)")
         ->delimiter(',')

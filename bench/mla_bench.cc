@@ -111,8 +111,8 @@ std::pair<double, double> bf16_rel_error(const std::vector<uint16_t>& got, const
 
 // One decode point, twice: the bf16 cache, then the same values in the FP8 cache (quantized on the
 // device); the FP8 row's error is its output against the bf16 cache's.
-nlohmann::json run_mla_bench_point(int batch, int query_len, int kv_len, int heads, int calls, double peak_tflops,
-                                   FILE* table_out) {
+nlohmann::json run_mla_bench_point(int batch, int query_len, int kv_len, int heads, int calls, bool head_major,
+                                   double peak_tflops, FILE* table_out) {
     constexpr int kLora = 512, kRope = 64, kBlock = 64, kEntry = kLora + kRope;
     const int T = batch * query_len, blocks_per_req = (kv_len + kBlock - 1) / kBlock;
     std::vector<int32_t> query_start(batch + 1), kv(batch, kv_len), positions(T), table(size_t(batch) * blocks_per_req);
@@ -148,9 +148,12 @@ nlohmann::json run_mla_bench_point(int batch, int query_len, int kv_len, int hea
     p.positions = d_pos.p;
     p.block_table = d_table.p;
     p.cache = cache.p;
-    p.q_lat = q_lat.p, p.q_lat_stride_t = int64_t(heads) * kLora, p.q_lat_stride_h = kLora;
+    // Token-major [T, H, 512], or head-major [H, T, 512] as the layer's k_b GEMM writes q_lat and
+    // its v_b GEMM reads the output; q_pe is [T, H, 64] in both.
+    const int64_t lat_t = head_major ? kLora : int64_t(heads) * kLora, lat_h = head_major ? int64_t(T) * kLora : kLora;
+    p.q_lat = q_lat.p, p.q_lat_stride_t = lat_t, p.q_lat_stride_h = lat_h;
     p.q_pe = q_pe.p, p.q_pe_stride_t = int64_t(heads) * kRope, p.q_pe_stride_h = kRope;
-    p.out = out.p, p.out_stride_t = int64_t(heads) * kLora, p.out_stride_h = kLora;
+    p.out = out.p, p.out_stride_t = lat_t, p.out_stride_h = lat_h;
 
     ops::MlaWorkspace ws;
     cudaStream_t stream;
@@ -188,6 +191,7 @@ nlohmann::json run_mla_bench_point(int batch, int query_len, int kv_len, int hea
                               {"heads", heads},
                               {"kernel", kernel},
                               {"cache", fp8 ? "fp8" : "bf16"},
+                              {"layout", head_major ? "head_major" : "token_major"},
                               {"us", us},
                               {"gflop", flops / 1e9},
                               {"tflops", tflops},
@@ -212,15 +216,16 @@ nlohmann::json run_mla_bench(const MlaBenchOptions& opts, FILE* table_out) {
                      prop.multiProcessorCount, peak);
         std::fprintf(table_out,
                      "MLA absorbed decode attention, kv_lora 512 + rope 64, block 64; cache bf16, then the same "
-                     "values in FP8 (e4m3 + a scale per 128, rope bf16: 656 bytes per entry)\n");
+                     "values in FP8 (e4m3 + a scale per 128, rope bf16: 656 bytes per entry); q_lat and output %s\n",
+                     opts.head_major ? "head-major [H, T, 512] (the layer's)" : "token-major [T, H, 512]");
         std::fprintf(table_out, "%6s %5s %6s %5s  %-11s %5s %9s %8s %7s %8s  %s\n", "batch", "query", "kv", "heads",
                      "kernel", "cache", "us", "TFLOP/s", "GB/s", "%bf16",
                      "fp8 rel. error vs bf16 cache: all / worst row");
     }
     nlohmann::json rows = nlohmann::json::array();
     for (int batch : opts.batches)
-        for (auto& row :
-             run_mla_bench_point(batch, opts.query_len, opts.kv_len, opts.heads, opts.calls, peak, table_out))
+        for (auto& row : run_mla_bench_point(batch, opts.query_len, opts.kv_len, opts.heads, opts.calls,
+                                             opts.head_major, peak, table_out))
             rows.push_back(row);
     nlohmann::json prefill = nlohmann::json::array();
     if (table_out && std::any_of(opts.prefill_shapes.begin(), opts.prefill_shapes.end(),

@@ -23,7 +23,8 @@ struct MlaBenchOptions {
     int kv_len = 5000;                               // cached positions per request
     int heads = 128;                                 // query heads on this GPU (128 at TP1)
     int calls = 20;                                  // back-to-back calls per timed graph (best of 5 replays)
-    std::string json_out = "mla_bench.json";         // "" = no file
+    bool head_major = false;  // q_lat and the output as the layer holds them, [H, T, 512] (else [T, H, 512])
+    std::string json_out = "mla_bench.json";  // "" = no file
     // Prefill points "heads:tokens:prefix[:requests]" (each request: tokens queries over prefix +
     // tokens keys; several requests go in one launch); empty: none.
     std::vector<std::string> prefill_shapes = {"128:4096:0", "128:4096:12288", "16:8192:0",   "128:512:0",
@@ -33,9 +34,9 @@ struct MlaBenchOptions {
 // One point, with the bf16 cache and then the FP8 cache holding the same values: a row each of µs
 // per call, TFLOP/s, GB/s of cache read, and for FP8 its output's relative error against the bf16
 // cache's; `peak_tflops` (0 = unknown) adds the fraction of the bf16 ceiling. Prints the rows to
-// `table_out` (may be null) and returns them (a JSON array).
-nlohmann::json run_mla_bench_point(int batch, int query_len, int kv_len, int heads, int calls, double peak_tflops,
-                                   FILE* table_out);
+// `table_out` (may be null) and returns them (a JSON array). `head_major`: MlaBenchOptions's.
+nlohmann::json run_mla_bench_point(int batch, int query_len, int kv_len, int heads, int calls, bool head_major,
+                                   double peak_tflops, FILE* table_out);
 
 // The bf16 ceiling, then every batch of `opts`; prints the table, writes opts.json_out when set,
 // and returns the JSON (every figure).
