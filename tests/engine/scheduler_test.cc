@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
 #include <random>
 
@@ -407,6 +408,43 @@ TEST(SchedulerCost, AnOverBudgetTokenTakesTurnsWithTheSequencesBehindIt) {
     EXPECT_GT(steps, 100);
     EXPECT_GE(b_ran * 2 + 1, steps) << "b runs at least every other step";
     EXPECT_GE(a_ran * 2 + 1, steps) << "a still runs at least every other step";
+}
+
+// Decodes with MTP drafts (three tokens each) that together exceed a plain token budget: they take
+// turns, and the turns never take a step past the budget (the GPU runner refuses a step of more
+// tokens than it was sized for; a turn given after the budget was spent did that).
+TEST(Scheduler, DraftTurnsStayWithinATokenBudget) {
+    kv::BlockAllocator alloc(256);
+    kv::PrefixCache pc(alloc, 4);
+    Scheduler sched({8, 6, 6}, pc);  // 8 sequences, 6 tokens a step
+    std::vector<std::shared_ptr<Sequence>> seqs;
+    for (int i = 0; i < 4; ++i) {
+        seqs.push_back(make_seq(i + 1, 2, 10 * i));
+        sched.add(seqs.back());
+    }
+    std::vector<int> idle(seqs.size(), 0);
+    int turns = 0;  // steps where a sequence ran after being passed over
+    for (int step = 0; step < 40; ++step) {
+        for (auto& q : seqs)  // a decode checks two drafts: three tokens
+            if (q->state == SeqState::kRunning && q->num_computed == q->total_len() - 1) q->draft = {1, 2};
+        auto w = sched.schedule();
+        ASSERT_LE(scheduled_tokens(w), 6) << "step " << step;
+        for (size_t k = 0; k < seqs.size(); ++k) {
+            const bool ran =
+                std::any_of(w.begin(), w.end(), [&](const ScheduledSeq& x) { return x.seq == seqs[k].get(); });
+            if (ran && idle[k] > 0) ++turns;
+            idle[k] = ran || seqs[k]->state != SeqState::kRunning ? 0 : idle[k] + 1;  // admission is FCFS
+            EXPECT_LE(idle[k], 2) << "sequence " << k << " at step " << step;
+        }
+        sched.commit(w);
+        for (const auto& x : w) {  // every draft rejected: the checked token is the next one
+            Sequence* q = x.seq;
+            q->draft.clear();
+            q->num_computed = std::min(q->num_computed, q->total_len());
+            if (x.wants_logits) q->tokens.push_back(7);
+        }
+    }
+    EXPECT_GT(turns, 10) << "the decodes did not outgrow the budget: the test checks nothing";
 }
 
 // A request arriving while a long prompt is deep in its prefill gets its whole (short) prompt in

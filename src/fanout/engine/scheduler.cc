@@ -150,21 +150,11 @@ void Scheduler::preempt(Sequence* seq) {
 std::vector<ScheduledSeq> Scheduler::schedule() {
     std::vector<ScheduledSeq> out;
     double budget = static_cast<double>(config_.max_batched_tokens);
-    // The running sequence owed this step's forced token: the one passed over longest (ties: the
-    // oldest). None passed over: the step's first work, as it comes.
-    Sequence* owed = nullptr;
-    for (const auto& p : running_)
-        if (p->passed_over > (owed != nullptr ? owed->passed_over : 0)) owed = p.get();
-    bool owed_seen = owed == nullptr;
-    // 1. Running sequences, oldest first; the youngest give way when blocks run out.
-    for (size_t i = 0; i < running_.size() && (budget > 0 || !owed_seen);) {
-        Sequence* seq = running_[i].get();
-        if (seq == owed) owed_seen = true;
-        const int64_t n = first_share(*seq, budget, owed != nullptr ? seq == owed : out.empty());
-        if (n == 0) {  // does not fit what is left: next step
-            ++i;
-            continue;
-        }
+    // One running sequence's share (`force`: at least one token, over budget if need be); false
+    // when it left running_ (preempted), so the loop's index stays.
+    const auto take = [&](Sequence* seq, bool force) {
+        const int64_t n = first_share(*seq, budget, force);
+        if (n == 0) return true;  // does not fit what is left: next step
         int64_t n_ok = n;
         bool ok = ensure_blocks(seq, seq->num_computed + n);
         if (!ok && n > seq->total_len() - seq->num_computed) {  // the draft does not fit: check none this step
@@ -172,16 +162,37 @@ std::vector<ScheduledSeq> Scheduler::schedule() {
             ok = ensure_blocks(seq, seq->num_computed + n_ok);
         }
         while (!ok && running_.back().get() != seq) {
-            preempt(running_.back().get());
+            // The youngest gives way — also the owed sequence, scheduled first but younger: its
+            // share is taken back.
+            Sequence* victim = running_.back().get();
+            const auto it =
+                std::find_if(out.begin(), out.end(), [&](const ScheduledSeq& x) { return x.seq == victim; });
+            if (it != out.end()) {
+                budget += chunk_cost(config_, it->start, it->num_tokens);
+                out.erase(it);
+            }
+            preempt(victim);
             ok = ensure_blocks(seq, seq->num_computed + n_ok);
         }
         if (!ok) {  // nothing younger left to preempt: this one waits
             preempt(seq);
-            continue;
+            return false;
         }
         out.push_back({seq, seq->num_computed, n_ok, seq->num_computed + n_ok >= seq->total_len()});
         budget -= chunk_cost(config_, seq->num_computed, n_ok);
-        ++i;
+        return true;
+    };
+    // 1. Running sequences, oldest first; the youngest give way when blocks run out. The step's
+    // first work is the sequence passed over longest, if any (ties: the oldest): the one token a
+    // step may take over budget goes to it, so one whose single token exceeds the budget takes
+    // turns with the others instead of holding them all.
+    Sequence* owed = nullptr;
+    for (const auto& p : running_)
+        if (p->passed_over > (owed != nullptr ? owed->passed_over : 0)) owed = p.get();
+    if (owed != nullptr) take(owed, true);
+    for (size_t i = 0; i < running_.size() && budget > 0;) {
+        Sequence* seq = running_[i].get();
+        if (seq == owed || take(seq, out.empty())) ++i;
     }
     // 2. Waiting sequences, first come first served (no skipping ahead of one that cannot fit).
     while (!waiting_.empty() && budget > 0 && static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
