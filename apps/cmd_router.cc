@@ -63,7 +63,7 @@ void run_router(RouterArgs& a) {
         if (!r.drain(std::chrono::seconds(a.drain_seconds)))
             std::fprintf(stderr, "fanout router: requests still running after %d s; stopping anyway\n",
                          a.drain_seconds);
-        // The engines are done; what they sent may still be on its way to slow readers.
+        // What the engines sent may still be on its way to slow readers: the rest of the time.
         server.stop(std::max(std::chrono::milliseconds(0), std::chrono::duration_cast<std::chrono::milliseconds>(
                                                                deadline - std::chrono::steady_clock::now())));
     });

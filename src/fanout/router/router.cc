@@ -37,8 +37,12 @@ Router::Router(std::vector<std::string> addresses, RouterConfig config)
 Router::~Router() {
     stop();
     // Calls still running (a drain that timed out, or none) end "abort" while the router their
-    // relays report to is still whole.
-    for (auto& s : engines_) s->remote->cancel_calls(std::chrono::seconds(5));
+    // relays report to is still whole: every engine's cancelled first, then one wait for them all.
+    for (auto& s : engines_) s->remote->close(std::chrono::milliseconds(0));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    for (auto& s : engines_)
+        s->remote->close(std::max(std::chrono::milliseconds(0), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                                    deadline - std::chrono::steady_clock::now())));
 }
 
 // One engine's health: Health + Load within the timeout. A change of state is logged; an engine

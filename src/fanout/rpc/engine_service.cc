@@ -318,13 +318,14 @@ void EngineServer::shutdown(std::chrono::milliseconds grace) {
 // ---------------------------------------------------------------------------------------------
 // Client
 
-// The Generate calls of one client still running: what cancel_calls ends. Shared with the calls,
+// The Generate calls of one client still running: what close() ends. Shared with the calls,
 // so a call that outlives its RemoteEngine still has it.
 struct LiveCalls {
     std::mutex mutex;
     std::condition_variable done;
     std::map<const void*, std::weak_ptr<engine::RequestHandle>> handles;
     std::atomic<int64_t> count{0};
+    bool closed = false;  // RemoteEngine::close: a call started from now on is cancelled at once
 };
 
 struct RemoteEngine::Impl {
@@ -347,10 +348,12 @@ class GenerateStream final : public grpc::ClientReadReactor<GenerateEvent> {
     GenerateStream(Engine::Stub* stub, GenerateRequest req, std::shared_ptr<engine::RequestHandle> handle,
                    std::shared_ptr<LiveCalls> calls)
         : req_(std::move(req)), handle_(std::move(handle)), calls_(std::move(calls)) {
+        bool closed = false;
         {
             std::lock_guard lock(calls_->mutex);
             calls_->handles.emplace(this, handle_);
             ++calls_->count;
+            closed = calls_->closed;
         }
         stub->async()->Generate(&ctx_, &req_, this);
         handle_->on_cancel([this_ctx = &ctx_, alive = alive_] {
@@ -359,6 +362,7 @@ class GenerateStream final : public grpc::ClientReadReactor<GenerateEvent> {
         });
         StartRead(&ev_);
         StartCall();
+        if (closed) handle_->cancel();  // its client is closing: it ends "abort"
     }
     void OnReadDone(bool ok) override {
         if (!ok) return;  // the stream ended: OnDone has the status
@@ -375,11 +379,12 @@ class GenerateStream final : public grpc::ClientReadReactor<GenerateEvent> {
         if (!got_last_) {
             engine::RequestEvent ev;
             ev.finished = true;
-            // A request the engine refused is the caller's error; anything else (the engine died,
-            // the network failed, the call was cancelled) leaves the request without its end.
-            ev.finish_reason = s.error_code() == grpc::StatusCode::INVALID_ARGUMENT ? "error"
-                               : handle_->cancelled()                               ? "abort"
-                                                                                    : "unavailable";
+            // A request the engine refused (bad, or its id already running there) is the caller's
+            // error; anything else (the engine died, the network failed, the call was cancelled)
+            // leaves the request without its end.
+            const bool refused = s.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
+                                 s.error_code() == grpc::StatusCode::ALREADY_EXISTS;
+            ev.finish_reason = refused ? "error" : handle_->cancelled() ? "abort" : "unavailable";
             handle_->push(std::move(ev));
         }
         {
@@ -434,13 +439,14 @@ RemoteEngine::RemoteEngine(const std::string& address)
 
 RemoteEngine::~RemoteEngine() {
     stop_kv_events();
-    cancel_calls(std::chrono::seconds(5));
+    close(std::chrono::seconds(5));
 }
 
-bool RemoteEngine::cancel_calls(std::chrono::milliseconds wait) {
+bool RemoteEngine::close(std::chrono::milliseconds wait) {
     std::vector<std::shared_ptr<engine::RequestHandle>> running;
     {
         std::lock_guard lock(impl_->calls->mutex);
+        impl_->calls->closed = true;
         for (const auto& [call, h] : impl_->calls->handles)
             if (auto p = h.lock()) running.push_back(std::move(p));
     }

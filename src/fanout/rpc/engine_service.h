@@ -89,9 +89,10 @@ class RemoteEngine : public engine::RequestService {
     int64_t kv_block_size() const override { return info().kv_block_size; }
     // Calls in flight through this client.
     int64_t in_flight() const;
-    // Cancels every call still running (each ends "abort") and waits up to `wait` for them to end;
-    // false when some did not. The destructor does it, so no call outlives the client.
-    bool cancel_calls(std::chrono::milliseconds wait);
+    // Cancels every call still running and any started from now on (each ends "abort"), and waits
+    // up to `wait` for them to end; false when some did not. The destructor does it (5 s): what a
+    // call does after that runs on the call's own state, never on this client's.
+    bool close(std::chrono::milliseconds wait);
 
   private:
     struct Impl;

@@ -9,6 +9,7 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -250,6 +251,7 @@ struct ServerState {
     int io_threads;
     std::atomic<int> connections{0}, queued_work{0};
     std::atomic<int> responding{0};  // requests read in full whose response is not yet all written
+    std::mutex stop_mutex;
     std::atomic<bool> stopping{false};
     asio::io_context ioc;
     tcp::acceptor acceptor{ioc};
@@ -353,6 +355,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
             if (res.source) res.source->cancel();
             return;
         }
+        if (srv_.stopping) keep_alive_ = false;  // draining: the response says the connection closes
         if (!res.source) {
             auto bytes = std::make_shared<std::string>(serialize(res, head_only_, keep_alive_, version_));
             return write(bytes, [](Self self) { self->next_request(); });
@@ -634,6 +637,7 @@ void HttpServer::serve() {
 }
 
 void HttpServer::stop(std::chrono::milliseconds grace) {
+    std::lock_guard lock(impl_->stop_mutex);  // a second caller returns once the first is done
     if (impl_->stopping.exchange(true)) return;
     asio::post(impl_->ioc, [this] {
         beast::error_code ec;

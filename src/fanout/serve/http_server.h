@@ -147,10 +147,12 @@ class HttpServer {
     int bind(const std::string& host, int port);
     // Serves until stop(); call after bind().
     void serve();
-    // Stops accepting, closes every connection, returns once serve() can return. Any thread, but
-    // not an I/O thread when `grace` > 0: the responses under way (streams included) first get up
-    // to `grace` to finish — their connections close after them, a request arriving meanwhile gets
-    // 503 — so a draining process does not cut a slow reader's stream short.
+    // Stops accepting, closes every connection, returns once serve() can return (a second caller,
+    // once the first has). With `grace` > 0 the responses under way (streams included) first get
+    // up to `grace` to finish, each then closing its connection, and a request arriving meanwhile
+    // on an open connection gets 503 — so a draining process does not cut a slow reader's stream
+    // short. Not from an I/O thread with a grace, and from a handler it waits the whole grace
+    // (its own response is under way).
     void stop(std::chrono::milliseconds grace = std::chrono::milliseconds(0));
     int open_connections() const;
 

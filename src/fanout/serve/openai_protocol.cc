@@ -269,13 +269,10 @@ CompletionRequest parse_completion_request(const json& b, bool chat, const Promp
     p.ignore_eos = bool_field(b, "ignore_eos", false);
     p.skip_special_tokens = bool_field(b, "skip_special_tokens", true);
     p.stop = stop_field(b);
-    // OpenAI's newer name and the older one: each checked when sent; both sent must agree.
+    // OpenAI's newer name and the older one: each checked when sent; the newer wins (as vLLM takes
+    // it), so a client that sends both for compatibility is served.
     const int64_t asked_new = int_field(b, "max_completion_tokens", 0, 1, model.max_context),
                   asked_old = int_field(b, "max_tokens", 0, 1, model.max_context);
-    if (present(b, "max_completion_tokens") && present(b, "max_tokens") && asked_new != asked_old)
-        bad_request(
-            fmt::format("'max_tokens' ({}) and 'max_completion_tokens' ({}) differ: send one", asked_old, asked_new),
-            "max_tokens");
     const int64_t asked = present(b, "max_completion_tokens") ? asked_new : asked_old;
     r.stream = bool_field(b, "stream", false);
     if (present(b, "stream_options")) {

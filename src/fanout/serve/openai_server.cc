@@ -122,7 +122,10 @@ struct OpenAIServer::Impl {
                 throw ApiError{429,
                                fmt::format("too many requests in flight (limit {}); retry later", config.max_in_flight),
                                "rate_limit_error", "", "too_many_requests"};
-            CompletionRequest r = parse_completion_request(parse_body(req.body), chat, encoder, model);
+            // The context as the engine has it now (a router's: its smallest healthy engine's).
+            ApiModel limits = model;
+            limits.max_context = engine.max_context();
+            CompletionRequest r = parse_completion_request(parse_body(req.body), chat, encoder, limits);
             std::shared_ptr<engine::RequestHandle> handle;
             try {
                 handle = engine.submit(std::move(r.params));
