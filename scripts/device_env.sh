@@ -1,6 +1,7 @@
 # Sourced (not run) by the device tool's run scripts (docs/bench/*/runNN.sh) from the repository
 # root on the GPU machine: unpacks the carried build (.carry/build.tar.xz, made by
-# scripts/pack_carry.sh on the build machine), puts the carried and CUDA/NCCL libraries on the search path, sets the NCCL/NVSHMEM
+# scripts/pack_carry.sh on the build machine), puts the carried and CUDA/NCCL libraries on the
+# search path, sets the NCCL/NVSHMEM
 # environment the device tool asks for, and defines B (the build), L (a log folder under $OUT),
 # S (the summary file) and t0 (the start time, for `t=` stamps); test_line TEST [LABEL], one test
 # binary of the carried build and its summary line; run_line LABEL FILE CMD..., a probe's run
