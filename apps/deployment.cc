@@ -310,15 +310,14 @@ comm::ExpertParallel* Deployment::make_gpu_ep(const std::string& backend, const 
     gpu = std::make_unique<GpuGroup>();
     ncclUniqueId id{};
     if (rank == 0) FANOUT_NCCL_CHECK(ncclGetUniqueId(&id));
-#ifdef FANOUT_WITH_MPI
-    if (world > 1) {
+    if (world > 1) {  // rank 0's id over the control plane: MPI's, or TCP's under RANK / WORLD_SIZE
+        FANOUT_CHECK(control != nullptr, "rank {} of {}: no control plane to share NCCL's id over", rank, world);
         std::vector<uint8_t> blob(reinterpret_cast<uint8_t*>(&id), reinterpret_cast<uint8_t*>(&id) + sizeof(id));
-        blob = comm::mpi_broadcast(std::move(blob), comm);
+        blob = control->broadcast(std::move(blob));
         FANOUT_CHECK(blob.size() == sizeof(id), "NCCL id of {} bytes from rank 0, expected {}", blob.size(),
                      sizeof(id));
         std::memcpy(&id, blob.data(), sizeof(id));
     }
-#endif
     FANOUT_NCCL_CHECK(ncclCommInitRank(&gpu->comm, world, id, rank));
     FANOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&gpu->stream, cudaStreamNonBlocking));
     ep = comm::make_gpu_ep(b, config, gpu->comm, gpu->stream);

@@ -76,7 +76,7 @@ struct Deployment {
     TpGroup join_tp_group(int tp, bool channel);
 #endif
     bool one_host = true;       // every rank of the deployment is on this host
-    bool env_launched = false;  // RANK / WORLD_SIZE without MPI: TCP control plane, NCCL id over TCP
+    bool env_launched = false;  // RANK / WORLD_SIZE without MPI: the control plane (and NCCL's id) over TCP
 
     ~Deployment() { stop(); }
 

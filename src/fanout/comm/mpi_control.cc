@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <limits>
 #include <thread>
 
 #include "fanout/comm/control_plane.h"
@@ -32,22 +33,32 @@ class MpiControl final : public ControlPlane {
         MPI_Request req = MPI_REQUEST_NULL;
         FANOUT_MPI_CHECK(MPI_Ibcast(&size, 1, MPI_INT64_T, 0, comm_, &req));
         wait(req, rank_ == 0 ? timeout_ : std::chrono::milliseconds::max(), "rank 0's step message");
+        // Every rank has the size now: each refuses a message MPI's int count cannot carry alike.
+        FANOUT_CHECK(size <= std::numeric_limits<int>::max(),
+                     "control plane: rank 0's step message of {} bytes exceeds one MPI message ({} bytes)", size,
+                     std::numeric_limits<int>::max());
         if (rank_ != 0) message.assign(static_cast<size_t>(size), 0);
         FANOUT_MPI_CHECK(MPI_Bcast(message.data(), static_cast<int>(size), MPI_BYTE, 0, comm_));
         return message;
     }
 
     std::vector<std::vector<uint8_t>> gather(std::vector<uint8_t> message) override {
+        if (message.size() > static_cast<size_t>(std::numeric_limits<int>::max()))
+            abort(fmt::format("control plane: rank {}'s step report of {} bytes exceeds one MPI message", rank_,
+                              message.size()));
         int size = static_cast<int>(message.size());
         std::vector<int> sizes(rank_ == 0 ? static_cast<size_t>(world_) : 0);
         MPI_Request req = MPI_REQUEST_NULL;
         FANOUT_MPI_CHECK(MPI_Igather(&size, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, comm_, &req));
         wait(req, timeout_, "every rank's step report");
         std::vector<int> displs(sizes.size(), 0);
-        int total = 0;
+        int64_t total = 0;
         for (size_t r = 0; r < sizes.size(); ++r) {
-            displs[r] = total;
+            displs[r] = static_cast<int>(total);
             total += sizes[r];
+            if (total > std::numeric_limits<int>::max())  // the others wait in the gather: end the job
+                abort(fmt::format("control plane: the ranks' step reports exceed one MPI message ({} bytes by rank {})",
+                                  total, r));
         }
         std::vector<uint8_t> all(static_cast<size_t>(total));
         FANOUT_MPI_CHECK(
