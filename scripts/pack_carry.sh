@@ -24,5 +24,6 @@ done
 for x in "$@"; do cp "$x" "$stage/build/"; done
 strip "$stage"/build/apps/* "$stage"/build/tests/*/*
 mkdir -p .carry
+rm -rf .carry/build  # prepare_carry.sh's unpacked copy would travel too (device_env.sh unpacks this one there)
 tar cJf .carry/build.tar.xz -C "$stage" build
 ls -la .carry/build.tar.xz
