@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "fanout/comm/host_receiver.h"
@@ -29,10 +30,26 @@ int sum(const std::vector<int>& v) {
     return s;
 }
 
+// config, validated, and within MPI's int counts: an exchange posts a rank's rows in one
+// all-to-all-v of int counts and displacements (rows × the widest row of meta, payload, scales or
+// return rows), and the receive side is sized from it — checked before anything is allocated.
+const EpConfig& checked(const EpConfig& config) {
+    validate(config);
+    const int64_t in = int64_t{config.world} * config.max_tokens_per_rank *
+                       std::min(config.experts_per_token, std::max(1, config.local_experts())),
+                  out = int64_t{config.max_tokens_per_rank} * config.experts_per_token;
+    const int64_t unit = std::max<int64_t>(
+        {3, config.payload_bytes(), config.scale_blocks(), int64_t{config.hidden} * config.output_bytes()});
+    FANOUT_CHECK(std::max(in, out) * unit <= std::numeric_limits<int>::max(),
+                 "EP mpi: up to {} rows of {} bytes in one exchange exceed MPI's int counts ({}): fewer tokens per "
+                 "rank ({} now) or a smaller payload",
+                 std::max(in, out), unit, std::numeric_limits<int>::max(), config.max_tokens_per_rank);
+    return config;
+}
+
 class MpiEp final : public ExpertParallel {
   public:
-    MpiEp(const EpConfig& config, MPI_Comm comm) : config_(config), comm_(comm), recv_(config) {
-        validate(config_);
+    MpiEp(const EpConfig& config, MPI_Comm comm) : config_(checked(config)), comm_(comm), recv_(config) {
         int rank = 0, size = 0;
         FANOUT_MPI_CHECK(MPI_Comm_rank(comm_, &rank));
         FANOUT_MPI_CHECK(MPI_Comm_size(comm_, &size));
