@@ -1,5 +1,6 @@
-// Tests of the input-file helpers in io/json_util.h: read_text_file reads a regular file whole, and
-// refuses a FIFO (without blocking on it), a folder and a device with an Error naming the path.
+// Tests of the input helpers in io/json_util.h: read_text_file reads a regular file whole, and
+// refuses a FIFO (without blocking on it), a folder and a device with an Error naming the path;
+// parse_msgpack_bounded decodes a peer's message within a nesting bound.
 #include "fanout/io/json_util.h"
 
 #include <gmock/gmock.h>
@@ -7,6 +8,7 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "io_test_util.h"
 #include "test_util.h"
@@ -51,6 +53,31 @@ TEST_F(ReadTextFileTest, FolderAndDeviceAreRefused) {
     fs::create_symlink("/dev/null", path("null.json"));
     EXPECT_THAT(error_of([&] { read_text_file(path("null.json")); }),
                 HasSubstr(path("null.json") + " is not a regular file (a character device)"));
+}
+
+// parse_msgpack_bounded: a peer's MessagePack decoded like the JSON it carries, and a message nested
+// past the bound refused by name before nlohmann's recursive reader can overflow the stack.
+TEST(ParseMsgpackBounded, DecodesWhatItCarries) {
+    const nlohmann::json j = {{"step", 7}, {"requests", {{{"id", 1}, {"prompt", {1, 2, 3}}}}}, {"stop", true}};
+    EXPECT_EQ(parse_msgpack_bounded(nlohmann::json::to_msgpack(j), "a step message"), j);
+}
+
+TEST(ParseMsgpackBounded, DeepNestingIsAnErrorNotACrash) {
+    // 200,000 one-element arrays (fixarray 0x91) around a nil: a 200 KB message whose recursive
+    // decode would overflow the stack.
+    std::vector<uint8_t> deep(200000, 0x91);
+    deep.push_back(0xc0);
+    const std::string msg = error_of([&] { parse_msgpack_bounded(deep, "rank 1's step report"); });
+    EXPECT_THAT(msg, HasSubstr("rank 1's step report: a message nested deeper than 64 levels"));
+    std::vector<uint8_t> ok(64, 0x91);  // 64 levels fit
+    ok.push_back(0xc0);
+    EXPECT_NO_THROW(parse_msgpack_bounded(ok, "ok"));
+}
+
+TEST(ParseMsgpackBounded, MalformedIsAnErrorNamingTheMessage) {
+    const std::vector<uint8_t> truncated = {0x82, 0xa1, 'a'};  // a map of 2 that ends after its first key
+    const std::string msg = error_of([&] { parse_msgpack_bounded(truncated, "rank 0's step message"); });
+    EXPECT_THAT(msg, HasSubstr("rank 0's step message: malformed message (3 bytes)"));
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <tuple>
 
+#include "fanout/io/json_util.h"
 #include "fanout/kv/prefix_cache.h"
 
 namespace fanout::engine {
@@ -81,12 +82,9 @@ EngineStats stats_from_json(const json& j) {
     return s;
 }
 
+// A peer's message: bounded in depth before it is decoded (io::parse_msgpack_bounded).
 json decode(const std::vector<uint8_t>& bytes, const std::string& what) {
-    try {
-        return json::from_msgpack(bytes);
-    } catch (const json::exception& e) {
-        FANOUT_FAIL("malformed {} on the control plane ({} bytes): {}", what, bytes.size(), e.what());
-    }
+    return io::parse_msgpack_bounded(bytes, what + " on the control plane");
 }
 
 }  // namespace

@@ -74,6 +74,44 @@ inline nlohmann::json parse_json_bounded(std::string_view text, const std::strin
     }
 }
 
+// Parses untrusted MessagePack (a peer's message) with the same nesting bound as
+// parse_json_bounded: nlohmann's reader recurses once per level, so a first pass that only counts
+// depth stops a deeply nested message before it can overflow the stack. Errors: "<label>: ..."
+// naming the problem.
+inline nlohmann::json parse_msgpack_bounded(const std::vector<uint8_t>& bytes, const std::string& label,
+                                            int max_depth = 64) {
+    struct Depth {  // a SAX handler that builds nothing: it stops (returns false) past max_depth
+        int max, depth = 0;
+        bool too_deep = false;
+        bool open() {
+            too_deep = ++depth > max;
+            return !too_deep;
+        }
+        bool close() { return --depth, true; }
+        bool null() { return true; }
+        bool boolean(bool) { return true; }
+        bool number_integer(nlohmann::json::number_integer_t) { return true; }
+        bool number_unsigned(nlohmann::json::number_unsigned_t) { return true; }
+        bool number_float(nlohmann::json::number_float_t, const std::string&) { return true; }
+        bool string(std::string&) { return true; }
+        bool binary(nlohmann::json::binary_t&) { return true; }
+        bool start_object(std::size_t) { return open(); }
+        bool key(std::string&) { return true; }
+        bool end_object() { return close(); }
+        bool start_array(std::size_t) { return open(); }
+        bool end_array() { return close(); }
+        bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) { return false; }
+    } depth{max_depth};
+    nlohmann::json::sax_parse(bytes, &depth, nlohmann::json::input_format_t::msgpack);
+    FANOUT_CHECK(!depth.too_deep, "{}: a message nested deeper than {} levels ({} bytes)", label, max_depth,
+                 bytes.size());
+    try {
+        return nlohmann::json::from_msgpack(bytes);
+    } catch (const nlohmann::json::exception& e) {
+        FANOUT_FAIL("{}: malformed message ({} bytes): {}", label, bytes.size(), e.what());
+    }
+}
+
 // What a file that is not a regular one is, for an error message.
 inline const char* file_kind(mode_t mode) {
     if (S_ISDIR(mode)) return "a folder";
