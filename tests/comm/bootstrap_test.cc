@@ -185,6 +185,75 @@ TEST(TcpControl, StepsInOrderThenAnAbortReachesEveryRank) {
             << "rank " << r << ": " << errors[r];
 }
 
+// Rank 2 fails while rank 1, stuck (as in an EP exchange waiting for rank 2), sends nothing: rank 0
+// reports rank 2's reason at once, not a timeout naming rank 1 — it waits for all reports together.
+TEST(TcpControl, AFailedRanksReasonWinsOverASilentOnesTimeout) {
+    constexpr int kWorld = 3;
+    const int port = free_port();
+    std::vector<std::string> errors(kWorld);
+    std::vector<std::unique_ptr<ControlPlane>> cps(kWorld);
+    std::vector<std::thread> threads;
+    const auto start = std::chrono::steady_clock::now();
+    std::chrono::steady_clock::duration leader_took{};
+    for (int r = 0; r < kWorld; ++r)
+        threads.emplace_back([&, r] {
+            try {
+                cps[r] = make_tcp_control({r, kWorld, r}, "127.0.0.1", port, std::chrono::seconds(10),
+                                          std::chrono::seconds(20));
+                cps[r]->broadcast(r == 0 ? std::vector<uint8_t>{1} : std::vector<uint8_t>{});
+                if (r == 2) cps[r]->abort("DP rank 2 of 3 failed: injected");
+                if (r == 0) {
+                    const auto t0 = std::chrono::steady_clock::now();
+                    try {
+                        cps[r]->gather({});
+                    } catch (...) {
+                        leader_took = std::chrono::steady_clock::now() - t0;
+                        throw;
+                    }
+                }
+                if (r == 1) cps[r]->broadcast({});  // no report: it learns of the abort here
+                errors[r] = r == 2 ? cps[r]->abort_reason() : "no error";
+            } catch (const Error& e) {
+                errors[r] = e.what();
+            }
+        });
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < kWorld; ++r)
+        EXPECT_NE(errors[r].find("DP rank 2 of 3 failed: injected"), std::string::npos)
+            << "rank " << r << ": " << errors[r];
+    EXPECT_LT(leader_took, std::chrono::seconds(10));
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
+}
+
+// A rank that neither reports nor fails is named in rank 0's timeout, with the address.
+TEST(TcpControl, ASilentRankIsNamedAtTheReportTimeout) {
+    const int port = free_port();
+    std::string error;
+    std::atomic<bool> done{false};
+    std::thread leader([&] {
+        try {
+            auto cp = make_tcp_control({0, 3, 0}, "127.0.0.1", port, std::chrono::seconds(10),
+                                       std::chrono::milliseconds(300));
+            cp->broadcast({7});
+            cp->gather({});
+        } catch (const Error& e) {
+            error = e.what();
+        }
+        done = true;
+    });
+    std::thread reporter([&] {
+        auto cp = make_tcp_control({1, 3, 1}, "127.0.0.1", port, std::chrono::seconds(10));
+        cp->broadcast({});
+        cp->gather({1});
+        while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    });
+    auto silent = make_tcp_control({2, 3, 2}, "127.0.0.1", port, std::chrono::seconds(10));
+    silent->broadcast({});
+    leader.join();
+    reporter.join();
+    EXPECT_NE(error.find("no step report from rank(s) 2 within 300 ms (127.0.0.1:"), std::string::npos) << error;
+}
+
 TEST(TcpControl, ARankWhoseConnectionClosesIsNamed) {
     const int port = free_port();
     std::string error;

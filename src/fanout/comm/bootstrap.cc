@@ -1,6 +1,7 @@
 #include "fanout/comm/bootstrap.h"
 
 #include <arpa/inet.h>
+#include <fmt/ranges.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -225,16 +226,44 @@ class TcpControl final : public ControlPlane {
         std::vector<std::vector<uint8_t>> out(static_cast<size_t>(me_.world));
         out[0] = std::move(message);
         const auto deadline = Clock::now() + report_timeout_;
-        for (int r = 1; r < me_.world; ++r) {
-            Frame kind = Frame::kData;
-            guarded(r, [&] {
-                kind = recv_frame(peers_[r].fd(), &out[r], deadline, fmt::format("rank {}'s step report", r));
-            });
-            if (kind == Frame::kAbort) {
-                const std::string reason(out[r].begin(), out[r].end());
-                abort(reason);  // on to every other rank
+        // Every rank's report is awaited at once and taken as it comes: a rank that fails sends its
+        // abort while the others may be stuck waiting for it (in the EP exchange), and its reason —
+        // not a timeout on the first silent rank — is what the group must report.
+        std::vector<int> waiting;
+        for (int r = 1; r < me_.world; ++r) waiting.push_back(r);
+        std::vector<pollfd> polls;
+        while (!waiting.empty()) {
+            polls.clear();
+            for (const int r : waiting) polls.push_back({peers_[r].fd(), POLLIN, 0});
+            const int ready = ::poll(polls.data(), polls.size(), remaining_ms(deadline));
+            if (ready < 0 && errno == EINTR) continue;
+            if (ready <= 0) {
+                const std::string reason =
+                    ready == 0 ? fmt::format("DP rank 0 of {}: no step report from rank(s) {} within {} ms ({})",
+                                             me_.world, fmt::join(waiting, ", "), report_timeout_.count(), where_)
+                               : fmt::format("DP rank 0 of {}: waiting for step reports on {} failed: {}", me_.world,
+                                             where_, std::strerror(errno));
+                abort(reason);
                 fail_with(reason);
             }
+            std::vector<int> still;
+            for (size_t i = 0; i < waiting.size(); ++i) {
+                const int r = waiting[i];
+                if (polls[i].revents == 0) {
+                    still.push_back(r);
+                    continue;
+                }
+                Frame kind = Frame::kData;
+                guarded(r, [&] {
+                    kind = recv_frame(peers_[r].fd(), &out[r], deadline, fmt::format("rank {}'s step report", r));
+                });
+                if (kind == Frame::kAbort) {
+                    const std::string reason(out[r].begin(), out[r].end());
+                    abort(reason);  // on to every other rank
+                    fail_with(reason);
+                }
+            }
+            waiting = std::move(still);
         }
         return out;
     }
