@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "cli_common.h"
+#include "fanout/core/deadline.h"
 #include "fanout/router/router.h"
 #include "fanout/serve/openai_server.h"
 #ifdef FANOUT_WITH_MPI
@@ -64,8 +65,7 @@ void run_router(RouterArgs& a) {
             std::fprintf(stderr, "fanout router: requests still running after %d s; stopping anyway\n",
                          a.drain_seconds);
         // What the engines sent may still be on its way to slow readers: the rest of the time.
-        server.stop(std::max(std::chrono::milliseconds(0), std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                               deadline - std::chrono::steady_clock::now())));
+        server.stop(time_left(deadline));
     });
     int healthy = 0;
     for (int e = 0; e < r.num_engines(); ++e) healthy += r.healthy(e) ? 1 : 0;

@@ -171,8 +171,8 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const io::Tokenizer* tokeniz
       config_(config),
       cache_(runner_->kv_cache_config(config.num_kv_blocks)),
       prefix_(cache_.allocator(), cache_.config().block_size),
-      scheduler_(scheduler_config(config, context_limit(*runner_, config, cache_)), prefix_),
       max_context_(context_limit(*runner_, config, cache_)),
+      scheduler_(scheduler_config(config, max_context_), prefix_),
       eos_(runner_->eos_ids()) {
     stats_.kv_blocks_total = config.num_kv_blocks;
     FANOUT_CHECK(config.microbatch_min_tokens >= 1, "--microbatch-min-tokens must be >= 1, got {}",

@@ -386,8 +386,8 @@ class Engine : public RequestService {
     kv::PagedKvCache cache_;
     KvEventHub kv_events_;  // before prefix_, which publishes to it
     kv::PrefixCache prefix_;
+    int64_t max_context_;  // before scheduler_, which is given it
     Scheduler scheduler_;
-    int64_t max_context_;
     std::vector<int64_t> eos_;
     bool group_microbatch_ = false;
     int64_t last_step_tokens_ = 0;

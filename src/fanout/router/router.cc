@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "fanout/core/deadline.h"
 #include "fanout/kv/prefix_cache.h"
 
 namespace fanout::router {
@@ -40,9 +41,7 @@ Router::~Router() {
     // relays report to is still whole: every engine's cancelled first, then one wait for them all.
     for (auto& s : engines_) s->remote->close(std::chrono::milliseconds(0));
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    for (auto& s : engines_)
-        s->remote->close(std::max(std::chrono::milliseconds(0), std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                                    deadline - std::chrono::steady_clock::now())));
+    for (auto& s : engines_) s->remote->close(time_left(deadline));
 }
 
 // One engine's health: Health + Load within the timeout. A change of state is logged; an engine
