@@ -22,6 +22,7 @@ struct Shared {
     int64_t fail_at = 0;
     int hang_rank = -1;  // this rank's forward sleeps hang_ms at its fail_at-th call
     int hang_ms = 0;
+    std::atomic<int> step_us{200};  // every forward sleeps this long (the others catch up if they can)
     explicit Shared(int world) : forwards(static_cast<size_t>(world)) {}
 };
 
@@ -45,7 +46,7 @@ class FakeRankRunner : public ModelRunner {
         if (rank_ == shared_.fail_rank && n == shared_.fail_at) throw Error("injected failure");
         if (rank_ == shared_.hang_rank && n == shared_.fail_at)
             std::this_thread::sleep_for(std::chrono::milliseconds(shared_.hang_ms));
-        std::this_thread::sleep_for(std::chrono::microseconds(200));  // the others catch up if they can
+        std::this_thread::sleep_for(std::chrono::microseconds(shared_.step_us.load()));
         Tensor logits = Tensor::zeros({static_cast<int64_t>(b.logit_rows.size()), kVocab}, DType::kF32);
         for (size_t i = 0; i < b.logit_rows.size(); ++i) {
             const int32_t r = b.logit_rows[i];

@@ -31,7 +31,10 @@ using ::testing::HasSubstr;
 // An engine with the fake model behind the gRPC service on a free port.
 struct Node {
     // 1,024 blocks: the fake model's whole context (4096 tokens); fewer make a smaller context.
+    // A step takes at least 1 ms, so a 4,000-token request runs at least 4 s: still running while
+    // a test acts on it, however fast the machine.
     explicit Node(int port = 0, int64_t kv_blocks = 1024) : shared(1) {
+        shared.step_us = 1000;
         engine::EngineConfig cfg;
         cfg.num_kv_blocks = kv_blocks;
         cfg.scheduler = {16, 64, 16};
