@@ -162,38 +162,65 @@ TEST(ModelConfigTest, DirectQWithoutRopeScalingOrQuantization) {
 }
 
 TEST(ModelConfigTest, QLoraRankNullOrAbsent) {
-    EXPECT_EQ(parse(v3_with("q_lora_rank", nullptr)).q_lora_rank, 0);
-    EXPECT_EQ(parse(v3_with("q_lora_rank", kRemove)).q_lora_rank, 0);
+    EXPECT_EQ(parse(v3_with("q_lora_rank", nullptr)).q_lora_rank, 0);  // HF's None: the direct q projection
+    EXPECT_EQ(parse(v3_with("q_lora_rank", kRemove)).q_lora_rank, 1536);  // HF's default
 }
 
 TEST(ModelConfigTest, DenseModelNeedsNoMoeFields) {
     json j = load_fixture("direct_q");
-    for (const char* key : {"n_routed_experts", "moe_intermediate_size", "num_experts_per_tok", "n_group", "topk_group",
-                            "n_shared_experts"})
+    for (const char* key : {"moe_intermediate_size", "num_experts_per_tok", "n_group", "topk_group", "n_shared_experts"})
         j.erase(key);
+    j["n_routed_experts"] = nullptr;  // HF's None: every layer dense
     const ModelConfig c = parse(j);
     EXPECT_EQ(c.n_routed_experts, 0);
     for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) EXPECT_FALSE(c.is_moe_layer(layer));
+    // Written back, a dense model says null, which HF reads as dense too (0 would build empty MoE layers).
+    EXPECT_TRUE(json::parse(model_config_to_json(c))["n_routed_experts"].is_null());
+    EXPECT_EQ(parse(json::parse(model_config_to_json(c))).n_routed_experts, 0);
 }
 
+// A key left out takes HF DeepseekV3Config's default, as transformers would load the checkpoint
+// (before, the MoE keys defaulted to other values: 0 dense layers, 1 group, scaling 1, no shared
+// expert — the same checkpoint then gave other tokens than HF's, without a word).
 TEST(ModelConfigTest, Defaults) {
     json j = load_fixture("direct_q");
     for (const char* key :
          {"hidden_act", "scoring_func", "topk_method", "rms_norm_eps", "rope_theta", "tie_word_embeddings",
           "num_nextn_predict_layers", "first_k_dense_replace", "moe_layer_freq", "norm_topk_prob",
-          "routed_scaling_factor", "bos_token_id", "eos_token_id", "n_group", "topk_group", "n_shared_experts"})
+          "routed_scaling_factor", "bos_token_id", "eos_token_id", "n_group", "topk_group", "n_shared_experts",
+          "moe_intermediate_size", "num_experts_per_tok", "attention_bias"})
         j.erase(key);
     const ModelConfig c = parse(j);
     EXPECT_EQ(c.rms_norm_eps, 1e-6);
     EXPECT_EQ(c.rope_theta, 10000.0);
     EXPECT_FALSE(c.tie_word_embeddings);
-    EXPECT_EQ(c.first_k_dense_replace, 0);
+    EXPECT_EQ(c.first_k_dense_replace, 3);
     EXPECT_TRUE(c.norm_topk_prob);
-    EXPECT_EQ(c.routed_scaling_factor, 1.0);
+    EXPECT_EQ(c.routed_scaling_factor, 2.5);
     EXPECT_EQ(c.bos_token_id, -1);
     EXPECT_TRUE(c.eos_token_ids.empty());
-    EXPECT_EQ(c.n_group, 1);
-    EXPECT_EQ(c.n_shared_experts, 0);
+    EXPECT_EQ(c.n_group, 8);
+    EXPECT_EQ(c.topk_group, 4);
+    EXPECT_EQ(c.n_shared_experts, 1);
+    EXPECT_EQ(c.moe_intermediate_size, 2048);
+    EXPECT_EQ(c.num_experts_per_tok, 8);
+    j.erase("n_routed_experts");
+    EXPECT_EQ(parse(j).n_routed_experts, 256);
+}
+
+// Null where HF gives it no meaning is an error naming the field, not a silent default.
+TEST(ModelConfigErrorTest, NullWhereHfHasNoNone) {
+    for (const char* key : {"moe_intermediate_size", "num_experts_per_tok", "n_group", "topk_group", "n_shared_experts",
+                            "routed_scaling_factor", "first_k_dense_replace"}) {
+        SCOPED_TRACE(key);
+        EXPECT_THAT(parse_error(v3_with(key, nullptr)),
+                    HasSubstr(fmt::format("field '{}' is null; leave it out for HF's default", key)));
+    }
+}
+
+TEST(ModelConfigErrorTest, AttentionBiasIsRefused) {
+    EXPECT_THAT(parse_error(v3_with("attention_bias", true)), HasSubstr("attention_bias true is not supported"));
+    EXPECT_EQ(parse(v3_with("attention_bias", false)).hidden_size, 7168);
 }
 
 TEST(ModelConfigTest, YarnDefaultsAndMscaleVariants) {
@@ -386,7 +413,7 @@ TEST(ModelConfigErrorTest, NotAnObject) {
 TEST(ModelConfigErrorTest, MissingRequiredField) {
     for (const char* key : {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                             "intermediate_size", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
-                            "max_position_embeddings", "moe_intermediate_size", "num_experts_per_tok"}) {
+                            "max_position_embeddings"}) {
         SCOPED_TRACE(key);
         EXPECT_THAT(parse_error(v3_with(key, kRemove)), HasSubstr(fmt::format("required field '{}' is missing", key)));
         EXPECT_THAT(parse_error(v3_with(key, nullptr)), HasSubstr(fmt::format("required field '{}' is missing", key)));

@@ -61,6 +61,15 @@ class FieldReader {
     }
     // Present and not null.
     bool has(const char* key) const { return j_.contains(key) && !j_.at(key).is_null(); }
+    // Present as null (HF's None), which for some keys differs from absent (HF's default).
+    bool is_null(const char* key) const { return j_.contains(key) && j_.at(key).is_null(); }
+    // Absent: the caller takes HF's default `hf_default`. A key for which HF gives null no meaning
+    // may not be null.
+    bool absent(const char* key, double hf_default) const {
+        FANOUT_CHECK(!is_null(key), "{}: field '{}' is null; leave it out for HF's default {}", where_, key,
+                     hf_default);
+        return !j_.contains(key);
+    }
     const std::string& where() const { return where_; }
 
   private:
@@ -218,14 +227,21 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
     c.qk_nope_head_dim = r.positive("qk_nope_head_dim");
     c.qk_rope_head_dim = r.positive("qk_rope_head_dim");
     c.v_head_dim = r.positive("v_head_dim");
-    c.q_lora_rank = r.has("q_lora_rank") ? r.positive("q_lora_rank") : 0;
+    // A key left out takes HF DeepseekV3Config's default (V3's value), as transformers would load it;
+    // null is HF's None: no query LoRA, no routed experts.
+    c.q_lora_rank = r.is_null("q_lora_rank") ? 0 : r.has("q_lora_rank") ? r.positive("q_lora_rank") : 1536;
     c.max_position_embeddings = r.positive("max_position_embeddings");
     c.rms_norm_eps = r.number_in("rms_norm_eps", 0.0, 1.0, 1e-6);
     c.rope_theta = r.number_in("rope_theta", 1.0, 1e12, 10000.0);
     c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
     c.num_nextn_predict_layers = r.has("num_nextn_predict_layers") ? r.integer("num_nextn_predict_layers") : 0;
-    c.first_k_dense_replace = r.has("first_k_dense_replace") ? r.integer_in("first_k_dense_replace", 0, kMaxExtent) : 0;
-    c.n_routed_experts = r.has("n_routed_experts") ? r.integer_in("n_routed_experts", 0, 1 << 20) : 0;
+    c.first_k_dense_replace =
+        r.absent("first_k_dense_replace", 3) ? 3 : r.integer_in("first_k_dense_replace", 0, kMaxExtent);
+    c.n_routed_experts = r.is_null("n_routed_experts") ? 0
+                         : r.has("n_routed_experts")   ? r.integer_in("n_routed_experts", 0, 1 << 20)
+                                                       : 256;
+    FANOUT_CHECK(!r.boolean("attention_bias", false),
+                 "{}: attention_bias true is not supported; DeepSeek-V3's attention projections have no bias", label);
     FANOUT_CHECK(c.num_nextn_predict_layers >= 0 && c.num_nextn_predict_layers <= 1,
                  "{}: num_nextn_predict_layers is {}; fanout implements 0 or 1", label, c.num_nextn_predict_layers);
     FANOUT_CHECK(c.first_k_dense_replace >= 0, "{}: first_k_dense_replace must be >= 0, found {}", label,
@@ -236,18 +252,21 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
     FANOUT_CHECK(r.integer("moe_layer_freq", 1) == 1, "{}: moe_layer_freq is {}; fanout implements 1", label,
                  r.integer("moe_layer_freq", 1));
     if (c.n_routed_experts > 0) {
-        c.moe_intermediate_size = r.positive("moe_intermediate_size");
-        c.n_shared_experts = r.has("n_shared_experts") ? r.integer_in("n_shared_experts", 0, 1 << 10) : 0;
-        c.num_experts_per_tok = r.positive("num_experts_per_tok");
-        c.n_group = r.integer("n_group", 1);  // range-checked against the expert count below
-        c.topk_group = r.integer("topk_group", 1);
+        c.moe_intermediate_size = r.absent("moe_intermediate_size", 2048) ? 2048 : r.positive("moe_intermediate_size");
+        c.n_shared_experts = r.absent("n_shared_experts", 1) ? 1 : r.integer_in("n_shared_experts", 0, 1 << 10);
+        c.num_experts_per_tok = r.absent("num_experts_per_tok", 8) ? 8 : r.positive("num_experts_per_tok");
+        // n_group and topk_group are range-checked against the expert count below.
+        c.n_group = r.absent("n_group", 8) ? 8 : r.integer("n_group");
+        c.topk_group = r.absent("topk_group", 4) ? 4 : r.integer("topk_group");
         c.norm_topk_prob = r.boolean("norm_topk_prob", true);
-        c.routed_scaling_factor = r.number_in("routed_scaling_factor", 0.0, 1e6, 1.0);
+        c.routed_scaling_factor =
+            r.absent("routed_scaling_factor", 2.5) ? 2.5 : r.number_in("routed_scaling_factor", 0.0, 1e6);
         FANOUT_CHECK(c.n_shared_experts >= 0, "{}: n_shared_experts must be >= 0, found {}", label, c.n_shared_experts);
         FANOUT_CHECK(c.n_group > 0 && c.n_group <= c.n_routed_experts && c.n_routed_experts % c.n_group == 0,
-                     "{}: n_routed_experts={} must be a multiple of n_group={}", label, c.n_routed_experts, c.n_group);
-        FANOUT_CHECK(c.topk_group > 0 && c.topk_group <= c.n_group, "{}: topk_group={} must be in [1, n_group={}]",
-                     label, c.topk_group, c.n_group);
+                     "{}: n_routed_experts={} must be a multiple of n_group={}{}", label, c.n_routed_experts, c.n_group,
+                     r.has("n_group") ? "" : " (HF's default: the field is absent)");
+        FANOUT_CHECK(c.topk_group > 0 && c.topk_group <= c.n_group, "{}: topk_group={}{} must be in [1, n_group={}]",
+                     label, c.topk_group, r.has("topk_group") ? "" : " (HF's default: the field is absent)", c.n_group);
         const int64_t per_group = c.n_routed_experts / c.n_group;
         FANOUT_CHECK(per_group >= 2 || c.n_group == 1,
                      "{}: each of the n_group={} groups needs at least 2 experts (group score = top-2 sum)", label,
@@ -283,7 +302,7 @@ std::string model_config_to_json(const ModelConfig& c) {
     j["num_attention_heads"] = c.num_attention_heads;
     j["num_key_value_heads"] = c.num_attention_heads;
     j["n_shared_experts"] = c.n_shared_experts;
-    j["n_routed_experts"] = c.n_routed_experts;
+    j["n_routed_experts"] = c.n_routed_experts > 0 ? json(c.n_routed_experts) : json(nullptr);
     j["routed_scaling_factor"] = c.routed_scaling_factor;
     j["kv_lora_rank"] = c.kv_lora_rank;
     j["q_lora_rank"] = c.q_lora_rank > 0 ? json(c.q_lora_rank) : json(nullptr);

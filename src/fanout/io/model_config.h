@@ -5,7 +5,10 @@
 // (with rope_theta inside or beside it), and an optional fp8 `quantization_config`. A missing
 // required field, a value of the wrong type, or a value fanout does not implement (another
 // scoring function, activation, rope type, quantization scheme) is an Error that names the field
-// and the value found. Keys the model does not use are ignored.
+// and the value found. Keys the model does not use are ignored. An optional key left out takes
+// the default of HF's DeepseekV3Config (V3's own value: 256 routed experts, 1 shared, 8 groups,
+// top-4 groups, 8 per token, scaling 2.5, the first 3 layers dense, q LoRA rank 1536), so a
+// checkpoint loads as transformers loads it; `null` is HF's None where HF gives it a meaning.
 #pragma once
 
 #include <cstdint>
