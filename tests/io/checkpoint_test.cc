@@ -94,12 +94,13 @@ TEST_F(CheckpointTest, ShardedWithIndex) {
         << "each shard is opened once";
 }
 
-TEST_F(CheckpointTest, IndexWinsOverSingleFile) {
+// Both layouts in one folder: HF would read model.safetensors, fanout used to read the index;
+// which was meant is not known, so the folder is refused, naming both.
+TEST_F(CheckpointTest, BothLayoutsInOneFolderAreRefused) {
     write_two_shards();
     write_shard("model.safetensors", {{"stale", DType::kF32, {1}}}, 0.0f);
-    const Checkpoint ck = Checkpoint::open(dir_);
-    EXPECT_FALSE(ck.has("stale"));
-    EXPECT_TRUE(ck.has("c.w"));
+    EXPECT_THAT(error_of([&] { Checkpoint::open(dir_); }),
+                HasSubstr("holds both model.safetensors and model.safetensors.index.json"));
 }
 
 TEST_F(CheckpointTest, IndexNamesMissingShard) {

@@ -162,13 +162,14 @@ TEST(ModelConfigTest, DirectQWithoutRopeScalingOrQuantization) {
 }
 
 TEST(ModelConfigTest, QLoraRankNullOrAbsent) {
-    EXPECT_EQ(parse(v3_with("q_lora_rank", nullptr)).q_lora_rank, 0);  // HF's None: the direct q projection
+    EXPECT_EQ(parse(v3_with("q_lora_rank", nullptr)).q_lora_rank, 0);     // HF's None: the direct q projection
     EXPECT_EQ(parse(v3_with("q_lora_rank", kRemove)).q_lora_rank, 1536);  // HF's default
 }
 
 TEST(ModelConfigTest, DenseModelNeedsNoMoeFields) {
     json j = load_fixture("direct_q");
-    for (const char* key : {"moe_intermediate_size", "num_experts_per_tok", "n_group", "topk_group", "n_shared_experts"})
+    for (const char* key :
+         {"moe_intermediate_size", "num_experts_per_tok", "n_group", "topk_group", "n_shared_experts"})
         j.erase(key);
     j["n_routed_experts"] = nullptr;  // HF's None: every layer dense
     const ModelConfig c = parse(j);
@@ -216,6 +217,19 @@ TEST(ModelConfigErrorTest, NullWhereHfHasNoNone) {
         EXPECT_THAT(parse_error(v3_with(key, nullptr)),
                     HasSubstr(fmt::format("field '{}' is null; leave it out for HF's default", key)));
     }
+}
+
+// Sizes each within range whose product would leave int64 (before: a wrapped shape in a later
+// message, signed overflow on the way) are refused, naming the fields.
+TEST(ModelConfigErrorTest, WeightElementCountsAreBounded) {
+    json j = load_fixture("deepseek_v3");
+    for (const char* key : {"num_attention_heads", "qk_nope_head_dim", "qk_rope_head_dim"}) j[key] = 2147483648LL;
+    EXPECT_THAT(parse_error(j), HasSubstr("the query projection (num_attention_heads=2147483648 × qk_head_dim="));
+    j = load_fixture("deepseek_v3");
+    j["vocab_size"] = 2147483648LL;
+    j["hidden_size"] = 1 << 20;
+    EXPECT_THAT(parse_error(j),
+                HasSubstr("the embedding (vocab_size=2147483648 × hidden_size=1048576) has more than 2^44 elements"));
 }
 
 TEST(ModelConfigErrorTest, AttentionBiasIsRefused) {
@@ -411,9 +425,9 @@ TEST(ModelConfigErrorTest, NotAnObject) {
 }
 
 TEST(ModelConfigErrorTest, MissingRequiredField) {
-    for (const char* key : {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                            "intermediate_size", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
-                            "max_position_embeddings"}) {
+    for (const char* key :
+         {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "kv_lora_rank",
+          "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "max_position_embeddings"}) {
         SCOPED_TRACE(key);
         EXPECT_THAT(parse_error(v3_with(key, kRemove)), HasSubstr(fmt::format("required field '{}' is missing", key)));
         EXPECT_THAT(parse_error(v3_with(key, nullptr)), HasSubstr(fmt::format("required field '{}' is missing", key)));

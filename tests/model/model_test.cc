@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -327,6 +328,11 @@ TEST_F(ModelTest, BadTokenIdsAndOversizedRequestsAreClearErrors) {
         EXPECT_NE(std::string(e.what()).find("need 4 blocks but only 2 of 2 are free"), std::string::npos) << e.what();
     }
     EXPECT_EQ(cache.allocator().num_free(), 2);  // nothing leaked
+    // A max_tokens whose sum with the prompt overflows is still past the positions (before, the sum
+    // wrapped negative and passed the check, to fail later in the cache with a wrong message).
+    req.max_tokens = std::numeric_limits<int64_t>::max() - 1;
+    EXPECT_THAT(error_of([&] { generate(*m, cache, req, {}, Stream{}); }),
+                HasSubstr("exceeds the model's max_position_embeddings"));
 }
 
 TEST_F(ModelTest, CheckpointThatDisagreesWithConfigNamesTheTensor) {
@@ -510,6 +516,32 @@ TEST(Synthetic, SameSeedSameBytesOtherSeedOtherBytes) {
     EXPECT_EQ(st.names().size(), checkpoint_tensors(c).size());
     EXPECT_TRUE(st.has("model.layers.1.eh_proj.weight"));
     EXPECT_TRUE(st.has("model.layers.1.shared_head.head.weight"));
+    fs::remove_all(d);
+}
+
+// The same folder written sharded, then as one file: the shards and their index go, so the folder
+// holds the model just written (before, the loader read the stale index: the previous model, without
+// a word); a folder holding both layouts is refused, naming both.
+TEST(Synthetic, RewritingAFolderLeavesOneCheckpoint) {
+    const std::string d = fanout::testing::temp_dir("rewrite");
+    io::ModelConfig c = preset_config("tiny", 1);
+    c.vocab_size = 300;
+    MakeModelOptions sharded;
+    sharded.max_shard_bytes = 64 << 10;
+    write_synthetic_model(d, c, sharded);
+    ASSERT_TRUE(fs::exists(d + "/model.safetensors.index.json"));
+    const io::Checkpoint many = io::Checkpoint::open(d);
+    ASSERT_GT(many.num_shards(), 1);
+    std::ofstream(d + "/notes.txt") << "not a weight file";
+    write_synthetic_model(d, c, {});
+    std::vector<std::string> files;
+    for (const auto& e : fs::directory_iterator(d)) files.push_back(e.path().filename().string());
+    std::sort(files.begin(), files.end());
+    EXPECT_EQ(files, (std::vector<std::string>{"config.json", "model.safetensors", "notes.txt"}));
+    EXPECT_EQ(io::Checkpoint::open(d).num_shards(), 1);
+    std::ofstream(d + "/model.safetensors.index.json") << R"({"weight_map": {}})";
+    EXPECT_THAT(fanout::testing::error_of([&] { io::Checkpoint::open(d); }),
+                ::testing::HasSubstr("holds both model.safetensors and model.safetensors.index.json"));
     fs::remove_all(d);
 }
 

@@ -17,6 +17,12 @@ Checkpoint Checkpoint::open(const std::string& dir, Progress progress) {
     FANOUT_CHECK(fs::is_directory(dir), "model folder '{}' does not exist or is not a folder", dir);
     const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
     const fs::path single_path = fs::path(dir) / "model.safetensors";
+    // HF loads model.safetensors when both are there and never reads the index; which one was
+    // meant is not ours to guess (a folder written twice, sharded then not, holds both).
+    FANOUT_CHECK(!(fs::exists(index_path) && fs::exists(single_path)),
+                 "model folder '{}' holds both model.safetensors and model.safetensors.index.json (two "
+                 "checkpoints?): remove the one not meant",
+                 dir);
     if (fs::exists(index_path)) {
         const nlohmann::json index = parse_json(read_text_file(index_path.string()), index_path.string());
         FANOUT_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),

@@ -15,8 +15,24 @@ namespace {
 
 using nlohmann::json;
 
-// No DeepSeek-V3 size comes near 2^31; bounding them keeps every product of sizes in int64.
+// No DeepSeek-V3 size comes near 2^31. Each size is bounded by it, and the weights' element
+// counts (products of two or three sizes) by kMaxElements, checked without overflow, so that no
+// size arithmetic downstream leaves int64.
 constexpr int64_t kMaxExtent = int64_t{1} << 31;
+constexpr int64_t kMaxElements = int64_t{1} << 44;
+
+// Fails, naming the fields, when the product of `sizes` passes kMaxElements.
+void check_elements(const std::string& where, const char* what,
+                    std::initializer_list<std::pair<const char*, int64_t>> sizes) {
+    int64_t n = 1;
+    bool over = false;
+    std::string names;
+    for (const auto& [name, v] : sizes) {
+        over = over || __builtin_mul_overflow(n, v, &n) || n > kMaxElements;
+        names += fmt::format("{}{}={}", names.empty() ? "" : " × ", name, v);
+    }
+    FANOUT_CHECK(!over, "{}: {} ({}) has more than 2^44 elements; no DeepSeek-V3 size comes near", where, what, names);
+}
 
 // Reads one field with its type checked; `where` names the file in errors.
 class FieldReader {
@@ -275,6 +291,23 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
                      "{}: num_experts_per_tok={} exceeds the {} experts in topk_group={} groups", label,
                      c.num_experts_per_tok, c.topk_group * per_group, c.topk_group);
     }
+    check_elements(label, "the embedding", {{"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size}});
+    check_elements(label, "a dense MLP", {{"hidden_size", c.hidden_size}, {"intermediate_size", c.intermediate_size}});
+    check_elements(label, "the query projection",
+                   {{"num_attention_heads", c.num_attention_heads},
+                    {"qk_head_dim", c.qk_head_dim()},
+                    {"q_lora_rank or hidden_size", c.q_lora_rank > 0 ? c.q_lora_rank : c.hidden_size}});
+    check_elements(label, "kv_b_proj",
+                   {{"num_attention_heads", c.num_attention_heads},
+                    {"qk_nope_head_dim + v_head_dim", c.qk_nope_head_dim + c.v_head_dim},
+                    {"kv_lora_rank", c.kv_lora_rank}});
+    check_elements(
+        label, "o_proj",
+        {{"num_attention_heads", c.num_attention_heads}, {"v_head_dim", c.v_head_dim}, {"hidden_size", c.hidden_size}});
+    check_elements(label, "a layer's routed experts",
+                   {{"n_routed_experts + n_shared_experts", c.n_routed_experts + c.n_shared_experts},
+                    {"3 × moe_intermediate_size", 3 * c.moe_intermediate_size},
+                    {"hidden_size", c.hidden_size}});
     parse_rope(j, label, c);
     parse_quantization(j, label, c);
     parse_special_tokens(j, label, c);

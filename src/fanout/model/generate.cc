@@ -23,8 +23,7 @@ GenerateResult generate_loop(const io::ModelConfig& c, kv::PagedKvCache& cache, 
     for (int64_t i = 0; i < P; ++i)
         FANOUT_CHECK(req.prompt[i] >= 0 && req.prompt[i] < c.vocab_size,
                      "prompt token {} (index {}) is outside the vocabulary [0, {})", req.prompt[i], i, c.vocab_size);
-    const int64_t total = P + req.max_tokens;
-    FANOUT_CHECK(total <= c.max_position_embeddings,
+    FANOUT_CHECK(req.max_tokens <= c.max_position_embeddings - P,  // not P + max_tokens: it may overflow
                  "prompt ({} tokens) + max_tokens ({}) exceeds the model's max_position_embeddings {}", P,
                  req.max_tokens, c.max_position_embeddings);
     ops::Sampler sampler(req.sampling);
@@ -32,6 +31,7 @@ GenerateResult generate_loop(const io::ModelConfig& c, kv::PagedKvCache& cache, 
     GenerateResult res;
     res.prompt_tokens = P;
     kv::SequenceBlocks seq;
+    const int64_t total = P + req.max_tokens;
     cache.reserve(seq, total);  // throws, naming the shortfall, when the cache is too small
     using clock = std::chrono::steady_clock;
     auto t0 = clock::now();
@@ -39,10 +39,11 @@ GenerateResult generate_loop(const io::ModelConfig& c, kv::PagedKvCache& cache, 
     try {
         for (int64_t start = 0; start < P; start += req.prefill_chunk) {
             const int64_t n = std::min(req.prefill_chunk, P - start);
-            StepBatch batch = StepBatchBuilder(cache)
-                                  .add(std::span(req.prompt).subspan(start, n), start, seq,
-                                       start + n == P ? StepBatchBuilder::Logits::kLast : StepBatchBuilder::Logits::kNone)
-                                  .build();
+            StepBatch batch =
+                StepBatchBuilder(cache)
+                    .add(std::span(req.prompt).subspan(start, n), start, seq,
+                         start + n == P ? StepBatchBuilder::Logits::kLast : StepBatchBuilder::Logits::kNone)
+                    .build();
             const int32_t token = step(batch, sampler);
             if (start + n == P) next = token;
         }
@@ -51,8 +52,8 @@ GenerateResult generate_loop(const io::ModelConfig& c, kv::PagedKvCache& cache, 
         for (int64_t i = 0;; ++i) {
             res.tokens.push_back(next);
             if (on_token) on_token(next);
-            const bool eos = !req.ignore_eos && std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), next) !=
-                                                    c.eos_token_ids.end();
+            const bool eos = !req.ignore_eos &&
+                             std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), next) != c.eos_token_ids.end();
             if (eos) {
                 res.finish_reason = "stop";
                 break;

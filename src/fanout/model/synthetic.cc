@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
 
 #include "fanout/core/error.h"
 #include "fanout/core/thread_pool.h"
@@ -256,6 +257,14 @@ void write_text(const fs::path& path, const std::string& text) {
 
 void write_synthetic_model(const std::string& dir, const io::ModelConfig& config, const MakeModelOptions& opts) {
     fs::create_directories(dir);
+    // A previous checkpoint's weight files go first, as HF's save_pretrained cleans them: a sharded
+    // index left beside a new single file (or stale shards) would be another model.
+    for (const auto& entry : fs::directory_iterator(dir)) {
+        const std::string name = entry.path().filename().string();
+        static const std::regex shard(R"(model-\d+-of-\d+\.safetensors)");
+        if (name == "model.safetensors" || name == "model.safetensors.index.json" || std::regex_match(name, shard))
+            fs::remove(entry.path());
+    }
     const std::vector<io::TensorSpec> specs = checkpoint_tensors(config);
     // Split into shards by size, keeping each fp8 weight with its scales.
     std::vector<std::vector<size_t>> shards(1);
