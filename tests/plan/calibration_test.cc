@@ -224,8 +224,38 @@ TEST_F(PlanCalibration, MalformedFilesAreClearErrors) {
                   .find("dense.rows[0].M must be a number"),
               std::string::npos);
     EXPECT_NE(err(R"({"benchmark": "kernels", "dense": {"rows": [{"N": 1, "K": 2, "M": 64, "fanout": {"us": -1}}]}})")
-                  .find("must be a positive time"),
+                  .find("fanout.us = -1 must be a time in us between 0.001 and 1e9"),
               std::string::npos);
+    // Values in range by type that no measurement could give: each named, none used (before, a
+    // "tp": 0 point divided by zero, SIGFPE; a 1e-300 us row made NaN totals; a comm time that
+    // barely grew gave 114,986,665% of the link).
+    EXPECT_NE(err(R"({"benchmark": "layer", "points": [{"layer": "moe", "ep": 8, "tp": 0, "batch": 1,
+                      "kernels": {"qkv_a": 10}}]})")
+                  .find("points[0].tp = 0 must be a whole number in [1, 65536]"),
+              std::string::npos);
+    EXPECT_NE(err(R"({"benchmark": "layer", "points": [{"ep": 8, "tp": 0.5, "batch": 4, "total_us": 9}]})")
+                  .find("points[0].tp = 0.5 must be a whole number"),
+              std::string::npos);
+    EXPECT_NE(err(R"({"benchmark": "layer", "points": [{"ep": 8, "tp": 16, "batch": 4, "total_us": 9}]})")
+                  .find("points[0]: plan: TP 16 must be 1, 2, 4 or 8"),
+              std::string::npos);
+    EXPECT_NE(err(R"({"benchmark": "layer", "points": [{"ep": 8, "batch": 3000000000, "total_us": 9}]})")
+                  .find("points[0].batch = 3000000000 must be a whole number in [1, 1048576]"),
+              std::string::npos);
+    EXPECT_NE(err(R"({"benchmark": "mla", "rows": [{"batch": 1, "query_len": 2, "heads": 128, "kv_len": 5000,
+                      "us": 1e-300}]})")
+                  .find("rows[0].us = 1e-300 must be a time in us"),
+              std::string::npos);
+    EXPECT_NE(err(R"({"benchmark": "mla", "rows": [{"batch": 1000, "query_len": 2, "heads": 128, "kv_len": 5000,
+                      "us": 0.01}]})")
+                  .find("rows[0] implies"),
+              std::string::npos);
+    EXPECT_NE(err(R"({"benchmark": "comm", "points": [{"ep": 8, "tokens_per_rank": 1, "dispatch_us": 50},
+                      {"ep": 8, "tokens_per_rank": 2, "dispatch_us": 50.0000001}]})")
+                  .find("NVLink dispatch points imply"),
+              std::string::npos);
+    EXPECT_NE(err(R"({"benchmark": "kernels", "copy_gbs": 1e9})").find("copy_gbs implies"), std::string::npos);
+    EXPECT_NE(err(R"({"benchmark": 5})").find("no string 'benchmark' key"), std::string::npos);
     EXPECT_NE(err(R"({"benchmark": "comm", "points": [{"ep": 16}]})").find("points[0] has no key 'tokens_per_rank'"),
               std::string::npos);
     EXPECT_NE(err(R"({"benchmark": "layer", "points": [{"batch": 8}]})").find("neither total_us nor kernels"),

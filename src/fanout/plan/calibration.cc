@@ -42,11 +42,29 @@ class Reader {
         FANOUT_CHECK(v.is_number(), "{}: {}.{} must be a number, got {}", file_, where, key, v.dump());
         return v.get<double>();
     }
+    // A whole number in [lo, hi] (a size, a count, a rank count).
+    int64_t count(const json& j, const std::string& key, const std::string& where, int64_t lo, int64_t hi) const {
+        return checked_count(num(j, key, where), key, where, lo, hi);
+    }
+    int64_t opt_count(const json& j, const std::string& key, const std::string& where, int64_t lo, int64_t hi,
+                      int64_t fallback) const {
+        const auto v = opt_num(j, key, where);
+        return v ? checked_count(*v, key, where, lo, hi) : fallback;
+    }
+    // A kernel's time: from a nanosecond to 1,000 s (a smaller one makes any efficiency absurd).
     double time(const json& j, const std::string& key, const std::string& where) const {
         const double us = num(j, key, where);
-        FANOUT_CHECK(std::isfinite(us) && us > 0, "{}: {}.{} = {} must be a positive time in us", file_, where, key,
-                     us);
+        FANOUT_CHECK(std::isfinite(us) && us >= 1e-3 && us <= 1e9,
+                     "{}: {}.{} = {} must be a time in us between 0.001 and 1e9", file_, where, key, us);
         return us;
+    }
+    // A measured share of a datasheet peak: a point above it by more than the datasheet's slack
+    // (a time too small, a size too large) would bend the whole model, so it is refused.
+    double share(double fraction, const std::string& where, const std::string& what) const {
+        FANOUT_CHECK(std::isfinite(fraction) && fraction <= 1.25,
+                     "{}: {} implies {:.0f}% of the {} — more than the hardware can do (a time too small?)", file_,
+                     where, 100 * fraction, what);
+        return fraction;
     }
     const json& array(const json& j, const std::string& key, const std::string& where) const {
         const json& v = child(j, key, where);
@@ -56,8 +74,16 @@ class Reader {
     const std::string& file() const { return file_; }
 
   private:
+    int64_t checked_count(double v, const std::string& key, const std::string& where, int64_t lo, int64_t hi) const {
+        FANOUT_CHECK(std::isfinite(v) && v == std::floor(v) && v >= double(lo) && v <= double(hi),
+                     "{}: {}.{} = {} must be a whole number in [{}, {}]", file_, where, key, v, lo, hi);
+        return static_cast<int64_t>(v);
+    }
     std::string file_;
 };
+
+constexpr int64_t kMaxDim = int64_t{1} << 20;  // a GEMM side, a batch, heads
+constexpr int64_t kMaxLen = int64_t{1} << 24;  // a KV length, tokens
 
 json load(const std::string& path) {
     std::ifstream f(path);
@@ -104,7 +130,8 @@ void calibrate_kernels(Profile& p, const json& j, const Reader& r, const Hardwar
         const json& rows = r.array(r.child(j, "dense", "top level"), "rows", "dense");
         for (size_t i = 0; i < rows.size(); ++i) {
             const std::string where = fmt::format("dense.rows[{}]", i);
-            const double n = r.num(rows[i], "N", where), k = r.num(rows[i], "K", where), m = r.num(rows[i], "M", where);
+            const double n = r.count(rows[i], "N", where, 1, kMaxDim), k = r.count(rows[i], "K", where, 1, kMaxDim);
+            const double m = r.count(rows[i], "M", where, 1, kMaxLen);
             const double us = r.time(r.child(rows[i], "fanout", where), "us", where + ".fanout");
             // The benchmark replays one weight: weights below L2 stay cached there (docs/PERF.md).
             dense.push_back({gemm_bytes(m, n, k, n * k <= kL2Bytes), 2 * m * n * k, us});
@@ -126,17 +153,18 @@ void calibrate_kernels(Profile& p, const json& j, const Reader& r, const Hardwar
                          "{}: {} needs a string 'kind'", r.file(), where);
             const std::string kind = row["kind"].get<std::string>();
             if (kind == "grouped_masked") {
-                const double n = r.num(row, "N", where), k = r.num(row, "K", where);
-                const double experts = r.num(row, "experts", where), tokens = r.num(row, "valid_m", where);
+                const double n = r.count(row, "N", where, 1, kMaxDim), k = r.count(row, "K", where, 1, kMaxDim);
+                const double experts = r.count(row, "experts", where, 1, 1 << 16);
+                const double tokens = r.count(row, "valid_m", where, 0, kMaxLen);
                 const double us = r.time(r.child(row, "fanout", where), "us", where + ".fanout");
                 grouped.push_back({grouped_gemm_bytes(experts, tokens, n, k), 2 * tokens * n * k, us});
             } else if (kind == "silu_mul_quant_masked") {
-                const double tokens = r.num(row, "valid_m", where), us = r.time(row, "us", where);
+                const double tokens = r.count(row, "valid_m", where, 1, kMaxLen), us = r.time(row, "us", where);
                 // Same accounting as the cost model's grouped_silu_quant: 5 bytes per intermediate value.
                 const double bytes = tokens * v3::kMoeInter * 5;
                 const double t = us - p.elementwise.fixed_us;
                 if (t > 0) {
-                    ew_bw_sum += bytes / (t * 1e-6) / hw.hbm_bw;
+                    ew_bw_sum += r.share(bytes / (t * 1e-6) / hw.hbm_bw, where, "HBM bandwidth");
                     ++ew_n;
                 }
             }
@@ -150,7 +178,7 @@ void calibrate_kernels(Profile& p, const json& j, const Reader& r, const Hardwar
     // cold inputs (~19% of HBM); the same kernel inside `bench layer` runs at several times that.
     if (const auto copy = r.opt_num(j, "copy_gbs", "top level")) {
         FANOUT_CHECK(*copy > 0, "{}: copy_gbs must be positive", r.file());
-        p.elementwise.bw_eff = *copy * 1e9 / hw.hbm_bw;
+        p.elementwise.bw_eff = r.share(*copy * 1e9 / hw.hbm_bw, "copy_gbs", "HBM bandwidth");
         p.elementwise.source = fmt::format("copy ceiling {:.0f} GB/s in {}", *copy, r.file());
         notes.push_back(fmt::format("{}: elementwise kernels at the copy ceiling, {:.0f}% of HBM{}", r.file(),
                                     100 * p.elementwise.bw_eff,
@@ -190,6 +218,10 @@ void fit_link(LinkModel& link, const std::vector<LinkPoint>& pts, double bw, con
                      link.latency_us);
         link.eff = q.bytes / ((q.us - link.latency_us) * 1e-6) / bw;
     }
+    FANOUT_CHECK(std::isfinite(link.eff) && link.eff <= 1.25,
+                 "{}: {} points imply {:.0f}% of the link — more than it can carry (times that barely grow with the "
+                 "bytes?)",
+                 file, what, 100 * link.eff);
     link.source = fmt::format("{} ({} points)", file, pts.size());
     notes.push_back(
         fmt::format("{}: {} latency {:.1f} us, {:.0f}% of the link", file, what, link.latency_us, 100 * link.eff));
@@ -206,8 +238,8 @@ void calibrate_comm(Profile& p, const json& j, const Reader& r, const Hardware& 
             FANOUT_CHECK(pts[i]["backend"].is_string(), "{}: {}.backend must be a string", r.file(), where);
             if (pts[i]["backend"].get<std::string>() != "nvlink") continue;
         }
-        const double ep = r.num(pts[i], "ep", where), tokens = r.num(pts[i], "tokens_per_rank", where);
-        FANOUT_CHECK(ep >= 2 && tokens >= 0, "{}: {} needs ep >= 2 and tokens_per_rank >= 0", r.file(), where);
+        const double ep = r.count(pts[i], "ep", where, 2, 1 << 16);
+        const double tokens = r.count(pts[i], "tokens_per_rank", where, 0, kMaxLen);
         std::string link = ep <= hw.gpus_per_node ? "nvlink" : "ib";
         if (pts[i].contains("link")) {
             FANOUT_CHECK(pts[i]["link"].is_string(), "{}: {}.link must be a string", r.file(), where);
@@ -217,16 +249,13 @@ void calibrate_comm(Profile& p, const json& j, const Reader& r, const Hardware& 
         }
         const double per_node = std::min<double>(ep, hw.gpus_per_node);
         const double frac = link == "nvlink" ? (per_node - 1) / ep : (ep - per_node) / ep;
-        const double copies = tokens * r.opt_num(pts[i], "topk", where).value_or(v3::kTopK) * frac;
-        const double hidden = r.opt_num(pts[i], "hidden", where).value_or(v3::kHidden);
-        if (auto us = r.opt_num(pts[i], "dispatch_us", where)) {
-            FANOUT_CHECK(*us > 0, "{}: {}.dispatch_us must be positive", r.file(), where);
-            by[link + " dispatch"].push_back({copies * (hidden + 4 * hidden / 128), *us});
-        }
-        if (auto us = r.opt_num(pts[i], "combine_us", where)) {
-            FANOUT_CHECK(*us > 0, "{}: {}.combine_us must be positive", r.file(), where);
-            by[link + " combine"].push_back({copies * 2 * hidden, *us});
-        }
+        const double copies = tokens * r.opt_count(pts[i], "topk", where, 1, 1024, v3::kTopK) * frac;
+        const double hidden = r.opt_count(pts[i], "hidden", where, 1, kMaxDim, v3::kHidden);
+        if (pts[i].contains("dispatch_us"))
+            by[link + " dispatch"].push_back(
+                {copies * (hidden + 4 * hidden / 128), r.time(pts[i], "dispatch_us", where)});
+        if (pts[i].contains("combine_us"))
+            by[link + " combine"].push_back({copies * 2 * hidden, r.time(pts[i], "combine_us", where)});
     }
     fit_link(p.dispatch_nvlink, by["nvlink dispatch"], hw.nvlink_bw, "NVLink dispatch", r.file(), notes);
     fit_link(p.combine_nvlink, by["nvlink combine"], hw.nvlink_bw, "NVLink combine", r.file(), notes);
@@ -245,16 +274,16 @@ void calibrate_mla(Profile& p, const json& j, const Reader& r, const Hardware& h
         const std::string where = fmt::format("rows[{}]", i);
         const bool fp8 = rows[i].is_object() && rows[i].contains("cache") &&
                          gpu_kv_dtype(rows[i]["cache"], r.file(), where, "cache") == DType::kFP8E4M3;
-        const double batch = r.num(rows[i], "batch", where), query = r.num(rows[i], "query_len", where);
-        const double heads = r.num(rows[i], "heads", where), kv = r.num(rows[i], "kv_len", where);
+        const double batch = r.count(rows[i], "batch", where, 1, kMaxDim);
+        const double query = r.count(rows[i], "query_len", where, 1, kMaxDim);
+        const double heads = r.count(rows[i], "heads", where, 1, kMaxDim);
+        const double kv = r.count(rows[i], "kv_len", where, 1, kMaxLen);
         const double us = r.time(rows[i], "us", where);
-        FANOUT_CHECK(batch >= 1 && query >= 1 && heads >= 1 && kv >= 1,
-                     "{}: {} needs positive batch, query_len, heads, kv_len", r.file(), where);
         // The cost model's accounting: scores over 576 dims, values over 512.
         const double flops = 2 * batch * query * heads * kv * ((v3::kKvLora + v3::kRope) + v3::kKvLora);
         std::vector<EfficiencyPoint>& dst = fp8 ? fp8_curve : curve;
         std::string& list = fp8 ? fp8_effs : effs;
-        dst.push_back({batch * query * heads, flops / (us * 1e-6) / hw.bf16_flops});
+        dst.push_back({batch * query * heads, r.share(flops / (us * 1e-6) / hw.bf16_flops, where, "BF16 peak")});
         list += fmt::format("{}{:.0f}: {:.1f}%", list.empty() ? "" : ", ", batch, 100 * dst.back().eff);
     }
     if (curve.empty()) {
@@ -287,15 +316,15 @@ void calibrate_mla(Profile& p, const json& j, const Reader& r, const Hardware& h
     for (size_t i = 0; i < pre.size(); ++i) {
         const std::string where = fmt::format("prefill[{}]", i);
         if (!pre[i].is_object() || !pre[i].contains("tokens_per_request")) continue;  // an older file's rows
-        const double heads = r.num(pre[i], "heads", where), tokens = r.num(pre[i], "tokens_per_request", where);
-        const double requests = r.opt_num(pre[i], "requests", where).value_or(1);
-        const double ctx = r.num(pre[i], "ctx_len_per_request", where), us = r.time(pre[i], "us", where);
-        FANOUT_CHECK(heads >= 1 && tokens >= 1 && requests >= 1 && ctx >= tokens,
-                     "{}: {} needs positive heads, tokens_per_request, requests and ctx_len_per_request >= tokens",
-                     r.file(), where);
+        const double heads = r.count(pre[i], "heads", where, 1, kMaxDim);
+        const double tokens = r.count(pre[i], "tokens_per_request", where, 1, kMaxLen);
+        const double requests = r.opt_count(pre[i], "requests", where, 1, kMaxDim, 1);
+        const double ctx = r.count(pre[i], "ctx_len_per_request", where, 1, kMaxLen), us = r.time(pre[i], "us", where);
+        FANOUT_CHECK(ctx >= tokens, "{}: {} needs ctx_len_per_request >= tokens_per_request", r.file(), where);
         if (heads != v3::kHeads || requests != 1) continue;
         const double pairs = tokens * (ctx - tokens) + tokens * (tokens + 1) / 2;
-        const double eff = 2 * heads * pairs * (v3::kNope + v3::kRope + v3::kV) / (us * 1e-6) / hw.bf16_flops;
+        const double eff = r.share(2 * heads * pairs * (v3::kNope + v3::kRope + v3::kV) / (us * 1e-6) / hw.bf16_flops,
+                                   where, "BF16 peak");
         auto [it, fresh] = by_tokens.try_emplace(tokens, EfficiencyPoint{tokens, eff});
         if (!fresh) it->second.eff = std::min(it->second.eff, eff);  // several contexts: the slower
     }
@@ -369,7 +398,7 @@ void calibrate_layer(Profile& p, const std::string& file, const Hardware& hw, st
 std::vector<LayerMeasurement> read_layer_bench(const std::string& path) {
     const json j = load(path);
     const Reader r(path);
-    FANOUT_CHECK(j.is_object() && j.value("benchmark", "") == "layer",
+    FANOUT_CHECK(j.is_object() && j.contains("benchmark") && j["benchmark"] == "layer",
                  "{}: not a `bench layer` JSON ('benchmark' must be "
                  "\"layer\")",
                  path);
@@ -380,15 +409,15 @@ std::vector<LayerMeasurement> read_layer_bench(const std::string& path) {
         const json& q = pts[i];
         LayerMeasurement m;
         const std::string layer = q.contains("layer") && q["layer"].is_string() ? q["layer"].get<std::string>() : "";
-        m.d.ep = int(r.opt_num(q, "ep", where).value_or(1));
+        m.d.ep = int(r.opt_count(q, "ep", where, 0, 1 << 16, 1));
         // A dense layer (DeepSeek-V3's first 3) has no experts: "ep" 0 or "layer": "dense".
         m.dense = layer == "dense" || m.d.ep == 0;
         if (m.dense) m.d.ep = 1;
         m.comm_included = !(q.contains("communication") && q["communication"] == "not included");
-        m.d.tp = int(r.opt_num(q, "tp", where).value_or(1));
-        m.d.batch = int(r.num(q, "batch", where));
-        m.d.draft_tokens = int(r.opt_num(q, "query_len", where).value_or(2)) - 1;
-        m.d.kv_len = int(r.opt_num(q, "kv_len", where).value_or(5000));
+        m.d.tp = int(r.opt_count(q, "tp", where, 1, 1 << 16, 1));
+        m.d.batch = int(r.count(q, "batch", where, 1, kMaxDim));
+        m.d.draft_tokens = int(r.opt_count(q, "query_len", where, 1, 1 << 16, 2)) - 1;
+        m.d.kv_len = int(r.opt_count(q, "kv_len", where, 0, kMaxLen, 5000));
         if (q.contains("kv_dtype")) m.d.kv_dtype = gpu_kv_dtype(q["kv_dtype"], path, where, "kv_dtype");
         m.d.schedule = Schedule::kNoOverlap;
         // The form attention ran in; files before the MHA form was benchmarked ran the absorbed one.
@@ -417,6 +446,14 @@ std::vector<LayerMeasurement> read_layer_bench(const std::string& path) {
         }
         FANOUT_CHECK(std::isfinite(m.total_us) || !m.kernels.empty(), "{}: {} has neither total_us nor kernels", path,
                      where);
+        try {  // the deployment the point ran as (EP dividing the experts, TP dividing EP, ...); its
+               // query may be a prefill chunk's, past the planner's draft tokens
+            Deployment ran = m.d;
+            ran.draft_tokens = 0;
+            validate(ran, h200_sxm());
+        } catch (const Error& e) {
+            FANOUT_FAIL("{}: {}: {}", path, where, e.what());
+        }
         out.push_back(std::move(m));
     }
     return out;
