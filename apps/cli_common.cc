@@ -4,6 +4,7 @@
 
 #include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 
@@ -48,10 +49,21 @@ void add_model_args(CLI::App* cmd, ModelArgs& a) {
                     "(e4m3 latent with a scale per 128 values, bf16 rope: ~57% of bf16's bytes)")
         ->check(CLI::IsMember({"auto", "f32", "bf16", "fp8"}))
         ->capture_default_str();
-    cmd->add_option("--threads", a.threads, "CPU threads (0 = all cores)");
+    cmd->add_option("--threads", a.threads, "CPU threads (0 = all cores)")->check(CLI::Range(0, 4096));
     cmd->add_option("--device", a.device, "'cpu' (reference path) or 'cuda' (the GPU runner, one GPU)")
         ->check(CLI::IsMember({"cpu", "cuda"}))
         ->capture_default_str();
+}
+
+CLI::Validator finite_in(double lo, double hi) {
+    return CLI::Validator(
+        [lo, hi](std::string& text) -> std::string {
+            double v = 0;
+            if (!CLI::detail::lexical_cast(text, v) || !std::isfinite(v) || v < lo || v > hi)
+                return fmt::format("'{}' is not a number in [{}, {}]", text, lo, hi);
+            return {};
+        },
+        fmt::format("FINITE in [{} - {}]", lo, hi));
 }
 
 std::string resolve_model_dir(const std::string& model) {

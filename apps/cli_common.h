@@ -29,6 +29,9 @@ struct ModelArgs {
     int threads = 0;
 };
 
+// A finite number in [lo, hi]: CLI::Range and CLI::PositiveNumber let NaN through (every
+// comparison with it is false).
+CLI::Validator finite_in(double lo, double hi);
 void add_model_flag(CLI::App* cmd, std::string& model);
 void add_model_args(CLI::App* cmd, ModelArgs& a);
 // 'tiny' -> the embedded model's folder (made on first use); anything else as given.

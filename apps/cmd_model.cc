@@ -73,8 +73,9 @@ void run_make_model(const MakeModelArgs& a) {
     if (a.dtype == "fp8") c.fp8 = io::Fp8QuantConfig{};
     model::MakeModelOptions o;
     o.seed = a.seed;
-    o.max_shard_bytes = static_cast<int64_t>(a.shard_gb * (1 << 30));
-    FANOUT_CHECK(o.max_shard_bytes > 0, "--shard-gb must be positive, got {}", a.shard_gb);
+    FANOUT_CHECK(std::isfinite(a.shard_gb) && a.shard_gb > 0 && a.shard_gb <= 1024,
+                 "--shard-gb must be in (0, 1024], got {}", a.shard_gb);
+    o.max_shard_bytes = std::max<int64_t>(1, static_cast<int64_t>(a.shard_gb * (1 << 30)));
     o.progress = [](const std::string& file, int64_t done, int64_t total) {
         std::fprintf(stderr, "\rwriting %s: %.2f / %.2f GB   ", file.c_str(), done / 1e9, total / 1e9);
     };
@@ -104,7 +105,14 @@ void generate_through_engine(GenerateArgs& a, Deployment& d, const io::Tokenizer
     const io::ModelConfig c = io::load_model_config(dir);
     check_tp(a.tp, a.ep, a.model.device);
     validate(ParallelConfig{d.rank, a.ep, a.tp}, c.n_routed_experts);  // before loading anything
-    const int64_t context = static_cast<int64_t>(a.req.prompt.size()) + a.req.max_tokens;
+    // The cache is sized from the request: the request is checked against the model's context
+    // first (before, --max-tokens 10000000 on a 64-position model allocated 12.8 GB, then failed).
+    const int64_t prompt = static_cast<int64_t>(a.req.prompt.size());
+    FANOUT_CHECK(a.req.max_tokens >= 1 && a.req.max_tokens <= c.max_position_embeddings - prompt,
+                 "--max-tokens {} with a {}-token prompt: must be in 1..{} (the model's max_position_embeddings {})",
+                 a.req.max_tokens, prompt, std::max<int64_t>(0, c.max_position_embeddings - prompt),
+                 c.max_position_embeddings);
+    const int64_t context = prompt + a.req.max_tokens;
     FANOUT_CHECK(a.req.prefill_chunk >= 1, "--prefill-chunk must be >= 1, got {}", a.req.prefill_chunk);
     engine::EngineConfig ec;
     ec.scheduler.max_num_seqs = 1;

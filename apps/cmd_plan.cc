@@ -4,6 +4,7 @@
 //   fanout plan layer      one MoE layer's per-kernel breakdown (beside a `bench layer` JSON)
 //   fanout plan profile    the efficiency profile in use (defaults or calibrated) and its sources
 // Every subcommand takes --calibrate FILE (repeatable): `fanout bench kernels|mla|layer|comm` JSON.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -58,7 +59,14 @@ std::string layout(const plan::Prediction& p) {
                        p.d.schedule == plan::Schedule::kMicroBatch ? "microbatch on" : "microbatch off");
 }
 
-void run_sweep_cmd(const plan::SweepOptions& o, const CommonArgs& c, const std::string& out, bool figure) {
+void run_sweep_cmd(plan::SweepOptions o, const CommonArgs& c, const std::string& out, bool figure) {
+    FANOUT_CHECK(!figure || out.find('\'') == std::string::npos, "plan: output folder '{}' must not contain a quote",
+                 out);
+    // The EPs in order, so that the calibration, the frontiers and the ratio do not depend on the
+    // order they were given in.
+    std::sort(o.eps.begin(), o.eps.end());
+    o.eps.erase(std::unique(o.eps.begin(), o.eps.end()), o.eps.end());
+    FANOUT_CHECK(!o.eps.empty(), "plan sweep: no --ep given");
     // One profile for the sweep, calibrated against the hardware of its largest EP.
     const plan::Profile prof = profile_for(c, plan::sweep_hardware(o.hardware, o.eps.back()));
     const auto points = plan::run_sweep(o, prof);

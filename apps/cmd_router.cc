@@ -108,9 +108,12 @@ void add_router_command(CLI::App& app) {
         ->capture_default_str();
     add_model_flag(cmd, a->model);
     cmd->add_option("--host", a->server.host, "address to listen on")->capture_default_str();
-    cmd->add_option("--port", a->server.port, "port (0 = any free one, printed at start)")->capture_default_str();
+    cmd->add_option("--port", a->server.port, "port (0 = any free one, printed at start)")
+        ->check(CLI::Range(0, 65535))
+        ->capture_default_str();
     cmd->add_option("--served-model-name", a->server.model_name, "the 'model' clients send (default: the engines')");
     cmd->add_option("--max-in-flight", a->server.max_in_flight, "concurrent requests before 429")
+        ->check(CLI::Range(1, 1 << 20))
         ->capture_default_str();
     cmd->add_option("--wait", a->wait_seconds, "seconds to wait at start for a healthy engine")->capture_default_str();
     cmd->add_option("--drain", a->drain_seconds,

@@ -352,6 +352,7 @@ void add_serve_command(CLI::App& app) {
     auto* cmd = app.add_subcommand("serve", "serve the OpenAI-compatible API (chat and completions, streaming)");
     add_engine_options(cmd, *a);
     cmd->add_option("--max-in-flight", a->server.max_in_flight, "concurrent requests before 429")
+        ->check(CLI::Range(1, 1 << 20))
         ->capture_default_str();
     cmd->add_option("--default-max-tokens", a->server.default_max_tokens,
                     "max_tokens of a request that names none (capped by the context)")
@@ -403,7 +404,9 @@ void add_engine_options(CLI::App* cmd, ServeArgs& aa) {
         ->check(CLI::IsMember({"prefix", "least-load", "round-robin"}))
         ->capture_default_str();
     cmd->add_option("--host", a->server.host, "address to listen on")->capture_default_str();
-    cmd->add_option("--port", a->server.port, "port (0 = any free one, printed at start)")->capture_default_str();
+    cmd->add_option("--port", a->server.port, "port (0 = any free one, printed at start)")
+        ->check(CLI::Range(0, 65535))
+        ->capture_default_str();
     cmd->add_option("--served-model-name", a->server.model_name,
                     "the 'model' clients send (default: tiny or the folder name)");
     cmd->add_option("--max-num-seqs", a->scheduler.max_num_seqs, "sequences in the running batch")
@@ -413,7 +416,8 @@ void add_engine_options(CLI::App* cmd, ServeArgs& aa) {
         ->capture_default_str();
     cmd->add_option("--attention-cost", a->attention_cost,
                     "price of one attention pair in tokens' work, for the step budget (default: from the model's "
-                    "FLOPs; 0: budget by tokens alone)");
+                    "FLOPs; 0: budget by tokens alone)")
+        ->check(finite_in(0, 1e12));
     cmd->add_option("--mha-max-context", a->mha_max_context,
                     "--device cuda: a step's prefill chunks run attention in the MHA form (their contexts' latents "
                     "expanded per head: fewer FLOPs for long prompts) while their contexts total at most this many "
@@ -423,10 +427,11 @@ void add_engine_options(CLI::App* cmd, ServeArgs& aa) {
     cmd->add_flag("!--no-prefix-cache", a->scheduler.enable_prefix_cache, "do not share KV blocks between requests");
     cmd->add_option("--kv-memory-gb", a->kv_memory_gb,
                     "memory for each rank's paged KV cache (default: on the CPU 1 in all, split over this process's "
-                    "ranks; on a GPU what the memory plan leaves)");
+                    "ranks; on a GPU what the memory plan leaves)")
+        ->check(finite_in(0, 1e6));
     cmd->add_option("--gpu-memory-utilization", a->gpu_memory_utilization,
                     "fraction of the GPU's memory fanout may use (weights, step buffers, KV cache)")
-        ->check(CLI::Range(0.01, 1.0))
+        ->check(finite_in(0.01, 1.0))
         ->capture_default_str();
 }
 

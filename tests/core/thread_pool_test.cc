@@ -5,12 +5,17 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <fstream>
 #include <mutex>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -212,6 +217,40 @@ TEST(StreamParallelForTest, WithPoolCoversEveryIndex) {
         for (int64_t i = begin; i < end; ++i) hits[static_cast<size_t>(i)]++;
     });
     for (size_t i = 0; i < hits.size(); ++i) EXPECT_EQ(hits[i].load(), 1) << i;
+}
+
+}  // namespace
+}  // namespace fanout
+
+namespace fanout {
+namespace {
+
+// Threads that cannot all start (here: an address-space limit their stacks pass) are a clear
+// error, after the ones started are stopped; before, the constructor's unwinding destroyed the
+// mutex and condition variable under running workers and hung for good.
+TEST(ThreadPoolTest, ThreadsThatCannotStartAreAClearError) {
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+        ::alarm(30);  // a hang ends the child, and the test fails
+        long pages = 0;
+        std::ifstream("/proc/self/statm") >> pages;
+        const rlim_t limit = static_cast<rlim_t>(pages) * ::sysconf(_SC_PAGESIZE) + (64 << 20);
+        const rlimit r{limit, limit};
+        if (::setrlimit(RLIMIT_AS, &r) != 0) ::_exit(3);
+        try {
+            ThreadPool pool(2000);  // 2,000 stacks of 8 MB: far past the limit
+        } catch (const Error& e) {
+            ::_exit(std::string(e.what()).find("cannot start 2000 CPU threads") != std::string::npos ? 0 : 1);
+        } catch (...) {
+            ::_exit(2);
+        }
+        ::_exit(4);  // they all started: the limit did not bite
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFEXITED(status)) << "the child ended by signal " << WTERMSIG(status) << " (14: a hang)";
+    EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 }  // namespace

@@ -221,5 +221,27 @@ expect_error "serve: step workspaces larger than the host, refused before loadin
     "$fanout" serve --model tiny --port 0 --max-num-seqs 100000000
 grep -qE "^(loaded|loading)" "$work/stderr" && bad "serve --max-num-seqs 1e8 refused before loading" "it loaded the model first"
 
+# Flags out of range are refused by name, before anything runs (before: --port 70000 listened on
+# 4464, --threads 100000 hung, --max-tokens 10000000 allocated 12.8 GB first, NaN passed).
+expect_error "serve: a port past 65535" "--port: Value 70000 not in range 0 to 65535" \
+    "$fanout" serve --model tiny --port 70000
+expect_error "serve: a NaN KV memory" "--kv-memory-gb: 'nan' is not a number" \
+    "$fanout" serve --model tiny --port 0 --kv-memory-gb nan
+expect_error "serve: no request in flight allowed" "--max-in-flight: Value 0 not in range" \
+    "$fanout" serve --model tiny --port 0 --max-in-flight 0
+expect_error "generate: 100,000 threads" "--threads: Value 100000 not in range 0 to 4096" \
+    "$fanout" generate --model tiny --prompt-ids 1 --threads 100000
+expect_error "generate: max tokens past the model's context, before the cache is made" \
+    "--max-tokens 10000000 with a 1-token prompt: must be in 1.." \
+    "$fanout" generate --model tiny --prompt-ids 1 --max-tokens 10000000
+# The planner: nothing valid is an error, not an empty sweep; the EPs' order changes nothing.
+expect_error "plan sweep --ep 0" "plan: EP 0 must divide the 256 routed experts" "$fanout" plan sweep --ep 0 --out "$work/s0"
+expect_error "plan sweep --kv-len past its bound" "KV length 2147483647 must be in 0..16777216" \
+    "$fanout" plan sweep --kv-len 2147483647 --out "$work/s0"
+up=$("$fanout" plan sweep --ep 8 64 --out "$work/s1" --no-figure 2>&1 | grep -v ' -> ')
+down=$("$fanout" plan sweep --ep 64 8 --out "$work/s2" --no-figure 2>&1 | grep -v ' -> ')
+[[ -n $up && $up == "$down" ]] && ok "plan sweep: the same frontiers whatever the EPs' order" ||
+    bad "plan sweep order" "$(diff <(echo "$up") <(echo "$down") | head -5)"
+
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -111,6 +111,15 @@ TEST(PlanCostModel, MtpAndTpEffects) {
     const Prediction p0 = predict(plain, h100_sxm(), default_profile());
     EXPECT_DOUBLE_EQ(p0.tokens_per_step, 1.0);
     EXPECT_LT(p0.step_us, mtp.step_us);
+    // Each draft past the first runs the MTP layer again (one token per request), as the engine
+    // does: three drafts cost at least two more MoE layers at query 1 than one draft (before, the
+    // model priced one pass whatever the count, so 7 drafts looked 6x faster than 1).
+    Deployment three = deployment(64, 1, 16);
+    three.draft_tokens = 3;
+    const Prediction p3 = predict(three, h100_sxm(), default_profile());
+    const double layer_q1 = p0.moe_layer_us;  // plain: query 1
+    EXPECT_GT(p3.mtp_us - mtp.mtp_us, 2 * layer_q1);
+    EXPECT_GT(p3.step_us, mtp.step_us + 2 * layer_q1);
     // TP replicates the latent: qkv_a costs the same on every rank; q_b shrinks with TP.
     auto kernel = [](const Deployment& d, const std::string& name) {
         for (const auto& k : layer_kernels(d, h100_sxm(), default_profile(), d.batch))

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <system_error>
+
+#include "fanout/core/error.h"
 
 namespace fanout {
 
@@ -11,16 +14,28 @@ ThreadPool::ThreadPool(int num_threads) {
         num_threads = env ? std::atoi(env) : 0;
         if (num_threads <= 0) num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     }
-    for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+    try {
+        for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+    } catch (const std::system_error& e) {
+        // The workers started stop before the members they wait on go (an exception out of a
+        // constructor runs no destructor): a clear error, not a hang or std::terminate.
+        const size_t started = workers_.size();
+        stop_workers();
+        FANOUT_FAIL("cannot start {} CPU threads (started {}): {}; use fewer (--threads)", num_threads, started + 1,
+                    e.what());
+    }
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { stop_workers(); }
+
+void ThreadPool::stop_workers() {
     {
         std::lock_guard<std::mutex> lock(mutex_);
         stop_ = true;
     }
     wake_.notify_all();
     for (auto& t : workers_) t.join();
+    workers_.clear();
 }
 
 void ThreadPool::worker_loop(int index) {
@@ -83,8 +98,10 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void
 }
 
 void parallel_for(const Stream& s, int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
-    if (s.pool) s.pool->parallel_for(n, grain, fn);
-    else if (n > 0) fn(0, n);
+    if (s.pool)
+        s.pool->parallel_for(n, grain, fn);
+    else if (n > 0)
+        fn(0, n);
 }
 
 }  // namespace fanout

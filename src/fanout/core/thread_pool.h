@@ -18,7 +18,7 @@
 namespace fanout {
 
 class ThreadPool {
-public:
+  public:
     // num_threads <= 0: FANOUT_NUM_THREADS if set, else the hardware concurrency.
     explicit ThreadPool(int num_threads = 0);
     ~ThreadPool();
@@ -30,8 +30,9 @@ public:
     // fn(begin, end) over chunks of at least `grain` items.
     void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
-private:
+  private:
     void worker_loop(int index);
+    void stop_workers();  // stops and joins every worker
 
     std::vector<std::thread> workers_;
     std::mutex mutex_;

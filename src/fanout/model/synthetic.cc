@@ -105,7 +105,7 @@ io::ModelConfig preset_config(const std::string& preset, int64_t layers) {
         c.qk_rope_head_dim = 16;
         c.v_head_dim = 32;
         c.max_position_embeddings = 163840;
-        FANOUT_CHECK(layers >= 0, "tiny: --layers must be positive, got {}", layers);
+        FANOUT_CHECK(layers >= 0 && layers <= 1024, "tiny: --layers must be in 1..1024, got {}", layers);
         if (layers > 0) {
             c.num_hidden_layers = layers;
             c.first_k_dense_replace = std::min<int64_t>(1, layers - 1);
@@ -113,7 +113,9 @@ io::ModelConfig preset_config(const std::string& preset, int64_t layers) {
         return c;
     }
     if (preset == "full-layers") {
-        FANOUT_CHECK(layers >= 1, "full-layers needs --layers N with N >= 1, got {}", layers);
+        FANOUT_CHECK(layers >= 1 && layers <= 61,
+                     "full-layers needs --layers N with N in 1..61 (DeepSeek-V3's decoder layers; each ~11 GB), got {}",
+                     layers);
         c.hidden_size = 7168;
         c.num_hidden_layers = layers;
         c.first_k_dense_replace = std::min<int64_t>(3, layers - 1);

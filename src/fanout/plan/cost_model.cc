@@ -161,8 +161,9 @@ void validate(const Deployment& d, const Hardware& hw) {
                  d.tp, hw.gpus_per_node, hw.name);
     FANOUT_CHECK(d.ep <= hw.gpus_per_node || d.ep % hw.gpus_per_node == 0,
                  "plan: EP {} spans nodes but is not a whole number of {}-GPU nodes", d.ep, hw.gpus_per_node);
-    FANOUT_CHECK(d.batch >= 1, "plan: batch {} must be at least 1", d.batch);
-    FANOUT_CHECK(d.kv_len >= 0, "plan: KV length {} must not be negative", d.kv_len);
+    // The bounds keep every sum and product of these in range (a 2^31 batch or KV length wrapped).
+    FANOUT_CHECK(d.batch >= 1 && d.batch <= (1 << 20), "plan: batch {} must be in 1..1048576", d.batch);
+    FANOUT_CHECK(d.kv_len >= 0 && d.kv_len <= (1 << 24), "plan: KV length {} must be in 0..16777216", d.kv_len);
     FANOUT_CHECK(d.draft_tokens >= 0 && d.draft_tokens <= 16, "plan: draft tokens {} must be in 0..16", d.draft_tokens);
     FANOUT_CHECK(d.acceptance >= 0 && d.acceptance <= 1, "plan: acceptance {} must be in [0, 1]", d.acceptance);
     kv_entry_bytes(d.kv_dtype);  // throws, naming it, for a dtype the GPU cache does not store
@@ -328,6 +329,21 @@ Prediction predict(const Deployment& d, const Hardware& hw, const Profile& prof)
     for (const auto& k : b.take()) (k.name == "lm_head" ? p.head_us : extra) += k.us;
     p.mtp_us = d.draft_tokens > 0 ? p.moe_layer_us + extra : 0;
     if (d.draft_tokens == 0) p.head_us += extra;
+    // Each further draft is the MTP layer again, as the engine runs it: one token per request (the
+    // draft just made), its norms, eh_proj, the MoE layer at query 1 and MTP's head on that row.
+    if (d.draft_tokens > 1) {
+        Deployment further = d;
+        further.draft_tokens = 0;
+        further.attention = AttentionForm::kAuto;
+        double pass = moe_layer_time(further, hw, prof).total_us;
+        LayerBuilder f(hw, prof);
+        const double rows = d.batch;
+        f.elementwise("mtp_norms", 0, rows * 2 * kHidden * 2 * 2);
+        f.gemm_bf16("eh_proj", 0, rows, kHidden, 2 * kHidden);
+        f.gemm_bf16("lm_head", 0, rows, kVocab / d.tp, kHidden);
+        for (const auto& k : f.take()) pass += k.us;
+        p.mtp_us += (d.draft_tokens - 1) * pass;
+    }
 
     p.step_us = kDenseLayers * p.dense_layer_us + kMoeLayers * p.moe_layer_us + p.mtp_us + p.head_us;
     double accepted = 1, chain = 1;

@@ -62,6 +62,13 @@ Hardware sweep_hardware(const std::string& hardware, int ep) {
 std::vector<Prediction> run_sweep(const SweepOptions& o, const Profile& prof) {
     FANOUT_CHECK(!o.eps.empty() && !o.tps.empty() && !o.batches.empty() && !o.schedules.empty(),
                  "plan sweep: empty EP, TP, batch or schedule list");
+    // Every value given is checked, each against a deployment it could be part of, before any
+    // point is skipped: a list of which nothing is valid is an error, not an empty sweep.
+    for (int ep : o.eps)
+        validate(Deployment{ep, 1, o.batches.front(), o.kv_len, o.draft_tokens, o.acceptance},
+                 sweep_hardware(o.hardware, ep));
+    for (int tp : o.tps) validate(Deployment{8, tp, 1, 0}, h200_sxm());
+    for (int b : o.batches) validate(Deployment{8, 1, b, 0}, h200_sxm());
     std::vector<Prediction> out;
     for (int ep : o.eps) {
         const Hardware hw = sweep_hardware(o.hardware, ep);
@@ -76,6 +83,9 @@ std::vector<Prediction> run_sweep(const SweepOptions& o, const Profile& prof) {
                 }
         }
     }
+    FANOUT_CHECK(!out.empty(),
+                 "plan sweep: no point: every TP given exceeds every EP given (TP groups live inside "
+                 "the EP group)");
     return out;
 }
 
