@@ -306,6 +306,19 @@ TEST_F(WeightPlanTest, AlignedFp8IsStreamedAsItIsAndBitExact) {
     expect_plan_matches(l, plan, bytes);
 }
 
+// One expert stored in another dtype than the rest of its layer is refused by name, before
+// anything is stacked (before: the whole layer was dequantized on the host, ~30 GB at V3's
+// widths, and the error then named expert 0).
+TEST_F(WeightPlanTest, AnExpertInAnotherDtypeIsNamed) {
+    Loaded l = bind_model(*dir_ + "/aligned");
+    ops::LinearWeight& up = l.weights.layers[1].moe.experts[3].up;
+    up.dtype = DType::kBF16;  // as a checkpoint whose expert 3 was saved unquantized
+    up.scale_inv = nullptr;
+    EXPECT_THAT(error_of([&] { plan_weights(l.config, l.weights); }),
+                HasSubstr("'model.layers.1.mlp.experts.3.up_proj.weight' is BF16 while "
+                          "'model.layers.1.mlp.experts.0.gate_proj.weight' is F8_E4M3"));
+}
+
 TEST_F(WeightPlanTest, StraddlingBlocksAreRequantizedTheRestStreamed) {
     const Loaded l = bind_model(*dir_ + "/straddling");
     const WeightPlan plan = plan_weights(l.config, l.weights);

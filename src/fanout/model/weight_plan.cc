@@ -287,6 +287,23 @@ LayerPlan Planner::layer(const io::ModelConfig& c, const LayerWeights& lw, int64
             dn.push_back({&e.down});
         }
         if (!gu.empty()) {
+            // One dtype for a layer's experts, checked before anything is stacked: a mixed layer
+            // would be dequantized whole on the host first (~30 GB per V3 layer) and then refused
+            // naming expert 0, not the odd tensor.
+            const auto name = [&](size_t e, const char* proj) {
+                return fmt::format("model.layers.{}.mlp.experts.{}.{}.weight", layer_index, m.expert_begin + e, proj);
+            };
+            const bool fp8_0 = m.experts[0].gate.dtype == DType::kFP8E4M3;
+            for (size_t e = 0; e < m.experts.size(); ++e)
+                for (const auto& [proj, lw] :
+                     {std::pair<const char*, const LinearWeight*>{"gate_proj", &m.experts[e].gate},
+                      {"up_proj", &m.experts[e].up},
+                      {"down_proj", &m.experts[e].down}})
+                    FANOUT_CHECK((lw->dtype == DType::kFP8E4M3) == fp8_0,
+                                 "{}: '{}' is {} while '{}' is {}: a layer's routed experts must all be FP8 (with "
+                                 "weight_scale_inv) or all float",
+                                 w_.checkpoint.file_of(name(e, proj)), name(e, proj), dtype_name(lw->dtype),
+                                 name(0, "gate_proj"), dtype_name(m.experts[0].gate.dtype));
             // The grouped kernels take FP8 only when both GEMMs' shapes suit TMA.
             const bool fp8_ok = tma_friendly(2 * I, D) && tma_friendly(D, I);
             d.experts_gate_up = stacked(gu, fp8_ok);
