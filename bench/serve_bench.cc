@@ -854,21 +854,35 @@ void print_report(const ServeBenchOptions& o, const json& j) {
 void check_options(const ServeBenchOptions& o) {
     FANOUT_CHECK(o.endpoint == "chat" || o.endpoint == "completions", "endpoint '{}' must be chat or completions",
                  o.endpoint);
-    FANOUT_CHECK(o.num_requests >= 1, "num_requests={} must be >= 1", o.num_requests);
+    // Upper bounds a load test never needs, so no size below overflows or asks for terabytes.
+    constexpr int64_t kMaxWords = 1 << 20, kMaxRequests = 1 << 24;
+    FANOUT_CHECK(o.num_requests >= 1 && o.num_requests <= kMaxRequests, "num_requests={} must be in 1..{}",
+                 o.num_requests, kMaxRequests);
     FANOUT_CHECK(o.turns >= 1 && o.num_requests % o.turns == 0,
                  "turns={} must be >= 1 and divide num_requests={} (whole conversations)", o.turns, o.num_requests);
     FANOUT_CHECK(o.turns == 1 || o.mix.only_streamed(), "turns > 1 sends streamed requests only");
-    FANOUT_CHECK(o.first_turn_len >= 0, "first_turn_len={} must be >= 0", o.first_turn_len);
+    FANOUT_CHECK(o.first_turn_len >= 0 && o.first_turn_len <= kMaxWords, "first_turn_len={} must be in 0..{}",
+                 o.first_turn_len, kMaxWords);
     FANOUT_CHECK(o.first_turn_len == 0 || o.turns > 1, "first_turn_len={} needs turns > 1", o.first_turn_len);
     FANOUT_CHECK(o.kv_block_size >= 1, "kv_block_size={} must be >= 1", o.kv_block_size);
     FANOUT_CHECK(o.request_rate >= 0 && std::isfinite(o.request_rate), "request_rate={} must be >= 0", o.request_rate);
     FANOUT_CHECK(o.max_concurrency >= 0, "max_concurrency={} must be >= 0", o.max_concurrency);
-    FANOUT_CHECK(o.prompt_len >= 1 && o.prompt_len_range >= 0, "prompt_len={} must be >= 1, range={} >= 0",
-                 o.prompt_len, o.prompt_len_range);
-    FANOUT_CHECK(o.output_len >= 1 && o.output_len_range >= 0, "output_len={} must be >= 1, range={} >= 0",
-                 o.output_len, o.output_len_range);
-    FANOUT_CHECK(o.prefix_groups >= 0 && o.prefix_len >= 0, "prefix_groups={} and prefix_len={} must be >= 0",
-                 o.prefix_groups, o.prefix_len);
+    FANOUT_CHECK(
+        o.prompt_len >= 1 && o.prompt_len <= kMaxWords && o.prompt_len_range >= 0 && o.prompt_len_range <= kMaxWords,
+        "prompt_len={} must be in 1..{}, range={} in 0..{}", o.prompt_len, kMaxWords, o.prompt_len_range, kMaxWords);
+    FANOUT_CHECK(static_cast<int64_t>(o.prompt_len) * o.turns <= 16 * kMaxWords,
+                 "prompt_len={} × turns={}: a conversation's last prompt past {} words", o.prompt_len, o.turns,
+                 16 * kMaxWords);
+    FANOUT_CHECK(
+        o.output_len >= 1 && o.output_len <= kMaxWords && o.output_len_range >= 0 && o.output_len_range <= kMaxWords,
+        "output_len={} must be in 1..{}, range={} in 0..{}", o.output_len, kMaxWords, o.output_len_range, kMaxWords);
+    FANOUT_CHECK(
+        o.prefix_groups >= 0 && o.prefix_groups <= kMaxRequests && o.prefix_len >= 0 && o.prefix_len <= kMaxWords,
+        "prefix_groups={} (0..{}) and prefix_len={} (0..{}) out of range", o.prefix_groups, kMaxRequests, o.prefix_len,
+        kMaxWords);
+    FANOUT_CHECK(
+        std::isfinite(o.slo_ttft_ms) && o.slo_ttft_ms >= 0 && std::isfinite(o.slo_tpot_ms) && o.slo_tpot_ms >= 0,
+        "slo_ttft_ms={} and slo_tpot_ms={} must be finite and >= 0 (0: none)", o.slo_ttft_ms, o.slo_tpot_ms);
     FANOUT_CHECK((o.prefix_groups > 0) == (o.prefix_len > 0),
                  "prefix_groups={} and prefix_len={} must be both set or both 0", o.prefix_groups, o.prefix_len);
     FANOUT_CHECK(o.timeout_s > 0, "timeout_s={} must be > 0", o.timeout_s);
@@ -943,9 +957,8 @@ RequestMix parse_request_mix(const std::string& text) {
         seen[k] = true;
         double x = 0;
         const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), x);
-        FANOUT_CHECK(
-            !value.empty() && ec == std::errc() && end == value.data() + value.size() && std::isfinite(x) && x >= 0,
-            "mix: the weight of {} must be a number >= 0, not '{}'", name, value);
+        FANOUT_CHECK(!value.empty() && ec == std::errc() && end == value.data() + value.size() && x >= 0 && x <= 1e6,
+                     "mix: the weight of {} must be a number in [0, 1e6], not '{}'", name, value);
         w[k] = x;
     }
     FANOUT_CHECK(w[0] + w[1] + w[2] + w[3] > 0, "mix '{}': the weights must not all be 0", text);

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -264,6 +265,22 @@ TEST(ServeBench, ServerDownOrBadOptionsThrow) {
     o.base_url = "http://127.0.0.1:8000";
     o.endpoint = "embeddings";
     EXPECT_THROW(run_serve_bench(o), fanout::Error);
+    // Sizes no load test needs are refused by name before anything is built (before: bad_alloc,
+    // or a NaN SLO that counted nothing).
+    const auto refused = [](auto set, const char* want) {
+        ServeBenchOptions b;
+        set(b);
+        try {
+            run_serve_bench(b);
+            ADD_FAILURE() << "accepted; expected '" << want << "'";
+        } catch (const fanout::Error& e) {
+            EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+        }
+    };
+    refused([](ServeBenchOptions& b) { b.prompt_len = 2147483647; }, "prompt_len=2147483647 must be in 1..");
+    refused([](ServeBenchOptions& b) { b.num_requests = b.turns = 2147483647; }, "num_requests=2147483647");
+    refused([](ServeBenchOptions& b) { b.slo_ttft_ms = std::nan(""); }, "must be finite");
+    EXPECT_THROW(parse_request_mix("streamed=1e308,plain=1e308"), fanout::Error);
 }
 
 TEST(ServeBench, ConnectionRefusedIsAFailedRequest) {
