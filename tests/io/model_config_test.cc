@@ -135,10 +135,16 @@ TEST(ModelConfigTest, RopeThetaInsideRopeParametersWins) {
     EXPECT_EQ(parse(j).rope_theta, 123.0) << "beside rope_parameters, as some writers put it";
 }
 
-TEST(ModelConfigTest, RopeParametersWinOverRopeScaling) {
+// Both spellings of the rope settings: the same is fine, different is refused (transformers 5
+// takes rope_scaling, 4 reads only rope_scaling's scaling; before, fanout silently took
+// rope_parameters).
+TEST(ModelConfigTest, RopeParametersAndRopeScalingMustAgree) {
     json j = load_fixture("deepseek_v3_transformers5");
-    j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
+    j["rope_scaling"] = j["rope_parameters"];
     EXPECT_EQ(parse(j).yarn->factor, 40.0);
+    j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
+    EXPECT_THAT(parse_error(j), HasSubstr("'rope_parameters' ({"));
+    EXPECT_THAT(parse_error(j), HasSubstr("disagree; keep the one meant"));
 }
 
 TEST(ModelConfigTest, DirectQWithoutRopeScalingOrQuantization) {
@@ -602,16 +608,15 @@ TEST(ModelConfigErrorTest, AbsurdSizesAndScalesAreRejected) {
     EXPECT_THAT(parse_error(v3_with_rope("mscale_all_dim", 1e300)), HasSubstr("mscale_all_dim"));
 }
 
-// Regression (was a bug): error messages print the offending value with json::dump(), which
-// recurses once per nesting level; a value nested ~100k deep overflows the stack (SIGSEGV)
-// instead of raising an Error. The parse itself copes. Enable once the value is printed with a
-// depth or length bound.
+// A value nested ~100k deep is refused while parsing (config.json is a few levels deep), so no
+// recursive walk of it — an error message's dump, comparing rope_parameters with rope_scaling —
+// can overflow the stack.
 TEST(ModelConfigErrorTest, DeeplyNestedValueIsAnErrorNotACrash) {
     constexpr int kDepth = 200000;
     const std::string text =
         R"({"model_type": "deepseek_v3", "vocab_size": )" + std::string(kDepth, '[') + std::string(kDepth, ']') + "}";
     const std::string msg = error_of([&] { parse_model_config(text, "test/config.json"); });
-    EXPECT_THAT(msg, HasSubstr("vocab_size"));
+    EXPECT_THAT(msg, HasSubstr("test/config.json: JSON nested deeper than 64 levels"));
 }
 
 }  // namespace

@@ -119,6 +119,13 @@ void expect_value(const FieldReader& r, const char* key, const std::string& fall
 
 void parse_rope(const json& j, const std::string& where, ModelConfig& c) {
     // transformers 5 spells it rope_parameters (rope_theta may sit inside); 4 spells it rope_scaling.
+    // Both, and different: transformers 5 takes rope_scaling, 4 ignores rope_parameters' scaling,
+    // and the checkpoint's author may have meant either — refused, naming both.
+    const bool both = j.contains("rope_parameters") && !j["rope_parameters"].is_null() && j.contains("rope_scaling") &&
+                      !j["rope_scaling"].is_null();
+    FANOUT_CHECK(!both || j["rope_parameters"] == j["rope_scaling"],
+                 "{}: 'rope_parameters' ({}) and 'rope_scaling' ({}) disagree; keep the one meant", where,
+                 describe_json(j["rope_parameters"]), describe_json(j["rope_scaling"]));
     const char* key = nullptr;
     if (j.contains("rope_parameters") && !j["rope_parameters"].is_null())
         key = "rope_parameters";
@@ -225,7 +232,7 @@ double ModelConfig::rope_attention_factor() const {
 }
 
 ModelConfig parse_model_config(const std::string& json_text, const std::string& label) {
-    const json j = parse_json(json_text, label);
+    const json j = parse_json_bounded(json_text, label);  // walked recursively below (==, dumps)
     FANOUT_CHECK(j.is_object(), "{}: must be a JSON object", label);
     FieldReader r(j, label);
     expect_value(r, "model_type", "", {"deepseek_v3"});
