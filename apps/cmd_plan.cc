@@ -176,6 +176,11 @@ void run_layer_cmd(const LayerArgs& a, const CommonArgs& c) {
     plan::Deployment d{a.ep, a.tp, a.batch, c.kv_len, c.draft_tokens, c.acceptance, plan::Schedule::kNoOverlap};
     d.kv_dtype = c.kv();
     plan::validate(d, hw);
+    for (auto s : schedules) {  // a schedule named alone must fit the point (`all` skips microbatch at batch 1)
+        d.schedule = s;
+        if (a.schedule != "all") plan::validate(d, hw);
+    }
+    d.schedule = plan::Schedule::kNoOverlap;
     const std::string where = a.dense ? fmt::format("TP{}", d.tp) : fmt::format("EP{} DP{} TP{}", d.ep, d.dp(), d.tp);
     std::printf("one %s layer, %s, %s, batch %d per instance, query %d, KV %d (%s cache)\n\n",
                 a.dense ? "dense" : "MoE", hw.name.c_str(), where.c_str(), d.batch, d.query_len(), d.kv_len,

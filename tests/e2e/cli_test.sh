@@ -238,6 +238,8 @@ expect_error "generate: max tokens past the model's context, before the cache is
 expect_error "plan sweep --ep 0" "plan: EP 0 must divide the 256 routed experts" "$fanout" plan sweep --ep 0 --out "$work/s0"
 expect_error "plan sweep --kv-len past its bound" "KV length 2147483647 must be in 0..16777216" \
     "$fanout" plan sweep --kv-len 2147483647 --out "$work/s0"
+expect_error "plan layer: microbatch at batch 1" "microbatch splits the batch in two and needs batch >= 2" \
+    "$fanout" plan layer --batch 1 --schedule microbatch
 up=$("$fanout" plan sweep --ep 8 64 --out "$work/s1" --no-figure 2>&1 | grep -v ' -> ')
 down=$("$fanout" plan sweep --ep 64 8 --out "$work/s2" --no-figure 2>&1 | grep -v ' -> ')
 [[ -n $up && $up == "$down" ]] && ok "plan sweep: the same frontiers whatever the EPs' order" ||
