@@ -76,6 +76,7 @@ void run_make_model(const MakeModelArgs& a) {
     FANOUT_CHECK(std::isfinite(a.shard_gb) && a.shard_gb > 0 && a.shard_gb <= 1024,
                  "--shard-gb must be in (0, 1024], got {}", a.shard_gb);
     o.max_shard_bytes = std::max<int64_t>(1, static_cast<int64_t>(a.shard_gb * (1 << 30)));
+    o.note = [](const std::string& what) { std::fprintf(stderr, "%s\n", what.c_str()); };
     o.progress = [](const std::string& file, int64_t done, int64_t total) {
         std::fprintf(stderr, "\rwriting %s: %.2f / %.2f GB   ", file.c_str(), done / 1e9, total / 1e9);
     };

@@ -64,8 +64,10 @@ void run_sweep_cmd(plan::SweepOptions o, const CommonArgs& c, const std::string&
                  out);
     // The EPs in order, so that the calibration, the frontiers and the ratio do not depend on the
     // order they were given in.
-    std::sort(o.eps.begin(), o.eps.end());
-    o.eps.erase(std::unique(o.eps.begin(), o.eps.end()), o.eps.end());
+    for (auto* list : {&o.eps, &o.tps, &o.batches}) {
+        std::sort(list->begin(), list->end());
+        list->erase(std::unique(list->begin(), list->end()), list->end());
+    }
     FANOUT_CHECK(!o.eps.empty(), "plan sweep: no --ep given");
     // One profile for the sweep, calibrated against the hardware of its largest EP.
     const plan::Profile prof = profile_for(c, plan::sweep_hardware(o.hardware, o.eps.back()));

@@ -855,7 +855,7 @@ void check_options(const ServeBenchOptions& o) {
     FANOUT_CHECK(o.endpoint == "chat" || o.endpoint == "completions", "endpoint '{}' must be chat or completions",
                  o.endpoint);
     // Upper bounds a load test never needs, so no size below overflows or asks for terabytes.
-    constexpr int64_t kMaxWords = 1 << 20, kMaxRequests = 1 << 24;
+    constexpr int64_t kMaxWords = 1 << 20, kMaxRequests = 1 << 24, kMaxTotalWords = int64_t{1} << 27;
     FANOUT_CHECK(o.num_requests >= 1 && o.num_requests <= kMaxRequests, "num_requests={} must be in 1..{}",
                  o.num_requests, kMaxRequests);
     FANOUT_CHECK(o.turns >= 1 && o.num_requests % o.turns == 0,
@@ -870,9 +870,15 @@ void check_options(const ServeBenchOptions& o) {
     FANOUT_CHECK(
         o.prompt_len >= 1 && o.prompt_len <= kMaxWords && o.prompt_len_range >= 0 && o.prompt_len_range <= kMaxWords,
         "prompt_len={} must be in 1..{}, range={} in 0..{}", o.prompt_len, kMaxWords, o.prompt_len_range, kMaxWords);
-    FANOUT_CHECK(static_cast<int64_t>(o.prompt_len) * o.turns <= 16 * kMaxWords,
-                 "prompt_len={} × turns={}: a conversation's last prompt past {} words", o.prompt_len, o.turns,
-                 16 * kMaxWords);
+    // The workload's prompts are built up front: their words in all, a conversation's turns each
+    // repeating the history before them.
+    const double opening = o.first_turn_len > 0 ? o.first_turn_len : o.prompt_len;
+    const double total_words = double(o.num_requests) * (double(o.prefix_len) + opening + o.prompt_len_range +
+                                                         double(o.prompt_len) * (o.turns - 1) / 2.0);
+    FANOUT_CHECK(total_words <= double(kMaxTotalWords),
+                 "num_requests={}, turns={}, prompt_len={}, prefix_len={}: ~{:.3g} prompt words in all, past {} "
+                 "(the prompts are built before the run)",
+                 o.num_requests, o.turns, o.prompt_len, o.prefix_len, total_words, kMaxTotalWords);
     FANOUT_CHECK(
         o.output_len >= 1 && o.output_len <= kMaxWords && o.output_len_range >= 0 && o.output_len_range <= kMaxWords,
         "output_len={} must be in 1..{}, range={} in 0..{}", o.output_len, kMaxWords, o.output_len_range, kMaxWords);

@@ -279,6 +279,12 @@ TEST(ServeBench, ServerDownOrBadOptionsThrow) {
     };
     refused([](ServeBenchOptions& b) { b.prompt_len = 2147483647; }, "prompt_len=2147483647 must be in 1..");
     refused([](ServeBenchOptions& b) { b.num_requests = b.turns = 2147483647; }, "num_requests=2147483647");
+    refused(
+        [](ServeBenchOptions& b) {
+            b.num_requests = b.turns = 65536;
+            b.prompt_len = 256;
+        },
+        "prompt words in all, past");
     refused([](ServeBenchOptions& b) { b.slo_ttft_ms = std::nan(""); }, "must be finite");
     EXPECT_THROW(parse_request_mix("streamed=1e308,plain=1e308"), fanout::Error);
 }

@@ -177,13 +177,11 @@ TEST(ModelConfigTest, DenseModelNeedsNoMoeFields) {
     for (const char* key :
          {"moe_intermediate_size", "num_experts_per_tok", "n_group", "topk_group", "n_shared_experts"})
         j.erase(key);
-    j["n_routed_experts"] = nullptr;  // HF's None: every layer dense
+    j["n_routed_experts"] = nullptr;  // None in DeepSeek's model code: every layer dense
     const ModelConfig c = parse(j);
     EXPECT_EQ(c.n_routed_experts, 0);
     for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) EXPECT_FALSE(c.is_moe_layer(layer));
-    // Written back, a dense model says null, which HF reads as dense too (0 would build empty MoE layers).
-    EXPECT_TRUE(json::parse(model_config_to_json(c))["n_routed_experts"].is_null());
-    EXPECT_EQ(parse(json::parse(model_config_to_json(c))).n_routed_experts, 0);
+    EXPECT_EQ(parse(json::parse(model_config_to_json(c))).n_routed_experts, 0);  // written back: still dense
 }
 
 // A key left out takes HF DeepseekV3Config's default, as transformers would load the checkpoint
@@ -217,12 +215,13 @@ TEST(ModelConfigTest, Defaults) {
 
 // Null where HF gives it no meaning is an error naming the field, not a silent default.
 TEST(ModelConfigErrorTest, NullWhereHfHasNoNone) {
-    for (const char* key : {"moe_intermediate_size", "num_experts_per_tok", "n_group", "topk_group", "n_shared_experts",
+    for (const char* key : {"moe_intermediate_size", "num_experts_per_tok", "n_group", "topk_group",
                             "routed_scaling_factor", "first_k_dense_replace"}) {
         SCOPED_TRACE(key);
         EXPECT_THAT(parse_error(v3_with(key, nullptr)),
                     HasSubstr(fmt::format("field '{}' is null; leave it out for HF's default", key)));
     }
+    EXPECT_EQ(parse(v3_with("n_shared_experts", nullptr)).n_shared_experts, 0);  // DeepSeek's code: none
 }
 
 // Sizes each within range whose product would leave int64 (before: a wrapped shape in a later

@@ -533,7 +533,12 @@ TEST(Synthetic, RewritingAFolderLeavesOneCheckpoint) {
     const io::Checkpoint many = io::Checkpoint::open(d);
     ASSERT_GT(many.num_shards(), 1);
     std::ofstream(d + "/notes.txt") << "not a weight file";
-    write_synthetic_model(d, c, {});
+    MakeModelOptions single;
+    std::vector<std::string> notes;
+    single.note = [&](const std::string& n) { notes.push_back(n); };
+    write_synthetic_model(d, c, single);
+    EXPECT_EQ(static_cast<int64_t>(notes.size()), many.num_shards() + 1);  // the shards and their index, each told
+    EXPECT_THAT(notes.back() + notes.front(), ::testing::HasSubstr("removed the previous checkpoint's"));
     std::vector<std::string> files;
     for (const auto& e : fs::directory_iterator(d)) files.push_back(e.path().filename().string());
     std::sort(files.begin(), files.end());

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <system_error>
+#include <string>
 
 #include "fanout/core/error.h"
 
@@ -16,13 +16,21 @@ ThreadPool::ThreadPool(int num_threads) {
     }
     try {
         for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
-    } catch (const std::system_error& e) {
-        // The workers started stop before the members they wait on go (an exception out of a
-        // constructor runs no destructor): a clear error, not a hang or std::terminate.
+    } catch (...) {
+        // std::system_error (no thread) or std::bad_alloc (no memory for one): the workers started
+        // stop before the members they wait on go (an exception out of a constructor runs no
+        // destructor), then a clear error, not a hang or std::terminate.
         const size_t started = workers_.size();
         stop_workers();
+        std::string why = "unknown error";
+        try {
+            throw;
+        } catch (const std::exception& e) {
+            why = e.what();
+        } catch (...) {
+        }
         FANOUT_FAIL("cannot start {} CPU threads (started {}): {}; use fewer (--threads)", num_threads, started + 1,
-                    e.what());
+                    why);
     }
 }
 

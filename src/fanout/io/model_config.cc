@@ -251,7 +251,8 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
     c.qk_rope_head_dim = r.positive("qk_rope_head_dim");
     c.v_head_dim = r.positive("v_head_dim");
     // A key left out takes HF DeepseekV3Config's default (V3's value), as transformers would load it;
-    // null is HF's None: no query LoRA, no routed experts.
+    // null is None as the model code reads it: no query LoRA (transformers), no routed experts and
+    // no shared expert (DeepSeek's own modeling code; transformers' fails on those).
     c.q_lora_rank = r.is_null("q_lora_rank") ? 0 : r.has("q_lora_rank") ? r.positive("q_lora_rank") : 1536;
     c.max_position_embeddings = r.positive("max_position_embeddings");
     c.rms_norm_eps = r.number_in("rms_norm_eps", 0.0, 1.0, 1e-6);
@@ -276,7 +277,9 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
                  r.integer("moe_layer_freq", 1));
     if (c.n_routed_experts > 0) {
         c.moe_intermediate_size = r.absent("moe_intermediate_size", 2048) ? 2048 : r.positive("moe_intermediate_size");
-        c.n_shared_experts = r.absent("n_shared_experts", 1) ? 1 : r.integer_in("n_shared_experts", 0, 1 << 10);
+        c.n_shared_experts = r.is_null("n_shared_experts") ? 0  // DeepSeek's model code: no shared experts
+                             : r.has("n_shared_experts")   ? r.integer_in("n_shared_experts", 0, 1 << 10)
+                                                           : 1;
         c.num_experts_per_tok = r.absent("num_experts_per_tok", 8) ? 8 : r.positive("num_experts_per_tok");
         // n_group and topk_group are range-checked against the expert count below.
         c.n_group = r.absent("n_group", 8) ? 8 : r.integer("n_group");
@@ -304,6 +307,10 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
                    {{"num_attention_heads", c.num_attention_heads},
                     {"qk_head_dim", c.qk_head_dim()},
                     {"q_lora_rank or hidden_size", c.q_lora_rank > 0 ? c.q_lora_rank : c.hidden_size}});
+    check_elements(label, "q_a_proj", {{"q_lora_rank", c.q_lora_rank}, {"hidden_size", c.hidden_size}});
+    check_elements(label, "kv_a_proj_with_mqa",
+                   {{"kv_lora_rank + qk_rope_head_dim", c.kv_entry_dim()}, {"hidden_size", c.hidden_size}});
+    check_elements(label, "eh_proj", {{"hidden_size", c.hidden_size}, {"2 × hidden_size", 2 * c.hidden_size}});
     check_elements(label, "kv_b_proj",
                    {{"num_attention_heads", c.num_attention_heads},
                     {"qk_nope_head_dim + v_head_dim", c.qk_nope_head_dim + c.v_head_dim},
@@ -342,7 +349,7 @@ std::string model_config_to_json(const ModelConfig& c) {
     j["num_attention_heads"] = c.num_attention_heads;
     j["num_key_value_heads"] = c.num_attention_heads;
     j["n_shared_experts"] = c.n_shared_experts;
-    j["n_routed_experts"] = c.n_routed_experts > 0 ? json(c.n_routed_experts) : json(nullptr);
+    j["n_routed_experts"] = c.n_routed_experts;
     j["routed_scaling_factor"] = c.routed_scaling_factor;
     j["kv_lora_rank"] = c.kv_lora_rank;
     j["q_lora_rank"] = c.q_lora_rank > 0 ? json(c.q_lora_rank) : json(nullptr);

@@ -105,7 +105,8 @@ io::ModelConfig preset_config(const std::string& preset, int64_t layers) {
         c.qk_rope_head_dim = 16;
         c.v_head_dim = 32;
         c.max_position_embeddings = 163840;
-        FANOUT_CHECK(layers >= 0 && layers <= 1024, "tiny: --layers must be in 1..1024, got {}", layers);
+        FANOUT_CHECK(layers >= 0 && layers <= 1024, "tiny: --layers must be in 1..1024 (0: the preset's 3), got {}",
+                     layers);
         if (layers > 0) {
             c.num_hidden_layers = layers;
             c.first_k_dense_replace = std::min<int64_t>(1, layers - 1);
@@ -264,8 +265,10 @@ void write_synthetic_model(const std::string& dir, const io::ModelConfig& config
     for (const auto& entry : fs::directory_iterator(dir)) {
         const std::string name = entry.path().filename().string();
         static const std::regex shard(R"(model-\d+-of-\d+\.safetensors)");
-        if (name == "model.safetensors" || name == "model.safetensors.index.json" || std::regex_match(name, shard))
+        if (name == "model.safetensors" || name == "model.safetensors.index.json" || std::regex_match(name, shard)) {
             fs::remove(entry.path());
+            if (opts.note) opts.note(fmt::format("removed the previous checkpoint's {}", entry.path().string()));
+        }
     }
     const std::vector<io::TensorSpec> specs = checkpoint_tensors(config);
     // Split into shards by size, keeping each fp8 weight with its scales.

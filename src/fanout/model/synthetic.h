@@ -33,6 +33,9 @@ struct MakeModelOptions {
     bool mtp_copies_embed_and_head = true;
     int64_t max_shard_bytes = int64_t{4} << 30;  // larger checkpoints are split into shards
     std::function<void(const std::string&, int64_t done, int64_t total)> progress;
+    // Told each previous checkpoint file removed from the folder before writing (as
+    // save_pretrained, a folder holds one checkpoint).
+    std::function<void(const std::string&)> note;
 };
 
 void write_synthetic_model(const std::string& dir, const io::ModelConfig& config, const MakeModelOptions& opts);

@@ -134,6 +134,7 @@ void calibrate_kernels(Profile& p, const json& j, const Reader& r, const Hardwar
             const double m = r.count(rows[i], "M", where, 1, kMaxLen);
             const double us = r.time(r.child(rows[i], "fanout", where), "us", where + ".fanout");
             // The benchmark replays one weight: weights below L2 stay cached there (docs/PERF.md).
+            r.share(2 * m * n * k / (us * 1e-6) / hw.fp8_flops, where, "FP8 peak");
             dense.push_back({gemm_bytes(m, n, k, n * k <= kL2Bytes), 2 * m * n * k, us});
         }
         refit(p.gemm, dense, "dense GEMM");
@@ -157,6 +158,7 @@ void calibrate_kernels(Profile& p, const json& j, const Reader& r, const Hardwar
                 const double experts = r.count(row, "experts", where, 1, 1 << 16);
                 const double tokens = r.count(row, "valid_m", where, 0, kMaxLen);
                 const double us = r.time(r.child(row, "fanout", where), "us", where + ".fanout");
+                r.share(2 * tokens * n * k / (us * 1e-6) / hw.fp8_flops, where, "FP8 peak");
                 grouped.push_back({grouped_gemm_bytes(experts, tokens, n, k), 2 * tokens * n * k, us});
             } else if (kind == "silu_mul_quant_masked") {
                 const double tokens = r.count(row, "valid_m", where, 1, kMaxLen), us = r.time(row, "us", where);
@@ -164,7 +166,7 @@ void calibrate_kernels(Profile& p, const json& j, const Reader& r, const Hardwar
                 const double bytes = tokens * v3::kMoeInter * 5;
                 const double t = us - p.elementwise.fixed_us;
                 if (t > 0) {
-                    ew_bw_sum += r.share(bytes / (t * 1e-6) / hw.hbm_bw, where, "HBM bandwidth");
+                    ew_bw_sum += bytes / (t * 1e-6) / hw.hbm_bw;
                     ++ew_n;
                 }
             }
@@ -187,7 +189,7 @@ void calibrate_kernels(Profile& p, const json& j, const Reader& r, const Hardwar
                                                            100 * ew_bw_sum / ew_n, ew_n)
                                              : std::string()));
     } else if (ew_n > 0) {
-        p.elementwise.bw_eff = ew_bw_sum / ew_n;
+        p.elementwise.bw_eff = r.share(ew_bw_sum / ew_n, "grouped[] silu_mul_quant_masked rows", "HBM bandwidth");
         p.elementwise.source = fmt::format("silu_mul_quant_masked in {} ({} points)", r.file(), ew_n);
         notes.push_back(fmt::format("{}: elementwise kernels at {:.0f}% of HBM (fused silu·mul·quant, {} points)",
                                     r.file(), 100 * p.elementwise.bw_eff, ew_n));
