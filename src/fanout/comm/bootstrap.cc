@@ -16,6 +16,7 @@
 #include <cstring>
 #include <thread>
 
+#include "fanout/core/deadline.h"
 #include "fanout/core/error.h"
 
 namespace fanout::comm {
@@ -55,8 +56,7 @@ class Socket {
 
 int remaining_ms(Clock::time_point deadline) {
     if (deadline == Clock::time_point::max()) return -1;  // poll: wait without a limit
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    return left > 0 ? static_cast<int>(std::min<int64_t>(left, 1 << 30)) : 0;
+    return static_cast<int>(std::min<int64_t>(time_left(deadline).count(), 1 << 30));
 }
 
 // Waits for `events` on fd until the deadline; false on timeout.

@@ -14,23 +14,21 @@ ThreadPool::ThreadPool(int num_threads) {
         num_threads = env ? std::atoi(env) : 0;
         if (num_threads <= 0) num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     }
-    try {
-        for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
-    } catch (...) {
-        // std::system_error (no thread) or std::bad_alloc (no memory for one): the workers started
-        // stop before the members they wait on go (an exception out of a constructor runs no
-        // destructor), then a clear error, not a hang or std::terminate.
+    // std::system_error (no thread) or std::bad_alloc (no memory for one): the workers started stop
+    // before the members they wait on go (an exception out of a constructor runs no destructor),
+    // then a clear error, not a hang or std::terminate.
+    const auto fail = [&](const char* why) {
         const size_t started = workers_.size();
         stop_workers();
-        std::string why = "unknown error";
-        try {
-            throw;
-        } catch (const std::exception& e) {
-            why = e.what();
-        } catch (...) {
-        }
         FANOUT_FAIL("cannot start {} CPU threads (started {}): {}; use fewer (--threads)", num_threads, started + 1,
                     why);
+    };
+    try {
+        for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+    } catch (const std::exception& e) {
+        fail(e.what());
+    } catch (...) {
+        fail("unknown error");
     }
 }
 

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <type_traits>
@@ -79,12 +80,13 @@ class FieldReader {
     bool has(const char* key) const { return j_.contains(key) && !j_.at(key).is_null(); }
     // Present as null (HF's None), which for some keys differs from absent (HF's default).
     bool is_null(const char* key) const { return j_.contains(key) && j_.at(key).is_null(); }
-    // Absent: the caller takes HF's default `hf_default`. A key for which HF gives null no meaning
-    // may not be null.
-    bool absent(const char* key, double hf_default) const {
-        FANOUT_CHECK(!is_null(key), "{}: field '{}' is null; leave it out for HF's default {}", where_, key,
-                     hf_default);
-        return !j_.contains(key);
+    // An optional key whose absence means HF's default `hf_default`, and to which null gives no
+    // meaning (so it is refused): an integer or a number in [lo, hi].
+    int64_t hf_integer(const char* key, int64_t lo, int64_t hi, int64_t hf_default) const {
+        return hf_absent(key, hf_default) ? hf_default : integer_in(key, lo, hi);
+    }
+    double hf_number(const char* key, double lo, double hi, double hf_default) const {
+        return hf_absent(key, hf_default) ? hf_default : number_in(key, lo, hi);
     }
     const std::string& where() const { return where_; }
 
@@ -100,6 +102,11 @@ class FieldReader {
         return v;
     }
 
+    bool hf_absent(const char* key, double hf_default) const {
+        FANOUT_CHECK(!is_null(key), "{}: field '{}' is null; leave it out for HF's default {}", where_, key,
+                     hf_default);
+        return !j_.contains(key);
+    }
     const json& require(const char* key) const {
         FANOUT_CHECK(j_.contains(key) && !j_.at(key).is_null(), "{}: required field '{}' is missing", where_, key);
         return j_.at(key);
@@ -259,8 +266,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
     c.rope_theta = r.number_in("rope_theta", 1.0, 1e12, 10000.0);
     c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
     c.num_nextn_predict_layers = r.has("num_nextn_predict_layers") ? r.integer("num_nextn_predict_layers") : 0;
-    c.first_k_dense_replace =
-        r.absent("first_k_dense_replace", 3) ? 3 : r.integer_in("first_k_dense_replace", 0, kMaxExtent);
+    c.first_k_dense_replace = r.hf_integer("first_k_dense_replace", 0, kMaxExtent, 3);
     c.n_routed_experts = r.is_null("n_routed_experts") ? 0
                          : r.has("n_routed_experts")   ? r.integer_in("n_routed_experts", 0, 1 << 20)
                                                        : 256;
@@ -276,17 +282,17 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
     FANOUT_CHECK(r.integer("moe_layer_freq", 1) == 1, "{}: moe_layer_freq is {}; fanout implements 1", label,
                  r.integer("moe_layer_freq", 1));
     if (c.n_routed_experts > 0) {
-        c.moe_intermediate_size = r.absent("moe_intermediate_size", 2048) ? 2048 : r.positive("moe_intermediate_size");
+        c.moe_intermediate_size = r.hf_integer("moe_intermediate_size", 1, kMaxExtent, 2048);
         c.n_shared_experts = r.is_null("n_shared_experts") ? 0  // DeepSeek's model code: no shared experts
                              : r.has("n_shared_experts")   ? r.integer_in("n_shared_experts", 0, 1 << 10)
                                                            : 1;
-        c.num_experts_per_tok = r.absent("num_experts_per_tok", 8) ? 8 : r.positive("num_experts_per_tok");
+        c.num_experts_per_tok = r.hf_integer("num_experts_per_tok", 1, kMaxExtent, 8);
         // n_group and topk_group are range-checked against the expert count below.
-        c.n_group = r.absent("n_group", 8) ? 8 : r.integer("n_group");
-        c.topk_group = r.absent("topk_group", 4) ? 4 : r.integer("topk_group");
+        constexpr int64_t kAny = std::numeric_limits<int64_t>::max();
+        c.n_group = r.hf_integer("n_group", -kAny, kAny, 8);
+        c.topk_group = r.hf_integer("topk_group", -kAny, kAny, 4);
         c.norm_topk_prob = r.boolean("norm_topk_prob", true);
-        c.routed_scaling_factor =
-            r.absent("routed_scaling_factor", 2.5) ? 2.5 : r.number_in("routed_scaling_factor", 0.0, 1e6);
+        c.routed_scaling_factor = r.hf_number("routed_scaling_factor", 0.0, 1e6, 2.5);
         FANOUT_CHECK(c.n_shared_experts >= 0, "{}: n_shared_experts must be >= 0, found {}", label, c.n_shared_experts);
         FANOUT_CHECK(c.n_group > 0 && c.n_group <= c.n_routed_experts && c.n_routed_experts % c.n_group == 0,
                      "{}: n_routed_experts={} must be a multiple of n_group={}{}", label, c.n_routed_experts, c.n_group,

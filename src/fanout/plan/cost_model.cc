@@ -314,12 +314,13 @@ Prediction predict(const Deployment& d, const Hardware& hw, const Profile& prof)
     p.dense_layer_us = dense;
 
     // MTP: eh_proj on [enorm(embed), hnorm(h)] then one MoE layer (same schedule), on every token.
+    const auto mtp_front = [](LayerBuilder& lb, double rows) {
+        lb.elementwise("mtp_norms", 0, rows * 2 * kHidden * 2 * 2);
+        lb.gemm_bf16("eh_proj", 0, rows, kHidden, 2 * kHidden);
+    };
     LayerBuilder b(hw, prof);
     const double tokens = double(d.batch) * d.query_len();
-    if (d.draft_tokens > 0) {
-        b.elementwise("mtp_norms", 0, tokens * 2 * kHidden * 2 * 2);
-        b.gemm_bf16("eh_proj", 0, tokens, kHidden, 2 * kHidden);
-    }
+    if (d.draft_tokens > 0) mtp_front(b, tokens);
     // LM heads (the model's and MTP's; BF16, vocabulary-parallel over TP) and per-step small kernels
     // (embedding, final norm, sampling).
     const int heads = d.draft_tokens > 0 ? 2 : 1;
@@ -337,10 +338,8 @@ Prediction predict(const Deployment& d, const Hardware& hw, const Profile& prof)
         further.attention = AttentionForm::kAuto;
         double pass = moe_layer_time(further, hw, prof).total_us;
         LayerBuilder f(hw, prof);
-        const double rows = d.batch;
-        f.elementwise("mtp_norms", 0, rows * 2 * kHidden * 2 * 2);
-        f.gemm_bf16("eh_proj", 0, rows, kHidden, 2 * kHidden);
-        f.gemm_bf16("lm_head", 0, rows, kVocab / d.tp, kHidden);
+        mtp_front(f, d.batch);
+        f.gemm_bf16("lm_head", 0, d.batch, kVocab / d.tp, kHidden);
         for (const auto& k : f.take()) pass += k.us;
         p.mtp_us += (d.draft_tokens - 1) * pass;
     }
