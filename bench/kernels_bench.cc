@@ -62,12 +62,19 @@ constexpr Shape kShapes[8] = {
 
 // The seed's grouped operating points: DeepGEMM masked on this H200
 // (../shared/bench/anchors/deepgemm_vs_cublaslt_h200.json), gate/up then down.
+// The DeepGEMM anchors (../shared/bench/anchors/deepgemm_vs_cublaslt_h200.json) and the rows they
+// ran on: each group's count drawn in [0.7, 1.3] × expected, valid_m in all.
 struct GroupedPoint {
     int ep;
     double deepgemm_us[2];
+    int valid_m;
 };
-constexpr GroupedPoint kGroupedPoints[5] = {
-    {8, {263.22, 144.45}}, {16, {154.62, 87.35}}, {32, {133.71, 68.15}}, {64, {112.96, 63.0}}, {128, {114.46, 63.59}}};
+constexpr GroupedPoint kGroupedPoints[5] = {{8, {263.22, 144.45}, 2174},
+                                            {16, {154.62, 87.35}, 2090},
+                                            {32, {133.71, 68.15}, 2086},
+                                            {64, {112.96, 63.0}, 2132},
+                                            {128, {114.46, 63.59}, 2417}};
+
 constexpr int64_t kGroupedShapes[2][2] = {{4096, 7168}, {7168, 2048}};  // (N, K)
 
 // Random e4m3 bytes generated on the host in 64 MB pieces (a GB of expert weights included), as
@@ -514,11 +521,8 @@ nlohmann::json bench_grouped(Context& c) {
     for (const GroupedPoint& pt : kGroupedPoints) {
         const int E = 256 / pt.ep, expected = 128 * 2 * 8 * pt.ep / 256;
         const int max_m = expected * 3 / 2;
-        std::mt19937 rng(pt.ep);
-        std::uniform_int_distribution<int> dist(expected * 3 / 4, expected * 5 / 4);
-        std::vector<int32_t> counts(E);
-        int64_t valid = 0;
-        for (auto& v : counts) valid += v = std::min(dist(rng), max_m);
+        const std::vector<int32_t> counts = anchor_counts(E, expected, pt.valid_m, static_cast<uint32_t>(pt.ep));
+        const int64_t valid = pt.valid_m;
         DevicePtr<int32_t> dcounts(E);
         FANOUT_CUDA_CHECK(cudaMemcpy(dcounts.p, counts.data(), E * sizeof(int32_t), cudaMemcpyHostToDevice));
         double total_us = 0, total_dg = 0;
@@ -695,6 +699,24 @@ const char* data_name(KernelsBenchOptions::Data d) {
     for (const auto& [name, value] : kDataNames)
         if (value == d) return name;
     return "?";
+}
+
+std::vector<int32_t> anchor_counts(int E, int expected, int valid, uint32_t seed) {
+    const int lo = expected * 7 / 10, hi = expected * 13 / 10;
+    FANOUT_CHECK(E >= 1 && int64_t{E} * lo <= valid && valid <= int64_t{E} * hi,
+                 "anchor_counts: {} rows cannot be {} groups of {}..{}", valid, E, lo, hi);
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int> dist(lo, hi);
+    std::vector<int32_t> counts(static_cast<size_t>(E));
+    int64_t total = 0;
+    for (auto& v : counts) total += v = dist(rng);
+    for (size_t e = 0; total != valid; e = (e + 1) % counts.size()) {
+        const int step = total < valid ? 1 : -1;
+        if (counts[e] + step < lo || counts[e] + step > hi) continue;
+        counts[e] += step;
+        total += step;
+    }
+    return counts;
 }
 
 ops::GemmConfig parse_gemm_config(const std::string& text) {

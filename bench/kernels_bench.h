@@ -15,8 +15,10 @@
 //    dense GEMM of the same rows against one weight (no DeepGEMM anchor for this layout).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "fanout/ops/gemm.h"
 
@@ -43,6 +45,11 @@ inline constexpr std::pair<const char*, KernelsBenchOptions::Data> kDataNames[] 
     {"normal", KernelsBenchOptions::Data::kNormal},
     {"zeros", KernelsBenchOptions::Data::kZeros}};
 const char* data_name(KernelsBenchOptions::Data d);
+
+// The grouped points' per-group row counts: E counts drawn uniform in [0.7, 1.3] × expected, as
+// the DeepGEMM anchors drew theirs, then moved one row at a time, round robin and within that
+// range, until they total `valid` (the anchor's rows), so both time the same work.
+std::vector<int32_t> anchor_counts(int E, int expected, int valid, uint32_t seed);
 
 // "128x256/2c2" -> {128, 256, 2, 2}; throws fanout::Error naming the text when malformed.
 ops::GemmConfig parse_gemm_config(const std::string& text);

@@ -40,9 +40,9 @@ struct Cost {
     bool bf16 = false;  // tensor-core work at the bf16 rate (attention, router), else FP8
 };
 
-// y[M, N] = x[M, K] · Wᵀ with FP8 W, the bf16 input quantized first: weights once, activations
-// read as bf16, written and read as FP8, output bf16.
-Cost gemm(double M, double N, double K) { return {N * K + M * K * 4 + M * N * 2, 2 * M * N * K}; }
+// y[M, N] = x[M, K] · Wᵀ with FP8 W and x already in FP8 (the norm or activation before it wrote
+// it, and counts those bytes): weights once, x read once, output bf16.
+Cost gemm(double M, double N, double K) { return {N * K + M * K + M * N * 2, 2 * M * N * K}; }
 Cost add(Cost a, Cost b) { return {a.bytes + b.bytes, a.flops + b.flops, a.bf16 || b.bf16}; }
 
 // Bytes and FLOPs of each kernel the layer marks, for T tokens of R requests.
@@ -74,27 +74,30 @@ std::map<std::string, Cost> layer_costs(const io::ModelConfig& c, double R, doub
     const double Ta = mha ? decodes : T;  // tokens in the absorbed form
     if (mha) {
         const double chunk = (T - decodes) / std::max(R, 1.0), pairs = R * (chunk * kv - chunk * (chunk - 1) / 2);
-        k["kv_b_expand"] = gemm(R * kv, H * (nope + V), C);  // (the gather's reads are not counted)
+        // (the gather's reads are not counted; its bf16 rows quantized in the span)
+        k["kv_b_expand"] = add(gemm(R * kv, H * (nope + V), C), {R * kv * C * 3, 0});
         k["attention"] = {(T - decodes) * H * (nope + rope + V) * 2 + R * kv * (H * (nope + V) + rope) * 2,
                           2 * H * pairs * (nope + rope + V), true};
         if (decodes > 0) k["decode_attention"] = absorbed(decodes, decodes);
     } else {
         k["attention"] = absorbed(R + decodes, T);
     }
-    if (Ta > 0) {
-        k["bmm_q_absorb"] = add(gemm(Ta, C, nope), {(H - 1) * C * nope, 2 * (H - 1) * Ta * C * nope});
-        k["bmm_q_absorb"].bytes = H * C * nope + H * Ta * nope * 4 + H * Ta * C * 2;
-        k["bmm_v"] = {H * V * C + H * Ta * C * 4 + H * Ta * V * 2, 2 * H * Ta * V * C};
+    if (Ta > 0) {  // per-head bf16 GEMMs (k_b and v_b stay bf16): weights, input and output in bf16
+        k["bmm_q_absorb"] = {(H * C * nope + H * Ta * nope + H * Ta * C) * 2, 2 * H * Ta * C * nope, true};
+        k["bmm_v"] = {(H * V * C + H * Ta * C + H * Ta * V) * 2, 2 * H * Ta * V * C, true};
     }
-    k["o_proj"] = add(gemm(T, D, H * V), {T * H * V * 4 + T * D * 2, 0});
-    k["post_norm"] = {T * D * 4, 0};
+    // o_proj quantizes its bf16 input in the span (read 2, write 1) and adds into the residual.
+    k["o_proj"] = add(gemm(T, D, H * V), {T * H * V * 3 + T * D * 2, 0});
+    k["post_norm"] = {T * D * 5, 0};  // the residual read, its e4m3 rows and the bf16 rows the router reads
     k["shared_gate_up"] = gemm(T, 2 * Is, D);
     k["shared_silu_quant"] = {T * Is * 5, 0};
     k["shared_down"] = add(gemm(T, D, Is), {T * D * 2, 0});
     if (ep > 0) {
         k["gate"] = {E * D * 2 + T * D * 2 + T * E * 4, 2 * T * E * D, true};
         k["topk"] = {T * E * 4 + T * K * 8, 0};
-        k["combine_recv"] = {T * D * 2, 0};  // the emulated backend's zeros
+        // The emulated backend writes zeros; a real one reads the T·K returned rows and adds them into
+        // the residual.
+        k["combine_recv"] = {emulated ? T * D * 2 : T * K * D * 2 + T * D * 4, 0};
         const double active = emulated ? EL : std::min(EL, T * K);
         k["grouped_gate_up"] = {active * 2 * Ie * D + EL * (m * D + m * 2 * Ie * 2), EL * 2 * m * 2 * Ie * D};
         k["grouped_silu_quant"] = {EL * m * Ie * 5, 0};
@@ -365,12 +368,13 @@ int run_layer_bench(const LayerBenchOptions& opts) {
     const auto add_point = [&](const Timing& t, int ep, int batch, int T, int m, int64_t local,
                                const std::string& comm) {
         nlohmann::json kernels, floors;
-        const auto costs = layer_costs(c, batch, T, opts.kv_len, ep, m, entry_bytes, true, opts.decodes, opts.mha);
-        double grouped = 0;
+        const auto costs =
+            layer_costs(c, batch, T, opts.kv_len, ep, m, entry_bytes, comm == "not included", opts.decodes, opts.mha);
+        double grouped = 0;  // the two grouped GEMMs (not the activation between them), as the anchors count
         for (size_t i = 0; i < t.names.size(); ++i) {
             kernels[t.names[i]] = t.us[i];
             if (auto it = costs.find(t.names[i]); it != costs.end()) floors[t.names[i]] = floor_us(it->second);
-            if (t.names[i].rfind("grouped_", 0) == 0) grouped += t.us[i];
+            if (t.names[i] == "grouped_gate_up" || t.names[i] == "grouped_down") grouped += t.us[i];
         }
         points.push_back({{"ep", ep},
                           {"layer", ep > 0 ? "moe" : "dense"},

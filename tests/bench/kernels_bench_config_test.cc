@@ -2,7 +2,10 @@
 // malformed one.
 #include <gtest/gtest.h>
 
+#include <array>
+#include <numeric>
 #include <string>
+#include <vector>
 
 #include "kernels_bench.h"
 #include "test_util.h"
@@ -28,6 +31,23 @@ TEST(KernelsBenchConfig, MalformedConfigsAreErrorsThatShowTheForm) {
         const std::string msg = fanout::testing::error_of([&] { parse_gemm_config(bad); });
         EXPECT_NE(msg.find("BMxBN/SPLITS"), std::string::npos) << "'" << bad << "': " << msg;
     }
+}
+
+// The grouped points time the DeepGEMM anchors' rows: every count in [0.7, 1.3] × expected and the
+// anchor's total (EP16's draw alone gave 1,918 rows against the anchor's 2,090).
+TEST(KernelsBenchConfig, GroupedCountsTotalTheAnchorsRows) {
+    for (const auto& [E, expected, valid] : std::vector<std::array<int, 3>>{
+             {32, 64, 2174}, {16, 128, 2090}, {8, 256, 2086}, {4, 512, 2132}, {2, 1024, 2417}, {3, 10, 21}}) {
+        const std::vector<int32_t> c = anchor_counts(E, expected, valid, 7);
+        ASSERT_EQ(static_cast<int>(c.size()), E);
+        EXPECT_EQ(std::accumulate(c.begin(), c.end(), 0), valid) << E;
+        for (const int v : c) {
+            EXPECT_GE(v, expected * 7 / 10);
+            EXPECT_LE(v, expected * 13 / 10);
+        }
+        EXPECT_EQ(anchor_counts(E, expected, valid, 7), c);  // the same rows every run
+    }
+    EXPECT_NE(fanout::testing::error_of([] { anchor_counts(2, 100, 300, 1); }).find("cannot be"), std::string::npos);
 }
 
 }  // namespace

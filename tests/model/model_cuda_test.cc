@@ -302,6 +302,37 @@ TEST(TinyBf16Cuda, LogitsAndGenerateMatchCpuWithRoutingPinned) {
     check_generate(*m, ids, "tiny bf16 (routing pinned)");
 }
 
+// The cache's zero-fill and the rope table are in place before the first step, whichever stream
+// wrote them. Every layer dense: no shared expert, so no side stream, whose workspace set-up used
+// to synchronize the legacy stream by the way. Before, the constructor zeroed the cache and
+// uploaded the rope table on the legacy stream, which the model's non-blocking stream does not
+// wait for: a 4 GB zero-fill could still run under the first prefill (its blocks taken from the
+// cache's far end here) and the table arrive behind it.
+TEST(CudaModel, ALargeCacheIsReadyBeforeTheFirstStep) {
+    REQUIRE_GPU();
+    io::ModelConfig c = preset_config("tiny", 3);
+    c.first_k_dense_replace = c.num_hidden_layers;
+    auto m = pinned_model(fanout::testing::temp_dir("tiny_dense_big_cache"), c);
+    const std::vector<int32_t> ids = spread_ids();
+    const int64_t T = static_cast<int64_t>(ids.size()), V = c.vocab_size, block = kv::kDefaultBlockSize;
+    const Tensor ref = cpu_logits(*m, ids, ops::Fp8Mode::kDequant);
+    CudaModelOptions o;
+    o.max_requests = 2;
+    o.max_context = 256;
+    o.max_step_tokens = T;
+    o.max_logit_rows = T;
+    o.num_kv_blocks = (int64_t{4} << 30) / (block * c.kv_entry_dim() * 2 * c.num_hidden_layers);
+    CudaModel gpu(*m, o);
+    kv::PagedKvCache blocks = gpu.make_block_allocator();
+    kv::SequenceBlocks filler, seq;
+    blocks.reserve(filler, (o.num_kv_blocks - ops::ceil_div(T, block)) * block);  // blocks are handed out from 0
+    blocks.reserve(seq, T);
+    const Tensor got =
+        gpu.forward_logits(StepBatchBuilder(blocks).add(ids, 0, seq, StepBatchBuilder::Logits::kAll).build());
+    expect_close(position_diffs(got.data_as<float>(), ref.data_as<float>(), T, V), max_abs(ref), kPinned,
+                 "tiny, every layer dense, 4 GB cache: the first step");
+}
+
 // The FP8 KV cache on the GPU — appended quantized, read by the decode kernels (the generic one at
 // the tiny model's widths, the tensor-core one at V3's attention widths) and by the MHA form's
 // gather — against the CPU model over its own FP8 cache, routing pinned. Both quantize the same

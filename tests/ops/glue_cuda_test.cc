@@ -11,6 +11,7 @@
 
 #include "cuda_test_util.h"
 #include "fanout/core/cuda_check.h"
+#include "fanout/core/cuda_graph.h"
 #include "fanout/ops/activation.h"
 #include "fanout/ops/device_context.h"
 #include "fanout/ops/fp8_quant.h"
@@ -62,6 +63,32 @@ RopeTable yarn_table(int64_t dim) {
     p.factor = 40;
     p.attention_factor = 1.3;
     return make_rope_table(p);
+}
+
+// A failed CUDA call is reported once, by the call that failed: FANOUT_CUDA_CHECK clears the
+// runtime's last error before it throws, so the next launch's check (cudaGetLastError) does not
+// report it again — before, a recovered out-of-memory failed the next step's first launch too.
+// The same after a capture whose body failed.
+TEST(CudaCheck, AFailureIsReportedOnceByTheCallThatFailed) {
+    REQUIRE_GPU();
+    void* p = nullptr;
+    EXPECT_THROW(FANOUT_CUDA_CHECK(cudaMalloc(&p, size_t{1} << 52)), Error);  // 4 PiB: out of memory
+    EXPECT_NO_THROW(FANOUT_CUDA_CHECK_LAUNCH("the next launch"));
+    Dev<uint16_t> a(64);
+    cudaStream_t s = nullptr;
+    FANOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    EXPECT_THROW(capture_graph(s,
+                               [&] {
+                                   launch_random_bf16(a.ptr, 64, 1.0f, 1, s);
+                                   FANOUT_CUDA_CHECK(cudaMemsetAsync(reinterpret_cast<void*>(0x10), 0, 64, s));
+                               }),
+                 Error);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    const cudaGraphExec_t g = capture_graph(s, [&] { launch_random_bf16(a.ptr, 64, 1.0f, 1, s); });
+    FANOUT_CUDA_CHECK(cudaGraphLaunch(g, s));
+    FANOUT_CUDA_CHECK(cudaStreamSynchronize(s));
+    cudaGraphExecDestroy(g);
+    cudaStreamDestroy(s);
 }
 
 TEST(GlueCuda, EmbedGathersRows) {
@@ -668,16 +695,18 @@ std::vector<int32_t> sample_on_device(const std::vector<float>& logits, int V, c
 }
 
 // The device sampler picks what sample_with_uniform picks, row by row, for greedy, temperature,
-// top-k, top-p and their mixes, over the real vocabulary size with many draws.
+// top-k, top-p and their mixes, a temperature too small to divide by, over the real vocabulary
+// size with many draws.
 TEST(SamplingCuda, MatchesCpuRule) {
     REQUIRE_GPU();
     const int V = 129280;
     std::vector<SamplingRow> rows;
-    const SamplingRow kinds[] = {{0.0f, 0, 1.0f, 0},  {1.0f, 0, 1.0f, 0}, {0.7f, 50, 1.0f, 0},   {1.3f, 0, 0.9f, 0},
-                                 {0.9f, 20, 0.5f, 0}, {1.0f, 1, 1.0f, 0}, {2.0f, 1000, 0.95f, 0}};
+    // (1e-38: under kGreedyTemperature, greedy on both; a logit divided by it overflows)
+    const SamplingRow kinds[] = {{0.0f, 0, 1.0f, 0},  {1.0f, 0, 1.0f, 0}, {0.7f, 50, 1.0f, 0},    {1.3f, 0, 0.9f, 0},
+                                 {0.9f, 20, 0.5f, 0}, {1.0f, 1, 1.0f, 0}, {2.0f, 1000, 0.95f, 0}, {1e-38f, 0, 1.0f, 0}};
     std::mt19937_64 rng(5);
-    for (int i = 0; i < 70; ++i) {
-        SamplingRow r = kinds[i % 7];
+    for (int i = 0; i < 80; ++i) {
+        SamplingRow r = kinds[i % 8];
         r.uniform = static_cast<double>(rng() >> 11) * 0x1.0p-53;
         rows.push_back(r);
     }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <random>
 
@@ -119,6 +120,54 @@ TEST(Sampling, DraftChecksEmitTheTargetDistribution) {
     const DraftCheck miss = greedy.check_draft(l.data(), V, 0);
     EXPECT_FALSE(miss.accepted);
     EXPECT_EQ(miss.token, 3);
+}
+
+// A temperature under kGreedyTemperature is greedy: dividing by 1e-38 overflowed every logit to
+// ±inf, the weights became NaN and the draw fell through to the least likely token (3 here).
+TEST(Sampling, ATemperatureTooSmallToDivideByIsGreedy) {
+    const std::vector<float> logits = {10.0f, 0.0f, -5.0f, -10.0f};
+    for (const float t : {1e-38f, 1e-30f, 1e-6f}) {
+        Sampler s({t, 0, 1.0f, 7});
+        for (int i = 0; i < 50; ++i) EXPECT_EQ(s.sample(logits.data(), 4), 0) << "temperature " << t;
+        EXPECT_EQ(s.next_uniform(), 0.0) << "greedy rows draw nothing";
+        EXPECT_EQ(s.check_draft(logits.data(), 4, 3).token, 0);
+        SamplingParams top_p{t, 0, 0.5f, 1};
+        std::vector<std::pair<float, int32_t>> scratch;
+        EXPECT_EQ(sample_with_uniform(logits.data(), 4, top_p, 0.99, scratch), 0);
+    }
+    Sampler above({2e-5f, 0, 1.0f, 7});  // sampled, and as good as greedy at these gaps
+    EXPECT_EQ(above.sample(logits.data(), 4), 0);
+    EXPECT_NE(above.next_uniform(), 0.0);
+}
+
+// NaN or +inf logits (a model gone wrong) are an error naming the token, greedy or sampled, as is
+// a row with no finite logit; -inf entries beside finite ones are fine.
+TEST(Sampling, NonFiniteLogitsAreAnError) {
+    const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+    std::vector<std::pair<float, int32_t>> scratch;
+    for (const float t : {0.0f, 1.0f}) {
+        const SamplingParams p{t, 0, 1.0f, 1};
+        const std::vector<float> plus_inf = {-inf, 5.0f, inf}, with_nan = {1.0f, nan, 2.0f}, none = {-inf, -inf};
+        EXPECT_NE(fanout::testing::error_of([&] {
+                      sample_with_uniform(plus_inf.data(), 3, p, 0.5, scratch);
+                  }).find("logit of token 2 is inf"),
+                  std::string::npos);
+        EXPECT_NE(fanout::testing::error_of([&] {
+                      sample_with_uniform(with_nan.data(), 3, p, 0.5, scratch);
+                  }).find("logit of token 1 is nan"),
+                  std::string::npos);
+        EXPECT_NE(fanout::testing::error_of([&] {
+                      sample_with_uniform(none.data(), 2, p, 0.5, scratch);
+                  }).find("every logit"),
+                  std::string::npos);
+        EXPECT_NE(fanout::testing::error_of([&] {
+                      check_draft_with_uniforms(with_nan.data(), 3, p, 0, 0.5, 0.5, scratch);
+                  }).find("logit of token 1 is nan"),
+                  std::string::npos);
+        const std::vector<float> masked = {-inf, 1.0f, -inf, 0.5f};
+        const int32_t got = sample_with_uniform(masked.data(), 4, p, 0.3, scratch);
+        EXPECT_TRUE(got == 1 || got == 3) << got;
+    }
 }
 
 TEST(Sampling, RejectsBadParameters) {

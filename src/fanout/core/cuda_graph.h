@@ -17,8 +17,9 @@ cudaGraphExec_t capture_graph(cudaStream_t stream, Fn&& fn) {
     try {
         fn();
     } catch (...) {
-        cudaStreamEndCapture(stream, &graph);
+        cudaStreamEndCapture(stream, &graph);  // fails when fn's failure invalidated the capture
         if (graph != nullptr) cudaGraphDestroy(graph);
+        (void)cudaGetLastError();  // fn's error is the one to report, not the capture's end
         throw;
     }
     FANOUT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));

@@ -24,10 +24,12 @@ std::string content_text(const json& c, const std::string& where) {
     std::string out;
     for (size_t i = 0; i < c.size(); ++i) {
         const json& part = c[i];
-        FANOUT_CHECK(part.is_object() && part.contains("type") && part["type"] == "text" && part.contains("text") &&
-                         part["text"].is_string(),
-                     "{}: content[{}] must be {{\"type\": \"text\", \"text\": \"...\"}} (only text parts are supported)",
-                     where, i);
+        FANOUT_CHECK(
+            part.is_object() && part.contains("type") && part["type"] == "text" && part.contains("text") &&
+                part["text"].is_string(),
+            "{}: content[{}] must be {{\"type\": \"text\", \"text\": \"...\"}} (only text parts are supported)", where,
+            i);
+        if (i > 0) out += '\n';  // vLLM joins a message's text parts with newlines
         out += part["text"].get<std::string>();
     }
     return out;
@@ -63,8 +65,9 @@ std::vector<ChatMessage> parse_chat_messages(const json& messages) {
                 ToolCall tc;
                 if (c.contains("type") && c["type"].is_string()) tc.type = c["type"].get<std::string>();
                 tc.name = f["name"].get<std::string>();
-                if (f.contains("arguments")) tc.arguments = f["arguments"].is_string() ? f["arguments"].get<std::string>()
-                                                                                       : f["arguments"].dump();
+                if (f.contains("arguments"))
+                    tc.arguments =
+                        f["arguments"].is_string() ? f["arguments"].get<std::string>() : f["arguments"].dump();
                 msg.tool_calls.push_back(std::move(tc));
             }
         }

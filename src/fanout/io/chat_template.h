@@ -22,13 +22,13 @@ struct ToolCall {
 };
 
 struct ChatMessage {
-    std::string role;  // system, user, assistant, tool
+    std::string role;                    // system, user, assistant, tool
     std::optional<std::string> content;  // null only for an assistant turn with tool calls
     std::vector<ToolCall> tool_calls;
 };
 
 // Validates an OpenAI `messages` array; errors name the message index and field. Content may be
-// a string or a list of {"type": "text", "text": ...} parts (joined); tool-call arguments may be
+// a string or a list of {"type": "text", "text": ...} parts (joined by newlines, as vLLM); tool-call arguments may be
 // a string or a JSON object (serialized).
 std::vector<ChatMessage> parse_chat_messages(const nlohmann::json& messages);
 

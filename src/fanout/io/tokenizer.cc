@@ -32,7 +32,8 @@ size_t utf8_sequence(std::string_view s, size_t i, size_t* maximal) {
     size_t need;
     uint8_t lo = 0x80, hi = 0xbf;  // allowed range of the second byte
     if (c < 0x80) return 1;
-    if (c >= 0xc2 && c <= 0xdf) need = 2;
+    if (c >= 0xc2 && c <= 0xdf)
+        need = 2;
     else if (c >= 0xe0 && c <= 0xef) {
         need = 3;
         if (c == 0xe0) lo = 0xa0;
@@ -84,10 +85,14 @@ void append_codepoint(std::string& out, uint32_t cp) {
 uint32_t codepoint_at(std::string_view s, size_t i, size_t n) {
     const auto b = [&](size_t k) { return static_cast<uint32_t>(static_cast<uint8_t>(s[i + k])); };
     switch (n) {
-        case 1: return b(0);
-        case 2: return ((b(0) & 0x1f) << 6) | (b(1) & 0x3f);
-        case 3: return ((b(0) & 0x0f) << 12) | ((b(1) & 0x3f) << 6) | (b(2) & 0x3f);
-        default: return ((b(0) & 0x07) << 18) | ((b(1) & 0x3f) << 12) | ((b(2) & 0x3f) << 6) | (b(3) & 0x3f);
+        case 1:
+            return b(0);
+        case 2:
+            return ((b(0) & 0x1f) << 6) | (b(1) & 0x3f);
+        case 3:
+            return ((b(0) & 0x0f) << 12) | ((b(1) & 0x3f) << 6) | (b(2) & 0x3f);
+        default:
+            return ((b(0) & 0x07) << 18) | ((b(1) & 0x3f) << 12) | ((b(2) & 0x3f) << 6) | (b(3) & 0x3f);
     }
 }
 
@@ -100,7 +105,7 @@ bool is_whitespace_cp(uint32_t cp) {  // Unicode White_Space
 // ---- byte-level alphabet (GPT-2's bytes_to_unicode) ---------------------------------------------
 
 struct ByteAlphabet {
-    std::string byte_char[256];                // byte -> its character, UTF-8
+    std::string byte_char[256];                     // byte -> its character, UTF-8
     std::unordered_map<uint32_t, uint8_t> cp_byte;  // character -> byte
     ByteAlphabet() {
         int n = 0;
@@ -130,9 +135,12 @@ std::string oniguruma_whitespace(const std::string& pattern) {
         const char c = pattern[i];
         if (c == '\\' && i + 1 < pattern.size()) {
             const char n = pattern[i + 1];
-            if (n == 's') out += in_class ? ws : "[" + ws + "]";
-            else if (n == 'S' && !in_class) out += "[^" + ws + "]";
-            else out.append(pattern, i, 2);
+            if (n == 's')
+                out += in_class ? ws : "[" + ws + "]";
+            else if (n == 'S' && !in_class)
+                out += "[^" + ws + "]";
+            else
+                out.append(pattern, i, 2);
             ++i;
             continue;
         }
@@ -150,7 +158,7 @@ std::string oniguruma_whitespace(const std::string& pattern) {
 }
 
 class Regex {
-public:
+  public:
     Regex(const std::string& pattern, const std::string& where) {
         const std::string p = oniguruma_whitespace(pattern);
         int err = 0;
@@ -180,8 +188,9 @@ public:
         while (start <= s.size()) {
             const auto subject = reinterpret_cast<PCRE2_SPTR>(s.data());
             // NOTE: the subject was validated as UTF-8 once, up front, so PCRE2 need not check it again.
-            const int rc = jit_ ? pcre2_jit_match(code_, subject, s.size(), start, PCRE2_NO_UTF_CHECK, md.get(), nullptr)
-                                : pcre2_match(code_, subject, s.size(), start, PCRE2_NO_UTF_CHECK, md.get(), nullptr);
+            const int rc = jit_
+                               ? pcre2_jit_match(code_, subject, s.size(), start, PCRE2_NO_UTF_CHECK, md.get(), nullptr)
+                               : pcre2_match(code_, subject, s.size(), start, PCRE2_NO_UTF_CHECK, md.get(), nullptr);
             if (rc == PCRE2_ERROR_NOMATCH) return;
             FANOUT_CHECK(rc > 0, "tokenizer: regex match failed with PCRE2 error {}", rc);
             const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
@@ -197,7 +206,7 @@ public:
         }
     }
 
-private:
+  private:
     pcre2_code* code_ = nullptr;
     bool jit_ = false;
 };
@@ -206,6 +215,52 @@ struct AddedToken {
     int32_t id;
     std::string content;
     bool special, lstrip, rstrip, single_word, normalized;
+};
+
+// The added tokens' contents as a byte trie, so that the tokens matching at a position come from one
+// walk of at most the longest token's length, however many share a prefix (DeepSeek-V3's 818 all
+// begin with '<': comparing each in turn took 28 s over 8 MB of '<').
+class AddedTrie {
+  public:
+    // Token k (an index into Impl::added) ends at content's last byte.
+    void insert(std::string_view content, uint32_t k) {
+        uint32_t n = 0;
+        for (const char c : content) {
+            const uint32_t next = child(n, static_cast<uint8_t>(c));
+            if (next != kNone) {
+                n = next;
+                continue;
+            }
+            nodes_.push_back({});
+            nodes_[n].next.emplace_back(static_cast<uint8_t>(c), static_cast<uint32_t>(nodes_.size() - 1));
+            n = static_cast<uint32_t>(nodes_.size() - 1);
+        }
+        nodes_[n].ends.push_back(k);
+    }
+    // path[d]: the node after text[pos, pos + d + 1), for as long as the trie follows the text.
+    void walk(std::string_view text, size_t pos, std::vector<uint32_t>& path) const {
+        path.clear();
+        for (uint32_t n = 0; pos < text.size();) {
+            n = child(n, static_cast<uint8_t>(text[pos++]));
+            if (n == kNone) break;
+            path.push_back(n);
+        }
+    }
+    // The tokens whose content ends at node n, in insertion order.
+    const std::vector<uint32_t>& ends(uint32_t n) const { return nodes_[n].ends; }
+
+  private:
+    static constexpr uint32_t kNone = ~0u;
+    struct Node {
+        std::vector<std::pair<uint8_t, uint32_t>> next;
+        std::vector<uint32_t> ends;
+    };
+    uint32_t child(uint32_t n, uint8_t c) const {
+        for (const auto& [b, to] : nodes_[n].next)
+            if (b == c) return to;
+        return kNone;
+    }
+    std::vector<Node> nodes_ = std::vector<Node>(1);
 };
 
 const json& field(const json& j, const char* key, const std::string& where) {
@@ -217,6 +272,14 @@ std::string string_field(const json& j, const char* key, const std::string& wher
     const json& v = field(j, key, where);
     FANOUT_CHECK(v.is_string(), "{}: field '{}' must be a string, found {}", where, key, describe_json(v));
     return v.get<std::string>();
+}
+
+// An optional boolean field: `fallback` when absent or null, an error naming it when not a boolean.
+bool bool_field(const json& j, const char* key, bool fallback, const std::string& where) {
+    if (!j.is_object() || !j.contains(key) || j[key].is_null()) return fallback;
+    const json& v = j[key];
+    FANOUT_CHECK(v.is_boolean(), "{}: field '{}' must be true or false, found {}", where, key, describe_json(v));
+    return v.get<bool>();
 }
 
 // A token named in tokenizer_config.json: a string or an AddedToken object with "content".
@@ -238,8 +301,8 @@ struct Tokenizer::Impl {
     std::vector<std::string> id_to_token;  // model vocabulary and added tokens
     std::vector<uint8_t> is_special;
     std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges;  // (left, right) -> (rank, merged id)
-    std::vector<AddedToken> added;  // sorted by content length, longest first
-    std::vector<std::vector<uint32_t>> added_by_first_byte = std::vector<std::vector<uint32_t>>(256);  // indices into added
+    std::vector<AddedToken> added;                                     // sorted by content length, longest first
+    AddedTrie added_trie;                                              // indices into added
     std::vector<std::unique_ptr<Regex>> splits;
     int32_t byte_ids[256];
     std::optional<int32_t> bos, eos;
@@ -274,15 +337,16 @@ void parse_pre_tokenizer(const json& p, const std::string& where, std::vector<st
         FANOUT_CHECK(string_field(p, "behavior", where) == "Isolated",
                      "{}: Split behavior '{}' is not supported; fanout implements 'Isolated'", where,
                      string_field(p, "behavior", where));
-        FANOUT_CHECK(!p.value("invert", false), "{}: Split with invert true is not supported", where);
+        FANOUT_CHECK(!bool_field(p, "invert", false, where), "{}: Split with invert true is not supported", where);
         splits.push_back(std::make_unique<Regex>(pat["Regex"].get<std::string>(), where));
     } else if (type == "ByteLevel") {
-        FANOUT_CHECK(!p.value("add_prefix_space", false) && !p.value("use_regex", true),
+        FANOUT_CHECK(!bool_field(p, "add_prefix_space", false, where) && !bool_field(p, "use_regex", true, where),
                      "{}: ByteLevel pre-tokenizer with add_prefix_space or use_regex is not supported (DeepSeek-V3 "
-                     "uses neither)", where);
+                     "uses neither)",
+                     where);
     } else {
-        FANOUT_FAIL("{}: pre-tokenizer type '{}' is not supported; fanout implements Sequence, Split, ByteLevel",
-                    where, type);
+        FANOUT_FAIL("{}: pre-tokenizer type '{}' is not supported; fanout implements Sequence, Split, ByteLevel", where,
+                    type);
     }
 }
 
@@ -292,14 +356,24 @@ Tokenizer Tokenizer::from_json(const std::string& tokenizer_json, const std::str
                                const std::string& label) {
     auto t = std::make_unique<Impl>();
     t->label = label;
-    const json j = parse_json(tokenizer_json, label);
+    const json j = parse_json_bounded(tokenizer_json, label);  // real files nest under 10 levels
     FANOUT_CHECK(j.is_object(), "{}: must be a JSON object", label);
     // The model: byte-level BPE.
     const json& model = field(j, "model", label);
     const std::string mwhere = label + ": model";
     FANOUT_CHECK(string_field(model, "type", mwhere) == "BPE", "{}: type '{}' is not supported; fanout implements BPE",
                  mwhere, string_field(model, "type", mwhere));
-    FANOUT_CHECK(!model.value("byte_fallback", false), "{}: byte_fallback BPE is not supported", mwhere);
+    FANOUT_CHECK(!bool_field(model, "byte_fallback", false, mwhere), "{}: byte_fallback BPE is not supported", mwhere);
+    // Options that change how BPE splits or merges, which fanout does not implement: refused rather
+    // than ignored (DeepSeek-V3 leaves them all null or false).
+    FANOUT_CHECK(!bool_field(model, "ignore_merges", false, mwhere),
+                 "{}: ignore_merges BPE (whole-vocab words before merges) is not supported", mwhere);
+    for (const char* key : {"dropout", "continuing_subword_prefix", "end_of_word_suffix"}) {
+        const json none = key[0] == 'd' ? json(0) : json("");  // what means "off" besides null
+        FANOUT_CHECK(!model.contains(key) || model[key].is_null() || model[key] == none,
+                     "{}: '{}' {} is not supported (fanout implements plain byte-level BPE)", mwhere, key,
+                     describe_json(model[key]));
+    }
     const json& vocab = field(model, "vocab", mwhere);
     FANOUT_CHECK(vocab.is_object(), "{}: 'vocab' must be an object", mwhere);
     for (const auto& [tok, id] : vocab.items()) {
@@ -320,9 +394,13 @@ Tokenizer Tokenizer::from_json(const std::string& tokenizer_json, const std::str
             const json& id = field(a, "id", w);
             FANOUT_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < (1 << 24),
                          "{}: 'id' must be in [0, 2^24), found {}", w, describe_json(id));
-            AddedToken at{id.get<int32_t>(), string_field(a, "content", w), a.value("special", false),
-                          a.value("lstrip", false), a.value("rstrip", false), a.value("single_word", false),
-                          a.value("normalized", false)};
+            AddedToken at{id.get<int32_t>(),
+                          string_field(a, "content", w),
+                          bool_field(a, "special", false, w),
+                          bool_field(a, "lstrip", false, w),
+                          bool_field(a, "rstrip", false, w),
+                          bool_field(a, "single_word", false, w),
+                          bool_field(a, "normalized", false, w)};
             FANOUT_CHECK(!at.content.empty() && utf8_invalid_offset(at.content) == std::string::npos,
                          "{}: 'content' must be non-empty valid UTF-8", w);
             if (static_cast<size_t>(at.id) >= t->id_to_token.size()) t->id_to_token.resize(at.id + 1);
@@ -334,8 +412,7 @@ Tokenizer Tokenizer::from_json(const std::string& tokenizer_json, const std::str
     for (const auto& a : t->added) t->is_special[a.id] = a.special;
     std::stable_sort(t->added.begin(), t->added.end(),
                      [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
-    for (size_t k = 0; k < t->added.size(); ++k)
-        t->added_by_first_byte[static_cast<uint8_t>(t->added[k].content[0])].push_back(static_cast<uint32_t>(k));
+    for (size_t k = 0; k < t->added.size(); ++k) t->added_trie.insert(t->added[k].content, static_cast<uint32_t>(k));
     // Merges: "a b" strings (tokenizers < 0.20) or ["a", "b"] pairs.
     const json& merges = field(model, "merges", mwhere);
     FANOUT_CHECK(merges.is_array(), "{}: 'merges' must be an array", mwhere);
@@ -345,7 +422,8 @@ Tokenizer Tokenizer::from_json(const std::string& tokenizer_json, const std::str
         if (m.is_string()) {
             const std::string s = m.get<std::string>();
             const size_t sp = s.find(' ', 1);
-            FANOUT_CHECK(sp != std::string::npos, "{}: merges[{}] = {} is not 'left right'", mwhere, r, describe_json(m));
+            FANOUT_CHECK(sp != std::string::npos, "{}: merges[{}] = {} is not 'left right'", mwhere, r,
+                         describe_json(m));
             a = s.substr(0, sp);
             b = s.substr(sp + 1);
         } else {
@@ -371,10 +449,10 @@ Tokenizer Tokenizer::from_json(const std::string& tokenizer_json, const std::str
     if (j.contains("normalizer") && !j["normalizer"].is_null()) {
         const json& n = j["normalizer"];
         const std::string type = string_field(n, "type", label + ": normalizer");
-        FANOUT_CHECK(type == "Sequence" && n.contains("normalizers") && n["normalizers"].is_array() &&
-                         n["normalizers"].empty(),
-                     "{}: normalizer {} is not supported; fanout implements none (or an empty Sequence)", label,
-                     describe_json(n));
+        FANOUT_CHECK(
+            type == "Sequence" && n.contains("normalizers") && n["normalizers"].is_array() && n["normalizers"].empty(),
+            "{}: normalizer {} is not supported; fanout implements none (or an empty Sequence)", label,
+            describe_json(n));
     }
     if (j.contains("pre_tokenizer")) parse_pre_tokenizer(j["pre_tokenizer"], label + ": pre_tokenizer", t->splits);
     if (j.contains("decoder") && !j["decoder"].is_null())
@@ -383,12 +461,13 @@ Tokenizer Tokenizer::from_json(const std::string& tokenizer_json, const std::str
                      string_field(j["decoder"], "type", label + ": decoder"));
     // tokenizer_config.json: BOS / EOS, whether to add them, and the chat template.
     if (!config_json.empty()) {
-        const json cfg = parse_json(config_json, "tokenizer_config.json beside " + label);
-        FANOUT_CHECK(cfg.is_object(), "tokenizer_config.json beside {}: must be a JSON object", label);
+        const std::string cwhere = "tokenizer_config.json beside " + label;
+        const json cfg = parse_json_bounded(config_json, cwhere);
+        FANOUT_CHECK(cfg.is_object(), "{}: must be a JSON object", cwhere);
         t->bos_token = config_token(cfg, "bos_token");
         t->eos_token = config_token(cfg, "eos_token");
-        t->add_bos = cfg.value("add_bos_token", false) == true;
-        t->add_eos = cfg.value("add_eos_token", false) == true;
+        t->add_bos = bool_field(cfg, "add_bos_token", false, cwhere);
+        t->add_eos = bool_field(cfg, "add_eos_token", false, cwhere);
         if (cfg.contains("chat_template") && cfg["chat_template"].is_string())
             t->chat_template = cfg["chat_template"].get<std::string>();
     }
@@ -515,17 +594,19 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
         const unsigned char c = static_cast<unsigned char>(text[i]);
         return std::isalnum(c) || c == '_' || c >= 0x80;
     };
+    std::vector<uint32_t> path;  // the trie's nodes along the text from pos
     while (pos < text.size()) {
         const AddedToken* hit = nullptr;
-        for (uint32_t k : t.added_by_first_byte[static_cast<uint8_t>(text[pos])]) {  // longest first
-            const AddedToken& a = t.added[k];
-            if (text.compare(pos, a.content.size(), a.content) != 0) continue;
-            if (a.single_word && ((pos > 0 && is_word_char(pos - 1)) ||
-                                  (pos + a.content.size() < text.size() && is_word_char(pos + a.content.size()))))
-                continue;
-            hit = &a;
-            break;
-        }
+        t.added_trie.walk(text, pos, path);
+        for (size_t d = path.size(); d-- > 0 && hit == nullptr;)  // longest first
+            for (const uint32_t k : t.added_trie.ends(path[d])) {
+                const AddedToken& a = t.added[k];
+                if (a.single_word && ((pos > 0 && is_word_char(pos - 1)) ||
+                                      (pos + a.content.size() < text.size() && is_word_char(pos + a.content.size()))))
+                    continue;
+                hit = &a;
+                break;
+            }
         if (!hit) {
             ++pos;
             continue;

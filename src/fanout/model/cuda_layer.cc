@@ -349,7 +349,8 @@ CudaLayerExec::CudaLayerExec(const io::ModelConfig& c, const ops::RopeTable& rop
         FANOUT_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
         FANOUT_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
     }
-    b.inv_freq = DeviceArray<float>(rope.inv_freq.data(), rope.inv_freq.size());
+    b.inv_freq = DeviceArray<float>(rope.inv_freq.size());
+    b.inv_freq.upload(rope.inv_freq.data(), rope.inv_freq.size(), stream);  // on the layer's stream: ordered
     FANOUT_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 

@@ -317,17 +317,19 @@ struct CudaModel::Impl {
     // Replays the graph of `key`, capturing `body` first when there is none; the step's inputs
     // are already in the fixed arrays.
     void replay(const decltype(graphs)::key_type& key, const std::function<void()>& body) {
-        auto& g = graphs[key];
-        if (g.exec == nullptr) {
+        const auto it = graphs.find(key);
+        if (it == graphs.end()) {
             // The step runs eagerly — cuBLASLt plans and workspaces are created outside the
             // capture — and is then captured, not replayed: every step is exactly one run, so under
-            // expert parallelism each rank takes part in each MoE exchange once per step.
+            // expert parallelism each rank takes part in each MoE exchange once per step. The
+            // graph joins the map only once captured: a failed run or capture leaves no entry.
             body();
             FANOUT_CUDA_CHECK(cudaStreamSynchronize(stream));
-            g.exec = capture_graph(stream, body);
+            const cudaGraphExec_t exec = capture_graph(stream, body);
+            graphs[key].exec = exec;
             return;
         }
-        FANOUT_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));
+        FANOUT_CUDA_CHECK(cudaGraphLaunch(it->second.exec, stream));
     }
     // The model's step of R requests of q tokens from its graph (split at mb: two microbatches).
     void replay_step(int64_t q, int64_t R, int rows_n, bool sample, bool all_rows, bool keep_hidden,
@@ -393,6 +395,10 @@ CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts, cons
     FANOUT_CHECK(opts.max_step_tokens >= 1 && opts.max_requests >= 1 && opts.max_context >= 1,
                  "CudaModel: max_step_tokens {}, max_requests {}, max_context {} must be positive",
                  opts.max_step_tokens, opts.max_requests, opts.max_context);
+    // (the step's sampling rows and sampled tokens are sized by its tokens)
+    FANOUT_CHECK(opts.max_logit_rows <= opts.max_step_tokens,
+                 "CudaModel: max_logit_rows {} exceeds max_step_tokens {}: a step returns at most one row per token",
+                 opts.max_logit_rows, opts.max_step_tokens);
     FANOUT_CHECK(model.weights().parallel.tp == 1,
                  "the GPU runner computes every attention head: tensor-parallel attention (tp {}) runs on the CPU "
                  "path so far",
@@ -440,7 +446,7 @@ CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts, cons
                  opts.ep ? opts.ep->config().world : 0);
     m.w = upload_model_weights(c, model.weights(), progress, &m.upload, opts.mtp_draft_tokens > 0);
     m.cache = DeviceArray<uint8_t>(static_cast<size_t>(m.num_layers_cached()) * m.layer_bytes);
-    FANOUT_CUDA_CHECK(cudaMemset(m.cache.get(), 0, m.cache.size()));
+    FANOUT_CUDA_CHECK(cudaMemsetAsync(m.cache.get(), 0, m.cache.size(), m.stream));
 
     const size_t T = static_cast<size_t>(opts.max_step_tokens), R = static_cast<size_t>(opts.max_requests);
     const size_t D = static_cast<size_t>(c.hidden_size);
@@ -478,7 +484,10 @@ CudaModel::CudaModel(const DeepseekV3& model, const CudaModelOptions& opts, cons
         m.exec_mb->set_expert_parallel(opts.microbatch_ep);
         m.query_start_mb = DeviceArray<int32_t>(R + 1);
     }
-    FANOUT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+    // Everything above complete before the first step, whichever stream enqueued it: the weight
+    // arena's direct writes go through the legacy stream, which the model's non-blocking stream
+    // does not wait for.
+    FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 size_t CudaModel::workspace_bytes(const io::ModelConfig& c, const CudaModelOptions& opts) {

@@ -19,7 +19,12 @@ class DeviceArray {
   public:
     DeviceArray() = default;
     explicit DeviceArray(size_t n) : n_(n) { FANOUT_CUDA_CHECK(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T))); }
-    DeviceArray(const T* host, size_t n) : DeviceArray(n) { upload(host, n); }
+    // A copy of n host elements, complete on return, so that work on any stream may read it (an
+    // upload on the legacy stream is not ordered before a non-blocking stream's kernels).
+    DeviceArray(const T* host, size_t n) : DeviceArray(n) {
+        upload(host, n);
+        FANOUT_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+    }
     // `n` elements at `p` owned elsewhere (a weight in the weight arena): never freed here.
     static DeviceArray view(T* p, size_t n) {
         DeviceArray a;
@@ -41,6 +46,7 @@ class DeviceArray {
     }
     T* get() const { return p_; }
     size_t size() const { return n_; }
+    // Enqueued on `s`: ordered before what `s` runs next, not before other streams' work.
     void upload(const T* host, size_t n, cudaStream_t s = nullptr) {
         FANOUT_CHECK(n <= n_, "device upload of {} elements into {}", n, n_);
         FANOUT_CUDA_CHECK(cudaMemcpyAsync(p_, host, n * sizeof(T), cudaMemcpyHostToDevice, s));

@@ -1,12 +1,14 @@
 // Token sampling: greedy, temperature, top-k, top-p, with a seeded generator per request.
 //
 // logit_bias (OpenAI's, as vLLM applies it) is added to the logits before anything else: the
-// biased logit of token i is logits[i] + bias, in f32. temperature == 0 is greedy (argmax of the
-// biased logits, ties to the lower id). Otherwise the biased logits are divided by the
+// biased logit of token i is logits[i] + bias, in f32. A temperature of 0 — or any below
+// kGreedyTemperature (sampling_cuda.h: 1e-5, as vLLM) — is greedy (argmax of the biased logits,
+// ties to the lower id). Otherwise the biased logits are divided by the
 // temperature, restricted to the top_k most likely (0 = all), then to the smallest set whose
 // probability reaches top_p (1 = all), renormalized and sampled. The generator is a 64-bit
 // Mersenne twister drawing doubles from its top 53 bits, so a seed gives the same tokens on
-// every machine.
+// every machine. Logits must be finite or −∞ (a NaN or +∞ from the model is an error naming the
+// token, as is a row with no finite logit); the GPU sampler does not check.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +16,8 @@
 #include <span>
 #include <utility>
 #include <vector>
+
+#include "fanout/ops/sampling_cuda.h"
 
 namespace fanout::ops {
 

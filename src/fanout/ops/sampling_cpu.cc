@@ -55,7 +55,7 @@ int32_t argmax(const float* logits, int64_t n, std::span<const std::pair<int32_t
 Sampler::Sampler(const SamplingParams& p) : params_(p), rng_(p.seed) { validate_sampling_params(p); }
 
 double Sampler::next_uniform() {
-    if (params_.temperature == 0.0f) return 0.0;
+    if (params_.temperature < kGreedyTemperature) return 0.0;
     return static_cast<double>(rng_() >> 11) * 0x1.0p-53;
 }
 
@@ -64,6 +64,21 @@ int32_t Sampler::sample(const float* logits, int64_t vocab) {
 }
 
 namespace {
+
+bool greedy(const SamplingParams& p) { return p.temperature < kGreedyTemperature; }
+
+// The rule's precondition: no NaN or +∞ (what the model computed went wrong) and at least one
+// finite logit. Unchecked, a NaN breaks the sort's ordering and +∞ makes every weight NaN.
+void check_logits(const float* logits, int64_t vocab) {
+    bool finite = false;
+    for (int64_t i = 0; i < vocab; ++i) {
+        const float l = logits[i];
+        FANOUT_CHECK(!std::isnan(l) && l != INFINITY,
+                     "sample: the logit of token {} is {}: the model's output is not finite", i, l);
+        finite = finite || l != -INFINITY;
+    }
+    FANOUT_CHECK(finite, "sample: every logit of the row is -inf");
+}
 
 // The kept tokens of the rule (sampling.h) with their unnormalized probabilities, in (logit
 // descending, id ascending) order, in v[0, keep); returns keep and their total in *total.
@@ -109,7 +124,8 @@ size_t kept_tokens(const float* logits, int64_t vocab, const SamplingParams& par
 int32_t sample_with_uniform(const float* logits, int64_t vocab, const SamplingParams& params, double uniform,
                             std::vector<std::pair<float, int32_t>>& v) {
     FANOUT_CHECK(vocab > 0, "sample: empty logits");
-    if (params.temperature == 0.0f) return argmax(logits, vocab, params.logit_bias);
+    check_logits(logits, vocab);
+    if (greedy(params)) return argmax(logits, vocab, params.logit_bias);
     double total = 0.0;
     const size_t keep = kept_tokens(logits, vocab, params, v, &total);
     const double u = uniform * total;
@@ -125,7 +141,8 @@ DraftCheck check_draft_with_uniforms(const float* logits, int64_t vocab, const S
                                      double u_accept, double u_residual,
                                      std::vector<std::pair<float, int32_t>>& scratch) {
     FANOUT_CHECK(vocab > 0, "check_draft: empty logits");
-    if (p.temperature == 0.0f) {
+    check_logits(logits, vocab);
+    if (greedy(p)) {
         const int32_t t = argmax(logits, vocab, p.logit_bias);
         return {t, t == draft};
     }

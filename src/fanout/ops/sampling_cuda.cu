@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(kThreads)
         __syncthreads();  // after this, every thread reads the biased row
     }
     // The argmax (ties to the lower id): the greedy answer, and the max for the probabilities.
-    const bool greedy = p.temperature == 0.0f;
+    const bool greedy = p.temperature < kGreedyTemperature;
     float bv = -INFINITY;
     int bi = vocab;
     for (int i = threadIdx.x; i < vocab; i += kThreads) {

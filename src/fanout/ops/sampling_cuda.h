@@ -15,6 +15,11 @@ struct LogitBias {
     float bias = 0.0f;
 };
 
+// A temperature below this is greedy, on the CPU and the GPU alike (vLLM's _SAMPLING_EPS): a
+// logit divided by less can overflow f32 (a temperature of 1e-38 turned every logit into ±inf and
+// the CPU's draw into NaNs, which picked the least likely token).
+inline constexpr float kGreedyTemperature = 1e-5f;
+
 // One row's parameters as the device reads them (SamplingParams without the seed, plus the draw).
 // The row's logit_bias is entries [bias_begin, bias_begin + bias_count) of the step's LogitBias
 // array: a step uploads all its rows' biases as one array, so a graph reads them at fixed addresses.
