@@ -60,10 +60,9 @@ constexpr Shape kShapes[8] = {
     {7168, 18432, "dense down", {0, 0, 0, 0, 0}, false},
 };
 
-// The seed's grouped operating points: DeepGEMM masked on this H200
-// (../shared/bench/anchors/deepgemm_vs_cublaslt_h200.json), gate/up then down.
-// The DeepGEMM anchors (../shared/bench/anchors/deepgemm_vs_cublaslt_h200.json) and the rows they
-// ran on: each group's count drawn in [0.7, 1.3] × expected, valid_m in all.
+// The seed's grouped operating points: DeepGEMM masked on an H200
+// (../shared/bench/anchors/deepgemm_vs_cublaslt_h200.json), gate/up then down, and the rows it ran
+// on (each group's count drawn in [0.7, 1.3] × expected, valid_m in all).
 struct GroupedPoint {
     int ep;
     double deepgemm_us[2];

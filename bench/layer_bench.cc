@@ -102,7 +102,6 @@ std::map<std::string, Cost> layer_costs(const io::ModelConfig& c, double R, doub
         k["grouped_gate_up"] = {active * 2 * Ie * D + EL * (m * D + m * 2 * Ie * 2), EL * 2 * m * 2 * Ie * D};
         k["grouped_silu_quant"] = {EL * m * Ie * 5, 0};
         k["grouped_down"] = {active * D * Ie + EL * (m * Ie + m * D * 2), EL * 2 * m * D * Ie};
-        k["combine_add"] = {T * D * 6, 0};
     }
     return k;
 }

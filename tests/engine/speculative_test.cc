@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <limits>
 
 #include "engine_test_util.h"
 #include "fake_rank_runner.h"
@@ -196,6 +197,44 @@ TEST(Speculative, DpRanksDraftInLockstepAndGreedyIsUnchanged) {
     group->stop();
     EXPECT_EQ(group->failure(), "");
     std::filesystem::remove_all(dir);
+}
+
+// Under MTP on the host, a request whose logits the sampler refuses (NaN) fails alone: the other
+// requests' tokens, drafts and acceptance are those of a run without it.
+TEST(Speculative, ARequestWhoseLogitsAreNotFiniteFailsAlone) {
+    struct NanMtpRunner : FakeMtpRunner {
+        NanMtpRunner() : FakeMtpRunner(Drafts::kAlternate) {}
+        Tensor forward(const model::StepBatch& b, kv::PagedKvCache& cache) override {
+            Tensor logits = FakeMtpRunner::forward(b, cache);
+            for (size_t i = 0; i < b.logit_rows.size(); ++i) {  // the bad prompt's rows: 48 at positions 0..2
+                const size_t r = static_cast<size_t>(b.logit_rows[i]);
+                if (b.tokens[r] == 48 && b.positions[r] <= 2)
+                    logits.data_as<float>()[i * V + 7] = std::numeric_limits<float>::quiet_NaN();
+            }
+            return logits;
+        }
+    };
+    const std::vector<RequestParams> good = {request(3, 30), request(4, 25)};
+    const SpecRun alone = run_fake(FakeMtpRunner::Drafts::kAlternate, 2, good);
+    EngineConfig cfg;
+    cfg.num_kv_blocks = 256;
+    cfg.scheduler = {8, 64, 16};
+    cfg.mtp_draft_tokens = 2;
+    Engine engine(std::make_unique<NanMtpRunner>(), nullptr, cfg);
+    RequestParams bad = request(0, 20);
+    bad.prompt = {48, 48, 48};
+    auto h0 = engine.submit(good[0]), hb = engine.submit(bad), h1 = engine.submit(good[1]);
+    engine.start();
+    std::string reason;
+    const std::vector<int32_t> out0 = drain(*h0);
+    drain(*hb, &reason);
+    const std::vector<int32_t> out1 = drain(*h1);
+    engine.stop();
+    EXPECT_EQ(reason, "error");
+    EXPECT_EQ(out0, alone.outputs[0]);
+    EXPECT_EQ(out1, alone.outputs[1]);
+    EXPECT_EQ(engine.stats().requests_failed, 1);
+    EXPECT_GT(engine.stats().accepted_draft_tokens, 0);
 }
 
 TEST(Speculative, BadConfigurationsAreRefusedNamingWhy) {

@@ -134,7 +134,8 @@ TEST(Tokenizer, AddedTokensHonourStripsAndSingleWord) {
 
 // Added tokens sharing long prefixes (as DeepSeek-V3's, which all begin with '<'): the longest
 // that matches wins, a prefix of a longer token matches on its own, duplicates keep the file's
-// first, and text full of their first byte tokenizes as plain text around them.
+// first, and 200 KB of their shared first byte (each '<' the single_word token: no word character
+// beside it) tokenizes in one pass.
 TEST(Tokenizer, AddedTokensWithSharedPrefixesMatchLongestFirst) {
     json added = json::array();
     for (int i = 0; i < 40; ++i) added.push_back({{"id", 300 + i}, {"content", "<pad_" + std::to_string(i) + ">"}});

@@ -1,7 +1,9 @@
 #include "fanout/engine/engine.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <map>
 
 namespace fanout::engine {
 
@@ -309,6 +311,13 @@ void Engine::finish(Active& a, const std::string& reason, std::vector<int32_t> t
     active_.erase(id);
 }
 
+void Engine::fail(Active& a, const std::string& why) {
+    std::fprintf(stderr, "engine: request %lld failed: %s\n", static_cast<long long>(a.seq->id), why.c_str());
+    finish(a, "error");
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    ++stats_.requests_failed;
+}
+
 // A new token: stop conditions first, then the text it adds (minus what a stop string may claim).
 void Engine::postprocess(Active& a, int32_t token) {
     Sequence& seq = *a.seq;
@@ -426,8 +435,14 @@ bool Engine::step() {
         for (const auto& s : work) {
             if (!s.wants_logits) continue;
             Active& a = *active_.at(s.seq->id);
-            postprocess(a, a.sampler->sample(logits.data_as<float>() + row * V, V));
-            ++row;
+            int32_t token = 0;
+            try {  // a row the sampler refuses fails its own request, not the step
+                token = a.sampler->sample(logits.data_as<float>() + row++ * V, V);
+            } catch (const Error& e) {
+                fail(a, e.what());
+                continue;
+            }
+            postprocess(a, token);
         }
     }
     publish_gauges();
@@ -464,7 +479,8 @@ void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::Step
         }
         append_bias(bias, sampler);
     }
-    std::vector<int32_t> picked;  // one token per logit row
+    std::vector<int32_t> picked;            // one token per logit row
+    std::map<int64_t, std::string> failed;  // requests whose rows the sampler refused, and why
     const auto t0 = clock_type::now();
     if (runner_->samples_on_device()) {
         picked = runner_->forward_sample(batch, cache_, sampling, bias);
@@ -478,10 +494,18 @@ void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::Step
             if (!s.wants_logits) continue;
             ops::Sampler& sampler = *active_.at(s.seq->id)->sampler;
             const int64_t drafts = s.start + s.num_tokens - s.seq->total_len();
-            for (int64_t j = 0; j <= drafts; ++j, ++row)
-                picked.push_back(sampler.pick(logits.data_as<float>() + static_cast<int64_t>(row) * V, V,
-                                              sampling[row].uniform, sampling[row].draft,
-                                              sampling[row].uniform_residual));
+            const size_t first = picked.size();
+            try {
+                for (int64_t j = 0; j <= drafts; ++j, ++row)
+                    picked.push_back(sampler.pick(logits.data_as<float>() + static_cast<int64_t>(row) * V, V,
+                                                  sampling[row].uniform, sampling[row].draft,
+                                                  sampling[row].uniform_residual));
+            } catch (const Error& e) {  // fails this request after the commit; -1 rejects its first draft
+                failed.emplace(s.seq->id, e.what());
+                row = first + static_cast<size_t>(drafts) + 1;
+                picked.resize(first);
+                picked.resize(row, -1);
+            }
         }
     }
     struct Result {
@@ -522,12 +546,17 @@ void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::Step
         seq.draft.clear();
     }
     scheduler_.commit(work);
-    for (size_t i = 0; i < work.size(); ++i)
+    for (size_t i = 0; i < work.size(); ++i) {
+        if (const auto f = failed.find(results[i].id); f != failed.end()) {
+            fail(*active_.at(f->first), f->second);
+            continue;
+        }
         for (int32_t t : results[i].tokens) {
             const auto it = active_.find(results[i].id);
             if (it == active_.end()) break;  // finished on an earlier token
             postprocess(*it->second, t);
         }
+    }
     {
         std::lock_guard<std::mutex> lock(stats_mutex_);
         stats_.draft_tokens += drafted;

@@ -378,6 +378,9 @@ class Engine : public RequestService {
     // requests into mha_steps / mha_requests, under one lock.
     void forward_done(std::chrono::steady_clock::time_point t0);
     void finish(Active& a, const std::string& reason, std::vector<int32_t> tokens = {});
+    // Ends one request with "error" after its own failure (its logits could not be sampled: the
+    // model gave NaN or +inf), logging why; the step's other requests go on.
+    void fail(Active& a, const std::string& why);
     void emit(Active& a, std::string text, std::vector<int32_t> tokens, bool finished, const std::string& reason);
 
     std::unique_ptr<ModelRunner> runner_;
