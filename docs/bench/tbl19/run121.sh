@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Twenty-fourth session, one H200, the session's final code: every GPU suite (new:
+# Twenty-fourth session, the session's code (run121: one H100, 0abeac6): every GPU suite (new:
 # CudaCheck.AFailureIsReportedOnceByTheCallThatFailed, CudaModel.ALargeCacheIsReadyBeforeTheFirstStep,
 # SamplingCuda.MatchesCpuRule with a temperature too small to divide by); item 1's and item 2's
 # tables (`bench kernels`, dense and grouped); `bench mla` (head-major, the layer's layout) beside
