@@ -81,5 +81,28 @@ TEST(KvEvents, ASubscriberBehindTheLogStartsOverAndCloseWakesWaiters) {
     closer.join();
 }
 
+// Changes trimmed from the log while a subscriber waits are not lost: the wait's answer is a reset
+// then. Before, the subscriber got the entries that survived and silently missed the others.
+TEST(KvEvents, ChangesTrimmedDuringTheWaitGiveAReset) {
+    KvEventHub hub(2);
+    hub.publish({1}, {});
+    std::thread publisher([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        for (uint64_t h = 2; h <= 11; ++h) hub.publish({h}, {});  // under one lock each: the waiter wakes late
+    });
+    // Waits after the first change (state 2); when it runs again the log may hold only the last two.
+    const KvEventHub::Batch b = hub.next(2, std::chrono::seconds(5));
+    publisher.join();
+    // Either it woke before the burst was trimmed (every change since 1, in order) or it got a reset.
+    if (!b.changes.empty() && !b.changes[0].reset) {
+        std::vector<uint64_t> got;
+        for (const auto& c : b.changes) got.insert(got.end(), c.stored.begin(), c.stored.end());
+        for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], i + 2) << "a change was skipped";
+    } else {
+        ASSERT_FALSE(b.changes.empty());
+        EXPECT_TRUE(b.changes[0].reset);
+    }
+}
+
 }  // namespace
 }  // namespace fanout::engine

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 
 #include "test_util.h"
 
@@ -226,6 +227,12 @@ TEST(Placer, DivergingLoadsStillWinOverAPendingPrefix) {
 TEST(Placer, BadConfigsAreRefusedNamingTheField) {
     EXPECT_THAT(error_of([] { Placer({"random", 1.0, 8}, 2); }), HasSubstr("policy 'random'"));
     EXPECT_THAT(error_of([] { Placer({"prefix", -1.0, 8}, 2); }), HasSubstr("load weight"));
+    // inf · 0 requests made an idle target's cost NaN, and NaN ties with every cost
+    EXPECT_THAT(error_of([] {
+                    Placer({"prefix", std::numeric_limits<double>::infinity(), 8}, 2);
+                }),
+                HasSubstr("finite"));
+    EXPECT_THAT(error_of([] { Placer({"prefix", std::nan(""), 8}, 2); }), HasSubstr("load weight"));
     EXPECT_THAT(error_of([] { Placer({"prefix", 1.0, -2}, 2); }), HasSubstr("balance slack"));
     EXPECT_THAT(error_of([] { Placer({"prefix", 1.0, 8, -0.5}, 2); }), HasSubstr("pending TTL"));
     EXPECT_THAT(error_of([] { Placer({"prefix", 1.0, 8, NAN}, 2); }), HasSubstr("pending TTL"));

@@ -46,6 +46,18 @@ TEST(PagedKvCache, SlotsFollowTheBlockTable) {
     EXPECT_EQ(cache.allocator().num_free(), 5);
 }
 
+// A position's slot is an int32: a cache past 2^31 positions is refused before anything is
+// allocated (past 2^25 blocks of 64 the slots went negative; past 2^26 they wrapped onto other
+// sequences' entries).
+TEST(PagedKvCache, MoreSlotsThanAnInt32HoldsAreRefused) {
+    const std::string msg = fanout::testing::error_of([] {
+        PagedKvCache({1, 5, 64, (int64_t{1} << 25) + 1, DType::kF32});
+    });
+    EXPECT_NE(msg.find("2^31 cache slots"), std::string::npos) << msg;
+    PagedKvCache ok({1, 5, 64, 1000, DType::kF32});
+    EXPECT_EQ(ok.allocator().num_free(), 1000);
+}
+
 // Each dtype's entry bytes, and layers laid out that many bytes per slot apart: f32, bf16, and the
 // FP8 entry (e4m3 latent, an f32 scale per 128 values, bf16 rope) — 656 bytes at V3's widths, 57%
 // of bf16's 1,152. FP8 widths the entry cannot hold, and unknown names, are refused by name.

@@ -15,7 +15,8 @@ constexpr double kMaxPendingTtl = 3600;  // seconds; past it a placement's guess
 void validate(const PlacementConfig& c) {
     FANOUT_CHECK(c.policy == "prefix" || c.policy == "least-load" || c.policy == "round-robin",
                  "placement policy '{}' is not prefix, least-load or round-robin", c.policy);
-    FANOUT_CHECK(c.load_weight >= 0, "placement: load weight must be >= 0, got {}", c.load_weight);
+    FANOUT_CHECK(std::isfinite(c.load_weight) && c.load_weight >= 0,
+                 "placement: load weight must be a finite number >= 0, got {}", c.load_weight);
     FANOUT_CHECK(c.balance_slack >= 0, "placement: balance slack must be >= 0, got {}", c.balance_slack);
     FANOUT_CHECK(std::isfinite(c.pending_ttl) && c.pending_ttl >= 0 && c.pending_ttl <= kMaxPendingTtl,
                  "placement: pending TTL must be 0 to {} seconds, got {}", kMaxPendingTtl, c.pending_ttl);

@@ -39,12 +39,25 @@ int64_t KvCacheConfig::entry_bytes() const {
     return bytes;
 }
 
-PagedKvCache::PagedKvCache(const KvCacheConfig& config) : config_(config), allocator_(config.num_blocks) {
+namespace {
+
+// The config's block count, checked before anything is allocated for it.
+int64_t checked_blocks(const KvCacheConfig& config) {
     FANOUT_CHECK(config.num_layers >= 0 && config.entry_dim > 0 && config.block_size > 0 && config.kv_lora >= 0 &&
                      config.kv_lora < config.entry_dim,
                  "kv cache: layers={} entry_dim={} kv_lora={} block_size={} must be positive (layers and kv_lora may "
                  "be 0; kv_lora < entry_dim)",
                  config.num_layers, config.entry_dim, config.kv_lora, config.block_size);
+    // A position's slot (block · block_size + offset) is an int32 in the step's metadata.
+    FANOUT_CHECK(config.num_blocks <= (int64_t{1} << 31) / config.block_size,
+                 "kv cache: {} blocks of {} positions pass the 2^31 cache slots a step can address", config.num_blocks,
+                 config.block_size);
+    return config.num_blocks;
+}
+
+}  // namespace
+
+PagedKvCache::PagedKvCache(const KvCacheConfig& config) : config_(config), allocator_(checked_blocks(config)) {
     storage_ =
         Tensor::zeros({config.num_layers, config.num_blocks, config.block_size, config.entry_bytes()}, DType::kU8);
 }
