@@ -363,12 +363,12 @@ int run_layer_bench(const LayerBenchOptions& opts) {
     };
 
     // One JSON point: the layer at `ep` (0: dense) for `batch` requests per GPU, m tokens per local
-    // expert; `comm` says what dispatch and combine were.
-    const auto add_point = [&](const Timing& t, int ep, int batch, int T, int m, int64_t local,
-                               const std::string& comm) {
+    // expert; `comm` says what dispatch and combine were, `emulated` whether the emulated backend
+    // (every local expert receiving m rows) stood in for them.
+    const auto add_point = [&](const Timing& t, int ep, int batch, int T, int m, int64_t local, const std::string& comm,
+                               bool emulated) {
         nlohmann::json kernels, floors;
-        const auto costs =
-            layer_costs(c, batch, T, opts.kv_len, ep, m, entry_bytes, comm == "not included", opts.decodes, opts.mha);
+        const auto costs = layer_costs(c, batch, T, opts.kv_len, ep, m, entry_bytes, emulated, opts.decodes, opts.mha);
         double grouped = 0;  // the two grouped GEMMs (not the activation between them), as the anchors count
         for (size_t i = 0; i < t.names.size(); ++i) {
             kernels[t.names[i]] = t.us[i];
@@ -430,7 +430,7 @@ int run_layer_bench(const LayerBenchOptions& opts) {
             }
             Timing t = time_layer(exec, w, st, rig.hidden.get(), rig.pristine.get(),
                                   static_cast<size_t>(st.T * c.hidden_size), rig.latent(), opts.replays, s);
-            add_point(t, moe ? ep : 0, b, st.T, m, local, "not included");
+            add_point(t, moe ? ep : 0, b, st.T, m, local, "not included", true);
             rows.emplace_back(b, std::move(t));
         }
         const std::string mixed =
@@ -580,7 +580,7 @@ int run_layer_bench(const LayerBenchOptions& opts) {
             for (const auto& rank : per_rank) slowest = std::max(slowest, rank[i].second.total_us);
             const int m = std::max(
                 1, static_cast<int>(std::ceil(double(b) * q * c.num_experts_per_tok * world / c.n_routed_experts)));
-            add_point(t, world, b, b * q, m, local, comm::gpu_backend_name(backend));
+            add_point(t, world, b, b * q, m, local, comm::gpu_backend_name(backend), false);
             points.back()["slowest_rank_total_us"] = slowest;
         }
         report(fmt::format("MoE layer, EP{} with {} dispatch and combine across {} GPU(s) ({} local experts; rank 0)",

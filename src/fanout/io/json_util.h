@@ -44,6 +44,15 @@ inline std::string describe_json(const nlohmann::json& v) {
     return s;
 }
 
+// An optional boolean field of object j: `fallback` when absent or null, an Error naming `where`
+// and the key when it holds another type.
+inline bool optional_bool(const nlohmann::json& j, const char* key, bool fallback, const std::string& where) {
+    if (!j.is_object() || !j.contains(key) || j.at(key).is_null()) return fallback;
+    const nlohmann::json& v = j.at(key);
+    FANOUT_CHECK(v.is_boolean(), "{}: field '{}' must be true or false, found {}", where, key, describe_json(v));
+    return v.get<bool>();
+}
+
 // Parses JSON text; malformed text is an Error "<label>: not valid JSON: <why>".
 inline nlohmann::json parse_json(std::string_view text, const std::string& label) {
     try {

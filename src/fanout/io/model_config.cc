@@ -64,12 +64,7 @@ class FieldReader {
         return d;
     }
     double number(const char* key, double fallback) const { return has(key) ? number(key) : fallback; }
-    bool boolean(const char* key, bool fallback) const {
-        if (!has(key)) return fallback;
-        const json& v = j_.at(key);
-        FANOUT_CHECK(v.is_boolean(), "{}: field '{}' must be true or false, found {}", where_, key, describe_json(v));
-        return v.get<bool>();
-    }
+    bool boolean(const char* key, bool fallback) const { return optional_bool(j_, key, fallback, where_); }
     std::string string(const char* key, const std::string& fallback) const {
         if (!has(key)) return fallback;
         const json& v = j_.at(key);

@@ -274,14 +274,6 @@ std::string string_field(const json& j, const char* key, const std::string& wher
     return v.get<std::string>();
 }
 
-// An optional boolean field: `fallback` when absent or null, an error naming it when not a boolean.
-bool bool_field(const json& j, const char* key, bool fallback, const std::string& where) {
-    if (!j.is_object() || !j.contains(key) || j[key].is_null()) return fallback;
-    const json& v = j[key];
-    FANOUT_CHECK(v.is_boolean(), "{}: field '{}' must be true or false, found {}", where, key, describe_json(v));
-    return v.get<bool>();
-}
-
 // A token named in tokenizer_config.json: a string or an AddedToken object with "content".
 std::string config_token(const json& cfg, const char* key) {
     if (!cfg.is_object() || !cfg.contains(key) || cfg[key].is_null()) return "";
@@ -337,10 +329,10 @@ void parse_pre_tokenizer(const json& p, const std::string& where, std::vector<st
         FANOUT_CHECK(string_field(p, "behavior", where) == "Isolated",
                      "{}: Split behavior '{}' is not supported; fanout implements 'Isolated'", where,
                      string_field(p, "behavior", where));
-        FANOUT_CHECK(!bool_field(p, "invert", false, where), "{}: Split with invert true is not supported", where);
+        FANOUT_CHECK(!optional_bool(p, "invert", false, where), "{}: Split with invert true is not supported", where);
         splits.push_back(std::make_unique<Regex>(pat["Regex"].get<std::string>(), where));
     } else if (type == "ByteLevel") {
-        FANOUT_CHECK(!bool_field(p, "add_prefix_space", false, where) && !bool_field(p, "use_regex", true, where),
+        FANOUT_CHECK(!optional_bool(p, "add_prefix_space", false, where) && !optional_bool(p, "use_regex", true, where),
                      "{}: ByteLevel pre-tokenizer with add_prefix_space or use_regex is not supported (DeepSeek-V3 "
                      "uses neither)",
                      where);
@@ -363,17 +355,20 @@ Tokenizer Tokenizer::from_json(const std::string& tokenizer_json, const std::str
     const std::string mwhere = label + ": model";
     FANOUT_CHECK(string_field(model, "type", mwhere) == "BPE", "{}: type '{}' is not supported; fanout implements BPE",
                  mwhere, string_field(model, "type", mwhere));
-    FANOUT_CHECK(!bool_field(model, "byte_fallback", false, mwhere), "{}: byte_fallback BPE is not supported", mwhere);
+    FANOUT_CHECK(!optional_bool(model, "byte_fallback", false, mwhere), "{}: byte_fallback BPE is not supported",
+                 mwhere);
     // Options that change how BPE splits or merges, which fanout does not implement: refused rather
     // than ignored (DeepSeek-V3 leaves them all null or false).
-    FANOUT_CHECK(!bool_field(model, "ignore_merges", false, mwhere),
+    FANOUT_CHECK(!optional_bool(model, "ignore_merges", false, mwhere),
                  "{}: ignore_merges BPE (whole-vocab words before merges) is not supported", mwhere);
-    for (const char* key : {"dropout", "continuing_subword_prefix", "end_of_word_suffix"}) {
-        const json none = key[0] == 'd' ? json(0) : json("");  // what means "off" besides null
-        FANOUT_CHECK(!model.contains(key) || model[key].is_null() || model[key] == none,
+    const std::pair<const char*, json> unsupported[] = {// each option and its "off" value besides null
+                                                        {"dropout", 0},
+                                                        {"continuing_subword_prefix", ""},
+                                                        {"end_of_word_suffix", ""}};
+    for (const auto& [key, off] : unsupported)
+        FANOUT_CHECK(!model.contains(key) || model[key].is_null() || model[key] == off,
                      "{}: '{}' {} is not supported (fanout implements plain byte-level BPE)", mwhere, key,
                      describe_json(model[key]));
-    }
     const json& vocab = field(model, "vocab", mwhere);
     FANOUT_CHECK(vocab.is_object(), "{}: 'vocab' must be an object", mwhere);
     for (const auto& [tok, id] : vocab.items()) {
@@ -396,11 +391,11 @@ Tokenizer Tokenizer::from_json(const std::string& tokenizer_json, const std::str
                          "{}: 'id' must be in [0, 2^24), found {}", w, describe_json(id));
             AddedToken at{id.get<int32_t>(),
                           string_field(a, "content", w),
-                          bool_field(a, "special", false, w),
-                          bool_field(a, "lstrip", false, w),
-                          bool_field(a, "rstrip", false, w),
-                          bool_field(a, "single_word", false, w),
-                          bool_field(a, "normalized", false, w)};
+                          optional_bool(a, "special", false, w),
+                          optional_bool(a, "lstrip", false, w),
+                          optional_bool(a, "rstrip", false, w),
+                          optional_bool(a, "single_word", false, w),
+                          optional_bool(a, "normalized", false, w)};
             FANOUT_CHECK(!at.content.empty() && utf8_invalid_offset(at.content) == std::string::npos,
                          "{}: 'content' must be non-empty valid UTF-8", w);
             if (static_cast<size_t>(at.id) >= t->id_to_token.size()) t->id_to_token.resize(at.id + 1);
@@ -466,8 +461,8 @@ Tokenizer Tokenizer::from_json(const std::string& tokenizer_json, const std::str
         FANOUT_CHECK(cfg.is_object(), "{}: must be a JSON object", cwhere);
         t->bos_token = config_token(cfg, "bos_token");
         t->eos_token = config_token(cfg, "eos_token");
-        t->add_bos = bool_field(cfg, "add_bos_token", false, cwhere);
-        t->add_eos = bool_field(cfg, "add_eos_token", false, cwhere);
+        t->add_bos = optional_bool(cfg, "add_bos_token", false, cwhere);
+        t->add_eos = optional_bool(cfg, "add_eos_token", false, cwhere);
         if (cfg.contains("chat_template") && cfg["chat_template"].is_string())
             t->chat_template = cfg["chat_template"].get<std::string>();
     }
