@@ -121,5 +121,25 @@ TEST(GemmConfig, TheTableNamesOnlyTilesThatExist) {
             }
 }
 
+// The masked grouped GEMM's default at the seed's decode points (expected tokens per expert at
+// batch 128 × query 2, top-8 of 256): 256-wide tiles at EP8/EP16, 128-wide at EP32/EP64, pairs in
+// clusters from EP128 on, and always a tile the grouped layouts are built for.
+TEST(GemmConfig, MaskedGroupedTilesFollowTheExpectedTokens) {
+    const auto is = [](GemmConfig c, int bm, int bn, int cluster) {
+        return c.block_m == bm && c.block_n == bn && c.splits == 1 && c.cluster == cluster && !c.cublaslt;
+    };
+    EXPECT_TRUE(is(pick_grouped_masked_config(64), 128, 256, 1));    // EP8
+    EXPECT_TRUE(is(pick_grouped_masked_config(128), 128, 256, 1));   // EP16
+    EXPECT_TRUE(is(pick_grouped_masked_config(256), 128, 128, 1));   // EP32
+    EXPECT_TRUE(is(pick_grouped_masked_config(512), 128, 128, 1));   // EP64
+    EXPECT_TRUE(is(pick_grouped_masked_config(1023), 128, 128, 1));  // just under
+    EXPECT_TRUE(is(pick_grouped_masked_config(1024), 128, 128, 2));  // EP128
+    EXPECT_TRUE(is(pick_grouped_masked_config(2048), 128, 128, 2));  // EP256
+    for (int m : {0, 1, 129, 1 << 20}) {
+        const GemmConfig c = pick_grouped_masked_config(m);
+        EXPECT_TRUE(gemm_fp8_tile_exists(c.block_m, c.block_n, false)) << m;
+    }
+}
+
 }  // namespace
 }  // namespace fanout::ops

@@ -60,6 +60,9 @@ std::string gemm_fp8_tile_list(bool dense);
 // The measured choice for a dense shape on a GPU with `num_sms` multiprocessors; splits > 1 only
 // when `split_k_allowed` (a GemmWorkspace is at hand).
 GemmConfig pick_gemm_config(int M, int N, int K, int num_sms, bool split_k_allowed);
+// The masked grouped GEMM's tile for `expected_m` tokens per expert (grouped_gemm_cuda.h; the
+// counts themselves are only on the device).
+GemmConfig pick_grouped_masked_config(int expected_m);
 // The order the quantization in front of a dense FP8 GEMM should write x's scales in: M-major where
 // the table runs cuBLASLt, row-major where it runs the tile kernel — each kernel's own order, so
 // neither needs a transpose. Either order gives the same result; the other one costs a launch.

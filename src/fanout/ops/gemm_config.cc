@@ -94,6 +94,20 @@ GemmConfig pick_gemm_config(int M, int N, int K, int num_sms, bool split_k_allow
     return c;
 }
 
+// Measured on H200 at the EP8..EP128 decode points with the DeepGEMM anchors' rows (docs/PERF.md):
+// 256-wide tiles while experts get up to ~128 tokens (memory-bound), 128-wide beyond (~6% faster
+// at EP32..EP128). From 1,024 tokens per expert (EP128 and up: eight or more row blocks, so pairs
+// rarely hold an empty block) in cluster pairs that multicast their W tile: the EP128 gate+up
+// projection 125.9-126.0 against 136.3-136.7 µs, the down projection 70.8-71.0 against 71.8-72.2
+// (H100: 135 against 162 for gate+up); the EP128 layer, whose counts sit at the mean, unchanged
+// (PERF.md, twenty-fifth session). Pairs lose where an expert's last row block is often alone
+// (EP64, ~533 tokens: 162-166 against 134 µs). 192-row tiles win the EP64/EP128 down projection in
+// `bench kernels` (~1,200 tokens per expert: 68-71 µs against 71-74) but lose it inside the layer
+// (1,024 each: 73.3 against 62.1 µs), so they stay out of the default (PERF.md, 2026-12-03).
+GemmConfig pick_grouped_masked_config(int expected_m) {
+    return {128, expected_m <= 128 ? 256 : 128, 1, expected_m >= 1024 ? 2 : 1};
+}
+
 bool gemm_fp8_tile_exists(int block_m, int block_n, bool dense) {
     return std::any_of(std::begin(kGemmFp8Tiles), std::end(kGemmFp8Tiles), [&](const GemmFp8Tile& t) {
         return t.block_m == block_m && t.block_n == block_n && (dense || !t.dense_only);

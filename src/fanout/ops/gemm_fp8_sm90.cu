@@ -1019,12 +1019,7 @@ void launch_grouped_gemm_fp8_masked(const uint8_t* x, const float* sx, const int
     FANOUT_DEVICE_REQUIRE(num_experts <= kMaxExperts, "grouped_gemm_fp8_masked: at most " +
                                                           std::to_string(kMaxExperts) + " experts, got " +
                                                           std::to_string(num_experts));
-    // Measured on H200 at the EP8..EP128 decode points (docs/PERF.md): 256-wide tiles while experts
-    // get up to ~128 tokens (memory-bound), 128-wide beyond (~6% faster at EP32..EP128). 192-row
-    // tiles win the EP128 down projection in `bench kernels` (~1,200 tokens per expert: 71-74 µs
-    // against 74-76) but lose it inside the layer (1,024 each: 73.3 against 62.1 µs), so they stay
-    // out of the default (PERF.md, 2026-12-03).
-    if (cfg.block_m == 0) cfg = {128, expected_m <= 128 ? 256 : 128, 1, 1};
+    if (cfg.block_m == 0) cfg = pick_grouped_masked_config(expected_m);
     check_config(cfg, Layout::kMasked, "grouped_gemm_fp8_masked");
     Params p = base_params(sx, sw, y, max_m, N, K, cfg.block_n);
     p.counts = counts;
