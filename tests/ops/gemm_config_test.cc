@@ -130,6 +130,7 @@ TEST(GemmConfig, MaskedGroupedTilesFollowTheExpectedTokens) {
     };
     EXPECT_TRUE(is(pick_grouped_masked_config(64), 128, 256, 1));    // EP8
     EXPECT_TRUE(is(pick_grouped_masked_config(128), 128, 256, 1));   // EP16
+    EXPECT_TRUE(is(pick_grouped_masked_config(129), 128, 128, 1));   // just over
     EXPECT_TRUE(is(pick_grouped_masked_config(256), 128, 128, 1));   // EP32
     EXPECT_TRUE(is(pick_grouped_masked_config(512), 128, 128, 1));   // EP64
     EXPECT_TRUE(is(pick_grouped_masked_config(1023), 128, 128, 1));  // just under

@@ -555,31 +555,41 @@ TEST(GroupedGemmFp8Cuda, MaskedMatchesCpuReferenceAndReplaysInAGraph) {
 
 // The small widths of tiny models and per-head batched GEMMs: K below one 128-block (32, 64, 96)
 // and N below one tile — k_b (N = kv_lora, K = nope), v_b (N = v, K = kv_lora), expert down.
+// Narrow N and K, and groups of fewer than 128 rows: with the default (one CTA per tile) and in
+// cluster pairs, whose second CTA's x box lies past the last expert's rows, wholly or in part (TMA
+// fills zeros there; nothing of it may be stored).
 TEST(GroupedGemmFp8Cuda, MaskedSmallWidths) {
     REQUIRE_GPU();
     ThreadPool pool(0);
-    for (auto [E, max_m, N, K] : {std::tuple{4, 70, 64, 32}, {4, 70, 32, 64}, {16, 9, 256, 96}, {16, 9, 192, 256}}) {
-        const Fp8Operands o(int64_t(E) * max_m, N, K, 91 + K, E);
-        DeviceFp8 d(o);
-        std::vector<int32_t> counts;
-        for (int e = 0; e < E; ++e) counts.push_back((e * 37 + 5) % (max_m + 1));
-        DeviceBuffer<int32_t> dcounts(E);
-        dcounts.upload(counts.data());
-        DeviceBuffer<uint16_t> dy(size_t(E) * max_m * N);
-        dy.poison();
-        launch_grouped_gemm_fp8_masked(d.x.ptr, d.sx.ptr, dcounts.ptr, E, max_m, d.w.ptr, d.sw.ptr, N, K, dy.ptr, max_m,
-                                       nullptr);
-        FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
-        std::vector<uint16_t> got(size_t(E) * max_m * N);
-        dy.download(got.data());
-        for (int e = 0; e < E; ++e) {
-            if (counts[e] == 0) continue;
-            std::vector<float> ref(size_t(counts[e]) * N);
-            o.reference(int64_t(e) * max_m, counts[e], e, ref.data(), pool);
-            expect_close_bf16(got.data() + size_t(e) * max_m * N, ref.data(), ref.size(),
-                              "N " + std::to_string(N) + " K " + std::to_string(K) + " expert " + std::to_string(e));
+    for (const GemmConfig cfg : {GemmConfig{}, GemmConfig{128, 128, 1, 2}})
+        for (auto [E, max_m, N, K] :
+             {std::tuple{4, 70, 64, 32}, {4, 70, 32, 64}, {16, 9, 256, 96}, {16, 9, 192, 256}}) {
+            SCOPED_TRACE("cluster " + std::to_string(cfg.cluster));
+            const Fp8Operands o(int64_t(E) * max_m, N, K, 91 + K, E);
+            DeviceFp8 d(o);
+            std::vector<int32_t> counts;
+            for (int e = 0; e < E; ++e) counts.push_back((e * 37 + 5) % (max_m + 1));
+            DeviceBuffer<int32_t> dcounts(E);
+            dcounts.upload(counts.data());
+            DeviceBuffer<uint16_t> dy(size_t(E) * max_m * N);
+            dy.poison();
+            launch_grouped_gemm_fp8_masked(d.x.ptr, d.sx.ptr, dcounts.ptr, E, max_m, d.w.ptr, d.sw.ptr, N, K, dy.ptr,
+                                           max_m, nullptr, cfg);
+            FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+            std::vector<uint16_t> got(size_t(E) * max_m * N);
+            dy.download(got.data());
+            for (int e = 0; e < E; ++e) {
+                const uint16_t* g = got.data() + size_t(e) * max_m * N;
+                for (size_t i = size_t(counts[e]) * N; i < size_t(max_m) * N; ++i)
+                    ASSERT_EQ(g[i], 0xffff) << "expert " << e << " wrote past its count, element " << i;
+                if (counts[e] == 0) continue;
+                std::vector<float> ref(size_t(counts[e]) * N);
+                o.reference(int64_t(e) * max_m, counts[e], e, ref.data(), pool);
+                expect_close_bf16(
+                    g, ref.data(), ref.size(),
+                    "N " + std::to_string(N) + " K " + std::to_string(K) + " expert " + std::to_string(e));
+            }
         }
-    }
 }
 
 // silu·mul·quant on the device against the CPU reference over E groups of max_m rows, the first

@@ -696,10 +696,11 @@ void CudaLayerExec::gate(const DeviceLayer& w, const LayerStep& st, const Kernel
 }
 
 namespace {
-// Tokens per expert a step of T tokens gives on average: picks the grouped GEMMs' tile.
-int expected_tokens_per_expert(const io::ModelConfig& c, int T) {
+// Tokens per expert a step of T tokens on each of `ranks` ranks gives on average: picks the
+// grouped GEMMs' tile (one division, so a T that is not a multiple of n_routed / top-k rounds once).
+int expected_tokens_per_expert(const io::ModelConfig& c, int T, int ranks = 1) {
     return std::max<int>(
-        1, static_cast<int>(int64_t{T} * c.num_experts_per_tok / std::max<int64_t>(c.n_routed_experts, 1)));
+        1, static_cast<int>(int64_t{T} * c.num_experts_per_tok * ranks / std::max<int64_t>(c.n_routed_experts, 1)));
 }
 }  // namespace
 
@@ -757,7 +758,7 @@ void CudaLayerExec::experts(const DeviceLayer& w, const LayerStep& st, const Ker
         const comm::ExpertBatch in = ep_->recv_batch();
         const comm::EpConfig& e = ep_->config();
         const int expected =
-            st.expected_m > 0 ? st.expected_m : expected_tokens_per_expert(c_, st.T) * e.world;  // all ranks' tokens
+            st.expected_m > 0 ? st.expected_m : expected_tokens_per_expert(c_, st.T, e.world);  // all ranks' tokens
         // Every rank's choices at most: far below EL · max_m when max_m = world · max tokens.
         const ExpertRows rows{EL,
                               in.max_m,

@@ -94,15 +94,16 @@ GemmConfig pick_gemm_config(int M, int N, int K, int num_sms, bool split_k_allow
     return c;
 }
 
-// Measured on H200 at the EP8..EP128 decode points with the DeepGEMM anchors' rows (docs/PERF.md):
-// 256-wide tiles while experts get up to ~128 tokens (memory-bound), 128-wide beyond (~6% faster
-// at EP32..EP128). From 1,024 tokens per expert (EP128 and up: eight or more row blocks, so pairs
-// rarely hold an empty block) in cluster pairs that multicast their W tile: the EP128 gate+up
-// projection 125.9-126.0 against 136.3-136.7 µs, the down projection 70.8-71.0 against 71.8-72.2
-// (H100: 135 against 162 for gate+up); the EP128 layer, whose counts sit at the mean, unchanged
-// (PERF.md, twenty-fifth session). Pairs lose where an expert's last row block is often alone
-// (EP64, ~533 tokens: 162-166 against 134 µs). 192-row tiles win the EP64/EP128 down projection in
-// `bench kernels` (~1,200 tokens per expert: 68-71 µs against 71-74) but lose it inside the layer
+// Measured on H200 at the EP8..EP128 decode points (docs/PERF.md): 256-wide tiles while experts
+// get up to ~128 tokens (memory-bound), 128-wide beyond (~6% faster at EP32..EP128). From 1,024
+// tokens per expert (EP128 and up: eight or more row blocks per expert) in cluster pairs that
+// multicast their W tile. On the anchors' rows (run124) the EP128 gate+up projection took 125.9-126.0
+// µs against 136.3-136.7 with single CTAs; timed later in the same process the pair kernel read
+// 130.7-132.8 against 136.4-136.8, so the gain is 4-10 µs. The down projection gained ~1 µs. On an
+// H100 pairs took 135.5-135.7 against 162.1-162.5 (run123). The EP128 layer, whose counts sit
+// exactly at 1,024, did not move. Pairs lose where an expert's odd last row block leaves a pair half
+// empty (EP64, ~533 tokens: 162-166 against 134.7-134.8 µs, run122). 192-row tiles won the EP128 down
+// projection in `bench kernels` (70.9-73.5 against 73.6-76.0 µs) but lost it inside the layer
 // (1,024 each: 73.3 against 62.1 µs), so they stay out of the default (PERF.md, 2026-12-03).
 GemmConfig pick_grouped_masked_config(int expected_m) {
     return {128, expected_m <= 128 ? 256 : 128, 1, expected_m >= 1024 ? 2 : 1};
