@@ -554,10 +554,10 @@ TEST(GroupedGemmFp8Cuda, MaskedMatchesCpuReferenceAndReplaysInAGraph) {
 }
 
 // The small widths of tiny models and per-head batched GEMMs: K below one 128-block (32, 64, 96)
-// and N below one tile — k_b (N = kv_lora, K = nope), v_b (N = v, K = kv_lora), expert down.
-// Narrow N and K, and groups of fewer than 128 rows: with the default (one CTA per tile) and in
-// cluster pairs, whose second CTA's x box lies past the last expert's rows, wholly or in part (TMA
-// fills zeros there; nothing of it may be stored).
+// and N below one tile — k_b (N = kv_lora, K = nope), v_b (N = v, K = kv_lora), expert down. Groups
+// of fewer than 128 rows, with the default (one CTA per tile) and in cluster pairs, whose second
+// CTA's x box lies past the last expert's rows, wholly or in part (TMA fills zeros there; nothing
+// of it may be stored).
 TEST(GroupedGemmFp8Cuda, MaskedSmallWidths) {
     REQUIRE_GPU();
     ThreadPool pool(0);
