@@ -94,17 +94,12 @@ GemmConfig pick_gemm_config(int M, int N, int K, int num_sms, bool split_k_allow
     return c;
 }
 
-// Measured on H200 at the EP8..EP128 decode points (docs/PERF.md): 256-wide tiles while experts
-// get up to ~128 tokens (memory-bound), 128-wide beyond (~6% faster at EP32..EP128). From 1,024
-// tokens per expert (EP128 and up: eight or more row blocks per expert) in cluster pairs that
-// multicast their W tile. On the anchors' rows (run124) the EP128 gate+up projection took 125.9-126.0
-// µs against 136.3-136.7 with single CTAs; timed later in the same process the pair kernel read
-// 130.7-132.8 against 136.4-136.8, so the gain is 4-10 µs. The down projection gained ~1 µs. On an
-// H100 pairs took 135.5-135.7 against 162.1-162.5 (run123). The EP128 layer, whose counts sit
-// exactly at 1,024, did not move. Pairs lose where an expert's odd last row block leaves a pair half
-// empty (EP64, ~533 tokens: 162-166 against 134.7-134.8 µs, run122). 192-row tiles won the EP128 down
-// projection in `bench kernels` (70.9-73.5 against 73.6-76.0 µs) but lost it inside the layer
-// (1,024 each: 73.3 against 62.1 µs), so they stay out of the default (PERF.md, 2026-12-03).
+// Measured on H200 at the EP8..EP128 decode points (docs/PERF.md, the twenty-fifth session's
+// section and the ones it cites): 256-wide tiles while experts get up to ~128 tokens
+// (memory-bound), 128-wide beyond; from 1,024 tokens per expert (EP128 and up, eight or more row
+// blocks) in cluster pairs that multicast their W tile (EP128: 197 against 208 µs for both GEMMs;
+// at EP64 pairs lose, an odd last row block leaving a pair half empty). 192-row tiles win some down
+// projections in `bench kernels` but lose them inside the layer, so no default uses them.
 GemmConfig pick_grouped_masked_config(int expected_m) {
     return {128, expected_m <= 128 ? 256 : 128, 1, expected_m >= 1024 ? 2 : 1};
 }
