@@ -536,7 +536,7 @@ nlohmann::json bench_grouped(Context& c) {
             auto run = [&](ops::GemmConfig cfg) {
                 return time_graph_us(c.stream, 20, [&] {
                     ops::launch_grouped_gemm_fp8_masked(x->p, sx->p, dcounts.p, E, max_m, w->p, sw->p, int(N), int(K),
-                                                        y.p, expected, c.stream, cfg);
+                                                        y.p, expected, c.stream, &c.gemm_ws, cfg);
                 });
             };
             const double us = run({});
@@ -546,7 +546,7 @@ nlohmann::json bench_grouped(Context& c) {
             for (const ops::GemmConfig cfg :
                  {ops::GemmConfig{128, 128, 1}, ops::GemmConfig{64, 256, 1}, ops::GemmConfig{128, 256, 1},
                   ops::GemmConfig{128, 128, 1, 2}, ops::GemmConfig{128, 256, 1, 2}, ops::GemmConfig{192, 128, 1},
-                  ops::GemmConfig{192, 128, 1, 2}}) {
+                  ops::GemmConfig{192, 128, 1, 2}, ops::GemmConfig{128, 128, 8}, ops::GemmConfig{128, 256, 8}}) {
                 const double t = run(cfg);
                 variants.push_back({{"config", config_name(cfg)}, {"us", t}});
                 if (t < best_us) best_us = t, best_name = config_name(cfg);

@@ -433,7 +433,7 @@ TEST(GemmFp8Cuda, UnbuiltTileIsAnError) {
     EXPECT_NE(dense.find(gemm_fp8_tile_list(true)), std::string::npos) << dense;
     const std::string masked = fanout::testing::error_of([&] {
         launch_grouped_gemm_fp8_masked(x.ptr, s.ptr, counts.ptr, 2, 64, w.ptr, s.ptr, 192, 256, y.ptr, 64, nullptr,
-                                       {128, 192, 1});
+                                       nullptr, {128, 192, 1});
     });
     EXPECT_NE(masked.find("(have " + gemm_fp8_tile_list(false) + ")"), std::string::npos) << masked;
     // Sizes that would divide by zero are refused before anything does.
@@ -522,7 +522,7 @@ TEST(GroupedGemmFp8Cuda, MaskedMatchesCpuReferenceAndReplaysInAGraph) {
                                    {GemmConfig{192, 128, 1, 2}, 64}}) {
         const cudaGraphExec_t exec = capture_graph(stream, [&] {
             launch_grouped_gemm_fp8_masked(d.x.ptr, d.sx.ptr, dcounts.ptr, E, max_m, d.w.ptr, d.sw.ptr, N, K, dy.ptr,
-                                           expected_m, stream, cfg);
+                                           expected_m, stream, nullptr, cfg);
         });
         SCOPED_TRACE("config " + std::to_string(cfg.block_m) + "x" + std::to_string(cfg.block_n) + "/" +
                      std::to_string(cfg.splits) + " cluster " + std::to_string(cfg.cluster) + ", expected_m " +
@@ -553,6 +553,80 @@ TEST(GroupedGemmFp8Cuda, MaskedMatchesCpuReferenceAndReplaysInAGraph) {
     cudaStreamDestroy(stream);
 }
 
+// Split K of a last, partial wave (with a workspace): per tile config, counts whose tiles leave
+// about 1, G/4 and G/2 past full waves of G (the persistent grid: one 128-row CTA per
+// multiprocessor), none, and 3 past two waves; K of 33 blocks splits 2 ways (each split at least
+// 16). Nonzero experts (one or two 128-row blocks) are spread among zero ones. Captured in a graph
+// and replayed twice: the counters and the ticket must come back to zero.
+TEST(GroupedGemmFp8Cuda, MaskedSplitsTheLastWaveInK) {
+    REQUIRE_GPU();
+    ThreadPool pool(0);
+    const int E = 96, max_m = 256, N = 136, K = 4112;
+    const Fp8Operands o(int64_t(E) * max_m, N, K, 97, E);
+    DeviceFp8 d(o);
+    std::vector<int32_t> count_of(E);
+    std::vector<std::vector<float>> ref(E);
+    for (int e = 0; e < E; ++e) {
+        count_of[e] = 1 + (e * 37) % max_m;
+        ref[e].resize(size_t(count_of[e]) * N);
+        o.reference(int64_t(e) * max_m, count_of[e], e, ref[e].data(), pool);
+    }
+    DeviceBuffer<int32_t> dcounts(E);
+    DeviceBuffer<uint16_t> dy(size_t(E) * max_m * N);
+    GemmWorkspace ws;
+    cudaStream_t stream;
+    FANOUT_CUDA_CHECK(cudaStreamCreate(&stream));
+    for (const GemmConfig cfg : {GemmConfig{128, 128, 8}, GemmConfig{128, 256, 8}}) {
+        const int G = device_sm_count(), n_blocks = (N + cfg.block_n - 1) / cfg.block_n;
+        const cudaGraphExec_t exec = capture_graph(stream, [&] {
+            launch_grouped_gemm_fp8_masked(d.x.ptr, d.sx.ptr, dcounts.ptr, E, max_m, d.w.ptr, d.sw.ptr, N, K, dy.ptr,
+                                           max_m, stream, &ws, cfg);
+        });
+        for (const int target : {G + 1, G + G / 4, G + G / 2, G, 2 * G + 3}) {
+            // Experts in a spread order until their units reach the target (or all have tokens).
+            std::vector<int32_t> counts(E, 0);
+            int units = 0;
+            for (int i = 0; i < E && units < target; ++i) {
+                const int e = (i * 5) % E;
+                counts[e] = count_of[e];
+                units += (count_of[e] + cfg.block_m - 1) / cfg.block_m * n_blocks;
+            }
+            SCOPED_TRACE("config " + std::to_string(cfg.block_m) + "x" + std::to_string(cfg.block_n) + "/" +
+                         std::to_string(cfg.splits) + ", " + std::to_string(units) + " tiles on " + std::to_string(G) +
+                         " CTAs");
+            dcounts.upload(counts.data());
+            for (int replay = 0; replay < 2; ++replay) {
+                dy.poison();
+                FANOUT_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+                FANOUT_CUDA_CHECK(cudaStreamSynchronize(stream));
+                std::vector<uint16_t> got(size_t(E) * max_m * N);
+                dy.download(got.data());
+                for (int e = 0; e < E; ++e) {
+                    const uint16_t* g = got.data() + size_t(e) * max_m * N;
+                    if (counts[e] > 0)
+                        expect_close_bf16(g, ref[e].data(), ref[e].size(), "expert " + std::to_string(e));
+                    for (size_t i = size_t(counts[e]) * N; i < size_t(max_m) * N; ++i)
+                        ASSERT_EQ(g[i], 0xffff) << "expert " << e << " wrote past its count, element " << i;
+                }
+            }
+        }
+        cudaGraphExecDestroy(exec);
+    }
+    // A split cap without a workspace is refused (the default drops its cap instead), and so is one
+    // in cluster pairs.
+    const std::string no_ws = fanout::testing::error_of([&] {
+        launch_grouped_gemm_fp8_masked(d.x.ptr, d.sx.ptr, dcounts.ptr, E, max_m, d.w.ptr, d.sw.ptr, N, K, dy.ptr, max_m,
+                                       stream, nullptr, GemmConfig{128, 128, 8});
+    });
+    EXPECT_NE(no_ws.find("split K needs a GemmWorkspace"), std::string::npos) << no_ws;
+    const std::string paired = fanout::testing::error_of([&] {
+        launch_grouped_gemm_fp8_masked(d.x.ptr, d.sx.ptr, dcounts.ptr, E, max_m, d.w.ptr, d.sw.ptr, N, K, dy.ptr, max_m,
+                                       stream, &ws, GemmConfig{128, 128, 8, 2});
+    });
+    EXPECT_NE(paired.find("unpaired CTAs only (splits 8, cluster 2)"), std::string::npos) << paired;
+    cudaStreamDestroy(stream);
+}
+
 // The small widths of tiny models and per-head batched GEMMs: K below one 128-block (32, 64, 96)
 // and N below one tile — k_b (N = kv_lora, K = nope), v_b (N = v, K = kv_lora), expert down. Groups
 // of fewer than 128 rows, with the default (one CTA per tile) and in cluster pairs, whose second
@@ -574,7 +648,7 @@ TEST(GroupedGemmFp8Cuda, MaskedSmallWidths) {
             DeviceBuffer<uint16_t> dy(size_t(E) * max_m * N);
             dy.poison();
             launch_grouped_gemm_fp8_masked(d.x.ptr, d.sx.ptr, dcounts.ptr, E, max_m, d.w.ptr, d.sw.ptr, N, K, dy.ptr,
-                                           max_m, nullptr, cfg);
+                                           max_m, nullptr, nullptr, cfg);
             FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
             std::vector<uint16_t> got(size_t(E) * max_m * N);
             dy.download(got.data());

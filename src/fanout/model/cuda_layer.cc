@@ -839,7 +839,8 @@ void CudaLayerExec::expert_gemm(const DeviceWeight& w, const ExpertRows& rows, c
     if (w.fp8) {
         if (rows.max_m > 0)
             ops::launch_grouped_gemm_fp8_masked(xq, xs, rows.counts, rows.num_experts, rows.max_m, w.q.get(),
-                                                w.scale.get(), N, K, y, std::max(rows.expected_m, 1), stream_);
+                                                w.scale.get(), N, K, y, std::max(rows.expected_m, 1), stream_,
+                                                &ctx_.gemm_workspace());
         if (rows.spill_rows > 0) {
             const int64_t nbK = ops::ceil_div(static_cast<int64_t>(K), ops::kFp8Block);
             ops::launch_grouped_gemm_fp8_contiguous(xq + masked * K, xs + masked * nbK, rows.spill_rows,

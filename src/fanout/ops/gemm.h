@@ -29,7 +29,8 @@ void gemm_fp8_cpu(const uint8_t* x, const float* sx, const uint8_t* w, const flo
 // The tile shape of one launch: block_m ∈ {64, 128} rows (one consumer warpgroup per 64),
 // block_n ∈ {64, 128, 256} columns, or 192 × 128 (three consumer warpgroups; not for the contiguous
 // grouped layout, whose tiles stay in one expert's 128-row block), or in the dense layout 128 × 192
-// (one n192 wgmma group; gemm_fp8_tile_exists), K split `splits` ways, and
+// (one n192 wgmma group; gemm_fp8_tile_exists), K split `splits` ways (the masked grouped layout:
+// at most `splits` ways, only the tiles of a last, partial wave), and
 // `cluster` CTAs (1 or 2) that compute tiles stacked along M and fetch their shared W tile once,
 // multicast to both (a contiguous pair straddling two experts fetches a W tile each).
 // block_m = 0 asks for the measured table. `cublaslt`: the table measured cuBLASLt's block-scaled
@@ -60,9 +61,16 @@ std::string gemm_fp8_tile_list(bool dense);
 // The measured choice for a dense shape on a GPU with `num_sms` multiprocessors; splits > 1 only
 // when `split_k_allowed` (a GemmWorkspace is at hand).
 GemmConfig pick_gemm_config(int M, int N, int K, int num_sms, bool split_k_allowed);
-// The masked grouped GEMM's tile for `expected_m` tokens per expert (grouped_gemm_cuda.h; the
-// counts themselves are only on the device).
-GemmConfig pick_grouped_masked_config(int expected_m);
+// The masked grouped GEMM's tile for `expected_m` tokens per expert of `num_experts`, N × K, on
+// `num_sms` multiprocessors (grouped_gemm_cuda.h; the counts themselves are only on the device).
+// Its `splits` caps the K splits of a last, partial wave's tiles, the only ones that layout splits.
+inline constexpr int kMaskedTailSplits = 8;
+// Each of those splits at least this many 128-deep K blocks. A split tile's partials make a round
+// trip through L2 (the last split reads the others' 64-128 KB each), which costs about what a short
+// split saves: the down projections' 16 K blocks in 4-way splits ran 5-8 µs slower at EP32..EP128,
+// the gate+up's 56 in 2-way splits 8-20 µs faster at EP32 and EP64 (PERF.md, twenty-sixth session).
+inline constexpr int kMinTailSplitKb = 16;
+GemmConfig pick_grouped_masked_config(int expected_m, int num_experts, int N, int K, int num_sms);
 // The order the quantization in front of a dense FP8 GEMM should write x's scales in: M-major where
 // the table runs cuBLASLt, row-major where it runs the tile kernel — each kernel's own order, so
 // neither needs a transpose. Either order gives the same result; the other one costs a launch.

@@ -15,6 +15,7 @@
 // (PERF.md, nineteenth and twenty-first sessions).
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <iterator>
 #include <string>
 
@@ -99,9 +100,19 @@ GemmConfig pick_gemm_config(int M, int N, int K, int num_sms, bool split_k_allow
 // (memory-bound), 128-wide beyond; from 1,024 tokens per expert (EP128 and up, eight or more row
 // blocks) in cluster pairs that multicast their W tile (EP128: 197 against 208 µs for both GEMMs;
 // at EP64 pairs lose, an odd last row block leaving a pair half empty). 192-row tiles win some down
-// projections in `bench kernels` but lose them inside the layer, so no default uses them.
-GemmConfig pick_grouped_masked_config(int expected_m) {
-    return {128, expected_m <= 128 ? 256 : 128, 1, expected_m >= 1024 ? 2 : 1};
+// projections in `bench kernels` but lose them inside the layer, so no default uses them. Between
+// the two, a K deep enough for two splits of kMinTailSplitKb blocks (the gate+up's 7,168, not the
+// down projection's 2,048) keeps the 256-wide tiles with their last wave split in K
+// (gemm_fp8_sm90.cu) where they fill at least one whole wave: fewer tiles leave the last wave
+// emptier, and its split pays (EP32 and EP64 at batch 128: gate+up 116 and 109 µs in the layer
+// against 126 and 117). Under one wave, the 128-wide tiles' twice as many fill the GPU better than a
+// split of all of them (EP128 at batch 32: 37 against 43 µs; PERF.md, twenty-sixth session).
+GemmConfig pick_grouped_masked_config(int expected_m, int num_experts, int N, int K, int num_sms) {
+    if (expected_m <= 128) return {128, 256, 1, 1};
+    if (expected_m >= 1024) return {128, 128, 1, 2};
+    const int64_t wide_tiles = int64_t{num_experts} * ((expected_m + 127) / 128) * ((N + 255) / 256);
+    if (K >= 2 * kMinTailSplitKb * 128 && wide_tiles >= num_sms) return {128, 256, kMaskedTailSplits, 1};
+    return {128, 128, 1, 1};
 }
 
 bool gemm_fp8_tile_exists(int block_m, int block_n, bool dense) {

@@ -14,13 +14,18 @@
 //    two partials instead: K block kb + 1's wgmmas run while kb's partial is promoted.
 // The ring runs across tiles, so the producer loads the next tile while consumers finish one.
 //
-// Split-K (dense only): tile t's K blocks are cut into `splits` ranges, each in a CTA of its own;
-// each split but the last stores its f32 partial tile to the workspace in fragment order and
-// counts itself on the tile's counter; the last split waits for the count, adds the others'
-// partials in split order and its own, resets the counter and writes bf16 — one kernel,
-// deterministic, no memset. Against the earlier protocol (every split stored and counted, the
-// last to arrive reloaded all of them) the M = 64 split GEMMs run 0.6-2.7 µs faster (o_proj 34.1
-// against 36.8 µs; PERF.md, nineteenth session).
+// Split-K: tile t's K blocks are cut into `splits` ranges, each in a CTA of its own; each split
+// but the last stores its f32 partial tile to the workspace in fragment order and counts itself on
+// the tile's counter; the last split waits for the count, adds the others' partials in split order
+// and its own, resets the counter and writes bf16 — one kernel, deterministic, no memset. Against
+// the earlier protocol (every split stored and counted, the last to arrive reloaded all of them)
+// the M = 64 split GEMMs run 0.6-2.7 µs faster (o_proj 34.1 against 36.8 µs; PERF.md, nineteenth
+// session). Dense launches split every tile. The masked layout splits only the tiles of a last,
+// partial wave (its tile count is known on the device only): with R tiles left over after the full
+// waves of the persistent grid's G CTAs and R <= G/2, each of them is split s = min(splits, G/R)
+// ways, so the CTAs that would idle through the last wave share its K loops instead — where each
+// split keeps at least kMinTailSplitKb K blocks (gemm.h), and in unpaired CTAs only (no default
+// pairs and splits).
 //
 // Cluster pairs: two CTAs on tiles stacked along M fetch half of their shared W tile each and
 // multicast it to both. In the contiguous layout a pair may straddle two experts' blocks; then
@@ -91,7 +96,8 @@ struct Params {
     const __nv_bfloat16* residual;  // dense only; may alias y
     int rows;                       // dense: M; contiguous: rows; masked: max_m
     int N, K, nkb, n_blocks;
-    int splits, kb_per_split;  // dense split-K
+    int splits;        // dense: every tile's K splits; masked: at most this many for a last wave's tiles
+    int kb_per_split;  // dense: K blocks per split
     float* partials;
     int* counters;
     unsigned* ticket;             // split K: hands out the units (GemmWorkspace::ticket)
@@ -109,7 +115,8 @@ struct Tile {
     int n0;        // first output column
     int sw_base;   // index of sw[.., n0 / 128, 0]
     int kb0, kb1;  // K blocks of this tile (split)
-    int id, split;
+    int id;        // split K: the tile's slot in the workspace (partials and counter)
+    int split = 0, splits = 1;
     bool shared_w = true;  // with clusters: every CTA of it loads this W tile (else each its own)
     bool skip = false;     // no CTA of the cluster has rows here: all of them pass it by
 };
@@ -125,11 +132,30 @@ struct Tile {
 // x). Up to kGroupM row units (every decode size) this is the plain row-fastest order. Groups of 4
 // and 16 measured slower than 8 (PERF.md, 2026-12-03).
 constexpr int kGroupM = 8;
-template <int BM, int BN, Layout L, int CL>
+
+// TAIL (masked, unpaired CTAs): the launch's last wave may be split in K (plan_tail).
+template <int BM, int BN, Layout L, int CL, bool TAIL>
 struct Scheduler {
     const Params& p;
     const int* prefix;  // masked: tiles before expert e, in shared memory
     int m_blocks;
+    // Masked: units [0, full) are whole tiles; the `tail` tiles after them run as tail_splits K
+    // ranges of tail_kb blocks each, unit full + split · tail + i for tile full + i (plan_tail).
+    int full = 0, tail = 0, tail_splits = 1, tail_kb = 0;
+
+    // Masked, once the prefix is in shared memory (every thread the same): split the tiles of the
+    // last wave over the grid's `ctas` when they fill at most half of it (the header's split-K).
+    __device__ void plan_tail(int ctas) {
+        const int tiles = prefix[p.num_experts], r = tiles % ctas;
+        int s = r == 0 ? 1 : min(min(p.splits, ctas / r), p.nkb / kMinTailSplitKb);
+        if (s > 1) {
+            tail_kb = (p.nkb + s - 1) / s;
+            s = (p.nkb + tail_kb - 1) / tail_kb;  // no empty split; still >= 2
+        }
+        full = s > 1 ? tiles - r : tiles;
+        tail = s > 1 ? r : 0;
+        tail_splits = s > 1 ? s : 1;
+    }
 
     __device__ int m_units() const { return (m_blocks + CL - 1) / CL; }
 
@@ -143,7 +169,7 @@ struct Scheduler {
 
     __device__ int total() const {
         if constexpr (L == Layout::kMasked)
-            return prefix[p.num_experts];
+            return TAIL ? full + tail * tail_splits : prefix[p.num_experts];
         else
             return m_units() * p.n_blocks * (L == Layout::kDense ? p.splits : 1);
     }
@@ -152,8 +178,10 @@ struct Scheduler {
         Tile tile{};
         const int sw_per_expert = ((p.N + kBK - 1) / kBK) * p.nkb;
         if constexpr (L == Layout::kMasked) {
-            const int e = segment_of(prefix, p.num_experts, t),
-                      local = t - prefix[e];  // prefix[e] <= t < prefix[e + 1]
+            const bool split = TAIL && t >= full;  // a unit of the last wave's split tiles
+            const int u = split ? full + (t - full) % tail : t;
+            const int e = segment_of(prefix, p.num_experts, u),
+                      local = u - prefix[e];  // prefix[e] <= u < prefix[e + 1]
             const int count = min(max(p.counts[e], 0), p.rows);
             const int units = ((count + BM - 1) / BM + CL - 1) / CL;  // row blocks of the expert, CL per unit
             const int m0 = (CL * (local % units) + rank) * BM;
@@ -165,6 +193,13 @@ struct Scheduler {
             tile.kb0 = 0;
             tile.kb1 = p.nkb;
             tile.id = t;
+            if (split) {
+                tile.split = (t - full) / tail;
+                tile.splits = tail_splits;
+                tile.kb0 = tile.split * tail_kb;
+                tile.kb1 = min(p.nkb, tile.kb0 + tail_kb);
+                tile.id = u - full;  // < the grid's CTAs: the launch's workspace check
+            }
         } else {
             const int per_split = m_units() * p.n_blocks, u = t % per_split;
             const int group = u / (kGroupM * p.n_blocks), in_group = u % (kGroupM * p.n_blocks);
@@ -176,6 +211,7 @@ struct Scheduler {
             tile.id = m_blk + n_blk * m_blocks;
             if constexpr (L == Layout::kDense) {
                 tile.split = t / per_split;
+                tile.splits = p.splits;
                 tile.rows = p.rows - tile.a_row;
                 tile.b_row = tile.n0;
                 tile.sw_base = (tile.n0 / kBK) * p.nkb;
@@ -207,7 +243,10 @@ struct Scheduler {
 
 __device__ __forceinline__ float bf16_at(const __nv_bfloat16* p, size_t i) { return __bfloat162float(p[i]); }
 
-template <int BM, int BN, int STAGES, Layout L, int CL>
+// TAIL: the masked layout's split K, a separate instantiation so that the kernels that never split
+// carry none of its code (with it in every masked kernel, EP128's unsplit down projection ran 75
+// against 72 µs and the pairs' variants 4-14 µs slower; PERF.md, twenty-sixth session).
+template <int BM, int BN, int STAGES, Layout L, int CL, bool TAIL>
 __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     gemm_fp8_sm90_kernel(const __grid_constant__ CUtensorMap tmap_x, const __grid_constant__ CUtensorMap tmap_x_tail,
                          const __grid_constant__ CUtensorMap tmap_w, const __grid_constant__ CUtensorMap tmap_y,
@@ -254,7 +293,9 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     uint64_t* empty = reinterpret_cast<uint64_t*>(smem + kEmptyOff);
     __shared__ int prefix[L == Layout::kMasked ? kMaxExperts + 1 : 1];
 
-    const Scheduler<BM, BN, L, CL> sched{p, prefix, (p.rows + BM - 1) / BM};
+    static_assert(!TAIL || (L == Layout::kMasked && CL == 1), "the last-wave split is the masked layout's, unpaired");
+    constexpr bool kSplitK = L == Layout::kDense || TAIL;
+    Scheduler<BM, BN, L, CL, TAIL> sched{p, prefix, (p.rows + BM - 1) / BM};
     const int rank = CL > 1 ? static_cast<int>(cluster_rank()) : 0;
     const int stride = gridDim.x / CL;
     // With split K a tile's last split waits for its others, so the units are handed out in the
@@ -266,7 +307,7 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     // CTA here took its ticket: they wait for grid_launch_dependents below, and without a
     // programmatic dependency for this grid's end).
     __shared__ int ticket;
-    const bool ticketed = L == Layout::kDense && p.splits > 1;
+    const bool ticketed = kSplitK && p.splits > 1;
     // The W tile of a stage: with clusters each CTA fetches 1/CL of its rows for all of them — or,
     // when the CTAs' tiles take different W tiles (contiguous blocks of two experts), each its own
     // in CL boxes, for the same bytes on its barrier.
@@ -358,6 +399,7 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
         }
     }
     __syncthreads();
+    if constexpr (TAIL) sched.plan_tail(stride);
 
     const int total = sched.total();
     const int wg = threadIdx.x / 128;
@@ -687,12 +729,13 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
         const Tile tile = sched.get(t, rank);  // again: kept across the K loop it would take registers
         if (tile.rows <= 0) continue;
 
-        if constexpr (L == Layout::kDense) {
-            if (p.splits > 1) {
+        if constexpr (kSplitK) {
+            if (tile.splits > 1) {
                 constexpr int kThreads = kConsumers * 128, kSlot = kThreads * kAcc / 4;  // float4s per split
-                float4* all = reinterpret_cast<float4*>(p.partials) + static_cast<size_t>(tile.id) * p.splits * kSlot;
+                float4* all =
+                    reinterpret_cast<float4*>(p.partials) + static_cast<size_t>(tile.id) * tile.splits * kSlot;
                 cuda::atomic_ref<int, cuda::thread_scope_device> stored(p.counters[tile.id]);
-                if (tile.split < p.splits - 1) {
+                if (tile.split < tile.splits - 1) {
                     // Each float4 holds a quad with its pairs swapped (acc[1], acc[0], acc[3],
                     // acc[2]), read back the same way. A 16-byte store needs its four registers
                     // consecutive and aligned, so in plain order acc[j] would share the parity of
@@ -710,15 +753,16 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
                 }
                 // The last split adds the others' partials to its own in split order (the sum does
                 // not depend on who finishes first) once all of them are stored. Its wait cannot
-                // block them: the launch keeps every unit in a CTA of its own (no CTA waits behind
-                // a later one), and the ticket handed this unit out after theirs, to CTAs already
-                // running (the kernel's start).
+                // block them: no CTA waits behind a later one (dense: the launch keeps every unit
+                // in a CTA of its own; masked: the split units are each CTA's last), and the
+                // ticket handed this unit out after theirs, to CTAs already running (the kernel's
+                // start; a masked tile's splits are units t, t + tail, ..., all within one stride).
                 if (ctid == 0) {
-                    while (stored.load(cuda::memory_order_acquire) != p.splits - 1) __nanosleep(32);
+                    while (stored.load(cuda::memory_order_acquire) != tile.splits - 1) __nanosleep(32);
                     stored.store(0, cuda::memory_order_relaxed);  // for the next launch
                 }
                 named_barrier(1, kThreads);
-                for (int sp = 0; sp < p.splits - 1; ++sp) {  // a split's loads all in flight at once
+                for (int sp = 0; sp < tile.splits - 1; ++sp) {  // a split's loads all in flight at once
                     const float4* src = all + static_cast<size_t>(sp) * kSlot;
 #pragma unroll
                     for (int i = 0; i < kAcc / 4; ++i) {
@@ -800,10 +844,10 @@ struct Operands {
     int counter_capacity = 0;     // ints at Params::counters
 };
 
-template <int BM, int BN, Layout L, int CL>
+template <int BM, int BN, Layout L, int CL, bool TAIL = false>
 void launch_config(const Operands& o, const Params& p, cudaStream_t stream) {
     constexpr int S = stages<BM, BN>();
-    auto* kernel = gemm_fp8_sm90_kernel<BM, BN, S, L, CL>;
+    auto* kernel = gemm_fp8_sm90_kernel<BM, BN, S, L, CL, TAIL>;
     constexpr int smem = SmemLayout(BM, BN, S).bytes;
     cudaLaunchConfig_t launch{};
     launch.blockDim = dim3((BM / 64 + 1) * 128);
@@ -847,9 +891,10 @@ void launch_config(const Operands& o, const Params& p, cudaStream_t stream) {
         q.splits = (p.nkb + q.kb_per_split - 1) / q.kb_per_split;
         units = std::min(per_split * q.splits, max_units);
     }
-    if (L == Layout::kDense && q.splits > 1) {
-        const int tiles = static_cast<int>((o.x_rows + BM - 1) / BM) * p.n_blocks;
-        const size_t need = static_cast<size_t>(tiles) * q.splits * BM * BN;
+    if (L != Layout::kContiguous && q.splits > 1) {
+        // Dense: every tile's splits; masked: a slot per split unit, at most one per CTA.
+        const int tiles = L == Layout::kDense ? static_cast<int>((o.x_rows + BM - 1) / BM) * p.n_blocks : units;
+        const size_t need = static_cast<size_t>(tiles) * (L == Layout::kDense ? q.splits : 1) * BM * BN;
         FANOUT_DEVICE_REQUIRE(need <= o.partial_capacity && tiles <= o.counter_capacity,
                               "gemm_fp8: split-K workspace too small (" + std::to_string(need * 4) + " bytes, " +
                                   std::to_string(tiles) + " counters needed)");
@@ -880,6 +925,8 @@ void launch_tile(const GemmConfig& cfg, const Operands& o, const Params& p, cuda
         if constexpr (L == Layout::kDense || !t.dense_only) {
             if (cfg.block_m == t.block_m && cfg.block_n == t.block_n) {
                 if (cfg.cluster == 2) return launch_config<t.block_m, t.block_n, L, 2>(o, p, stream);
+                if constexpr (L == Layout::kMasked)
+                    if (cfg.splits > 1) return launch_config<t.block_m, t.block_n, L, 1, true>(o, p, stream);
                 return launch_config<t.block_m, t.block_n, L, 1>(o, p, stream);
             }
         }
@@ -904,6 +951,9 @@ void check_config(const GemmConfig& cfg, Layout L, const char* what) {
                           std::string(what) + ": clusters of " + std::to_string(cfg.cluster) + " (have 1 and 2)");
     FANOUT_DEVICE_REQUIRE(cfg.splits >= 1,
                           std::string(what) + ": splits must be at least 1, got " + std::to_string(cfg.splits));
+    FANOUT_DEVICE_REQUIRE(L != Layout::kMasked || cfg.splits == 1 || cfg.cluster == 1,
+                          std::string(what) + ": the masked layout splits K in unpaired CTAs only (splits " +
+                              std::to_string(cfg.splits) + ", cluster " + std::to_string(cfg.cluster) + ")");
 }
 
 void check_operands(const void* x, const void* w, int N, int K, const char* what) {
@@ -1013,19 +1063,31 @@ void launch_grouped_gemm_fp8_contiguous(const uint8_t* x, const float* sx, int r
 
 void launch_grouped_gemm_fp8_masked(const uint8_t* x, const float* sx, const int32_t* counts, int num_experts,
                                     int max_m, const uint8_t* w, const float* sw, int N, int K, uint16_t* y,
-                                    int expected_m, void* cuda_stream, GemmConfig cfg) {
+                                    int expected_m, void* cuda_stream, GemmWorkspace* workspace, GemmConfig cfg) {
     if (max_m <= 0 || num_experts <= 0) return;
     check_operands(x, w, N, K, "grouped_gemm_fp8_masked");
     FANOUT_DEVICE_REQUIRE(num_experts <= kMaxExperts, "grouped_gemm_fp8_masked: at most " +
                                                           std::to_string(kMaxExperts) + " experts, got " +
                                                           std::to_string(num_experts));
-    if (cfg.block_m == 0) cfg = pick_grouped_masked_config(expected_m);
+    if (cfg.block_m == 0) {
+        cfg = pick_grouped_masked_config(expected_m, num_experts, N, K, device_sm_count());
+        if (workspace == nullptr) cfg.splits = 1;
+    }
     check_config(cfg, Layout::kMasked, "grouped_gemm_fp8_masked");
     Params p = base_params(sx, sw, y, max_m, N, K, cfg.block_n);
     p.counts = counts;
     p.num_experts = num_experts;
-    launch_tile<Layout::kMasked>(cfg, {x, uint64_t(num_experts) * max_m, w, uint64_t(num_experts) * N, 0}, p,
-                                 static_cast<cudaStream_t>(cuda_stream));
+    Operands o{x, uint64_t(num_experts) * max_m, w, uint64_t(num_experts) * N, 0};
+    if (cfg.splits > 1) {
+        FANOUT_DEVICE_REQUIRE(workspace != nullptr, "grouped_gemm_fp8_masked: split K needs a GemmWorkspace");
+        p.splits = cfg.splits;
+        p.partials = workspace->partials;
+        p.counters = workspace->counters;
+        p.ticket = workspace->ticket;
+        o.partial_capacity = workspace->partial_floats;
+        o.counter_capacity = workspace->num_counters;
+    }
+    launch_tile<Layout::kMasked>(cfg, o, p, static_cast<cudaStream_t>(cuda_stream));
 }
 
 }  // namespace fanout::ops
