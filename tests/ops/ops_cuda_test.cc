@@ -99,6 +99,11 @@ struct Fp8Operands {
         gemm_fp8_cpu(x.data() + r0 * K, sx.data() + r0 * nbk, w.data() + g * N * K, sw.data() + g * nbn * nbk, ref,
                      rows, N, K, Stream{&pool});
     }
+    std::vector<float> reference_rows(int64_t r0, int64_t rows, int64_t g, ThreadPool& pool) const {
+        std::vector<float> ref(size_t(rows * N));
+        reference(r0, rows, g, ref.data(), pool);
+        return ref;
+    }
 };
 
 // A [rows, cols] matrix transposed: x's scales [M, nb] into M-major [nb, M], or back.
@@ -146,6 +151,23 @@ void expect_close_bf16(const uint16_t* got, const float* ref, size_t n, const st
     }
     EXPECT_EQ(bad, 0u) << what << ": first at " << first << " got " << (first < n ? g[first] : 0.f) << " want "
                        << (first < n ? ref[first] : 0.f);
+}
+
+// The masked layout's y [E, max_m, N] (poisoned before the launch): each expert with tokens close
+// to ref_of(e) (its counts[e] × N reference rows), and nothing written past any count.
+void expect_masked_result(const DeviceBuffer<uint16_t>& dy, const std::vector<int32_t>& counts, int max_m, int N,
+                          const std::function<std::vector<float>(int)>& ref_of, const std::string& what) {
+    std::vector<uint16_t> got(counts.size() * max_m * N);
+    dy.download(got.data());
+    for (int e = 0; e < static_cast<int>(counts.size()); ++e) {
+        const uint16_t* g = got.data() + size_t(e) * max_m * N;
+        for (size_t i = size_t(counts[e]) * N; i < size_t(max_m) * N; ++i)
+            ASSERT_EQ(g[i], 0xffff) << what << ": expert " << e << " wrote past its count, element " << i;
+        if (counts[e] == 0) continue;
+        const std::vector<float> ref = ref_of(e);
+        expect_close_bf16(g, ref.data(), ref.size(),
+                          what + ": expert " + std::to_string(e) + " count " + std::to_string(counts[e]));
+    }
 }
 
 // One dense GEMM of o's operands on the device by `launch` (x's scales in the order given, y, the
@@ -534,19 +556,9 @@ TEST(GroupedGemmFp8Cuda, MaskedMatchesCpuReferenceAndReplaysInAGraph) {
             dy.poison();
             FANOUT_CUDA_CHECK(cudaGraphLaunch(exec, stream));
             FANOUT_CUDA_CHECK(cudaStreamSynchronize(stream));
-            std::vector<uint16_t> got(size_t(E) * max_m * N);
-            dy.download(got.data());
-            for (int e = 0; e < E; ++e) {
-                const uint16_t* g = got.data() + size_t(e) * max_m * N;
-                if (counts[e] > 0) {
-                    std::vector<float> ref(size_t(counts[e]) * N);
-                    o.reference(int64_t(e) * max_m, counts[e], e, ref.data(), pool);
-                    expect_close_bf16(g, ref.data(), ref.size(),
-                                      "expert " + std::to_string(e) + " count " + std::to_string(counts[e]));
-                }
-                for (size_t i = size_t(counts[e]) * N; i < size_t(max_m) * N; ++i)
-                    ASSERT_EQ(g[i], 0xffff) << "expert " << e << " wrote past its count, element " << i;
-            }
+            expect_masked_result(
+                dy, counts, max_m, N, [&](int e) { return o.reference_rows(int64_t(e) * max_m, counts[e], e, pool); },
+                "graph");
         }
         cudaGraphExecDestroy(exec);
     }
@@ -568,8 +580,7 @@ TEST(GroupedGemmFp8Cuda, MaskedSplitsTheLastWaveInK) {
     std::vector<std::vector<float>> ref(E);
     for (int e = 0; e < E; ++e) {
         count_of[e] = 1 + (e * 37) % max_m;
-        ref[e].resize(size_t(count_of[e]) * N);
-        o.reference(int64_t(e) * max_m, count_of[e], e, ref[e].data(), pool);
+        ref[e] = o.reference_rows(int64_t(e) * max_m, count_of[e], e, pool);
     }
     DeviceBuffer<int32_t> dcounts(E);
     DeviceBuffer<uint16_t> dy(size_t(E) * max_m * N);
@@ -599,15 +610,8 @@ TEST(GroupedGemmFp8Cuda, MaskedSplitsTheLastWaveInK) {
                 dy.poison();
                 FANOUT_CUDA_CHECK(cudaGraphLaunch(exec, stream));
                 FANOUT_CUDA_CHECK(cudaStreamSynchronize(stream));
-                std::vector<uint16_t> got(size_t(E) * max_m * N);
-                dy.download(got.data());
-                for (int e = 0; e < E; ++e) {
-                    const uint16_t* g = got.data() + size_t(e) * max_m * N;
-                    if (counts[e] > 0)
-                        expect_close_bf16(g, ref[e].data(), ref[e].size(), "expert " + std::to_string(e));
-                    for (size_t i = size_t(counts[e]) * N; i < size_t(max_m) * N; ++i)
-                        ASSERT_EQ(g[i], 0xffff) << "expert " << e << " wrote past its count, element " << i;
-                }
+                expect_masked_result(
+                    dy, counts, max_m, N, [&](int e) { return ref[e]; }, "replay " + std::to_string(replay));
             }
         }
         cudaGraphExecDestroy(exec);
@@ -650,19 +654,9 @@ TEST(GroupedGemmFp8Cuda, MaskedSmallWidths) {
             launch_grouped_gemm_fp8_masked(d.x.ptr, d.sx.ptr, dcounts.ptr, E, max_m, d.w.ptr, d.sw.ptr, N, K, dy.ptr,
                                            max_m, nullptr, nullptr, cfg);
             FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
-            std::vector<uint16_t> got(size_t(E) * max_m * N);
-            dy.download(got.data());
-            for (int e = 0; e < E; ++e) {
-                const uint16_t* g = got.data() + size_t(e) * max_m * N;
-                for (size_t i = size_t(counts[e]) * N; i < size_t(max_m) * N; ++i)
-                    ASSERT_EQ(g[i], 0xffff) << "expert " << e << " wrote past its count, element " << i;
-                if (counts[e] == 0) continue;
-                std::vector<float> ref(size_t(counts[e]) * N);
-                o.reference(int64_t(e) * max_m, counts[e], e, ref.data(), pool);
-                expect_close_bf16(
-                    g, ref.data(), ref.size(),
-                    "N " + std::to_string(N) + " K " + std::to_string(K) + " expert " + std::to_string(e));
-            }
+            expect_masked_result(
+                dy, counts, max_m, N, [&](int e) { return o.reference_rows(int64_t(e) * max_m, counts[e], e, pool); },
+                "N " + std::to_string(N) + " K " + std::to_string(K));
         }
 }
 

@@ -245,7 +245,7 @@ __device__ __forceinline__ float bf16_at(const __nv_bfloat16* p, size_t i) { ret
 
 // TAIL: the masked layout's split K, a separate instantiation so that the kernels that never split
 // carry none of its code (with it in every masked kernel, EP128's unsplit down projection ran 75
-// against 72 µs and the pairs' variants 4-14 µs slower; PERF.md, twenty-sixth session).
+// against 72 µs and the pairs' variants 2-18 µs slower; PERF.md, twenty-sixth session).
 template <int BM, int BN, int STAGES, Layout L, int CL, bool TAIL>
 __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     gemm_fp8_sm90_kernel(const __grid_constant__ CUtensorMap tmap_x, const __grid_constant__ CUtensorMap tmap_x_tail,
