@@ -121,19 +121,23 @@ TEST(GemmConfig, TheTableNamesOnlyTilesThatExist) {
             }
 }
 
+constexpr int kSms = 132;
+
 // The masked grouped GEMM's default at the seed's decode points (V3's 256 experts over EP ranks,
 // top-8, the gate+up [4096, 7168] and down [7168, 2048] on 132 SMs): 256-wide tiles up to 128
 // tokens per expert; beyond, 128-wide — or, for the gate+up (a K deep enough) where the 256-wide
-// tiles fill a wave, 256-wide with the last wave split in K; pairs in clusters from 1,024 tokens on;
+// tiles fill a wave and a workspace is at hand, 256-wide with the last wave split in K; pairs in
+// clusters from 1,024 tokens on;
 // and always a tile the grouped layouts are built for.
 TEST(GemmConfig, MaskedGroupedTilesFollowTheExpectedTokens) {
     const auto is = [](GemmConfig c, int bm, int bn, int splits, int cluster) {
         return c.block_m == bm && c.block_n == bn && c.splits == splits && c.cluster == cluster && !c.cublaslt;
     };
-    constexpr int kSms = 132, kDeep = 2 * kMinTailSplitKb * 128;
-    // Tokens per expert at batch (requests × 2 query tokens) on EP ranks, and the local experts.
-    const auto at = [](int ep, int batch, int N, int K, int sms = 132) {  // kSms
-        return pick_grouped_masked_config(batch * 2 * 8 * ep / 256, 256 / ep, N, K, sms);
+    constexpr int kDeep = 2 * kMinTailSplitKb * 128;
+    // Tokens per expert at batch (requests × 2 query tokens) on EP ranks, and the local experts;
+    // with a workspace unless `ws` is false.
+    const auto at = [](int ep, int batch, int N, int K, int sms = kSms, bool ws = true) {
+        return pick_grouped_masked_config(batch * 2 * 8 * ep / 256, 256 / ep, N, K, sms, ws);
     };
     for (auto [N, K] : {std::pair{4096, 7168}, {7168, 2048}}) {
         SCOPED_TRACE(K);
@@ -147,19 +151,24 @@ TEST(GemmConfig, MaskedGroupedTilesFollowTheExpectedTokens) {
     EXPECT_TRUE(is(at(64, 128, 4096, 7168), 128, 256, kMaskedTailSplits, 1));  // 4 × 4 × 16
     EXPECT_TRUE(is(at(32, 128, 7168, 2048), 128, 128, 1, 1));
     EXPECT_TRUE(is(at(64, 128, 7168, 2048), 128, 128, 1, 1));
-    EXPECT_TRUE(is(at(128, 32, 4096, 7168), 128, 128, 1, 1));  // 2 × 2 × 16 = 64 tiles: under a wave
+    EXPECT_TRUE(is(at(128, 32, 4096, 7168), 128, 128, 1, 1));                      // 2 × 2 × 16 = 64 tiles
     EXPECT_TRUE(is(at(128, 32, 4096, 7168, 64), 128, 256, kMaskedTailSplits, 1));  // a wave on 64 SMs
-    // The thresholds: K of two minimal splits, and a wave of 256-wide tiles (200 tokens: 2 row
-    // blocks; N of 66 or 65 column tiles).
-    EXPECT_TRUE(is(pick_grouped_masked_config(200, 1, 256 * 66, kDeep, kSms), 128, 256, kMaskedTailSplits, 1));
-    EXPECT_TRUE(is(pick_grouped_masked_config(200, 1, 256 * 66, kDeep - 128, kSms), 128, 128, 1, 1));
-    EXPECT_TRUE(is(pick_grouped_masked_config(200, 1, 256 * 65, kDeep, kSms), 128, 128, 1, 1));
-    EXPECT_TRUE(is(pick_grouped_masked_config(1023, 1, 256 * kSms, kDeep, kSms), 128, 256, kMaskedTailSplits, 1));
+    EXPECT_TRUE(is(at(32, 128, 4096, 7168, kSms, false), 128, 128, 1, 1));         // no workspace
+    // The thresholds: K of two minimal splits (in whole 128-blocks: one element past the last one
+    // counts), and a wave of 256-wide tiles (200 tokens: 2 row blocks; N of 66 or 65 column tiles).
+    EXPECT_TRUE(is(pick_grouped_masked_config(200, 1, 256 * 66, kDeep, kSms, true), 128, 256, kMaskedTailSplits, 1));
+    EXPECT_TRUE(
+        is(pick_grouped_masked_config(200, 1, 256 * 66, kDeep - 128 + 16, kSms, true), 128, 256, kMaskedTailSplits, 1));
+    EXPECT_TRUE(is(pick_grouped_masked_config(200, 1, 256 * 66, kDeep - 128, kSms, true), 128, 128, 1, 1));
+    EXPECT_TRUE(is(pick_grouped_masked_config(200, 1, 256 * 65, kDeep, kSms, true), 128, 128, 1, 1));
+    EXPECT_TRUE(is(pick_grouped_masked_config(1023, 1, 256 * kSms, kDeep, kSms, true), 128, 256, kMaskedTailSplits, 1));
     for (int m : {0, 1, 129, 1 << 20})
-        for (int K : {16, 2048, 7168}) {
-            const GemmConfig c = pick_grouped_masked_config(m, 8, 4096, K, kSms);
-            EXPECT_TRUE(gemm_fp8_tile_exists(c.block_m, c.block_n, false)) << m << " " << K;
-        }
+        for (int K : {16, 2048, 7168})
+            for (bool ws : {false, true}) {
+                const GemmConfig c = pick_grouped_masked_config(m, 8, 4096, K, kSms, ws);
+                EXPECT_TRUE(gemm_fp8_tile_exists(c.block_m, c.block_n, false)) << m << " " << K;
+                EXPECT_TRUE(ws || c.splits == 1) << m << " " << K;
+            }
 }
 
 }  // namespace

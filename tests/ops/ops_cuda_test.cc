@@ -568,12 +568,13 @@ TEST(GroupedGemmFp8Cuda, MaskedMatchesCpuReferenceAndReplaysInAGraph) {
 // Split K of a last, partial wave (with a workspace): per tile config, counts whose tiles leave
 // about 1, G/4 and G/2 past full waves of G (the persistent grid: one 128-row CTA per
 // multiprocessor), none, and 3 past two waves; K of 33 blocks splits 2 ways (each split at least
-// 16). Nonzero experts (one or two 128-row blocks) are spread among zero ones. Captured in a graph
-// and replayed twice: the counters and the ticket must come back to zero.
+// 16). Nonzero experts (one or two 128-row blocks; N = 264 is 2 or 3 column tiles) are spread among
+// zero ones. Captured in a graph and replayed twice: the counters and the ticket must come back to
+// zero. At least three of the remainders must be ones that split (0 < R <= G/2).
 TEST(GroupedGemmFp8Cuda, MaskedSplitsTheLastWaveInK) {
     REQUIRE_GPU();
     ThreadPool pool(0);
-    const int E = 96, max_m = 256, N = 136, K = 4112;
+    const int E = 96, max_m = 256, N = 264, K = 4112;
     const Fp8Operands o(int64_t(E) * max_m, N, K, 97, E);
     DeviceFp8 d(o);
     std::vector<int32_t> count_of(E);
@@ -589,6 +590,7 @@ TEST(GroupedGemmFp8Cuda, MaskedSplitsTheLastWaveInK) {
     FANOUT_CUDA_CHECK(cudaStreamCreate(&stream));
     for (const GemmConfig cfg : {GemmConfig{128, 128, 8}, GemmConfig{128, 256, 8}}) {
         const int G = device_sm_count(), n_blocks = (N + cfg.block_n - 1) / cfg.block_n;
+        int splitting = 0;  // remainders that split
         const cudaGraphExec_t exec = capture_graph(stream, [&] {
             launch_grouped_gemm_fp8_masked(d.x.ptr, d.sx.ptr, dcounts.ptr, E, max_m, d.w.ptr, d.sw.ptr, N, K, dy.ptr,
                                            max_m, stream, &ws, cfg);
@@ -602,6 +604,7 @@ TEST(GroupedGemmFp8Cuda, MaskedSplitsTheLastWaveInK) {
                 counts[e] = count_of[e];
                 units += (count_of[e] + cfg.block_m - 1) / cfg.block_m * n_blocks;
             }
+            if (units % G > 0 && units % G <= G / 2) ++splitting;
             SCOPED_TRACE("config " + std::to_string(cfg.block_m) + "x" + std::to_string(cfg.block_n) + "/" +
                          std::to_string(cfg.splits) + ", " + std::to_string(units) + " tiles on " + std::to_string(G) +
                          " CTAs");
@@ -614,6 +617,7 @@ TEST(GroupedGemmFp8Cuda, MaskedSplitsTheLastWaveInK) {
                     dy, counts, max_m, N, [&](int e) { return ref[e]; }, "replay " + std::to_string(replay));
             }
         }
+        EXPECT_GE(splitting, 3) << cfg.block_m << "x" << cfg.block_n << " on " << G << " CTAs";
         cudaGraphExecDestroy(exec);
     }
     // A split cap without a workspace is refused (the default drops its cap instead), and so is one

@@ -63,14 +63,16 @@ std::string gemm_fp8_tile_list(bool dense);
 GemmConfig pick_gemm_config(int M, int N, int K, int num_sms, bool split_k_allowed);
 // The masked grouped GEMM's tile for `expected_m` tokens per expert of `num_experts`, N × K, on
 // `num_sms` multiprocessors (grouped_gemm_cuda.h; the counts themselves are only on the device).
-// Its `splits` caps the K splits of a last, partial wave's tiles, the only ones that layout splits.
+// Its `splits` caps the K splits of a last, partial wave's tiles, the only ones that layout splits
+// (only when `split_k_allowed`: a GemmWorkspace is at hand).
 inline constexpr int kMaskedTailSplits = 8;
-// Each of those splits at least this many 128-deep K blocks. A split tile's partials make a round
-// trip through L2 (the last split reads the others' 64-128 KB each), which costs about what a short
-// split saves: the down projections' 16 K blocks in 4-way splits ran 5-8 µs slower at EP32..EP128,
-// the gate+up's 56 in 2-way splits 8-20 µs faster at EP32 and EP64 (PERF.md, twenty-sixth session).
+// Splits of at least this many K blocks of 128 (the last of a tile's splits may hold fewer: the
+// kernel's plan_tail). A split tile's partials make a round trip through L2 (the last split reads
+// the others' 64-128 KB each), which costs about what a short split saves: the down projections'
+// 16 K blocks in 4-way splits ran 5-8 µs slower at EP32..EP128, the gate+up's 56 in 2-way splits
+// 8-20 µs faster at EP32 and EP64 (PERF.md, twenty-sixth session).
 inline constexpr int kMinTailSplitKb = 16;
-GemmConfig pick_grouped_masked_config(int expected_m, int num_experts, int N, int K, int num_sms);
+GemmConfig pick_grouped_masked_config(int expected_m, int num_experts, int N, int K, int num_sms, bool split_k_allowed);
 // The order the quantization in front of a dense FP8 GEMM should write x's scales in: M-major where
 // the table runs cuBLASLt, row-major where it runs the tile kernel — each kernel's own order, so
 // neither needs a transpose. Either order gives the same result; the other one costs a launch.

@@ -104,14 +104,19 @@ GemmConfig pick_gemm_config(int M, int N, int K, int num_sms, bool split_k_allow
 // the two, a K deep enough for two splits of kMinTailSplitKb blocks (the gate+up's 7,168, not the
 // down projection's 2,048) keeps the 256-wide tiles with their last wave split in K
 // (gemm_fp8_sm90.cu) where they fill at least one whole wave: fewer tiles leave the last wave
-// emptier, and its split pays (EP32 and EP64 at batch 128: gate+up 116 and 109 µs in the layer
-// against 126 and 117). Under one wave, the 128-wide tiles' twice as many fill the GPU better than a
-// split of all of them (EP128 at batch 32: 37 against 43 µs; PERF.md, twenty-sixth session).
-GemmConfig pick_grouped_masked_config(int expected_m, int num_experts, int N, int K, int num_sms) {
+// emptier, and its split pays (EP32 and EP64 at batch 128 on an H100: gate+up 116 and 109 µs in
+// the layer against 126 and 117). Under one wave the 128-wide tiles' twice as many fill the GPU
+// better than a split of all of them (EP128 at batch 32: 37 against 43 µs), and without a
+// workspace the 256-wide tiles would run unsplit, so both keep the 128-wide ones (PERF.md,
+// twenty-sixth session).
+GemmConfig pick_grouped_masked_config(int expected_m, int num_experts, int N, int K, int num_sms,
+                                      bool split_k_allowed) {
     if (expected_m <= 128) return {128, 256, 1, 1};
     if (expected_m >= 1024) return {128, 128, 1, 2};
+    const int64_t k_blocks = (int64_t{K} + 127) / 128;
     const int64_t wide_tiles = int64_t{num_experts} * ((expected_m + 127) / 128) * ((N + 255) / 256);
-    if (K >= 2 * kMinTailSplitKb * 128 && wide_tiles >= num_sms) return {128, 256, kMaskedTailSplits, 1};
+    if (split_k_allowed && k_blocks >= 2 * kMinTailSplitKb && wide_tiles >= num_sms)
+        return {128, 256, kMaskedTailSplits, 1};
     return {128, 128, 1, 1};
 }
 

@@ -22,10 +22,10 @@
 // the M = 64 split GEMMs run 0.6-2.7 µs faster (o_proj 34.1 against 36.8 µs; PERF.md, nineteenth
 // session). Dense launches split every tile. The masked layout splits only the tiles of a last,
 // partial wave (its tile count is known on the device only): with R tiles left over after the full
-// waves of the persistent grid's G CTAs and R <= G/2, each of them is split s = min(splits, G/R)
-// ways, so the CTAs that would idle through the last wave share its K loops instead — where each
-// split keeps at least kMinTailSplitKb K blocks (gemm.h), and in unpaired CTAs only (no default
-// pairs and splits).
+// waves of the persistent grid's G CTAs and R <= G/2, each of them is split s = min(splits, G/R,
+// K blocks / kMinTailSplitKb) ways (gemm.h) into ranges of ceil(K blocks / s), the last one the
+// rest, so the CTAs that would idle through the last wave share its K loops instead; in unpaired
+// CTAs only (no default pairs and splits).
 //
 // Cluster pairs: two CTAs on tiles stacked along M fetch half of their shared W tile each and
 // multicast it to both. In the contiguous layout a pair may straddle two experts' blocks; then
@@ -140,15 +140,21 @@ struct Scheduler {
     const int* prefix;  // masked: tiles before expert e, in shared memory
     int m_blocks;
     // Masked: units [0, full) are whole tiles; the `tail` tiles after them run as tail_splits K
-    // ranges of tail_kb blocks each, unit full + split · tail + i for tile full + i (plan_tail).
+    // ranges of tail_kb blocks (the last one the rest), unit full + split · tail + i for tile
+    // full + i (plan_tail).
     int full = 0, tail = 0, tail_splits = 1, tail_kb = 0;
 
-    // Masked, once the prefix is in shared memory (every thread the same): split the tiles of the
-    // last wave over the grid's `ctas` when they fill at most half of it (the header's split-K).
+    // Masked, once the prefix is in shared memory: split the tiles of the last wave over the grid's
+    // `ctas` when they fill at most half of it (the header's split-K). Every thread of every CTA
+    // must reach the same plan — it does, from the same counts (the stream orders their writes
+    // before this launch); plans that differed could leave a last split waiting for ever.
     __device__ void plan_tail(int ctas) {
         const int tiles = prefix[p.num_experts], r = tiles % ctas;
         int s = r == 0 ? 1 : min(min(p.splits, ctas / r), p.nkb / kMinTailSplitKb);
         if (s > 1) {
+            // Ranges of ceil(nkb / s): all but the last at least kMinTailSplitKb, the last the rest
+            // (49 blocks in 3: 17, 17, 15; V3's 56: 19, 19, 18). Even ranges (split · nkb / s)
+            // made ptxas spill in the 128 × 256 kernel.
             tail_kb = (p.nkb + s - 1) / s;
             s = (p.nkb + tail_kb - 1) / tail_kb;  // no empty split; still >= 2
         }
@@ -302,10 +308,10 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     // order the CTAs start (a ticket), not by their index: whichever CTAs run, the earlier splits
     // of a tile are in CTAs already running before its last split is handed out, and they never
     // wait. By index, a last split started before its others could hold the SM they need while
-    // another stream's kernel holds the rest. atomicInc wraps the ticket to zero as it hands out
-    // the last unit: one atomic, and the next launch finds it at zero (its CTAs start after every
-    // CTA here took its ticket: they wait for grid_launch_dependents below, and without a
-    // programmatic dependency for this grid's end).
+    // another stream's kernel holds the rest. The ticket is the CTA's place in the stride (its first
+    // unit); atomicInc wraps it to zero as the grid's last CTA takes one: one atomic, and the next
+    // launch finds it at zero (its CTAs start after every CTA here took its ticket: they wait for
+    // grid_launch_dependents below, and without a programmatic dependency for this grid's end).
     __shared__ int ticket;
     const bool ticketed = kSplitK && p.splits > 1;
     // The W tile of a stage: with clusters each CTA fetches 1/CL of its rows for all of them — or,
@@ -1069,10 +1075,8 @@ void launch_grouped_gemm_fp8_masked(const uint8_t* x, const float* sx, const int
     FANOUT_DEVICE_REQUIRE(num_experts <= kMaxExperts, "grouped_gemm_fp8_masked: at most " +
                                                           std::to_string(kMaxExperts) + " experts, got " +
                                                           std::to_string(num_experts));
-    if (cfg.block_m == 0) {
-        cfg = pick_grouped_masked_config(expected_m, num_experts, N, K, device_sm_count());
-        if (workspace == nullptr) cfg.splits = 1;
-    }
+    if (cfg.block_m == 0)
+        cfg = pick_grouped_masked_config(expected_m, num_experts, N, K, device_sm_count(), workspace != nullptr);
     check_config(cfg, Layout::kMasked, "grouped_gemm_fp8_masked");
     Params p = base_params(sx, sw, y, max_m, N, K, cfg.block_n);
     p.counts = counts;
