@@ -10,7 +10,8 @@
 # variant's), the tiny microbatch check and the tiny serve check with both KV caches, one summary
 # line each; kernels_line LABEL FILE BIN M, which runs `BIN bench kernels --no-grouped --m M` into
 # $L/FILE.{json,txt} and writes one summary line: the six-shape sum and every shape's time and tile
-# (m64_line LABEL FILE BIN: at M = 64); and kernels_ab N M NEW_BIN OLD_BIN, N rounds of
+# (m64_line LABEL FILE BIN: at M = 64); layer_line LABEL FILE BIN, `bench layer` at EP8..EP128
+# and its EP8 line; and kernels_ab N M NEW_BIN OLD_BIN, N rounds of
 # kernels_line for the two builds in turn (files mM.new.I and mM.old.I), the A/B every GEMM change
 # is judged by inside one call.
 tar xJf .carry/build.tar.xz -C .carry
@@ -66,6 +67,14 @@ kernels_line() {
 }
 
 m64_line() { kernels_line "$1" "$2" "$3" 64; }
+
+# layer_line LABEL FILE BIN: `BIN bench layer` at batches 32 and 128, EP8..EP128, into
+# $L/FILE.{json,txt}, and one summary line with the EP8 batch-128 point.
+layer_line() {
+  local label=$1 file=$2 bin=$3
+  timeout 120 $bin bench layer --batches 32,128 --eps 8,16,32,64,128 --json $L/$file.json > $L/$file.txt 2>&1
+  echo "layer $label rc=$? t=$(( $(date +%s) - t0 )): $(grep -E '^EP8, batch 128' $L/$file.txt)" >> $S
+}
 
 kernels_ab() {
   local i

@@ -15,9 +15,6 @@ run_line "mla b128 head-major" mla.hm $B/apps/fanout bench mla --batches 128 --p
 for i in 1 2; do
   run_line "grouped $i" grouped.$i $B/apps/fanout bench kernels --no-dense --json $L/grouped.$i.json
 done
-for i in 1 2 3; do
-  timeout 120 $B/apps/fanout bench layer --batches 32,128 --eps 8,16,32,64,128 --json $L/layer.$i.json > $L/layer.$i.txt 2>&1
-  echo "layer $i rc=$? t=$(( $(date +%s) - t0 )): $(grep -E '^EP8, batch 128' $L/layer.$i.txt)" >> $S
-done
+for i in 1 2 3; do layer_line $i layer.$i $B/apps/fanout; done
 cd $OUT && tar czf logs.tgz logs && rm -rf logs
 grep -v "^ \|^EP[0-9]* \|^grouped contig\|^$\|^NVIDIA\|^wrote\|^grouped masked" $S

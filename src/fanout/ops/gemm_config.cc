@@ -19,6 +19,7 @@
 #include <iterator>
 #include <string>
 
+#include "fanout/ops/fp8_quant.h"
 #include "fanout/ops/gemm.h"
 
 namespace fanout::ops {
@@ -113,10 +114,9 @@ GemmConfig pick_grouped_masked_config(int expected_m, int num_experts, int N, in
                                       bool split_k_allowed) {
     if (expected_m <= 128) return {128, 256, 1, 1};
     if (expected_m >= 1024) return {128, 128, 1, 2};
-    const int64_t k_blocks = (int64_t{K} + 127) / 128;
-    const int64_t wide_tiles = int64_t{num_experts} * ((expected_m + 127) / 128) * ((N + 255) / 256);
-    if (split_k_allowed && k_blocks >= 2 * kMinTailSplitKb && wide_tiles >= num_sms)
-        return {128, 256, kMaskedTailSplits, 1};
+    constexpr GemmConfig kWideSplit{128, 256, kMaskedTailSplits, 1};
+    const int64_t wide_tiles = num_experts * ceil_div(expected_m, kWideSplit.block_m) * ceil_div(N, kWideSplit.block_n);
+    if (split_k_allowed && ceil_div(K, kFp8Block) >= 2 * kMinTailSplitKb && wide_tiles >= num_sms) return kWideSplit;
     return {128, 128, 1, 1};
 }
 
