@@ -307,6 +307,41 @@ class FakeDeviceRunner : public FakeRunner {
     }
 };
 
+// A runner sampling on the device writes ops::kNotFinite for a row it refuses (sampling_cuda.h):
+// that request fails alone with "error", as with the host sampler's refusal above.
+TEST(Engine, ARowTheDeviceSamplerRefusesFailsItsRequestAlone) {
+    struct RefusingRunner : FakeDeviceRunner {
+        std::vector<int32_t> forward_sample(const model::StepBatch& b, kv::PagedKvCache& cache,
+                                            std::span<const ops::SamplingRow> rows,
+                                            std::span<const ops::LogitBias> logit_bias) override {
+            std::vector<int32_t> out = FakeDeviceRunner::forward_sample(b, cache, rows, logit_bias);
+            for (size_t i = 0; i < out.size(); ++i)  // a row read at token 13 (only the bad prompt's last)
+                if (b.tokens[static_cast<size_t>(b.logit_rows[i])] == 13) out[i] = ops::kNotFinite;
+            return out;
+        }
+    };
+    EngineConfig cfg;
+    cfg.num_kv_blocks = 64;
+    Engine engine(std::make_unique<RefusingRunner>(), nullptr, cfg);
+    RequestParams good, bad;
+    good.prompt = {1, 2, 3};
+    good.max_tokens = 12;
+    good.ignore_eos = true;
+    bad.prompt = {7, 8, 13};
+    bad.max_tokens = 12;
+    bad.ignore_eos = true;
+    auto hg = engine.submit(good), hb = engine.submit(bad);
+    engine.start();
+    std::string reason_good, reason_bad;
+    const std::vector<int32_t> out = drain(*hg, &reason_good);
+    drain(*hb, &reason_bad);
+    engine.stop();
+    EXPECT_EQ(reason_bad, "error");
+    EXPECT_EQ(out, expected(good.prompt, 12, false));
+    EXPECT_EQ(reason_good, "length");
+    EXPECT_EQ(engine.stats().requests_failed, 1);
+}
+
 std::vector<std::vector<int32_t>> run_all(std::unique_ptr<ModelRunner> runner,
                                           const std::vector<RequestParams>& params) {
     EngineConfig cfg;

@@ -237,6 +237,73 @@ TEST(Speculative, ARequestWhoseLogitsAreNotFiniteFailsAlone) {
     EXPECT_GT(engine.stats().accepted_draft_tokens, 0);
 }
 
+// The same with a runner that samples on the device, which writes ops::kNotFinite for a row it
+// refuses (sampling_cuda.h) and may refuse an MTP draft: the bad request fails alone, a refused
+// draft only ends that sequence's drafts for the step (the tokens are a run without it).
+TEST(Speculative, RowsAndDraftsTheDeviceRefusesFailOnlyTheirOwn) {
+    struct DeviceMtpRunner : FakeMtpRunner {
+        DeviceMtpRunner() : FakeMtpRunner(Drafts::kAlternate) {}
+        bool samples_on_device() const override { return true; }
+        std::vector<int32_t> forward_sample(const model::StepBatch& b, kv::PagedKvCache& cache,
+                                            std::span<const ops::SamplingRow> rows,
+                                            std::span<const ops::LogitBias>) override {
+            const Tensor logits = forward(b, cache);
+            std::vector<int32_t> out;
+            std::vector<std::pair<float, int32_t>> scratch;
+            for (size_t i = 0; i < rows.size(); ++i) {
+                const size_t r = static_cast<size_t>(b.logit_rows[i]);
+                const float* l = logits.data_as<float>() + static_cast<int64_t>(i) * V;
+                const ops::SamplingParams p{rows[i].temperature, rows[i].top_k, rows[i].top_p, 0};
+                if (b.tokens[r] == 48 && b.positions[r] <= 2)  // the bad prompt's rows
+                    out.push_back(ops::kNotFinite);
+                else if (rows[i].draft >= 0)
+                    out.push_back(ops::check_draft_with_uniforms(l, V, p, rows[i].draft, rows[i].uniform,
+                                                                 rows[i].uniform_residual, scratch)
+                                      .token);
+                else
+                    out.push_back(ops::sample_with_uniform(l, V, p, rows[i].uniform, scratch));
+            }
+            return out;
+        }
+        std::vector<int32_t> draft_mtp(const model::StepBatch& b, std::span<const int32_t> hidden_rows, bool chained,
+                                       kv::PagedKvCache& cache) override {
+            std::vector<int32_t> drafts = FakeMtpRunner::draft_mtp(b, hidden_rows, chained, cache);
+            for (size_t i = 0; i < drafts.size(); ++i)  // every few positions, first drafts and chained ones
+                if (b.positions[static_cast<size_t>(b.logit_rows[i])] % 5 == (chained ? 1 : 3)) {
+                    drafts[i] = ops::kNotFinite;
+                    ++refused_drafts;
+                }
+            return drafts;
+        }
+        int refused_drafts = 0;
+    };
+    const std::vector<RequestParams> good = {request(3, 30), request(4, 25)};
+    const SpecRun alone = run_fake(FakeMtpRunner::Drafts::kAlternate, 2, good);
+    EngineConfig cfg;
+    cfg.num_kv_blocks = 256;
+    cfg.scheduler = {8, 64, 16};
+    cfg.mtp_draft_tokens = 2;
+    auto runner = std::make_unique<DeviceMtpRunner>();
+    const DeviceMtpRunner* r = runner.get();
+    Engine engine(std::move(runner), nullptr, cfg);
+    RequestParams bad = request(0, 20);
+    bad.prompt = {48, 48, 48};
+    auto h0 = engine.submit(good[0]), hb = engine.submit(bad), h1 = engine.submit(good[1]);
+    engine.start();
+    std::string reason;
+    const std::vector<int32_t> out0 = drain(*h0);
+    drain(*hb, &reason);
+    const std::vector<int32_t> out1 = drain(*h1);
+    engine.stop();
+    EXPECT_EQ(reason, "error");
+    EXPECT_EQ(out0, alone.outputs[0]);
+    EXPECT_EQ(out1, alone.outputs[1]);
+    EXPECT_EQ(engine.stats().requests_failed, 1);
+    EXPECT_GT(r->refused_drafts, 0);
+    EXPECT_GT(engine.stats().accepted_draft_tokens, 0);
+    EXPECT_LT(engine.stats().draft_tokens, alone.stats.draft_tokens);
+}
+
 TEST(Speculative, BadConfigurationsAreRefusedNamingWhy) {
     EngineConfig cfg;
     cfg.mtp_draft_tokens = 9;

@@ -729,6 +729,68 @@ TEST(SamplingCuda, MatchesCpuRule) {
     EXPECT_EQ(differ, 0);
 }
 
+// Rows the CPU sampler refuses (a NaN or +inf logit, every logit -inf: sampling.h) get kNotFinite
+// on the device, for every kind of parameters and draft rows alike, at the first, a middle and the
+// last id; the rows beside them (one -inf logit, -inf everywhere but one) are sampled as the CPU
+// samples them.
+TEST(SamplingCuda, NonFiniteRowsAreRefusedAsOnTheCpu) {
+    REQUIRE_GPU();
+    const int V = 32003;
+    const SamplingRow kinds[] = {{0.0f, 0, 1.0f, 0}, {1.0f, 0, 1.0f, 0}, {0.9f, 20, 0.5f, 0}, {1.0f, 1, 1.0f, 0}};
+    std::vector<SamplingRow> rows;
+    std::vector<float> logits;
+    std::vector<bool> refused;
+    std::mt19937_64 rng(21);
+    for (int k = 0; k < 4; ++k)
+        for (int what = 0; what < 8; ++what) {
+            SamplingRow r = kinds[k];
+            r.uniform = static_cast<double>(rng() >> 11) * 0x1.0p-53;
+            if (what % 2 == 1) r.draft = 5, r.uniform_residual = 0.5;
+            std::vector<float> row = fanout::testing::random_floats(V, 40 + k * 8 + what, 3.0f);
+            const int at = (what / 2 % 3 == 0) ? 0 : (what / 2 % 3 == 1) ? V / 2 : V - 1;
+            switch (what / 2) {
+                case 0:
+                    row[at] = std::nanf("");
+                    break;
+                case 1:
+                    row[at] = INFINITY;
+                    break;
+                case 2:
+                    std::fill(row.begin(), row.end(), -INFINITY);
+                    break;
+                default:  // beside them: one -inf, or -inf everywhere but one
+                    if (k % 2 == 0) {
+                        std::fill(row.begin(), row.end(), -INFINITY);
+                        row[V / 3] = 1.0f;
+                    } else {
+                        row[at] = -INFINITY;
+                    }
+            }
+            refused.push_back(what / 2 < 3);
+            rows.push_back(r);
+            logits.insert(logits.end(), row.begin(), row.end());
+        }
+    const auto got = sample_on_device(logits, V, rows);
+    std::vector<std::pair<float, int32_t>> scratch;
+    for (size_t r = 0; r < rows.size(); ++r) {
+        SCOPED_TRACE("row " + std::to_string(r));
+        const float* l = logits.data() + r * V;
+        const SamplingParams p{rows[r].temperature, rows[r].top_k, rows[r].top_p, 0};
+        const auto cpu = [&] {
+            return rows[r].draft >= 0 ? check_draft_with_uniforms(l, V, p, rows[r].draft, rows[r].uniform,
+                                                                  rows[r].uniform_residual, scratch)
+                                            .token
+                                      : sample_with_uniform(l, V, p, rows[r].uniform, scratch);
+        };
+        if (refused[r]) {
+            EXPECT_EQ(got[r], kNotFinite);
+            EXPECT_THROW(cpu(), Error);
+        } else {
+            EXPECT_EQ(got[r], cpu());
+        }
+    }
+}
+
 // Draft rows (MTP verification): the device's verdict is check_draft_with_uniforms's, row by row,
 // for every kind of parameters, with drafts that are the favourite, a likely token, an unlikely
 // one, one top-k / top-p drop, and the first and last ids — accepted and rejected both occur.

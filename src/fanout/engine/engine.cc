@@ -11,6 +11,11 @@ using clock_type = std::chrono::steady_clock;
 
 namespace {
 
+// Why a request fails when the device sampler refuses one of its rows (ops::kNotFinite), as the
+// host sampler's error does.
+constexpr const char* kNotFiniteOnDevice =
+    "sample: the model's output is not finite (a NaN or +inf logit, or every logit -inf; on the device)";
+
 // A logit row of `sampler`'s request as the device samples it: its parameters, its generator's
 // next draw, and its biases — entries [bias.size(), + its count) of the step's bias array, which
 // the caller appends once per request (append_bias) after that request's rows.
@@ -423,8 +428,15 @@ bool Engine::step() {
         forward_done(t0);
         scheduler_.commit(work);
         size_t row = 0;
-        for (const auto& s : work)
-            if (s.wants_logits) postprocess(*active_.at(s.seq->id), tokens.at(row++));
+        for (const auto& s : work) {
+            if (!s.wants_logits) continue;
+            Active& a = *active_.at(s.seq->id);
+            const int32_t token = tokens.at(row++);
+            if (token == ops::kNotFinite)  // as the host sampler's refusal: this request only
+                fail(a, kNotFiniteOnDevice);
+            else
+                postprocess(a, token);
+        }
     } else {
         const auto t0 = clock_type::now();
         const Tensor logits = runner_->forward(batch, cache_);
@@ -485,6 +497,15 @@ void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::Step
     if (runner_->samples_on_device()) {
         picked = runner_->forward_sample(batch, cache_, sampling, bias);
         forward_done(t0);
+        size_t row = 0;
+        for (const auto& s : work) {  // a row the device refused fails its request, as below
+            if (!s.wants_logits) continue;
+            const size_t rows = static_cast<size_t>(s.start + s.num_tokens - s.seq->total_len()) + 1;
+            if (std::any_of(picked.begin() + row, picked.begin() + row + rows,
+                            [](int32_t t) { return t == ops::kNotFinite; }))
+                failed.emplace(s.seq->id, kNotFiniteOnDevice);
+            row += rows;
+        }
     } else {
         const Tensor logits = runner_->forward(batch, cache_);
         forward_done(t0);
@@ -614,8 +635,16 @@ void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::Step
     const auto draft_start = clock_type::now();
     model::StepBatch pass = mb.build();
     pass.logit_rows = std::move(draft_rows);
+    // A draft the device sampler refused (kNotFinite: the MTP layer's output went wrong) ends that
+    // sequence's drafts; the next step checks the ones before it.
     const std::vector<int32_t> first = runner_->draft_mtp(pass, hidden_rows, false, cache_);
-    for (size_t q = 0; q < drafting.size(); ++q) drafting[q].seq->draft = {first.at(q)};
+    for (size_t q = 0; q < drafting.size(); ++q) {
+        drafting[q].seq->draft.clear();
+        if (first.at(q) == ops::kNotFinite)
+            drafting[q].k = 0;
+        else
+            drafting[q].seq->draft = {first.at(q)};
+    }
     // Further drafts: the MTP layer again, on the draft it just made and its own hidden state.
     for (int c = 1; c < config_.mtp_draft_tokens; ++c) {
         model::StepBatchBuilder cb(cache_);
@@ -634,6 +663,7 @@ void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::Step
         const std::vector<int32_t> more = runner_->draft_mtp(cb.build(), from, true, cache_);
         std::vector<Drafting> kept;
         for (size_t q = 0; q < next.size(); ++q) {
+            if (more.at(q) == ops::kNotFinite) continue;
             next[q]->draft.push_back(more.at(q));
             kept.push_back(drafting[static_cast<size_t>(from[q])]);
         }

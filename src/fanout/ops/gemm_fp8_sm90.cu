@@ -24,8 +24,9 @@
 // partial wave (its tile count is known on the device only): with R tiles left over after the full
 // waves of the persistent grid's G CTAs and R <= G/2, each of them is split s = min(splits, G/R,
 // K blocks / kMinTailSplitKb) ways (gemm.h) into ranges of ceil(K blocks / s), the last one the
-// rest, so the CTAs that would idle through the last wave share its K loops instead; in unpaired
-// CTAs only (no default pairs and splits).
+// rest, so the CTAs that would idle through the last wave share its K loops instead. In cluster
+// pairs G counts pairs and R pair units; both CTAs of a split unit take the same K range of their
+// own row block (a partial slot each).
 //
 // Cluster pairs: two CTAs on tiles stacked along M fetch half of their shared W tile each and
 // multicast it to both. In the contiguous layout a pair may straddle two experts' blocks; then
@@ -133,7 +134,7 @@ struct Tile {
 // and 16 measured slower than 8 (PERF.md, 2026-12-03).
 constexpr int kGroupM = 8;
 
-// TAIL (masked, unpaired CTAs): the launch's last wave may be split in K (plan_tail).
+// TAIL (masked): the launch's last wave may be split in K (plan_tail).
 template <int BM, int BN, Layout L, int CL, bool TAIL>
 struct Scheduler {
     const Params& p;
@@ -144,10 +145,10 @@ struct Scheduler {
     // full + i (plan_tail).
     int full = 0, tail = 0, tail_splits = 1, tail_kb = 0;
 
-    // Masked, once the prefix is in shared memory: split the tiles of the last wave over the grid's
-    // `ctas` when they fill at most half of it (the header's split-K). Every thread of every CTA
-    // must reach the same plan — it does, from the same counts (the stream orders their writes
-    // before this launch); plans that differed could leave a last split waiting for ever.
+    // Masked, once the prefix is in shared memory: split the tiles (pair units) of the last wave
+    // over the grid's `ctas` (pairs) when they fill at most half of it (the header's split-K). Every thread of every
+    // CTA must reach the same plan — it does, from the same counts (the stream orders their writes before this launch);
+    // plans that differed could leave a last split waiting for ever.
     __device__ void plan_tail(int ctas) {
         const int tiles = prefix[p.num_experts], r = tiles % ctas;
         int s = r == 0 ? 1 : min(min(p.splits, ctas / r), p.nkb / kMinTailSplitKb);
@@ -204,7 +205,7 @@ struct Scheduler {
                 tile.splits = tail_splits;
                 tile.kb0 = tile.split * tail_kb;
                 tile.kb1 = min(p.nkb, tile.kb0 + tail_kb);
-                tile.id = u - full;  // < the grid's CTAs: the launch's workspace check
+                tile.id = (u - full) * CL + rank;  // < the grid's CTAs: the launch's workspace check
             }
         } else {
             const int per_split = m_units() * p.n_blocks, u = t % per_split;
@@ -299,7 +300,7 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     uint64_t* empty = reinterpret_cast<uint64_t*>(smem + kEmptyOff);
     __shared__ int prefix[L == Layout::kMasked ? kMaxExperts + 1 : 1];
 
-    static_assert(!TAIL || (L == Layout::kMasked && CL == 1), "the last-wave split is the masked layout's, unpaired");
+    static_assert(!TAIL || L == Layout::kMasked, "the last-wave split is the masked layout's");
     constexpr bool kSplitK = L == Layout::kDense || TAIL;
     Scheduler<BM, BN, L, CL, TAIL> sched{p, prefix, (p.rows + BM - 1) / BM};
     const int rank = CL > 1 ? static_cast<int>(cluster_rank()) : 0;
@@ -898,8 +899,8 @@ void launch_config(const Operands& o, const Params& p, cudaStream_t stream) {
         units = std::min(per_split * q.splits, max_units);
     }
     if (L != Layout::kContiguous && q.splits > 1) {
-        // Dense: every tile's splits; masked: a slot per split unit, at most one per CTA.
-        const int tiles = L == Layout::kDense ? static_cast<int>((o.x_rows + BM - 1) / BM) * p.n_blocks : units;
+        // Dense: every tile's splits; masked: a slot per CTA of a split unit, at most one per CTA.
+        const int tiles = L == Layout::kDense ? static_cast<int>((o.x_rows + BM - 1) / BM) * p.n_blocks : units * CL;
         const size_t need = static_cast<size_t>(tiles) * (L == Layout::kDense ? q.splits : 1) * BM * BN;
         FANOUT_DEVICE_REQUIRE(need <= o.partial_capacity && tiles <= o.counter_capacity,
                               "gemm_fp8: split-K workspace too small (" + std::to_string(need * 4) + " bytes, " +
@@ -930,9 +931,11 @@ void launch_tile(const GemmConfig& cfg, const Operands& o, const Params& p, cuda
         constexpr GemmFp8Tile t = kGemmFp8Tiles[I];
         if constexpr (L == Layout::kDense || !t.dense_only) {
             if (cfg.block_m == t.block_m && cfg.block_n == t.block_n) {
-                if (cfg.cluster == 2) return launch_config<t.block_m, t.block_n, L, 2>(o, p, stream);
                 if constexpr (L == Layout::kMasked)
-                    if (cfg.splits > 1) return launch_config<t.block_m, t.block_n, L, 1, true>(o, p, stream);
+                    if (cfg.splits > 1)
+                        return cfg.cluster == 2 ? launch_config<t.block_m, t.block_n, L, 2, true>(o, p, stream)
+                                                : launch_config<t.block_m, t.block_n, L, 1, true>(o, p, stream);
+                if (cfg.cluster == 2) return launch_config<t.block_m, t.block_n, L, 2>(o, p, stream);
                 return launch_config<t.block_m, t.block_n, L, 1>(o, p, stream);
             }
         }
@@ -957,9 +960,6 @@ void check_config(const GemmConfig& cfg, Layout L, const char* what) {
                           std::string(what) + ": clusters of " + std::to_string(cfg.cluster) + " (have 1 and 2)");
     FANOUT_DEVICE_REQUIRE(cfg.splits >= 1,
                           std::string(what) + ": splits must be at least 1, got " + std::to_string(cfg.splits));
-    FANOUT_DEVICE_REQUIRE(L != Layout::kMasked || cfg.splits == 1 || cfg.cluster == 1,
-                          std::string(what) + ": the masked layout splits K in unpaired CTAs only (splits " +
-                              std::to_string(cfg.splits) + ", cluster " + std::to_string(cfg.cluster) + ")");
 }
 
 void check_operands(const void* x, const void* w, int N, int K, const char* what) {

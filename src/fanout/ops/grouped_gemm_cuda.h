@@ -26,8 +26,8 @@ void launch_grouped_gemm_fp8_contiguous(const uint8_t* x, const float* sx, int r
 // can be captured once in a CUDA graph and replayed for any routing. `expected_m`, the tokens per
 // expert the caller expects (batch · top-k / experts in the EP group), only picks the tile.
 // With `workspace` (gemm.h; not shared with a GEMM running at the same time) the tiles of a last,
-// partial wave may be split in K, up to cfg.splits ways (gemm_fp8_sm90.cu's split-K; not in cluster
-// pairs); without one the default runs unsplit and a cfg with splits > 1 is an error.
+// partial wave may be split in K, up to cfg.splits ways (gemm_fp8_sm90.cu's split-K, unpaired or
+// in cluster pairs); without one the default runs unsplit and a cfg with splits > 1 is an error.
 void launch_grouped_gemm_fp8_masked(const uint8_t* x, const float* sx, const int32_t* counts, int num_experts,
                                     int max_m, const uint8_t* w, const float* sw, int N, int K, uint16_t* y,
                                     int expected_m, void* cuda_stream, GemmWorkspace* workspace = nullptr,

@@ -8,7 +8,7 @@
 // probability reaches top_p (1 = all), renormalized and sampled. The generator is a 64-bit
 // Mersenne twister drawing doubles from its top 53 bits, so a seed gives the same tokens on
 // every machine. Logits must be finite or −∞ (a NaN or +∞ from the model is an error naming the
-// token, as is a row with no finite logit); the GPU sampler does not check.
+// token, as is a row with no finite logit); the GPU sampler writes kNotFinite for such a row.
 #pragma once
 
 #include <cstdint>

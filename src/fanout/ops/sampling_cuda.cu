@@ -138,16 +138,23 @@ __global__ void __launch_bounds__(kThreads)
         }
         __syncthreads();  // after this, every thread reads the biased row
     }
-    // The argmax (ties to the lower id): the greedy answer, and the max for the probabilities.
+    // The argmax (ties to the lower id): the greedy answer, and the max for the probabilities; and
+    // the CPU's precondition on the logits (sampling.h): no NaN or +inf, one above -inf at least.
     const bool greedy = p.temperature < kGreedyTemperature;
     float bv = -INFINITY;
     int bi = vocab;
+    bool bad = false;
     for (int i = threadIdx.x; i < vocab; i += kThreads) {
-        const float v = greedy ? l[i] : l[i] / p.temperature;
+        const float raw = l[i], v = greedy ? raw : raw / p.temperature;
+        bad = bad || isnan(raw) || raw == INFINITY;
         if (v > bv || bi == vocab) {
             bv = v;
             bi = i;
         }
+    }
+    if (__syncthreads_or(bad)) {
+        if (threadIdx.x == 0) tokens[blockIdx.x] = kNotFinite;
+        return;
     }
     for (int o = 16; o > 0; o >>= 1) {
         const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
@@ -178,6 +185,10 @@ __global__ void __launch_bounds__(kThreads)
             }
     }
     __syncthreads();
+    if (best_value == -INFINITY) {  // every logit -inf
+        if (threadIdx.x == 0) tokens[blockIdx.x] = kNotFinite;
+        return;
+    }
     if (greedy || p.top_k == 1) {
         if (threadIdx.x == 0) tokens[blockIdx.x] = best_id;
         return;

@@ -36,11 +36,15 @@ struct SamplingRow {
     double uniform_residual = 0.0;
 };
 
+// The token launch_sample writes for a row that breaks the CPU sampler's precondition (a NaN or
+// +inf logit, or every one -inf: the model's output went wrong), where the CPU throws.
+inline constexpr int32_t kNotFinite = -1;
+
 #ifdef FANOUT_WITH_CUDA
 // logits: [rows, vocab] f32; params: [rows] on the device; logit_bias: the entries the rows point
 // at, on the device (may be null when no row has any), each id at most once per row — ids outside
 // [0, vocab) are skipped; tokens: [rows] i32. Each row's biases are added to its logits in place
-// before it is sampled. Graph-safe.
+// before it is sampled; a row whose logits are not finite gets kNotFinite. Graph-safe.
 void launch_sample(float* logits, int rows, int vocab, const SamplingRow* params, const LogitBias* logit_bias,
                    int32_t* tokens, void* cuda_stream);
 #endif
