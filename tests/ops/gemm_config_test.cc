@@ -141,21 +141,16 @@ TEST(GemmConfig, MaskedGroupedTilesFollowTheExpectedTokens) {
     };
     for (auto [N, K] : {std::pair{4096, 7168}, {7168, 2048}}) {
         SCOPED_TRACE(K);
-        EXPECT_TRUE(is(at(8, 128, N, K), 128, 256, 1, 1));   // 64 tokens
-        EXPECT_TRUE(is(at(16, 128, N, K), 128, 256, 1, 1));  // 128
+        EXPECT_TRUE(is(at(8, 128, N, K), 128, 256, 1, 1));    // 64 tokens
+        EXPECT_TRUE(is(at(16, 128, N, K), 128, 256, 1, 1));   // 128
+        EXPECT_TRUE(is(at(128, 128, N, K), 128, 128, 1, 2));  // 1,024
+        EXPECT_TRUE(is(at(256, 128, N, K), 128, 128, 1, 2));  // 2,048
     }
-    // From 1,024 tokens in pairs: the gate+up's 256-wide with its last wave split, the down
-    // projection's 128-wide unsplit (too shallow to split), and both 128-wide without a workspace.
-    for (int ep : {128, 256}) {  // 1,024 and 2,048 tokens
-        EXPECT_TRUE(is(at(ep, 128, 4096, 7168), 128, 256, kMaskedTailSplits, 2));
-        EXPECT_TRUE(is(at(ep, 128, 7168, 2048), 128, 128, 1, 2));
-        EXPECT_TRUE(is(at(ep, 128, 4096, 7168, kSms, false), 128, 128, 1, 2));
-    }
-    // Between, where 256-wide tiles fill a wave: the gate+up's split, the down projection's unsplit.
+    // Between: the gate+up where 256-wide tiles fill a wave, split; the down projection unsplit.
     EXPECT_TRUE(is(at(32, 128, 4096, 7168), 128, 256, kMaskedTailSplits, 1));  // 8 experts × 2 × 16 tiles
     EXPECT_TRUE(is(at(64, 128, 4096, 7168), 128, 256, kMaskedTailSplits, 1));  // 4 × 4 × 16
-    EXPECT_TRUE(is(at(32, 128, 7168, 2048), 128, 256, 1, 1));                  // 8 × 2 × 28
-    EXPECT_TRUE(is(at(64, 128, 7168, 2048), 128, 256, 1, 1));
+    EXPECT_TRUE(is(at(32, 128, 7168, 2048), 128, 128, 1, 1));
+    EXPECT_TRUE(is(at(64, 128, 7168, 2048), 128, 128, 1, 1));
     EXPECT_TRUE(is(at(128, 32, 4096, 7168), 128, 128, 1, 1));                      // 2 × 2 × 16 = 64 tiles
     EXPECT_TRUE(is(at(128, 32, 4096, 7168, 64), 128, 256, kMaskedTailSplits, 1));  // a wave on 64 SMs
     EXPECT_TRUE(is(at(32, 128, 4096, 7168, kSms, false), 128, 128, 1, 1));         // no workspace
@@ -164,7 +159,7 @@ TEST(GemmConfig, MaskedGroupedTilesFollowTheExpectedTokens) {
     EXPECT_TRUE(is(pick_grouped_masked_config(200, 1, 256 * 66, kDeep, kSms, true), 128, 256, kMaskedTailSplits, 1));
     EXPECT_TRUE(
         is(pick_grouped_masked_config(200, 1, 256 * 66, kDeep - 128 + 16, kSms, true), 128, 256, kMaskedTailSplits, 1));
-    EXPECT_TRUE(is(pick_grouped_masked_config(200, 1, 256 * 66, kDeep - 128, kSms, true), 128, 256, 1, 1));
+    EXPECT_TRUE(is(pick_grouped_masked_config(200, 1, 256 * 66, kDeep - 128, kSms, true), 128, 128, 1, 1));
     EXPECT_TRUE(is(pick_grouped_masked_config(200, 1, 256 * 65, kDeep, kSms, true), 128, 128, 1, 1));
     EXPECT_TRUE(is(pick_grouped_masked_config(1023, 1, 256 * kSms, kDeep, kSms, true), 128, 256, kMaskedTailSplits, 1));
     for (int m : {0, 1, 129, 1 << 20})

@@ -634,6 +634,65 @@ TEST(GroupedGemmFp8Cuda, MaskedSplitsTheLastWaveInK) {
     cudaStreamDestroy(stream);
 }
 
+// A dense split-K GEMM, a masked GEMM whose last wave splits, and the dense one again, on one
+// workspace in one graph (as a layer's o_proj and gate+up share the device context's): grids of
+// different sizes take their tickets from one counter, which each launch must leave at zero, or
+// the next one's CTAs start at the wrong units. The masked tiles are 3 past whole waves (K of 49
+// blocks: 3-way splits), unpaired and in pairs. Replayed twice: every result is its reference
+// and the workspace is back at zero.
+TEST(GroupedGemmFp8Cuda, MaskedSplitAfterDenseSplitOnOneWorkspace) {
+    REQUIRE_GPU();
+    ThreadPool pool(0);
+    const Fp8Operands dense(64, 640, 2048, 101);  // 64 × 64 tiles in 4 splits: 40 units
+    const GemmConfig dense_cfg{64, 64, 4, 1};
+    const std::vector<float> dense_ref = dense.reference_rows(0, dense.M, 0, pool);
+    DeviceFp8 dd(dense);
+    const int max_m = 128, N = 384, K = 6160;  // one row block and 3 column tiles per expert
+    GemmWorkspace ws;
+    cudaStream_t stream;
+    FANOUT_CUDA_CHECK(cudaStreamCreate(&stream));
+    for (const GemmConfig cfg : {GemmConfig{128, 128, 8}, GemmConfig{128, 128, 8, 2}}) {
+        const int G = device_sm_count() / cfg.cluster, E = G / 3 + 1;  // 3E tiles: 1 to 3 past the waves
+        SCOPED_TRACE("cluster " + std::to_string(cfg.cluster) + ", " + std::to_string(3 * E) + " units on " +
+                     std::to_string(G));
+        const Fp8Operands o(int64_t(E) * max_m, N, K, 103, E);
+        DeviceFp8 d(o);
+        std::vector<int32_t> counts(E);
+        for (int e = 0; e < E; ++e) counts[e] = 1 + (e * 53) % max_m;
+        DeviceBuffer<int32_t> dcounts(E);
+        dcounts.upload(counts.data());
+        DeviceBuffer<uint16_t> dy(size_t(E) * max_m * N), y1(dense_ref.size()), y2(dense_ref.size());
+        const cudaGraphExec_t exec = capture_graph(stream, [&] {
+            launch_gemm_fp8(dd.x.ptr, dd.sx.ptr, dd.w.ptr, dd.sw.ptr, y1.ptr, int(dense.M), int(dense.N), int(dense.K),
+                            stream, nullptr, &ws, dense_cfg);
+            launch_grouped_gemm_fp8_masked(d.x.ptr, d.sx.ptr, dcounts.ptr, E, max_m, d.w.ptr, d.sw.ptr, N, K, dy.ptr,
+                                           max_m, stream, &ws, cfg);
+            launch_gemm_fp8(dd.x.ptr, dd.sx.ptr, dd.w.ptr, dd.sw.ptr, y2.ptr, int(dense.M), int(dense.N), int(dense.K),
+                            stream, nullptr, &ws, dense_cfg);
+        });
+        for (int replay = 0; replay < 2; ++replay) {
+            const std::string what = "replay " + std::to_string(replay);
+            dy.poison();
+            y1.poison();
+            y2.poison();
+            FANOUT_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+            FANOUT_CUDA_CHECK(cudaStreamSynchronize(stream));
+            expect_masked_result(
+                dy, counts, max_m, N, [&](int e) { return o.reference_rows(int64_t(e) * max_m, counts[e], e, pool); },
+                what);
+            for (const DeviceBuffer<uint16_t>* y : {&y1, &y2}) {
+                std::vector<uint16_t> got(dense_ref.size());
+                y->download(got.data());
+                expect_close_bf16(got.data(), dense_ref.data(), got.size(),
+                                  what + (y == &y1 ? ", dense before" : ", dense after"));
+            }
+            expect_workspace_at_zero(ws, what);
+        }
+        cudaGraphExecDestroy(exec);
+    }
+    cudaStreamDestroy(stream);
+}
+
 // The small widths of tiny models and per-head batched GEMMs: K below one 128-block (32, 64, 96)
 // and N below one tile — k_b (N = kv_lora, K = nope), v_b (N = v, K = kv_lora), expert down. Groups
 // of fewer than 128 rows, with the default (one CTA per tile) and in cluster pairs, whose second

@@ -113,10 +113,10 @@ GemmConfig pick_gemm_config(int M, int N, int K, int num_sms, bool split_k_allow
 GemmConfig pick_grouped_masked_config(int expected_m, int num_experts, int N, int K, int num_sms,
                                       bool split_k_allowed) {
     if (expected_m <= 128) return {128, 256, 1, 1};
-    const bool deep = ceil_div(K, kFp8Block) >= 2 * kMinTailSplitKb, split = split_k_allowed && deep;
-    if (expected_m >= 1024) return split ? GemmConfig{128, 256, kMaskedTailSplits, 2} : GemmConfig{128, 128, 1, 2};
-    const int64_t wide_tiles = num_experts * ceil_div(expected_m, 128) * ceil_div(N, 256);
-    if (wide_tiles >= num_sms && (split || !deep)) return {128, 256, split ? kMaskedTailSplits : 1, 1};
+    if (expected_m >= 1024) return {128, 128, 1, 2};
+    constexpr GemmConfig kWideSplit{128, 256, kMaskedTailSplits, 1};
+    const int64_t wide_tiles = num_experts * ceil_div(expected_m, kWideSplit.block_m) * ceil_div(N, kWideSplit.block_n);
+    if (split_k_allowed && ceil_div(K, kFp8Block) >= 2 * kMinTailSplitKb && wide_tiles >= num_sms) return kWideSplit;
     return {128, 128, 1, 1};
 }
 
