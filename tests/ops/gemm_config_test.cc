@@ -111,6 +111,10 @@ TEST(GemmConfig, TheTableNamesOnlyTilesThatExist) {
     // The launch's error names the tiles there are, for the layout asked for.
     EXPECT_EQ(gemm_fp8_tile_list(true), "64×64, 64×128, 64×256, 128×64, 128×128, 128×192, 128×256, 192×128");
     EXPECT_EQ(gemm_fp8_tile_list(false), "64×64, 64×128, 64×256, 128×64, 128×128, 128×256, 192×128");
+    // The contiguous default: a grouped tile, inside one 128-row expert block, unsplit.
+    EXPECT_TRUE(gemm_fp8_tile_exists(kGroupedContiguousConfig.block_m, kGroupedContiguousConfig.block_n, false));
+    EXPECT_LE(kGroupedContiguousConfig.block_m, 128);
+    EXPECT_EQ(kGroupedContiguousConfig.splits, 1);
     const std::pair<int, int> v3[] = {{2112, 7168}, {24576, 1536}, {32768, 512},  {7168, 16384},
                                       {4096, 7168}, {7168, 2048},  {36864, 7168}, {7168, 18432}};
     for (const auto& [N, K] : v3)

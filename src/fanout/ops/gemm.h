@@ -58,6 +58,11 @@ inline constexpr GemmFp8Tile kGemmFp8Tiles[] = {{64, 64, false},   {64, 128, fal
 bool gemm_fp8_tile_exists(int block_m, int block_n, bool dense);
 std::string gemm_fp8_tile_list(bool dense);
 
+// The contiguous grouped GEMM's default tile (prefill: thousands of rows per rank): 128 × 256 in
+// cluster pairs, 8.6-10.8% faster than unpaired at EP8..EP64 with the grouped tile order (PERF.md,
+// eleventh session).
+inline constexpr GemmConfig kGroupedContiguousConfig{128, 256, 1, 2};
+
 // The measured choice for a dense shape on a GPU with `num_sms` multiprocessors; splits > 1 only
 // when `split_k_allowed` (a GemmWorkspace is at hand).
 GemmConfig pick_gemm_config(int M, int N, int K, int num_sms, bool split_k_allowed);

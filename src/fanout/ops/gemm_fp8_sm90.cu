@@ -1056,7 +1056,7 @@ void launch_grouped_gemm_fp8_contiguous(const uint8_t* x, const float* sx, int r
     FANOUT_DEVICE_REQUIRE(rows % kBK == 0,
                           "grouped_gemm_fp8_contiguous: rows must be a multiple of 128, got " + std::to_string(rows));
     FANOUT_DEVICE_REQUIRE(num_experts > 0, "grouped_gemm_fp8_contiguous: no experts");
-    if (cfg.block_m == 0) cfg = {128, 256, 1, 2};
+    if (cfg.block_m == 0) cfg = kGroupedContiguousConfig;
     check_config(cfg, Layout::kContiguous, "grouped_gemm_fp8_contiguous");
     Params p = base_params(sx, sw, y, rows, N, K, cfg.block_n);
     p.block_expert = block_expert;
