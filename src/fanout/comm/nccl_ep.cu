@@ -439,21 +439,22 @@ class NcclEp final : public ExpertParallel {
         // Before the first step: no rows anywhere (a recv_batch() read before any step sees zeros).
         FANOUT_CUDA_CHECK(cudaMemsetAsync(counts_.get(), 0, sizeof(int) * L, stream_));
         FANOUT_CUDA_CHECK(cudaMemsetAsync(step_tokens_.get(), 0, sizeof(int), stream_));
-        FANOUT_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&error_), sizeof(DeviceError), cudaHostAllocMapped));
-        *error_ = {};
-        FANOUT_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_dev_), error_, 0));
-        FANOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
-        for (cudaEvent_t* e : {&dispatch_fork_, &dispatch_join_, &combine_fork_, &combine_join_})
-            FANOUT_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+        // The device buffers above free themselves (members) if what follows throws; these do not.
+        try {
+            FANOUT_CUDA_CHECK(
+                cudaHostAlloc(reinterpret_cast<void**>(&error_), sizeof(DeviceError), cudaHostAllocMapped));
+            *error_ = {};
+            FANOUT_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_dev_), error_, 0));
+            FANOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+            for (cudaEvent_t* e : {&dispatch_fork_, &dispatch_join_, &combine_fork_, &combine_join_})
+                FANOUT_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+        } catch (...) {
+            release();
+            throw;
+        }
     }
 
-    ~NcclEp() override {
-        // Destructors do not throw: release what exists, ignore the codes.
-        for (cudaEvent_t e : {dispatch_fork_, dispatch_join_, combine_fork_, combine_join_})
-            if (e != nullptr) cudaEventDestroy(e);
-        if (side_ != nullptr) cudaStreamDestroy(side_);
-        if (error_ != nullptr) cudaFreeHost(error_);
-    }
+    ~NcclEp() override { release(); }
 
     const EpConfig& config() const override { return config_; }
     void* device_stream() const override { return stream_; }
@@ -523,6 +524,18 @@ class NcclEp final : public ExpertParallel {
     }
 
   private:
+    // Destructors do not throw: release what exists, ignore the codes.
+    void release() {
+        for (cudaEvent_t* e : {&dispatch_fork_, &dispatch_join_, &combine_fork_, &combine_join_}) {
+            if (*e != nullptr) cudaEventDestroy(*e);
+            *e = nullptr;
+        }
+        if (side_ != nullptr) cudaStreamDestroy(side_);
+        if (error_ != nullptr) cudaFreeHost(error_);
+        side_ = nullptr;
+        error_ = nullptr;
+    }
+
     // combine_recv(_add): the weighted sum of the returned rows into out, or added to it.
     void reduce(const float* topk_weight, void* out_bytes, bool add) {
         auto* out = static_cast<uint16_t*>(out_bytes);

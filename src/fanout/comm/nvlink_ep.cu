@@ -419,69 +419,15 @@ class NvlinkEp final : public ExpertParallel {
         FANOUT_DEVICE_REQUIRE(lsa.nRanks == c.world,
                               "nvlink EP: the " + std::to_string(c.world) + " ranks are not one NVLink (LSA) domain (" +
                                   std::to_string(lsa.nRanks) + " ranks reachable by load/store); use the nccl backend");
-        const Layout layout = make_layout(c);
-        FANOUT_NCCL_CHECK(ncclMemAlloc(&window_mem_, layout.bytes));
-        // Zeroed before the (collective) registration, so no peer can store into it earlier.
-        FANOUT_CUDA_CHECK(cudaMemset(window_mem_, 0, layout.bytes));
-        FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
-        FANOUT_NCCL_CHECK(ncclCommWindowRegister(comm, window_mem_, layout.bytes, &window_, NCCL_WIN_COLL_SYMMETRIC));
-
-        Params& p = params_;
-        p.rank = c.rank;
-        p.world = c.world;
-        p.E = c.num_experts;
-        p.EL = c.local_experts();
-        p.K = c.experts_per_token;
-        p.D = c.hidden;
-        p.T_max = c.max_tokens_per_rank;
-        p.max_m = c.rows_per_expert();
-        p.one_shot = !c.rows_droppable();
-        p.payload_bytes = c.payload_bytes();
-        p.nb = c.payload == Payload::kFp8 ? c.scale_blocks() : 0;
-        p.layout = layout;
-        p.timeout_ns = static_cast<unsigned long long>(o.timeout_ms) * 1000000ull;
-        const size_t choices = size_t(p.T_max) * p.K, chunks = (p.T_max + kChunk - 1) / kChunk;
-        FANOUT_CUDA_CHECK(cudaMalloc(&scratch_, 64 + choices * 4 + chunks * p.E * 4 + choices + size_t(p.EL) * 4 +
-                                                    size_t(kMaxWorld) * sizeof(char*)));
-        // On the stream every kernel of this backend runs on (the legacy stream's memset would not
-        // be ordered before them), waited for below.
-        FANOUT_CUDA_CHECK(cudaMemsetAsync(scratch_, 0, 64, stream_));
-        char* s = static_cast<char*>(scratch_);
-        p.step = reinterpret_cast<unsigned long long*>(s);
-        p.done = reinterpret_cast<unsigned int*>(s + 16);
-        p.aborted = reinterpret_cast<int*>(s + 32);
-        s += 64;
-        char** bases = reinterpret_cast<char**>(s);
-        s += size_t(kMaxWorld) * sizeof(char*);
-        p.chunk_index = reinterpret_cast<int32_t*>(s);
-        s += choices * 4;
-        p.chunk_counts = reinterpret_cast<int32_t*>(s);
-        s += chunks * p.E * 4;
-        p.counts = reinterpret_cast<int32_t*>(s);
-        s += size_t(p.EL) * 4;
-        p.valid = reinterpret_cast<uint8_t*>(s);
-        FANOUT_CUDA_CHECK(cudaHostAlloc(&error_host_, sizeof(ErrorRecord), cudaHostAllocMapped));
-        *error_host_ = {};
-        FANOUT_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&p.error), error_host_, 0));
-        peer_bases_kernel<<<1, kMaxWorld, 0, stream_>>>(window_, c.world, bases);
-        FANOUT_CUDA_CHECK_LAUNCH("peer_bases_kernel");
-        FANOUT_CUDA_CHECK(
-            cudaMemcpyAsync(p.peer_base, bases, size_t(c.world) * sizeof(char*), cudaMemcpyDeviceToHost, stream_));
-        FANOUT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-        char* mine = static_cast<char*>(window_mem_);
-        batch_.counts = p.counts;
-        batch_.tokens = mine + layout.recv_tokens;
-        batch_.scales = p.nb > 0 ? reinterpret_cast<const float*>(mine + layout.recv_scales) : nullptr;
-        batch_.max_m = p.max_m;
+        try {
+            init(c, comm, o);
+        } catch (...) {  // no destructor runs for a throwing constructor: release what was made
+            release();
+            throw;
+        }
     }
 
-    ~NvlinkEp() override {
-        cudaStreamSynchronize(stream_);
-        ncclCommWindowDeregister(comm_, window_);
-        ncclMemFree(window_mem_);
-        cudaFree(scratch_);
-        cudaFreeHost(error_host_);
-    }
+    ~NvlinkEp() override { release(); }
 
     const EpConfig& config() const override { return config_; }
     void* device_stream() const override { return stream_; }
@@ -548,6 +494,75 @@ class NvlinkEp final : public ExpertParallel {
     }
 
   private:
+    void init(const EpConfig& c, ncclComm_t comm, const GpuEpOptions& o) {
+        const Layout layout = make_layout(c);
+        FANOUT_NCCL_CHECK(ncclMemAlloc(&window_mem_, layout.bytes));
+        // Zeroed before the (collective) registration, so no peer can store into it earlier.
+        FANOUT_CUDA_CHECK(cudaMemset(window_mem_, 0, layout.bytes));
+        FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+        FANOUT_NCCL_CHECK(ncclCommWindowRegister(comm, window_mem_, layout.bytes, &window_, NCCL_WIN_COLL_SYMMETRIC));
+
+        Params& p = params_;
+        p.rank = c.rank;
+        p.world = c.world;
+        p.E = c.num_experts;
+        p.EL = c.local_experts();
+        p.K = c.experts_per_token;
+        p.D = c.hidden;
+        p.T_max = c.max_tokens_per_rank;
+        p.max_m = c.rows_per_expert();
+        p.one_shot = !c.rows_droppable();
+        p.payload_bytes = c.payload_bytes();
+        p.nb = c.payload == Payload::kFp8 ? c.scale_blocks() : 0;
+        p.layout = layout;
+        p.timeout_ns = static_cast<unsigned long long>(o.timeout_ms) * 1000000ull;
+        const size_t choices = size_t(p.T_max) * p.K, chunks = (p.T_max + kChunk - 1) / kChunk;
+        FANOUT_CUDA_CHECK(cudaMalloc(&scratch_, 64 + choices * 4 + chunks * p.E * 4 + choices + size_t(p.EL) * 4 +
+                                                    size_t(kMaxWorld) * sizeof(char*)));
+        // On the stream every kernel of this backend runs on (the legacy stream's memset would not
+        // be ordered before them), waited for below.
+        FANOUT_CUDA_CHECK(cudaMemsetAsync(scratch_, 0, 64, stream_));
+        char* s = static_cast<char*>(scratch_);
+        p.step = reinterpret_cast<unsigned long long*>(s);
+        p.done = reinterpret_cast<unsigned int*>(s + 16);
+        p.aborted = reinterpret_cast<int*>(s + 32);
+        s += 64;
+        char** bases = reinterpret_cast<char**>(s);
+        s += size_t(kMaxWorld) * sizeof(char*);
+        p.chunk_index = reinterpret_cast<int32_t*>(s);
+        s += choices * 4;
+        p.chunk_counts = reinterpret_cast<int32_t*>(s);
+        s += chunks * p.E * 4;
+        p.counts = reinterpret_cast<int32_t*>(s);
+        s += size_t(p.EL) * 4;
+        p.valid = reinterpret_cast<uint8_t*>(s);
+        FANOUT_CUDA_CHECK(cudaHostAlloc(&error_host_, sizeof(ErrorRecord), cudaHostAllocMapped));
+        *error_host_ = {};
+        FANOUT_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&p.error), error_host_, 0));
+        peer_bases_kernel<<<1, kMaxWorld, 0, stream_>>>(window_, c.world, bases);
+        FANOUT_CUDA_CHECK_LAUNCH("peer_bases_kernel");
+        FANOUT_CUDA_CHECK(
+            cudaMemcpyAsync(p.peer_base, bases, size_t(c.world) * sizeof(char*), cudaMemcpyDeviceToHost, stream_));
+        FANOUT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        char* mine = static_cast<char*>(window_mem_);
+        batch_.counts = p.counts;
+        batch_.tokens = mine + layout.recv_tokens;
+        batch_.scales = p.nb > 0 ? reinterpret_cast<const float*>(mine + layout.recv_scales) : nullptr;
+        batch_.max_m = p.max_m;
+    }
+
+    // Destructors do not throw: release what exists, ignore the codes.
+    void release() {
+        cudaStreamSynchronize(stream_);
+        if (window_ != nullptr) ncclCommWindowDeregister(comm_, window_);
+        if (window_mem_ != nullptr) ncclMemFree(window_mem_);
+        cudaFree(scratch_);
+        if (error_host_ != nullptr) cudaFreeHost(error_host_);
+        window_ = nullptr;
+        window_mem_ = scratch_ = nullptr;
+        error_host_ = nullptr;
+    }
+
     void reduce(const float* topk_weight, void* out, bool add) {
         FANOUT_DEVICE_REQUIRE(num_tokens_ != nullptr, "nvlink EP: combine_recv before dispatch_send");
         const dim3 grid(std::min(params_.T_max, kCombineTokens), (params_.D + kCombineChunk - 1) / kCombineChunk);

@@ -15,34 +15,51 @@ BlasPlan::~BlasPlan() {
 
 DeviceContext::DeviceContext(ContextScratch scratch)
     : mla_ws_(scratch == ContextScratch::kAll ? MlaWorkspace::kDefaultBytes : 0) {
-    FANOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    owns_stream_ = true;
-    init();
+    init(true);
 }
 
-DeviceContext::DeviceContext(cudaStream_t stream) : stream_(stream) { init(); }
+DeviceContext::DeviceContext(cudaStream_t stream) : stream_(stream) { init(false); }
 
-void DeviceContext::init() {
-    FANOUT_CUDA_CHECK(cudaGetDevice(&device_));
-    FANOUT_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_));
-    FANOUT_CUBLAS_CHECK(cublasLtCreate(&blas_));
-    FANOUT_CUDA_CHECK(cudaMalloc(&blas_workspace_, kBlasWorkspaceBytes));
-    FANOUT_CUDA_CHECK(cudaMalloc(&fp8_scale_scratch_, kFp8ScaleScratchFloats * sizeof(float)));
-    FANOUT_CUDA_CHECK(cudaMalloc(&work_counters_, 2 * sizeof(int)));
-    // On the context's stream: a non-blocking stream does not wait for the legacy one.
-    FANOUT_CUDA_CHECK(cudaMemsetAsync(work_counters_, 0, 2 * sizeof(int), stream_));
+// A failure part way (out of memory at the cuBLASLt workspace) releases what was made before it:
+// the destructor does not run for a constructor that throws, and a server that retries with a
+// smaller configuration would otherwise keep the leftovers.
+void DeviceContext::init(bool own_stream) {
+    try {
+        if (own_stream) {
+            FANOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+            owns_stream_ = true;
+        }
+        FANOUT_CUDA_CHECK(cudaGetDevice(&device_));
+        FANOUT_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_));
+        FANOUT_CUBLAS_CHECK(cublasLtCreate(&blas_));
+        FANOUT_CUDA_CHECK(cudaMalloc(&blas_workspace_, kBlasWorkspaceBytes));
+        FANOUT_CUDA_CHECK(cudaMalloc(&fp8_scale_scratch_, kFp8ScaleScratchFloats * sizeof(float)));
+        FANOUT_CUDA_CHECK(cudaMalloc(&work_counters_, 2 * sizeof(int)));
+        // On the context's stream: a non-blocking stream does not wait for the legacy one.
+        FANOUT_CUDA_CHECK(cudaMemsetAsync(work_counters_, 0, 2 * sizeof(int), stream_));
+    } catch (...) {
+        release();
+        throw;
+    }
 }
 
-DeviceContext::~DeviceContext() {
+void DeviceContext::release() {
     plans_.clear();
     batched_plans_.clear();
     fp8_plans_.clear();
     cudaFree(blas_workspace_);
     cudaFree(fp8_scale_scratch_);
     cudaFree(work_counters_);
+    blas_workspace_ = nullptr;
+    fp8_scale_scratch_ = nullptr;
+    work_counters_ = nullptr;
     if (blas_) cublasLtDestroy(blas_);
+    blas_ = nullptr;
     if (owns_stream_) cudaStreamDestroy(stream_);
+    owns_stream_ = false;
 }
+
+DeviceContext::~DeviceContext() { release(); }
 
 size_t DeviceContext::workspace_bytes(ContextScratch scratch) {
     return kBlasWorkspaceBytes + kFp8ScaleScratchFloats * sizeof(float) + 2 * sizeof(int) +

@@ -81,7 +81,8 @@ class DeviceContext {
     static size_t workspace_bytes(ContextScratch scratch = ContextScratch::kAll);
 
   private:
-    void init();
+    void init(bool own_stream);
+    void release();  // what the constructor made (each handle at most once)
     int device_ = 0, sm_count_ = 0;
     cudaStream_t stream_ = nullptr;
     bool owns_stream_ = false;

@@ -1000,16 +1000,23 @@ int device_sm_count() {
 
 GemmWorkspace::GemmWorkspace(size_t partial_bytes, int counters_count)
     : partial_floats(partial_bytes / sizeof(float)), num_counters(counters_count) {
-    FANOUT_CUDA_CHECK(cudaMalloc(&partials, partial_floats * sizeof(float)));
-    // The tile counters, then the ticket.
-    const size_t bytes = static_cast<size_t>(num_counters) * sizeof(int) + sizeof(unsigned);
-    FANOUT_CUDA_CHECK(cudaMalloc(&counters, bytes));
-    ticket = reinterpret_cast<unsigned*>(counters + num_counters);
-    // Waited for: the memset runs on the default stream, and the GEMMs may follow on a stream that
-    // does not wait for it (a DeviceContext's is non-blocking) — a count that is not yet zero would
-    // let a last split add partials that are not there, or wait for ever.
-    FANOUT_CUDA_CHECK(cudaMemset(counters, 0, bytes));
-    FANOUT_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+    FANOUT_DEVICE_REQUIRE(counters_count >= 0, "GemmWorkspace: " + std::to_string(counters_count) + " counters");
+    try {  // a failure part way frees the partials (no destructor runs for a throwing constructor)
+        FANOUT_CUDA_CHECK(cudaMalloc(&partials, partial_floats * sizeof(float)));
+        // The tile counters, then the ticket.
+        const size_t bytes = static_cast<size_t>(num_counters) * sizeof(int) + sizeof(unsigned);
+        FANOUT_CUDA_CHECK(cudaMalloc(&counters, bytes));
+        ticket = reinterpret_cast<unsigned*>(counters + num_counters);
+        // Waited for: the memset runs on the default stream, and the GEMMs may follow on a stream
+        // that does not wait for it (a DeviceContext's is non-blocking) — a count that is not yet
+        // zero would let a last split add partials that are not there, or wait for ever.
+        FANOUT_CUDA_CHECK(cudaMemset(counters, 0, bytes));
+        FANOUT_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+    } catch (...) {
+        cudaFree(partials);
+        cudaFree(counters);
+        throw;
+    }
 }
 
 GemmWorkspace::~GemmWorkspace() {
