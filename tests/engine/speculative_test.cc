@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <limits>
 
@@ -238,20 +239,32 @@ TEST(Speculative, ARequestWhoseLogitsAreNotFiniteFailsAlone) {
 }
 
 // The same with a runner that samples on the device, which writes ops::kNotFinite for a row it
-// refuses (sampling_cuda.h) and may refuse an MTP draft: the bad request fails alone, a refused
-// draft only ends that sequence's drafts for the step (the tokens are a run without it).
+// refuses (sampling_cuda.h) and may refuse an MTP draft. A request refused at its prefill, and one
+// refused at a verification row of a decode step (the last row of the batch's second request, with
+// another after it: each request's rows counted right, or the wrong one fails), fail alone: each
+// other request's tokens are a run without them, the second one's tokens before its failure a
+// prefix of its own. A refused draft only ends that sequence's drafts for the step, and never
+// reaches the model as a token.
 TEST(Speculative, RowsAndDraftsTheDeviceRefusesFailOnlyTheirOwn) {
     struct DeviceMtpRunner : FakeMtpRunner {
         DeviceMtpRunner() : FakeMtpRunner(Drafts::kAlternate) {}
         bool samples_on_device() const override { return true; }
+        Tensor forward(const model::StepBatch& b, kv::PagedKvCache& cache) override {
+            for (int32_t t : b.tokens) EXPECT_GE(t, 0) << "a refused token reached the model";
+            return FakeMtpRunner::forward(b, cache);
+        }
         std::vector<int32_t> forward_sample(const model::StepBatch& b, kv::PagedKvCache& cache,
                                             std::span<const ops::SamplingRow> rows,
                                             std::span<const ops::LogitBias>) override {
             const Tensor logits = forward(b, cache);
             std::vector<int32_t> out;
+            std::vector<size_t> second;  // the rows of the batch's second request
             std::vector<std::pair<float, int32_t>> scratch;
             for (size_t i = 0; i < rows.size(); ++i) {
                 const size_t r = static_cast<size_t>(b.logit_rows[i]);
+                if (b.query_start.size() > 2 && b.logit_rows[i] >= b.query_start[1] &&
+                    b.logit_rows[i] < b.query_start[2])
+                    second.push_back(i);
                 const float* l = logits.data_as<float>() + static_cast<int64_t>(i) * V;
                 const ops::SamplingParams p{rows[i].temperature, rows[i].top_k, rows[i].top_p, 0};
                 if (b.tokens[r] == 48 && b.positions[r] <= 2)  // the bad prompt's rows
@@ -263,10 +276,15 @@ TEST(Speculative, RowsAndDraftsTheDeviceRefusesFailOnlyTheirOwn) {
                 else
                     out.push_back(ops::sample_with_uniform(l, V, p, rows[i].uniform, scratch));
             }
+            if (!refused_decode && b.num_requests() >= 3 && second.size() >= 2) {  // it checks drafts
+                out[second.back()] = ops::kNotFinite;
+                refused_decode = true;
+            }
             return out;
         }
         std::vector<int32_t> draft_mtp(const model::StepBatch& b, std::span<const int32_t> hidden_rows, bool chained,
                                        kv::PagedKvCache& cache) override {
+            for (int32_t t : b.tokens) EXPECT_GE(t, 0) << "a refused draft reached the MTP layer";
             std::vector<int32_t> drafts = FakeMtpRunner::draft_mtp(b, hidden_rows, chained, cache);
             for (size_t i = 0; i < drafts.size(); ++i)  // every few positions, first drafts and chained ones
                 if (b.positions[static_cast<size_t>(b.logit_rows[i])] % 5 == (chained ? 1 : 3)) {
@@ -276,8 +294,9 @@ TEST(Speculative, RowsAndDraftsTheDeviceRefusesFailOnlyTheirOwn) {
             return drafts;
         }
         int refused_drafts = 0;
+        bool refused_decode = false;
     };
-    const std::vector<RequestParams> good = {request(3, 30), request(4, 25)};
+    const std::vector<RequestParams> good = {request(3, 30), request(4, 25), request(5, 28)};
     const SpecRun alone = run_fake(FakeMtpRunner::Drafts::kAlternate, 2, good);
     EngineConfig cfg;
     cfg.num_kv_blocks = 256;
@@ -288,17 +307,29 @@ TEST(Speculative, RowsAndDraftsTheDeviceRefusesFailOnlyTheirOwn) {
     Engine engine(std::move(runner), nullptr, cfg);
     RequestParams bad = request(0, 20);
     bad.prompt = {48, 48, 48};
-    auto h0 = engine.submit(good[0]), hb = engine.submit(bad), h1 = engine.submit(good[1]);
+    std::vector<std::shared_ptr<RequestHandle>> handles;
+    for (const RequestParams& p : good) handles.push_back(engine.submit(p));
+    auto hb = engine.submit(bad);
     engine.start();
-    std::string reason;
-    const std::vector<int32_t> out0 = drain(*h0);
-    drain(*hb, &reason);
-    const std::vector<int32_t> out1 = drain(*h1);
+    std::vector<std::vector<int32_t>> out;
+    std::vector<std::string> reasons(good.size());
+    for (size_t i = 0; i < good.size(); ++i) out.push_back(drain(*handles[i], &reasons[i]));
+    std::string reason_bad;
+    drain(*hb, &reason_bad);
     engine.stop();
-    EXPECT_EQ(reason, "error");
-    EXPECT_EQ(out0, alone.outputs[0]);
-    EXPECT_EQ(out1, alone.outputs[1]);
-    EXPECT_EQ(engine.stats().requests_failed, 1);
+    EXPECT_EQ(reason_bad, "error");
+    ASSERT_TRUE(r->refused_decode);
+    EXPECT_EQ(std::count(reasons.begin(), reasons.end(), "error"), 1);
+    for (size_t i = 0; i < good.size(); ++i) {
+        SCOPED_TRACE("request " + std::to_string(i) + ", " + reasons[i]);
+        if (reasons[i] != "error") {
+            EXPECT_EQ(out[i], alone.outputs[i]);
+        } else {
+            ASSERT_LT(out[i].size(), alone.outputs[i].size());
+            EXPECT_TRUE(std::equal(out[i].begin(), out[i].end(), alone.outputs[i].begin()));
+        }
+    }
+    EXPECT_EQ(engine.stats().requests_failed, 2);
     EXPECT_GT(r->refused_drafts, 0);
     EXPECT_GT(engine.stats().accepted_draft_tokens, 0);
     EXPECT_LT(engine.stats().draft_tokens, alone.stats.draft_tokens);

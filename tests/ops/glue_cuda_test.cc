@@ -730,9 +730,10 @@ TEST(SamplingCuda, MatchesCpuRule) {
 }
 
 // Rows the CPU sampler refuses (a NaN or +inf logit, every logit -inf: sampling.h) get kNotFinite
-// on the device, for every kind of parameters and draft rows alike, at the first, a middle and the
-// last id; the rows beside them (one -inf logit, -inf everywhere but one) are sampled as the CPU
-// samples them.
+// on the device, for every kind of parameters and draft rows alike, the bad logit at the first, a
+// middle or the last id (each kind of parameters at another); the rows beside them (one -inf
+// logit, -inf everywhere but one) are sampled as the CPU samples them. (No logit_bias here: the
+// device adds it before the check, and a finite bias cannot make a logit finite or not.)
 TEST(SamplingCuda, NonFiniteRowsAreRefusedAsOnTheCpu) {
     REQUIRE_GPU();
     const int V = 32003;
@@ -747,7 +748,7 @@ TEST(SamplingCuda, NonFiniteRowsAreRefusedAsOnTheCpu) {
             r.uniform = static_cast<double>(rng() >> 11) * 0x1.0p-53;
             if (what % 2 == 1) r.draft = 5, r.uniform_residual = 0.5;
             std::vector<float> row = fanout::testing::random_floats(V, 40 + k * 8 + what, 3.0f);
-            const int at = (what / 2 % 3 == 0) ? 0 : (what / 2 % 3 == 1) ? V / 2 : V - 1;
+            const int at = (k + what / 2) % 3 == 0 ? 0 : (k + what / 2) % 3 == 1 ? V / 2 : V - 1;
             switch (what / 2) {
                 case 0:
                     row[at] = std::nanf("");

@@ -623,6 +623,8 @@ TEST(GroupedGemmFp8Cuda, MaskedSplitsTheLastWaveInK) {
             }
         }
         EXPECT_GE(splitting, 3) << cfg.block_m << "x" << cfg.block_n << "c" << cfg.cluster << " on " << G;
+        expect_workspace_at_zero(
+            ws, std::to_string(cfg.block_m) + "x" + std::to_string(cfg.block_n) + "c" + std::to_string(cfg.cluster));
         cudaGraphExecDestroy(exec);
     }
     // A split cap without a workspace is refused (the default drops its cap instead).
@@ -647,18 +649,20 @@ TEST(GroupedGemmFp8Cuda, MaskedSplitAfterDenseSplitOnOneWorkspace) {
     const GemmConfig dense_cfg{64, 64, 4, 1};
     const std::vector<float> dense_ref = dense.reference_rows(0, dense.M, 0, pool);
     DeviceFp8 dd(dense);
-    const int max_m = 128, N = 384, K = 6160;  // one row block and 3 column tiles per expert
+    const int max_m = 256, N = 384, K = 6160;  // 3 column tiles per expert
     GemmWorkspace ws;
     cudaStream_t stream;
     FANOUT_CUDA_CHECK(cudaStreamCreate(&stream));
     for (const GemmConfig cfg : {GemmConfig{128, 128, 8}, GemmConfig{128, 128, 8, 2}}) {
-        const int G = device_sm_count() / cfg.cluster, E = G / 3 + 1;  // 3E tiles: 1 to 3 past the waves
+        // One unit per expert and column tile: unpaired, counts of one row block; in pairs, of one
+        // or two (a pair's second CTA with rows, or none). 3E units: 1 to 3 past the waves.
+        const int G = device_sm_count() / cfg.cluster, E = G / 3 + 1;
         SCOPED_TRACE("cluster " + std::to_string(cfg.cluster) + ", " + std::to_string(3 * E) + " units on " +
                      std::to_string(G));
         const Fp8Operands o(int64_t(E) * max_m, N, K, 103, E);
         DeviceFp8 d(o);
         std::vector<int32_t> counts(E);
-        for (int e = 0; e < E; ++e) counts[e] = 1 + (e * 53) % max_m;
+        for (int e = 0; e < E; ++e) counts[e] = 1 + (e * 53) % (cfg.cluster * 128);
         DeviceBuffer<int32_t> dcounts(E);
         dcounts.upload(counts.data());
         DeviceBuffer<uint16_t> dy(size_t(E) * max_m * N), y1(dense_ref.size()), y2(dense_ref.size());

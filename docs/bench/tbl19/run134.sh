@@ -17,6 +17,18 @@
 # gate+up against 128x128/1c2, EP32 / EP64 down against 128x128/1); land it only where it wins.
 set -u
 source scripts/device_env.sh
+# Where the pairs' split kernels spill (ptxas here: 128x256 masked CL 2 TAIL 4 bytes, 192x128 48;
+# this machine has no cuobjdump): STL/LDL per GEMM kernel, and the 128x256 one's spill sites.
+CO=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
+if [ -x "$CO" ]; then
+  $CO -sass $B/apps/fanout > /tmp/sass.txt 2>&1
+  awk '/Function :/{f=$3} /STL|LDL/{if (f ~ /gemm_fp8_sm90/) {c[f]++}} END{for (k in c) print c[k], k}' /tmp/sass.txt | c++filt | sort -rn | head -30 > $L/spills.txt
+  awk '/Function :/{f=$3} {if (f ~ /gemm_fp8_sm90_kernelILi128ELi256ELi4ELNS1_6LayoutE2ELi2ELb1E/) print}' /tmp/sass.txt > $L/sass_128x256_masked_c2_tail.txt
+  grep -n "STL\|LDL" $L/sass_128x256_masked_c2_tail.txt > $L/spill_sites_128x256_masked_c2_tail.txt
+  echo "== spills (STL/LDL per gemm kernel)" >> $S; cat $L/spills.txt >> $S
+  echo "== 128x256 masked c2 TAIL spill sites (line of $(wc -l < $L/sass_128x256_masked_c2_tail.txt))" >> $S
+  cat $L/spill_sites_128x256_masked_c2_tail.txt >> $S
+else echo "no cuobjdump" >> $S; fi
 gpu_suites
 run_line "kernels" kernels $B/apps/fanout bench kernels --json $L/kernels.json
 run_line "mla b128 head-major" mla.hm $B/apps/fanout bench mla --batches 128 --prefill '' --head-major --json $L/mla.hm.json

@@ -146,9 +146,10 @@ struct Scheduler {
     int full = 0, tail = 0, tail_splits = 1, tail_kb = 0;
 
     // Masked, once the prefix is in shared memory: split the tiles (pair units) of the last wave
-    // over the grid's `ctas` (pairs) when they fill at most half of it (the header's split-K). Every thread of every
-    // CTA must reach the same plan — it does, from the same counts (the stream orders their writes before this launch);
-    // plans that differed could leave a last split waiting for ever.
+    // over the grid's `ctas` (pairs) when they fill at most half of it (the header's split-K).
+    // Every thread of every CTA must reach the same plan — it does, from the same counts (the
+    // stream orders their writes before this launch); plans that differed could leave a last split
+    // waiting for ever.
     __device__ void plan_tail(int ctas) {
         const int tiles = prefix[p.num_experts], r = tiles % ctas;
         int s = r == 0 ? 1 : min(min(p.splits, ctas / r), p.nkb / kMinTailSplitKb);
