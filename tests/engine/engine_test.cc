@@ -147,22 +147,12 @@ TEST(Engine, CancelledRequestsFreeTheirBlocks) {
     EXPECT_EQ(s.kv_blocks_used - s.kv_blocks_cached, 0);
 }
 
-// A row the sampler refuses (NaN logits: a model gone wrong) fails its own request with "error";
-// the step's other requests and later steps go on. Before, the sampler's error left the step and
-// failed every request in flight (and, in a DP group, stopped the deployment).
-TEST(Engine, ARequestWhoseLogitsAreNotFiniteFailsAlone) {
-    struct NanRunner : FakeRunner {
-        Tensor forward(const model::StepBatch& b, kv::PagedKvCache& cache) override {
-            Tensor logits = FakeRunner::forward(b, cache);
-            for (size_t i = 0; i < b.logit_rows.size(); ++i)  // a row read at token 13 (only the bad prompt's last)
-                if (b.tokens[static_cast<size_t>(b.logit_rows[i])] == 13)
-                    logits.data_as<float>()[i * kVocab + 5] = std::numeric_limits<float>::quiet_NaN();
-            return logits;
-        }
-    };
+// A good request ({1, 2, 3}) and a bad one ({7, 8, 13}: the only prompt ending in token 13, whose
+// row `runner` spoils) through `runner`: the bad one finishes with "error", the good one as usual.
+void expect_only_the_bad_request_fails(std::unique_ptr<ModelRunner> runner) {
     EngineConfig cfg;
     cfg.num_kv_blocks = 64;
-    Engine engine(std::make_unique<NanRunner>(), nullptr, cfg);
+    Engine engine(std::move(runner), nullptr, cfg);
     RequestParams good, bad;
     good.prompt = {1, 2, 3};
     good.max_tokens = 12;
@@ -182,6 +172,22 @@ TEST(Engine, ARequestWhoseLogitsAreNotFiniteFailsAlone) {
     const EngineStats s = engine.stats();
     EXPECT_EQ(s.requests_failed, 1);
     EXPECT_EQ(s.running, 0);
+}
+
+// A row the sampler refuses (NaN logits: a model gone wrong) fails its own request with "error";
+// the step's other requests and later steps go on. Before, the sampler's error left the step and
+// failed every request in flight (and, in a DP group, stopped the deployment).
+TEST(Engine, ARequestWhoseLogitsAreNotFiniteFailsAlone) {
+    struct NanRunner : FakeRunner {
+        Tensor forward(const model::StepBatch& b, kv::PagedKvCache& cache) override {
+            Tensor logits = FakeRunner::forward(b, cache);
+            for (size_t i = 0; i < b.logit_rows.size(); ++i)  // a row read at token 13 (only the bad prompt's last)
+                if (b.tokens[static_cast<size_t>(b.logit_rows[i])] == 13)
+                    logits.data_as<float>()[i * kVocab + 5] = std::numeric_limits<float>::quiet_NaN();
+            return logits;
+        }
+    };
+    expect_only_the_bad_request_fails(std::make_unique<NanRunner>());
 }
 
 TEST(Engine, RejectsBadRequestsWithClearErrors) {
@@ -320,26 +326,7 @@ TEST(Engine, ARowTheDeviceSamplerRefusesFailsItsRequestAlone) {
             return out;
         }
     };
-    EngineConfig cfg;
-    cfg.num_kv_blocks = 64;
-    Engine engine(std::make_unique<RefusingRunner>(), nullptr, cfg);
-    RequestParams good, bad;
-    good.prompt = {1, 2, 3};
-    good.max_tokens = 12;
-    good.ignore_eos = true;
-    bad.prompt = {7, 8, 13};
-    bad.max_tokens = 12;
-    bad.ignore_eos = true;
-    auto hg = engine.submit(good), hb = engine.submit(bad);
-    engine.start();
-    std::string reason_good, reason_bad;
-    const std::vector<int32_t> out = drain(*hg, &reason_good);
-    drain(*hb, &reason_bad);
-    engine.stop();
-    EXPECT_EQ(reason_bad, "error");
-    EXPECT_EQ(out, expected(good.prompt, 12, false));
-    EXPECT_EQ(reason_good, "length");
-    EXPECT_EQ(engine.stats().requests_failed, 1);
+    expect_only_the_bad_request_fails(std::make_unique<RefusingRunner>());
 }
 
 std::vector<std::vector<int32_t>> run_all(std::unique_ptr<ModelRunner> runner,
