@@ -521,11 +521,13 @@ void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::Step
                     picked.push_back(sampler.pick(logits.data_as<float>() + static_cast<int64_t>(row) * V, V,
                                                   sampling[row].uniform, sampling[row].draft,
                                                   sampling[row].uniform_residual));
-            } catch (const Error& e) {  // fails this request after the commit; -1 rejects its first draft
+            } catch (const Error& e) {
+                // Fails this request after the commit, as a device refusal does: kNotFinite rows,
+                // which reject its first draft.
                 failed.emplace(s.seq->id, e.what());
                 row = first + static_cast<size_t>(drafts) + 1;
                 picked.resize(first);
-                picked.resize(row, -1);
+                picked.resize(row, ops::kNotFinite);
             }
         }
     }
