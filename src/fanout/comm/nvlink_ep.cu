@@ -421,13 +421,25 @@ class NvlinkEp final : public ExpertParallel {
                                   std::to_string(lsa.nRanks) + " ranks reachable by load/store); use the nccl backend");
         try {
             init(c, comm, o);
-        } catch (...) {  // no destructor runs for a throwing constructor: release what was made
-            release();
+        } catch (...) {
+            // No destructor runs for a throwing constructor: free what is this rank's alone. A
+            // registered window stays (deregistering is collective, and the other ranks are not
+            // here); the communicator's destruction or abort releases it.
+            cudaFree(scratch_);
+            if (error_host_ != nullptr) cudaFreeHost(error_host_);
+            if (window_ == nullptr && window_mem_ != nullptr) ncclMemFree(window_mem_);
             throw;
         }
     }
 
-    ~NvlinkEp() override { release(); }
+    // Destructors do not throw: release what exists, ignore the codes.
+    ~NvlinkEp() override {
+        cudaStreamSynchronize(stream_);
+        ncclCommWindowDeregister(comm_, window_);
+        ncclMemFree(window_mem_);
+        cudaFree(scratch_);
+        cudaFreeHost(error_host_);
+    }
 
     const EpConfig& config() const override { return config_; }
     void* device_stream() const override { return stream_; }
@@ -549,18 +561,6 @@ class NvlinkEp final : public ExpertParallel {
         batch_.tokens = mine + layout.recv_tokens;
         batch_.scales = p.nb > 0 ? reinterpret_cast<const float*>(mine + layout.recv_scales) : nullptr;
         batch_.max_m = p.max_m;
-    }
-
-    // Destructors do not throw: release what exists, ignore the codes.
-    void release() {
-        cudaStreamSynchronize(stream_);
-        if (window_ != nullptr) ncclCommWindowDeregister(comm_, window_);
-        if (window_mem_ != nullptr) ncclMemFree(window_mem_);
-        cudaFree(scratch_);
-        if (error_host_ != nullptr) cudaFreeHost(error_host_);
-        window_ = nullptr;
-        window_mem_ = scratch_ = nullptr;
-        error_host_ = nullptr;
     }
 
     void reduce(const float* topk_weight, void* out, bool add) {
