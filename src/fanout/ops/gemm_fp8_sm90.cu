@@ -972,6 +972,17 @@ void check_operands(const void* x, const void* w, int N, int K, const char* what
                           std::string(what) + ": x and W must be 16-byte aligned");
 }
 
+// Split K's scratch for a launch: the workspace's partials, counters and ticket in p, its room in o
+// (launch_config checks it once the splits are final). `what` names the caller in the error.
+void attach_workspace(GemmWorkspace* workspace, Params& p, Operands& o, const char* what) {
+    FANOUT_DEVICE_REQUIRE(workspace != nullptr, std::string(what) + ": split K needs a GemmWorkspace");
+    p.partials = workspace->partials;
+    p.counters = workspace->counters;
+    p.ticket = workspace->ticket;
+    o.partial_capacity = workspace->partial_floats;
+    o.counter_capacity = workspace->num_counters;
+}
+
 Params base_params(const float* sx, const float* sw, uint16_t* y, int rows, int N, int K, int block_n) {
     Params p{};
     p.sx = sx;
@@ -1039,20 +1050,13 @@ void launch_gemm_fp8(const uint8_t* x, const float* sx, const uint8_t* w, const 
     Params p = base_params(sx, sw, y, M, N, K, cfg.block_n);
     p.residual = reinterpret_cast<const __nv_bfloat16*>(residual);
     const int m_blocks = (M + cfg.block_m - 1) / cfg.block_m;
+    Operands o{x, uint64_t(M), w, uint64_t(N), 0};
     if (cfg.splits > 1) {
-        FANOUT_DEVICE_REQUIRE(workspace != nullptr, "gemm_fp8: split-K needs a GemmWorkspace");
+        attach_workspace(workspace, p, o, "gemm_fp8");
         p.kb_per_split = (p.nkb + cfg.splits - 1) / cfg.splits;
         p.splits = (p.nkb + p.kb_per_split - 1) / p.kb_per_split;  // no empty split
-        p.partials = workspace->partials;
-        p.counters = workspace->counters;
-        p.ticket = workspace->ticket;
     }
-    const int units = ((m_blocks + cfg.cluster - 1) / cfg.cluster) * p.n_blocks * p.splits;
-    Operands o{x, uint64_t(M), w, uint64_t(N), units};
-    if (workspace != nullptr) {
-        o.partial_capacity = workspace->partial_floats;
-        o.counter_capacity = workspace->num_counters;
-    }
+    o.units = ((m_blocks + cfg.cluster - 1) / cfg.cluster) * p.n_blocks * p.splits;
     launch_tile<Layout::kDense>(cfg, o, p, static_cast<cudaStream_t>(cuda_stream));
 }
 
@@ -1091,13 +1095,8 @@ void launch_grouped_gemm_fp8_masked(const uint8_t* x, const float* sx, const int
     p.num_experts = num_experts;
     Operands o{x, uint64_t(num_experts) * max_m, w, uint64_t(num_experts) * N, 0};
     if (cfg.splits > 1) {
-        FANOUT_DEVICE_REQUIRE(workspace != nullptr, "grouped_gemm_fp8_masked: split K needs a GemmWorkspace");
+        attach_workspace(workspace, p, o, "grouped_gemm_fp8_masked");
         p.splits = cfg.splits;
-        p.partials = workspace->partials;
-        p.counters = workspace->counters;
-        p.ticket = workspace->ticket;
-        o.partial_capacity = workspace->partial_floats;
-        o.counter_capacity = workspace->num_counters;
     }
     launch_tile<Layout::kMasked>(cfg, o, p, static_cast<cudaStream_t>(cuda_stream));
 }
