@@ -131,8 +131,8 @@ constexpr int kSms = 132;
 // top-8, the gate+up [4096, 7168] and down [7168, 2048] on 132 SMs): 256-wide tiles up to 128
 // tokens per expert; beyond, 128-wide — or, for the gate+up (a K deep enough) where the 256-wide
 // tiles fill a wave and a workspace is at hand, 256-wide with the last wave split in K; pairs in
-// clusters from 1,024 tokens on;
-// and always a tile the grouped layouts are built for.
+// clusters from 1,024 tokens on (the gate+up's 256-wide and split there too); and always a tile
+// the grouped layouts are built for.
 TEST(GemmConfig, MaskedGroupedTilesFollowTheExpectedTokens) {
     const auto is = [](GemmConfig c, int bm, int bn, int splits, int cluster) {
         return c.block_m == bm && c.block_n == bn && c.splits == splits && c.cluster == cluster && !c.cublaslt;
@@ -145,10 +145,15 @@ TEST(GemmConfig, MaskedGroupedTilesFollowTheExpectedTokens) {
     };
     for (auto [N, K] : {std::pair{4096, 7168}, {7168, 2048}}) {
         SCOPED_TRACE(K);
-        EXPECT_TRUE(is(at(8, 128, N, K), 128, 256, 1, 1));    // 64 tokens
-        EXPECT_TRUE(is(at(16, 128, N, K), 128, 256, 1, 1));   // 128
-        EXPECT_TRUE(is(at(128, 128, N, K), 128, 128, 1, 2));  // 1,024
-        EXPECT_TRUE(is(at(256, 128, N, K), 128, 128, 1, 2));  // 2,048
+        EXPECT_TRUE(is(at(8, 128, N, K), 128, 256, 1, 1));   // 64 tokens
+        EXPECT_TRUE(is(at(16, 128, N, K), 128, 256, 1, 1));  // 128
+    }
+    // From 1,024 tokens in pairs: the gate+up's 256-wide with its last wave split, the down
+    // projection's 128-wide unsplit (too shallow to split), and both 128-wide without a workspace.
+    for (int ep : {128, 256}) {  // 1,024 and 2,048 tokens
+        EXPECT_TRUE(is(at(ep, 128, 4096, 7168), 128, 256, kMaskedTailSplits, 2));
+        EXPECT_TRUE(is(at(ep, 128, 7168, 2048), 128, 128, 1, 2));
+        EXPECT_TRUE(is(at(ep, 128, 4096, 7168, kSms, false), 128, 128, 1, 2));
     }
     // Between: the gate+up where 256-wide tiles fill a wave, split; the down projection unsplit.
     EXPECT_TRUE(is(at(32, 128, 4096, 7168), 128, 256, kMaskedTailSplits, 1));  // 8 experts × 2 × 16 tiles
