@@ -533,7 +533,13 @@ nlohmann::json bench_grouped(Context& c) {
             auto x = random_fp8(size_t(E) * max_m * K, 12, c.data);
             auto sx = random_scales(size_t(E) * max_m * nbk, 13);
             DevicePtr<uint16_t> y(size_t(E) * max_m * N);
+            // Each timing from an idle pause, as the dense rows': these GEMMs hold the GPU at its
+            // power limit, and without the pause only the row's first timing (after the operands'
+            // set-up) ran at the full clock — 2-18 µs under the same config timed later (run135:
+            // nvidia-smi saw the SM clock at 1,350-1,500 MHz under them, 1,980 idle, throttled by
+            // the software power cap).
             auto run = [&](ops::GemmConfig cfg) {
+                settle();
                 return time_graph_us(c.stream, 20, [&] {
                     ops::launch_grouped_gemm_fp8_masked(x->p, sx->p, dcounts.p, E, max_m, w->p, sw->p, int(N), int(K),
                                                         y.p, expected, c.stream, &c.gemm_ws, cfg);
@@ -552,9 +558,7 @@ nlohmann::json bench_grouped(Context& c) {
                 variants.push_back({{"config", config_name(cfg)}, {"us", t}});
                 if (t < best_us) best_us = t, best_name = config_name(cfg);
             }
-            // The table's config again, after the variants: a row's first timing has read 4-10 µs
-            // faster than the same config timed later (PERF.md, twenty-sixth session), so the
-            // variants are to be weighed against this figure as well as the first.
+            // The table's config again, after the variants: the spread of one config's timings.
             const double again_us = run({});
             // cuBLASLt with each expert's count known on the host, rounded up to a multiple of 16
             // rows (cuBLASLt's block-scaled FP8 finds no algorithm otherwise).
@@ -563,6 +567,7 @@ nlohmann::json bench_grouped(Context& c) {
                 first_row.push_back(int64_t(e) * max_m);
                 seg_rows.push_back(std::min(max_m, (counts[e] + 15) / 16 * 16));
             }
+            settle();
             const double cub_us = time_cublaslt_per_expert(c, w->p, sw->p, x->p, sx->p, y.p, N, K, first_row, seg_rows);
             const double flops = 2.0 * valid * N * K, bytes = double(E * N * K + valid * K + 2 * valid * N);
             const double floor_us = c.floor_us(flops, bytes);

@@ -461,8 +461,9 @@ struct GpuFilledBut {
 // A constructor whose second allocation fails frees the first (no destructor runs for a
 // constructor that throws): with 1 GiB left, a workspace's 256 MiB of partials fit and its 4 GiB of
 // counters do not; with 40 MiB left, a context's 32 MiB cuBLASLt workspace fits and its 16 MiB FP8
-// scale scratch does not. The free memory after the failed construction is what it was before
-// (the context within 4 MiB: cuBLASLt's handle may keep a little of its own).
+// scale scratch does not. The free memory after the failed construction is what it was before,
+// within 4 MiB (an H100 showed 2 MiB more: the driver's own pages move), far under what a leak of
+// the first allocation would take.
 TEST(GemmFp8Cuda, AConstructorThatFailsPartWayFreesWhatItMade) {
     REQUIRE_GPU();
     {
@@ -470,7 +471,7 @@ TEST(GemmFp8Cuda, AConstructorThatFailsPartWayFreesWhatItMade) {
         ASSERT_GE(gpu.free_after_fill, size_t{300} << 20);
         const std::string msg = fanout::testing::error_of([] { GemmWorkspace ws(size_t{256} << 20, 1 << 30); });
         EXPECT_NE(msg.find("out of memory"), std::string::npos) << msg;
-        EXPECT_EQ(GpuFilledBut::free_now(), gpu.free_after_fill);
+        EXPECT_GE(GpuFilledBut::free_now() + (size_t{4} << 20), gpu.free_after_fill);
     }
     {
         GpuFilledBut gpu(DeviceContext::kBlasWorkspaceBytes + (size_t{8} << 20));
