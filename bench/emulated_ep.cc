@@ -1,7 +1,10 @@
 #include "emulated_ep.h"
 
+#include <vector>
+
 #include "fanout/core/cuda_check.h"
 #include "fanout/ops/model_glue_cuda.h"
+#include "kernels_bench.h"
 
 namespace fanout::bench {
 
@@ -20,9 +23,14 @@ EmulatedEp::EmulatedEp(const comm::EpConfig& config, cudaStream_t stream) : conf
 }
 
 void EmulatedEp::set_rows(int m) {
-    FANOUT_CHECK(m >= 0 && m <= config_.rows_per_expert(), "emulated dispatch of {} rows per expert, room for {}", m,
+    FANOUT_CHECK(m >= 0 && anchor_count_max(m) <= config_.rows_per_expert(),
+                 "emulated dispatch of up to {} rows per expert ({} on average), room for {}", anchor_count_max(m), m,
                  config_.rows_per_expert());
-    ops::launch_fill_i32(counts_.get(), config_.local_experts(), m, stream_);
+    const int experts = config_.local_experts();
+    const std::vector<int32_t> counts = anchor_counts(experts, m, experts * m, static_cast<uint32_t>(config_.world));
+    // Pageable: the copy has taken the host vector before it returns.
+    FANOUT_CUDA_CHECK(cudaMemcpyAsync(counts_.get(), counts.data(), counts.size() * sizeof(int32_t),
+                                      cudaMemcpyHostToDevice, stream_));
 }
 
 comm::ExpertBatch EmulatedEp::recv_batch() const {

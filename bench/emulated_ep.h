@@ -1,6 +1,8 @@
 // `fanout bench layer`'s stand-in for dispatch and combine: an EP backend (comm/ep.h) that moves
-// nothing. Every local expert "receives" m rows of random FP8 tokens — what EP-N's dispatch would
-// deliver to one rank at the benchmarked batch — and combine receive writes zeros. The layer runs
+// nothing. The local experts "receive" m rows of random FP8 tokens each on average — what EP-N's
+// dispatch would deliver to one rank at the benchmarked batch — spread as routing spreads them
+// (bench kernels' anchor_counts: each in [0.7, 1.3] × m, m · experts in all), and combine receive
+// writes zeros. The layer runs
 // its real expert-parallel path on it (model/cuda_layer.h), so the emulated and the real
 // communication (the nvlink / nccl backends) differ only in the backend.
 #pragma once
@@ -16,7 +18,11 @@ class EmulatedEp final : public comm::ExpertParallel {
   public:
     // Receive rows for config.rows_per_expert() per local expert (FP8 payload), on `stream`.
     EmulatedEp(const comm::EpConfig& config, cudaStream_t stream);
-    // Every local expert receives m rows (≤ rows_per_expert) from now on.
+    // From now on the local experts receive m rows each on average, each at most
+    // anchor_count_max(m) (≤ rows_per_expert): the same counts for the same m and EP size.
+    // Exactly m each (every count the same, as before the twenty-eighth session) made the layer
+    // favour tiles that fit m exactly: at m = 128 or 1,024, 128-row tiles never had a block with
+    // only a few rows, which real routing gives them on about every other expert.
     void set_rows(int m);
 
     const comm::EpConfig& config() const override { return config_; }

@@ -712,7 +712,7 @@ const char* data_name(KernelsBenchOptions::Data d) {
 }
 
 std::vector<int32_t> anchor_counts(int E, int expected, int valid, uint32_t seed) {
-    const int lo = expected * 7 / 10, hi = expected * 13 / 10;
+    const int lo = expected * 7 / 10, hi = anchor_count_max(expected);
     FANOUT_CHECK(E >= 1 && int64_t{E} * lo <= valid && valid <= int64_t{E} * hi,
                  "anchor_counts: {} rows cannot be {} groups of {}..{}", valid, E, lo, hi);
     std::mt19937 rng(seed);

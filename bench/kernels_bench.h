@@ -48,8 +48,11 @@ const char* data_name(KernelsBenchOptions::Data d);
 
 // The grouped points' per-group row counts: E counts drawn uniform in [0.7, 1.3] × expected, as
 // the DeepGEMM anchors drew theirs, then moved one row at a time, round robin and within that
-// range, until they total `valid` (the anchor's rows), so both time the same work.
+// range, until they total `valid` (the anchor's rows), so both time the same work. `bench layer`'s
+// emulated dispatch draws its experts' rows the same way (emulated_ep.h).
 std::vector<int32_t> anchor_counts(int E, int expected, int valid, uint32_t seed);
+// The most rows anchor_counts gives one group.
+constexpr int anchor_count_max(int expected) { return expected * 13 / 10; }
 
 // "128x256/2c2" -> {128, 256, 2, 2}; throws fanout::Error naming the text when malformed.
 ops::GemmConfig parse_gemm_config(const std::string& text);

@@ -397,8 +397,10 @@ int run_layer_bench(const LayerBenchOptions& opts) {
     const auto bench_points = [&](int ep) {
         const bool moe = ep > 0;
         const int64_t local = moe ? c.n_routed_experts / ep : 0;
-        int max_m = 0;
-        if (moe) max_m = static_cast<int>(std::ceil(double(max_T) * c.num_experts_per_tok * ep / c.n_routed_experts));
+        int max_m = 0;  // room for the most rows the emulated dispatch gives an expert at the largest batch
+        if (moe)
+            max_m = anchor_count_max(
+                static_cast<int>(std::ceil(double(max_T) * c.num_experts_per_tok * ep / c.n_routed_experts)));
         model::DeviceLayer w = model::random_layer(c, moe, local, 100 + static_cast<uint64_t>(ep));
         model::LayerLimits lim;  // decode steps; random weights are FP8
         lim.max_tokens = max_T;
@@ -437,7 +439,8 @@ int run_layer_bench(const LayerBenchOptions& opts) {
             opts.decodes > 0 ? fmt::format("; each step also {} one-token decodes ahead of the batch", opts.decodes)
                              : "";
         report(
-            moe ? fmt::format("MoE layer, EP{} emulated ({} local experts, m = (batch·{} + {})·8·{}/256 tokens each{})",
+            moe ? fmt::format("MoE layer, EP{} emulated ({} local experts, m = (batch·{} + {})·8·{}/256 tokens each on "
+                              "average, each expert's in [0.7, 1.3]·m{})",
                               ep, local, q, opts.decodes, ep, mixed)
                       .c_str()
                 : fmt::format("dense layer (the first 3 of V3's 61; intermediate 18432{})", mixed).c_str(),
@@ -454,8 +457,8 @@ int run_layer_bench(const LayerBenchOptions& opts) {
         Rig rig_b(c, kv_dtype, max_batch, q, opts.kv_len, s);
         for (int ep : opts.eps) {
             const int64_t local = c.n_routed_experts / ep;
-            const int max_m =
-                static_cast<int>(std::ceil(double(max_T) * c.num_experts_per_tok * ep / c.n_routed_experts));
+            const int max_m = anchor_count_max(
+                static_cast<int>(std::ceil(double(max_T) * c.num_experts_per_tok * ep / c.n_routed_experts)));
             const model::DeviceLayer w = model::random_layer(c, true, local, 100 + static_cast<uint64_t>(ep));
             model::LayerLimits lim;
             lim.max_tokens = max_T;
