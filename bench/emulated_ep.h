@@ -2,9 +2,8 @@
 // nothing. The local experts "receive" m rows of random FP8 tokens each on average — what EP-N's
 // dispatch would deliver to one rank at the benchmarked batch — spread as routing spreads them
 // (bench kernels' anchor_counts: each in [0.7, 1.3] × m, m · experts in all), and combine receive
-// writes zeros. The layer runs
-// its real expert-parallel path on it (model/cuda_layer.h), so the emulated and the real
-// communication (the nvlink / nccl backends) differ only in the backend.
+// writes zeros. The layer runs its real expert-parallel path on it (model/cuda_layer.h), so the
+// emulated and the real communication (the nvlink / nccl backends) differ only in the backend.
 #pragma once
 
 #include <cuda_runtime.h>

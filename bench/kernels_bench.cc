@@ -229,7 +229,7 @@ std::string config_name(const ops::GemmConfig& g) {
 // Long FP8 GEMMs at prefill sizes hold the GPU at its power limit, and its clock falls within
 // tens of milliseconds: whichever of two kernels is timed second after a pause reads 10–15% slower
 // (o_proj at M = 4096: the same cuBLASLt algorithm 613 µs first, 700 µs right after). So every
-// dense timing starts from the same state: an idle pause first.
+// dense and grouped timing starts from the same state: an idle pause first.
 void settle() { std::this_thread::sleep_for(std::chrono::milliseconds(150)); }
 
 // An algorithm's configuration: id, tile, stages, split-K, CTA swizzle and cluster shape ids
@@ -599,6 +599,7 @@ nlohmann::json bench_grouped(Context& c) {
         auto gu = random_fp8(size_t(E) * max_m * 2 * I * 2, 14, c.data);  // random bytes as bf16 bit patterns
         DevicePtr<uint8_t> q(size_t(E) * max_m * I);
         DevicePtr<float> s(size_t(E) * max_m * (I / 128));
+        settle();
         const double act_us = time_graph_us(c.stream, 20, [&] {
             ops::launch_silu_mul_quant_masked(reinterpret_cast<const uint16_t*>(gu->p), dcounts.p, E, max_m, I, q.p,
                                               s.p, ops::ScaleOrder::kRowMajor, c.stream);

@@ -46,7 +46,7 @@ Cost gemm(double M, double N, double K) { return {N * K + M * K + M * N * 2, 2 *
 Cost add(Cost a, Cost b) { return {a.bytes + b.bytes, a.flops + b.flops, a.bf16 || b.bf16}; }
 
 // Bytes and FLOPs of each kernel the layer marks, for T tokens of R requests.
-// `emulated`: every local expert receives m rows (the emulated backend); else the step's own
+// `emulated`: the local experts receive m rows each on average (the emulated backend); else the step's own
 // routing, which reaches at most T·top_k of them — only those experts' weights are read.
 // `decodes` of the T tokens are one-token requests ahead of the R requests; `mha`: the R requests'
 // attention runs in the MHA form (their chunks end their kv contexts; causal), the decodes' apart
@@ -363,8 +363,8 @@ int run_layer_bench(const LayerBenchOptions& opts) {
     };
 
     // One JSON point: the layer at `ep` (0: dense) for `batch` requests per GPU, m tokens per local
-    // expert; `comm` says what dispatch and combine were, `emulated` whether the emulated backend
-    // (every local expert receiving m rows) stood in for them.
+    // expert (on average); `comm` says what dispatch and combine were, `emulated` whether the
+    // emulated backend (m rows per local expert on average, emulated_ep.h) stood in for them.
     const auto add_point = [&](const Timing& t, int ep, int batch, int T, int m, int64_t local, const std::string& comm,
                                bool emulated) {
         nlohmann::json kernels, floors;
@@ -394,13 +394,16 @@ int run_layer_bench(const LayerBenchOptions& opts) {
                           {"kernels", kernels},
                           {"floors_us", floors}});
     };
+    // Receive rows per local expert of the emulated dispatch at EP-ep: room for the most it gives
+    // one expert at the largest batch.
+    const auto emulated_room = [&](int ep) {
+        return anchor_count_max(
+            static_cast<int>(std::ceil(double(max_T) * c.num_experts_per_tok * ep / c.n_routed_experts)));
+    };
     const auto bench_points = [&](int ep) {
         const bool moe = ep > 0;
         const int64_t local = moe ? c.n_routed_experts / ep : 0;
-        int max_m = 0;  // room for the most rows the emulated dispatch gives an expert at the largest batch
-        if (moe)
-            max_m = anchor_count_max(
-                static_cast<int>(std::ceil(double(max_T) * c.num_experts_per_tok * ep / c.n_routed_experts)));
+        const int max_m = moe ? emulated_room(ep) : 0;
         model::DeviceLayer w = model::random_layer(c, moe, local, 100 + static_cast<uint64_t>(ep));
         model::LayerLimits lim;  // decode steps; random weights are FP8
         lim.max_tokens = max_T;
@@ -457,8 +460,7 @@ int run_layer_bench(const LayerBenchOptions& opts) {
         Rig rig_b(c, kv_dtype, max_batch, q, opts.kv_len, s);
         for (int ep : opts.eps) {
             const int64_t local = c.n_routed_experts / ep;
-            const int max_m = anchor_count_max(
-                static_cast<int>(std::ceil(double(max_T) * c.num_experts_per_tok * ep / c.n_routed_experts)));
+            const int max_m = emulated_room(ep);
             const model::DeviceLayer w = model::random_layer(c, true, local, 100 + static_cast<uint64_t>(ep));
             model::LayerLimits lim;
             lim.max_tokens = max_T;

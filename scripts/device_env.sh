@@ -44,7 +44,7 @@ run_line() {
 
 gpu_suites() {
   local t d server
-  for t in ${1:-ops/ops_cuda_test} ops/glue_cuda_test ops/mla_cuda_test ops/mha_prefill_cuda_test ops/pdl_cuda_test model/model_cuda_test engine/engine_cuda_test comm/ep_gpu_test; do
+  for t in ${1:-ops/ops_cuda_test} ops/ops_cuda_memory_test ops/glue_cuda_test ops/mla_cuda_test ops/mha_prefill_cuda_test ops/pdl_cuda_test model/model_cuda_test engine/engine_cuda_test comm/ep_gpu_test; do
     test_line $t
   done
   timeout 90 bash scripts/gpu_microbatch_check.sh $B tiny > $L/microbatch_tiny.txt 2>&1

@@ -65,6 +65,8 @@ if [[ $mode == model || $mode == all ]]; then
 fi
 run ops_cuda_test "$build/tests/ops/ops_cuda_test"
 tail -3 "$logs/ops_cuda_test.log"
+run ops_cuda_memory_test "$build/tests/ops/ops_cuda_memory_test"
+tail -3 "$logs/ops_cuda_memory_test.log"
 # The tensor-core path must be there: QGMMA (fp8 wgmma) and UTMALDG (TMA) in the GEMM kernels.
 cuobjdump --dump-sass "$build/tests/ops/ops_cuda_test" > "$logs/sass.txt" 2>&1 &&
     grep -oE "QGMMA|HGMMA|UTMALDG|USETMAXREG|LDL|STL" "$logs/sass.txt" | sort | uniq -c

@@ -16,12 +16,12 @@ stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/build/apps" "$stage/build/tests/"{ops,model,engine,comm}
 cp "$build/apps/fanout" "$stage/build/apps/"
-for t in ops/ops_cuda_test ops/glue_cuda_test ops/mla_cuda_test ops/mha_prefill_cuda_test ops/pdl_cuda_test \
+for t in ops/ops_cuda_test ops/ops_cuda_memory_test ops/glue_cuda_test ops/mla_cuda_test ops/mha_prefill_cuda_test ops/pdl_cuda_test \
     model/model_cuda_test engine/engine_cuda_test comm/ep_gpu_test; do
     [[ -f $build/tests/$t ]] || { echo "$build has no $t: is it a CUDA build?" >&2; exit 1; }
     cp "$build/tests/$t" "$stage/build/tests/$t"
 done
-for x in "$@"; do cp "$x" "$stage/build/"; done
+for x in "$@"; do cp "$x" "$stage/build/" && strip "$stage/build/$(basename "$x")"; done
 strip "$stage"/build/apps/* "$stage"/build/tests/*/*
 mkdir -p .carry
 rm -rf .carry/build  # prepare_carry.sh's unpacked copy would travel too (device_env.sh unpacks this one there)

@@ -171,6 +171,11 @@ TEST(GemmConfig, MaskedGroupedTilesFollowTheExpectedTokens) {
     EXPECT_TRUE(is(pick_grouped_masked_config(200, 1, 256 * 66, kDeep - 128, kSms, true), 128, 128, 1, 1));
     EXPECT_TRUE(is(pick_grouped_masked_config(200, 1, 256 * 65, kDeep, kSms, true), 128, 128, 1, 1));
     EXPECT_TRUE(is(pick_grouped_masked_config(1023, 1, 256 * kSms, kDeep, kSms, true), 128, 256, kMaskedTailSplits, 1));
+    // From 1,024 tokens the same: a wave of 256-wide tiles (8 row blocks × 17 or 16 column tiles)
+    // and a K deep enough, or 128-wide pairs.
+    EXPECT_TRUE(is(pick_grouped_masked_config(1024, 1, 256 * 17, kDeep, kSms, true), 128, 256, kMaskedTailSplits, 2));
+    EXPECT_TRUE(is(pick_grouped_masked_config(1024, 1, 256 * 16, kDeep, kSms, true), 128, 128, 1, 2));
+    EXPECT_TRUE(is(pick_grouped_masked_config(1024, 1, 256 * 17, kDeep - 128, kSms, true), 128, 128, 1, 2));
     for (int m : {0, 1, 129, 1 << 20})
         for (int K : {16, 2048, 7168})
             for (bool ws : {false, true}) {

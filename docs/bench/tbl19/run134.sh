@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Ran in the twenty-eighth session on an H100 (run134_summary.txt); the patch's gate+up half landed
+# (b23859d) and the patch file is gone: to re-run, git show c273a9a:docs/bench/tbl19/masked_pick_pairs_split.patch.
 # Staged by the twenty-seventh session (no device was lent to it; never ran). Its GPU-side changes:
 # the masked layout's last-wave split in cluster pairs (TAIL at CL = 2, reachable by an explicit
 # GemmConfig{bm, bn, splits, 2}; `bench kernels` times 128x128/8c2 and 128x256/8c2), and the device

@@ -15,8 +15,10 @@ nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu
 smi=$!
 run_line "kernels" kernels $B/apps/fanout bench kernels --json $L/kernels.json
 kill $smi; wait $smi 2>/dev/null
+# (As run: `| sort | head -30`, which cut every throttle line and the clocks from 1,845 MHz up;
+# the whole log is smi_kernels.csv in run135_logs.tgz.)
 awk -F', ' 'NR > 1 {n++; c[$2]++; r[$6]++} END {for (k in c) print "sm clock", k, c[k]; for (k in r) print "throttle", k, r[k]}' \
-  $L/smi_kernels.csv | sort | head -30 >> $S
+  $L/smi_kernels.csv | sort -k3n >> $S
 for i in 1 2; do layer_line "new $i" layer.new.$i $B/apps/fanout; done
 cd $OUT && tar czf logs.tgz logs && rm -rf logs
 grep -v "^ \|^EP[0-9]* \|^grouped contig\|^$\|^NVIDIA\|^wrote\|^grouped masked" $S

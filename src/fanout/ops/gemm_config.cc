@@ -110,17 +110,18 @@ GemmConfig pick_gemm_config(int M, int N, int K, int num_sms, bool split_k_allow
 // better than a split of all of them (EP128 at batch 32: 37 against 43 µs), and without a
 // workspace the 256-wide tiles would run unsplit, so both keep the 128-wide ones (PERF.md,
 // twenty-sixth session). From 1,024 tokens a gate+up deep enough to split takes 256-wide tiles in
-// pairs with the last wave split (EP128 at batch 128 on an H100: 103-108 against 115 µs in the
-// layer; twenty-eighth session); the down projection's 256-wide tiles unsplit, though faster
-// alone in `bench kernels` at EP32 and EP64, lose 2-3 µs inside the layer, so it keeps 128-wide.
+// pairs with the last wave split where they fill a wave (EP128 at batch 128 on an H100: 103-108
+// against 115 µs in the layer; twenty-eighth session); the down projection's 256-wide tiles
+// unsplit, though faster alone in `bench kernels` at EP32 and EP64, lost 2-3 µs inside the layer
+// (its experts then all given exactly the expected rows), so it keeps 128-wide.
 GemmConfig pick_grouped_masked_config(int expected_m, int num_experts, int N, int K, int num_sms,
                                       bool split_k_allowed) {
     if (expected_m <= 128) return {128, 256, 1, 1};
     const bool split = split_k_allowed && ceil_div(K, kFp8Block) >= 2 * kMinTailSplitKb;
-    if (expected_m >= 1024) return split ? GemmConfig{128, 256, kMaskedTailSplits, 2} : GemmConfig{128, 128, 1, 2};
-    constexpr GemmConfig kWideSplit{128, 256, kMaskedTailSplits, 1};
-    const int64_t wide_tiles = num_experts * ceil_div(expected_m, kWideSplit.block_m) * ceil_div(N, kWideSplit.block_n);
-    if (split && wide_tiles >= num_sms) return kWideSplit;
+    const int64_t wide_tiles = int64_t{num_experts} * ceil_div(expected_m, 128) * ceil_div(N, 256);
+    const bool wide_split = split && wide_tiles >= num_sms;
+    if (expected_m >= 1024) return wide_split ? GemmConfig{128, 256, kMaskedTailSplits, 2} : GemmConfig{128, 128, 1, 2};
+    if (wide_split) return {128, 256, kMaskedTailSplits, 1};
     return {128, 128, 1, 1};
 }
 
