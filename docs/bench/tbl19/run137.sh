@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Twenty-eighth session: the layer with the emulated dispatch's rows spread as routing spreads
+# Twenty-eighth session: every GPU suite, then the layer with the emulated dispatch's rows spread as routing spreads
 # them ([0.7, 1.3] × m per expert, bench kernels' anchor_counts), the current default ("new")
 # against masked_pick_192.patch ("pick": 192 × 128 tiles for the down projection past ~98 tokens
 # per expert and for the gate+up while one 192-row block holds the spread; run136's fair timing
@@ -19,6 +19,7 @@
 # graph test (K = 528) then runs 192 × 128 as its default case.
 set -u
 source scripts/device_env.sh
+gpu_suites  # the final code's suites, ops_cuda_memory_test's final form among them (never run yet)
 for i in 1 2 3; do
   layer_line "new $i" layer.new.$i $B/apps/fanout
   layer_line "pick $i" layer.pick.$i $B/fanout_192
