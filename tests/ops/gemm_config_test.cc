@@ -143,23 +143,29 @@ TEST(GemmConfig, MaskedGroupedTilesFollowTheExpectedTokens) {
     const auto at = [](int ep, int batch, int N, int K, int sms = kSms, bool ws = true) {
         return pick_grouped_masked_config(batch * 2 * 8 * ep / 256, 256 / ep, N, K, sms, ws);
     };
+    // Routing spreads an expert's rows over [0.7, 1.3] × the expected count: 256-wide tiles while
+    // 128 rows hold the most (64 tokens: 83), 192-row tiles while one such block holds them
+    // (128 tokens: 166), and the down projection (too shallow to split) on 192-row tiles from then
+    // on.
     for (auto [N, K] : {std::pair{4096, 7168}, {7168, 2048}}) {
         SCOPED_TRACE(K);
         EXPECT_TRUE(is(at(8, 128, N, K), 128, 256, 1, 1));   // 64 tokens
-        EXPECT_TRUE(is(at(16, 128, N, K), 128, 256, 1, 1));  // 128
+        EXPECT_TRUE(is(at(16, 128, N, K), 192, 128, 1, 1));  // 128
     }
-    // From 1,024 tokens in pairs: the gate+up's 256-wide with its last wave split, the down
-    // projection's 128-wide unsplit (too shallow to split), and both 128-wide without a workspace.
+    EXPECT_TRUE(is(pick_grouped_masked_config(99, 8, 4096, 7168, kSms, true), 128, 256, 1, 1));   // 128 at most
+    EXPECT_TRUE(is(pick_grouped_masked_config(100, 8, 4096, 7168, kSms, true), 192, 128, 1, 1));  // 130
+    EXPECT_TRUE(is(pick_grouped_masked_config(148, 8, 4096, 7168, kSms, true), 192, 128, 1, 1));  // 192
+    EXPECT_TRUE(is(pick_grouped_masked_config(149, 8, 4096, 7168, kSms, true), 128, 256, kMaskedTailSplits, 1));
+    for (int ep : {32, 64, 128, 256}) EXPECT_TRUE(is(at(ep, 128, 7168, 2048), 192, 128, 1, 1));
+    // From 1,024 tokens the gate+up in pairs: 256-wide with its last wave split, 128-wide without a
+    // workspace.
     for (int ep : {128, 256}) {  // 1,024 and 2,048 tokens
         EXPECT_TRUE(is(at(ep, 128, 4096, 7168), 128, 256, kMaskedTailSplits, 2));
-        EXPECT_TRUE(is(at(ep, 128, 7168, 2048), 128, 128, 1, 2));
         EXPECT_TRUE(is(at(ep, 128, 4096, 7168, kSms, false), 128, 128, 1, 2));
     }
-    // Between: the gate+up where 256-wide tiles fill a wave, split; the down projection unsplit.
-    EXPECT_TRUE(is(at(32, 128, 4096, 7168), 128, 256, kMaskedTailSplits, 1));  // 8 experts × 2 × 16 tiles
-    EXPECT_TRUE(is(at(64, 128, 4096, 7168), 128, 256, kMaskedTailSplits, 1));  // 4 × 4 × 16
-    EXPECT_TRUE(is(at(32, 128, 7168, 2048), 128, 128, 1, 1));
-    EXPECT_TRUE(is(at(64, 128, 7168, 2048), 128, 128, 1, 1));
+    // Between: the gate+up where 256-wide tiles fill a wave, split.
+    EXPECT_TRUE(is(at(32, 128, 4096, 7168), 128, 256, kMaskedTailSplits, 1));      // 8 experts × 2 × 16 tiles
+    EXPECT_TRUE(is(at(64, 128, 4096, 7168), 128, 256, kMaskedTailSplits, 1));      // 4 × 4 × 16
     EXPECT_TRUE(is(at(128, 32, 4096, 7168), 128, 128, 1, 1));                      // 2 × 2 × 16 = 64 tiles
     EXPECT_TRUE(is(at(128, 32, 4096, 7168, 64), 128, 256, kMaskedTailSplits, 1));  // a wave on 64 SMs
     EXPECT_TRUE(is(at(32, 128, 4096, 7168, kSms, false), 128, 128, 1, 1));         // no workspace
@@ -168,14 +174,14 @@ TEST(GemmConfig, MaskedGroupedTilesFollowTheExpectedTokens) {
     EXPECT_TRUE(is(pick_grouped_masked_config(200, 1, 256 * 66, kDeep, kSms, true), 128, 256, kMaskedTailSplits, 1));
     EXPECT_TRUE(
         is(pick_grouped_masked_config(200, 1, 256 * 66, kDeep - 128 + 16, kSms, true), 128, 256, kMaskedTailSplits, 1));
-    EXPECT_TRUE(is(pick_grouped_masked_config(200, 1, 256 * 66, kDeep - 128, kSms, true), 128, 128, 1, 1));
+    EXPECT_TRUE(is(pick_grouped_masked_config(200, 1, 256 * 66, kDeep - 128, kSms, true), 192, 128, 1, 1));
     EXPECT_TRUE(is(pick_grouped_masked_config(200, 1, 256 * 65, kDeep, kSms, true), 128, 128, 1, 1));
     EXPECT_TRUE(is(pick_grouped_masked_config(1023, 1, 256 * kSms, kDeep, kSms, true), 128, 256, kMaskedTailSplits, 1));
     // From 1,024 tokens the same: a wave of 256-wide tiles (8 row blocks × 17 or 16 column tiles)
     // and a K deep enough, or 128-wide pairs.
     EXPECT_TRUE(is(pick_grouped_masked_config(1024, 1, 256 * 17, kDeep, kSms, true), 128, 256, kMaskedTailSplits, 2));
     EXPECT_TRUE(is(pick_grouped_masked_config(1024, 1, 256 * 16, kDeep, kSms, true), 128, 128, 1, 2));
-    EXPECT_TRUE(is(pick_grouped_masked_config(1024, 1, 256 * 17, kDeep - 128, kSms, true), 128, 128, 1, 2));
+    EXPECT_TRUE(is(pick_grouped_masked_config(1024, 1, 256 * 17, kDeep - 128, kSms, true), 192, 128, 1, 1));
     for (int m : {0, 1, 129, 1 << 20})
         for (int K : {16, 2048, 7168})
             for (bool ws : {false, true}) {

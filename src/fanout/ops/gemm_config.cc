@@ -100,8 +100,11 @@ GemmConfig pick_gemm_config(int M, int N, int K, int num_sms, bool split_k_allow
 // section and the ones it cites): 256-wide tiles while experts get up to ~128 tokens
 // (memory-bound), 128-wide beyond; from 1,024 tokens per expert (EP128 and up, eight or more row
 // blocks) in cluster pairs that multicast their W tile (EP128: 197 against 208 µs for both GEMMs;
-// at EP64 pairs lose, an odd last row block leaving a pair half empty). 192-row tiles win some down
-// projections in `bench kernels` but lose them inside the layer, so no default uses them. Between
+// at EP64 pairs lose, an odd last row block leaving a pair half empty). 192-row tiles take the
+// down projection past ~99 tokens and the gate+up while one 192-row block holds an expert's
+// spread (run137, H100, batch 128, every timing from an idle pause, the layer's experts given
+// spread counts): EP16 gate+up 190-191 against 202-203 µs in the layer, down 104-105 against
+// 111-112; EP64 down 72.5-74.6 against 74.3-76.5; EP32 and EP128 down level within 1 µs. Between
 // the two, a K deep enough for two splits of kMinTailSplitKb blocks (the gate+up's 7,168, not the
 // down projection's 2,048) keeps the 256-wide tiles with their last wave split in K
 // (gemm_fp8_sm90.cu) where they fill at least one whole wave: fewer tiles leave the last wave
@@ -113,11 +116,15 @@ GemmConfig pick_gemm_config(int M, int N, int K, int num_sms, bool split_k_allow
 // pairs with the last wave split where they fill a wave (EP128 at batch 128 on an H100: 103-108
 // against 115 µs in the layer; twenty-eighth session); the down projection's 256-wide tiles
 // unsplit, though faster alone in `bench kernels` at EP32 and EP64, lost 2-3 µs inside the layer
-// (its experts then all given exactly the expected rows), so it keeps 128-wide.
+// (its experts then all given exactly the expected rows).
 GemmConfig pick_grouped_masked_config(int expected_m, int num_experts, int N, int K, int num_sms,
                                       bool split_k_allowed) {
-    if (expected_m <= 128) return {128, 256, 1, 1};
-    const bool split = split_k_allowed && ceil_div(K, kFp8Block) >= 2 * kMinTailSplitKb;
+    // Routing spreads an expert's rows about the expected count: bench kernels and bench layer
+    // draw them in [0.7, 1.3] × expected (DeepGEMM's anchors' spread, a model, not a measurement).
+    const int64_t most = int64_t{expected_m} * 13 / 10;
+    if (most <= 128) return {128, 256, 1, 1};
+    const bool deep = ceil_div(K, kFp8Block) >= 2 * kMinTailSplitKb, split = split_k_allowed && deep;
+    if (!deep || most <= 192) return {192, 128, 1, 1};
     const int64_t wide_tiles = int64_t{num_experts} * ceil_div(expected_m, 128) * ceil_div(N, 256);
     const bool wide_split = split && wide_tiles >= num_sms;
     if (expected_m >= 1024) return wide_split ? GemmConfig{128, 256, kMaskedTailSplits, 2} : GemmConfig{128, 128, 1, 2};
