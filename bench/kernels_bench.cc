@@ -553,7 +553,7 @@ nlohmann::json bench_grouped(Context& c) {
                  {ops::GemmConfig{128, 128, 1}, ops::GemmConfig{64, 256, 1}, ops::GemmConfig{128, 256, 1},
                   ops::GemmConfig{128, 128, 1, 2}, ops::GemmConfig{128, 256, 1, 2}, ops::GemmConfig{192, 128, 1},
                   ops::GemmConfig{192, 128, 1, 2}, ops::GemmConfig{128, 128, 8}, ops::GemmConfig{128, 256, 8},
-                  ops::GemmConfig{128, 128, 8, 2}, ops::GemmConfig{128, 256, 8, 2}}) {
+                  ops::GemmConfig{128, 128, 8, 2}, ops::GemmConfig{128, 256, 8, 2}, ops::GemmConfig{192, 128, 8}}) {
                 const double t = run(cfg);
                 variants.push_back({{"config", config_name(cfg)}, {"us", t}});
                 if (t < best_us) best_us = t, best_name = config_name(cfg);

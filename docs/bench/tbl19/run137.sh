@@ -17,6 +17,10 @@
 # masked silu·mul·quant launches ~30% more blocks that exit at once). Landing the patch: its
 # comment says "since run137" — check that claim against this run, and ops_cuda_test's masked
 # graph test (K = 528) then runs 192 × 128 as its default case.
+# As run (twenty-ninth session, H100): the reverse of c11d45a's layer_bench.cc hunks no longer
+# applied (the emulated_room lambda came later), so "uniform" reversed only emulated_ep.cc's
+# counts and kept the 1.3 × room. The patch landed as 17cd2e6 and left the tree; it is
+# `git show 1bbc380:docs/bench/tbl19/masked_pick_192.patch`.
 set -u
 source scripts/device_env.sh
 gpu_suites  # the final code's suites, ops_cuda_memory_test's final form among them (never run yet)
