@@ -33,6 +33,10 @@ void append_bias(std::vector<ops::LogitBias>& bias, const ops::Sampler& sampler)
     for (const auto& [id, b] : sampler.params().logit_bias) bias.push_back({id, b});
 }
 
+// The drafts a scheduled chunk carries after its last known token: > 0 only in an MTP decode step
+// (the last token, then its drafts). A chunk that wants logits has drafts + 1 logit rows.
+int64_t drafts_in(const ScheduledSeq& s) { return s.start + s.num_tokens - s.seq->total_len(); }
+
 int64_t microseconds_since(clock_type::time_point t0) {
     return std::chrono::duration_cast<std::chrono::microseconds>(clock_type::now() - t0).count();
 }
@@ -384,7 +388,7 @@ bool Engine::step() {
         // With MTP a chunk holding drafts (a decode step: the last token, then its drafts) needs
         // every row's logits to check them; the hidden states of every token go to the MTP layer.
         using L = model::StepBatchBuilder::Logits;
-        const int64_t drafts = s.start + s.num_tokens - s.seq->total_len();
+        const int64_t drafts = drafts_in(s);
         std::span<const int32_t> chunk;
         if (drafts > 0) {
             with_draft.assign(s.seq->tokens.begin() + s.start, s.seq->tokens.end());
@@ -480,7 +484,7 @@ void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::Step
     for (const auto& s : work) {
         if (!s.wants_logits) continue;
         ops::Sampler& sampler = *active_.at(s.seq->id)->sampler;
-        const int64_t drafts = s.start + s.num_tokens - s.seq->total_len();
+        const int64_t drafts = drafts_in(s);
         for (int64_t j = 0; j <= drafts; ++j) {
             ops::SamplingRow r = sampling_row(sampler, bias);
             if (j < drafts) {
@@ -500,7 +504,7 @@ void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::Step
         size_t row = 0;
         for (const auto& s : work) {  // a row the device refused fails its request, as below
             if (!s.wants_logits) continue;
-            const size_t rows = static_cast<size_t>(s.start + s.num_tokens - s.seq->total_len()) + 1;
+            const size_t rows = static_cast<size_t>(drafts_in(s)) + 1;
             if (std::any_of(picked.begin() + row, picked.begin() + row + rows,
                             [](int32_t t) { return t == ops::kNotFinite; }))
                 failed.emplace(s.seq->id, kNotFiniteOnDevice);
@@ -514,7 +518,7 @@ void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::Step
         for (const auto& s : work) {
             if (!s.wants_logits) continue;
             ops::Sampler& sampler = *active_.at(s.seq->id)->sampler;
-            const int64_t drafts = s.start + s.num_tokens - s.seq->total_len();
+            const int64_t drafts = drafts_in(s);
             const size_t first = picked.size();
             try {
                 for (int64_t j = 0; j <= drafts; ++j, ++row)
@@ -550,7 +554,7 @@ void Engine::step_speculative(std::vector<ScheduledSeq>& work, const model::Step
         if (!s.wants_logits) continue;
         Active& a = *active_.at(seq.id);
         const int64_t last = seq.total_len() - 1 - s.start;  // the last known token's row in the chunk
-        const int64_t drafts = s.num_tokens - 1 - last;      // > 0 only in a decode step (last = 0)
+        const int64_t drafts = drafts_in(s);                 // s.num_tokens - 1 - last
         const int32_t* tokens = picked.data() + logit_row;   // the last known token's row, then the drafts'
         logit_row += 1 + drafts;
         int64_t j = 0;
