@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Twenty-ninth session: the final code's suites with the 192-row masked pick as the default
 # (17cd2e6: ops_cuda_test's masked graph test, K = 528, now runs 192 x 128 as its default), then
-# `bench kernels` in full (items 1 and 2 with the new default), and an experiment on the masked
+# `bench kernels --no-dense` (item 2 with the new default), and an experiment on the masked
 # GEMM's last-wave split: kMinTailSplitKb (gemm.h) 16 ("new", the tree's), 8 and 4 (two binaries
 # built with only that constant changed). With 16 the down projections (16 K blocks) never split;
 # with 8 they may split 2 ways and the gate+up (56 blocks) up to 7; with 4, 4 and 8. `bench kernels
@@ -15,7 +15,7 @@
 set -u
 source scripts/device_env.sh
 gpu_suites
-run_line "kernels" kernels $B/apps/fanout bench kernels --json $L/kernels.json
+run_line "grouped new" grouped.new $B/apps/fanout bench kernels --no-dense --json $L/grouped.new.json
 for v in kb8 kb4; do
   run_line "grouped $v" grouped.$v $B/fanout_$v bench kernels --no-dense --json $L/grouped.$v.json
 done
