@@ -75,7 +75,9 @@ inline constexpr int kMaskedTailSplits = 8;
 // kernel's plan_tail). A split tile's partials make a round trip through L2 (the last split reads
 // the others' 64-128 KB each), which costs about what a short split saves: the down projections'
 // 16 K blocks in 4-way splits ran 5-8 µs slower at EP32..EP128, the gate+up's 56 in 2-way splits
-// 8-20 µs faster at EP32 and EP64 (PERF.md, twenty-sixth session).
+// 8-20 µs faster at EP32 and EP64 (PERF.md, twenty-sixth session). Ranges of 8 (the down
+// projection split 2 ways) were 2-5 µs faster in the layer and 2 µs faster to 4 µs slower in
+// `bench kernels` (twenty-ninth session): not taken on one routing draw per point.
 inline constexpr int kMinTailSplitKb = 16;
 GemmConfig pick_grouped_masked_config(int expected_m, int num_experts, int N, int K, int num_sms, bool split_k_allowed);
 // The order the quantization in front of a dense FP8 GEMM should write x's scales in: M-major where
