@@ -532,11 +532,15 @@ TEST(GroupedGemmFp8Cuda, MaskedMatchesCpuReferenceAndReplaysInAGraph) {
     DeviceBuffer<uint16_t> dy(size_t(E) * max_m * N);
     cudaStream_t stream;
     FANOUT_CUDA_CHECK(cudaStreamCreate(&stream));
-    // The default picks without a workspace (by the expected tokens per expert: 256- or 128-wide
-    // tiles, 128 × 128 in cluster pairs from 1,024), then forced shapes.
+    // The default picks without a workspace (by the expected tokens per expert: 128 × 256 at 64;
+    // K = 528 is too shallow to split, so 192 × 128 at 512 and 1,024), then forced shapes: among
+    // them 128 × 128 unpaired and in pairs, which the gate+up takes past 148 tokens without a
+    // workspace or under one wave.
     for (auto [cfg, expected_m] : {std::pair{GemmConfig{}, 64},
                                    {GemmConfig{}, 512},
                                    {GemmConfig{}, 1024},
+                                   {GemmConfig{128, 128, 1}, 512},
+                                   {GemmConfig{128, 128, 1, 2}, 1024},
                                    {GemmConfig{128, 256, 1, 2}, 64},
                                    {GemmConfig{64, 64, 1}, 64},
                                    {GemmConfig{64, 256, 1, 2}, 64},

