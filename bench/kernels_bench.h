@@ -52,7 +52,7 @@ const char* data_name(KernelsBenchOptions::Data d);
 // emulated dispatch draws its experts' rows the same way (emulated_ep.h).
 std::vector<int32_t> anchor_counts(int E, int expected, int valid, uint32_t seed);
 // The most rows anchor_counts gives one group.
-constexpr int anchor_count_max(int expected) { return expected * 13 / 10; }
+constexpr int anchor_count_max(int expected) { return static_cast<int>(ops::modelled_most_rows(expected)); }
 
 // "128x256/2c2" -> {128, 256, 2, 2}; throws fanout::Error naming the text when malformed.
 ops::GemmConfig parse_gemm_config(const std::string& text);

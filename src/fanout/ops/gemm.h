@@ -79,6 +79,10 @@ inline constexpr int kMaskedTailSplits = 8;
 // projection split 2 ways) were 2-5 µs faster in the layer and 2 µs faster to 4 µs slower in
 // `bench kernels` (twenty-ninth session): not taken on one routing draw per point.
 inline constexpr int kMinTailSplitKb = 16;
+// The most rows an expert gets when routing spreads them in [0.7, 1.3] × the expected count: the
+// spread of DeepGEMM's anchors, which `bench kernels` and `bench layer` draw (a model, not a
+// measurement). pick_grouped_masked_config plans its tiles for it.
+constexpr int64_t modelled_most_rows(int64_t expected) { return expected * 13 / 10; }
 GemmConfig pick_grouped_masked_config(int expected_m, int num_experts, int N, int K, int num_sms, bool split_k_allowed);
 // The order the quantization in front of a dense FP8 GEMM should write x's scales in: M-major where
 // the table runs cuBLASLt, row-major where it runs the tile kernel — each kernel's own order, so

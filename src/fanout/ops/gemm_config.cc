@@ -117,7 +117,7 @@ GemmConfig pick_gemm_config(int M, int N, int K, int num_sms, bool split_k_allow
 // (H100); at EP64 pairs lose, an odd last row block leaving a pair half empty.
 GemmConfig pick_grouped_masked_config(int expected_m, int num_experts, int N, int K, int num_sms,
                                       bool split_k_allowed) {
-    const int64_t most = int64_t{expected_m} * 13 / 10;
+    const int64_t most = modelled_most_rows(expected_m);
     if (most <= 128) return {128, 256, 1, 1};
     const bool deep = ceil_div(K, kFp8Block) >= 2 * kMinTailSplitKb, split = split_k_allowed && deep;
     if (!deep || most <= 192) return {192, 128, 1, 1};
