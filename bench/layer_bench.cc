@@ -346,9 +346,9 @@ int run_layer_bench(const LayerBenchOptions& opts) {
             const std::string& name = rows.front().second.names[i];
             std::printf("%-24s", name.c_str());
             for (const auto& [b, t] : rows) {
-                const double m = ep > 0 ? tokens(b) * c.num_experts_per_tok * ep / c.n_routed_experts : 0;
-                const auto costs = layer_costs(c, b, tokens(b), opts.kv_len, ep, std::max(1.0, std::ceil(m)),
-                                               entry_bytes, emulated, opts.decodes, opts.mha);
+                const int m = ep > 0 ? model::expected_tokens_per_expert(c, int64_t(tokens(b)), ep) : 0;
+                const auto costs = layer_costs(c, b, tokens(b), opts.kv_len, ep, std::max(1, m), entry_bytes, emulated,
+                                               opts.decodes, opts.mha);
                 const auto it = costs.find(name);
                 std::printf(" %8.1f %6s", t.us[i],
                             it == costs.end() ? "" : fmt::format("{:.1f}", floor_us(it->second)).c_str());
@@ -397,8 +397,7 @@ int run_layer_bench(const LayerBenchOptions& opts) {
     // Receive rows per local expert of the emulated dispatch at EP-ep: room for the most it gives
     // one expert at the largest batch.
     const auto emulated_room = [&](int ep) {
-        return anchor_count_max(
-            static_cast<int>(std::ceil(double(max_T) * c.num_experts_per_tok * ep / c.n_routed_experts)));
+        return anchor_count_max(model::expected_tokens_per_expert(c, max_T, ep));
     };
     const auto bench_points = [&](int ep) {
         const bool moe = ep > 0;
@@ -425,10 +424,7 @@ int run_layer_bench(const LayerBenchOptions& opts) {
         std::vector<std::pair<int, Timing>> rows;
         for (int b : opts.batches) {
             model::LayerStep st = rig.step_for(b);
-            const int m =
-                moe ? std::max(1,
-                               static_cast<int>(std::ceil(tokens(b) * c.num_experts_per_tok * ep / c.n_routed_experts)))
-                    : 0;
+            const int m = moe ? model::expected_tokens_per_expert(c, int64_t(tokens(b)), ep) : 0;
             if (moe) {
                 emu->set_rows(m);
                 st.expected_m = m;
@@ -485,8 +481,7 @@ int run_layer_bench(const LayerBenchOptions& opts) {
                 Rig* rg[2] = {&rig, &rig_b};
                 EmulatedEp* emu[2] = {&emu_a, &emu_b};
                 for (int i = 0; i < 2; ++i) {
-                    const int m = std::max(1, static_cast<int>(std::ceil(double(st[i].R) * q * c.num_experts_per_tok *
-                                                                         ep / c.n_routed_experts)));
+                    const int m = model::expected_tokens_per_expert(c, int64_t{st[i].R} * q, ep);
                     emu[i]->set_rows(m);
                     st[i].expected_m = m;
                 }
@@ -583,8 +578,7 @@ int run_layer_bench(const LayerBenchOptions& opts) {
             const auto& [b, t] = per_rank[0][i];
             double slowest = 0;
             for (const auto& rank : per_rank) slowest = std::max(slowest, rank[i].second.total_us);
-            const int m = std::max(
-                1, static_cast<int>(std::ceil(double(b) * q * c.num_experts_per_tok * world / c.n_routed_experts)));
+            const int m = model::expected_tokens_per_expert(c, int64_t{b} * q, world);
             add_point(t, world, b, b * q, m, local, comm::gpu_backend_name(backend), false);
             points.back()["slowest_rank_total_us"] = slowest;
         }

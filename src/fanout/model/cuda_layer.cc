@@ -695,14 +695,10 @@ void CudaLayerExec::gate(const DeviceLayer& w, const LayerStep& st, const Kernel
     if (mark) mark("topk");
 }
 
-namespace {
-// Tokens per expert a step of T tokens on each of `ranks` ranks gives on average: picks the
-// grouped GEMMs' tile (one division, so a T that is not a multiple of n_routed / top-k rounds once).
-int expected_tokens_per_expert(const io::ModelConfig& c, int T, int ranks = 1) {
+int expected_tokens_per_expert(const io::ModelConfig& c, int64_t T, int ranks) {
     return std::max<int>(
-        1, static_cast<int>(int64_t{T} * c.num_experts_per_tok * ranks / std::max<int64_t>(c.n_routed_experts, 1)));
+        1, static_cast<int>(T * c.num_experts_per_tok * ranks / std::max<int64_t>(c.n_routed_experts, 1)));
 }
-}  // namespace
 
 void CudaLayerExec::check_local_permute() const {
     FANOUT_CHECK(max_dispatch_m_ == 0,
