@@ -57,8 +57,8 @@ TEST(Sampling, FrequenciesFollowSoftmaxAndTopPCutsTheTail) {
 
 // Speculative decoding's check of a greedy draft: whatever the draft, the emitted tokens follow
 // the request's distribution — a chi-squared test over many draws (fixed seeds) against p for a
-// draft the target likes, one it does not, one top-k removed, and with top-p; greedy emits the
-// argmax and accepts only it.
+// draft the target likes, one it does not, one top-k removed, with top-p, and with logit_bias;
+// greedy emits the argmax of the biased logits and accepts only it.
 TEST(Sampling, DraftChecksEmitTheTargetDistribution) {
     const std::vector<float> l = {1.2f, 0.3f, -0.4f, 2.0f, 0.0f, -1.5f};
     const int V = static_cast<int>(l.size());
@@ -66,12 +66,20 @@ TEST(Sampling, DraftChecksEmitTheTargetDistribution) {
         SamplingParams params;
         int32_t draft;
     };
-    const std::vector<Case> cases = {
-        {{0.8f, 0, 1.0f, 11}, 3}, {{0.8f, 0, 1.0f, 12}, 5}, {{1.3f, 3, 1.0f, 13}, 1}, {{1.0f, 0, 0.8f, 14}, 0}};
+    // The last two with logit_bias: one that lifts the draft from the middle to the top, and one
+    // that lowers the argmax and lifts a token top-k would have cut back into the kept set.
+    const std::vector<Case> cases = {{{0.8f, 0, 1.0f, 11}, 3},
+                                     {{0.8f, 0, 1.0f, 12}, 5},
+                                     {{1.3f, 3, 1.0f, 13}, 1},
+                                     {{1.0f, 0, 0.8f, 14}, 0},
+                                     {{0.9f, 0, 1.0f, 15, {{1, 2.5f}, {3, -1.0f}}}, 1},
+                                     {{1.1f, 3, 0.9f, 16, {{3, -2.0f}, {5, 3.0f}}}, 5}};
     for (const Case& c : cases) {
         // The target: biased logits / T, top-k, top-p, renormalised (sampling.h's rule).
+        std::vector<float> biased_l = l;
+        for (const auto& [id, b] : c.params.logit_bias) biased_l[static_cast<size_t>(id)] += b;
         std::vector<std::pair<double, int>> order;
-        for (int i = 0; i < V; ++i) order.push_back({l[i] / c.params.temperature, i});
+        for (int i = 0; i < V; ++i) order.push_back({biased_l[static_cast<size_t>(i)] / c.params.temperature, i});
         std::sort(order.begin(), order.end(), [](auto a, auto b) { return a.first > b.first; });
         std::vector<double> p(static_cast<size_t>(V), 0.0);
         const size_t keep = c.params.top_k > 0 ? static_cast<size_t>(c.params.top_k) : order.size();
@@ -120,6 +128,12 @@ TEST(Sampling, DraftChecksEmitTheTargetDistribution) {
     const DraftCheck miss = greedy.check_draft(l.data(), V, 0);
     EXPECT_FALSE(miss.accepted);
     EXPECT_EQ(miss.token, 3);
+    // Greedy over the biased logits: +1 makes token 0 (2.2) the argmax over token 3 (2.0).
+    Sampler greedy_biased({0.0f, 0, 1.0f, 0, {{0, 1.0f}}});
+    EXPECT_TRUE(greedy_biased.check_draft(l.data(), V, 0).accepted);
+    const DraftCheck biased_miss = greedy_biased.check_draft(l.data(), V, 3);
+    EXPECT_FALSE(biased_miss.accepted);
+    EXPECT_EQ(biased_miss.token, 0);
 }
 
 // A temperature under kGreedyTemperature is greedy: dividing by 1e-38 overflowed every logit to
