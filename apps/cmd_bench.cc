@@ -124,6 +124,12 @@ void add_bench_command(CLI::App& app) {
                      "values) or zeros; long GEMMs run at the power limit, where the values move the clock")
         ->transform(CLI::CheckedTransformer(std::map<std::string, bench::KernelsBenchOptions::Data>(
             std::begin(bench::kDataNames), std::end(bench::kDataNames))));
+    kernels
+        ->add_option("--draws", k->draws,
+                     "grouped masked: time every config on this many routing draws of each point's total (the "
+                     "anchor's counts first) and print each one's mean and range")
+        ->check(CLI::Range(1, 100))
+        ->capture_default_str();
     kernels->add_option("--json", k->json_out, "JSON output ('' to skip)")->capture_default_str();
     kernels->callback([k] {
 #ifdef FANOUT_WITH_CUDA

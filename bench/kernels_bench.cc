@@ -180,6 +180,7 @@ struct Context {
     std::unique_ptr<DevicePtr<uint8_t>> ws;
     double bw_gbs = 0, read_gbs = 0, peak_tflops = 0;
     KernelsBenchOptions::Data data = KernelsBenchOptions::Data::kUniform;  // the FP8 operands' values
+    int draws = 1;                                                         // grouped masked: routing draws
     ops::GemmWorkspace gemm_ws{size_t{256} << 20};
 
     double floor_us(double flops, double bytes) const {
@@ -512,6 +513,12 @@ nlohmann::json bench_dense(Context& c, const KernelsBenchOptions& opts) {
     return {{"rows", rows}, {"sums", sum_rows}};
 }
 
+// The masked configs timed beside the table's pick at each grouped point: each tile unpaired and
+// in pairs, without and with the last-wave split.
+constexpr ops::GemmConfig kMaskedVariants[] = {{128, 128, 1},    {64, 256, 1},     {128, 256, 1},    {128, 128, 1, 2},
+                                               {128, 256, 1, 2}, {192, 128, 1},    {192, 128, 1, 2}, {128, 128, 8},
+                                               {128, 256, 8},    {128, 128, 8, 2}, {128, 256, 8, 2}, {192, 128, 8}};
+
 nlohmann::json bench_grouped(Context& c) {
     std::printf("\ngrouped masked FP8 GEMM at the seed's decode points (batch 128/GPU, query 2, top-8 of 256)\n");
     std::printf("%-5s %-9s %7s %7s %9s %7s %6s %6s %6s %9s %9s %8s\n", "EP", "N x K", "experts", "tokens", "fanout",
@@ -549,17 +556,45 @@ nlohmann::json bench_grouped(Context& c) {
             nlohmann::json variants = nlohmann::json::array();
             std::string best_name = "table";
             double best_us = us;
-            for (const ops::GemmConfig cfg :
-                 {ops::GemmConfig{128, 128, 1}, ops::GemmConfig{64, 256, 1}, ops::GemmConfig{128, 256, 1},
-                  ops::GemmConfig{128, 128, 1, 2}, ops::GemmConfig{128, 256, 1, 2}, ops::GemmConfig{192, 128, 1},
-                  ops::GemmConfig{192, 128, 1, 2}, ops::GemmConfig{128, 128, 8}, ops::GemmConfig{128, 256, 8},
-                  ops::GemmConfig{128, 128, 8, 2}, ops::GemmConfig{128, 256, 8, 2}, ops::GemmConfig{192, 128, 8}}) {
+            for (const ops::GemmConfig& cfg : kMaskedVariants) {
                 const double t = run(cfg);
                 variants.push_back({{"config", config_name(cfg)}, {"us", t}});
                 if (t < best_us) best_us = t, best_name = config_name(cfg);
             }
             // The table's config again, after the variants: the spread of one config's timings.
             const double again_us = run({});
+            // --draws: the table and every variant on other routing draws of the same total (seeds
+            // past the anchor's), then the anchor's counts back for the rest of the point.
+            nlohmann::json draws = nlohmann::json::array();
+            if (c.draws > 1) {
+                std::vector<std::vector<double>> by_config(std::size(kMaskedVariants) + 1, {us});
+                for (size_t v = 0; v < std::size(kMaskedVariants); ++v)
+                    by_config[v + 1][0] = variants[v]["us"].get<double>();
+                for (int d = 1; d < c.draws; ++d) {
+                    const std::vector<int32_t> drawn =
+                        anchor_counts(E, expected, pt.valid_m, static_cast<uint32_t>(pt.ep + 1000 * d));
+                    FANOUT_CUDA_CHECK(cudaMemcpy(dcounts.p, drawn.data(), E * sizeof(int32_t), cudaMemcpyHostToDevice));
+                    nlohmann::json timed = nlohmann::json::array();
+                    for (size_t v = 0; v <= std::size(kMaskedVariants); ++v) {
+                        const ops::GemmConfig cfg = v == 0 ? ops::GemmConfig{} : kMaskedVariants[v - 1];
+                        by_config[v].push_back(run(cfg));
+                        timed.push_back({{"config", v == 0 ? "table" : config_name(cfg)}, {"us", by_config[v].back()}});
+                    }
+                    draws.push_back({{"seed", pt.ep + 1000 * d},
+                                     {"most_rows", *std::max_element(drawn.begin(), drawn.end())},
+                                     {"configs", timed}});
+                }
+                FANOUT_CUDA_CHECK(cudaMemcpy(dcounts.p, counts.data(), E * sizeof(int32_t), cudaMemcpyHostToDevice));
+                std::printf("      over %d draws, mean (min-max) us:", c.draws);
+                for (size_t v = 0; v < by_config.size(); ++v) {
+                    const auto [lo, hi] = std::minmax_element(by_config[v].begin(), by_config[v].end());
+                    double sum = 0;
+                    for (double t : by_config[v]) sum += t;
+                    std::printf(" %s %.1f (%.1f-%.1f)%s",
+                                v == 0 ? "table" : config_name(kMaskedVariants[v - 1]).c_str(),
+                                sum / by_config[v].size(), *lo, *hi, v + 1 < by_config.size() ? ";" : "\n");
+                }
+            }
             // cuBLASLt with each expert's count known on the host, rounded up to a multiple of 16
             // rows (cuBLASLt's block-scaled FP8 finds no algorithm otherwise).
             std::vector<int64_t> first_row, seg_rows;
@@ -590,7 +625,8 @@ nlohmann::json bench_grouped(Context& c) {
                             {"deepgemm_us_anchor", pt.deepgemm_us[si]},
                             {"roofline_floor_us", floor_us},
                             {"variants", variants},
-                            {"table_again_us", again_us}});
+                            {"table_again_us", again_us},
+                            {"draws", draws}});
             total_us += us;
             total_dg += pt.deepgemm_us[si];
         }
@@ -773,6 +809,7 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
     require_gpu("fanout bench kernels");
     Context c;
     c.data = opts.data;
+    c.draws = opts.draws;
     FANOUT_CUDA_CHECK(cudaStreamCreate(&c.stream));
     FANOUT_CUBLAS_CHECK(cublasLtCreate(&c.lt));
     c.ws = std::make_unique<DevicePtr<uint8_t>>(c.wsize);

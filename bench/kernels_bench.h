@@ -9,7 +9,9 @@
 //  * grouped masked: the seed's EP8 … EP128 decode points (batch 128 per GPU, query length 2:
 //    256/EP experts × 8·EP tokens each), gate/up 4096×7168 and down 7168×2048, beside cuBLASLt
 //    run expert by expert with the counts known on the host (what a user without a grouped kernel
-//    does); plus the fused silu·mul·quant kernel at each point;
+//    does); with --draws, every config over several routing draws of the same total (how a
+//    config's wave fit holds up when the counts move); plus the fused silu·mul·quant kernel at
+//    each point;
 //  * grouped contiguous: prefill at EP8, EP32 and EP64 (4,096 tokens per rank, top-8 of 256: 32,768
 //    routed rows per rank, padded to 128 per expert), beside cuBLASLt expert by expert and the
 //    dense GEMM of the same rows against one weight (no DeepGEMM anchor for this layout).
@@ -37,6 +39,10 @@ struct KernelsBenchOptions {
     bool lt_search = false;  // dense: also time cuBLASLt's block-scaled algorithm in every tile and cluster shape
     enum class Data { kUniform, kNormal, kZeros };
     Data data = Data::kUniform;  // the FP8 operands' values (random_fp8)
+    // grouped masked: each point's configs also timed on this many routing draws in all (the
+    // anchor's counts, then other seeds' counts with the same total), each config's mean and
+    // range printed; 1: the anchor's counts only.
+    int draws = 1;
 };
 
 // --data's spellings.
