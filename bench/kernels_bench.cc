@@ -11,6 +11,7 @@
 
 #include <cublasLt.h>
 #include <cuda_runtime.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
@@ -566,6 +567,7 @@ nlohmann::json bench_grouped(Context& c) {
             // --draws: the table and every variant on other routing draws of the same total (seeds
             // past the anchor's), then the anchor's counts back for the rest of the point.
             nlohmann::json draws = nlohmann::json::array();
+            std::string draws_line;  // printed under the point's row
             if (c.draws > 1) {
                 std::vector<std::vector<double>> by_config(std::size(kMaskedVariants) + 1, {us});
                 for (size_t v = 0; v < std::size(kMaskedVariants); ++v)
@@ -585,14 +587,14 @@ nlohmann::json bench_grouped(Context& c) {
                                      {"configs", timed}});
                 }
                 FANOUT_CUDA_CHECK(cudaMemcpy(dcounts.p, counts.data(), E * sizeof(int32_t), cudaMemcpyHostToDevice));
-                std::printf("      over %d draws, mean (min-max) us:", c.draws);
+                draws_line = fmt::format("      over {} draws, mean (min-max) us:", c.draws);
                 for (size_t v = 0; v < by_config.size(); ++v) {
                     const auto [lo, hi] = std::minmax_element(by_config[v].begin(), by_config[v].end());
                     double sum = 0;
                     for (double t : by_config[v]) sum += t;
-                    std::printf(" %s %.1f (%.1f-%.1f)%s",
-                                v == 0 ? "table" : config_name(kMaskedVariants[v - 1]).c_str(),
-                                sum / by_config[v].size(), *lo, *hi, v + 1 < by_config.size() ? ";" : "\n");
+                    draws_line += fmt::format(" {} {:.1f} ({:.1f}-{:.1f}){}",
+                                              v == 0 ? "table" : config_name(kMaskedVariants[v - 1]),
+                                              sum / by_config[v].size(), *lo, *hi, v + 1 < by_config.size() ? ";" : "");
                 }
             }
             // cuBLASLt with each expert's count known on the host, rounded up to a multiple of 16
@@ -612,6 +614,7 @@ nlohmann::json bench_grouped(Context& c) {
                 pt.ep, (long long)N, (long long)K, E, (long long)valid, us, flops / us / 1e6, bytes / us / 1e3,
                 100 * bytes / (c.bw_gbs * 1e3) / us, 100 * flops / (c.peak_tflops * 1e6) / us, cub_us,
                 pt.deepgemm_us[si], floor_us, best_name.c_str(), best_us, again_us);
+            if (!draws_line.empty()) std::printf("%s\n", draws_line.c_str());
             rows.push_back({{"kind", "grouped_masked"},
                             {"ep", pt.ep},
                             {"experts", E},
