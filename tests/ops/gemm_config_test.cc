@@ -165,11 +165,20 @@ TEST(GemmConfig, MaskedGroupedTilesFollowTheExpectedTokens) {
         EXPECT_TRUE(is(at(ep, 128, 4096, 7168, kSms, false), 128, 128, 1, 2));
     }
     // Between: the gate+up where 256-wide tiles fill a wave, split.
-    EXPECT_TRUE(is(at(32, 128, 4096, 7168), 128, 256, kMaskedTailSplits, 1));      // 8 experts × 2 × 16 tiles
-    EXPECT_TRUE(is(at(64, 128, 4096, 7168), 128, 256, kMaskedTailSplits, 1));      // 4 × 4 × 16
-    EXPECT_TRUE(is(at(128, 32, 4096, 7168), 128, 128, 1, 1));                      // 2 × 2 × 16 = 64 tiles
-    EXPECT_TRUE(is(at(128, 32, 4096, 7168, 64), 128, 256, kMaskedTailSplits, 1));  // a wave on 64 SMs
-    EXPECT_TRUE(is(at(32, 128, 4096, 7168, kSms, false), 128, 128, 1, 1));         // no workspace
+    EXPECT_TRUE(is(at(32, 128, 4096, 7168), 128, 256, kMaskedTailSplits, 1));  // 8 experts × 2 × 16 tiles
+    EXPECT_TRUE(is(at(64, 128, 4096, 7168), 128, 256, kMaskedTailSplits, 1));  // 4 × 4 × 16
+    // 149-296 tokens whose pairs of 192-row blocks fit one wave of pairs (66 on 132 SMs): 192 × 128
+    // in pairs, with or without a workspace.
+    EXPECT_TRUE(is(at(128, 32, 4096, 7168), 192, 128, 1, 2));  // 2 experts × 32 tiles
+    EXPECT_TRUE(is(at(128, 32, 4096, 7168, kSms, false), 192, 128, 1, 2));
+    EXPECT_TRUE(is(pick_grouped_masked_config(200, 2, 128 * 33, 7168, kSms, true), 192, 128, 1, 2));  // 66 pairs
+    EXPECT_TRUE(is(pick_grouped_masked_config(200, 2, 128 * 33 + 1, 7168, kSms, true), 128, 128, 1, 1));
+    EXPECT_TRUE(is(pick_grouped_masked_config(296, 2, 4096, 7168, kSms, true), 192, 128, 1, 2));  // 384 at most
+    EXPECT_TRUE(is(pick_grouped_masked_config(297, 2, 4096, 7168, kSms, true), 128, 128, 1, 1));  // 386
+    EXPECT_TRUE(is(pick_grouped_masked_config(149, 2, 4096, 7168, kSms, true), 192, 128, 1, 2));
+    EXPECT_TRUE(is(pick_grouped_masked_config(200, 2, 4096, 2048, kSms, true), 192, 128, 1, 1));  // shallow K
+    EXPECT_TRUE(is(at(128, 32, 4096, 7168, 64), 128, 256, kMaskedTailSplits, 1));                 // a wave on 64 SMs
+    EXPECT_TRUE(is(at(32, 128, 4096, 7168, kSms, false), 128, 128, 1, 1));                        // no workspace
     // The thresholds: K of two minimal splits (in whole 128-blocks: one element past the last one
     // counts), and a wave of 256-wide tiles (200 tokens: 2 row blocks; N of 66 or 65 column tiles).
     EXPECT_TRUE(is(pick_grouped_masked_config(200, 1, 256 * 66, kDeep, kSms, true), 128, 256, kMaskedTailSplits, 1));
