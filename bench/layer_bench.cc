@@ -347,8 +347,8 @@ int run_layer_bench(const LayerBenchOptions& opts) {
             std::printf("%-24s", name.c_str());
             for (const auto& [b, t] : rows) {
                 const int m = ep > 0 ? model::expected_tokens_per_expert(c, int64_t(tokens(b)), ep) : 0;
-                const auto costs = layer_costs(c, b, tokens(b), opts.kv_len, ep, std::max(1, m), entry_bytes, emulated,
-                                               opts.decodes, opts.mha);
+                const auto costs =
+                    layer_costs(c, b, tokens(b), opts.kv_len, ep, m, entry_bytes, emulated, opts.decodes, opts.mha);
                 const auto it = costs.find(name);
                 std::printf(" %8.1f %6s", t.us[i],
                             it == costs.end() ? "" : fmt::format("{:.1f}", floor_us(it->second)).c_str());

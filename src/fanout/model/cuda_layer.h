@@ -116,7 +116,7 @@ struct LayerStep {
 };
 
 // Tokens per expert a step of T tokens on each of `ranks` ranks gives on average, at least 1 (one
-// division, so a T that is not a multiple of n_routed / top-k rounds down once): what the layer
+// division, so T · top-k · ranks not a multiple of n_routed rounds down once): what the layer
 // plans the grouped GEMMs' tile for when LayerStep::expected_m is 0, and what the benchmarks set it
 // to.
 int expected_tokens_per_expert(const io::ModelConfig& c, int64_t T, int ranks = 1);

@@ -108,20 +108,27 @@ GemmConfig pick_gemm_config(int M, int N, int K, int num_sms, bool split_k_allow
 //   a workspace takes 128 × 256 with its last wave split in K (gemm_fp8_sm90.cu) where those tiles
 //   fill at least one wave, from 1,024 tokens (eight or more row blocks) in cluster pairs that
 //   multicast their W tile; otherwise 128 × 128, in pairs from 1,024 tokens.
-// Measured (docs/PERF.md): 192 × 128 pairs in the thirtieth session (run141, H100, the layer
-// alternating three times): EP128's gate+up at batch 32 (2 experts, 256 tokens each, 64 pairs on
-// the H100's 66) 42.9-43.8 µs against 62.6-63.9 on 128 × 128 (whose 37 µs below was with counts at
-// the mean, two 128-row blocks an expert; the spread's third block makes 1.5 waves); at EP32 batch 128 (8 experts: 256
-// pairs, four waves) they lost, 151.8-154.8 against 144.2-144.6, though `bench kernels --draws 4`
-// had them 2.5 µs ahead on average there. 192 × 128 in the twenty-ninth session (run137, H100, batch 128, the
-// layer's experts given spread counts; `bench kernels`, each timing from an idle pause, agreed): EP16 gate+up 190-191
-// against 202-203 µs in the layer, down 104-105 against 111-112; EP64 down 72.5-74.6 against 74.3-76.5; EP32 and EP128
-// down level within 1 µs. The split in the twenty-sixth: fewer tiles leave the last wave emptier and its split pays
-// (EP32 and EP64 gate+up at batch 128 on an H100: 116 and 109 µs in the layer against 126 and 117, counts then at the
-// mean); under one wave the 128-wide tiles' twice as many fill the GPU better than a split of all of them (EP128 at
-// batch 32: 37 against 43 µs), and without a workspace the 256-wide tiles would run unsplit. Pairs in the twenty-fifth
-// and twenty-eighth: EP128's two GEMMs 197 against 208 µs (H200), its gate+up 103-108 against 115 µs in the layer
-// (H100); at EP64 pairs lose, an odd last row block leaving a pair half empty.
+// Measured (docs/PERF.md):
+// * 192 × 128 pairs in the thirtieth session (run141, H100, the layer alternating three times):
+//   EP128's gate+up at batch 32 (2 experts, 256 tokens each: 64 pairs on the H100's 66) 42.9-43.8
+//   µs against 62.6-63.9 on 128 × 128, whose tiles the spread pushes past one wave (the layer's
+//   counts 254 and 258: 160 tiles on 132 SMs; with counts at the mean, two 128-row blocks an
+//   expert, it was 37 µs, below). At EP32 batch 128 (8 experts: 256 pairs, about four waves) they
+//   lost, 151.8-154.8 against 144.2-144.6, though `bench kernels --draws 4` had them 2.5 µs ahead
+//   on average there. Only 64 pairs on 66 was measured; fewer (EP256 at batch 16: 32) take them
+//   too.
+// * 192 × 128 in the twenty-ninth session (run137, H100, batch 128, the layer's experts given
+//   spread counts; `bench kernels`, each timing from an idle pause, agreed): EP16 gate+up 190-191
+//   against 202-203 µs in the layer, down 104-105 against 111-112; EP64 down 72.5-74.6 against
+//   74.3-76.5; EP32 and EP128 down level within 1 µs.
+// * The split in the twenty-sixth: fewer tiles leave the last wave emptier and its split pays
+//   (EP32 and EP64 gate+up at batch 128 on an H100: 116 and 109 µs in the layer against 126 and
+//   117, counts then at the mean); under one wave the 128-wide tiles' twice as many fill the GPU
+//   better than a split of all of them (EP128 at batch 32 with counts at the mean: 37 against 43
+//   µs), and without a workspace the 256-wide tiles would run unsplit.
+// * Pairs in the twenty-fifth and twenty-eighth: EP128's two GEMMs 197 against 208 µs (H200), its
+//   gate+up 103-108 against 115 µs in the layer (H100); at EP64 pairs lose, an odd last row block
+//   leaving a pair half empty.
 GemmConfig pick_grouped_masked_config(int expected_m, int num_experts, int N, int K, int num_sms,
                                       bool split_k_allowed) {
     const int64_t most = modelled_most_rows(expected_m);
