@@ -131,10 +131,10 @@ constexpr int kSms = 132;
 // top-8, the gate+up [4096, 7168] and down [7168, 2048] on 132 SMs): 256-wide tiles up to 99
 // tokens per expert; 192-row tiles from 100 tokens while one 192-row block holds the spread (up to
 // 148), and for the down projection (too shallow to split) from 100 on; past 148 the gate+up on
-// 192-row tiles in pairs while a pair holds the spread (up to 296) and the pairs fit one wave,
-// else 128-wide — or, where the 256-wide tiles fill a wave and a workspace is at hand, 256-wide
-// with the last wave split in K; its pairs in clusters from 1,024 tokens on; and always a tile
-// the grouped layouts are built for.
+// 192-row tiles in pairs while a pair holds the spread (up to 296) and the pairs fit one wave
+// where 128-wide tiles would not, else 128-wide — or, where the 256-wide tiles fill a wave and a workspace is at hand,
+// 256-wide with the last wave split in K; its pairs in clusters from 1,024 tokens on; and always a tile the grouped
+// layouts are built for.
 TEST(GemmConfig, MaskedGroupedTilesFollowTheExpectedTokens) {
     const auto is = [](GemmConfig c, int bm, int bn, int splits, int cluster) {
         return c.block_m == bm && c.block_n == bn && c.splits == splits && c.cluster == cluster && !c.cublaslt;
@@ -168,18 +168,23 @@ TEST(GemmConfig, MaskedGroupedTilesFollowTheExpectedTokens) {
     // Between: the gate+up where 256-wide tiles fill a wave, split.
     EXPECT_TRUE(is(at(32, 128, 4096, 7168), 128, 256, kMaskedTailSplits, 1));  // 8 experts × 2 × 16 tiles
     EXPECT_TRUE(is(at(64, 128, 4096, 7168), 128, 256, kMaskedTailSplits, 1));  // 4 × 4 × 16
-    // 149-296 tokens whose pairs of 192-row blocks fit one wave of pairs (66 on 132 SMs): 192 × 128
-    // in pairs, with or without a workspace.
-    EXPECT_TRUE(is(at(128, 32, 4096, 7168), 192, 128, 1, 2));  // 2 experts × 32 tiles
+    // 149-296 tokens whose pairs of 192-row blocks fit one wave of pairs (66 on 132 SMs) where
+    // 128 × 128 tiles for the most rows would not: 192 × 128 in pairs, with or without a workspace.
+    EXPECT_TRUE(is(at(128, 32, 4096, 7168), 192, 128, 1, 2));  // 2 experts × 32 pairs; 3 × 64 tiles
     EXPECT_TRUE(is(at(128, 32, 4096, 7168, kSms, false), 192, 128, 1, 2));
     EXPECT_TRUE(is(pick_grouped_masked_config(200, 2, 128 * 33, 7168, kSms, true), 192, 128, 1, 2));  // 66 pairs
     EXPECT_TRUE(is(pick_grouped_masked_config(200, 2, 128 * 33 + 1, 7168, kSms, true), 128, 128, 1, 1));
     EXPECT_TRUE(is(pick_grouped_masked_config(296, 2, 4096, 7168, kSms, true), 192, 128, 1, 2));  // 384 at most
     EXPECT_TRUE(is(pick_grouped_masked_config(297, 2, 4096, 7168, kSms, true), 128, 128, 1, 1));  // 386
-    EXPECT_TRUE(is(pick_grouped_masked_config(149, 2, 4096, 7168, kSms, true), 192, 128, 1, 2));
     EXPECT_TRUE(is(pick_grouped_masked_config(200, 2, 4096, 2048, kSms, true), 192, 128, 1, 1));  // shallow K
-    EXPECT_TRUE(is(at(128, 32, 4096, 7168, 64), 128, 256, kMaskedTailSplits, 1));                 // a wave on 64 SMs
-    EXPECT_TRUE(is(at(32, 128, 4096, 7168, kSms, false), 128, 128, 1, 1));                        // no workspace
+    // Where 128 × 128 tiles fit one wave too they stay: 2 × 2 × 32 = 128 tiles for 193 rows at most
+    // (149 tokens), 1 × 3 × 32 = 96 at EP256, batch 16.
+    EXPECT_TRUE(is(pick_grouped_masked_config(149, 2, 4096, 7168, kSms, true), 128, 128, 1, 1));
+    EXPECT_TRUE(is(pick_grouped_masked_config(197, 2, 4096, 7168, kSms, true), 128, 128, 1, 1));  // 256 at most
+    EXPECT_TRUE(is(pick_grouped_masked_config(198, 2, 4096, 7168, kSms, true), 192, 128, 1, 2));  // 257
+    EXPECT_TRUE(is(at(256, 16, 4096, 7168), 128, 128, 1, 1));
+    EXPECT_TRUE(is(at(128, 32, 4096, 7168, 64), 128, 256, kMaskedTailSplits, 1));  // a wave on 64 SMs
+    EXPECT_TRUE(is(at(32, 128, 4096, 7168, kSms, false), 128, 128, 1, 1));         // no workspace
     // The thresholds: K of two minimal splits (in whole 128-blocks: one element past the last one
     // counts), and a wave of 256-wide tiles (200 tokens: 2 row blocks; N of 66 or 65 column tiles).
     EXPECT_TRUE(is(pick_grouped_masked_config(200, 1, 256 * 66, kDeep, kSms, true), 128, 256, kMaskedTailSplits, 1));

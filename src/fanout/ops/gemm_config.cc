@@ -102,8 +102,9 @@ GemmConfig pick_gemm_config(int M, int N, int K, int num_sms, bool split_k_allow
 // * while 128 rows hold the most (up to 99 tokens): 128 × 256 (memory-bound, W read once);
 // * while one 192-row block holds it (100-148 tokens), and from 100 tokens on wherever K is too
 //   shallow to split (the down projection's 2,048): 192 × 128;
-// * while a pair of 192-row blocks holds it (149-296 tokens) and the experts' pairs (one per
-//   column tile) fit one wave of the grid's pairs: 192 × 128 in pairs (EP128 at batch 32);
+// * while a pair of 192-row blocks holds it (149-296 tokens), the experts' pairs (one per column
+//   tile) fit one wave of the grid's pairs and 128 × 128 tiles for it would not: 192 × 128 in
+//   pairs (EP128 at batch 32);
 // * past that, a K deep enough for two ranges of kMinTailSplitKb blocks (the gate+up's 7,168) with
 //   a workspace takes 128 × 256 with its last wave split in K (gemm_fp8_sm90.cu) where those tiles
 //   fill at least one wave, from 1,024 tokens (eight or more row blocks) in cluster pairs that
@@ -115,8 +116,8 @@ GemmConfig pick_gemm_config(int M, int N, int K, int num_sms, bool split_k_allow
 //   counts 254 and 258: 160 tiles on 132 SMs; with counts at the mean, two 128-row blocks an
 //   expert, it was 37 µs, below). At EP32 batch 128 (8 experts: 256 pairs, about four waves) they
 //   lost, 151.8-154.8 against 144.2-144.6, though `bench kernels --draws 4` had them 2.5 µs ahead
-//   on average there. Only 64 pairs on 66 was measured; fewer (EP256 at batch 16: 32) take them
-//   too.
+//   on average there. Where 128 × 128 tiles fit one wave as well (EP256 at batch 16: one expert,
+//   96 tiles) they stay: the rule takes the pairs only where they were measured to win.
 // * 192 × 128 in the twenty-ninth session (run137, H100, batch 128, the layer's experts given
 //   spread counts; `bench kernels`, each timing from an idle pause, agreed): EP16 gate+up 190-191
 //   against 202-203 µs in the layer, down 104-105 against 111-112; EP64 down 72.5-74.6 against
@@ -135,8 +136,11 @@ GemmConfig pick_grouped_masked_config(int expected_m, int num_experts, int N, in
     if (most <= 128) return {128, 256, 1, 1};
     const bool deep = ceil_div(K, kFp8Block) >= 2 * kMinTailSplitKb, split = split_k_allowed && deep;
     if (!deep || most <= 192) return {192, 128, 1, 1};
-    // One 192 × 128 pair per expert and column tile holds the most, and they fit one wave of pairs.
-    if (most <= 2 * 192 && int64_t{num_experts} * ceil_div(N, 128) <= num_sms / 2) return {192, 128, 1, 2};
+    // One 192 × 128 pair per expert and column tile holds the most, those pairs fit one wave, and
+    // 128 × 128 tiles for the most would not.
+    const int64_t column_tiles = int64_t{num_experts} * ceil_div(N, 128);
+    if (most <= 2 * 192 && column_tiles <= num_sms / 2 && column_tiles * ceil_div(most, 128) > num_sms)
+        return {192, 128, 1, 2};
     const int64_t wide_tiles = int64_t{num_experts} * ceil_div(expected_m, 128) * ceil_div(N, 256);
     const bool wide_split = split && wide_tiles >= num_sms;
     if (expected_m >= 1024) return wide_split ? GemmConfig{128, 256, kMaskedTailSplits, 2} : GemmConfig{128, 128, 1, 2};
