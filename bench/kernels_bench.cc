@@ -553,48 +553,52 @@ nlohmann::json bench_grouped(Context& c) {
                                                         y.p, expected, c.stream, &c.gemm_ws, cfg);
                 });
             };
-            const double us = run({});
+            // The table's pick (config 0) and then every variant, on the counts in dcounts.
+            const auto time_configs = [&] {
+                std::vector<double> t{run({})};
+                for (const ops::GemmConfig& cfg : kMaskedVariants) t.push_back(run(cfg));
+                return t;
+            };
+            const auto name_of = [](size_t v) {
+                return v == 0 ? std::string("table") : config_name(kMaskedVariants[v - 1]);
+            };
+            // per_draw[d][v]: the anchor's counts first.
+            std::vector<std::vector<double>> per_draw{time_configs()};
+            const double us = per_draw[0][0];
             nlohmann::json variants = nlohmann::json::array();
             std::string best_name = "table";
             double best_us = us;
-            for (const ops::GemmConfig& cfg : kMaskedVariants) {
-                const double t = run(cfg);
-                variants.push_back({{"config", config_name(cfg)}, {"us", t}});
-                if (t < best_us) best_us = t, best_name = config_name(cfg);
+            for (size_t v = 1; v < per_draw[0].size(); ++v) {
+                variants.push_back({{"config", name_of(v)}, {"us", per_draw[0][v]}});
+                if (per_draw[0][v] < best_us) best_us = per_draw[0][v], best_name = name_of(v);
             }
             // The table's config again, after the variants: the spread of one config's timings.
             const double again_us = run({});
-            // --draws: the table and every variant on other routing draws of the same total (seeds
-            // past the anchor's), then the anchor's counts back for the rest of the point.
+            // --draws: the same on other routing draws of the same total (seeds past the anchor's),
+            // then the anchor's counts back for the rest of the point.
             nlohmann::json draws = nlohmann::json::array();
             std::string draws_line;  // printed under the point's row
             if (c.draws > 1) {
-                std::vector<std::vector<double>> by_config(std::size(kMaskedVariants) + 1, {us});
-                for (size_t v = 0; v < std::size(kMaskedVariants); ++v)
-                    by_config[v + 1][0] = variants[v]["us"].get<double>();
                 for (int d = 1; d < c.draws; ++d) {
                     const std::vector<int32_t> drawn =
                         anchor_counts(E, expected, pt.valid_m, static_cast<uint32_t>(pt.ep + 1000 * d));
                     FANOUT_CUDA_CHECK(cudaMemcpy(dcounts.p, drawn.data(), E * sizeof(int32_t), cudaMemcpyHostToDevice));
+                    per_draw.push_back(time_configs());
                     nlohmann::json timed = nlohmann::json::array();
-                    for (size_t v = 0; v <= std::size(kMaskedVariants); ++v) {
-                        const ops::GemmConfig cfg = v == 0 ? ops::GemmConfig{} : kMaskedVariants[v - 1];
-                        by_config[v].push_back(run(cfg));
-                        timed.push_back({{"config", v == 0 ? "table" : config_name(cfg)}, {"us", by_config[v].back()}});
-                    }
+                    for (size_t v = 0; v < per_draw[d].size(); ++v)
+                        timed.push_back({{"config", name_of(v)}, {"us", per_draw[d][v]}});
                     draws.push_back({{"seed", pt.ep + 1000 * d},
                                      {"most_rows", *std::max_element(drawn.begin(), drawn.end())},
                                      {"configs", timed}});
                 }
                 FANOUT_CUDA_CHECK(cudaMemcpy(dcounts.p, counts.data(), E * sizeof(int32_t), cudaMemcpyHostToDevice));
                 draws_line = fmt::format("      over {} draws, mean (min-max) us:", c.draws);
-                for (size_t v = 0; v < by_config.size(); ++v) {
-                    const auto [lo, hi] = std::minmax_element(by_config[v].begin(), by_config[v].end());
-                    double sum = 0;
-                    for (double t : by_config[v]) sum += t;
-                    draws_line += fmt::format(" {} {:.1f} ({:.1f}-{:.1f}){}",
-                                              v == 0 ? "table" : config_name(kMaskedVariants[v - 1]),
-                                              sum / by_config[v].size(), *lo, *hi, v + 1 < by_config.size() ? ";" : "");
+                for (size_t v = 0; v < per_draw[0].size(); ++v) {
+                    double sum = 0, lo = per_draw[0][v], hi = lo;
+                    for (const std::vector<double>& t : per_draw)
+                        sum += t[v], lo = std::min(lo, t[v]), hi = std::max(hi, t[v]);
+                    draws_line += fmt::format(" {} {:.1f} ({:.1f}-{:.1f}){}", name_of(v), sum / per_draw.size(), lo, hi,
+                                              v + 1 < per_draw[0].size() ? ";" : "");
                 }
             }
             // cuBLASLt with each expert's count known on the host, rounded up to a multiple of 16
