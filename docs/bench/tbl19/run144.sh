@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Thirtieth session, after the final review: the GPU suites run143 left out (ops_cuda_memory,
+# Staged at the end of the thirtieth session (no device time left), after the final review: the GPU suites run143 left out (ops_cuda_memory,
 # glue_cuda, mla_cuda, mha_prefill_cuda, pdl_cuda) and `bench kernels --no-dense --draws 2` (the
 # draws loop folded into one helper) on the final code.
 # Before the call: ninja -C build && scripts/pack_carry.sh build
