@@ -225,6 +225,76 @@ TEST(TcpControl, AFailedRanksReasonWinsOverASilentOnesTimeout) {
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
 }
 
+// Rank 1's report stops half-way (its header cut short, as from a process stopped mid-send) and
+// rank 2 fails: rank 0 reads the reports side by side, so rank 2's reason reaches it at once
+// instead of after the report timeout spent waiting on rank 1's missing bytes.
+TEST(TcpControl, AHalfSentReportHoldsUpNoOtherRank) {
+    constexpr int kWorld = 3;
+    const int port = free_port();
+    std::string leader_error, rank2_error;
+    std::chrono::steady_clock::duration leader_took{};
+    std::atomic<bool> half_sent{false}, leader_done{false};
+    std::thread leader([&] {
+        try {
+            auto cp =
+                make_tcp_control({0, kWorld, 0}, "127.0.0.1", port, std::chrono::seconds(10), std::chrono::seconds(20));
+            cp->broadcast({7});
+            const auto t0 = std::chrono::steady_clock::now();
+            try {
+                cp->gather({});
+            } catch (...) {
+                leader_took = std::chrono::steady_clock::now() - t0;
+                throw;
+            }
+        } catch (const Error& e) {
+            leader_error = e.what();
+        }
+        leader_done = true;
+    });
+    // Rank 1 by hand: the rank handshake, then 4 of a report header's 9 bytes, then silence.
+    std::thread half([&] {
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        a.sin_port = htons(static_cast<uint16_t>(port));
+        int fd = -1;
+        for (int tries = 0; tries < 500; ++tries) {
+            fd = ::socket(AF_INET, SOCK_STREAM, 0);
+            if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) break;
+            ::close(fd);
+            fd = -1;
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+        ASSERT_GE(fd, 0);
+        const int32_t rank = 1;
+        ASSERT_EQ(::send(fd, &rank, sizeof(rank), 0), ssize_t{sizeof(rank)});
+        const uint8_t part[4] = {0, 1, 0, 0};  // kind kData, the size's first bytes
+        ASSERT_EQ(::send(fd, part, sizeof(part), 0), ssize_t{sizeof(part)});
+        half_sent = true;
+        while (!leader_done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        ::close(fd);
+    });
+    std::thread failing([&] {
+        try {
+            auto cp = make_tcp_control({2, kWorld, 2}, "127.0.0.1", port, std::chrono::seconds(10));
+            cp->broadcast({});
+            while (!half_sent) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            std::this_thread::sleep_for(std::chrono::milliseconds(200));  // rank 0 has seen rank 1's bytes
+            cp->abort("DP rank 2 of 3 failed: injected");
+            rank2_error = cp->abort_reason();
+            while (!leader_done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        } catch (const Error& e) {
+            rank2_error = e.what();
+        }
+    });
+    leader.join();
+    half.join();
+    failing.join();
+    EXPECT_NE(leader_error.find("DP rank 2 of 3 failed: injected"), std::string::npos) << leader_error;
+    EXPECT_LT(leader_took, std::chrono::seconds(10));
+    EXPECT_NE(rank2_error.find("injected"), std::string::npos) << rank2_error;
+}
+
 // A rank that neither reports nor fails is named in rank 0's timeout, with the address.
 TEST(TcpControl, ASilentRankIsNamedAtTheReportTimeout) {
     const int port = free_port();

@@ -161,17 +161,63 @@ void send_frame(int fd, Frame kind, const std::vector<uint8_t>& bytes, Clock::ti
     send_all(fd, bytes.data(), bytes.size(), deadline, what);
 }
 
+// A frame read as its bytes come: feed() takes whatever the socket holds without waiting, so
+// rank 0 can read every rank's report side by side and a frame that stops half-way holds up no
+// other rank's (gather below). The checks name `what`.
+class FrameReader {
+  public:
+    explicit FrameReader(std::string what) : what_(std::move(what)) {}
+
+    // Reads what the socket holds of the frame without waiting; true once the frame is whole (then
+    // kind() and bytes() hold it). Throws when the peer closed the connection or the header is
+    // malformed.
+    bool feed(int fd) {
+        while (!whole()) {
+            const bool in_header = got_ < kHeaderBytes;
+            uint8_t* dst = in_header ? header_ + got_ : bytes_.data() + (got_ - kHeaderBytes);
+            const size_t want = in_header ? kHeaderBytes - got_ : bytes_.size() - (got_ - kHeaderBytes);
+            const ssize_t r = ::recv(fd, dst, want, MSG_DONTWAIT);
+            FANOUT_CHECK(r != 0, "rendezvous: the peer closed the connection while sending {}", what_);
+            if (r < 0) {
+                if (errno == EINTR) continue;
+                FANOUT_CHECK(errno == EAGAIN || errno == EWOULDBLOCK, "rendezvous: receiving {} failed: {}", what_,
+                             std::strerror(errno));
+                return false;  // the rest has not arrived yet
+            }
+            got_ += static_cast<size_t>(r);
+            if (in_header && got_ == kHeaderBytes) {
+                uint64_t size = 0;
+                std::memcpy(&size, header_ + 1, sizeof(size));
+                FANOUT_CHECK(header_[0] <= 1, "control plane: frame of unknown kind {} in {}", header_[0], what_);
+                FANOUT_CHECK(size <= kMaxFrameBytes, "control plane: a frame of {} bytes in {} (at most {})", size,
+                             what_, kMaxFrameBytes);
+                bytes_.assign(static_cast<size_t>(size), 0);
+            }
+        }
+        return true;
+    }
+
+    Frame kind() const { return static_cast<Frame>(header_[0]); }
+    std::vector<uint8_t>& bytes() { return bytes_; }
+
+  private:
+    bool whole() const { return got_ >= kHeaderBytes && got_ - kHeaderBytes == bytes_.size(); }
+
+    static constexpr size_t kHeaderBytes = 1 + sizeof(uint64_t);  // kind, size (send_frame)
+    std::string what_;
+    uint8_t header_[kHeaderBytes] = {};
+    size_t got_ = 0;  // header and body bytes so far
+    std::vector<uint8_t> bytes_;
+};
+
 Frame recv_frame(int fd, std::vector<uint8_t>* bytes, Clock::time_point deadline, const std::string& what) {
-    uint8_t k = 0;
-    uint64_t size = 0;
-    recv_all(fd, &k, 1, deadline, what);
-    recv_all(fd, &size, sizeof(size), deadline, what);
-    FANOUT_CHECK(k <= 1, "control plane: frame of unknown kind {} in {}", k, what);
-    FANOUT_CHECK(size <= kMaxFrameBytes, "control plane: a frame of {} bytes in {} (at most {})", size, what,
-                 kMaxFrameBytes);
-    bytes->assign(static_cast<size_t>(size), 0);
-    recv_all(fd, bytes->data(), bytes->size(), deadline, what);
-    return static_cast<Frame>(k);
+    FrameReader reader(what);
+    for (;;) {
+        FANOUT_CHECK(wait_for(fd, POLLIN, deadline), "rendezvous: timed out receiving {}", what);
+        if (reader.feed(fd)) break;
+    }
+    *bytes = std::move(reader.bytes());
+    return reader.kind();
 }
 
 class TcpControl final : public ControlPlane {
@@ -229,8 +275,15 @@ class TcpControl final : public ControlPlane {
         // Every rank's report is awaited at once and taken as it comes: a rank that fails sends its
         // abort while the others may be stuck waiting for it (in the EP exchange), and its reason —
         // not a timeout on the first silent rank — is what the group must report.
+        // Each rank's frame is read as its bytes come (FrameReader), so one that stops half-way
+        // holds up no other rank's.
         std::vector<int> waiting;
-        for (int r = 1; r < me_.world; ++r) waiting.push_back(r);
+        std::vector<FrameReader> readers;
+        readers.emplace_back("");  // rank 0's own report is `message`
+        for (int r = 1; r < me_.world; ++r) {
+            waiting.push_back(r);
+            readers.emplace_back(fmt::format("rank {}'s step report", r));
+        }
         std::vector<pollfd> polls;
         while (!waiting.empty()) {
             polls.clear();
@@ -253,10 +306,14 @@ class TcpControl final : public ControlPlane {
                     still.push_back(r);
                     continue;
                 }
-                Frame kind = Frame::kData;
-                guarded(r, [&] {
-                    kind = recv_frame(peers_[r].fd(), &out[r], deadline, fmt::format("rank {}'s step report", r));
-                });
+                bool whole = false;
+                guarded(r, [&] { whole = readers[r].feed(peers_[r].fd()); });
+                if (!whole) {
+                    still.push_back(r);
+                    continue;
+                }
+                const Frame kind = readers[r].kind();
+                out[r] = std::move(readers[r].bytes());
                 if (kind == Frame::kAbort) {
                     const std::string reason(out[r].begin(), out[r].end());
                     abort(reason);  // on to every other rank
