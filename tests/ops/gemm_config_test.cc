@@ -23,7 +23,10 @@ TEST(GemmConfig, MeasuredRowsForTheV3Shapes) {
     EXPECT_TRUE(same(pick_gemm_config(65, 2112, 7168, 132, true), {64, 64, 2, 1}));       // qkv_a, M <= 128
     EXPECT_TRUE(same(pick_gemm_config(256, 36864, 7168, 132, true), {128, 128, 1, 1}));   // dense MLP gate+up
     EXPECT_TRUE(same(pick_gemm_config(256, 7168, 18432, 132, true), {128, 256, 2, 2}));   // dense MLP down
-    EXPECT_FALSE(pick_gemm_config(128, 7168, 18432, 132, true).cublaslt);                 // ... the tile up to M = 128
+    for (int M : {65, 128}) {  // ... the tile, not cuBLASLt, up to M = 128
+        const GemmConfig c = pick_gemm_config(M, 7168, 18432, 132, true);
+        EXPECT_TRUE(same(c, {64, 128, 2, 2}) && !c.cublaslt) << M;
+    }
     EXPECT_TRUE(pick_gemm_config(129, 7168, 18432, 132, true).cublaslt);
     EXPECT_TRUE(same(pick_gemm_config(256, 7168, 18432, 132, false), {128, 256, 1, 2}));  // ... no workspace
 }

@@ -161,16 +161,17 @@ void send_frame(int fd, Frame kind, const std::vector<uint8_t>& bytes, Clock::ti
     send_all(fd, bytes.data(), bytes.size(), deadline, what);
 }
 
-// A frame read as its bytes come: feed() takes whatever the socket holds without waiting, so
-// rank 0 can read every rank's report side by side and a frame that stops half-way holds up no
-// other rank's (gather below). The checks name `what`.
+// One frame read as its bytes come: feed() takes whatever the socket holds of it without waiting
+// and never reads past its end (the next frame's bytes stay in the socket), so rank 0 can read
+// every rank's report side by side and a frame that stops half-way holds up no other rank's
+// (gather below). The checks name `what`. One reader per frame: take() hands the body over.
 class FrameReader {
   public:
     explicit FrameReader(std::string what) : what_(std::move(what)) {}
 
     // Reads what the socket holds of the frame without waiting; true once the frame is whole (then
-    // kind() and bytes() hold it). Throws when the peer closed the connection or the header is
-    // malformed.
+    // kind() and take() give it). Throws when the peer closed the connection, the read failed
+    // (e.g. a reset) or the header is malformed.
     bool feed(int fd) {
         while (!whole()) {
             const bool in_header = got_ < kHeaderBytes;
@@ -198,7 +199,14 @@ class FrameReader {
     }
 
     Frame kind() const { return static_cast<Frame>(header_[0]); }
-    std::vector<uint8_t>& bytes() { return bytes_; }
+    // The whole frame's body, once; the reader is spent after it.
+    std::vector<uint8_t> take() {
+        FANOUT_CHECK(whole() && !taken_, "control plane: {} taken before it was whole, or twice", what_);
+        taken_ = true;
+        return std::move(bytes_);
+    }
+    // Some of the frame has arrived.
+    bool started() const { return got_ > 0; }
 
   private:
     bool whole() const { return got_ >= kHeaderBytes && got_ - kHeaderBytes == bytes_.size(); }
@@ -208,6 +216,7 @@ class FrameReader {
     uint8_t header_[kHeaderBytes] = {};
     size_t got_ = 0;  // header and body bytes so far
     std::vector<uint8_t> bytes_;
+    bool taken_ = false;
 };
 
 Frame recv_frame(int fd, std::vector<uint8_t>* bytes, Clock::time_point deadline, const std::string& what) {
@@ -216,7 +225,7 @@ Frame recv_frame(int fd, std::vector<uint8_t>* bytes, Clock::time_point deadline
         FANOUT_CHECK(wait_for(fd, POLLIN, deadline), "rendezvous: timed out receiving {}", what);
         if (reader.feed(fd)) break;
     }
-    *bytes = std::move(reader.bytes());
+    *bytes = reader.take();
     return reader.kind();
 }
 
@@ -278,8 +287,9 @@ class TcpControl final : public ControlPlane {
         // Each rank's frame is read as its bytes come (FrameReader), so one that stops half-way
         // holds up no other rank's.
         std::vector<int> waiting;
-        std::vector<FrameReader> readers;
-        readers.emplace_back("");  // rank 0's own report is `message`
+        std::vector<FrameReader> readers;  // by rank
+        readers.reserve(static_cast<size_t>(me_.world));
+        readers.emplace_back("");  // rank 0's own report is `message`: never fed
         for (int r = 1; r < me_.world; ++r) {
             waiting.push_back(r);
             readers.emplace_back(fmt::format("rank {}'s step report", r));
@@ -288,12 +298,20 @@ class TcpControl final : public ControlPlane {
         while (!waiting.empty()) {
             polls.clear();
             for (const int r : waiting) polls.push_back({peers_[r].fd(), POLLIN, 0});
-            const int ready = ::poll(polls.data(), polls.size(), remaining_ms(deadline));
+            // Past the deadline poll's zero timeout still reports readable sockets: a rank that
+            // keeps a report trickling in must not hold the loop open.
+            const int ready = Clock::now() >= deadline ? 0 : ::poll(polls.data(), polls.size(), remaining_ms(deadline));
             if (ready < 0 && errno == EINTR) continue;
             if (ready <= 0) {
+                std::vector<int> partial;
+                for (const int r : waiting)
+                    if (readers[r].started()) partial.push_back(r);
                 const std::string reason =
-                    ready == 0 ? fmt::format("DP rank 0 of {}: no step report from rank(s) {} within {} ms ({})",
-                                             me_.world, fmt::join(waiting, ", "), report_timeout_.count(), where_)
+                    ready == 0 ? fmt::format("DP rank 0 of {}: no step report from rank(s) {} within {} ms ({}){}",
+                                             me_.world, fmt::join(waiting, ", "), report_timeout_.count(), where_,
+                                             partial.empty() ? std::string()
+                                                             : fmt::format("; part of the report of rank(s) {} arrived",
+                                                                           fmt::join(partial, ", ")))
                                : fmt::format("DP rank 0 of {}: waiting for step reports on {} failed: {}", me_.world,
                                              where_, std::strerror(errno));
                 abort(reason);
@@ -313,7 +331,7 @@ class TcpControl final : public ControlPlane {
                     continue;
                 }
                 const Frame kind = readers[r].kind();
-                out[r] = std::move(readers[r].bytes());
+                out[r] = readers[r].take();
                 if (kind == Frame::kAbort) {
                     const std::string reason(out[r].begin(), out[r].end());
                     abort(reason);  // on to every other rank

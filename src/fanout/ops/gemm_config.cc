@@ -3,19 +3,20 @@
 // SMs) for DeepSeek-V3's six shapes and its dense layers' MLP (docs/PERF.md has the sweep); other
 // shapes take the rule below, which those measurements suggest. Rows marked lt(...) run cuBLASLt's
 // block-scaled FP8 where it can (`fanout bench kernels` measured it faster there, its x scales
-// M-major as the quantizations then write them: q_b from M = 129 to 256, the dense MLP's gate+up from
-// 65 and its down projection from 129, o_proj from 129, the shared gate+up from 257, the shared down projection from
-// 129 to 256); their tile is the fallback. Rows re-swept on 2026-12-03, the cuBLASLt rows again once x's scales no
-// longer needed a transpose; on 2026-12-04 the prefill rows of q_b, kv_b and the shared down projection moved back to
-// the tile kernel (three runs each), and qkv_a's past M = 1024 to the 128 × 192 tile (PERF.md, "The
-// tile table at prefill sizes"); the dense MLP's down projection at M <= 64 to 64 × 64 split 2 once
-// the 64 × 64 tiles' scale loader looked ahead, and, once split K's last split reduced in place,
-// q_b at M 65-128 to the 128 × 192 tile (swept as split 2, which the launch's one-wave cap runs
-// unsplit: 256 units against 132 CTAs) and the shared gate+up at M 129-256 to 128 × 128 split 2
-// (PERF.md, nineteenth and twenty-first sessions); the dense MLP's down projection at M 65-128 to
-// its 64 × 128 split-2 pair tile, which beat cuBLASLt there in every `bench kernels` run from run121
-// to run140 (52.1-53.6 against 57.5-60.0 µs on H100s, 42.4 against 45.8 on an H200; PERF.md,
-// thirty-first session).
+// M-major as the quantizations then write them: q_b from M = 129 to 256, the dense MLP's gate+up
+// from 65 and its down projection from 129, o_proj from 129, the shared gate+up from 257, the
+// shared down projection from 129 to 256); their tile is the fallback. Rows re-swept on
+// 2026-12-03, the cuBLASLt rows again once x's scales no longer needed a transpose; on 2026-12-04
+// the prefill rows of q_b, kv_b and the shared down projection moved back to the tile kernel
+// (three runs each), and qkv_a's past M = 1024 to the 128 × 192 tile (PERF.md, "The tile table at
+// prefill sizes"); the dense MLP's down projection at M <= 64 to 64 × 64 split 2 once the 64 × 64
+// tiles' scale loader looked ahead, and, once split K's last split reduced in place, q_b at M
+// 65-128 to the 128 × 192 tile (swept as split 2, which the launch's one-wave cap runs unsplit: 256
+// units against 132 CTAs) and the shared gate+up at M 129-256 to 128 × 128 split 2 (PERF.md,
+// nineteenth and twenty-first sessions); the dense MLP's down projection at M 65-128 to its 64 ×
+// 128 split-2 pair tile, which beat cuBLASLt there in each of the six kept `bench kernels` tables
+// of run121-run140 (52.1-53.6 against 57.5-60.0 µs on H100s, 42.4 against 45.8 on an H200;
+// PERF.md, thirty-first session).
 #include <algorithm>
 #include <array>
 #include <cstdint>
