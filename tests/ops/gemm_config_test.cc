@@ -133,13 +133,13 @@ TEST(GemmConfig, TheTableNamesOnlyTilesThatExist) {
 constexpr int kSms = 132;
 
 // The masked grouped GEMM's default at the seed's decode points (V3's 256 experts over EP ranks,
-// top-8, the gate+up [4096, 7168] and down [7168, 2048] on 132 SMs): 256-wide tiles up to 99
-// tokens per expert; 192-row tiles from 100 tokens while one 192-row block holds the spread (up to
-// 148), and for the down projection (too shallow to split) from 100 on; past 148 the gate+up on
-// 192-row tiles in pairs while a pair holds the spread (up to 296) and the pairs fit one wave
-// where 128-wide tiles would not, else 128-wide — or, where the 256-wide tiles fill a wave and a workspace is at hand,
-// 256-wide with the last wave split in K; its pairs in clusters from 1,024 tokens on; and always a tile the grouped
-// layouts are built for.
+// top-8, the gate+up [4096, 7168] and down [7168, 2048] on 132 SMs): 256-wide tiles up to 99 tokens
+// per expert; 192-row tiles from 100 tokens while one 192-row block holds the spread (up to 148),
+// and for the down projection (too shallow to split) from 100 on; past 148 the gate+up on 192-row
+// tiles in pairs while a pair holds the spread (up to 296) and the pairs fit one wave where
+// 128-wide tiles would not, else 128-wide — or, where the 256-wide tiles fill a wave and a
+// workspace is at hand, 256-wide with the last wave split in K; its pairs in clusters from 1,024
+// tokens on; and always a tile the grouped layouts are built for.
 TEST(GemmConfig, MaskedGroupedTilesFollowTheExpectedTokens) {
     const auto is = [](GemmConfig c, int bm, int bn, int splits, int cluster) {
         return c.block_m == bm && c.block_n == bn && c.splits == splits && c.cluster == cluster && !c.cublaslt;

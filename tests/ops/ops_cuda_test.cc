@@ -570,13 +570,14 @@ TEST(GroupedGemmFp8Cuda, MaskedMatchesCpuReferenceAndReplaysInAGraph) {
 }
 
 // Split K of a last, partial wave (with a workspace): per tile config (128 × 128, 128 × 256 and the
-// three-warpgroup 192 × 128), unpaired and in cluster pairs, counts whose tiles (pair units) leave about 1, G/4 and G/2
-// past full waves of G (the persistent grid: one CTA or pair per multiprocessor or two), none, and 3 past two waves. K
-// of 49 blocks splits 3 ways where G/R allows (17, 17 and a shorter last 15; each split at least 16 blocks but the
-// last), else 2. Nonzero experts (one or two row blocks: a pair's second CTA may have no rows, and a 192-row block
-// reads past its expert's 256 rows; N = 264 is 2 or 3 column tiles) are spread among zero ones. Captured in a graph and
-// replayed twice: the counters and the ticket must come back to zero. At least three of the remainders must be ones
-// that split (0 < R <= G/2).
+// three-warpgroup 192 × 128), unpaired and in cluster pairs, counts whose tiles (pair units) leave
+// about 1, G/4 and G/2 past full waves of G (the persistent grid: one CTA or pair per
+// multiprocessor or two), none, and 3 past two waves. K of 49 blocks splits 3 ways where G/R allows
+// (17, 17 and a shorter last 15; each split at least 16 blocks but the last), else 2. Nonzero
+// experts (one or two row blocks: a pair's second CTA may have no rows, and a 192-row block reads
+// past its expert's 256 rows; N = 264 is 2 or 3 column tiles) are spread among zero ones. Captured
+// in a graph and replayed twice: the counters and the ticket must come back to zero. At least three
+// of the remainders must be ones that split (0 < R <= G/2).
 TEST(GroupedGemmFp8Cuda, MaskedSplitsTheLastWaveInK) {
     REQUIRE_GPU();
     ThreadPool pool(0);
