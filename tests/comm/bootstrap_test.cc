@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <thread>
@@ -366,6 +367,64 @@ TEST(TcpControl, AReportInPiecesIsReassembled) {
     EXPECT_TRUE(second[1].empty());
     EXPECT_NE(timeout_error.find("no step report from rank(s) 1 within 1500 ms"), std::string::npos) << timeout_error;
     EXPECT_NE(timeout_error.find("part of the report of rank(s) 1 arrived"), std::string::npos) << timeout_error;
+}
+
+// Rank 0's step message to rank 1 stops part-way (rank 1 reads nothing, its socket fills, the send
+// times out): rank 0's abort then goes to rank 2, but not after the cut-off frame to rank 1, whose
+// reader would take the abort's bytes as the rest of the message — rank 1 sees the message's own
+// bytes and then the end of the stream.
+TEST(TcpControl, NoFrameFollowsOneCutOffPartWay) {
+    constexpr int kWorld = 3;
+    constexpr uint8_t kFill = 0xAB;
+    const size_t kMessageBytes = size_t{96} << 20;  // more than the sockets buffer
+    const int port = free_port();
+    std::string leader_error, rank2_error;
+    std::atomic<bool> leader_done{false};
+    std::thread leader([&] {
+        try {
+            auto cp = make_tcp_control({0, kWorld, 0}, "127.0.0.1", port, std::chrono::seconds(10),
+                                       std::chrono::milliseconds(300));
+            cp->broadcast(std::vector<uint8_t>(kMessageBytes, kFill));
+        } catch (const Error& e) {
+            leader_error = e.what();
+        }
+        leader_done = true;
+    });
+    std::thread rank2([&] {
+        try {
+            auto cp = make_tcp_control({2, kWorld, 2}, "127.0.0.1", port, std::chrono::seconds(10));
+            cp->broadcast({});
+        } catch (const Error& e) {
+            rank2_error = e.what();
+        }
+    });
+    const int fd = connect_as_rank(port, 1);
+    ASSERT_GE(fd, 0);
+    // Rank 1 reads nothing until rank 0's send has timed out (300 ms), then drains its socket: an
+    // abort rank 0 went on to send it (the old code, blocked on the full socket) would arrive now.
+    std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    std::vector<uint8_t> got;
+    std::vector<uint8_t> chunk(1 << 20);
+    for (;;) {
+        const ssize_t n = ::recv(fd, chunk.data(), chunk.size(), 0);
+        if (n <= 0) break;
+        got.insert(got.end(), chunk.begin(), chunk.begin() + n);
+    }
+    ::close(fd);
+    leader.join();
+    rank2.join();
+    EXPECT_TRUE(leader_done);
+    EXPECT_NE(leader_error.find("the control plane to rank 1"), std::string::npos) << leader_error;
+    EXPECT_NE(rank2_error.find("the control plane to rank 1"), std::string::npos) << rank2_error;
+    ASSERT_GT(got.size(), 9u);
+    EXPECT_EQ(got[0], 0);  // a data frame of the message's size
+    uint64_t size = 0;
+    std::memcpy(&size, got.data() + 1, sizeof(size));
+    EXPECT_EQ(size, kMessageBytes);
+    EXPECT_LT(got.size() - 9, kMessageBytes);  // cut off
+    size_t foreign = 0;
+    for (size_t i = 9; i < got.size(); ++i) foreign += got[i] != kFill;
+    EXPECT_EQ(foreign, 0u) << "bytes after the cut-off message's own: another frame followed it";
 }
 
 // A rank that neither reports nor fails is named in rank 0's timeout, with the address.

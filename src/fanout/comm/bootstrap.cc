@@ -40,18 +40,24 @@ class Socket {
   public:
     Socket() = default;
     explicit Socket(int fd) : fd_(fd) {}
-    Socket(Socket&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+    Socket(Socket&& o) noexcept : fd_(o.fd_), cut_(o.cut_) { o.fd_ = -1; }
     Socket& operator=(Socket&& o) noexcept {
         std::swap(fd_, o.fd_);
+        std::swap(cut_, o.cut_);
         return *this;
     }
     ~Socket() {
         if (fd_ >= 0) ::close(fd_);
     }
     int fd() const { return fd_; }
+    // A frame sent on this connection stopped part-way (send_frame): the peer's reader is inside
+    // it, so no later frame may follow — its bytes would be read as the rest of this one.
+    bool cut() const { return cut_; }
+    void set_cut(bool cut) { cut_ = cut; }
 
   private:
     int fd_ = -1;
+    bool cut_ = false;
 };
 
 int remaining_ms(Clock::time_point deadline) {
@@ -70,12 +76,16 @@ bool wait_for(int fd, short events, Clock::time_point deadline) {
     }
 }
 
+// Sends without blocking past the deadline: each send takes what the socket has room for
+// (MSG_DONTWAIT; a blocking send of a large buffer would wait in the kernel for all of it, however
+// long the peer leaves it unread).
 void send_all(int fd, const void* data, size_t n, Clock::time_point deadline, const std::string& what) {
     const auto* p = static_cast<const uint8_t*>(data);
     while (n > 0) {
         FANOUT_CHECK(wait_for(fd, POLLOUT, deadline), "rendezvous: timed out sending {}", what);
-        const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
-        FANOUT_CHECK(w > 0 || errno == EINTR, "rendezvous: sending {} failed: {}", what, std::strerror(errno));
+        const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+        FANOUT_CHECK(w > 0 || errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK,
+                     "rendezvous: sending {} failed: {}", what, std::strerror(errno));
         if (w > 0) p += w, n -= static_cast<size_t>(w);
     }
 }
@@ -152,13 +162,18 @@ Socket connect_to_rank0(const RankInfo& me, const sockaddr_in& addr, const std::
 enum class Frame : uint8_t { kData = 0, kAbort = 1 };
 constexpr uint64_t kMaxFrameBytes = uint64_t{1} << 30;
 
-void send_frame(int fd, Frame kind, const std::vector<uint8_t>& bytes, Clock::time_point deadline,
+// Sends one frame on s; one that fails part-way leaves s cut() (Socket), and a cut connection
+// takes no further frame.
+void send_frame(Socket& s, Frame kind, const std::vector<uint8_t>& bytes, Clock::time_point deadline,
                 const std::string& what) {
+    FANOUT_CHECK(!s.cut(), "control plane: cannot send {}: an earlier frame on the connection was cut off", what);
     const uint8_t k = static_cast<uint8_t>(kind);
     const uint64_t size = bytes.size();
-    send_all(fd, &k, 1, deadline, what);
-    send_all(fd, &size, sizeof(size), deadline, what);
-    send_all(fd, bytes.data(), bytes.size(), deadline, what);
+    s.set_cut(true);
+    send_all(s.fd(), &k, 1, deadline, what);
+    send_all(s.fd(), &size, sizeof(size), deadline, what);
+    send_all(s.fd(), bytes.data(), bytes.size(), deadline, what);
+    s.set_cut(false);
 }
 
 // One frame read as its bytes come: feed() takes whatever the socket holds of it without waiting
@@ -259,7 +274,7 @@ class TcpControl final : public ControlPlane {
         if (me_.rank == 0) {
             const auto deadline = Clock::now() + report_timeout_;
             for (int r = 1; r < me_.world; ++r)
-                guarded(r, [&] { send_frame(peers_[r].fd(), Frame::kData, message, deadline, "a step message"); });
+                guarded(r, [&] { send_frame(peers_[r], Frame::kData, message, deadline, "a step message"); });
             return message;
         }
         std::vector<uint8_t> got;
@@ -274,7 +289,7 @@ class TcpControl final : public ControlPlane {
         if (me_.world == 1) return {std::move(message)};
         if (me_.rank != 0) {
             guarded(0, [&] {
-                send_frame(leader_.fd(), Frame::kData, message, Clock::now() + report_timeout_, "this rank's report");
+                send_frame(leader_, Frame::kData, message, Clock::now() + report_timeout_, "this rank's report");
             });
             return {};
         }
@@ -348,21 +363,24 @@ class TcpControl final : public ControlPlane {
         abort_reason_ = reason.empty() ? std::string("aborted") : reason;
         const std::vector<uint8_t> bytes(abort_reason_.begin(), abort_reason_.end());
         const auto deadline = Clock::now() + std::chrono::seconds(5);
-        // Best effort: a peer that is gone cannot be told.
-        const auto tell = [&](const Socket& s) {
+        // Best effort: a peer that is gone cannot be told, nor one whose connection carries a frame
+        // cut off part-way (its reader would take the abort as that frame's rest): it sees the end
+        // of the stream inside the frame, a failure naming this rank.
+        const auto tell = [&](Socket& s) {
             if (s.fd() < 0) return;
             try {
-                send_frame(s.fd(), Frame::kAbort, bytes, deadline, "an abort");
+                if (!s.cut()) send_frame(s, Frame::kAbort, bytes, deadline, "an abort");
             } catch (const std::exception&) {
             }
         };
         if (me_.rank == 0) {
-            for (const auto& p : peers_) {
+            for (auto& p : peers_) {
                 tell(p);
                 if (p.fd() >= 0) ::shutdown(p.fd(), SHUT_WR);  // the abort, then end of stream: nothing after it
             }
         } else {
             tell(leader_);
+            if (leader_.cut()) ::shutdown(leader_.fd(), SHUT_WR);
         }
     }
 
