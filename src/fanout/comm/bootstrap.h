@@ -37,8 +37,9 @@ std::vector<uint8_t> tcp_broadcast(const RankInfo& me, const std::string& host, 
 // kind (data or abort), a size and the bytes. A rank's abort() reaches rank 0, which passes it to
 // every rank; a connection that closes is an abort naming the rank (it failed or exited). Rank 0
 // reads the step reports side by side as their bytes come, so a report cut off half-way delays no
-// other rank's abort. Report waits past `report_timeout` throw naming the rank; an idle rank waits
-// for rank 0 without one.
+// other rank's abort. Report waits and sends past `report_timeout` throw naming the rank (a frame
+// cut off by one is the connection's last: the peer sees the stream end inside it); an idle rank
+// waits for rank 0 without one.
 std::unique_ptr<ControlPlane> make_tcp_control(const RankInfo& me, const std::string& host, int port,
                                                std::chrono::milliseconds connect_timeout,
                                                std::chrono::milliseconds report_timeout = std::chrono::minutes(10));
