@@ -40,7 +40,10 @@ class Socket {
   public:
     Socket() = default;
     explicit Socket(int fd) : fd_(fd) {}
-    Socket(Socket&& o) noexcept : fd_(o.fd_), cut_(o.cut_) { o.fd_ = -1; }
+    Socket(Socket&& o) noexcept : fd_(o.fd_), cut_(o.cut_) {
+        o.fd_ = -1;
+        o.cut_ = false;
+    }
     Socket& operator=(Socket&& o) noexcept {
         std::swap(fd_, o.fd_);
         std::swap(cut_, o.cut_);
@@ -50,10 +53,14 @@ class Socket {
         if (fd_ >= 0) ::close(fd_);
     }
     int fd() const { return fd_; }
-    // A frame sent on this connection stopped part-way (send_frame): the peer's reader is inside
-    // it, so no later frame may follow — its bytes would be read as the rest of this one.
+    // A frame sent on this connection failed (send_frame), perhaps part-way: the peer's reader may
+    // be inside it, so no later frame may follow — its bytes would be read as the rest of this one.
+    // The connection is then shut for writing: the peer sees the end of the stream.
     bool cut() const { return cut_; }
-    void set_cut(bool cut) { cut_ = cut; }
+    void cut_off() {
+        cut_ = true;
+        if (fd_ >= 0) ::shutdown(fd_, SHUT_WR);
+    }
 
   private:
     int fd_ = -1;
@@ -82,11 +89,16 @@ bool wait_for(int fd, short events, Clock::time_point deadline) {
 void send_all(int fd, const void* data, size_t n, Clock::time_point deadline, const std::string& what) {
     const auto* p = static_cast<const uint8_t*>(data);
     while (n > 0) {
-        FANOUT_CHECK(wait_for(fd, POLLOUT, deadline), "rendezvous: timed out sending {}", what);
+        // Past the deadline poll's zero timeout still reports room: the deadline is checked too.
+        FANOUT_CHECK(remaining_ms(deadline) != 0 && wait_for(fd, POLLOUT, deadline), "rendezvous: timed out sending {}",
+                     what);
         const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-        FANOUT_CHECK(w > 0 || errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK,
-                     "rendezvous: sending {} failed: {}", what, std::strerror(errno));
-        if (w > 0) p += w, n -= static_cast<size_t>(w);
+        if (w > 0) {
+            p += w, n -= static_cast<size_t>(w);
+            continue;
+        }
+        FANOUT_CHECK(errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK, "rendezvous: sending {} failed: {}",
+                     what, std::strerror(errno));
     }
 }
 
@@ -162,18 +174,21 @@ Socket connect_to_rank0(const RankInfo& me, const sockaddr_in& addr, const std::
 enum class Frame : uint8_t { kData = 0, kAbort = 1 };
 constexpr uint64_t kMaxFrameBytes = uint64_t{1} << 30;
 
-// Sends one frame on s; one that fails part-way leaves s cut() (Socket), and a cut connection
+// Sends one frame on s. One that fails leaves s cut off (Socket::cut_off), and a cut-off connection
 // takes no further frame.
 void send_frame(Socket& s, Frame kind, const std::vector<uint8_t>& bytes, Clock::time_point deadline,
                 const std::string& what) {
     FANOUT_CHECK(!s.cut(), "control plane: cannot send {}: an earlier frame on the connection was cut off", what);
     const uint8_t k = static_cast<uint8_t>(kind);
     const uint64_t size = bytes.size();
-    s.set_cut(true);
-    send_all(s.fd(), &k, 1, deadline, what);
-    send_all(s.fd(), &size, sizeof(size), deadline, what);
-    send_all(s.fd(), bytes.data(), bytes.size(), deadline, what);
-    s.set_cut(false);
+    try {
+        send_all(s.fd(), &k, 1, deadline, what);
+        send_all(s.fd(), &size, sizeof(size), deadline, what);
+        send_all(s.fd(), bytes.data(), bytes.size(), deadline, what);
+    } catch (...) {
+        s.cut_off();
+        throw;
+    }
 }
 
 // One frame read as its bytes come: feed() takes whatever the socket holds of it without waiting
@@ -364,8 +379,8 @@ class TcpControl final : public ControlPlane {
         const std::vector<uint8_t> bytes(abort_reason_.begin(), abort_reason_.end());
         const auto deadline = Clock::now() + std::chrono::seconds(5);
         // Best effort: a peer that is gone cannot be told, nor one whose connection carries a frame
-        // cut off part-way (its reader would take the abort as that frame's rest): it sees the end
-        // of the stream inside the frame, a failure naming this rank.
+        // cut off (its reader would take the abort as that frame's rest): it sees the end of the
+        // stream instead, a failure naming this rank.
         const auto tell = [&](Socket& s) {
             if (s.fd() < 0) return;
             try {
@@ -380,7 +395,6 @@ class TcpControl final : public ControlPlane {
             }
         } else {
             tell(leader_);
-            if (leader_.cut()) ::shutdown(leader_.fd(), SHUT_WR);
         }
     }
 
