@@ -72,10 +72,13 @@ int remaining_ms(Clock::time_point deadline) {
     return static_cast<int>(std::min<int64_t>(time_left(deadline).count(), 1 << 30));
 }
 
-// Waits for `events` on fd until the deadline; false on timeout.
+// Waits for `events` on fd until the deadline; false on timeout. Once the deadline has passed it is
+// false even where fd is ready (poll's zero timeout would still report it), so a peer that keeps
+// bytes trickling, or room opening, cannot hold a send or receive loop open past it.
 bool wait_for(int fd, short events, Clock::time_point deadline) {
     pollfd p{fd, events, 0};
     for (;;) {
+        if (remaining_ms(deadline) == 0) return false;
         const int r = ::poll(&p, 1, remaining_ms(deadline));
         if (r > 0) return true;
         if (r == 0) return false;
@@ -89,9 +92,7 @@ bool wait_for(int fd, short events, Clock::time_point deadline) {
 void send_all(int fd, const void* data, size_t n, Clock::time_point deadline, const std::string& what) {
     const auto* p = static_cast<const uint8_t*>(data);
     while (n > 0) {
-        // Past the deadline poll's zero timeout still reports room: the deadline is checked too.
-        FANOUT_CHECK(remaining_ms(deadline) != 0 && wait_for(fd, POLLOUT, deadline), "rendezvous: timed out sending {}",
-                     what);
+        FANOUT_CHECK(wait_for(fd, POLLOUT, deadline), "rendezvous: timed out sending {}", what);
         const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w > 0) {
             p += w, n -= static_cast<size_t>(w);
