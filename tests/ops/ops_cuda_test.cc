@@ -285,30 +285,11 @@ TEST(GemmFp8Cuda, EveryTileShapeSplitClusterAndTheResidual) {
     expect_workspace_at_zero(ws, "after every tile shape");
 }
 
-// Two split-K GEMMs on two streams at once, each with its workspace, whose CTAs do not all fit on
-// the GPU together (each fills ~70% of it): a tile's last split waits for its others, and the
-// units are handed out in the order CTAs start, so neither waits on a split that cannot start (a
-// deadlock would hang, and ctest's timeout fail, the test). Both streams wait behind a host
-// callback until all 100 launches are queued, so they overlap. Split K sums in split order, so
-// each result equals the same GEMM run alone, bit for bit; the workspaces end at zero. (The
-// hardware starts CTAs in index order, so the index-based units passed this too: it guards the
-// ticket's hand-out and wrap under overlapping launches, not the order CUDA does not promise.)
-TEST(GemmFp8Cuda, SplitGemmsOnTwoStreamsAtOnce) {
-    REQUIRE_GPU();
-    const int sms = fanout::ops::device_sm_count();
-    const GemmConfig cfg{64, 64, 4, 1};                             // two CTAs per SM
-    const int N = 64 * ((2 * sms * 7 / 10) / 4), K = 2048, M = 64;  // units = N/64 × 4
-    Fp8Operands o(M, N, K, 77);
-    DeviceFp8 d(o);
-    GemmWorkspace ws_a, ws_b;
-    DeviceBuffer<uint16_t> alone(size_t(M) * N), ya(size_t(M) * N), yb(size_t(M) * N);
-    launch_gemm_fp8(d.x.ptr, d.sx.ptr, d.w.ptr, d.sw.ptr, alone.ptr, M, N, K, nullptr, nullptr, &ws_a, cfg);
-    FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<uint16_t> want(size_t(M) * N), got_a(want.size()), got_b(want.size());
-    alone.download(want.data());
-    cudaStream_t sa = nullptr, sb = nullptr;
-    FANOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&sa, cudaStreamNonBlocking));
-    FANOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&sb, cudaStreamNonBlocking));
+// Runs launch(stream, 0) and launch(stream, 1) `rounds` times each on two streams at once: both
+// streams wait behind a host callback until every launch is queued, so their kernels overlap.
+void overlap_on_two_streams(int rounds, const std::function<void(cudaStream_t, int)>& launch) {
+    cudaStream_t streams[2] = {nullptr, nullptr};
+    for (cudaStream_t& s : streams) FANOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     cudaStream_t gate = nullptr;
     cudaEvent_t open = nullptr;
     FANOUT_CUDA_CHECK(cudaStreamCreateWithFlags(&gate, cudaStreamNonBlocking));
@@ -316,23 +297,86 @@ TEST(GemmFp8Cuda, SplitGemmsOnTwoStreamsAtOnce) {
     FANOUT_CUDA_CHECK(cudaLaunchHostFunc(
         gate, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(100)); }, nullptr));
     FANOUT_CUDA_CHECK(cudaEventRecord(open, gate));
-    FANOUT_CUDA_CHECK(cudaStreamWaitEvent(sa, open, 0));
-    FANOUT_CUDA_CHECK(cudaStreamWaitEvent(sb, open, 0));
-    for (int round = 0; round < 50; ++round) {
-        launch_gemm_fp8(d.x.ptr, d.sx.ptr, d.w.ptr, d.sw.ptr, ya.ptr, M, N, K, sa, nullptr, &ws_a, cfg);
-        launch_gemm_fp8(d.x.ptr, d.sx.ptr, d.w.ptr, d.sw.ptr, yb.ptr, M, N, K, sb, nullptr, &ws_b, cfg);
-    }
+    for (cudaStream_t s : streams) FANOUT_CUDA_CHECK(cudaStreamWaitEvent(s, open, 0));
+    for (int round = 0; round < rounds; ++round)
+        for (int which = 0; which < 2; ++which) launch(streams[which], which);
     FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
-    cudaStreamDestroy(sa);
-    cudaStreamDestroy(sb);
+    for (cudaStream_t s : streams) cudaStreamDestroy(s);
     cudaStreamDestroy(gate);
     cudaEventDestroy(open);
-    ya.download(got_a.data());
-    yb.download(got_b.data());
-    EXPECT_EQ(got_a, want);
-    EXPECT_EQ(got_b, want);
-    expect_workspace_at_zero(ws_a, "stream a");
-    expect_workspace_at_zero(ws_b, "stream b");
+}
+
+// Two split-K GEMMs on two streams at once, each with its workspace, whose CTAs do not all fit on
+// the GPU together (each fills ~70% of it): a tile's last split waits for its others, and the
+// units are handed out in the order CTAs start, so neither waits on a split that cannot start (a
+// deadlock would hang, and ctest's timeout fail, the test). Split K sums in split order, so each
+// result equals the same GEMM run alone, bit for bit; the workspaces end at zero. (The hardware
+// starts CTAs in index order, so the index-based units passed this too: it guards the ticket's
+// hand-out and wrap under overlapping launches, not the order CUDA does not promise.)
+TEST(GemmFp8Cuda, SplitGemmsOnTwoStreamsAtOnce) {
+    REQUIRE_GPU();
+    const int sms = fanout::ops::device_sm_count();
+    const GemmConfig cfg{64, 64, 4, 1};                             // two CTAs per SM
+    const int N = 64 * ((2 * sms * 7 / 10) / 4), K = 2048, M = 64;  // units = N/64 × 4
+    Fp8Operands o(M, N, K, 77);
+    DeviceFp8 d(o);
+    GemmWorkspace ws[2];
+    DeviceBuffer<uint16_t> alone(size_t(M) * N),
+        y[2] = {DeviceBuffer<uint16_t>(size_t(M) * N), DeviceBuffer<uint16_t>(size_t(M) * N)};
+    launch_gemm_fp8(d.x.ptr, d.sx.ptr, d.w.ptr, d.sw.ptr, alone.ptr, M, N, K, nullptr, nullptr, &ws[0], cfg);
+    FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<uint16_t> want(size_t(M) * N), got(want.size());
+    alone.download(want.data());
+    overlap_on_two_streams(50, [&](cudaStream_t s, int i) {
+        launch_gemm_fp8(d.x.ptr, d.sx.ptr, d.w.ptr, d.sw.ptr, y[i].ptr, M, N, K, s, nullptr, &ws[i], cfg);
+    });
+    for (int i = 0; i < 2; ++i) {
+        y[i].download(got.data());
+        EXPECT_EQ(got, want) << "stream " << i;
+        expect_workspace_at_zero(ws[i], "stream " + std::to_string(i));
+    }
+}
+
+// The masked layout's two-round split of a last wave (3 ways, G/2 < R <= 2G/3) on two streams at
+// once: each grid is a CTA per multiprocessor, so one launch's CTAs start while the other's still
+// hold SMs, and a last split of the second round waits on splits in CTAs started before it (the
+// kernel's Scheduler::tail_unit) — a wait on one not yet running could hang, and ctest's timeout
+// fail, the test. Each result equals the GEMM run alone bit for bit, and that one its reference.
+TEST(GroupedGemmFp8Cuda, MaskedTwoRoundSplitsOnTwoStreamsAtOnce) {
+    REQUIRE_GPU();
+    ThreadPool pool(0);
+    const GemmConfig cfg{128, 128, 8, 1};
+    const int G = device_sm_count(), max_m = 128, N = 128, K = 6144;  // 48 K blocks: 16 each
+    // One tile per expert: G + R of them, R = 3G/5.
+    const int E = G + 3 * G / 5;
+    const Fp8Operands o(int64_t(E) * max_m, N, K, 113, E);
+    DeviceFp8 d(o);
+    std::vector<int32_t> counts(E);
+    for (int e = 0; e < E; ++e) counts[e] = 1 + (e * 41) % max_m;
+    DeviceBuffer<int32_t> dcounts(E);
+    dcounts.upload(counts.data());
+    GemmWorkspace ws[2];
+    const size_t n = size_t(E) * max_m * N;
+    DeviceBuffer<uint16_t> alone(n), y[2] = {DeviceBuffer<uint16_t>(n), DeviceBuffer<uint16_t>(n)};
+    alone.poison();
+    launch_grouped_gemm_fp8_masked(d.x.ptr, d.sx.ptr, dcounts.ptr, E, max_m, d.w.ptr, d.sw.ptr, N, K, alone.ptr, max_m,
+                                   nullptr, &ws[0], cfg);
+    FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+    expect_masked_result(
+        alone, counts, max_m, N, [&](int e) { return o.reference_rows(int64_t(e) * max_m, counts[e], e, pool); },
+        "alone");
+    std::vector<uint16_t> want(n), got(n);
+    alone.download(want.data());
+    for (DeviceBuffer<uint16_t>& yi : y) yi.poison();
+    overlap_on_two_streams(20, [&](cudaStream_t s, int i) {
+        launch_grouped_gemm_fp8_masked(d.x.ptr, d.sx.ptr, dcounts.ptr, E, max_m, d.w.ptr, d.sw.ptr, N, K, y[i].ptr,
+                                       max_m, s, &ws[i], cfg);
+    });
+    for (int i = 0; i < 2; ++i) {
+        y[i].download(got.data());
+        EXPECT_EQ(got, want) << "stream " << i;
+        expect_workspace_at_zero(ws[i], "stream " + std::to_string(i));
+    }
 }
 
 // Split K where the splits would not all fit on the GPU at once: the launch splits fewer ways (a
@@ -571,13 +615,14 @@ TEST(GroupedGemmFp8Cuda, MaskedMatchesCpuReferenceAndReplaysInAGraph) {
 
 // Split K of a last, partial wave (with a workspace): per tile config (128 × 128, 128 × 256 and the
 // three-warpgroup 192 × 128), unpaired and in cluster pairs, counts whose tiles (pair units) leave
-// about 1, G/4 and G/2 past full waves of G (the persistent grid: one CTA or pair per
+// about 1, G/4, G/2 and 3G/5 past full waves of G (the persistent grid: one CTA or pair per
 // multiprocessor or two), none, and 3 past two waves. K of 49 blocks splits 3 ways where G/R allows
-// (17, 17 and a shorter last 15; each split at least 16 blocks but the last), else 2. Nonzero
+// (17, 17 and a shorter last 15; each split at least 16 blocks but the last), else 2; unpaired, a
+// remainder of G/2 < R <= 2G/3 splits 3 ways over two rounds of the grid. Nonzero
 // experts (one or two row blocks: a pair's second CTA may have no rows, and a 192-row block reads
 // past its expert's 256 rows; N = 264 is 2 or 3 column tiles) are spread among zero ones. Captured
 // in a graph and replayed twice: the counters and the ticket must come back to zero. At least three
-// of the remainders must be ones that split (0 < R <= G/2).
+// of the remainders must be ones that split in one round (0 < R <= G/2), and unpaired one in two.
 TEST(GroupedGemmFp8Cuda, MaskedSplitsTheLastWaveInK) {
     REQUIRE_GPU();
     ThreadPool pool(0);
@@ -600,12 +645,12 @@ TEST(GroupedGemmFp8Cuda, MaskedSplitsTheLastWaveInK) {
         // The grid's units: CTAs, or pairs (every SM in one, as on the H100 and H200; the kernel
         // counts the pairs that fit, and the test's remainders are only its coverage).
         const int G = device_sm_count() / cfg.cluster, n_blocks = (N + cfg.block_n - 1) / cfg.block_n;
-        int splitting = 0;  // remainders that split
+        int splitting = 0, two_rounds = 0;  // remainders that split in one round, in two
         const cudaGraphExec_t exec = capture_graph(stream, [&] {
             launch_grouped_gemm_fp8_masked(d.x.ptr, d.sx.ptr, dcounts.ptr, E, max_m, d.w.ptr, d.sw.ptr, N, K, dy.ptr,
                                            max_m, stream, &ws, cfg);
         });
-        for (const int target : {G + 1, G + G / 4, G + G / 2, G, 2 * G + 3}) {
+        for (const int target : {G + 1, G + G / 4, G + G / 2, G + 3 * G / 5, G, 2 * G + 3}) {
             // Experts in a spread order until their units reach the target (or all have tokens).
             std::vector<int32_t> counts(E, 0);
             int units = 0;
@@ -615,6 +660,7 @@ TEST(GroupedGemmFp8Cuda, MaskedSplitsTheLastWaveInK) {
                 units += ((count_of[e] + cfg.block_m - 1) / cfg.block_m + cfg.cluster - 1) / cfg.cluster * n_blocks;
             }
             if (units % G > 0 && units % G <= G / 2) ++splitting;
+            if (cfg.cluster == 1 && 2 * (units % G) > G && 3 * (units % G) <= 2 * G) ++two_rounds;
             SCOPED_TRACE("config " + std::to_string(cfg.block_m) + "x" + std::to_string(cfg.block_n) + "/" +
                          std::to_string(cfg.splits) + "c" + std::to_string(cfg.cluster) + ", " + std::to_string(units) +
                          " units on " + std::to_string(G));
@@ -628,6 +674,7 @@ TEST(GroupedGemmFp8Cuda, MaskedSplitsTheLastWaveInK) {
             }
         }
         EXPECT_GE(splitting, 3) << cfg.block_m << "x" << cfg.block_n << "c" << cfg.cluster << " on " << G;
+        EXPECT_GE(two_rounds, cfg.cluster == 1 ? 1 : 0) << cfg.block_m << "x" << cfg.block_n << " on " << G;
         expect_workspace_at_zero(
             ws, std::to_string(cfg.block_m) + "x" + std::to_string(cfg.block_n) + "c" + std::to_string(cfg.cluster));
         cudaGraphExecDestroy(exec);

@@ -26,7 +26,9 @@
 // K blocks / kMinTailSplitKb) ways (gemm.h) into ranges of ceil(K blocks / s), the last one the
 // rest, so the CTAs that would idle through the last wave share its K loops instead. In cluster
 // pairs G counts pairs and R pair units; both CTAs of a split unit take the same K range of their
-// own row block (a partial slot each).
+// own row block (a partial slot each). Unpaired, a last wave of G/2 < R <= 2G/3 tiles splits 3 ways
+// over two rounds of the grid (Scheduler::tail_unit): 3R units, the second round in the CTAs that
+// started last, so the wave takes two thirds of a tile instead of a whole one.
 //
 // Cluster pairs: two CTAs on tiles stacked along M fetch half of their shared W tile each and
 // multicast it to both. In the contiguous layout a pair may straddle two experts' blocks; then
@@ -107,6 +109,7 @@ struct Params {
     int num_experts;
     bool tma_store;   // the epilogue writes y through TMA (else plain stores)
     int x_tail_rows;  // rows of x a load through tmap_x_tail brings (launch_config)
+    int tail_slots;   // masked split K: BM × BN partial tiles the workspace holds (launch_config)
 };
 
 struct Tile {
@@ -141,28 +144,62 @@ struct Scheduler {
     const int* prefix;  // masked: tiles before expert e, in shared memory
     int m_blocks;
     // Masked: units [0, full) are whole tiles; the `tail` tiles after them run as tail_splits K
-    // ranges of tail_kb blocks (the last one the rest), unit full + split · tail + i for tile
-    // full + i (plan_tail).
-    int full = 0, tail = 0, tail_splits = 1, tail_kb = 0;
+    // ranges of tail_kb blocks (the last one the rest): in one round, unit full + split · tail + i
+    // for tile full + i; in two (two_rounds), as tail_unit places them.
+    int full = 0, tail = 0, tail_splits = 1, tail_kb = 0, ctas = 0;
+    bool two_rounds = false;
 
     // Masked, once the prefix is in shared memory: split the tiles (pair units) of the last wave
-    // over the grid's `ctas` (pairs) when they fill at most half of it (the header's split-K).
-    // Every thread of every CTA must reach the same plan — it does, from the same counts (the
-    // stream orders their writes before this launch); plans that differed could leave a last split
-    // waiting for ever.
-    __device__ void plan_tail(int ctas) {
-        const int tiles = prefix[p.num_experts], r = tiles % ctas;
-        int s = r == 0 ? 1 : min(min(p.splits, ctas / r), p.nkb / kMinTailSplitKb);
+    // over the grid's `ctas` (pairs) when they fill at most half of it (the header's split-K), or,
+    // unpaired, 3 ways over two rounds when they fill at most two thirds and the workspace holds
+    // their partials. Every thread of every CTA must reach the same plan — it does, from the same
+    // counts (the stream orders their writes before this launch); plans that differed could leave
+    // a last split waiting for ever.
+    __device__ void plan_tail(int grid) {
+        ctas = grid;
+        const int tiles = prefix[p.num_experts], r = tiles % ctas, deep = p.nkb / kMinTailSplitKb;
+        int s = 1;
+        if (r > 0 && 2 * r <= ctas) {
+            s = min(min(p.splits, ctas / r), deep);
+        } else if (CL == 1 && r > 0 && 3 * r <= 2 * ctas && min(p.splits, deep) >= 3 && 3 * r <= p.tail_slots) {
+            s = 3;
+            two_rounds = true;
+        }
         if (s > 1) {
             // Ranges of ceil(nkb / s): all but the last at least kMinTailSplitKb, the last the rest
             // (49 blocks in 3: 17, 17, 15; V3's 56: 19, 19, 18). Even ranges (split · nkb / s)
             // made ptxas spill in the 128 × 256 kernel.
             tail_kb = (p.nkb + s - 1) / s;
-            s = (p.nkb + tail_kb - 1) / tail_kb;  // no empty split; still >= 2
+            s = (p.nkb + tail_kb - 1) / tail_kb;  // no empty split; still >= 2 (3 for two rounds: nkb >= 48)
         }
         full = s > 1 ? tiles - r : tiles;
         tail = s > 1 ? r : 0;
         tail_splits = s > 1 ? s : 1;
+    }
+
+    // Two rounds: the last wave's unit k (from 0) is tile full + i, split `split`; false for a
+    // second-round place that holds none. With R = tail tiles, G = ctas and R2 = 3R - G units in
+    // the second round, CTA c (the ticket: the order CTAs start) takes place c in round 0 and, if
+    // c >= G - R2, place G + c in round 1. The last splits, the ones that wait, are round 1 of CTAs G - R .. G - 1, tile i's
+    // in CTA G - R + i; the other 2R splits fill the remaining places in (CTA, round) order, tile i's
+    // at positions 2i and 2i + 1, all in CTAs started no later than G - R + i (position p is in CTA
+    // p below G - R2, in CTA G - 2R + p from position R on, between them two per CTA). So a last
+    // split waits only on splits that never wait, in CTAs already running, or its own earlier unit:
+    // the ticket's guarantee (the kernel's start) holds over both rounds.
+    __device__ bool tail_unit(int k, int& i, int& split) const {
+        const int c = k % ctas, round = k / ctas, second = 3 * tail - ctas;
+        if (round == 1 && c >= ctas - tail) {
+            i = c - (ctas - tail);
+            split = 2;
+            return true;
+        }
+        if (round == 1 && c < ctas - second) return false;
+        const int pos = c < ctas - second ? c
+                        : c < ctas - tail ? (ctas - second) + 2 * (c - (ctas - second)) + round
+                                          : tail + (c - (ctas - tail));
+        i = pos / 2;
+        split = pos % 2;
+        return true;
     }
 
     __device__ int m_units() const { return (m_blocks + CL - 1) / CL; }
@@ -177,7 +214,7 @@ struct Scheduler {
 
     __device__ int total() const {
         if constexpr (L == Layout::kMasked)
-            return TAIL ? full + tail * tail_splits : prefix[p.num_experts];
+            return !TAIL ? prefix[p.num_experts] : CL == 1 && two_rounds ? full + 2 * ctas : full + tail * tail_splits;
         else
             return m_units() * p.n_blocks * (L == Layout::kDense ? p.splits : 1);
     }
@@ -187,7 +224,13 @@ struct Scheduler {
         const int sw_per_expert = ((p.N + kBK - 1) / kBK) * p.nkb;
         if constexpr (L == Layout::kMasked) {
             const bool split = TAIL && t >= full;  // a unit of the last wave's split tiles
-            const int u = split ? full + (t - full) % tail : t;
+            // Split unit t: tile full + i, split sp; in one round t = full + sp · tail + i.
+            int i = (t - full) % max(tail, 1), sp = (t - full) / max(tail, 1);
+            if (CL == 1 && split && two_rounds && !tail_unit(t - full, i, sp)) {  // an empty place
+                tile.skip = true;
+                return tile;
+            }
+            const int u = split ? full + i : t;
             const int e = segment_of(prefix, p.num_experts, u),
                       local = u - prefix[e];  // prefix[e] <= u < prefix[e + 1]
             const int count = min(max(p.counts[e], 0), p.rows);
@@ -202,11 +245,11 @@ struct Scheduler {
             tile.kb1 = p.nkb;
             tile.id = t;
             if (split) {
-                tile.split = (t - full) / tail;
+                tile.split = sp;
                 tile.splits = tail_splits;
                 tile.kb0 = tile.split * tail_kb;
                 tile.kb1 = min(p.nkb, tile.kb0 + tail_kb);
-                tile.id = (u - full) * CL + rank;  // < the grid's CTAs: the launch's workspace check
+                tile.id = i * CL + rank;  // id · splits + split < the partial slots (plan_tail)
             }
         } else {
             const int per_split = m_units() * p.n_blocks, u = t % per_split;
@@ -761,10 +804,11 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
                 }
                 // The last split adds the others' partials to its own in split order (the sum does
                 // not depend on who finishes first) once all of them are stored. Its wait cannot
-                // block them: no CTA waits behind a later one (dense: the launch keeps every unit
-                // in a CTA of its own; masked: the split units are each CTA's last), and the
-                // ticket handed this unit out after theirs, to CTAs already running (the kernel's
-                // start; a masked tile's splits are units t, t + tail, ..., all within one stride).
+                // block them: they are held by CTAs the ticket handed out no later than this one,
+                // so already running (the kernel's start), and never wait themselves (dense: the
+                // launch keeps every unit in a CTA of its own; masked in one round: a tile's splits
+                // are units t, t + tail, ..., each CTA's last and all within one stride; in two:
+                // Scheduler::tail_unit).
                 if (ctid == 0) {
                     while (stored.load(cuda::memory_order_acquire) != tile.splits - 1) __nanosleep(32);
                     stored.store(0, cuda::memory_order_relaxed);  // for the next launch
@@ -900,12 +944,14 @@ void launch_config(const Operands& o, const Params& p, cudaStream_t stream) {
         units = std::min(per_split * q.splits, max_units);
     }
     if (L != Layout::kContiguous && q.splits > 1) {
-        // Dense: every tile's splits; masked: a slot per CTA of a split unit, at most one per CTA.
+        // Dense: every tile's splits; masked: a slot per CTA of a split unit in one round, at most
+        // one per CTA (a two-round split takes more only where tail_slots has them: plan_tail).
         const int tiles = L == Layout::kDense ? static_cast<int>((o.x_rows + BM - 1) / BM) * p.n_blocks : units * CL;
         const size_t need = static_cast<size_t>(tiles) * (L == Layout::kDense ? q.splits : 1) * BM * BN;
         FANOUT_DEVICE_REQUIRE(need <= o.partial_capacity && tiles <= o.counter_capacity,
                               "gemm_fp8: split-K workspace too small (" + std::to_string(need * 4) + " bytes, " +
                                   std::to_string(tiles) + " counters needed)");
+        q.tail_slots = static_cast<int>(std::min<size_t>(o.partial_capacity / (size_t{BM} * BN), 1 << 30));
     }
     launch.gridDim = dim3(CL * units);
     // The last row block of a dense x that ends inside it (a decode step: M = 2 for one request
