@@ -248,14 +248,17 @@ TEST(GemmFp8Cuda, EveryDeviceOfOneProcess) {
     });
 }
 
-// A split-K workspace after its GEMMs: the tile counters and the ticket at zero, as the next GEMM
-// on the stream needs them.
+// A split-K workspace after its GEMMs: the tile counters, the ticket and the grab counter at zero,
+// as the next GEMM on the stream needs them.
 void expect_workspace_at_zero(const GemmWorkspace& ws, const std::string& what) {
-    std::vector<int> left(size_t(ws.num_counters) + 1, -1);
+    const size_t n = size_t(ws.num_counters);
+    std::vector<int> left(n + 2, -1);
     FANOUT_CUDA_CHECK(cudaMemcpy(left.data(), ws.counters, left.size() * sizeof(int), cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < left.size(); ++i)
         ASSERT_EQ(left[i], 0) << what << ": "
-                              << (i + 1 < left.size() ? "tile counter " + std::to_string(i) : std::string("ticket"));
+                              << (i < n    ? "tile counter " + std::to_string(i)
+                                  : i == n ? "the ticket"
+                                           : "the grab counter");
 }
 
 TEST(GemmFp8Cuda, EveryTileShapeSplitClusterAndTheResidual) {
@@ -337,11 +340,12 @@ TEST(GemmFp8Cuda, SplitGemmsOnTwoStreamsAtOnce) {
     }
 }
 
-// The masked layout's two-round split of a last wave (3 ways, G/2 < R <= 2G/3) on two streams at
-// once: each grid is a CTA per multiprocessor, so one launch's CTAs start while the other's still
-// hold SMs, and a last split of the second round waits on splits in CTAs started before it (the
-// kernel's Scheduler::tail_unit) — a wait on one not yet running could hang, and ctest's timeout
-// fail, the test. Each result equals the GEMM run alone bit for bit, and that one its reference.
+// The masked layout's two-round split of a last wave (3 ways, G/2 < R <= 2G/3; unpaired, its units
+// handed out as CTAs ask) on two streams at once: each grid is a CTA per multiprocessor, so one
+// launch's CTAs start while the other's still hold SMs, and a last split waits on splits taken
+// before it — by CTAs that were running then; a wait on one not yet running could hang, and
+// ctest's timeout fail, the test. Each result equals the GEMM run alone bit for bit, and that one
+// its reference; the workspaces (the grab counter included) end at zero.
 TEST(GroupedGemmFp8Cuda, MaskedTwoRoundSplitsOnTwoStreamsAtOnce) {
     REQUIRE_GPU();
     ThreadPool pool(0);

@@ -98,15 +98,17 @@ constexpr bool gemm_fp8_cublaslt_shape(int N, int K) { return K > 0 && K % 512 =
 #ifdef FANOUT_WITH_CUDA
 class DeviceContext;  // device_context.h
 
-// Device scratch for split-K: f32 partial tiles, one arrival counter per output tile and the
-// ticket that hands out a launch's units. The kernel leaves every counter and the ticket at zero,
+// Device scratch for split-K: f32 partial tiles, one arrival counter per output tile, the ticket
+// that hands out a launch's units in the order its CTAs start, and the counter that hands them
+// out as CTAs ask (the masked layout's unpaired split kernels). The kernel leaves each at zero,
 // so one workspace serves any sequence of GEMMs on one stream (CUDA graphs included); GEMMs
 // running concurrently need one workspace each.
 class GemmWorkspace {
   public:
     static constexpr size_t kDefaultPartialBytes = size_t{32} << 20;
     static constexpr int kDefaultCounters = 1 << 14;
-    static constexpr size_t kDefaultBytes = kDefaultPartialBytes + kDefaultCounters * sizeof(int) + sizeof(unsigned);
+    static constexpr size_t kDefaultBytes =
+        kDefaultPartialBytes + kDefaultCounters * sizeof(int) + 2 * sizeof(unsigned);
     explicit GemmWorkspace(size_t partial_bytes = kDefaultPartialBytes, int num_counters = kDefaultCounters);
     ~GemmWorkspace();
     GemmWorkspace(const GemmWorkspace&) = delete;
@@ -117,6 +119,7 @@ class GemmWorkspace {
     int* counters = nullptr;
     int num_counters = 0;
     unsigned* ticket = nullptr;  // after the counters, in their allocation
+    unsigned* grab = nullptr;    // after the ticket
 };
 
 // y (bf16, uint16_t storage) = x · Wᵀ (+ residual, same shape, may alias y) by the tile kernel, x's

@@ -27,8 +27,8 @@
 // rest, so the CTAs that would idle through the last wave share its K loops instead. In cluster
 // pairs G counts pairs and R pair units; both CTAs of a split unit take the same K range of their
 // own row block (a partial slot each). Unpaired, a last wave of G/2 < R <= 2G/3 tiles splits 3 ways
-// over two rounds of the grid (Scheduler::tail_unit): 3R units, the second round in the CTAs that
-// started last, so the wave takes two thirds of a tile instead of a whole one.
+// (3R units over two rounds of the grid), and the units are handed out as CTAs ask for them
+// (kDynamic), so the CTAs whose whole tiles finished first take the split ones.
 //
 // Cluster pairs: two CTAs on tiles stacked along M fetch half of their shared W tile each and
 // multicast it to both. In the contiguous layout a pair may straddle two experts' blocks; then
@@ -104,6 +104,7 @@ struct Params {
     float* partials;
     int* counters;
     unsigned* ticket;             // split K: hands out the units (GemmWorkspace::ticket)
+    unsigned* grab;               // masked, unpaired split K: hands out units as CTAs ask (GemmWorkspace::grab)
     const int32_t* block_expert;  // contiguous
     const int32_t* counts;        // masked
     int num_experts;
@@ -144,10 +145,9 @@ struct Scheduler {
     const int* prefix;  // masked: tiles before expert e, in shared memory
     int m_blocks;
     // Masked: units [0, full) are whole tiles; the `tail` tiles after them run as tail_splits K
-    // ranges of tail_kb blocks (the last one the rest): in one round, unit full + split · tail + i
-    // for tile full + i; in two (two_rounds), as tail_unit places them.
-    int full = 0, tail = 0, tail_splits = 1, tail_kb = 0, ctas = 0;
-    bool two_rounds = false;
+    // ranges of tail_kb blocks (the last one the rest), unit full + split · tail + i for tile
+    // full + i: a tile's last split comes after its others.
+    int full = 0, tail = 0, tail_splits = 1, tail_kb = 0;
 
     // Masked, once the prefix is in shared memory: split the tiles (pair units) of the last wave
     // over the grid's `ctas` (pairs) when they fill at most half of it (the header's split-K), or,
@@ -155,15 +155,13 @@ struct Scheduler {
     // their partials. Every thread of every CTA must reach the same plan — it does, from the same
     // counts (the stream orders their writes before this launch); plans that differed could leave
     // a last split waiting for ever.
-    __device__ void plan_tail(int grid) {
-        ctas = grid;
+    __device__ void plan_tail(int ctas) {
         const int tiles = prefix[p.num_experts], r = tiles % ctas, deep = p.nkb / kMinTailSplitKb;
         int s = 1;
         if (r > 0 && 2 * r <= ctas) {
             s = min(min(p.splits, ctas / r), deep);
         } else if (CL == 1 && r > 0 && 3 * r <= 2 * ctas && min(p.splits, deep) >= 3 && 3 * r <= p.tail_slots) {
             s = 3;
-            two_rounds = true;
         }
         if (s > 1) {
             // Ranges of ceil(nkb / s): all but the last at least kMinTailSplitKb, the last the rest
@@ -175,31 +173,6 @@ struct Scheduler {
         full = s > 1 ? tiles - r : tiles;
         tail = s > 1 ? r : 0;
         tail_splits = s > 1 ? s : 1;
-    }
-
-    // Two rounds: the last wave's unit k (from 0) is tile full + i, split `split`; false for a
-    // second-round place that holds none. With R = tail tiles, G = ctas and R2 = 3R - G units in
-    // the second round, CTA c (the ticket: the order CTAs start) takes place c in round 0 and, if
-    // c >= G - R2, place G + c in round 1. The last splits, the ones that wait, are round 1 of CTAs G - R .. G - 1, tile i's
-    // in CTA G - R + i; the other 2R splits fill the remaining places in (CTA, round) order, tile i's
-    // at positions 2i and 2i + 1, all in CTAs started no later than G - R + i (position p is in CTA
-    // p below G - R2, in CTA G - 2R + p from position R on, between them two per CTA). So a last
-    // split waits only on splits that never wait, in CTAs already running, or its own earlier unit:
-    // the ticket's guarantee (the kernel's start) holds over both rounds.
-    __device__ bool tail_unit(int k, int& i, int& split) const {
-        const int c = k % ctas, round = k / ctas, second = 3 * tail - ctas;
-        if (round == 1 && c >= ctas - tail) {
-            i = c - (ctas - tail);
-            split = 2;
-            return true;
-        }
-        if (round == 1 && c < ctas - second) return false;
-        const int pos = c < ctas - second ? c
-                        : c < ctas - tail ? (ctas - second) + 2 * (c - (ctas - second)) + round
-                                          : tail + (c - (ctas - tail));
-        i = pos / 2;
-        split = pos % 2;
-        return true;
     }
 
     __device__ int m_units() const { return (m_blocks + CL - 1) / CL; }
@@ -214,7 +187,7 @@ struct Scheduler {
 
     __device__ int total() const {
         if constexpr (L == Layout::kMasked)
-            return !TAIL ? prefix[p.num_experts] : CL == 1 && two_rounds ? full + 2 * ctas : full + tail * tail_splits;
+            return TAIL ? full + tail * tail_splits : prefix[p.num_experts];
         else
             return m_units() * p.n_blocks * (L == Layout::kDense ? p.splits : 1);
     }
@@ -224,13 +197,7 @@ struct Scheduler {
         const int sw_per_expert = ((p.N + kBK - 1) / kBK) * p.nkb;
         if constexpr (L == Layout::kMasked) {
             const bool split = TAIL && t >= full;  // a unit of the last wave's split tiles
-            // Split unit t: tile full + i, split sp; in one round t = full + sp · tail + i.
-            int i = (t - full) % max(tail, 1), sp = (t - full) / max(tail, 1);
-            if (CL == 1 && split && two_rounds && !tail_unit(t - full, i, sp)) {  // an empty place
-                tile.skip = true;
-                return tile;
-            }
-            const int u = split ? full + i : t;
+            const int u = split ? full + (t - full) % tail : t;
             const int e = segment_of(prefix, p.num_experts, u),
                       local = u - prefix[e];  // prefix[e] <= u < prefix[e + 1]
             const int count = min(max(p.counts[e], 0), p.rows);
@@ -245,11 +212,11 @@ struct Scheduler {
             tile.kb1 = p.nkb;
             tile.id = t;
             if (split) {
-                tile.split = sp;
+                tile.split = (t - full) / tail;
                 tile.splits = tail_splits;
                 tile.kb0 = tile.split * tail_kb;
                 tile.kb1 = min(p.nkb, tile.kb0 + tail_kb);
-                tile.id = i * CL + rank;  // id · splits + split < the partial slots (plan_tail)
+                tile.id = (u - full) * CL + rank;  // id · splits + split < the partial slots (plan_tail)
             }
         } else {
             const int per_split = m_units() * p.n_blocks, u = t % per_split;
@@ -358,7 +325,13 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     // launch finds it at zero (its CTAs start after every CTA here took its ticket: they wait for
     // grid_launch_dependents below, and without a programmatic dependency for this grid's end).
     __shared__ int ticket;
-    const bool ticketed = kSplitK && p.splits > 1;
+    // kDynamic (the masked layout's split kernels, unpaired): no ticket; the producer takes each
+    // unit from p.grab as it gets to it and passes it on through unit_ring (below).
+    constexpr bool kDynamic = TAIL && CL == 1;
+    const bool ticketed = kSplitK && p.splits > 1 && !kDynamic;
+    constexpr int kRing = 4;
+    __shared__ int unit_ring[kDynamic ? kRing : 1];
+    __shared__ uint64_t unit_full[kDynamic ? kRing : 1], unit_empty[kDynamic ? kRing : 1];
     // The W tile of a stage: with clusters each CTA fetches 1/CL of its rows for all of them — or,
     // when the CTAs' tiles take different W tiles (contiguous blocks of two experts), each its own
     // in CL boxes, for the same bytes on its barrier.
@@ -386,6 +359,11 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
             mbar_init(&full[s], 1 + 1);
             mbar_init(&empty[s], CL * kConsumers * 4);
         }
+        if constexpr (kDynamic)
+            for (int i = 0; i < kRing; ++i) {
+                mbar_init(&unit_full[i], 1);                    // the producer, with the unit in unit_ring
+                mbar_init(&unit_empty[i], 1 + kConsumers * 4);  // lane 0 of the scale loader and of each consumer warp
+            }
         mbar_fence_init();
         tma_prefetch_descriptor(&tmap_x);
         tma_prefetch_descriptor(&tmap_x_tail);
@@ -454,13 +432,45 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
 
     const int total = sched.total();
     const int wg = threadIdx.x / 128;
+    // kDynamic: this CTA's next unit, the one the producer takes next from p.grab (an atomicInc
+    // that wraps to zero at the last of the total + G takes: each CTA stops at its first one past
+    // the end), passed to the scale loader and the consumers through unit_ring (else a CTA's units
+    // are first, first + stride, ...). A CTA asks only while it runs, and the units come in order,
+    // a tile's last split after its others (Scheduler::get): so each CTA's units run in the order
+    // they were taken, and the lowest unit not yet done can always finish (its CTA has done its
+    // earlier ones, and a last split's others are lower) — no last split waits on a CTA that may
+    // not be running, and the CTAs that finish their whole tiles first take the split ones.
+    int ring_slot = 0;
+    uint32_t ring_phase = 0;
+    auto advance = [&]() -> int {
+        if constexpr (kDynamic) {
+            const int slot = ring_slot;
+            const uint32_t ph = ring_phase;
+            if (++ring_slot == kRing) ring_slot = 0, ring_phase ^= 1;
+            int u;
+            if (threadIdx.x == 0) {  // the producer
+                mbar_wait(&unit_empty[slot], ph ^ 1);
+                u = static_cast<int>(atomicInc(p.grab, static_cast<unsigned>(total + stride - 1)));
+                unit_ring[slot] = u;
+                mbar_arrive(&unit_full[slot]);
+            } else {
+                mbar_wait(&unit_full[slot], ph);
+                u = unit_ring[slot];
+                __syncwarp();
+                if (threadIdx.x % 32 == 0) mbar_arrive(&unit_empty[slot]);
+            }
+            return u;
+        } else {
+            return 0;  // (not called)
+        }
+    };
 
     if (wg == 0) {
         setmaxnreg_dec<kProducerRegs>();
         if (threadIdx.x == 0) {
             int s = prefetched % STAGES;
             uint32_t phase = prefetched == STAGES ? 1 : 0;
-            for (int t = first; t < total; t += stride) {
+            for (int t = kDynamic ? advance() : first; t < total; t = kDynamic ? advance() : t + stride) {
                 const Tile tile = sched.get(t, rank);
                 if (tile.skip) continue;
                 for (int kb = tile.kb0 + (t == first ? prefetched : 0); kb < tile.kb1; ++kb) {
@@ -482,7 +492,7 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
             int s = 0;
             uint32_t phase = 0;
             constexpr int kScaleDepth = kPipelined ? 4 : 1;  // the 64 × 64 tiles only (above)
-            for (int t = first; t < total; t += stride) {
+            for (int t = kDynamic ? advance() : first; t < total; t = kDynamic ? advance() : t + stride) {
                 const Tile tile = sched.get(t, rank);
                 if (tile.skip) continue;
                 float v[kScaleDepth][BM / 32], w[kScaleDepth];
@@ -619,7 +629,7 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
         pending = -1;
     };
 
-    for (int t = first; t < total; t += stride) {
+    for (int t = kDynamic ? advance() : first; t < total; t = kDynamic ? advance() : t + stride) {
         int kb0, kb1;
         bool idle;  // none of this warpgroup's 64 rows is in x (the last row block, a masked count)
         {
@@ -804,11 +814,10 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
                 }
                 // The last split adds the others' partials to its own in split order (the sum does
                 // not depend on who finishes first) once all of them are stored. Its wait cannot
-                // block them: they are held by CTAs the ticket handed out no later than this one,
-                // so already running (the kernel's start), and never wait themselves (dense: the
-                // launch keeps every unit in a CTA of its own; masked in one round: a tile's splits
-                // are units t, t + tail, ..., each CTA's last and all within one stride; in two:
-                // Scheduler::tail_unit).
+                // block them: they were handed out before this one to CTAs already running, and
+                // never wait themselves (dense: the ticket, and the launch keeps every unit in a
+                // CTA of its own; masked in pairs: the ticket, and a tile's splits are units t,
+                // t + tail, ..., each CTA's last and all within one stride; unpaired: `advance`).
                 if (ctid == 0) {
                     while (stored.load(cuda::memory_order_acquire) != tile.splits - 1) __nanosleep(32);
                     stored.store(0, cuda::memory_order_relaxed);  // for the next launch
@@ -1025,6 +1034,7 @@ void attach_workspace(GemmWorkspace* workspace, Params& p, Operands& o, const ch
     p.partials = workspace->partials;
     p.counters = workspace->counters;
     p.ticket = workspace->ticket;
+    p.grab = workspace->grab;
     o.partial_capacity = workspace->partial_floats;
     o.counter_capacity = workspace->num_counters;
 }
@@ -1061,10 +1071,11 @@ GemmWorkspace::GemmWorkspace(size_t partial_bytes, int counters_count)
     FANOUT_DEVICE_REQUIRE(counters_count >= 0, "GemmWorkspace: " + std::to_string(counters_count) + " counters");
     try {  // a failure part way frees the partials (no destructor runs for a throwing constructor)
         FANOUT_CUDA_CHECK(cudaMalloc(&partials, partial_floats * sizeof(float)));
-        // The tile counters, then the ticket.
-        const size_t bytes = static_cast<size_t>(num_counters) * sizeof(int) + sizeof(unsigned);
+        // The tile counters, then the ticket and the grab counter.
+        const size_t bytes = static_cast<size_t>(num_counters) * sizeof(int) + 2 * sizeof(unsigned);
         FANOUT_CUDA_CHECK(cudaMalloc(&counters, bytes));
         ticket = reinterpret_cast<unsigned*>(counters + num_counters);
+        grab = ticket + 1;
         // Waited for: the memset runs on the default stream, and the GEMMs may follow on a stream
         // that does not wait for it (a DeviceContext's is non-blocking) — a count that is not yet
         // zero would let a last split add partials that are not there, or wait for ever.
