@@ -344,15 +344,18 @@ TEST(GemmFp8Cuda, SplitGemmsOnTwoStreamsAtOnce) {
 // handed out as CTAs ask) on two streams at once: each grid is a CTA per multiprocessor, so one
 // launch's CTAs start while the other's still hold SMs, and a last split waits on splits taken
 // before it — by CTAs that were running then; a wait on one not yet running could hang, and
-// ctest's timeout fail, the test. Each result equals the GEMM run alone bit for bit, and that one
-// its reference; the workspaces (the grab counter included) end at zero.
+// ctest's timeout fail, the test. Four whole waves come first, so each CTA takes five units or
+// more and the unit ring (four slots) goes round more than once. Run alone first: the result is
+// its CPU reference, and tile 0's second split stored its partial (slot 1 of the NaN-filled
+// workspace: in a 2-way split or none that slot is never written). Then each run on the two
+// streams equals that one bit for bit, and the workspaces (the grab counter included) end at zero.
 TEST(GroupedGemmFp8Cuda, MaskedTwoRoundSplitsOnTwoStreamsAtOnce) {
     REQUIRE_GPU();
     ThreadPool pool(0);
     const GemmConfig cfg{128, 128, 8, 1};
-    const int G = device_sm_count(), max_m = 128, N = 128, K = 6144;  // 48 K blocks: 16 each
-    // One tile per expert: G + R of them, R = 3G/5.
-    const int E = G + 3 * G / 5;
+    const int G = device_sm_count(), max_m = 64, N = 128, K = 6144;  // 48 K blocks: 16 each
+    // One tile per expert: 4G + R of them, R = 3G/5.
+    const int E = 4 * G + 3 * G / 5;
     const Fp8Operands o(int64_t(E) * max_m, N, K, 113, E);
     DeviceFp8 d(o);
     std::vector<int32_t> counts(E);
@@ -363,12 +366,18 @@ TEST(GroupedGemmFp8Cuda, MaskedTwoRoundSplitsOnTwoStreamsAtOnce) {
     const size_t n = size_t(E) * max_m * N;
     DeviceBuffer<uint16_t> alone(n), y[2] = {DeviceBuffer<uint16_t>(n), DeviceBuffer<uint16_t>(n)};
     alone.poison();
+    FANOUT_CUDA_CHECK(cudaMemset(ws[0].partials, 0xff, ws[0].partial_floats * sizeof(float)));  // NaN
     launch_grouped_gemm_fp8_masked(d.x.ptr, d.sx.ptr, dcounts.ptr, E, max_m, d.w.ptr, d.sw.ptr, N, K, alone.ptr, max_m,
                                    nullptr, &ws[0], cfg);
     FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
     expect_masked_result(
         alone, counts, max_m, N, [&](int e) { return o.reference_rows(int64_t(e) * max_m, counts[e], e, pool); },
         "alone");
+    const size_t slot = size_t(cfg.block_m) * cfg.block_n;
+    std::vector<float> second(slot);
+    FANOUT_CUDA_CHECK(cudaMemcpy(second.data(), ws[0].partials + slot, slot * sizeof(float), cudaMemcpyDeviceToHost));
+    EXPECT_TRUE(std::all_of(second.begin(), second.end(), [](float v) { return std::isfinite(v); }))
+        << "tile 0's second split stored no partial: the last wave did not split 3 ways";
     std::vector<uint16_t> want(n), got(n);
     alone.download(want.data());
     for (DeviceBuffer<uint16_t>& yi : y) yi.poison();
@@ -622,11 +631,12 @@ TEST(GroupedGemmFp8Cuda, MaskedMatchesCpuReferenceAndReplaysInAGraph) {
 // about 1, G/4, G/2 and 3G/5 past full waves of G (the persistent grid: one CTA or pair per
 // multiprocessor or two), none, and 3 past two waves. K of 49 blocks splits 3 ways where G/R allows
 // (17, 17 and a shorter last 15; each split at least 16 blocks but the last), else 2; unpaired, a
-// remainder of G/2 < R <= 2G/3 splits 3 ways over two rounds of the grid. Nonzero
-// experts (one or two row blocks: a pair's second CTA may have no rows, and a 192-row block reads
-// past its expert's 256 rows; N = 264 is 2 or 3 column tiles) are spread among zero ones. Captured
-// in a graph and replayed twice: the counters and the ticket must come back to zero. At least three
-// of the remainders must be ones that split in one round (0 < R <= G/2), and unpaired one in two.
+// remainder of G/2 < R <= 2G/3 splits 3 ways over two rounds of the grid. Nonzero experts (one or
+// two row blocks: a pair's second CTA may have no rows, and a 192-row block reads past its
+// expert's 256 rows; N = 264 is 2 or 3 column tiles) are spread among zero ones. Captured in a
+// graph and replayed twice: the counters, the ticket and the grab counter must come back to zero.
+// At least three of the remainders must be ones that split in one round (0 < R <= G/2), and
+// unpaired one in two.
 TEST(GroupedGemmFp8Cuda, MaskedSplitsTheLastWaveInK) {
     REQUIRE_GPU();
     ThreadPool pool(0);
@@ -694,8 +704,9 @@ TEST(GroupedGemmFp8Cuda, MaskedSplitsTheLastWaveInK) {
 
 // A dense split-K GEMM, a masked GEMM whose last wave splits, and the dense one again, on one
 // workspace in one graph (as a layer's o_proj and gate+up share the device context's): grids of
-// different sizes take their tickets from one counter, which each launch must leave at zero, or
-// the next one's CTAs start at the wrong units. The masked tiles are 3 past whole waves (K of 49
+// different sizes take their units from the workspace's counters (the ticket; unpaired masked
+// split kernels the grab counter), which each launch must leave at zero, or the next one's CTAs
+// start at the wrong units. The masked tiles are 3 past whole waves (K of 49
 // blocks: 3-way splits), unpaired and in pairs. Replayed twice: every result is its reference
 // and the workspace is back at zero.
 TEST(GroupedGemmFp8Cuda, MaskedSplitAfterDenseSplitOnOneWorkspace) {

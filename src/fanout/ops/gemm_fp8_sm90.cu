@@ -1,7 +1,8 @@
 // The FP8 block-scaled GEMM on Hopper tensor cores, dense and grouped (gemm.h, grouped_gemm_cuda.h).
 //
 // One persistent kernel for the three layouts. Each CTA (or cluster pair) walks output tiles
-// first, first + stride, ...; its warpgroups have fixed roles:
+// first, first + stride, ... (the masked layout's unpaired split kernels: whichever it takes next,
+// kDynamic); its warpgroups have fixed roles:
 //  * warpgroup 0 — the producer thread: per 128-wide K block of a tile it waits for a free stage
 //    of the shared-memory ring and has TMA load the x tile [block_m × 128] and the W tile
 //    [block_n × 128] into it (128-byte swizzle), completing on the stage's `full` mbarrier; and
@@ -14,7 +15,8 @@
 //    two partials instead: K block kb + 1's wgmmas run while kb's partial is promoted.
 // The ring runs across tiles, so the producer loads the next tile while consumers finish one.
 //
-// Split-K: tile t's K blocks are cut into `splits` ranges, each in a CTA of its own; each split
+// Split-K: tile t's K blocks are cut into `splits` ranges (a CTA takes at most one of a dense
+// tile's, and the masked one-round plan one per CTA); each split
 // but the last stores its f32 partial tile to the workspace in fragment order and counts itself on
 // the tile's counter; the last split waits for the count, adds the others' partials in split order
 // and its own, resets the counter and writes bf16 — one kernel, deterministic, no memset. Against
@@ -103,7 +105,7 @@ struct Params {
     int kb_per_split;  // dense: K blocks per split
     float* partials;
     int* counters;
-    unsigned* ticket;             // split K: hands out the units (GemmWorkspace::ticket)
+    unsigned* ticket;             // split K but kDynamic: hands out the units (GemmWorkspace::ticket)
     unsigned* grab;               // masked, unpaired split K: hands out units as CTAs ask (GemmWorkspace::grab)
     const int32_t* block_expert;  // contiguous
     const int32_t* counts;        // masked
@@ -439,7 +441,9 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     // a tile's last split after its others (Scheduler::get): so each CTA's units run in the order
     // they were taken, and the lowest unit not yet done can always finish (its CTA has done its
     // earlier ones, and a last split's others are lower) — no last split waits on a CTA that may
-    // not be running, and the CTAs that finish their whole tiles first take the split ones.
+    // not be running, and the CTAs that get through their whole tiles first take the split ones
+    // (a producer takes its next unit once it has issued the loads of its current one, some
+    // STAGES K blocks ahead of its consumers).
     int ring_slot = 0;
     uint32_t ring_phase = 0;
     auto advance = [&]() -> int {
@@ -814,10 +818,10 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
                 }
                 // The last split adds the others' partials to its own in split order (the sum does
                 // not depend on who finishes first) once all of them are stored. Its wait cannot
-                // block them: they were handed out before this one to CTAs already running, and
-                // never wait themselves (dense: the ticket, and the launch keeps every unit in a
-                // CTA of its own; masked in pairs: the ticket, and a tile's splits are units t,
-                // t + tail, ..., each CTA's last and all within one stride; unpaired: `advance`).
+                // block them (dense: the ticket hands them out before this one to CTAs already
+                // running, and the launch keeps every unit in a CTA of its own; masked in pairs:
+                // the same, a tile's splits being units t, t + tail, ..., each CTA's last and all
+                // within one stride; unpaired masked: the order units are taken in, `advance`).
                 if (ctid == 0) {
                     while (stored.load(cuda::memory_order_acquire) != tile.splits - 1) __nanosleep(32);
                     stored.store(0, cuda::memory_order_relaxed);  // for the next launch
@@ -881,10 +885,10 @@ CUtensorMap tmap_y(const void* y, uint64_t rows, uint64_t N) {
 
 // As many stages as fit (at most 16): a CTA gets at most 227 KB of shared memory, and with two
 // per SM each gets half of the SM's 228 KB less the driver's 1 KB; the kernel's static arrays
-// (the masked layout's prefix) come off first.
+// (the masked layout's prefix, the ticket, kDynamic's unit ring) come off first.
 template <int BM, int BN>
 constexpr int stages() {
-    constexpr int kStatic = (kMaxExperts + 2) * 4;
+    constexpr int kStatic = (kMaxExperts + 2) * 4 + 4 * (4 + 2 * 8);
     constexpr int ctas = ctas_per_sm(BM, BN);
     constexpr int avail = (ctas == 1 ? 227 * 1024 : 228 * 1024 / ctas - 1024) - kStatic;
     int s = 16;
