@@ -309,6 +309,18 @@ void overlap_on_two_streams(int rounds, const std::function<void(cudaStream_t, i
     cudaEventDestroy(open);
 }
 
+// After overlap_on_two_streams: each stream's result y[i] equals `want` bit for bit, and its
+// workspace ws[i] is back at zero.
+void expect_each_stream(const DeviceBuffer<uint16_t> (&y)[2], const GemmWorkspace (&ws)[2],
+                        const std::vector<uint16_t>& want) {
+    std::vector<uint16_t> got(want.size());
+    for (int i = 0; i < 2; ++i) {
+        y[i].download(got.data());
+        EXPECT_EQ(got, want) << "stream " << i;
+        expect_workspace_at_zero(ws[i], "stream " + std::to_string(i));
+    }
+}
+
 // Two split-K GEMMs on two streams at once, each with its workspace, whose CTAs do not all fit on
 // the GPU together (each fills ~70% of it): a tile's last split waits for its others, and the
 // units are handed out in the order CTAs start, so neither waits on a split that cannot start (a
@@ -328,16 +340,12 @@ TEST(GemmFp8Cuda, SplitGemmsOnTwoStreamsAtOnce) {
         y[2] = {DeviceBuffer<uint16_t>(size_t(M) * N), DeviceBuffer<uint16_t>(size_t(M) * N)};
     launch_gemm_fp8(d.x.ptr, d.sx.ptr, d.w.ptr, d.sw.ptr, alone.ptr, M, N, K, nullptr, nullptr, &ws[0], cfg);
     FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<uint16_t> want(size_t(M) * N), got(want.size());
+    std::vector<uint16_t> want(size_t(M) * N);
     alone.download(want.data());
     overlap_on_two_streams(50, [&](cudaStream_t s, int i) {
         launch_gemm_fp8(d.x.ptr, d.sx.ptr, d.w.ptr, d.sw.ptr, y[i].ptr, M, N, K, s, nullptr, &ws[i], cfg);
     });
-    for (int i = 0; i < 2; ++i) {
-        y[i].download(got.data());
-        EXPECT_EQ(got, want) << "stream " << i;
-        expect_workspace_at_zero(ws[i], "stream " + std::to_string(i));
-    }
+    expect_each_stream(y, ws, want);
 }
 
 // The masked layout's two-round split of a last wave (3 ways, G/2 < R <= 2G/3; unpaired, its units
@@ -378,18 +386,14 @@ TEST(GroupedGemmFp8Cuda, MaskedTwoRoundSplitsOnTwoStreamsAtOnce) {
     FANOUT_CUDA_CHECK(cudaMemcpy(second.data(), ws[0].partials + slot, slot * sizeof(float), cudaMemcpyDeviceToHost));
     EXPECT_TRUE(std::all_of(second.begin(), second.end(), [](float v) { return std::isfinite(v); }))
         << "tile 0's second split stored no partial: the last wave did not split 3 ways";
-    std::vector<uint16_t> want(n), got(n);
+    std::vector<uint16_t> want(n);
     alone.download(want.data());
     for (DeviceBuffer<uint16_t>& yi : y) yi.poison();
     overlap_on_two_streams(20, [&](cudaStream_t s, int i) {
         launch_grouped_gemm_fp8_masked(d.x.ptr, d.sx.ptr, dcounts.ptr, E, max_m, d.w.ptr, d.sw.ptr, N, K, y[i].ptr,
                                        max_m, s, &ws[i], cfg);
     });
-    for (int i = 0; i < 2; ++i) {
-        y[i].download(got.data());
-        EXPECT_EQ(got, want) << "stream " << i;
-        expect_workspace_at_zero(ws[i], "stream " + std::to_string(i));
-    }
+    expect_each_stream(y, ws, want);
 }
 
 // Split K where the splits would not all fit on the GPU at once: the launch splits fewer ways (a

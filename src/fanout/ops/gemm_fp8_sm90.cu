@@ -64,6 +64,7 @@ using namespace sm90;
 
 constexpr int kBK = 128;           // K per stage = one scale block = one 128-byte swizzle row
 constexpr int kMaxExperts = 1024;  // masked layout: experts per launch
+constexpr int kUnitRing = 4;       // kDynamic: units the producer may hand out ahead of its readers
 // Register budget per thread after setmaxnreg: 64K registers per SM over 128 producer-side and
 // 128·consumers threads.
 constexpr int kProducerRegs = 56;
@@ -331,9 +332,9 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     // unit from p.grab as it gets to it and passes it on through unit_ring (below).
     constexpr bool kDynamic = TAIL && CL == 1;
     const bool ticketed = kSplitK && p.splits > 1 && !kDynamic;
-    constexpr int kRing = 4;
-    __shared__ int unit_ring[kDynamic ? kRing : 1];
-    __shared__ uint64_t unit_full[kDynamic ? kRing : 1], unit_empty[kDynamic ? kRing : 1];
+    constexpr int kRing = kDynamic ? kUnitRing : 1;
+    __shared__ int unit_ring[kRing];
+    __shared__ uint64_t unit_full[kRing], unit_empty[kRing];
     // The W tile of a stage: with clusters each CTA fetches 1/CL of its rows for all of them — or,
     // when the CTAs' tiles take different W tiles (contiguous blocks of two experts), each its own
     // in CL boxes, for the same bytes on its barrier.
@@ -888,7 +889,7 @@ CUtensorMap tmap_y(const void* y, uint64_t rows, uint64_t N) {
 // (the masked layout's prefix, the ticket, kDynamic's unit ring) come off first.
 template <int BM, int BN>
 constexpr int stages() {
-    constexpr int kStatic = (kMaxExperts + 2) * 4 + 4 * (4 + 2 * 8);
+    constexpr int kStatic = (kMaxExperts + 2) * 4 + kUnitRing * (sizeof(int) + 2 * sizeof(uint64_t));
     constexpr int ctas = ctas_per_sm(BM, BN);
     constexpr int avail = (ctas == 1 ? 227 * 1024 : 228 * 1024 / ctas - 1024) - kStatic;
     int s = 16;
