@@ -348,52 +348,59 @@ TEST(GemmFp8Cuda, SplitGemmsOnTwoStreamsAtOnce) {
     expect_each_stream(y, ws, want);
 }
 
-// The masked layout's two-round split of a last wave (3 ways, G/2 < R <= 2G/3; unpaired, its units
-// handed out as CTAs ask) on two streams at once: each grid is a CTA per multiprocessor, so one
-// launch's CTAs start while the other's still hold SMs, and a last split waits on splits taken
-// before it — by CTAs that were running then; a wait on one not yet running could hang, and
-// ctest's timeout fail, the test. Four whole waves come first, so each CTA takes five units or
-// more and the unit ring (four slots) goes round more than once. Run alone first: the result is
-// its CPU reference, and tile 0's second split stored its partial (slot 1 of the NaN-filled
-// workspace: in a 2-way split or none that slot is never written). Then each run on the two
-// streams equals that one bit for bit, and the workspaces (the grab counter included) end at zero.
-TEST(GroupedGemmFp8Cuda, MaskedTwoRoundSplitsOnTwoStreamsAtOnce) {
+// The masked layout's split of a last wave, its units handed out as CTAs (pairs) ask, on two
+// streams at once: each grid is a CTA (pair) per multiprocessor (pair of them), so one launch's
+// CTAs start while the other's still hold SMs, and a last split waits on splits taken before it —
+// by CTAs that were running then; a wait on one not yet running could hang, and ctest's timeout
+// fail, the test. Unpaired, the two-round 3-way split (G/2 < R <= 2G/3); in pairs, whose rank 0
+// passes each unit to its peer, the one-round split (R <= G/2). Four whole waves come first, so
+// each CTA takes five units or more and the unit ring (four slots) goes round more than once. Run
+// alone first: the result is its CPU reference, and tile 0's second split stored its partial
+// (slot 1 of the NaN-filled workspace, written only when the wave splits 3 ways or more). Then
+// each run on the two streams equals that one bit for bit, and the workspaces (the grab counter
+// included) end at zero.
+TEST(GroupedGemmFp8Cuda, MaskedLastWaveSplitsOnTwoStreamsAtOnce) {
     REQUIRE_GPU();
     ThreadPool pool(0);
-    const GemmConfig cfg{128, 128, 8, 1};
-    const int G = device_sm_count(), max_m = 64, N = 128, K = 6144;  // 48 K blocks: 16 each
-    // One tile per expert: 4G + R of them, R = 3G/5.
-    const int E = 4 * G + 3 * G / 5;
-    const Fp8Operands o(int64_t(E) * max_m, N, K, 113, E);
-    DeviceFp8 d(o);
-    std::vector<int32_t> counts(E);
-    for (int e = 0; e < E; ++e) counts[e] = 1 + (e * 41) % max_m;
-    DeviceBuffer<int32_t> dcounts(E);
-    dcounts.upload(counts.data());
-    GemmWorkspace ws[2];
-    const size_t n = size_t(E) * max_m * N;
-    DeviceBuffer<uint16_t> alone(n), y[2] = {DeviceBuffer<uint16_t>(n), DeviceBuffer<uint16_t>(n)};
-    alone.poison();
-    FANOUT_CUDA_CHECK(cudaMemset(ws[0].partials, 0xff, ws[0].partial_floats * sizeof(float)));  // NaN
-    launch_grouped_gemm_fp8_masked(d.x.ptr, d.sx.ptr, dcounts.ptr, E, max_m, d.w.ptr, d.sw.ptr, N, K, alone.ptr, max_m,
-                                   nullptr, &ws[0], cfg);
-    FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
-    expect_masked_result(
-        alone, counts, max_m, N, [&](int e) { return o.reference_rows(int64_t(e) * max_m, counts[e], e, pool); },
-        "alone");
-    const size_t slot = size_t(cfg.block_m) * cfg.block_n;
-    std::vector<float> second(slot);
-    FANOUT_CUDA_CHECK(cudaMemcpy(second.data(), ws[0].partials + slot, slot * sizeof(float), cudaMemcpyDeviceToHost));
-    EXPECT_TRUE(std::all_of(second.begin(), second.end(), [](float v) { return std::isfinite(v); }))
-        << "tile 0's second split stored no partial: the last wave did not split 3 ways";
-    std::vector<uint16_t> want(n);
-    alone.download(want.data());
-    for (DeviceBuffer<uint16_t>& yi : y) yi.poison();
-    overlap_on_two_streams(20, [&](cudaStream_t s, int i) {
-        launch_grouped_gemm_fp8_masked(d.x.ptr, d.sx.ptr, dcounts.ptr, E, max_m, d.w.ptr, d.sw.ptr, N, K, y[i].ptr,
-                                       max_m, s, &ws[i], cfg);
-    });
-    expect_each_stream(y, ws, want);
+    for (const GemmConfig cfg : {GemmConfig{128, 128, 8, 1}, GemmConfig{128, 128, 8, 2}}) {
+        SCOPED_TRACE("cluster " + std::to_string(cfg.cluster));
+        // One tile (pair unit) per expert: 4G + R of them, R = 3G/5 unpaired and G/4 in pairs
+        // (G/4 of the pairs the SMs would hold: under half of those that fit, and at most 3 ways
+        // apart, 48 K blocks of 16 each).
+        const int G = device_sm_count() / cfg.cluster, max_m = 64, N = 128, K = 6144;
+        const int E = 4 * G + (cfg.cluster == 1 ? 3 * G / 5 : G / 4);
+        const Fp8Operands o(int64_t(E) * max_m, N, K, 113, E);
+        DeviceFp8 d(o);
+        std::vector<int32_t> counts(E);
+        for (int e = 0; e < E; ++e) counts[e] = 1 + (e * 41) % max_m;
+        DeviceBuffer<int32_t> dcounts(E);
+        dcounts.upload(counts.data());
+        GemmWorkspace ws[2];
+        const size_t n = size_t(E) * max_m * N;
+        DeviceBuffer<uint16_t> alone(n), y[2] = {DeviceBuffer<uint16_t>(n), DeviceBuffer<uint16_t>(n)};
+        alone.poison();
+        FANOUT_CUDA_CHECK(cudaMemset(ws[0].partials, 0xff, ws[0].partial_floats * sizeof(float)));  // NaN
+        launch_grouped_gemm_fp8_masked(d.x.ptr, d.sx.ptr, dcounts.ptr, E, max_m, d.w.ptr, d.sw.ptr, N, K, alone.ptr,
+                                       max_m, nullptr, &ws[0], cfg);
+        FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+        expect_masked_result(
+            alone, counts, max_m, N, [&](int e) { return o.reference_rows(int64_t(e) * max_m, counts[e], e, pool); },
+            "alone");
+        const size_t slot = size_t(cfg.block_m) * cfg.block_n;
+        std::vector<float> second(slot);
+        FANOUT_CUDA_CHECK(
+            cudaMemcpy(second.data(), ws[0].partials + slot, slot * sizeof(float), cudaMemcpyDeviceToHost));
+        EXPECT_TRUE(std::all_of(second.begin(), second.end(), [](float v) { return std::isfinite(v); }))
+            << "tile 0's second split stored no partial: the last wave did not split 3 ways";
+        std::vector<uint16_t> want(n);
+        alone.download(want.data());
+        for (DeviceBuffer<uint16_t>& yi : y) yi.poison();
+        overlap_on_two_streams(20, [&](cudaStream_t s, int i) {
+            launch_grouped_gemm_fp8_masked(d.x.ptr, d.sx.ptr, dcounts.ptr, E, max_m, d.w.ptr, d.sw.ptr, N, K, y[i].ptr,
+                                           max_m, s, &ws[i], cfg);
+        });
+        expect_each_stream(y, ws, want);
+    }
 }
 
 // Split K where the splits would not all fit on the GPU at once: the launch splits fewer ways (a
@@ -708,8 +715,8 @@ TEST(GroupedGemmFp8Cuda, MaskedSplitsTheLastWaveInK) {
 
 // A dense split-K GEMM, a masked GEMM whose last wave splits, and the dense one again, on one
 // workspace in one graph (as a layer's o_proj and gate+up share the device context's): grids of
-// different sizes take their units from the workspace's counters (the ticket; unpaired masked
-// split kernels the grab counter), which each launch must leave at zero, or the next one's CTAs
+// different sizes take their units from the workspace's counters (the ticket; masked split
+// kernels the grab counter), which each launch must leave at zero, or the next one's CTAs
 // start at the wrong units. The masked tiles are 3 past whole waves (K of 49
 // blocks: 3-way splits), unpaired and in pairs. Replayed twice: every result is its reference
 // and the workspace is back at zero.
