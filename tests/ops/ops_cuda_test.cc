@@ -348,15 +348,15 @@ TEST(GemmFp8Cuda, SplitGemmsOnTwoStreamsAtOnce) {
     expect_each_stream(y, ws, want);
 }
 
-// The masked layout's split of a last wave, its units handed out as CTAs (pairs) ask, on two
-// streams at once: each grid is a CTA (pair) per multiprocessor (pair of them), so one launch's
-// CTAs start while the other's still hold SMs, and a last split waits on splits taken before it —
-// by CTAs that were running then; a wait on one not yet running could hang, and ctest's timeout
-// fail, the test. Unpaired, the two-round 3-way split (G/2 < R <= 2G/3); in pairs, whose rank 0
-// passes each unit to its peer, the one-round split (R <= G/2), with rows in both CTAs of each
+// The masked layout's split of a last wave on two streams at once: each grid is a CTA (pair) per
+// multiprocessor (pair of them), so one launch's CTAs start while the other's still hold SMs, and
+// a last split waits on splits taken before it — by CTAs that were running then; a wait on one
+// not yet running could hang, and ctest's timeout fail, the test. Unpaired, the two-round 3-way
+// split (G/2 < R <= 2G/3), its units handed out as CTAs ask; in pairs, the one-round split
+// (R <= G/2), its units placed by the ticket, with rows in both CTAs of each
 // pair (counts of 129-136 rows: the peer's row block holds 1-8), so both store partials and wait
-// as last splits. Four whole waves come first, so the CTAs take five units each on average and
-// the unit ring (four slots) goes round. Run
+// as last splits. Four whole waves come first, so unpaired the CTAs take five units each on
+// average and the unit ring (four slots) goes round. Run
 // alone first: the result is its CPU reference, and tile 0's second split stored its partial
 // (slot 1 of the NaN-filled workspace, written only when the wave splits 3 ways or more). Then
 // each run on the two streams equals that one bit for bit, and the workspaces (the grab counter
@@ -718,8 +718,8 @@ TEST(GroupedGemmFp8Cuda, MaskedSplitsTheLastWaveInK) {
 
 // A dense split-K GEMM, a masked GEMM whose last wave splits, and the dense one again, on one
 // workspace in one graph (as a layer's o_proj and gate+up share the device context's): grids of
-// different sizes take their units from the workspace's counters (the ticket; masked split
-// kernels the grab counter), which each launch must leave at zero, or the next one's CTAs
+// different sizes take their units from the workspace's counters (the ticket; unpaired masked
+// split kernels the grab counter), which each launch must leave at zero, or the next one's CTAs
 // start at the wrong units. The masked tiles are 3 past whole waves (K of 49
 // blocks: 3-way splits), unpaired and in pairs. Replayed twice: every result is its reference
 // and the workspace is back at zero.

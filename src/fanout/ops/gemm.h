@@ -100,7 +100,7 @@ class DeviceContext;  // device_context.h
 
 // Device scratch for split-K: f32 partial tiles, one arrival counter per output tile, the ticket
 // that hands out a launch's units in the order its CTAs start, and the counter that hands them
-// out as CTAs ask (the masked layout's split kernels). The kernel leaves each at zero,
+// out as CTAs ask (the masked layout's unpaired split kernels). The kernel leaves each at zero,
 // so one workspace serves any sequence of GEMMs on one stream (CUDA graphs included); GEMMs
 // running concurrently need one workspace each.
 class GemmWorkspace {

@@ -1,7 +1,7 @@
 // The FP8 block-scaled GEMM on Hopper tensor cores, dense and grouped (gemm.h, grouped_gemm_cuda.h).
 //
 // One persistent kernel for the three layouts. Each CTA (or cluster pair) walks output tiles
-// first, first + stride, ... (the masked layout's split kernels: whichever it takes next,
+// first, first + stride, ... (the masked layout's unpaired split kernels: whichever it takes next,
 // kDynamic); its warpgroups have fixed roles:
 //  * warpgroup 0 — the producer thread: per 128-wide K block of a tile it waits for a free stage
 //    of the shared-memory ring and has TMA load the x tile [block_m × 128] and the W tile
@@ -16,8 +16,8 @@
 // The ring runs across tiles, so the producer loads the next tile while consumers finish one.
 //
 // Split-K: tile t's K blocks are cut into `splits` ranges (a CTA takes at most one of a dense
-// tile's; the masked layout's are handed out as CTAs ask, see kDynamic); each split but the last
-// stores its f32 partial tile to the workspace in fragment order and counts itself on
+// tile's, and the masked one-round plan one per CTA); each split
+// but the last stores its f32 partial tile to the workspace in fragment order and counts itself on
 // the tile's counter; the last split waits for the count, adds the others' partials in split order
 // and its own, resets the counter and writes bf16 — one kernel, deterministic, no memset. Against
 // the earlier protocol (every split stored and counted, the last to arrive reloaded all of them)
@@ -29,7 +29,7 @@
 // rest, so the CTAs that would idle through the last wave share its K loops instead. In cluster
 // pairs G counts pairs and R pair units; both CTAs of a split unit take the same K range of their
 // own row block (a partial slot each). Unpaired, a last wave of G/2 < R <= 2G/3 tiles splits 3 ways
-// (3R units over two rounds of the grid). The units are handed out as CTAs (pairs) ask for them
+// (3R units over two rounds of the grid), and the units are handed out as CTAs ask for them
 // (kDynamic), so the CTAs whose whole tiles finished first take the split ones.
 //
 // Cluster pairs: two CTAs on tiles stacked along M fetch half of their shared W tile each and
@@ -107,7 +107,7 @@ struct Params {
     float* partials;
     int* counters;
     unsigned* ticket;             // split K but kDynamic: hands out the units (GemmWorkspace::ticket)
-    unsigned* grab;               // masked split K: hands out units as CTAs ask (GemmWorkspace::grab)
+    unsigned* grab;               // masked, unpaired split K: hands out units as CTAs ask (GemmWorkspace::grab)
     const int32_t* block_expert;  // contiguous
     const int32_t* counts;        // masked
     int num_experts;
@@ -319,8 +319,8 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     Scheduler<BM, BN, L, CL, TAIL> sched{p, prefix, (p.rows + BM - 1) / BM};
     const int rank = CL > 1 ? static_cast<int>(cluster_rank()) : 0;
     const int stride = gridDim.x / CL;
-    // With split K a tile's last split waits for its others, so the dense layout's units are handed
-    // out in the order the CTAs start (a ticket), not by their index: whichever CTAs run, the earlier splits
+    // With split K a tile's last split waits for its others, so the units are handed out in the
+    // order the CTAs start (a ticket), not by their index: whichever CTAs run, the earlier splits
     // of a tile are in CTAs already running before its last split is handed out, and they never
     // wait. By index, a last split started before its others could hold the SM they need while
     // another stream's kernel holds the rest. The ticket is the CTA's place in the stride (its first
@@ -328,9 +328,9 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     // launch finds it at zero (its CTAs start after every CTA here took its ticket: they wait for
     // grid_launch_dependents below, and without a programmatic dependency for this grid's end).
     __shared__ int ticket;
-    // kDynamic (the masked layout's split kernels): no ticket; the producer (in pairs, rank 0's)
-    // takes each unit from p.grab as it gets to it and passes it on through unit_ring (below).
-    constexpr bool kDynamic = TAIL;
+    // kDynamic (the masked layout's split kernels, unpaired): no ticket; the producer takes each
+    // unit from p.grab as it gets to it and passes it on through unit_ring (below).
+    constexpr bool kDynamic = TAIL && CL == 1;
     const bool ticketed = kSplitK && p.splits > 1 && !kDynamic;
     constexpr int kRing = kDynamic ? kUnitRing : 1;
     __shared__ int unit_ring[kRing];
@@ -364,11 +364,8 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
         }
         if constexpr (kDynamic)
             for (int i = 0; i < kRing; ++i) {
-                // full: the taker (rank 0's producer), with the unit in unit_ring. empty (rank
-                // 0's): lane 0 of the scale loader and of each consumer warp of every CTA of the
-                // cluster, and the other CTAs' producers.
-                mbar_init(&unit_full[i], 1);
-                mbar_init(&unit_empty[i], CL * (1 + kConsumers * 4) + (CL - 1));
+                mbar_init(&unit_full[i], 1);                    // the producer, with the unit in unit_ring
+                mbar_init(&unit_empty[i], 1 + kConsumers * 4);  // lane 0 of the scale loader and of each consumer warp
             }
         mbar_fence_init();
         tma_prefetch_descriptor(&tmap_x);
@@ -438,13 +435,10 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
 
     const int total = sched.total();
     const int wg = threadIdx.x / 128;
-    // kDynamic: this CTA's next unit, the one the taker takes next from p.grab (an atomicInc
-    // that wraps to zero at the last of the total + G takes: each CTA or pair stops at its first
-    // one past the end), passed to the scale loader and the consumers through unit_ring (else a
-    // CTA's units are first, first + stride, ...). The taker is the producer thread, in pairs rank
-    // 0's: it also stores the unit into the peer's unit_ring and arrives on the peer's unit_full,
-    // and the peer's readers (its producer among them) count on rank 0's unit_empty, so both CTAs
-    // of a pair run the same units. A CTA asks only while it runs, and the units come in order,
+    // kDynamic: this CTA's next unit, the one the producer takes next from p.grab (an atomicInc
+    // that wraps to zero at the last of the total + G takes: each CTA stops at its first one past
+    // the end), passed to the scale loader and the consumers through unit_ring (else a CTA's units
+    // are first, first + stride, ...). A CTA asks only while it runs, and the units come in order,
     // a tile's last split after its others (Scheduler::get): so each CTA's units run in the order
     // they were taken, and the lowest unit not yet done can always finish (its CTA has done its
     // earlier ones, and a last split's others are lower) — no last split waits on a CTA that may
@@ -458,34 +452,17 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
             const int slot = ring_slot;
             const uint32_t ph = ring_phase;
             if (++ring_slot == kRing) ring_slot = 0, ring_phase ^= 1;
-            // In pairs the hand-over crosses CTAs: waits acquire, arrivals release, at cluster scope.
-            const auto wait = [](uint64_t* bar, uint32_t parity) {
-                if constexpr (CL > 1)
-                    mbar_wait_cluster(smem_addr(bar), parity);
-                else
-                    mbar_wait(bar, parity);
-            };
             int u;
-            if (threadIdx.x == 0 && rank == 0) {  // the taker
-                wait(&unit_empty[slot], ph ^ 1);
+            if (threadIdx.x == 0) {  // the producer
+                mbar_wait(&unit_empty[slot], ph ^ 1);
                 u = static_cast<int>(atomicInc(p.grab, static_cast<unsigned>(total + stride - 1)));
                 unit_ring[slot] = u;
-                for (int c = 1; c < CL; ++c) {
-                    st_shared_cluster(smem_addr(&unit_ring[slot]), c, u);
-                    mbar_arrive_release_cluster(smem_addr(&unit_full[slot]), c);
-                }
                 mbar_arrive(&unit_full[slot]);
             } else {
-                wait(&unit_full[slot], ph);
+                mbar_wait(&unit_full[slot], ph);
                 u = unit_ring[slot];
-                if (threadIdx.x != 0)
-                    __syncwarp();  // the warp's reads before lane 0's release (a peer's producer is alone)
-                if (threadIdx.x % 32 == 0) {
-                    if (rank == 0)
-                        mbar_arrive(&unit_empty[slot]);
-                    else
-                        mbar_arrive_release_cluster(smem_addr(&unit_empty[slot]), 0);
-                }
+                __syncwarp();
+                if (threadIdx.x % 32 == 0) mbar_arrive(&unit_empty[slot]);
             }
             return u;
         } else {
@@ -843,8 +820,9 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
                 // The last split adds the others' partials to its own in split order (the sum does
                 // not depend on who finishes first) once all of them are stored. Its wait cannot
                 // block them (dense: the ticket hands them out before this one to CTAs already
-                // running, and the launch keeps every unit in a CTA of its own; masked: the order
-                // units are taken in, `advance`).
+                // running, and the launch keeps every unit in a CTA of its own; masked in pairs:
+                // the same, a tile's splits being units t, t + tail, ..., each CTA's last and all
+                // within one stride; unpaired masked: the order units are taken in, `advance`).
                 if (ctid == 0) {
                     while (stored.load(cuda::memory_order_acquire) != tile.splits - 1) __nanosleep(32);
                     stored.store(0, cuda::memory_order_relaxed);  // for the next launch

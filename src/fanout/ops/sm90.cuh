@@ -70,34 +70,6 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank)
 __device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t rank) {
     mbar_arrive_cluster(smem_addr(bar), rank);
 }
-// A hand-over of values through shared memory across the cluster: the writer stores into the
-// reader's CTA (st_shared_cluster) and arrives on its mbarrier with release at cluster scope
-// (mbar_arrive_release_cluster); the reader waits with acquire at cluster scope
-// (mbar_wait_cluster), after which it sees the stores. The same pair of orderings lets a reader
-// tell the writer, on the writer's mbarrier, that it has read the value it will overwrite.
-__device__ __forceinline__ uint32_t map_shared_cluster(uint32_t addr, uint32_t rank) {
-    uint32_t remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
-    return remote;
-}
-__device__ __forceinline__ void st_shared_cluster(uint32_t addr, uint32_t rank, int v) {
-    asm volatile("st.shared::cluster.s32 [%0], %1;" ::"r"(map_shared_cluster(addr, rank)), "r"(v) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_release_cluster(uint32_t bar, uint32_t rank) {
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(map_shared_cluster(bar, rank))
-                 : "memory");
-}
-__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
-    uint32_t done = 0;
-    do {
-        asm volatile(
-            "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, "
-            "0, p;\n}\n"
-            : "=r"(done)
-            : "r"(bar), "r"(parity)
-            : "memory");
-    } while (!done);
-}
 // The int at `addr`'s offset in CTA `rank`'s shared memory (written before a cluster_sync).
 __device__ __forceinline__ int ld_shared_cluster(uint32_t addr, uint32_t rank) {
     uint32_t remote;
