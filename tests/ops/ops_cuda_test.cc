@@ -353,14 +353,13 @@ TEST(GemmFp8Cuda, SplitGemmsOnTwoStreamsAtOnce) {
 // a last split waits on splits taken before it — by CTAs that were running then; a wait on one
 // not yet running could hang, and ctest's timeout fail, the test. Unpaired, the two-round 3-way
 // split (G/2 < R <= 2G/3), its units handed out as CTAs ask; in pairs, the one-round split
-// (R <= G/2), its units placed by the ticket, with rows in both CTAs of each
-// pair (counts of 129-136 rows: the peer's row block holds 1-8), so both store partials and wait
-// as last splits. Four whole waves come first, so unpaired the CTAs take five units each on
-// average and the unit ring (four slots) goes round. Run
-// alone first: the result is its CPU reference, and tile 0's second split stored its partial
-// (slot 1 of the NaN-filled workspace, written only when the wave splits 3 ways or more). Then
-// each run on the two streams equals that one bit for bit, and the workspaces (the grab counter
-// included) end at zero.
+// (R <= G/2), its units placed by the ticket, with rows in both CTAs of each pair (counts of
+// 129-136 rows: the peer's row block holds 1-8), so both store partials and wait as last splits.
+// Four whole waves come first, so unpaired the CTAs take five units each on average and the unit
+// ring (four slots) goes round. Run alone first: the result is its CPU reference, and tile 0's
+// second split stored its partial (slot 1 of the NaN-filled workspace, written only when the wave
+// splits 3 ways or more). Then each run on the two streams equals that one bit for bit, and the
+// workspaces (the grab counter included) end at zero.
 TEST(GroupedGemmFp8Cuda, MaskedLastWaveSplitsOnTwoStreamsAtOnce) {
     REQUIRE_GPU();
     ThreadPool pool(0);
