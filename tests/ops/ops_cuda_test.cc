@@ -288,6 +288,24 @@ TEST(GemmFp8Cuda, EveryTileShapeSplitClusterAndTheResidual) {
     expect_workspace_at_zero(ws, "after every tile shape");
 }
 
+// 256-wide tiles store their second 128 columns only once the warpgroup has issued its next tile's
+// first wgmmas (kDeferFrom in gemm_fp8_sm90.cu), so what matters is a CTA with several tiles: 210
+// dense tiles (3 row blocks, the last of 24 rows so that its second warpgroup is idle, × 70 column
+// blocks, the last 192 or 187 wide) over one wave of CTAs; unpaired and in pairs, with and without
+// the residual, N % 8 == 0 (TMA stores) and not (stores from registers). 64 × 256 tiles defer the
+// same way with one warpgroup.
+TEST(GemmFp8Cuda, WideTilesStoreTheirSecondHalfUnderTheNextTile) {
+    REQUIRE_GPU();
+    ThreadPool pool(0);
+    GemmWorkspace ws;
+    for (int N : {17856, 17851}) {
+        const Fp8Operands o(280, N, 384, 131 + N);
+        for (GemmConfig cfg : {GemmConfig{128, 256, 1, 1}, GemmConfig{128, 256, 1, 2}, GemmConfig{64, 256, 1, 1},
+                               GemmConfig{64, 256, 1, 2}})
+            for (bool residual : {false, true}) run_dense(o, cfg, &ws, residual, pool);
+    }
+}
+
 // Runs launch(stream, 0) and launch(stream, 1) `rounds` times each on two streams at once: both
 // streams wait behind a host callback until every launch is queued, so their kernels overlap.
 void overlap_on_two_streams(int rounds, const std::function<void(cudaStream_t, int)>& launch) {
@@ -637,6 +655,68 @@ TEST(GroupedGemmFp8Cuda, MaskedMatchesCpuReferenceAndReplaysInAGraph) {
         cudaGraphExecDestroy(exec);
     }
     cudaStreamDestroy(stream);
+}
+
+// The grouped layouts' 256-wide tiles with several tiles per CTA (see
+// GemmFp8Cuda.WideTilesStoreTheirSecondHalfUnderTheNextTile). Masked: 64 experts of 65-136 rows
+// (a second row block of 1-8 rows leaves its second warpgroup idle) × 5 column blocks, the last
+// 64 wide: 640 tiles. Contiguous: 40 expert blocks, padding among them, × 5 column blocks.
+TEST(GroupedGemmFp8Cuda, WideTilesStoreTheirSecondHalfUnderTheNextTile) {
+    REQUIRE_GPU();
+    ThreadPool pool(0);
+    const int E = 64, max_m = 136, N = 1088, K = 384;
+    const Fp8Operands o(int64_t(E) * max_m, N, K, 141, E);
+    DeviceFp8 d(o);
+    std::vector<int32_t> counts(E);
+    for (int e = 0; e < E; ++e) counts[e] = 65 + (e * 37) % 72;
+    DeviceBuffer<int32_t> dcounts(E);
+    dcounts.upload(counts.data());
+    DeviceBuffer<uint16_t> dy(size_t(E) * max_m * N);
+    cudaStream_t stream;
+    FANOUT_CUDA_CHECK(cudaStreamCreate(&stream));
+    std::vector<std::vector<float>> ref(E);
+    for (int e = 0; e < E; ++e) ref[e] = o.reference_rows(int64_t(e) * max_m, counts[e], e, pool);
+    for (GemmConfig cfg : {GemmConfig{128, 256, 1, 1}, GemmConfig{128, 256, 1, 2}, GemmConfig{64, 256, 1, 1},
+                           GemmConfig{64, 256, 1, 2}}) {
+        const std::string what =
+            "masked " + std::to_string(cfg.block_m) + "x256 cluster " + std::to_string(cfg.cluster);
+        dy.poison();
+        launch_grouped_gemm_fp8_masked(d.x.ptr, d.sx.ptr, dcounts.ptr, E, max_m, d.w.ptr, d.sw.ptr, N, K, dy.ptr, 100,
+                                       stream, nullptr, cfg);
+        FANOUT_CUDA_CHECK(cudaStreamSynchronize(stream));
+        expect_masked_result(
+            dy, counts, max_m, N, [&](int e) { return ref[e]; }, what);
+    }
+    cudaStreamDestroy(stream);
+
+    std::vector<int32_t> block_expert(40);
+    for (int b = 0; b < 40; ++b) block_expert[b] = b % 7 == 3 ? -1 : (b * 5) % E;
+    const int rows = 40 * 128;
+    DeviceBuffer<int32_t> dbe(block_expert.size());
+    dbe.upload(block_expert.data());
+    const Fp8Operands c(rows, N, K, 151, E);
+    DeviceFp8 dc(c);
+    DeviceBuffer<uint16_t> dyc(size_t(rows) * N);
+    for (GemmConfig cfg : {GemmConfig{128, 256, 1, 1}, GemmConfig{128, 256, 1, 2}, GemmConfig{64, 256, 1, 1}}) {
+        dyc.poison();
+        launch_grouped_gemm_fp8_contiguous(dc.x.ptr, dc.sx.ptr, rows, dbe.ptr, dc.w.ptr, dc.sw.ptr, E, N, K, dyc.ptr,
+                                           nullptr, cfg);
+        FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<uint16_t> got(size_t(rows) * N);
+        dyc.download(got.data());
+        std::vector<float> r(size_t(128) * N);
+        for (int b = 0; b < 40; ++b) {
+            const uint16_t* g = got.data() + size_t(b) * 128 * N;
+            if (block_expert[b] < 0) {
+                for (size_t i = 0; i < r.size(); ++i) ASSERT_EQ(g[i], 0xffff) << "padding block " << b;
+                continue;
+            }
+            c.reference(int64_t(b) * 128, 128, block_expert[b], r.data(), pool);
+            expect_close_bf16(g, r.data(), r.size(),
+                              "contiguous block " + std::to_string(b) + " " + std::to_string(cfg.block_m) +
+                                  "x256 cluster " + std::to_string(cfg.cluster));
+        }
+    }
 }
 
 // Split K of a last, partial wave (with a workspace): per tile config (128 × 128, 128 × 256 and the

@@ -68,6 +68,10 @@ constexpr int kUnitRing = 4;       // kDynamic: units the producer may hand out 
 // Register budget per thread after setmaxnreg: 64K registers per SM over 128 producer-side and
 // 128·consumers threads.
 constexpr int kProducerRegs = 56;
+// A 256-wide tile of two consumer warpgroups that defers its second half's stores (the kernel's
+// kDeferFrom) spilled at 224; it takes 232, leaving its producer side 48 (128·48 + 256·232 =
+// 65,536). The masked split kernels' producers spilled at 48; they keep 56 and do not defer.
+constexpr int kWideProducerRegs = 48, kWideConsumerRegs = 232;
 // Small tiles (one consumer warpgroup, at most 128 wide: the decode shapes) run two CTAs per SM,
 // so one streams while the other starts or finishes a tile, and a PDL-launched next GEMM finds
 // room; each then gets half of the registers and of the shared-memory budget.
@@ -470,8 +474,27 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
         }
     };
 
+    // Deferred stores: a tile's results from acc[kDeferFrom] on wait in acc_kept until the
+    // warpgroup has issued the first wgmmas of its next tile, so the tensor cores work while it
+    // stores them (the K loop's first block below); the ones before kDeferFrom are stored at once.
+    // * All of them (kDeferFrom 0): grouped layouts, 64- and 128-wide tiles of one or two consumer
+    //   warpgroups, 1–2% faster there (PERF.md, 2026-12-04). Not the dense layout, whose 128-wide
+    //   tiles at decode sizes lost 3–8% (a CTA's one tile); not the 64 × 64 tiles, whose K loop
+    //   keeps two partials in flight.
+    // * The second half (kDeferFrom kPart): the 256-wide tiles but the masked split kernels'. All
+    //   128 of theirs, a partial and the epilogue's registers do not fit without spills (2–14%
+    //   slower, PERF.md, fifteenth session); the second half's 64 do, since the first half's
+    //   registers are free until the first block's first promotion writes them. With the masked
+    //   split's reduction beside them they spilled again (48 bytes in pairs).
+    constexpr int kDeferFrom = kPipelined || kConsumers > 2 || (kHalves == 2 && TAIL) ? kAcc
+                               : kHalves == 2                                         ? kPart
+                               : L != Layout::kDense && kAcc <= 64                    ? 0
+                                                                                      : kAcc;
+    constexpr bool kDefer = kDeferFrom < kAcc;
+    constexpr bool kWideRegs = kDeferFrom == kPart && kConsumers == 2;
+
     if (wg == 0) {
-        setmaxnreg_dec<kProducerRegs>();
+        setmaxnreg_dec<kWideRegs ? kWideProducerRegs : kProducerRegs>();
         if (threadIdx.x == 0) {
             int s = prefetched % STAGES;
             uint32_t phase = prefetched == STAGES ? 1 : 0;
@@ -538,7 +561,7 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
         return;
     }
 
-    setmaxnreg_inc<consumer_regs(kConsumers, ctas_per_sm(BM, BN))>();
+    setmaxnreg_inc<kWideRegs ? kWideConsumerRegs : consumer_regs(kConsumers, ctas_per_sm(BM, BN))>();
     const int consumer = wg - 1;
     const int ctid = threadIdx.x - 128;  // 0 .. 128·kConsumers
     const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
@@ -552,13 +575,6 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     constexpr uint32_t kStageDesc = kStageBytes / 16, kHalfDesc = kWN * kBK / 16;
     int s = 0;
     uint32_t phase = 0;
-    // kDefer: a tile's epilogue waits in acc_kept until the warpgroup has issued the first wgmmas
-    // of its next tile, so the tensor cores work while it stores (the K loop's first block below).
-    // Grouped layouts, 64- and 128-wide tiles of one or two consumer warpgroups: 1–2% faster there
-    // (PERF.md, 2026-12-04). Not the wider tiles, where acc, a partial and the epilogue's registers
-    // do not fit without spills; not the 64 × 64 tiles, whose K loop keeps two partials in flight;
-    // not the dense layout, whose 128-wide tiles at decode sizes lost 3–8% (a CTA's one tile).
-    constexpr bool kDefer = L != Layout::kDense && !kPipelined && kAcc <= 64 && kConsumers <= 2;
     float acc_kept[kDefer ? kAcc : 1];
 
     // Epilogue: bf16 out (+ residual). Each warp owns 16 rows of its warpgroup's 64; per 8-column
@@ -569,12 +585,13 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     // the buffer — no named barrier between warps (DECISIONS: 2–6% at prefill sizes against
     // warpgroup-wide boxes). Warps with rows past the tile's (M edges, masked counts) store
     // from registers, so no row past them is touched.
-    auto store_tile = [&](const Tile& tile, const float* acc) {
+    // acc[a0, a1) (a multiple of 32 each: 64-column chunks) is stored.
+    auto store_tile = [&](const Tile& tile, const float* acc, int a0, int a1) {
         const int w_row = 64 * consumer + 16 * warp;  // the warp's first row in the tile
         if (p.tma_store && tile.rows >= w_row + 16) {
             uint8_t* box = epilogue + consumer * kEpilogueBytes + warp * (16 * 128);
 #pragma unroll
-            for (int c = 0; c < BN / 64; ++c) {
+            for (int c = a0 / 32; c < a1 / 32; ++c) {
                 if (tile.n0 + 64 * c >= p.N) break;
                 uint32_t pk[16];
 #pragma unroll
@@ -605,7 +622,7 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
         }
         const bool pairs = (p.N % 2) == 0;
 #pragma unroll
-        for (int j = 0; j < kAcc / 4; ++j) {
+        for (int j = a0 / 4; j < a1 / 4; ++j) {
             const int col = tile.n0 + 8 * j + 2 * (lane % 4);
             if (col >= p.N) continue;
 #pragma unroll
@@ -630,7 +647,7 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     };
     int pending = -1;  // kDefer: the tile index whose results acc_kept holds, not yet stored
     auto flush = [&] {
-        if (pending >= 0) store_tile(sched.get(pending, rank), acc_kept);
+        if (pending >= 0) store_tile(sched.get(pending, rank), acc_kept, kDeferFrom, kAcc);
         pending = -1;
     };
 
@@ -747,7 +764,14 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
             flush();
             // Nothing of its own to compute: it only hands the stages back, so the tensor cores
             // serve the tile's other warpgroups alone (a masked expert's last row block often holds
-            // fewer than 64 rows; PERF.md, 2026-12-03). Its accumulators are never stored.
+            // fewer than 64 rows; PERF.md, 2026-12-03). Its accumulators are never stored, but a
+            // split tile's partials pass them on, so they are zeroed here: left as the previous
+            // tile's, they would be live across the loop (a deferring 256-wide tile's first half
+            // then spilled).
+            if constexpr (kDefer) {
+#pragma unroll
+                for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+            }
             for (int kb = kb0; kb < kb1; ++kb) {
                 mbar_wait(base + kFullOff + 8 * s, phase);
                 release(s);
@@ -841,11 +865,8 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
                 }
             }
         }
-        if (!kDefer) {
-            store_tile(tile, acc);
-        } else if (!idle) {
-            pending = t;
-        }
+        if (kDeferFrom > 0) store_tile(tile, acc, 0, kDeferFrom);
+        if (kDefer && !idle) pending = t;
     }
     flush();
     if (p.tma_store && lane == 0) bulk_wait();  // this warp's stores are done
