@@ -101,6 +101,43 @@ TEST(EngineService, StreamsExactTokensCancelsAndRefuses) {
     EXPECT_FALSE(remote.abort("no-such-request", std::chrono::seconds(5)));
 }
 
+// An engine whose Generate sends one finished event, then holds the call open half a second
+// before its status.
+class SlowToEndEngine final : public Engine::Service {
+  public:
+    grpc::Status Generate(grpc::ServerContext*, const GenerateRequest*, grpc::ServerWriter<GenerateEvent>* w) override {
+        GenerateEvent ev;
+        ev.set_finished(true);
+        ev.set_finish_reason("length");
+        w->Write(ev);
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        return grpc::Status::OK;
+    }
+};
+
+// A request leaves RemoteEngine::in_flight (the router's load on that engine) with its last event,
+// not with its call's end after it: a request sent the moment an answer is complete must not see
+// that engine as loaded. (It did: the router's end-to-end test sent a repeated prompt elsewhere,
+// its one cached block weighing no more than one request in flight.)
+TEST(EngineService, ARequestLeavesTheLoadWithItsLastEvent) {
+    SlowToEndEngine svc;
+    int port = 0;
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&svc);
+    const std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+    ASSERT_NE(port, 0);
+    RemoteEngine remote("127.0.0.1:" + std::to_string(port));
+    remote.set_info(EngineInfo{"slow", 64, FakeRankRunner::kVocab, 4});
+    auto h = remote.submit(request(0, 2));
+    std::string reason;
+    drain(*h, &reason);
+    EXPECT_EQ(reason, "length");
+    EXPECT_EQ(remote.in_flight(), 0) << "its call is still open, but the request is over";
+    EXPECT_TRUE(remote.close(std::chrono::seconds(5))) << "close waits for the call's end";
+    server->Shutdown();
+}
+
 // A request id names one running request: a second call with a running request's id is refused
 // (before, it took the name over, and the first call to end erased the other's entry, so Abort
 // could no longer find it), and the id is free again once its request ends.

@@ -324,7 +324,11 @@ struct LiveCalls {
     std::mutex mutex;
     std::condition_variable done;
     std::map<const void*, std::weak_ptr<engine::RequestHandle>> handles;
-    std::atomic<int64_t> count{0};
+    std::atomic<int64_t> count{0};  // calls not yet ended (close() waits for none)
+    // Calls whose request has not yet ended: the last event drops it before the caller sees it,
+    // while the call itself ends when its status arrives after that. Placement reads this, so a
+    // request sent the moment the previous one's answer is complete does not see it as load.
+    std::atomic<int64_t> requests{0};
     bool closed = false;  // RemoteEngine::close: a call started from now on is cancelled at once
 };
 
@@ -353,6 +357,7 @@ class GenerateStream final : public grpc::ClientReadReactor<GenerateEvent> {
             std::lock_guard lock(calls_->mutex);
             calls_->handles.emplace(this, handle_);
             ++calls_->count;
+            ++calls_->requests;
             closed = calls_->closed;
         }
         stub->async()->Generate(&ctx_, &req_, this);
@@ -368,6 +373,7 @@ class GenerateStream final : public grpc::ClientReadReactor<GenerateEvent> {
         if (!ok) return;  // the stream ended: OnDone has the status
         engine::RequestEvent ev = event_from(ev_);
         got_last_ = ev.finished;
+        if (got_last_) --calls_->requests;  // before the caller can see the end
         handle_->push(std::move(ev));
         if (!got_last_) StartRead(&ev_);
     }
@@ -385,6 +391,7 @@ class GenerateStream final : public grpc::ClientReadReactor<GenerateEvent> {
             const bool refused = s.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
                                  s.error_code() == grpc::StatusCode::ALREADY_EXISTS;
             ev.finish_reason = refused ? "error" : handle_->cancelled() ? "abort" : "unavailable";
+            --calls_->requests;
             handle_->push(std::move(ev));
         }
         {
@@ -455,7 +462,7 @@ bool RemoteEngine::close(std::chrono::milliseconds wait) {
     return impl_->calls->done.wait_for(lock, wait, [&] { return impl_->calls->count.load() == 0; });
 }
 
-int64_t RemoteEngine::in_flight() const { return impl_->calls->count.load(); }
+int64_t RemoteEngine::in_flight() const { return impl_->calls->requests.load(); }
 
 namespace {
 // One unary call within `timeout`: the reply, or an Error naming the engine and `what`.

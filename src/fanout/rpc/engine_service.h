@@ -87,7 +87,8 @@ class RemoteEngine : public engine::RequestService {
     int64_t max_context() const override { return info().max_context; }
     int64_t vocab_size() const override { return info().vocab_size; }
     int64_t kv_block_size() const override { return info().kv_block_size; }
-    // Calls in flight through this client.
+    // Requests in flight through this client: from submit() until their last event is handed to
+    // the caller (the call's own end, its status, may come a little later).
     int64_t in_flight() const;
     // Cancels every call still running and any started from now on (each ends "abort"), and waits
     // up to `wait` for them to end; false when some did not. The destructor does it (5 s): what a
