@@ -289,20 +289,44 @@ TEST(GemmFp8Cuda, EveryTileShapeSplitClusterAndTheResidual) {
 }
 
 // 256-wide tiles store their second 128 columns only once the warpgroup has issued its next tile's
-// first wgmmas (kDeferFrom in gemm_fp8_sm90.cu), so what matters is a CTA with several tiles: 210
-// dense tiles (3 row blocks, the last of 24 rows so that its second warpgroup is idle, × 70 column
-// blocks, the last 192 or 187 wide) over one wave of CTAs; unpaired and in pairs, with and without
-// the residual, N % 8 == 0 (TMA stores) and not (stores from registers). 64 × 256 tiles defer the
+// first wgmmas (kDeferFrom in gemm_fp8_sm90.cu), so what matters is a CTA with several tiles, one
+// of which leaves a warpgroup idle: 7 row blocks (the last of 24 rows, so its second warpgroup has
+// none) × 60 column blocks (the last 192 or 187 wide), 420 tiles; the tiles' row block runs
+// fastest, and neither the grid's CTAs nor its pairs are a multiple of 7 (or of 4, the row units of
+// pairs), so a CTA's tiles fall in different row blocks. Unpaired and in pairs, with and without
+// the residual, N % 8 == 0 (TMA stores) and not (stores from registers); 64 × 256 tiles defer the
 // same way with one warpgroup.
 TEST(GemmFp8Cuda, WideTilesStoreTheirSecondHalfUnderTheNextTile) {
     REQUIRE_GPU();
     ThreadPool pool(0);
     GemmWorkspace ws;
-    for (int N : {17856, 17851}) {
-        const Fp8Operands o(280, N, 384, 131 + N);
+    const int M = 6 * 128 + 24, K = 256;
+    for (int N : {15296, 15291}) {
+        const Fp8Operands o(M, N, K, 131 + N);
+        std::vector<float> ref(size_t(M) * N), ref_res(ref.size());
+        o.reference(0, M, 0, ref.data(), pool);
+        const auto r = fanout::testing::random_floats(ref.size(), 99, 50.0f);
+        std::vector<uint16_t> res(ref.size());
+        for (size_t i = 0; i < ref.size(); ++i) {
+            res[i] = f32_to_bf16(r[i]);
+            ref_res[i] = ref[i] + bf16_to_f32(res[i]);
+        }
+        DeviceFp8 d(o);
+        DeviceBuffer<uint16_t> dy(ref.size()), dres(ref.size());
+        dres.upload(res.data());
+        std::vector<uint16_t> got(ref.size());
         for (GemmConfig cfg : {GemmConfig{128, 256, 1, 1}, GemmConfig{128, 256, 1, 2}, GemmConfig{64, 256, 1, 1},
                                GemmConfig{64, 256, 1, 2}})
-            for (bool residual : {false, true}) run_dense(o, cfg, &ws, residual, pool);
+            for (bool residual : {false, true}) {
+                dy.poison();
+                launch_gemm_fp8(d.x.ptr, d.sx.ptr, d.w.ptr, d.sw.ptr, dy.ptr, M, N, K, nullptr,
+                                residual ? dres.ptr : nullptr, &ws, cfg);
+                FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+                dy.download(got.data());
+                expect_close_bf16(got.data(), residual ? ref_res.data() : ref.data(), ref.size(),
+                                  "N " + std::to_string(N) + " " + std::to_string(cfg.block_m) + "x256 cluster " +
+                                      std::to_string(cfg.cluster) + (residual ? " +residual" : ""));
+            }
     }
 }
 
@@ -658,9 +682,10 @@ TEST(GroupedGemmFp8Cuda, MaskedMatchesCpuReferenceAndReplaysInAGraph) {
 }
 
 // The grouped layouts' 256-wide tiles with several tiles per CTA (see
-// GemmFp8Cuda.WideTilesStoreTheirSecondHalfUnderTheNextTile). Masked: 64 experts of 65-136 rows
-// (a second row block of 1-8 rows leaves its second warpgroup idle) × 5 column blocks, the last
-// 64 wide: 640 tiles. Contiguous: 40 expert blocks, padding among them, × 5 column blocks.
+// GemmFp8Cuda.WideTilesStoreTheirSecondHalfUnderTheNextTile). Masked: 64 experts, half of them of
+// 65-128 rows, half of 129-136 (a second row block of 1-8 rows, its second warpgroup idle), × 5
+// column blocks, the last 64 wide: some 500 tiles. Contiguous: 40 expert blocks, padding among
+// them, × 5 column blocks.
 TEST(GroupedGemmFp8Cuda, WideTilesStoreTheirSecondHalfUnderTheNextTile) {
     REQUIRE_GPU();
     ThreadPool pool(0);
@@ -668,7 +693,7 @@ TEST(GroupedGemmFp8Cuda, WideTilesStoreTheirSecondHalfUnderTheNextTile) {
     const Fp8Operands o(int64_t(E) * max_m, N, K, 141, E);
     DeviceFp8 d(o);
     std::vector<int32_t> counts(E);
-    for (int e = 0; e < E; ++e) counts[e] = 65 + (e * 37) % 72;
+    for (int e = 0; e < E; ++e) counts[e] = e % 2 == 0 ? 65 + (e * 37) % 64 : 129 + e % 8;
     DeviceBuffer<int32_t> dcounts(E);
     dcounts.upload(counts.data());
     DeviceBuffer<uint16_t> dy(size_t(E) * max_m * N);
@@ -697,7 +722,8 @@ TEST(GroupedGemmFp8Cuda, WideTilesStoreTheirSecondHalfUnderTheNextTile) {
     const Fp8Operands c(rows, N, K, 151, E);
     DeviceFp8 dc(c);
     DeviceBuffer<uint16_t> dyc(size_t(rows) * N);
-    for (GemmConfig cfg : {GemmConfig{128, 256, 1, 1}, GemmConfig{128, 256, 1, 2}, GemmConfig{64, 256, 1, 1}}) {
+    for (GemmConfig cfg : {GemmConfig{128, 256, 1, 1}, GemmConfig{128, 256, 1, 2}, GemmConfig{64, 256, 1, 1},
+                           GemmConfig{64, 256, 1, 2}}) {
         dyc.poison();
         launch_grouped_gemm_fp8_contiguous(dc.x.ptr, dc.sx.ptr, rows, dbe.ptr, dc.w.ptr, dc.sw.ptr, E, N, K, dyc.ptr,
                                            nullptr, cfg);

@@ -65,13 +65,11 @@ using namespace sm90;
 constexpr int kBK = 128;           // K per stage = one scale block = one 128-byte swizzle row
 constexpr int kMaxExperts = 1024;  // masked layout: experts per launch
 constexpr int kUnitRing = 4;       // kDynamic: units the producer may hand out ahead of its readers
-// Register budget per thread after setmaxnreg: 64K registers per SM over 128 producer-side and
-// 128·consumers threads.
+// Register budget per thread after setmaxnreg over 128 producer-side and 128·consumers threads:
+// at most what the CTA was launched with (launch_regs), since setmaxnreg.inc takes registers only
+// from those the CTA's own setmaxnreg.dec released (a split past it blocks the consumers forever;
+// PERF.md, MLA decode's converter warpgroup).
 constexpr int kProducerRegs = 56;
-// A 256-wide tile of two consumer warpgroups that defers its second half's stores (the kernel's
-// kDeferFrom) spilled at 224; it takes 232, leaving its producer side 48 (128·48 + 256·232 =
-// 65,536). The masked split kernels' producers spilled at 48; they keep 56 and do not defer.
-constexpr int kWideProducerRegs = 48, kWideConsumerRegs = 232;
 // Small tiles (one consumer warpgroup, at most 128 wide: the decode shapes) run two CTAs per SM,
 // so one streams while the other starts or finishes a tile, and a PDL-launched next GEMM finds
 // room; each then gets half of the registers and of the shared-memory budget.
@@ -79,6 +77,12 @@ __host__ __device__ constexpr int ctas_per_sm(int bm, int bn) { return bm == 64 
 // Three consumer warpgroups (192-row tiles): 128·56 + 384·152 = 65,536.
 __host__ __device__ constexpr int consumer_regs(int consumers, int ctas) {
     return ctas == 2 ? 200 : consumers == 1 ? 232 : consumers == 2 ? 224 : 152;
+}
+// The registers a CTA of `threads` threads is launched with, `ctas` of them per SM: each thread's
+// share of the 64K, in steps of 8, at most 248.
+__host__ __device__ constexpr int launch_regs(int threads, int ctas) {
+    const int per_thread = 65536 / (threads * ctas) / 8 * 8;
+    return threads * (per_thread < 248 ? per_thread : 248);
 }
 
 // The dynamic shared memory of a CTA with `s` stages, in order after up to 1 KB of alignment
@@ -483,18 +487,21 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     //   keeps two partials in flight.
     // * The second half (kDeferFrom kPart): the 256-wide tiles but the masked split kernels'. All
     //   128 of theirs, a partial and the epilogue's registers do not fit without spills (2–14%
-    //   slower, PERF.md, fifteenth session); the second half's 64 do, since the first half's
-    //   registers are free until the first block's first promotion writes them. With the masked
-    //   split's reduction beside them they spilled again (48 bytes in pairs).
+    //   slower, PERF.md, fifteenth session); the second half's 64 nearly do, since the first
+    //   half's registers are free until the first block's first promotion writes them (ptxas: 16
+    //   bytes spilled in the dense pairs' kernel, none in the others). With the masked split's
+    //   reduction beside them they spilled more (28 bytes in pairs).
     constexpr int kDeferFrom = kPipelined || kConsumers > 2 || (kHalves == 2 && TAIL) ? kAcc
                                : kHalves == 2                                         ? kPart
                                : L != Layout::kDense && kAcc <= 64                    ? 0
                                                                                       : kAcc;
     constexpr bool kDefer = kDeferFrom < kAcc;
-    constexpr bool kWideRegs = kDeferFrom == kPart && kConsumers == 2;
+    static_assert(128 * (kProducerRegs + kConsumers * consumer_regs(kConsumers, ctas_per_sm(BM, BN))) <=
+                      launch_regs(128 * (kConsumers + 1), ctas_per_sm(BM, BN)),
+                  "setmaxnreg may hand out only the registers the CTA was launched with");
 
     if (wg == 0) {
-        setmaxnreg_dec<kWideRegs ? kWideProducerRegs : kProducerRegs>();
+        setmaxnreg_dec<kProducerRegs>();
         if (threadIdx.x == 0) {
             int s = prefetched % STAGES;
             uint32_t phase = prefetched == STAGES ? 1 : 0;
@@ -561,7 +568,7 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
         return;
     }
 
-    setmaxnreg_inc<kWideRegs ? kWideConsumerRegs : consumer_regs(kConsumers, ctas_per_sm(BM, BN))>();
+    setmaxnreg_inc<consumer_regs(kConsumers, ctas_per_sm(BM, BN))>();
     const int consumer = wg - 1;
     const int ctid = threadIdx.x - 128;  // 0 .. 128·kConsumers
     const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
@@ -645,7 +652,7 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
             }
         }
     };
-    int pending = -1;  // kDefer: the tile index whose results acc_kept holds, not yet stored
+    int pending = -1;  // kDefer: the tile whose results from acc_kept[kDeferFrom] on are not yet stored
     auto flush = [&] {
         if (pending >= 0) store_tile(sched.get(pending, rank), acc_kept, kDeferFrom, kAcc);
         pending = -1;
@@ -690,7 +697,8 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
             }
         };
         // a += part · scale; with `first` (a kDefer tile's first K block) a = part · scale, so acc
-        // needs no zeroing and holds the previous tile's results until that block's wgmmas run.
+        // needs no zeroing and holds the previous tile's deferred results until that block's
+        // wgmmas run.
         // s_lo / s_hi: the scales of rows r_lo / r_lo + 8 — one per part, or with kChunked one per
         // 64-column chunk (8 fragment columns of 8), each with its own W block's scale.
         auto promote = [&](bool first, const float(&part)[kPart], float* a, const float* s_lo, const float* s_hi) {
@@ -780,8 +788,8 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
         } else {
             // One K block; the first stores the pending tile once its first wgmmas are issued.
             // Peeled in every layout: in this form (first block apart, acc through a pointer, one
-            // epilogue) the dense 128 × 256 tiles also ran 3–8% faster at prefill sizes, though
-            // nothing of theirs is deferred (PERF.md, 2026-12-04; which part ptxas answers to was
+            // epilogue) the dense 128 × 256 tiles also ran 3–8% faster at prefill sizes when
+            // nothing of theirs was deferred (PERF.md, 2026-12-04; which part ptxas answers to was
             // not separated).
             auto k_block = [&](bool first) {
                 mbar_wait(base + kFullOff + 8 * s, phase);
