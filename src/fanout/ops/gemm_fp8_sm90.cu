@@ -307,6 +307,9 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     // projections gained (1–2 µs; PERF.md, 2026-12-03); 64-row tiles have one warpgroup.
     constexpr bool kSkipIdle = BM > 64 && (BN == 256 || BM == 192);
     static_assert(!kPipelined || STAGES >= 2, "two partials in flight hold two stages");
+    static_assert(128 * (kProducerRegs + kConsumers * consumer_regs(kConsumers, ctas_per_sm(BM, BN))) <=
+                      launch_regs(128 * (kConsumers + 1), ctas_per_sm(BM, BN)),
+                  "setmaxnreg may hand out only the registers the CTA was launched with");
     static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "stages must keep 1024-byte alignment");
 
     extern __shared__ uint8_t smem_raw[];
@@ -478,28 +481,6 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
         }
     };
 
-    // Deferred stores: a tile's results from acc[kDeferFrom] on wait in acc_kept until the
-    // warpgroup has issued the first wgmmas of its next tile, so the tensor cores work while it
-    // stores them (the K loop's first block below); the ones before kDeferFrom are stored at once.
-    // * All of them (kDeferFrom 0): grouped layouts, 64- and 128-wide tiles of one or two consumer
-    //   warpgroups, 1–2% faster there (PERF.md, 2026-12-04). Not the dense layout, whose 128-wide
-    //   tiles at decode sizes lost 3–8% (a CTA's one tile); not the 64 × 64 tiles, whose K loop
-    //   keeps two partials in flight.
-    // * The second half (kDeferFrom kPart): the 256-wide tiles but the masked split kernels'. All
-    //   128 of theirs, a partial and the epilogue's registers do not fit without spills (2–14%
-    //   slower, PERF.md, fifteenth session); the second half's 64 nearly do, since the first
-    //   half's registers are free until the first block's first promotion writes them (ptxas: 16
-    //   bytes spilled in the dense pairs' kernel, none in the others). With the masked split's
-    //   reduction beside them they spilled more (28 bytes in pairs).
-    constexpr int kDeferFrom = kPipelined || kConsumers > 2 || (kHalves == 2 && TAIL) ? kAcc
-                               : kHalves == 2                                         ? kPart
-                               : L != Layout::kDense && kAcc <= 64                    ? 0
-                                                                                      : kAcc;
-    constexpr bool kDefer = kDeferFrom < kAcc;
-    static_assert(128 * (kProducerRegs + kConsumers * consumer_regs(kConsumers, ctas_per_sm(BM, BN))) <=
-                      launch_regs(128 * (kConsumers + 1), ctas_per_sm(BM, BN)),
-                  "setmaxnreg may hand out only the registers the CTA was launched with");
-
     if (wg == 0) {
         setmaxnreg_dec<kProducerRegs>();
         if (threadIdx.x == 0) {
@@ -582,6 +563,13 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     constexpr uint32_t kStageDesc = kStageBytes / 16, kHalfDesc = kWN * kBK / 16;
     int s = 0;
     uint32_t phase = 0;
+    // kDefer: a tile's epilogue waits in acc_kept until the warpgroup has issued the first wgmmas
+    // of its next tile, so the tensor cores work while it stores (the K loop's first block below).
+    // Grouped layouts, 64- and 128-wide tiles of one or two consumer warpgroups: 1–2% faster there
+    // (PERF.md, 2026-12-04). Not the wider tiles, where acc, a partial and the epilogue's registers
+    // do not fit without spills; not the 64 × 64 tiles, whose K loop keeps two partials in flight;
+    // not the dense layout, whose 128-wide tiles at decode sizes lost 3–8% (a CTA's one tile).
+    constexpr bool kDefer = L != Layout::kDense && !kPipelined && kAcc <= 64 && kConsumers <= 2;
     float acc_kept[kDefer ? kAcc : 1];
 
     // Epilogue: bf16 out (+ residual). Each warp owns 16 rows of its warpgroup's 64; per 8-column
@@ -592,13 +580,12 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     // the buffer — no named barrier between warps (DECISIONS: 2–6% at prefill sizes against
     // warpgroup-wide boxes). Warps with rows past the tile's (M edges, masked counts) store
     // from registers, so no row past them is touched.
-    // acc[a0, a1) (a multiple of 32 each: 64-column chunks) is stored.
-    auto store_tile = [&](const Tile& tile, const float* acc, int a0, int a1) {
+    auto store_tile = [&](const Tile& tile, const float* acc) {
         const int w_row = 64 * consumer + 16 * warp;  // the warp's first row in the tile
         if (p.tma_store && tile.rows >= w_row + 16) {
             uint8_t* box = epilogue + consumer * kEpilogueBytes + warp * (16 * 128);
 #pragma unroll
-            for (int c = a0 / 32; c < a1 / 32; ++c) {
+            for (int c = 0; c < BN / 64; ++c) {
                 if (tile.n0 + 64 * c >= p.N) break;
                 uint32_t pk[16];
 #pragma unroll
@@ -629,7 +616,7 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
         }
         const bool pairs = (p.N % 2) == 0;
 #pragma unroll
-        for (int j = a0 / 4; j < a1 / 4; ++j) {
+        for (int j = 0; j < kAcc / 4; ++j) {
             const int col = tile.n0 + 8 * j + 2 * (lane % 4);
             if (col >= p.N) continue;
 #pragma unroll
@@ -652,9 +639,9 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
             }
         }
     };
-    int pending = -1;  // kDefer: the tile whose results from acc_kept[kDeferFrom] on are not yet stored
+    int pending = -1;  // kDefer: the tile index whose results acc_kept holds, not yet stored
     auto flush = [&] {
-        if (pending >= 0) store_tile(sched.get(pending, rank), acc_kept, kDeferFrom, kAcc);
+        if (pending >= 0) store_tile(sched.get(pending, rank), acc_kept);
         pending = -1;
     };
 
@@ -697,8 +684,7 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
             }
         };
         // a += part · scale; with `first` (a kDefer tile's first K block) a = part · scale, so acc
-        // needs no zeroing and holds the previous tile's deferred results until that block's
-        // wgmmas run.
+        // needs no zeroing and holds the previous tile's results until that block's wgmmas run.
         // s_lo / s_hi: the scales of rows r_lo / r_lo + 8 — one per part, or with kChunked one per
         // 64-column chunk (8 fragment columns of 8), each with its own W block's scale.
         auto promote = [&](bool first, const float(&part)[kPart], float* a, const float* s_lo, const float* s_hi) {
@@ -772,14 +758,7 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
             flush();
             // Nothing of its own to compute: it only hands the stages back, so the tensor cores
             // serve the tile's other warpgroups alone (a masked expert's last row block often holds
-            // fewer than 64 rows; PERF.md, 2026-12-03). Its accumulators are never stored, but a
-            // split tile's partials pass them on, so they are zeroed here: left as the previous
-            // tile's, they would be live across the loop (a deferring 256-wide tile's first half
-            // then spilled).
-            if constexpr (kDefer) {
-#pragma unroll
-                for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
-            }
+            // fewer than 64 rows; PERF.md, 2026-12-03). Its accumulators are never stored.
             for (int kb = kb0; kb < kb1; ++kb) {
                 mbar_wait(base + kFullOff + 8 * s, phase);
                 release(s);
@@ -788,8 +767,8 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
         } else {
             // One K block; the first stores the pending tile once its first wgmmas are issued.
             // Peeled in every layout: in this form (first block apart, acc through a pointer, one
-            // epilogue) the dense 128 × 256 tiles also ran 3–8% faster at prefill sizes when
-            // nothing of theirs was deferred (PERF.md, 2026-12-04; which part ptxas answers to was
+            // epilogue) the dense 128 × 256 tiles also ran 3–8% faster at prefill sizes, though
+            // nothing of theirs is deferred (PERF.md, 2026-12-04; which part ptxas answers to was
             // not separated).
             auto k_block = [&](bool first) {
                 mbar_wait(base + kFullOff + 8 * s, phase);
@@ -873,8 +852,11 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
                 }
             }
         }
-        if (kDeferFrom > 0) store_tile(tile, acc, 0, kDeferFrom);
-        if (kDefer && !idle) pending = t;
+        if (!kDefer) {
+            store_tile(tile, acc);
+        } else if (!idle) {
+            pending = t;
+        }
     }
     flush();
     if (p.tma_store && lane == 0) bulk_wait();  // this warp's stores are done
