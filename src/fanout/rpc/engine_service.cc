@@ -104,6 +104,12 @@ struct EngineServer::Impl final : public Engine::CallbackService {
     std::map<std::string, std::weak_ptr<engine::RequestHandle>> by_id;  // running requests that named an id
     std::atomic<int64_t> in_flight{0};
     std::atomic<bool> stopping{false};
+    // KV-event subscriptions whose thread has not yet returned from its last gRPC call (Finish):
+    // shutdown() waits for none, so no thread of the server is inside gRPC when the server, or the
+    // process, goes (one was, and gRPC's exit-time teardown failed an assertion: CI, 2026-12-06).
+    std::mutex kv_mutex;
+    std::condition_variable kv_done;
+    int kv_threads = 0;
 
     Impl(engine::RequestService& e, std::string m) : engine(e), model(std::move(m)) {}
 
@@ -250,6 +256,10 @@ struct EngineServer::Impl final : public Engine::CallbackService {
                 Finish(Status(StatusCode::UNIMPLEMENTED, "this engine publishes no KV events"));
                 return;
             }
+            {
+                std::lock_guard lock(svc.kv_mutex);
+                ++svc.kv_threads;
+            }
             std::thread([this, hub, st = state_, &svc] {
                 uint64_t last = 0;
                 while (!st->cancelled && !svc.stopping) {
@@ -269,6 +279,9 @@ struct EngineServer::Impl final : public Engine::CallbackService {
                     }
                 }
                 Finish(Status::OK);  // the last touch of the call: OnDone deletes it
+                std::lock_guard lock(svc.kv_mutex);
+                --svc.kv_threads;
+                svc.kv_done.notify_all();
             }).detach();
         }
         void OnWriteDone(bool ok) override {
@@ -312,6 +325,10 @@ void EngineServer::shutdown(std::chrono::milliseconds grace) {
     impl_->stopping = true;
     impl_->server->Shutdown(std::chrono::system_clock::now() + grace);
     impl_->server->Wait();
+    {
+        std::unique_lock lock(impl_->kv_mutex);
+        impl_->kv_done.wait(lock, [&] { return impl_->kv_threads == 0; });
+    }
     impl_->server.reset();
 }
 
@@ -366,8 +383,9 @@ class GenerateStream final : public grpc::ClientReadReactor<GenerateEvent> {
             if (alive->yes) this_ctx->TryCancel();
         });
         StartRead(&ev_);
+        const std::shared_ptr<engine::RequestHandle> caller = handle_;  // the call may end (and go) at once
         StartCall();
-        if (closed) handle_->cancel();  // its client is closing: it ends "abort"
+        if (closed) caller->cancel();  // its client is closing: it ends "abort"
     }
     void OnReadDone(bool ok) override {
         if (!ok) return;  // the stream ended: OnDone has the status
@@ -394,13 +412,18 @@ class GenerateStream final : public grpc::ClientReadReactor<GenerateEvent> {
             --calls_->requests;
             handle_->push(std::move(ev));
         }
-        {
-            std::lock_guard lock(calls_->mutex);
-            calls_->handles.erase(this);
-            --calls_->count;
-        }
-        calls_->done.notify_all();
+        // The call goes (its ClientContext, which holds a reference to the channel) before its
+        // client can see it ended: close() returning leaves no gRPC object of this client behind,
+        // for its RemoteEngine, the last owner of the channel, to outlive.
+        const std::shared_ptr<LiveCalls> calls = std::move(calls_);
+        const void* const key = this;
         delete this;
+        {
+            std::lock_guard lock(calls->mutex);
+            calls->handles.erase(key);
+            --calls->count;
+        }
+        calls->done.notify_all();
     }
 
   private:
