@@ -170,11 +170,45 @@ void expect_masked_result(const DeviceBuffer<uint16_t>& dy, const std::vector<in
     }
 }
 
-// One dense GEMM of o's operands on the device by `launch` (x's scales in the order given, y, the
-// residual or nullptr) against the CPU reference, once with x's scales in each of `orders`.
+// The contiguous layout's y [blocks × 128, N] (poisoned before the launch): each block close to
+// o's reference rows for its expert, padding blocks (expert -1) not written.
+void expect_contiguous_result(const DeviceBuffer<uint16_t>& dy, const std::vector<int32_t>& block_expert,
+                              const Fp8Operands& o, ThreadPool& pool, const std::string& what) {
+    const int64_t N = o.N;
+    std::vector<uint16_t> got(block_expert.size() * 128 * N);
+    dy.download(got.data());
+    std::vector<float> ref(size_t(128 * N));
+    for (size_t b = 0; b < block_expert.size(); ++b) {
+        const uint16_t* g = got.data() + b * 128 * N;
+        if (block_expert[b] < 0) {
+            for (size_t i = 0; i < ref.size(); ++i) ASSERT_EQ(g[i], 0xffff) << what << ": padding block " << b;
+            continue;
+        }
+        o.reference(int64_t(b) * 128, 128, block_expert[b], ref.data(), pool);
+        expect_close_bf16(g, ref.data(), ref.size(), what + ": block " + std::to_string(b));
+    }
+}
+
+// One launch of a dense GEMM on the device: its name in failures, the order of x's scales it reads,
+// and the launch (the operands, those scales, y, the residual or nullptr).
+struct DenseLaunch {
+    std::string what;
+    ScaleOrder order;
+    std::function<void(const DeviceFp8&, ScaleOrder, uint16_t*, const uint16_t*)> run;
+};
+
+// `run` once with x's scales in each order.
+std::vector<DenseLaunch> in_both_orders(
+    const std::string& what, const std::function<void(const DeviceFp8&, ScaleOrder, uint16_t*, const uint16_t*)>& run) {
+    std::vector<DenseLaunch> l;
+    for (ScaleOrder order : kBothOrders) l.push_back({what, order, run});
+    return l;
+}
+
+// Each of `launches` of a dense GEMM of o's operands (y poisoned before each, the residual too if
+// asked) against one CPU reference.
 void run_dense_with(const Fp8Operands& o, bool with_residual, ThreadPool& pool,
-                    const std::function<void(const DeviceFp8&, ScaleOrder, uint16_t*, const uint16_t*)>& launch,
-                    const std::string& what, std::initializer_list<ScaleOrder> orders = kBothOrders) {
+                    const std::vector<DenseLaunch>& launches) {
     const int64_t M = o.M, N = o.N, K = o.K;
     std::vector<float> ref(size_t(M * N));
     o.reference(0, M, 0, ref.data(), pool);
@@ -189,27 +223,31 @@ void run_dense_with(const Fp8Operands& o, bool with_residual, ThreadPool& pool,
         }
         dres.upload(res.data());
     }
-    for (ScaleOrder order : orders) {
+    std::vector<uint16_t> got(ref.size());
+    for (const DenseLaunch& l : launches) {
         dy.poison();
-        launch(d, order, dy.ptr, with_residual ? dres.ptr : nullptr);
+        l.run(d, l.order, dy.ptr, with_residual ? dres.ptr : nullptr);
         FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
-        std::vector<uint16_t> got(ref.size());
         dy.download(got.data());
         expect_close_bf16(got.data(), ref.data(), ref.size(),
                           "M " + std::to_string(M) + " N " + std::to_string(N) + " K " + std::to_string(K) + " " +
-                              what + (with_residual ? " +residual, " : ", ") + order_name(order));
+                              l.what + (with_residual ? " +residual, " : ", ") + order_name(l.order));
     }
 }
 
+// The tile kernel's launch of `cfg` on o's operands (x's scales row-major).
+DenseLaunch tile_launch(const Fp8Operands& o, GemmConfig cfg, GemmWorkspace* ws) {
+    return {"block " + std::to_string(cfg.block_m) + "x" + std::to_string(cfg.block_n) + " splits " +
+                std::to_string(cfg.splits) + " cluster " + std::to_string(cfg.cluster),
+            ScaleOrder::kRowMajor,
+            [&o, cfg, ws](const DeviceFp8& d, ScaleOrder order, uint16_t* y, const uint16_t* res) {
+                launch_gemm_fp8(d.x.ptr, d.scales(order), d.w.ptr, d.sw.ptr, y, int(o.M), int(o.N), int(o.K), nullptr,
+                                res, ws, cfg);
+            }};
+}
+
 void run_dense(const Fp8Operands& o, GemmConfig cfg, GemmWorkspace* ws, bool with_residual, ThreadPool& pool) {
-    run_dense_with(o, with_residual, pool,
-                   [&](const DeviceFp8& d, ScaleOrder order, uint16_t* y, const uint16_t* res) {
-                       launch_gemm_fp8(d.x.ptr, d.scales(order), d.w.ptr, d.sw.ptr, y, int(o.M), int(o.N), int(o.K),
-                                       nullptr, res, ws, cfg);
-                   },
-                   "block " + std::to_string(cfg.block_m) + "x" + std::to_string(cfg.block_n) + " splits " +
-                       std::to_string(cfg.splits) + " cluster " + std::to_string(cfg.cluster),
-                   {ScaleOrder::kRowMajor});
+    run_dense_with(o, with_residual, pool, {tile_launch(o, cfg, ws)});
 }
 
 TEST(GemmFp8Cuda, MatchesCpuReferenceWithTheMeasuredTable) {
@@ -288,45 +326,27 @@ TEST(GemmFp8Cuda, EveryTileShapeSplitClusterAndTheResidual) {
     expect_workspace_at_zero(ws, "after every tile shape");
 }
 
-// 256-wide tiles store their second 128 columns only once the warpgroup has issued its next tile's
-// first wgmmas (kDeferFrom in gemm_fp8_sm90.cu), so what matters is a CTA with several tiles, one
-// of which leaves a warpgroup idle: 7 row blocks (the last of 24 rows, so its second warpgroup has
-// none) × 60 column blocks (the last 192 or 187 wide), 420 tiles; the tiles' row block runs
-// fastest, and neither the grid's CTAs nor its pairs are a multiple of 7 (or of 4, the row units of
-// pairs), so a CTA's tiles fall in different row blocks. Unpaired and in pairs, with and without
-// the residual, N % 8 == 0 (TMA stores) and not (stores from registers); 64 × 256 tiles defer the
-// same way with one warpgroup.
-TEST(GemmFp8Cuda, WideTilesStoreTheirSecondHalfUnderTheNextTile) {
+// CTAs with several 256-wide tiles each (the tiles after a CTA's first reuse its stages, barriers
+// and, in pairs, its peer's W), one of which leaves a warpgroup idle: 7 row blocks (the last of 24
+// rows, so its second warpgroup has none) × 60 column blocks (the last 192 or 187 wide), 420
+// tiles; the tiles' row block runs fastest, and neither the grid's CTAs nor its pairs are a
+// multiple of 7 (or of 4, the row units of pairs), so a CTA's tiles fall in different row blocks.
+// Unpaired and in pairs, with and without the residual, N % 8 == 0 (TMA stores) and not (stores
+// from registers); 64 × 256 tiles with one warpgroup the same way. (Written for the stores of a
+// tile's second half deferred under the next tile's wgmmas, measured slower and dropped — PERF.md,
+// thirty-fourth session — and kept: nothing else runs many wide tiles per CTA.)
+TEST(GemmFp8Cuda, SeveralWideTilesPerCta) {
     REQUIRE_GPU();
     ThreadPool pool(0);
     GemmWorkspace ws;
     const int M = 6 * 128 + 24, K = 256;
     for (int N : {15296, 15291}) {
         const Fp8Operands o(M, N, K, 131 + N);
-        std::vector<float> ref(size_t(M) * N), ref_res(ref.size());
-        o.reference(0, M, 0, ref.data(), pool);
-        const auto r = fanout::testing::random_floats(ref.size(), 99, 50.0f);
-        std::vector<uint16_t> res(ref.size());
-        for (size_t i = 0; i < ref.size(); ++i) {
-            res[i] = f32_to_bf16(r[i]);
-            ref_res[i] = ref[i] + bf16_to_f32(res[i]);
-        }
-        DeviceFp8 d(o);
-        DeviceBuffer<uint16_t> dy(ref.size()), dres(ref.size());
-        dres.upload(res.data());
-        std::vector<uint16_t> got(ref.size());
+        std::vector<DenseLaunch> launches;
         for (GemmConfig cfg : {GemmConfig{128, 256, 1, 1}, GemmConfig{128, 256, 1, 2}, GemmConfig{64, 256, 1, 1},
                                GemmConfig{64, 256, 1, 2}})
-            for (bool residual : {false, true}) {
-                dy.poison();
-                launch_gemm_fp8(d.x.ptr, d.sx.ptr, d.w.ptr, d.sw.ptr, dy.ptr, M, N, K, nullptr,
-                                residual ? dres.ptr : nullptr, &ws, cfg);
-                FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
-                dy.download(got.data());
-                expect_close_bf16(got.data(), residual ? ref_res.data() : ref.data(), ref.size(),
-                                  "N " + std::to_string(N) + " " + std::to_string(cfg.block_m) + "x256 cluster " +
-                                      std::to_string(cfg.cluster) + (residual ? " +residual" : ""));
-            }
+            launches.push_back(tile_launch(o, cfg, &ws));
+        for (bool residual : {false, true}) run_dense_with(o, residual, pool, launches);
     }
 }
 
@@ -495,13 +515,12 @@ TEST(GemmFp8Cuda, CublasLtBlockScaledMatchesCpuReference) {
             bool lt[2] = {false, false};  // per scale order
             run_dense_with(
                 Fp8Operands(M, N, K, 71 + M + N + residual), residual, pool,
-                [&](const DeviceFp8& d, ScaleOrder order, uint16_t* y, const uint16_t* res) {
+                in_both_orders("cuBLASLt", [&](const DeviceFp8& d, ScaleOrder order, uint16_t* y, const uint16_t* res) {
                     const float* sx = d.scales(order);
                     bool& ran_lt = lt[order == ScaleOrder::kMMajor];
                     ran_lt = launch_gemm_fp8_cublaslt(ctx, d.x.ptr, sx, order, d.w.ptr, d.sw.ptr, y, M, N, K, res);
                     if (!ran_lt) launch_gemm_fp8(ctx, d.x.ptr, sx, order, d.w.ptr, d.sw.ptr, y, M, N, K, res);
-                },
-                "cuBLASLt");
+                }));
             for (ScaleOrder order : kBothOrders) {
                 const bool ran_lt = lt[order == ScaleOrder::kMMajor];
                 std::printf("  M %d N %d K %d%s, %s: %s\n", M, N, K, residual ? " +residual" : "",
@@ -533,12 +552,12 @@ TEST(GemmFp8Cuda, DeviceContextLaunchComputesTheGemmAtBothKindsOfSize) {
     ThreadPool pool(0);
     DeviceContext ctx(nullptr);
     for (int M : {7, 600})
-        run_dense_with(
-            Fp8Operands(M, 384, 512, 91 + M), true, pool,
-            [&](const DeviceFp8& d, ScaleOrder order, uint16_t* y, const uint16_t* res) {
-                launch_gemm_fp8(ctx, d.x.ptr, d.scales(order), order, d.w.ptr, d.sw.ptr, y, M, 384, 512, res);
-            },
-            "DeviceContext launch");
+        run_dense_with(Fp8Operands(M, 384, 512, 91 + M), true, pool,
+                       in_both_orders("DeviceContext launch",
+                                      [&](const DeviceFp8& d, ScaleOrder order, uint16_t* y, const uint16_t* res) {
+                                          launch_gemm_fp8(ctx, d.x.ptr, d.scales(order), order, d.w.ptr, d.sw.ptr, y, M,
+                                                          384, 512, res);
+                                      }));
 }
 
 TEST(GemmFp8Cuda, SplitKWithoutWorkspaceIsAnError) {
@@ -602,20 +621,9 @@ TEST(GroupedGemmFp8Cuda, ContiguousMatchesCpuReference) {
             launch_grouped_gemm_fp8_contiguous(d.x.ptr, d.sx.ptr, rows, dbe.ptr, d.w.ptr, d.sw.ptr, E, N, K, dy.ptr,
                                                nullptr, cfg);
             FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
-            std::vector<uint16_t> got(size_t(rows) * N);
-            dy.download(got.data());
-            std::vector<float> ref(size_t(128) * N);
-            for (size_t b = 0; b < block_expert.size(); ++b) {
-                const uint16_t* g = got.data() + b * 128 * N;
-                if (block_expert[b] < 0) {  // padding blocks are not written
-                    for (size_t i = 0; i < ref.size(); ++i) ASSERT_EQ(g[i], 0xffff) << "padding block " << b;
-                    continue;
-                }
-                o.reference(int64_t(b) * 128, 128, block_expert[b], ref.data(), pool);
-                expect_close_bf16(g, ref.data(), ref.size(),
-                                  "block " + std::to_string(b) + " cfg " + std::to_string(cfg.block_m) + "x" +
-                                      std::to_string(cfg.block_n) + " cluster " + std::to_string(cfg.cluster));
-            }
+            expect_contiguous_result(dy, block_expert, o, pool,
+                                     "cfg " + std::to_string(cfg.block_m) + "x" + std::to_string(cfg.block_n) +
+                                         " cluster " + std::to_string(cfg.cluster));
         }
     // 192-row tiles would straddle two experts' blocks: refused before anything runs.
     const std::vector<int32_t> block_expert = {0, 1};
@@ -682,11 +690,11 @@ TEST(GroupedGemmFp8Cuda, MaskedMatchesCpuReferenceAndReplaysInAGraph) {
 }
 
 // The grouped layouts' 256-wide tiles with several tiles per CTA (see
-// GemmFp8Cuda.WideTilesStoreTheirSecondHalfUnderTheNextTile). Masked: 64 experts, half of them of
+// GemmFp8Cuda.SeveralWideTilesPerCta). Masked: 64 experts, half of them of
 // 65-128 rows, half of 129-136 (a second row block of 1-8 rows, its second warpgroup idle), × 5
 // column blocks, the last 64 wide: some 500 tiles. Contiguous: 40 expert blocks, padding among
 // them, × 5 column blocks.
-TEST(GroupedGemmFp8Cuda, WideTilesStoreTheirSecondHalfUnderTheNextTile) {
+TEST(GroupedGemmFp8Cuda, SeveralWideTilesPerCta) {
     REQUIRE_GPU();
     ThreadPool pool(0);
     const int E = 64, max_m = 136, N = 1088, K = 384;
@@ -728,20 +736,9 @@ TEST(GroupedGemmFp8Cuda, WideTilesStoreTheirSecondHalfUnderTheNextTile) {
         launch_grouped_gemm_fp8_contiguous(dc.x.ptr, dc.sx.ptr, rows, dbe.ptr, dc.w.ptr, dc.sw.ptr, E, N, K, dyc.ptr,
                                            nullptr, cfg);
         FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
-        std::vector<uint16_t> got(size_t(rows) * N);
-        dyc.download(got.data());
-        std::vector<float> r(size_t(128) * N);
-        for (int b = 0; b < 40; ++b) {
-            const uint16_t* g = got.data() + size_t(b) * 128 * N;
-            if (block_expert[b] < 0) {
-                for (size_t i = 0; i < r.size(); ++i) ASSERT_EQ(g[i], 0xffff) << "padding block " << b;
-                continue;
-            }
-            c.reference(int64_t(b) * 128, 128, block_expert[b], r.data(), pool);
-            expect_close_bf16(g, r.data(), r.size(),
-                              "contiguous block " + std::to_string(b) + " " + std::to_string(cfg.block_m) +
-                                  "x256 cluster " + std::to_string(cfg.cluster));
-        }
+        expect_contiguous_result(
+            dyc, block_expert, c, pool,
+            "contiguous " + std::to_string(cfg.block_m) + "x256 cluster " + std::to_string(cfg.cluster));
     }
 }
 
