@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "fanout/core/deadline.h"
 #include "fanout/kv/prefix_cache.h"
 
 namespace fanout::router {
@@ -38,10 +37,11 @@ Router::Router(std::vector<std::string> addresses, RouterConfig config)
 Router::~Router() {
     stop();
     // Calls still running (a drain that timed out, or none) end "abort" while the router their
-    // relays report to is still whole: every engine's cancelled first, then one wait for them all.
+    // relays report to is still whole: every engine's cancelled first, then a wait for them all,
+    // without a limit (a cancelled call ends at once on this side; one left running would reach
+    // this router after it is gone).
     for (auto& s : engines_) s->remote->close(std::chrono::milliseconds(0));
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    for (auto& s : engines_) s->remote->close(time_left(deadline));
+    for (auto& s : engines_) s->remote->close();
 }
 
 // One engine's health: Health + Load within the timeout. A change of state is logged; an engine

@@ -413,14 +413,19 @@ class GenerateStream final : public grpc::ClientReadReactor<GenerateEvent> {
             handle_->push(std::move(ev));
         }
         // The call goes (its ClientContext, which holds a reference to the channel) before its
-        // client can see it ended: close() returning leaves no gRPC object of this client behind,
-        // for its RemoteEngine, the last owner of the channel, to outlive.
+        // client can see it ended: close() returning leaves no gRPC object of this client behind.
+        // Were the context the channel's last owner, the channel would go here, on the gRPC thread
+        // that polls the callback queue the channel releases, and that thread would go on polling
+        // a freed queue (a CI abort; a core of it, 2026-12-06). Its key leaves `handles` first: a
+        // call made once it is deleted may get its address.
         const std::shared_ptr<LiveCalls> calls = std::move(calls_);
-        const void* const key = this;
+        {
+            std::lock_guard lock(calls->mutex);
+            calls->handles.erase(this);
+        }
         delete this;
         {
             std::lock_guard lock(calls->mutex);
-            calls->handles.erase(key);
             --calls->count;
         }
         calls->done.notify_all();
@@ -469,10 +474,10 @@ RemoteEngine::RemoteEngine(const std::string& address)
 
 RemoteEngine::~RemoteEngine() {
     stop_kv_events();
-    close(std::chrono::seconds(5));
+    close();
 }
 
-bool RemoteEngine::close(std::chrono::milliseconds wait) {
+void RemoteEngine::cancel_calls() {
     std::vector<std::shared_ptr<engine::RequestHandle>> running;
     {
         std::lock_guard lock(impl_->calls->mutex);
@@ -481,8 +486,18 @@ bool RemoteEngine::close(std::chrono::milliseconds wait) {
             if (auto p = h.lock()) running.push_back(std::move(p));
     }
     for (const auto& h : running) h->cancel();  // its call ends "abort" (not re-placed)
+}
+
+bool RemoteEngine::close(std::chrono::milliseconds wait) {
+    cancel_calls();
     std::unique_lock lock(impl_->calls->mutex);
     return impl_->calls->done.wait_for(lock, wait, [&] { return impl_->calls->count.load() == 0; });
+}
+
+void RemoteEngine::close() {
+    cancel_calls();
+    std::unique_lock lock(impl_->calls->mutex);
+    impl_->calls->done.wait(lock, [&] { return impl_->calls->count.load() == 0; });
 }
 
 int64_t RemoteEngine::in_flight() const { return impl_->calls->requests.load(); }

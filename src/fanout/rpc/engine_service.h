@@ -91,11 +91,17 @@ class RemoteEngine : public engine::RequestService {
     // the caller (the call's own end, its status, may come a little later).
     int64_t in_flight() const;
     // Cancels every call still running and any started from now on (each ends "abort"), and waits
-    // up to `wait` for them to end; false when some did not. The destructor does it (5 s): what a
-    // call does after that runs on the call's own state, never on this client's.
+    // up to `wait` for them to end; false when some did not.
     bool close(std::chrono::milliseconds wait);
+    // The same, waiting for every call however long (the destructor does it). A cancelled call
+    // ends on this side at once, without its peer, and none may outlive its client: its
+    // ClientContext holds the channel, whose last release on a gRPC callback thread frees the
+    // queue that thread polls.
+    void close();
 
   private:
+    void cancel_calls();  // close()'s first half: every call cancelled, none waited for
+
     struct Impl;
     std::unique_ptr<Impl> impl_;
     std::string address_;
