@@ -138,6 +138,45 @@ TEST(EngineService, ARequestLeavesTheLoadWithItsLastEvent) {
     server->Shutdown();
 }
 
+// An engine whose Generate sends nothing: it holds the call until the client cancels it (or 5 s).
+class SilentEngine final : public Engine::Service {
+  public:
+    grpc::Status Generate(grpc::ServerContext* ctx, const GenerateRequest*,
+                          grpc::ServerWriter<GenerateEvent>*) override {
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+        while (!ctx->IsCancelled() && std::chrono::steady_clock::now() < until)
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        return grpc::Status::OK;
+    }
+};
+
+// A client going away with a call its engine never answers: the destructor cancels the call and
+// waits for its end, which comes on the client's side at once (a call left running past its
+// client made the channel's last release on gRPC's own polling thread), and the caller's handle
+// ends "abort".
+TEST(EngineService, AClientGoingAwayEndsItsCallsAtOnce) {
+    SilentEngine svc;
+    int port = 0;
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&svc);
+    const std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+    ASSERT_NE(port, 0);
+    std::shared_ptr<engine::RequestHandle> h;
+    const auto t0 = std::chrono::steady_clock::now();
+    {
+        RemoteEngine remote("127.0.0.1:" + std::to_string(port));
+        remote.set_info(EngineInfo{"silent", 64, FakeRankRunner::kVocab, 4});
+        h = remote.submit(request(0, 2));
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the call reaches the engine
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3)) << "the engine's 5 s were waited out";
+    std::string reason;
+    drain(*h, &reason);
+    EXPECT_EQ(reason, "abort");
+    server->Shutdown();
+}
+
 // A request id names one running request: a second call with a running request's id is refused
 // (before, it took the name over, and the first call to end erased the other's entry, so Abort
 // could no longer find it), and the id is free again once its request ends.
