@@ -205,7 +205,7 @@ std::vector<DenseLaunch> in_both_orders(
     return l;
 }
 
-// Each of `launches` of a dense GEMM of o's operands (y poisoned before each, the residual too if
+// Each of `launches` of a dense GEMM of o's operands (y poisoned before each, the residual added if
 // asked) against one CPU reference.
 void run_dense_with(const Fp8Operands& o, bool with_residual, ThreadPool& pool,
                     const std::vector<DenseLaunch>& launches) {

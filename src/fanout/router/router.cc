@@ -212,7 +212,10 @@ struct Router::Relay : std::enable_shared_from_this<Relay> {
     engine::RequestParams params;
     std::vector<uint64_t> hashes;
     std::shared_ptr<engine::RequestHandle> caller;
-    std::mutex mutex;
+    // Recursive: pump() hands events to the caller under it, and the caller's end may run on that
+    // thread (an HTTP connection whose last reference the event's notification held cancels its
+    // source, and so this relay, from its destructor).
+    std::recursive_mutex mutex;
     std::shared_ptr<engine::RequestHandle> remote;  // the current attempt's
     std::vector<int> tried;
     int engine = -1;

@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <system_error>
 #include <thread>
 
 #include "fanout/engine.grpc.pb.h"
@@ -260,6 +261,30 @@ struct EngineServer::Impl final : public Engine::CallbackService {
                 std::lock_guard lock(svc.kv_mutex);
                 ++svc.kv_threads;
             }
+            try {
+                start_thread(svc, hub);
+            } catch (const std::system_error& e) {  // no thread to be had: the subscription is refused
+                {
+                    std::lock_guard lock(svc.kv_mutex);
+                    --svc.kv_threads;
+                    svc.kv_done.notify_all();
+                }
+                Finish(Status(StatusCode::UNAVAILABLE, std::string("no thread for KV events: ") + e.what()));
+            }
+        }
+        void OnWriteDone(bool ok) override {
+            std::lock_guard lock(state_->mutex);
+            state_->writing = false;
+            state_->ok = ok;
+            state_->cv.notify_all();
+        }
+        void OnCancel() override { state_->cancelled = true; }
+        void OnDone() override { delete this; }
+
+      private:
+        // The subscription's thread: writes what changed until the call is cancelled or the server
+        // stops, then ends the call and leaves the server's count.
+        void start_thread(Impl& svc, engine::KvEventHub* hub) {
             std::thread([this, hub, st = state_, &svc] {
                 uint64_t last = 0;
                 while (!st->cancelled && !svc.stopping) {
@@ -284,16 +309,7 @@ struct EngineServer::Impl final : public Engine::CallbackService {
                 svc.kv_done.notify_all();
             }).detach();
         }
-        void OnWriteDone(bool ok) override {
-            std::lock_guard lock(state_->mutex);
-            state_->writing = false;
-            state_->ok = ok;
-            state_->cv.notify_all();
-        }
-        void OnCancel() override { state_->cancelled = true; }
-        void OnDone() override { delete this; }
 
-      private:
         struct State {
             std::mutex mutex;
             std::condition_variable cv;
@@ -335,8 +351,9 @@ void EngineServer::shutdown(std::chrono::milliseconds grace) {
 // ---------------------------------------------------------------------------------------------
 // Client
 
-// The Generate calls of one client still running: what close() ends. Shared with the calls,
-// so a call that outlives its RemoteEngine still has it.
+// The Generate calls of one client still running: what close() ends. Shared with the calls, so
+// a call's end (OnDone, after it has deleted itself) still has it while close() returns and its
+// RemoteEngine goes.
 struct LiveCalls {
     std::mutex mutex;
     std::condition_variable done;
