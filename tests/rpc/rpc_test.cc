@@ -101,6 +101,21 @@ TEST(EngineService, StreamsExactTokensCancelsAndRefuses) {
     EXPECT_FALSE(remote.abort("no-such-request", std::chrono::seconds(5)));
 }
 
+// A gRPC service of a test's own on a free localhost port, shut down when it goes.
+struct ServiceOnPort {
+    explicit ServiceOnPort(grpc::Service& svc) {
+        grpc::ServerBuilder builder;
+        builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+        builder.RegisterService(&svc);
+        server = builder.BuildAndStart();
+        FANOUT_CHECK(server != nullptr && port > 0, "test service: cannot listen on localhost");
+    }
+    ~ServiceOnPort() { server->Shutdown(); }
+    std::string address() const { return "127.0.0.1:" + std::to_string(port); }
+    int port = 0;
+    std::unique_ptr<grpc::Server> server;
+};
+
 // An engine whose Generate sends one finished event, then holds the call open half a second
 // before its status.
 class SlowToEndEngine final : public Engine::Service {
@@ -121,13 +136,8 @@ class SlowToEndEngine final : public Engine::Service {
 // its one cached block weighing no more than one request in flight.)
 TEST(EngineService, ARequestLeavesTheLoadWithItsLastEvent) {
     SlowToEndEngine svc;
-    int port = 0;
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(&svc);
-    const std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-    ASSERT_NE(port, 0);
-    RemoteEngine remote("127.0.0.1:" + std::to_string(port));
+    const ServiceOnPort on(svc);
+    RemoteEngine remote(on.address());
     remote.set_info(EngineInfo{"slow", 64, FakeRankRunner::kVocab, 4});
     auto h = remote.submit(request(0, 2));
     std::string reason;
@@ -135,7 +145,6 @@ TEST(EngineService, ARequestLeavesTheLoadWithItsLastEvent) {
     EXPECT_EQ(reason, "length");
     EXPECT_EQ(remote.in_flight(), 0) << "its call is still open, but the request is over";
     EXPECT_TRUE(remote.close(std::chrono::seconds(5))) << "close waits for the call's end";
-    server->Shutdown();
 }
 
 // An engine whose Generate sends nothing: it holds the call until the client cancels it (or 5 s).
@@ -156,16 +165,11 @@ class SilentEngine final : public Engine::Service {
 // ends "abort".
 TEST(EngineService, AClientGoingAwayEndsItsCallsAtOnce) {
     SilentEngine svc;
-    int port = 0;
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(&svc);
-    const std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-    ASSERT_NE(port, 0);
+    const ServiceOnPort on(svc);
     std::shared_ptr<engine::RequestHandle> h;
     const auto t0 = std::chrono::steady_clock::now();
     {
-        RemoteEngine remote("127.0.0.1:" + std::to_string(port));
+        RemoteEngine remote(on.address());
         remote.set_info(EngineInfo{"silent", 64, FakeRankRunner::kVocab, 4});
         h = remote.submit(request(0, 2));
         std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the call reaches the engine
@@ -174,7 +178,6 @@ TEST(EngineService, AClientGoingAwayEndsItsCallsAtOnce) {
     std::string reason;
     drain(*h, &reason);
     EXPECT_EQ(reason, "abort");
-    server->Shutdown();
 }
 
 // A request id names one running request: a second call with a running request's id is refused
