@@ -85,17 +85,27 @@ __host__ __device__ constexpr int launch_regs(int threads, int ctas) {
     return threads * (per_thread < 248 ? per_thread : 248);
 }
 
-// The dynamic shared memory of a CTA with `s` stages, in order after up to 1 KB of alignment
-// slack: the stages' x and W tiles (K-major, 1024-byte aligned), one 64×64 bf16 epilogue block
-// per consumer warpgroup (16 rows for each of its warps), each stage's scales (sx of the tile's
-// rows, sw of its one or two 128-column blocks, padded to 16 bytes), then the ring's full and
-// empty barriers. One definition for the kernel's addresses, the launch's size and the stage
-// count.
+// The 16 × 64 bf16 boxes each consumer warp stages its TMA stores in (the epilogue, below): a whole
+// tile's on the 128 × 256 tiles, so that no warp waits within a tile for its previous store to
+// have read its box, at the cost of the fourth stage (64 KB against 16); one elsewhere. Measured
+// in the thirty-sixth session (run158, H100, against one box): q_b at M = 4,096 1.5% faster, kv_b
+// and the shared down projection 1%, the contiguous grouped GEMMs 1–3%; the masked layout's split
+// kernels (TAIL) lost 1–2% without their fourth stage, and qkv_a lost on the 192-row and 192-wide
+// tiles (15% at M = 1,024 on 192 × 128 with its same four stages, 1.3% at 4,096 on 128 × 192).
+__host__ __device__ constexpr int epilogue_boxes(int bm, int bn, bool tail) {
+    return bm == 128 && bn == 256 && !tail ? bn / 64 : 1;
+}
+
+// The dynamic shared memory of a CTA with `s` stages and `boxes` epilogue boxes per warp, in order
+// after up to 1 KB of alignment slack: the stages' x and W tiles (K-major, 1024-byte aligned), the
+// consumer warps' epilogue boxes, each stage's scales (sx of the tile's rows, sw of its one or two
+// 128-column blocks, padded to 16 bytes), then the ring's full and empty barriers. One definition
+// for the kernel's addresses, the launch's size and the stage count.
 struct SmemLayout {
     int stage_bytes, scales_off, full_off, empty_off, bytes;
-    __host__ __device__ constexpr SmemLayout(int bm, int bn, int s)
+    __host__ __device__ constexpr SmemLayout(int bm, int bn, int s, int boxes)
         : stage_bytes((bm + bn) * 128),
-          scales_off(s * stage_bytes + (bm / 64) * 64 * 64 * 2),
+          scales_off(s * stage_bytes + (bm / 64) * 4 * boxes * 16 * 64 * 2),
           full_off(scales_off + s * (bm + 4) * 4),
           empty_off(full_off + 8 * s),
           bytes(1024 + empty_off + 8 * s) {}
@@ -283,8 +293,8 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     constexpr int kConsumers = BM / 64;
     constexpr int kABytes = BM * kBK, kBBytes = BN * kBK, kStageBytes = kABytes + kBBytes;
     constexpr int kScaleFloats = BM + 4;  // sx per row, sw per 128 columns (<= 2), padded to 16 bytes
-    constexpr int kEpilogueBytes = 64 * 64 * 2;
-    constexpr SmemLayout kLayout(BM, BN, STAGES);
+    constexpr int kBoxes = epilogue_boxes(BM, BN, TAIL), kBoxBytes = 16 * 64 * 2;
+    constexpr SmemLayout kLayout(BM, BN, STAGES, kBoxes);
     static_assert(kLayout.stage_bytes == kStageBytes, "SmemLayout and the kernel disagree on a stage");
     constexpr int kAcc = BN / 2;  // f32 accumulators per thread (m64 × BN over 128 threads)
     // wgmma width: a 256-wide tile runs as two n128 halves, each promoted before the next, so
@@ -574,16 +584,17 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
 
     // Epilogue: bf16 out (+ residual). Each warp owns 16 rows of its warpgroup's 64; per 8-column
     // group each thread holds two adjacent columns of rows r_lo and r_lo + 8. A warp whose 16
-    // rows are all valid (and N % 8 == 0) writes them 64 columns at a time into its 2 KB of the
-    // warpgroup's epilogue block, in the 128-byte swizzle of y's tensor map (stmatrix), and has
-    // TMA store that box (clipped at N), waiting only for its own previous store to have read
-    // the buffer — no named barrier between warps (DECISIONS: 2–6% at prefill sizes against
+    // rows are all valid (and N % 8 == 0) writes them 64 columns at a time into its next 2 KB box
+    // (epilogue_boxes of them, in turn), in the 128-byte swizzle of y's tensor map (stmatrix), and
+    // has TMA store that box (clipped at N), waiting only for its own store kBoxes before to have
+    // read the box — no named barrier between warps (DECISIONS: 2–6% at prefill sizes against
     // warpgroup-wide boxes). Warps with rows past the tile's (M edges, masked counts) store
     // from registers, so no row past them is touched.
+    int box_slot = 0;  // the warp's next staging box: its stores take them in turn, across tiles
     auto store_tile = [&](const Tile& tile, const float* acc) {
         const int w_row = 64 * consumer + 16 * warp;  // the warp's first row in the tile
         if (p.tma_store && tile.rows >= w_row + 16) {
-            uint8_t* box = epilogue + consumer * kEpilogueBytes + warp * (16 * 128);
+            uint8_t* boxes = epilogue + (4 * consumer + warp) * kBoxes * kBoxBytes;
 #pragma unroll
             for (int c = 0; c < BN / 64; ++c) {
                 if (tile.n0 + 64 * c >= p.N) break;
@@ -602,7 +613,9 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
                         pk[2 * jj + h] = pack_bf16_rn(v0, v1);
                     }
                 }
-                if (lane == 0) bulk_wait_read();  // the warp's previous store has read the buffer
+                // The box's previous store, kBoxes stores ago, has read it.
+                uint8_t* box = boxes + box_slot * kBoxBytes;
+                if (lane == 0) bulk_wait_read<kBoxes - 1>();
                 __syncwarp();
                 store_rows_sw128(box, pk, lane / 4, lane);
                 fence_proxy_async();
@@ -611,6 +624,7 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
                     tma_store_2d(&tmap_y, box, tile.n0 + 64 * c, tile.a_row + w_row);
                     bulk_commit();
                 }
+                if (++box_slot == kBoxes) box_slot = 0;
             }
             return;
         }
@@ -898,13 +912,13 @@ CUtensorMap tmap_y(const void* y, uint64_t rows, uint64_t N) {
 // As many stages as fit (at most 16): a CTA gets at most 227 KB of shared memory, and with two
 // per SM each gets half of the SM's 228 KB less the driver's 1 KB; the kernel's static arrays
 // (the masked layout's prefix, the ticket, kDynamic's unit ring) come off first.
-template <int BM, int BN>
+template <int BM, int BN, bool TAIL>
 constexpr int stages() {
     constexpr int kStatic = (kMaxExperts + 2) * 4 + kUnitRing * (sizeof(int) + 2 * sizeof(uint64_t));
     constexpr int ctas = ctas_per_sm(BM, BN);
     constexpr int avail = (ctas == 1 ? 227 * 1024 : 228 * 1024 / ctas - 1024) - kStatic;
     int s = 16;
-    while (s > 1 && SmemLayout(BM, BN, s).bytes > avail) --s;
+    while (s > 1 && SmemLayout(BM, BN, s, epilogue_boxes(BM, BN, TAIL)).bytes > avail) --s;
     return s;
 }
 
@@ -923,9 +937,9 @@ struct Operands {
 
 template <int BM, int BN, Layout L, int CL, bool TAIL = false>
 void launch_config(const Operands& o, const Params& p, cudaStream_t stream) {
-    constexpr int S = stages<BM, BN>();
+    constexpr int S = stages<BM, BN, TAIL>();
     auto* kernel = gemm_fp8_sm90_kernel<BM, BN, S, L, CL, TAIL>;
-    constexpr int smem = SmemLayout(BM, BN, S).bytes;
+    constexpr int smem = SmemLayout(BM, BN, S, epilogue_boxes(BM, BN, TAIL)).bytes;
     cudaLaunchConfig_t launch{};
     launch.blockDim = dim3((BM / 64 + 1) * 128);
     launch.dynamicSmemBytes = smem;

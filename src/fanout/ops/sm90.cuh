@@ -114,8 +114,12 @@ __device__ __forceinline__ void tma_store_2d(const CUtensorMap* tmap, const void
                  : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
-// The thread's bulk stores have finished reading shared memory (it may be overwritten).
-__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+// The thread's bulk stores but its newest `kPending` groups have finished reading shared memory
+// (theirs may be overwritten).
+template <int kPending = 0>
+__device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(kPending) : "memory");
+}
 // The thread's bulk stores are complete.
 __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 // Orders this thread's shared-memory stores before later async-proxy (TMA, wgmma) reads.
