@@ -401,6 +401,22 @@ TEST(Router, ARequestStillRunningWhenTheRouterGoesEndsAborted) {
     EXPECT_EQ(reason, "abort");
 }
 
+// A caller may cancel from inside its event notification, on the thread that pushed the event (an
+// HTTP connection whose last reference the notification held does, from its destructor): the
+// relay pushes outside its lock, so the cancel reaches the engine (pushed under a plain lock, the
+// cancel would wait for that lock on its own thread, forever), and the caller still gets its
+// request's end, "abort" (before this test, the relay went with the cancel and that end with it).
+TEST(Router, ACallerCancellingInItsEventNotificationEndsTheRequest) {
+    Node a;
+    router::Router r({a.address()}, {});
+    r.start();
+    std::shared_ptr<engine::RequestHandle> h = r.submit(request(3, 4000));
+    h->on_event([raw = h.get()] { raw->cancel(); });
+    std::string reason;
+    drain(*h, &reason, nullptr, std::chrono::seconds(10));
+    EXPECT_EQ(reason, "abort");
+}
+
 TEST(Router, NoHealthyEngineIsA503AndBadConfigsAreRefused) {
     EXPECT_THAT(error_of([] { router::Router({}, {}); }), HasSubstr("no engines"));
     router::RouterConfig bad;

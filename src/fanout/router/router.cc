@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <deque>
+#include <mutex>
 
 #include "fanout/kv/prefix_cache.h"
 
@@ -40,7 +42,7 @@ Router::~Router() {
     // relays report to is still whole: every engine's cancelled first, then a wait for them all,
     // without a limit (a cancelled call ends at once on this side; one left running would reach
     // this router after it is gone).
-    for (auto& s : engines_) s->remote->close(std::chrono::milliseconds(0));
+    for (auto& s : engines_) s->remote->cancel_calls();
     for (auto& s : engines_) s->remote->close();
 }
 
@@ -212,14 +214,21 @@ struct Router::Relay : std::enable_shared_from_this<Relay> {
     engine::RequestParams params;
     std::vector<uint64_t> hashes;
     std::shared_ptr<engine::RequestHandle> caller;
-    // Recursive: pump() hands events to the caller under it, and the caller's end may run on that
-    // thread (an HTTP connection whose last reference the event's notification held cancels its
-    // source, and so this relay, from its destructor).
-    std::recursive_mutex mutex;
+    // Guards everything below. Nothing under it calls into the caller's handle or the current
+    // attempt's in a way that can come back here: events reach the caller outside it (`outbox`),
+    // and cancel() cancels the attempt outside it.
+    std::mutex mutex;
     std::shared_ptr<engine::RequestHandle> remote;  // the current attempt's
     std::vector<int> tried;
     int engine = -1;
     int64_t forwarded = 0;
+    // Events taken from the attempt, in order, not yet pushed to the caller. One thread at a time
+    // pushes them (`pushing`), without the mutex: the caller's push may end the caller on this
+    // thread (an HTTP connection whose last reference the event's notification held cancels its
+    // source, and so this relay), and a second pump() meanwhile only adds to the outbox, which the
+    // pushing thread then takes too, so the caller gets them in the engine's order.
+    std::deque<engine::RequestEvent> outbox;
+    bool pushing = false;
 
     Relay(Router& r, engine::RequestParams p, std::vector<uint64_t> h, std::shared_ptr<engine::RequestHandle> c)
         : router(r), params(std::move(p)), hashes(std::move(h)), caller(std::move(c)) {}
@@ -233,7 +242,10 @@ struct Router::Relay : std::enable_shared_from_this<Relay> {
         tried.push_back(e);
         remote = router.engines_[static_cast<size_t>(e)]->remote->submit(params);
     }
-    // Has the current attempt's events drive pump() (mutex not held).
+    // Has the current attempt's events drive pump() (mutex not held). The attempt's handle owns the
+    // relay through that notification until its last event (take_locked lets go of it then), so
+    // a caller that cancels still gets its request's end ("abort"): owned by the caller's cancel
+    // hook instead, the relay went with the cancel and the end it was to pass on was dropped.
     void watch() {
         std::shared_ptr<engine::RequestHandle> r;
         {
@@ -241,51 +253,69 @@ struct Router::Relay : std::enable_shared_from_this<Relay> {
             r = remote;
         }
         if (!r) return;
-        std::weak_ptr<Relay> self = shared_from_this();
-        r->on_event([self] {
-            if (auto x = self.lock()) x->pump();
-        });
+        r->on_event([self = shared_from_this()] { self->pump(); });
     }
     void pump() {
         bool placed_again = false;
         {
-            std::lock_guard lock(mutex);
-            engine::RequestEvent ev;
-            while (remote && remote->next(&ev, std::chrono::milliseconds(0))) {
-                if (ev.finished && ev.finish_reason == "unavailable") {
-                    router.mark_down(engine, "a call to it broke");
-                    if (forwarded == 0 && !caller->cancelled() && !router.stopping_) {
-                        const int next = router.pick(hashes, tried);
-                        if (next >= 0) {
-                            remote->on_event(nullptr);
-                            try {
-                                send_locked(next);  // nothing was sent to the caller: place it again
-                                placed_again = true;
-                                break;
-                            } catch (const std::exception& e) {
-                                // The next engine refused it (its limits changed since the router
-                                // checked): the caller gets this attempt's "unavailable" as its end.
-                                std::fprintf(stderr, "router: request %lld not placed again: %s\n",
-                                             static_cast<long long>(caller->id()), e.what());
-                            }
-                        }
-                    }
+            std::unique_lock lock(mutex);
+            take_locked(placed_again);
+            if (!pushing) {
+                pushing = true;
+                while (!outbox.empty()) {
+                    std::deque<engine::RequestEvent> batch;
+                    batch.swap(outbox);
+                    lock.unlock();
+                    for (engine::RequestEvent& ev : batch) caller->push(std::move(ev));
+                    lock.lock();
                 }
-                ++forwarded;
-                const bool last = ev.finished;
-                caller->push(std::move(ev));
-                if (last) {
-                    remote->on_event(nullptr);
-                    remote.reset();
-                    caller->on_cancel(nullptr);  // the caller's handle lets go of this relay
-                }
+                pushing = false;
             }
         }
         if (placed_again) watch();
     }
+    // Moves the attempt's waiting events to the outbox; when the attempt broke before anything
+    // reached the caller, sends the request to another engine instead (placed_again: its events
+    // are then watched once the mutex is free).
+    void take_locked(bool& placed_again) {
+        engine::RequestEvent ev;
+        while (remote && remote->next(&ev, std::chrono::milliseconds(0))) {
+            if (ev.finished && ev.finish_reason == "unavailable") {
+                router.mark_down(engine, "a call to it broke");
+                if (forwarded == 0 && !caller->cancelled() && !router.stopping_) {
+                    const int next = router.pick(hashes, tried);
+                    if (next >= 0) {
+                        remote->on_event(nullptr);
+                        try {
+                            send_locked(next);  // nothing was sent to the caller: place it again
+                            placed_again = true;
+                            return;
+                        } catch (const std::exception& e) {
+                            // The next engine refused it (its limits changed since the router
+                            // checked): the caller gets this attempt's "unavailable" as its end.
+                            std::fprintf(stderr, "router: request %lld not placed again: %s\n",
+                                         static_cast<long long>(caller->id()), e.what());
+                        }
+                    }
+                }
+            }
+            ++forwarded;
+            const bool last = ev.finished;
+            outbox.push_back(std::move(ev));
+            if (last) {
+                remote->on_event(nullptr);
+                remote.reset();
+                caller->on_cancel(nullptr);  // a cancel from now on has nothing to reach
+            }
+        }
+    }
     void cancel() {
-        std::lock_guard lock(mutex);
-        if (remote) remote->cancel();
+        std::shared_ptr<engine::RequestHandle> r;
+        {
+            std::lock_guard lock(mutex);
+            r = remote;
+        }
+        if (r) r->cancel();
     }
 };
 
@@ -306,9 +336,10 @@ std::shared_ptr<engine::RequestHandle> Router::submit(engine::RequestParams para
             429, fmt::format("every engine has {} requests in flight; retry later", config_.max_in_flight));
     auto caller = std::make_shared<engine::RequestHandle>(next_id_++);
     auto relay = std::make_shared<Relay>(*this, std::move(params), std::move(hashes), caller);
-    // The caller's handle keeps the relay alive until the request ends (then pump() lets go) or
-    // is cancelled. Installed before the first event can arrive, so pump()'s release comes after.
-    caller->on_cancel([relay] { relay->cancel(); });
+    // The caller's cancel reaches the relay while it lives (its attempt's handle owns it: watch()).
+    caller->on_cancel([w = std::weak_ptr<Relay>(relay)] {
+        if (auto r = w.lock()) r->cancel();
+    });
     try {
         std::lock_guard lock(relay->mutex);
         relay->send_locked(e);

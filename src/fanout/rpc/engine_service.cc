@@ -111,6 +111,11 @@ struct EngineServer::Impl final : public Engine::CallbackService {
     std::mutex kv_mutex;
     std::condition_variable kv_done;
     int kv_threads = 0;
+    void kv_thread_left() {
+        std::lock_guard lock(kv_mutex);
+        --kv_threads;
+        kv_done.notify_all();
+    }
 
     Impl(engine::RequestService& e, std::string m) : engine(e), model(std::move(m)) {}
 
@@ -264,11 +269,7 @@ struct EngineServer::Impl final : public Engine::CallbackService {
             try {
                 start_thread(svc, hub);
             } catch (const std::system_error& e) {  // no thread to be had: the subscription is refused
-                {
-                    std::lock_guard lock(svc.kv_mutex);
-                    --svc.kv_threads;
-                    svc.kv_done.notify_all();
-                }
+                svc.kv_thread_left();
                 Finish(Status(StatusCode::UNAVAILABLE, std::string("no thread for KV events: ") + e.what()));
             }
         }
@@ -304,9 +305,7 @@ struct EngineServer::Impl final : public Engine::CallbackService {
                     }
                 }
                 Finish(Status::OK);  // the last touch of the call: OnDone deletes it
-                std::lock_guard lock(svc.kv_mutex);
-                --svc.kv_threads;
-                svc.kv_done.notify_all();
+                svc.kv_thread_left();
             }).detach();
         }
 
@@ -505,16 +504,13 @@ void RemoteEngine::cancel_calls() {
     for (const auto& h : running) h->cancel();  // its call ends "abort" (not re-placed)
 }
 
-bool RemoteEngine::close(std::chrono::milliseconds wait) {
+bool RemoteEngine::close(std::optional<std::chrono::milliseconds> wait) {
     cancel_calls();
     std::unique_lock lock(impl_->calls->mutex);
-    return impl_->calls->done.wait_for(lock, wait, [&] { return impl_->calls->count.load() == 0; });
-}
-
-void RemoteEngine::close() {
-    cancel_calls();
-    std::unique_lock lock(impl_->calls->mutex);
-    impl_->calls->done.wait(lock, [&] { return impl_->calls->count.load() == 0; });
+    auto ended = [&] { return impl_->calls->count.load() == 0; };
+    if (wait) return impl_->calls->done.wait_for(lock, *wait, ended);
+    impl_->calls->done.wait(lock, ended);
+    return true;
 }
 
 int64_t RemoteEngine::in_flight() const { return impl_->calls->requests.load(); }

@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "fanout/engine/engine.h"
@@ -91,17 +92,16 @@ class RemoteEngine : public engine::RequestService {
     // the caller (the call's own end, its status, may come a little later).
     int64_t in_flight() const;
     // Cancels every call still running and any started from now on (each ends "abort"), and waits
-    // up to `wait` for them to end; false when some did not.
-    bool close(std::chrono::milliseconds wait);
-    // The same, waiting for every call however long (the destructor does it). A cancelled call
-    // ends on this side at once, without its peer, and none may outlive its client: its
-    // ClientContext holds the channel, whose last release on a gRPC callback thread frees the
-    // queue that thread polls.
-    void close();
+    // for them to end: up to `wait` (false when some did not), or without a limit (the destructor
+    // does that). A cancelled call ends on this side at once, without its peer, and none may
+    // outlive its client: its ClientContext holds the channel, whose last release on a gRPC
+    // callback thread frees the queue that thread polls.
+    bool close(std::optional<std::chrono::milliseconds> wait = std::nullopt);
+    // close()'s first half: every call cancelled, none waited for (a router cancels every engine's
+    // calls before it waits for any).
+    void cancel_calls();
 
   private:
-    void cancel_calls();  // close()'s first half: every call cancelled, none waited for
-
     struct Impl;
     std::unique_ptr<Impl> impl_;
     std::string address_;
