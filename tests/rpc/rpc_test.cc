@@ -7,6 +7,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <thread>
 
 #include "engine/engine_test_util.h"
@@ -406,15 +407,35 @@ TEST(Router, ARequestStillRunningWhenTheRouterGoesEndsAborted) {
 // relay pushes outside its lock, so the cancel reaches the engine (pushed under a plain lock, the
 // cancel would wait for that lock on its own thread, forever), and the caller still gets its
 // request's end, "abort" (before this test, the relay went with the cancel and that end with it).
+// The notification is installed after submit() returns, so an event already waiting runs it on
+// this thread instead: the test sends requests until one cancel came from another thread.
 TEST(Router, ACallerCancellingInItsEventNotificationEndsTheRequest) {
     Node a;
     router::Router r({a.address()}, {});
     r.start();
-    std::shared_ptr<engine::RequestHandle> h = r.submit(request(3, 4000));
-    h->on_event([raw = h.get()] { raw->cancel(); });
-    std::string reason;
-    drain(*h, &reason, nullptr, std::chrono::seconds(10));
-    EXPECT_EQ(reason, "abort");
+    const std::thread::id here = std::this_thread::get_id();
+    bool elsewhere = false;
+    int sent = 0;
+    for (; sent < 5 && !elsewhere; ++sent) {
+        std::shared_ptr<engine::RequestHandle> h = r.submit(request(3, 4000));
+        std::atomic<bool> from_another{false};
+        h->on_event([raw = h.get(), &from_another, here] {
+            if (std::this_thread::get_id() != here) from_another = true;
+            raw->cancel();
+        });
+        std::string reason;
+        drain(*h, &reason, nullptr, std::chrono::seconds(10));
+        EXPECT_EQ(reason, "abort");
+        h->on_event(nullptr);
+        elsewhere = from_another;
+    }
+    EXPECT_TRUE(elsewhere) << "no cancel of " << sent << " came from the pushing thread";
+    engine::EngineStats load = a.eng->stats();
+    for (int i = 0; i < 100 && load.requests_aborted < sent; ++i) {  // the engine ends each at its next step
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        load = a.eng->stats();
+    }
+    EXPECT_EQ(load.requests_aborted, sent) << "each cancel reached the engine";
 }
 
 TEST(Router, NoHealthyEngineIsA503AndBadConfigsAreRefused) {

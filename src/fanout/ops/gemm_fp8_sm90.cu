@@ -89,7 +89,7 @@ __host__ __device__ constexpr int launch_regs(int threads, int ctas) {
 // tile's on the 128 × 256 tiles, so that no warp waits within a tile for its previous store to
 // have read its box, at the cost of the fourth stage (64 KB against 16); one elsewhere. Measured
 // in the thirty-sixth session (run158, H100, against one box): q_b at M = 4,096 1.5% faster, kv_b
-// and the shared down projection 1%, the contiguous grouped GEMMs 1–3%; the masked layout's split
+// and the shared down projection 1%, the contiguous grouped GEMMs 0–1.4%; the masked layout's split
 // kernels (TAIL) lost 1–2% without their fourth stage, and qkv_a lost on the 192-row and 192-wide
 // tiles (15% at M = 1,024 on 192 × 128 with its same four stages, 1.3% at 4,096 on 128 × 192).
 __host__ __device__ constexpr int epilogue_boxes(int bm, int bn, bool tail) {

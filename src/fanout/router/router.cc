@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <deque>
+#include <iterator>
 #include <mutex>
 
 #include "fanout/kv/prefix_cache.h"
@@ -262,12 +263,23 @@ struct Router::Relay : std::enable_shared_from_this<Relay> {
             take_locked(placed_again);
             if (!pushing) {
                 pushing = true;
-                while (!outbox.empty()) {
-                    std::deque<engine::RequestEvent> batch;
-                    batch.swap(outbox);
-                    lock.unlock();
-                    for (engine::RequestEvent& ev : batch) caller->push(std::move(ev));
-                    lock.lock();
+                std::deque<engine::RequestEvent> batch;
+                try {
+                    while (!outbox.empty()) {
+                        batch.swap(outbox);
+                        lock.unlock();
+                        for (; !batch.empty(); batch.pop_front()) caller->push(std::move(batch.front()));
+                        lock.lock();
+                    }
+                } catch (...) {
+                    // The caller's notification threw, its event already queued: the events after
+                    // it go back to the front of the outbox, for the next pump.
+                    if (!lock.owns_lock()) lock.lock();
+                    if (!batch.empty()) batch.pop_front();
+                    outbox.insert(outbox.begin(), std::make_move_iterator(batch.begin()),
+                                  std::make_move_iterator(batch.end()));
+                    pushing = false;
+                    throw;
                 }
                 pushing = false;
             }
