@@ -418,16 +418,17 @@ TEST(Router, ACallerCancellingInItsEventNotificationEndsTheRequest) {
     int sent = 0;
     for (; sent < 5 && !elsewhere; ++sent) {
         std::shared_ptr<engine::RequestHandle> h = r.submit(request(3, 4000));
-        std::atomic<bool> from_another{false};
-        h->on_event([raw = h.get(), &from_another, here] {
-            if (std::this_thread::get_id() != here) from_another = true;
+        // Shared with the notification, which may still be running when drain() has the end.
+        auto from_another = std::make_shared<std::atomic<bool>>(false);
+        h->on_event([raw = h.get(), from_another, here] {
+            if (std::this_thread::get_id() != here) *from_another = true;
             raw->cancel();
         });
         std::string reason;
         drain(*h, &reason, nullptr, std::chrono::seconds(10));
         EXPECT_EQ(reason, "abort");
         h->on_event(nullptr);
-        elsewhere = from_another;
+        elsewhere = *from_another;
     }
     EXPECT_TRUE(elsewhere) << "no cancel of " << sent << " came from the pushing thread";
     engine::EngineStats load = a.eng->stats();
