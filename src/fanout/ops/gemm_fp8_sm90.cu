@@ -96,15 +96,16 @@ __host__ __device__ constexpr int epilogue_boxes(int bm, int bn, bool tail) {
     return bm == 128 && bn == 256 && !tail ? bn / 64 : 1;
 }
 
-// The dynamic shared memory of a CTA with `s` stages and `boxes` epilogue boxes per warp, in order
+// The dynamic shared memory of a CTA with `s` stages (`tail`: the masked split kernels), in order
 // after up to 1 KB of alignment slack: the stages' x and W tiles (K-major, 1024-byte aligned), the
-// consumer warps' epilogue boxes, each stage's scales (sx of the tile's rows, sw of its one or two
+// consumer warps' epilogue boxes (`boxes` each), each stage's scales (sx of the tile's rows, sw of its one or two
 // 128-column blocks, padded to 16 bytes), then the ring's full and empty barriers. One definition
 // for the kernel's addresses, the launch's size and the stage count.
 struct SmemLayout {
-    int stage_bytes, scales_off, full_off, empty_off, bytes;
-    __host__ __device__ constexpr SmemLayout(int bm, int bn, int s, int boxes)
-        : stage_bytes((bm + bn) * 128),
+    int boxes, stage_bytes, scales_off, full_off, empty_off, bytes;
+    __host__ __device__ constexpr SmemLayout(int bm, int bn, int s, bool tail)
+        : boxes(epilogue_boxes(bm, bn, tail)),
+          stage_bytes((bm + bn) * 128),
           scales_off(s * stage_bytes + (bm / 64) * 4 * boxes * 16 * 64 * 2),
           full_off(scales_off + s * (bm + 4) * 4),
           empty_off(full_off + 8 * s),
@@ -293,8 +294,8 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     constexpr int kConsumers = BM / 64;
     constexpr int kABytes = BM * kBK, kBBytes = BN * kBK, kStageBytes = kABytes + kBBytes;
     constexpr int kScaleFloats = BM + 4;  // sx per row, sw per 128 columns (<= 2), padded to 16 bytes
-    constexpr int kBoxes = epilogue_boxes(BM, BN, TAIL), kBoxBytes = 16 * 64 * 2;
-    constexpr SmemLayout kLayout(BM, BN, STAGES, kBoxes);
+    constexpr SmemLayout kLayout(BM, BN, STAGES, TAIL);
+    constexpr int kBoxes = kLayout.boxes, kBoxBytes = 16 * 64 * 2;
     static_assert(kLayout.stage_bytes == kStageBytes, "SmemLayout and the kernel disagree on a stage");
     constexpr int kAcc = BN / 2;  // f32 accumulators per thread (m64 × BN over 128 threads)
     // wgmma width: a 256-wide tile runs as two n128 halves, each promoted before the next, so
@@ -918,7 +919,7 @@ constexpr int stages() {
     constexpr int ctas = ctas_per_sm(BM, BN);
     constexpr int avail = (ctas == 1 ? 227 * 1024 : 228 * 1024 / ctas - 1024) - kStatic;
     int s = 16;
-    while (s > 1 && SmemLayout(BM, BN, s, epilogue_boxes(BM, BN, TAIL)).bytes > avail) --s;
+    while (s > 1 && SmemLayout(BM, BN, s, TAIL).bytes > avail) --s;
     return s;
 }
 
@@ -939,7 +940,7 @@ template <int BM, int BN, Layout L, int CL, bool TAIL = false>
 void launch_config(const Operands& o, const Params& p, cudaStream_t stream) {
     constexpr int S = stages<BM, BN, TAIL>();
     auto* kernel = gemm_fp8_sm90_kernel<BM, BN, S, L, CL, TAIL>;
-    constexpr int smem = SmemLayout(BM, BN, S, epilogue_boxes(BM, BN, TAIL)).bytes;
+    constexpr int smem = SmemLayout(BM, BN, S, TAIL).bytes;
     cudaLaunchConfig_t launch{};
     launch.blockDim = dim3((BM / 64 + 1) * 128);
     launch.dynamicSmemBytes = smem;

@@ -314,10 +314,9 @@ struct Router::Relay : std::enable_shared_from_this<Relay> {
             ++forwarded;
             const bool last = ev.finished;
             outbox.push_back(std::move(ev));
-            if (last) {
+            if (last) {  // a cancel from now on finds no attempt
                 remote->on_event(nullptr);
                 remote.reset();
-                caller->on_cancel(nullptr);  // a cancel from now on has nothing to reach
             }
         }
     }
@@ -352,12 +351,9 @@ std::shared_ptr<engine::RequestHandle> Router::submit(engine::RequestParams para
     caller->on_cancel([w = std::weak_ptr<Relay>(relay)] {
         if (auto r = w.lock()) r->cancel();
     });
-    try {
+    {
         std::lock_guard lock(relay->mutex);
-        relay->send_locked(e);
-    } catch (...) {
-        caller->on_cancel(nullptr);  // nothing runs: the caller never sees the handle
-        throw;
+        relay->send_locked(e);  // throws: the relay and the handle go with this call
     }
     relay->watch();
     relay->pump();
