@@ -158,6 +158,7 @@ void expect_close_bf16(const uint16_t* got, const float* ref, size_t n, const st
 void expect_masked_result(const DeviceBuffer<uint16_t>& dy, const std::vector<int32_t>& counts, int max_m, int N,
                           const std::function<std::vector<float>(int)>& ref_of, const std::string& what) {
     std::vector<uint16_t> got(counts.size() * max_m * N);
+    ASSERT_EQ(dy.n, got.size()) << what << ": y is not [experts × max_m, N]";
     dy.download(got.data());
     for (int e = 0; e < static_cast<int>(counts.size()); ++e) {
         const uint16_t* g = got.data() + size_t(e) * max_m * N;
@@ -176,6 +177,7 @@ void expect_contiguous_result(const DeviceBuffer<uint16_t>& dy, const std::vecto
                               const Fp8Operands& o, ThreadPool& pool, const std::string& what) {
     const int64_t N = o.N;
     std::vector<uint16_t> got(block_expert.size() * 128 * N);
+    ASSERT_EQ(dy.n, got.size()) << what << ": y is not [blocks × 128, N]";
     dy.download(got.data());
     std::vector<float> ref(size_t(128 * N));
     for (size_t b = 0; b < block_expert.size(); ++b) {
