@@ -98,9 +98,9 @@ __host__ __device__ constexpr int epilogue_boxes(int bm, int bn, bool tail) {
 
 // The dynamic shared memory of a CTA with `s` stages (`tail`: the masked split kernels), in order
 // after up to 1 KB of alignment slack: the stages' x and W tiles (K-major, 1024-byte aligned), the
-// consumer warps' epilogue boxes (`boxes` each), each stage's scales (sx of the tile's rows, sw of its one or two
-// 128-column blocks, padded to 16 bytes), then the ring's full and empty barriers. One definition
-// for the kernel's addresses, the launch's size and the stage count.
+// consumer warps' epilogue boxes (`boxes` each), each stage's scales (sx of the tile's rows, sw of
+// its one or two 128-column blocks, padded to 16 bytes), then the ring's full and empty barriers.
+// One definition for the kernel's addresses, the launch's size and the stage count.
 struct SmemLayout {
     int boxes, stage_bytes, scales_off, full_off, empty_off, bytes;
     __host__ __device__ constexpr SmemLayout(int bm, int bn, int s, bool tail)
