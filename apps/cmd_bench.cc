@@ -114,7 +114,8 @@ void add_bench_command(CLI::App& app) {
                      "dense: only this M (64, 128, 256, 1024 and 4096 have anchors and sums; any other runs alone)")
         ->check(CLI::PositiveNumber);
     kernels->add_option("--config", k->config,
-                        "dense: this tile config instead of the table, e.g. 128x256/1 or 128x128/2c2");
+                        "dense: this tile config instead of the table, e.g. 128x256/1, 128x128/2c2, or 128x256/skc2 "
+                        "(stream-K: the tiles past the whole waves dealt out in K shares; 128x128 and 128x256)");
     kernels->add_flag("--lt-search", k->lt_search,
                       "dense: also time cuBLASLt's block-scaled FP8 algorithm in every tile and cluster shape it "
                       "accepts (its heuristic offers one)");

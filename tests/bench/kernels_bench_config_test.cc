@@ -23,11 +23,21 @@ TEST(KernelsBenchConfig, ParsesSplitsAndClusters) {
     EXPECT_EQ(b.block_m, 64);
     EXPECT_EQ(b.splits, 4);
     EXPECT_EQ(b.cluster, 1);
+    EXPECT_FALSE(b.stream_k);
+    const ops::GemmConfig c = parse_gemm_config("128x256/skc2");
+    EXPECT_TRUE(c.stream_k);
+    EXPECT_EQ(c.splits, 1);
+    EXPECT_EQ(c.cluster, 2);
+    const ops::GemmConfig d = parse_gemm_config("64x128/sk");
+    EXPECT_TRUE(d.stream_k);
+    EXPECT_EQ(d.block_n, 128);
+    EXPECT_EQ(d.cluster, 1);
 }
 
 TEST(KernelsBenchConfig, MalformedConfigsAreErrorsThatShowTheForm) {
-    for (const char* bad : {"", "128", "128x256", "128x256/", "128x256/0", "128x256/-2", "128x256/s", "128x256/1c",
-                            "128x256/1x2", "128x256/1c2junk", "0x256/1", "abc"}) {
+    for (const char* bad :
+         {"", "128", "128x256", "128x256/", "128x256/0", "128x256/-2", "128x256/s", "128x256/1c", "128x256/1x2",
+          "128x256/1c2junk", "0x256/1", "abc", "128x256/sk2", "128x256/skx", "128x256/skc"}) {
         const std::string msg = fanout::testing::error_of([&] { parse_gemm_config(bad); });
         EXPECT_NE(msg.find("BMxBN/SPLITS"), std::string::npos) << "'" << bad << "': " << msg;
     }

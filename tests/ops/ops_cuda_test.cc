@@ -481,6 +481,76 @@ TEST(GemmFp8Cuda, SplitsBeyondOneWaveRunFewer) {
     run_dense(Fp8Operands(1024, 2112, 1040, 93), GemmConfig{128, 128, 8, 2}, &ws, false, pool);
 }
 
+// Dense stream-K (GemmConfig::stream_k, the 128 × 128 and 128 × 256 tiles): the tiles past the
+// whole waves are dealt out in shares of K blocks, one per CTA (pair), so shares end and begin
+// tiles part-way and a tile's last share adds the others'. Against the CPU reference: several
+// waves and a remainder (128 × 256, 180 tiles: on 132 SMs 48 left, shares of 4 of the 9 K blocks,
+// up to three per tile), in pairs (100 pair units; the last pair's second row block past M runs
+// the pipeline and writes nothing), fewer tiles than CTAs (every tile shared: three 128 × 128
+// tiles of 16 K blocks in shares of one, 16 per tile), stores from registers (N % 8 != 0); with
+// and without the residual. Then the same GEMM twice on two streams at once against itself alone,
+// bit for bit (a last share waits for lower shares, handed out by the ticket in the order CTAs
+// start, so neither launch waits on a CTA that cannot start), and every workspace back at zero.
+TEST(GemmFp8Cuda, StreamKDealsTheLastWaveInShares) {
+    REQUIRE_GPU();
+    ThreadPool pool(0);
+    GemmWorkspace ws;
+    auto sk = [](int bm, int bn, int cluster) {
+        GemmConfig c{bm, bn, 1, cluster};
+        c.stream_k = true;
+        return c;
+    };
+    for (int cluster : {1, 2}) {
+        run_dense(Fp8Operands(1100, 5000, 1040, 141 + cluster), sk(128, 256, cluster), &ws, cluster == 1, pool);
+        run_dense(Fp8Operands(100, 300, 2048, 143 + cluster), sk(128, 128, cluster), &ws, cluster == 2, pool);
+        run_dense(Fp8Operands(300, 1003, 1040, 145 + cluster), sk(128, 128, cluster), &ws, true, pool);
+        run_dense(Fp8Operands(700, 2112, 1536, 149 + cluster), sk(128, 256, cluster), &ws, cluster == 1, pool);
+    }
+    expect_workspace_at_zero(ws, "after the stream-K GEMMs");
+
+    const GemmConfig cfg = sk(128, 256, 1);
+    const int M = 1100, N = 5000, K = 1040;
+    Fp8Operands o(M, N, K, 151);
+    DeviceFp8 d(o);
+    GemmWorkspace two[2];
+    DeviceBuffer<uint16_t> alone(size_t(M) * N),
+        y[2] = {DeviceBuffer<uint16_t>(size_t(M) * N), DeviceBuffer<uint16_t>(size_t(M) * N)};
+    launch_gemm_fp8(d.x.ptr, d.sx.ptr, d.w.ptr, d.sw.ptr, alone.ptr, M, N, K, nullptr, nullptr, &two[0], cfg);
+    FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<uint16_t> want(size_t(M) * N);
+    alone.download(want.data());
+    overlap_on_two_streams(20, [&](cudaStream_t s, int i) {
+        launch_gemm_fp8(d.x.ptr, d.sx.ptr, d.w.ptr, d.sw.ptr, y[i].ptr, M, N, K, s, nullptr, &two[i], cfg);
+    });
+    expect_each_stream(y, two, want);
+}
+
+// Stream-K with split K, on a tile it is not built for, or without a workspace for its partials,
+// is refused by name.
+TEST(GemmFp8Cuda, StreamKWithSplitsOrWithoutWorkspaceIsAnError) {
+    REQUIRE_GPU();
+    GemmWorkspace ws;
+    Fp8Operands o(64, 256, 256, 153);
+    DeviceFp8 d(o);
+    DeviceBuffer<uint16_t> y(size_t(64) * 256);
+    GemmConfig cfg{128, 256, 2, 1};
+    cfg.stream_k = true;
+    auto launch = [&](GemmWorkspace* w) {
+        return fanout::testing::error_of([&] {
+            launch_gemm_fp8(d.x.ptr, d.sx.ptr, d.w.ptr, d.sw.ptr, y.ptr, 64, 256, 256, nullptr, nullptr, w, cfg);
+        });
+    };
+    std::string msg = launch(&ws);
+    EXPECT_NE(msg.find("stream-K"), std::string::npos) << msg;
+    cfg.splits = 1;
+    cfg.block_m = 64;
+    msg = launch(&ws);
+    EXPECT_NE(msg.find("stream-K"), std::string::npos) << msg;
+    cfg.block_m = 128;
+    msg = launch(nullptr);
+    EXPECT_NE(msg.find("GemmWorkspace"), std::string::npos) << msg;
+}
+
 TEST(TransposeScalesCuda, MatchesHostTranspose) {
     REQUIRE_GPU();
     for (auto [M, nb] : {std::pair{1, 1}, {33, 56}, {1001, 12}, {64, 144}}) {

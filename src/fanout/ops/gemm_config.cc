@@ -76,7 +76,7 @@ GemmConfig pick_gemm_config(int M, int N, int K, int num_sms, bool split_k_allow
     for (const Row& r : kTable)
         if (r.n == N && r.k == K && M <= r.max_m) {
             GemmConfig c = r.config;
-            if (!split_k_allowed) c.splits = 1;
+            if (!split_k_allowed) c.splits = 1, c.stream_k = false;
             return c;
         }
     // Elsewhere: 64-row tiles only when M fits one; the widest N tile that still gives every

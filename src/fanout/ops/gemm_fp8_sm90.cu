@@ -32,6 +32,12 @@
 // (3R units over two rounds of the grid), and the units are handed out as CTAs ask for them
 // (kDynamic), so the CTAs whose whole tiles finished first take the split ones.
 //
+// Dense stream-K (GemmConfig::stream_k): the whole waves run whole tiles; the K blocks of the tiles
+// left over, tile after tile, are cut into one equal share per CTA (pair) of the grid, so a
+// partial last wave costs its share of a tile instead of a whole one. A share meets one tile or
+// two; each tile's shares reduce as split K's do (the share holding its last K block adds the
+// others'), and a CTA runs its part of the later tile first (gemm_stream_k.h).
+//
 // Cluster pairs: two CTAs on tiles stacked along M fetch half of their shared W tile each and
 // multicast it to both. In the contiguous layout a pair may straddle two experts' blocks; then
 // each CTA fetches its own W tile.
@@ -44,15 +50,18 @@
 #include <cuda.h>
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cuda/atomic>
 #include <iterator>
 #include <string>
+#include <type_traits>
 
 #include "fanout/core/cuda_check.h"
 #include "fanout/core/per_device.h"
 #include "fanout/core/search.cuh"
 #include "fanout/ops/fp8_constants.h"
 #include "fanout/ops/gemm.h"
+#include "fanout/ops/gemm_stream_k.h"
 #include "fanout/ops/grouped_gemm_cuda.h"
 #include "fanout/ops/sm90.cuh"
 #include "fanout/ops/tensor_map.h"
@@ -135,6 +144,14 @@ struct Params {
     int tail_slots;   // masked split K: BM × BN partial tiles the workspace holds (launch_config)
 };
 
+// A dense stream-K launch's parameters (GemmConfig::stream_k; launch_config makes the plan): its
+// TAIL kernels' alone, so that the other kernels' parameters stay as they were.
+struct StreamKParams : Params {
+    StreamKPlan sk;
+};
+template <Layout L, bool TAIL>
+using ParamsOf = std::conditional_t<L == Layout::kDense && TAIL, StreamKParams, Params>;
+
 struct Tile {
     int a_row;     // first row of the tile in x, sx and y
     int rows;      // valid rows from a_row (<= 0: nothing to do)
@@ -160,10 +177,11 @@ struct Tile {
 // and 16 measured slower than 8 (PERF.md, 2026-12-03).
 constexpr int kGroupM = 8;
 
-// TAIL (masked): the launch's last wave may be split in K (plan_tail).
+// TAIL: the launch's last wave is shared out in K — masked: split (plan_tail); dense: stream-K
+// (StreamKParams, gemm_stream_k.h).
 template <int BM, int BN, Layout L, int CL, bool TAIL>
 struct Scheduler {
-    const Params& p;
+    const ParamsOf<L, TAIL>& p;
     const int* prefix;  // masked: tiles before expert e, in shared memory
     int m_blocks;
     // Masked: units [0, full) are whole tiles; the `tail` tiles after them run as tail_splits K
@@ -210,6 +228,8 @@ struct Scheduler {
     __device__ int total() const {
         if constexpr (L == Layout::kMasked)
             return TAIL ? full + tail * tail_splits : prefix[p.num_experts];
+        else if constexpr (L == Layout::kDense && TAIL)
+            return p.sk.units();  // whole tiles, then two pieces per share (gemm_stream_k.h)
         else
             return m_units() * p.n_blocks * (L == Layout::kDense ? p.splits : 1);
     }
@@ -241,7 +261,20 @@ struct Scheduler {
                 tile.id = (u - full) * CL + rank;  // id · splits + split < the partial slots (plan_tail)
             }
         } else {
-            const int per_split = m_units() * p.n_blocks, u = t % per_split;
+            const int per_split = m_units() * p.n_blocks;
+            int u = t % per_split;
+            StreamKPiece piece{};
+            bool sk = false;  // a stream-K piece
+            if constexpr (L == Layout::kDense && TAIL) {
+                if (t >= p.sk.full) {
+                    if (!stream_k_piece(p.sk, t, piece)) {
+                        tile.skip = true;
+                        return tile;
+                    }
+                    u = piece.tile;
+                    sk = true;
+                }
+            }
             const int group = u / (kGroupM * p.n_blocks), in_group = u % (kGroupM * p.n_blocks);
             const int group_units = min(kGroupM, m_units() - group * kGroupM);
             const int m_unit = group * kGroupM + in_group % group_units;
@@ -257,6 +290,15 @@ struct Scheduler {
                 tile.sw_base = (tile.n0 / kBK) * p.nkb;
                 tile.kb0 = tile.split * p.kb_per_split;
                 tile.kb1 = min(p.nkb, tile.kb0 + p.kb_per_split);
+                if constexpr (TAIL) {
+                    if (sk) {
+                        tile.split = piece.split;
+                        tile.splits = piece.splits;
+                        tile.kb0 = piece.kb0;
+                        tile.kb1 = piece.kb1;
+                        tile.id = (u - p.sk.full) * CL + rank;  // (id + 1) · sk.slots <= the partial slots
+                    }
+                }
             } else {
                 // A block past the rows (the last pair's second CTA) or of no expert (padding)
                 // computes expert 0's product for its peer and writes nothing; a pair with no
@@ -276,25 +318,28 @@ struct Scheduler {
                 }
             }
         }
-        if constexpr (CL == 1) tile.skip = tile.rows <= 0;
+        if constexpr (CL == 1) tile.skip = tile.rows <= 0;  // (a skipped stream-K piece returned above)
         return tile;
     }
 };
 
 __device__ __forceinline__ float bf16_at(const __nv_bfloat16* p, size_t i) { return __bfloat162float(p[i]); }
 
-// TAIL: the masked layout's split K, a separate instantiation so that the kernels that never split
-// carry none of its code (with it in every masked kernel, EP128's unsplit down projection ran 75
-// against 72 µs and the pairs' variants 2-18 µs slower; PERF.md, twenty-sixth session).
+// TAIL: the masked layout's split K or dense stream-K, a separate instantiation so that the kernels
+// that never share a wave carry none of its code (with the split in every masked kernel, EP128's
+// unsplit down projection ran 75 against 72 µs and the pairs' variants 2-18 µs slower; PERF.md,
+// twenty-sixth session). The dense ones keep the default kernel's stages and store boxes.
 template <int BM, int BN, int STAGES, Layout L, int CL, bool TAIL>
 __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     gemm_fp8_sm90_kernel(const __grid_constant__ CUtensorMap tmap_x, const __grid_constant__ CUtensorMap tmap_x_tail,
                          const __grid_constant__ CUtensorMap tmap_w, const __grid_constant__ CUtensorMap tmap_y,
-                         const Params p) {
+                         const ParamsOf<L, TAIL> p) {
     constexpr int kConsumers = BM / 64;
     constexpr int kABytes = BM * kBK, kBBytes = BN * kBK, kStageBytes = kABytes + kBBytes;
     constexpr int kScaleFloats = BM + 4;  // sx per row, sw per 128 columns (<= 2), padded to 16 bytes
-    constexpr SmemLayout kLayout(BM, BN, STAGES, TAIL);
+    static_assert(!TAIL || L != Layout::kContiguous, "the contiguous layout shares no wave");
+    constexpr bool kMaskedTail = TAIL && L == Layout::kMasked;
+    constexpr SmemLayout kLayout(BM, BN, STAGES, kMaskedTail);
     constexpr int kBoxes = kLayout.boxes, kBoxBytes = 16 * 64 * 2;
     static_assert(kLayout.stage_bytes == kStageBytes, "SmemLayout and the kernel disagree on a stage");
     constexpr int kAcc = BN / 2;  // f32 accumulators per thread (m64 × BN over 128 threads)
@@ -336,7 +381,6 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     uint64_t* empty = reinterpret_cast<uint64_t*>(smem + kEmptyOff);
     __shared__ int prefix[L == Layout::kMasked ? kMaxExperts + 1 : 1];
 
-    static_assert(!TAIL || L == Layout::kMasked, "the last-wave split is the masked layout's");
     constexpr bool kSplitK = L == Layout::kDense || TAIL;
     Scheduler<BM, BN, L, CL, TAIL> sched{p, prefix, (p.rows + BM - 1) / BM};
     const int rank = CL > 1 ? static_cast<int>(cluster_rank()) : 0;
@@ -352,8 +396,8 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     __shared__ int ticket;
     // kDynamic (the masked layout's split kernels, unpaired): no ticket; the producer takes each
     // unit from p.grab as it gets to it and passes it on through unit_ring (below).
-    constexpr bool kDynamic = TAIL && CL == 1;
-    const bool ticketed = kSplitK && p.splits > 1 && !kDynamic;
+    constexpr bool kDynamic = kMaskedTail && CL == 1;
+    const bool ticketed = kSplitK && (p.splits > 1 || (TAIL && L == Layout::kDense)) && !kDynamic;
     constexpr int kRing = kDynamic ? kUnitRing : 1;
     __shared__ int unit_ring[kRing];
     __shared__ uint64_t unit_full[kRing], unit_empty[kRing];
@@ -421,7 +465,7 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
     if constexpr (L == Layout::kDense) {
         if (threadIdx.x == 0 && first < sched.total()) {
             const Tile tile = sched.get(first, rank);
-            prefetched = min(STAGES, tile.kb1 - tile.kb0);
+            prefetched = TAIL && tile.skip ? 0 : min(STAGES, tile.kb1 - tile.kb0);  // (stream-K: a piece)
             for (int i = 0; i < prefetched; ++i) {  // fresh stages: no need to wait for `empty`
                 mbar_arrive_expect_tx(&full[i], stage_tx(tile));
                 load_w(i, tile.kb0 + i, tile);
@@ -453,7 +497,7 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
         }
     }
     __syncthreads();
-    if constexpr (TAIL) sched.plan_tail(stride);
+    if constexpr (kMaskedTail) sched.plan_tail(stride);
 
     const int total = sched.total();
     const int wg = threadIdx.x / 128;
@@ -824,8 +868,9 @@ __global__ void __launch_bounds__((BM / 64 + 1) * 128, ctas_per_sm(BM, BN))
         if constexpr (kSplitK) {
             if (tile.splits > 1) {
                 constexpr int kThreads = kConsumers * 128, kSlot = kThreads * kAcc / 4;  // float4s per split
-                float4* all =
-                    reinterpret_cast<float4*>(p.partials) + static_cast<size_t>(tile.id) * tile.splits * kSlot;
+                int slots = tile.splits;  // per tile id (stream-K: the plan's, for every tile)
+                if constexpr (L == Layout::kDense && TAIL) slots = p.sk.slots;
+                float4* all = reinterpret_cast<float4*>(p.partials) + static_cast<size_t>(tile.id) * slots * kSlot;
                 cuda::atomic_ref<int, cuda::thread_scope_device> stored(p.counters[tile.id]);
                 if (tile.split < tile.splits - 1) {
                     // Each float4 holds a quad with its pairs swapped (acc[1], acc[0], acc[3],
@@ -923,6 +968,10 @@ constexpr int stages() {
     return s;
 }
 
+// The dense tiles built with stream-K (their TAIL kernels): the prefill tiles, where a partial
+// last wave costs a whole tile's time.
+constexpr bool stream_k_tile(int bm, int bn) { return bm == 128 && (bn == 128 || bn == 256); }
+
 // The operands of one launch: x [x_rows, K] and the stacked W [w_rows, K]; `units` tile units
 // (clusters' worth) to spread over the persistent grid, or 0 when only the device knows (masked);
 // with split K, the workspace's room (the launch checks it after capping the splits).
@@ -934,13 +983,15 @@ struct Operands {
     int units;
     size_t partial_capacity = 0;  // floats at Params::partials
     int counter_capacity = 0;     // ints at Params::counters
+    bool stream_k = false;        // dense: GemmConfig::stream_k (launch_config plans it)
 };
 
 template <int BM, int BN, Layout L, int CL, bool TAIL = false>
 void launch_config(const Operands& o, const Params& p, cudaStream_t stream) {
-    constexpr int S = stages<BM, BN, TAIL>();
+    constexpr bool kMaskedTail = TAIL && L == Layout::kMasked;
+    constexpr int S = stages<BM, BN, kMaskedTail>();
     auto* kernel = gemm_fp8_sm90_kernel<BM, BN, S, L, CL, TAIL>;
-    constexpr int smem = SmemLayout(BM, BN, S, TAIL).bytes;
+    constexpr int smem = SmemLayout(BM, BN, S, kMaskedTail).bytes;
     cudaLaunchConfig_t launch{};
     launch.blockDim = dim3((BM / 64 + 1) * 128);
     launch.dynamicSmemBytes = smem;
@@ -973,7 +1024,8 @@ void launch_config(const Operands& o, const Params& p, cudaStream_t stream) {
             return clusters;
         }
     });
-    Params q = p;
+    ParamsOf<L, TAIL> q{};
+    static_cast<Params&>(q) = p;
     int units = o.units > 0 ? std::min(o.units, max_units) : max_units;
     if (L == Layout::kDense && p.splits > 1 && o.units > max_units) {
         // A tile's last split waits for its others (the kernel's split-K), so every unit needs a
@@ -982,6 +1034,21 @@ void launch_config(const Operands& o, const Params& p, cudaStream_t stream) {
         q.kb_per_split = (p.nkb + splits - 1) / splits;
         q.splits = (p.nkb + q.kb_per_split - 1) / q.kb_per_split;
         units = std::min(per_split * q.splits, max_units);
+    }
+    if constexpr (L == Layout::kDense && stream_k_tile(BM, BN)) {
+        if (o.stream_k) {  // the tiles past the whole waves dealt out in K shares, by the TAIL kernel
+            const StreamKPlan plan = plan_stream_k(o.units, max_units, p.nkb);
+            if constexpr (!TAIL) {
+                if (plan.tiles > 0) return launch_config<BM, BN, L, CL, true>(o, p, stream);
+            } else {
+                q.sk = plan;
+                units = max_units;
+                const size_t need = static_cast<size_t>(q.sk.tiles) * CL * q.sk.slots * BM * BN;
+                FANOUT_DEVICE_REQUIRE(need <= o.partial_capacity && q.sk.tiles * CL <= o.counter_capacity,
+                                      "gemm_fp8: stream-K workspace too small (" + std::to_string(need * 4) +
+                                          " bytes, " + std::to_string(q.sk.tiles * CL) + " counters needed)");
+            }
+        }
     }
     if (L != Layout::kContiguous && q.splits > 1) {
         // Dense: every tile's splits; masked: a slot per CTA of a split unit in one round, at most
@@ -1047,6 +1114,10 @@ void check_config(const GemmConfig& cfg, Layout L, const char* what) {
                           std::string(what) + ": clusters of " + std::to_string(cfg.cluster) + " (have 1 and 2)");
     FANOUT_DEVICE_REQUIRE(cfg.splits >= 1,
                           std::string(what) + ": splits must be at least 1, got " + std::to_string(cfg.splits));
+    FANOUT_DEVICE_REQUIRE(!cfg.stream_k || (dense && cfg.splits == 1 && stream_k_tile(cfg.block_m, cfg.block_n)),
+                          std::string(what) + ": stream-K is built for the dense layout's 128 × 128 and 128 × 256 " +
+                              "tiles without splits (block " + std::to_string(cfg.block_m) + " × " +
+                              std::to_string(cfg.block_n) + ", splits " + std::to_string(cfg.splits) + ")");
 }
 
 void check_operands(const void* x, const void* w, int N, int K, const char* what) {
@@ -1143,6 +1214,10 @@ void launch_gemm_fp8(const uint8_t* x, const float* sx, const uint8_t* w, const 
         attach_workspace(workspace, p, o, "gemm_fp8");
         p.kb_per_split = (p.nkb + cfg.splits - 1) / cfg.splits;
         p.splits = (p.nkb + p.kb_per_split - 1) / p.kb_per_split;  // no empty split
+    }
+    if (cfg.stream_k) {
+        attach_workspace(workspace, p, o, "gemm_fp8");
+        o.stream_k = true;
     }
     o.units = ((m_blocks + cfg.cluster - 1) / cfg.cluster) * p.n_blocks * p.splits;
     launch_tile<Layout::kDense>(cfg, o, p, static_cast<cudaStream_t>(cuda_stream));
