@@ -385,6 +385,25 @@ void expect_each_stream(const DeviceBuffer<uint16_t> (&y)[2], const GemmWorkspac
     }
 }
 
+// The dense GEMM of o's operands on cfg, alone and then `rounds` times on each of two streams at
+// once, each stream with its workspace: every result equals the one alone bit for bit, and the
+// workspaces end at zero.
+void expect_two_streams_match_alone(const Fp8Operands& o, GemmConfig cfg, int rounds) {
+    const int M = int(o.M), N = int(o.N), K = int(o.K);
+    DeviceFp8 d(o);
+    GemmWorkspace ws[2];
+    DeviceBuffer<uint16_t> alone(size_t(M) * N),
+        y[2] = {DeviceBuffer<uint16_t>(size_t(M) * N), DeviceBuffer<uint16_t>(size_t(M) * N)};
+    launch_gemm_fp8(d.x.ptr, d.sx.ptr, d.w.ptr, d.sw.ptr, alone.ptr, M, N, K, nullptr, nullptr, &ws[0], cfg);
+    FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<uint16_t> want(size_t(M) * N);
+    alone.download(want.data());
+    overlap_on_two_streams(rounds, [&](cudaStream_t s, int i) {
+        launch_gemm_fp8(d.x.ptr, d.sx.ptr, d.w.ptr, d.sw.ptr, y[i].ptr, M, N, K, s, nullptr, &ws[i], cfg);
+    });
+    expect_each_stream(y, ws, want);
+}
+
 // Two split-K GEMMs on two streams at once, each with its workspace, whose CTAs do not all fit on
 // the GPU together (each fills ~70% of it): a tile's last split waits for its others, and the
 // units are handed out in the order CTAs start, so neither waits on a split that cannot start (a
@@ -397,19 +416,7 @@ TEST(GemmFp8Cuda, SplitGemmsOnTwoStreamsAtOnce) {
     const int sms = fanout::ops::device_sm_count();
     const GemmConfig cfg{64, 64, 4, 1};                             // two CTAs per SM
     const int N = 64 * ((2 * sms * 7 / 10) / 4), K = 2048, M = 64;  // units = N/64 × 4
-    Fp8Operands o(M, N, K, 77);
-    DeviceFp8 d(o);
-    GemmWorkspace ws[2];
-    DeviceBuffer<uint16_t> alone(size_t(M) * N),
-        y[2] = {DeviceBuffer<uint16_t>(size_t(M) * N), DeviceBuffer<uint16_t>(size_t(M) * N)};
-    launch_gemm_fp8(d.x.ptr, d.sx.ptr, d.w.ptr, d.sw.ptr, alone.ptr, M, N, K, nullptr, nullptr, &ws[0], cfg);
-    FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<uint16_t> want(size_t(M) * N);
-    alone.download(want.data());
-    overlap_on_two_streams(50, [&](cudaStream_t s, int i) {
-        launch_gemm_fp8(d.x.ptr, d.sx.ptr, d.w.ptr, d.sw.ptr, y[i].ptr, M, N, K, s, nullptr, &ws[i], cfg);
-    });
-    expect_each_stream(y, ws, want);
+    expect_two_streams_match_alone(Fp8Operands(M, N, K, 77), cfg, 50);
 }
 
 // The masked layout's split of a last wave on two streams at once: each grid is a CTA (pair) per
@@ -508,21 +515,7 @@ TEST(GemmFp8Cuda, StreamKDealsTheLastWaveInShares) {
     }
     expect_workspace_at_zero(ws, "after the stream-K GEMMs");
 
-    const GemmConfig cfg = sk(128, 256, 1);
-    const int M = 1100, N = 5000, K = 1040;
-    Fp8Operands o(M, N, K, 151);
-    DeviceFp8 d(o);
-    GemmWorkspace two[2];
-    DeviceBuffer<uint16_t> alone(size_t(M) * N),
-        y[2] = {DeviceBuffer<uint16_t>(size_t(M) * N), DeviceBuffer<uint16_t>(size_t(M) * N)};
-    launch_gemm_fp8(d.x.ptr, d.sx.ptr, d.w.ptr, d.sw.ptr, alone.ptr, M, N, K, nullptr, nullptr, &two[0], cfg);
-    FANOUT_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<uint16_t> want(size_t(M) * N);
-    alone.download(want.data());
-    overlap_on_two_streams(20, [&](cudaStream_t s, int i) {
-        launch_gemm_fp8(d.x.ptr, d.sx.ptr, d.w.ptr, d.sw.ptr, y[i].ptr, M, N, K, s, nullptr, &two[i], cfg);
-    });
-    expect_each_stream(y, two, want);
+    expect_two_streams_match_alone(Fp8Operands(1100, 5000, 1040, 151), sk(128, 256, 1), 20);
 }
 
 // Stream-K with split K, on a tile it is not built for, or without a workspace for its partials,

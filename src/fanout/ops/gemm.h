@@ -35,10 +35,11 @@ void gemm_fp8_cpu(const uint8_t* x, const float* sx, const uint8_t* w, const flo
 // multicast to both (a contiguous pair straddling two experts fetches a W tile each).
 // block_m = 0 asks for the measured table. `cublaslt`: the table measured cuBLASLt's block-scaled
 // FP8 faster for this shape and M (prefill sizes): the DeviceContext launch runs it there, the
-// tile shape is the fallback (and what the stream-only launch runs). `stream_k` (dense, splits 1,
-// needs a GemmWorkspace): the whole waves run whole tiles, and the K blocks of the tiles left over
-// are dealt out in equal shares, one per CTA (cluster) of the grid, so that a partial last wave
-// takes its share of the time instead of a whole tile's.
+// tile shape is the fallback (and what the stream-only launch runs). `stream_k` (dense 128 × 128
+// and 128 × 256 tiles, splits 1, needs a GemmWorkspace; opt-in, the table does not pick it): the
+// whole waves run whole tiles, and the K blocks of the tiles left over are dealt out in equal
+// shares, one per CTA (cluster) of the grid, so that a partial last wave takes its share of the
+// time instead of a whole tile's (gemm_stream_k.h).
 struct GemmConfig {
     int block_m = 0;
     int block_n = 0;
