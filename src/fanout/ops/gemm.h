@@ -62,6 +62,11 @@ inline constexpr GemmFp8Tile kGemmFp8Tiles[] = {{64, 64, false},   {64, 128, fal
 // grouped ones, for sweeps and tests to walk; and those tiles as text ("64×64, …"), for errors.
 bool gemm_fp8_tile_exists(int block_m, int block_n, bool dense);
 std::string gemm_fp8_tile_list(bool dense);
+// The dense tiles built with stream-K (GemmConfig::stream_k): the prefill tiles, where a partial
+// last wave costs a whole tile's time.
+constexpr bool gemm_fp8_stream_k_tile(int block_m, int block_n) {
+    return block_m == 128 && (block_n == 128 || block_n == 256);
+}
 
 // The contiguous grouped GEMM's default tile (prefill: thousands of rows per rank): 128 × 256 in
 // cluster pairs, 8.6-10.8% faster than unpaired at EP8..EP64 with the grouped tile order (PERF.md,

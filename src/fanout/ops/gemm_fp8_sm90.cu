@@ -968,10 +968,6 @@ constexpr int stages() {
     return s;
 }
 
-// The dense tiles built with stream-K (their TAIL kernels): the prefill tiles, where a partial
-// last wave costs a whole tile's time.
-constexpr bool stream_k_tile(int bm, int bn) { return bm == 128 && (bn == 128 || bn == 256); }
-
 // The operands of one launch: x [x_rows, K] and the stacked W [w_rows, K]; `units` tile units
 // (clusters' worth) to spread over the persistent grid, or 0 when only the device knows (masked);
 // with split K, the workspace's room (the launch checks it after capping the splits).
@@ -1035,7 +1031,7 @@ void launch_config(const Operands& o, const Params& p, cudaStream_t stream) {
         q.splits = (p.nkb + q.kb_per_split - 1) / q.kb_per_split;
         units = std::min(per_split * q.splits, max_units);
     }
-    if constexpr (L == Layout::kDense && stream_k_tile(BM, BN)) {
+    if constexpr (L == Layout::kDense && gemm_fp8_stream_k_tile(BM, BN)) {
         if (o.stream_k) {  // the tiles past the whole waves dealt out in K shares, by the TAIL kernel
             const StreamKPlan plan = plan_stream_k(o.units, max_units, p.nkb);
             if constexpr (!TAIL) {
@@ -1114,10 +1110,11 @@ void check_config(const GemmConfig& cfg, Layout L, const char* what) {
                           std::string(what) + ": clusters of " + std::to_string(cfg.cluster) + " (have 1 and 2)");
     FANOUT_DEVICE_REQUIRE(cfg.splits >= 1,
                           std::string(what) + ": splits must be at least 1, got " + std::to_string(cfg.splits));
-    FANOUT_DEVICE_REQUIRE(!cfg.stream_k || (dense && cfg.splits == 1 && stream_k_tile(cfg.block_m, cfg.block_n)),
-                          std::string(what) + ": stream-K is built for the dense layout's 128 × 128 and 128 × 256 " +
-                              "tiles without splits (block " + std::to_string(cfg.block_m) + " × " +
-                              std::to_string(cfg.block_n) + ", splits " + std::to_string(cfg.splits) + ")");
+    FANOUT_DEVICE_REQUIRE(
+        !cfg.stream_k || (dense && cfg.splits == 1 && gemm_fp8_stream_k_tile(cfg.block_m, cfg.block_n)),
+        std::string(what) + ": stream-K is built for the dense layout's 128 × 128 and 128 × 256 " +
+            "tiles without splits (block " + std::to_string(cfg.block_m) + " × " + std::to_string(cfg.block_n) +
+            ", splits " + std::to_string(cfg.splits) + ")");
 }
 
 void check_operands(const void* x, const void* w, int N, int K, const char* what) {

@@ -37,9 +37,9 @@ FANOUT_HOST_DEVICE constexpr StreamKPlan plan_stream_k(int tiles, int ctas, int 
     StreamKPlan p;
     p.nkb = nkb;
     p.ctas = ctas;
-    const int rest = ctas > 0 ? tiles % ctas : 0;
+    const int rest = ctas > 0 && nkb > 0 ? tiles % ctas : 0;
     p.full = tiles - rest;
-    if (rest == 0 || nkb <= 0) return p;
+    if (rest == 0) return p;
     p.tiles = rest;
     p.share = (rest * nkb + ctas - 1) / ctas;  // <= nkb, as rest < ctas
     int most = 1;
