@@ -489,15 +489,17 @@ TEST(GemmFp8Cuda, SplitsBeyondOneWaveRunFewer) {
 }
 
 // Dense stream-K (GemmConfig::stream_k, the 128 × 128 and 128 × 256 tiles): the tiles past the
-// whole waves are dealt out in shares of K blocks, one per CTA (pair), so shares end and begin
-// tiles part-way and a tile's last share adds the others'. Against the CPU reference: several
-// waves and a remainder (128 × 256, 180 tiles: on 132 SMs 48 left, shares of 4 of the 9 K blocks,
-// up to three per tile), in pairs (100 pair units; the last pair's second row block past M runs
-// the pipeline and writes nothing), fewer tiles than CTAs (every tile shared: three 128 × 128
-// tiles of 16 K blocks in shares of one, 16 per tile), stores from registers (N % 8 != 0); with
-// and without the residual. Then the same GEMM twice on two streams at once against itself alone,
-// bit for bit (a last share waits for lower shares, handed out by the ticket in the order CTAs
-// start, so neither launch waits on a CTA that cannot start), and every workspace back at zero.
+// whole waves are dealt out in shares of at least kMinTailSplitKb K blocks, one per CTA (pair), so
+// shares end and begin tiles part-way and a tile's last share adds the others'. Against the CPU
+// reference: several waves and a remainder (128 × 256, 180 tiles of 17 K blocks: on 132 SMs 48
+// left, in 51 shares of 16, two per tile; in pairs 100 units, 34 left, the last pair's second row
+// block past M running the pipeline and writing nothing), fewer tiles than CTAs (every tile shared:
+// three 128 × 128 tiles of 64 K blocks, four shares each), stores from registers (N % 8 != 0) with
+// a short last K block, shares of a tile of V3's 56 K blocks; with and without the residual. Then
+// the same GEMM twice on two streams at once against itself alone, bit for bit (a last share waits
+// for lower shares, handed out by the ticket in the order CTAs start, so neither launch waits on a
+// CTA that cannot start), and every workspace back at zero. (A remainder whose shares would be
+// whole tiles runs them whole: gemm_stream_k_test.)
 TEST(GemmFp8Cuda, StreamKDealsTheLastWaveInShares) {
     REQUIRE_GPU();
     ThreadPool pool(0);
@@ -508,19 +510,19 @@ TEST(GemmFp8Cuda, StreamKDealsTheLastWaveInShares) {
         return c;
     };
     for (int cluster : {1, 2}) {
-        run_dense(Fp8Operands(1100, 5000, 1040, 141 + cluster), sk(128, 256, cluster), &ws, cluster == 1, pool);
-        run_dense(Fp8Operands(100, 300, 2048, 143 + cluster), sk(128, 128, cluster), &ws, cluster == 2, pool);
-        run_dense(Fp8Operands(300, 1003, 1040, 145 + cluster), sk(128, 128, cluster), &ws, true, pool);
-        run_dense(Fp8Operands(700, 2112, 1536, 149 + cluster), sk(128, 256, cluster), &ws, cluster == 1, pool);
+        run_dense(Fp8Operands(1100, 5000, 2080, 141 + cluster), sk(128, 256, cluster), &ws, cluster == 1, pool);
+        run_dense(Fp8Operands(100, 300, 8192, 143 + cluster), sk(128, 128, cluster), &ws, cluster == 2, pool);
+        run_dense(Fp8Operands(300, 1003, 3088, 145 + cluster), sk(128, 128, cluster), &ws, true, pool);
+        run_dense(Fp8Operands(300, 2112, 7168, 149 + cluster), sk(128, 256, cluster), &ws, cluster == 1, pool);
     }
     expect_workspace_at_zero(ws, "after the stream-K GEMMs");
 
-    expect_two_streams_match_alone(Fp8Operands(1100, 5000, 1040, 151), sk(128, 256, 1), 20);
+    expect_two_streams_match_alone(Fp8Operands(1100, 5000, 2080, 151), sk(128, 256, 1), 20);
 }
 
 // Stream-K with split K, on a tile it is not built for, or without a workspace for its partials,
 // is refused by name.
-TEST(GemmFp8Cuda, StreamKWithSplitsOrWithoutWorkspaceIsAnError) {
+TEST(GemmFp8Cuda, StreamKWithSplitsOnAnUnbuiltTileOrWithoutWorkspaceIsAnError) {
     REQUIRE_GPU();
     GemmWorkspace ws;
     Fp8Operands o(64, 256, 256, 153);

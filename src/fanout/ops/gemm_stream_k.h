@@ -4,16 +4,16 @@
 //
 // A launch of `tiles` tile units (clusters' worth) on a persistent grid of `ctas` CTAs (clusters)
 // runs its whole waves as whole tiles: units [0, full). The K blocks of the `tiles - full` tiles
-// left over, tile after tile, are cut into `ctas` shares of `share` blocks, share c covering
-// blocks [c · share, (c + 1) · share) of that sequence. A share is at most a tile's K, so it meets
-// one tile or two, and runs as up to two pieces: units full + c (piece 0, its part of the later
-// tile) and full + ctas + c (piece 1, its part of the earlier one, or all of it), so a CTA that
-// starts at c reaches both after its whole tiles. A tile's shares reduce as split K's do: each but
-// the last stores a partial in its slot (`split`), and the last — the one holding the tile's last
-// K block — waits for them and adds them in split order. Piece 0 starts at its tile's first K
-// block, so it is the tile's last share only when it is the only one and waits for nobody; the
-// shares a last one waits for are lower, run by CTAs that took their place in the grid earlier
-// (the kernel's ticket), which run their piece 0 first.
+// left over, tile after tile, are cut into shares of `share` blocks, at most one per CTA, share c
+// covering blocks [c · share, (c + 1) · share) of that sequence. A share is less than a tile's K
+// (plan_stream_k), so it meets one tile or two, and runs as up to two pieces: units full + c
+// (piece 0, its part of the later tile) and full + ctas + c (piece 1, its part of the earlier one,
+// or all of it), so a CTA that starts at c reaches both after its whole tiles. A tile's shares
+// reduce as split K's do: each but the last stores a partial in its slot (`split`), and the last —
+// the one holding the tile's last K block — waits for them and adds them in split order. Piece 0
+// starts at its tile's first K block, so it is the tile's last share only when it is the only one
+// and waits for nobody; the shares a last one waits for are lower, run by CTAs that took their
+// place in the grid earlier (the kernel's ticket), which run their piece 0 first.
 #pragma once
 
 #include "fanout/ops/fp8_constants.h"  // FANOUT_HOST_DEVICE
@@ -23,7 +23,7 @@ namespace fanout::ops {
 struct StreamKPlan {
     int full = 0;   // units run as whole tiles (a multiple of ctas)
     int tiles = 0;  // tile units dealt out in shares after them (0: no stream-K)
-    int share = 0;  // K blocks per share (<= nkb)
+    int share = 0;  // K blocks per share (< nkb)
     int ctas = 0;   // shares: the grid's CTAs (clusters)
     int slots = 1;  // partial slots per tile: the most shares a tile meets, less its last
     int nkb = 0;    // K blocks per tile
@@ -32,8 +32,14 @@ struct StreamKPlan {
 };
 
 // The plan for `tiles` tile units of `nkb` K blocks on `ctas` CTAs: none when the tiles fill whole
-// waves; with fewer tiles than CTAs every tile is dealt out.
-FANOUT_HOST_DEVICE constexpr StreamKPlan plan_stream_k(int tiles, int ctas, int nkb) {
+// waves; with fewer tiles than CTAs every tile is dealt out. Shares hold at least `min_share` K
+// blocks (the launch passes gemm.h's kMinTailSplitKb), and there are none when that is a whole
+// tile's (shallow K: the tiles run whole). A share's partial makes a round trip through L2 that
+// costs about what a short share saves, and a small remainder dealt out to every CTA would make
+// one-block shares: one tile left over on 132 CTAs, 56 K blocks deep, would have its last share add
+// 55 partial tiles of 128 KB. So only the first ceil(tiles · nkb / share) CTAs get a share; the
+// others' pieces are empty.
+FANOUT_HOST_DEVICE constexpr StreamKPlan plan_stream_k(int tiles, int ctas, int nkb, int min_share) {
     StreamKPlan p;
     p.nkb = nkb;
     p.ctas = ctas;
@@ -42,6 +48,13 @@ FANOUT_HOST_DEVICE constexpr StreamKPlan plan_stream_k(int tiles, int ctas, int 
     if (rest == 0) return p;
     p.tiles = rest;
     p.share = (rest * nkb + ctas - 1) / ctas;  // <= nkb, as rest < ctas
+    if (p.share < min_share) p.share = min_share;
+    if (p.share >= nkb) {  // shares of whole tiles: the tiles run whole, as they would without
+        p.full = tiles;
+        p.tiles = 0;
+        p.share = 0;
+        return p;
+    }
     int most = 1;
     for (int i = 0; i < rest; ++i) {
         const int met = ((i + 1) * nkb - 1) / p.share - i * nkb / p.share + 1;
