@@ -486,7 +486,7 @@ nlohmann::json bench_dense(Context& c, const KernelsBenchOptions& opts) {
                                     if (!ops::gemm_fp8_stream_k_tile(bm, bn)) continue;
                                     const int m_units = (int((M + bm - 1) / bm) + cluster - 1) / cluster;
                                     const ops::StreamKPlan plan = ops::plan_stream_k(  // a CTA per SM
-                                        m_units * int((sh.n + bn - 1) / bn), sms / cluster, nkb, ops::kMinTailSplitKb);
+                                        m_units * int((sh.n + bn - 1) / bn), sms / cluster, nkb, ops::kMinStreamKShare);
                                     if (plan.tiles == 0) continue;  // whole waves, or K too shallow to share
                                     if (size_t(plan.tiles) * cluster * plan.slots * bm * bn > c.gemm_ws.partial_floats)
                                         continue;

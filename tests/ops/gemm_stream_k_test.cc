@@ -94,31 +94,32 @@ void check_plan(const StreamKPlan& p, int tiles, int ctas, int nkb, int least, c
 }
 
 // A small remainder is not cut into one-block shares: one 128 × 256 tile left over on 132 CTAs, 56
-// K blocks deep (V3's gate+up), goes to four CTAs in shares of 16 (16, 16, 16, 8), its last share
-// adding three partials instead of 55; with K no deeper than the least share the tiles run whole.
+// K blocks deep (V3's gate+up), goes to seven CTAs in shares of 8 (kMinStreamKShare), its last
+// share adding six partials instead of 55; with K no deeper than the least share the tiles run
+// whole.
 TEST(GemmStreamK, ShareHoldsAtLeastTheLeastShare) {
-    const StreamKPlan p = plan_stream_k(133, 132, 56, 16);
+    const StreamKPlan p = plan_stream_k(133, 132, 56, 8);
     EXPECT_EQ(p.full, 132);
     EXPECT_EQ(p.tiles, 1);
-    EXPECT_EQ(p.share, 16);
-    EXPECT_EQ(p.slots, 3);
+    EXPECT_EQ(p.share, 8);
+    EXPECT_EQ(p.slots, 6);
     int pieces = 0;
     for (int t = p.full; t < p.units(); ++t) {
         StreamKPiece piece{};
         if (!stream_k_piece(p, t, piece)) continue;
         ++pieces;
-        EXPECT_EQ(piece.splits, 4);
-        EXPECT_EQ(piece.kb0, 16 * piece.split);
+        EXPECT_EQ(piece.splits, 7);
+        EXPECT_EQ(piece.kb0, 8 * piece.split);
     }
-    EXPECT_EQ(pieces, 4);
-    const StreamKPlan shallow = plan_stream_k(133, 132, 16, 16);  // the down projection's 2,048
+    EXPECT_EQ(pieces, 7);
+    const StreamKPlan shallow = plan_stream_k(133, 132, 8, 8);  // K = 1,024
     EXPECT_EQ(shallow.tiles, 0);
     EXPECT_EQ(shallow.full, 133);
     EXPECT_EQ(shallow.units(), 133);
 }
 
 TEST(GemmStreamK, PiecesCoverEveryTileOnceAndOnlySecondPiecesWait) {
-    for (int least : {1, 3, 16})
+    for (int least : {1, 3, 8, 16})
         for (int ctas : {1, 7, 66, 132, 264})
             for (int nkb : {1, 2, 4, 9, 16, 56, 128})
                 for (int tiles = 1; tiles <= 3 * ctas + 5; tiles += (tiles < 40 ? 1 : 7)) {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Thirty-ninth session: run164 (never ran) with the stream-K shares' least size (ce92bca) and the
+# Thirty-ninth session: run164 (never ran) with the stream-K shares' least size (8 K blocks) and the
 # one-fence epilogue (docs/bench/tbl19/one_fence.patch, built as fanout_fence) A/B'd against new.
 # Thirty-eighth session: dense stream-K (GemmConfig::stream_k, `--config 128x256/sk[c2]`, the
 # 128 x 128 and 128 x 256 tiles' TAIL kernels): the tiles past the whole waves are dealt out in K

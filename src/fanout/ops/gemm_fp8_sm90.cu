@@ -1033,7 +1033,7 @@ void launch_config(const Operands& o, const Params& p, cudaStream_t stream) {
     }
     if constexpr (L == Layout::kDense && gemm_fp8_stream_k_tile(BM, BN)) {
         if (o.stream_k) {  // the tiles past the whole waves dealt out in K shares, by the TAIL kernel
-            const StreamKPlan plan = plan_stream_k(o.units, max_units, p.nkb, kMinTailSplitKb);
+            const StreamKPlan plan = plan_stream_k(o.units, max_units, p.nkb, kMinStreamKShare);
             if constexpr (!TAIL) {
                 if (plan.tiles > 0) return launch_config<BM, BN, L, CL, true>(o, p, stream);
             } else {

@@ -33,7 +33,7 @@ struct StreamKPlan {
 
 // The plan for `tiles` tile units of `nkb` K blocks on `ctas` CTAs: none when the tiles fill whole
 // waves; with fewer tiles than CTAs every tile is dealt out. Shares hold at least `min_share` K
-// blocks (the launch passes gemm.h's kMinTailSplitKb), and there are none when that is a whole
+// blocks (the launch passes gemm.h's kMinStreamKShare), and there are none when that is a whole
 // tile's (shallow K: the tiles run whole). A share's partial makes a round trip through L2 that
 // costs about what a short share saves, and a small remainder dealt out to every CTA would make
 // one-block shares: one tile left over on 132 CTAs, 56 K blocks deep, would have its last share add
