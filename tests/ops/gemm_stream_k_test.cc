@@ -15,22 +15,21 @@
 namespace fanout::ops {
 namespace {
 
-TEST(GemmStreamK, WholeWavesNeedNoShares) {
-    const StreamKPlan p = plan_stream_k(264, 132, 56, 16);
-    EXPECT_EQ(p.tiles, 0);
-    EXPECT_EQ(p.full, 264);
-    EXPECT_EQ(p.units(), 264);
+// The plan's fields, in one line per test.
+void expect_plan(const StreamKPlan& p, int full, int tiles, int share, int slots, int units) {
+    EXPECT_EQ(p.full, full);
+    EXPECT_EQ(p.tiles, tiles);
+    EXPECT_EQ(p.share, share);
+    EXPECT_EQ(p.slots, slots);
+    EXPECT_EQ(p.units(), units);
 }
+
+TEST(GemmStreamK, WholeWavesNeedNoShares) { expect_plan(plan_stream_k(264, 132, 56, 8), 264, 0, 0, 1, 264); }
 
 // o_proj at M = 1,024 in 128 × 256 pairs on an H200's 66: 112 pair units, 46 past the whole wave,
 // 128 K blocks each in shares of 90 — a tile meets two or three shares.
 TEST(GemmStreamK, TheDeepSeekOProjAtOneThousandRows) {
-    const StreamKPlan p = plan_stream_k(112, 66, 128, 16);
-    EXPECT_EQ(p.full, 66);
-    EXPECT_EQ(p.tiles, 46);
-    EXPECT_EQ(p.share, 90);
-    EXPECT_EQ(p.slots, 2);
-    EXPECT_EQ(p.units(), 66 + 132);
+    expect_plan(plan_stream_k(112, 66, 128, 8), 66, 46, 90, 2, 66 + 132);
 }
 
 // Plan p of `tiles` units on `ctas` CTAs, `nkb` K blocks deep, shares of at least `least`: sound.
@@ -99,10 +98,7 @@ void check_plan(const StreamKPlan& p, int tiles, int ctas, int nkb, int least, c
 // whole.
 TEST(GemmStreamK, ShareHoldsAtLeastTheLeastShare) {
     const StreamKPlan p = plan_stream_k(133, 132, 56, 8);
-    EXPECT_EQ(p.full, 132);
-    EXPECT_EQ(p.tiles, 1);
-    EXPECT_EQ(p.share, 8);
-    EXPECT_EQ(p.slots, 6);
+    expect_plan(p, 132, 1, 8, 6, 132 + 264);
     int pieces = 0;
     for (int t = p.full; t < p.units(); ++t) {
         StreamKPiece piece{};
@@ -112,10 +108,7 @@ TEST(GemmStreamK, ShareHoldsAtLeastTheLeastShare) {
         EXPECT_EQ(piece.kb0, 8 * piece.split);
     }
     EXPECT_EQ(pieces, 7);
-    const StreamKPlan shallow = plan_stream_k(133, 132, 8, 8);  // K = 1,024
-    EXPECT_EQ(shallow.tiles, 0);
-    EXPECT_EQ(shallow.full, 133);
-    EXPECT_EQ(shallow.units(), 133);
+    expect_plan(plan_stream_k(133, 132, 8, 8), 133, 0, 0, 1, 133);  // K = 1,024
 }
 
 TEST(GemmStreamK, PiecesCoverEveryTileOnceAndOnlySecondPiecesWait) {
