@@ -492,15 +492,14 @@ TEST(GemmFp8Cuda, SplitsBeyondOneWaveRunFewer) {
 // whole waves are dealt out in shares of at least kMinStreamKShare K blocks, one per CTA (pair), so
 // shares end and begin tiles part-way and a tile's last share adds the others'. Against the CPU
 // reference: several waves and a remainder (128 × 256, 180 tiles of 17 K blocks: on 132 SMs 48
-// left, in 102 shares of 8, three per tile; in pairs 100 units, 34 left, shares of 9, the last
+// left, in 102 shares of 8, three per tile; in 66 pairs 100 units, 34 left, shares of 9, the last
 // pair's second row block past M running the pipeline and writing nothing), fewer tiles than CTAs
 // (every tile shared: three 128 × 128 tiles of 64 K blocks, eight shares each), stores from
 // registers (N % 8 != 0) with a short last K block, up to six shares of a tile of V3's 56 K
-// blocks; with and without the residual. Then
-// the same GEMM twice on two streams at once against itself alone, bit for bit (a last share waits
-// for lower shares, handed out by the ticket in the order CTAs start, so neither launch waits on a
-// CTA that cannot start), and every workspace back at zero. (A remainder whose shares would be
-// whole tiles runs them whole: gemm_stream_k_test.)
+// blocks; with and without the residual. Then the same GEMM twice on two streams at once against
+// itself alone, bit for bit (a last share waits for lower shares, handed out by the ticket in the
+// order CTAs start, so neither launch waits on a CTA that cannot start), and every workspace back
+// at zero. (A remainder whose shares would be whole tiles runs them whole: gemm_stream_k_test.)
 TEST(GemmFp8Cuda, StreamKDealsTheLastWaveInShares) {
     REQUIRE_GPU();
     ThreadPool pool(0);

@@ -89,10 +89,10 @@ inline constexpr int kMaskedTailSplits = 8;
 // projection split 2 ways) were 2-5 µs faster in the layer and 2 µs faster to 4 µs slower in
 // `bench kernels` (twenty-ninth session): not taken on one routing draw per point.
 inline constexpr int kMinTailSplitKb = 16;
-// Dense stream-K's shares hold at least this many K blocks (gemm_stream_k.h's plan_stream_k): half
-// the masked splits' least, since a share replaces part of a wave's idle time rather than splitting
-// work that would have run anyway; at 16 no share would fit the 16 K blocks of the shared experts'
-// down projection, whose last wave at M = 1,024 is 0.7 full. Not measured yet.
+// Dense stream-K's shares hold at least this many K blocks (gemm_stream_k.h's plan_stream_k), so a
+// small remainder does not become one-block shares whose partials cost more than they save. Below
+// kMinTailSplitKb so that the shared experts' down projection (16 K blocks), whose last wave at M =
+// 1,024 is 0.7 full, can take shares at all. Not measured yet.
 inline constexpr int kMinStreamKShare = 8;
 // The most rows an expert gets when routing spreads them in [0.7, 1.3] × the expected count: the
 // spread of DeepGEMM's anchors, which `bench kernels` and `bench layer` draw (a model, not a

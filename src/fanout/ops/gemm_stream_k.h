@@ -21,7 +21,7 @@
 namespace fanout::ops {
 
 struct StreamKPlan {
-    int full = 0;   // units run as whole tiles (a multiple of ctas)
+    int full = 0;   // units run as whole tiles (a multiple of ctas when tiles > 0)
     int tiles = 0;  // tile units dealt out in shares after them (0: no stream-K)
     int share = 0;  // K blocks per share (< nkb)
     int ctas = 0;   // shares: the grid's CTAs (clusters)
