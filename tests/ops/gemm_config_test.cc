@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "fanout/ops/gemm.h"
+#include "fanout/ops/gemm_stream_k.h"
 
 namespace fanout::ops {
 namespace {
@@ -30,6 +31,51 @@ TEST(GemmConfig, MeasuredRowsForTheV3Shapes) {
     EXPECT_TRUE(pick_gemm_config(129, 7168, 18432, 132, true).cublaslt);
     EXPECT_TRUE(same(pick_gemm_config(256, 7168, 18432, 132, false), {128, 256, 1, 2}));  // ... no workspace
 }
+
+// Stream-K where run166 measured it ahead of cuBLASLt: o_proj and the dense MLP's down projection
+// at M 513-1,024 in 128 × 256 pairs; cuBLASLt on either side; without a workspace the pairs unshared.
+TEST(GemmConfig, StreamKForTheLastWaveOfTheWideProjections) {
+    for (auto [N, K] : {std::pair{7168, 16384}, {7168, 18432}}) {
+        for (int M : {513, 1024}) {
+            const GemmConfig c = pick_gemm_config(M, N, K, 132, true);
+            EXPECT_TRUE(same(c, {128, 256, 1, 2}) && c.stream_k && !c.cublaslt) << M << " " << K;
+            EXPECT_FALSE(pick_gemm_config(M, N, K, 132, false).stream_k) << M << " " << K;
+        }
+        for (int M : {512, 1025}) {
+            const GemmConfig c = pick_gemm_config(M, N, K, 132, true);
+            EXPECT_TRUE(c.cublaslt && !c.stream_k) << M << " " << K;
+        }
+    }
+    EXPECT_FALSE(pick_gemm_config(1024, 7168, 2048, 132, true).stream_k);  // the shared down projection lost
+}
+
+#ifdef FANOUT_WITH_CUDA
+// Every stream-K launch the table asks for fits the model's default workspace (the launch refuses
+// one that does not) on any Hopper grid: up to 66 pairs of CTAs (132 SMs; the H100 PCIe's 114 give
+// 57), whatever M, for every V3 shape.
+TEST(GemmConfig, TheTablesStreamKFitsTheDefaultWorkspace) {
+    const std::pair<int, int> v3[] = {{2112, 7168}, {24576, 1536}, {32768, 512},  {7168, 16384},
+                                      {4096, 7168}, {7168, 2048},  {36864, 7168}, {7168, 18432}};
+    int checked = 0;
+    for (const auto& [N, K] : v3)
+        for (int M = 1; M <= 4096; ++M) {
+            const GemmConfig c = pick_gemm_config(M, N, K, 132, true);
+            if (!c.stream_k) continue;
+            const int units =
+                ((M + c.block_m - 1) / c.block_m + c.cluster - 1) / c.cluster * ((N + c.block_n - 1) / c.block_n);
+            for (int ctas = 1; ctas <= 132 / c.cluster; ++ctas) {
+                const StreamKPlan p = plan_stream_k(units, ctas, (K + 127) / 128, kMinStreamKShare);
+                const size_t floats = size_t(p.tiles) * c.cluster * p.slots * c.block_m * c.block_n;
+                ASSERT_LE(floats * sizeof(float), GemmWorkspace::kDefaultPartialBytes)
+                    << M << " " << N << " " << K << " on " << ctas;
+                ASSERT_LE(p.tiles * c.cluster, GemmWorkspace::kDefaultCounters)
+                    << M << " " << N << " " << K << " on " << ctas;
+                ++checked;
+            }
+        }
+    EXPECT_GT(checked, 0);
+}
+#endif
 
 // cuBLASLt's block-scaled FP8 at prefill sizes where `fanout bench kernels` measured it faster,
 // the tile kernel at decode sizes and on the prefill rows where it won (q_b, kv_b, shared down).
@@ -127,6 +173,8 @@ TEST(GemmConfig, TheTableNamesOnlyTilesThatExist) {
             for (bool ws : {false, true}) {
                 const GemmConfig c = pick_gemm_config(M, N, K, 132, ws);
                 EXPECT_TRUE(gemm_fp8_tile_exists(c.block_m, c.block_n, true)) << M << " " << N << " " << K;
+                EXPECT_TRUE(!c.stream_k || (ws && c.splits == 1 && gemm_fp8_stream_k_tile(c.block_m, c.block_n)))
+                    << M << " " << N << " " << K;
             }
 }
 

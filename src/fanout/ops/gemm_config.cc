@@ -16,7 +16,10 @@
 // nineteenth and twenty-first sessions); the dense MLP's down projection at M 65-128 to its 64 ×
 // 128 split-2 pair tile, which beat cuBLASLt there in each of the six kept `bench kernels` tables
 // of run121-run140 (52.1-53.6 against 57.5-60.0 µs on H100s, 42.4 against 45.8 on an H200;
-// PERF.md, thirty-first session).
+// PERF.md, thirty-first session); o_proj and the dense MLP's down projection at M 513-1,024 to
+// 128 × 256 pairs with stream-K (run166, H100, M = 1,024, three samples each: o_proj 189.3-189.4
+// against cuBLASLt's 193.5-194.2 µs, the down projection 212.0-212.2 against 217.5-217.7; measured
+// at 1,024 only, 513 the bound a guess; the shared down projection lost there, 35.2 against 28.4-28.8).
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -39,6 +42,11 @@ constexpr GemmConfig lt(GemmConfig c) {
     return c;
 }
 
+constexpr GemmConfig sk(GemmConfig c) {
+    c.stream_k = true;
+    return c;
+}
+
 // clang-format off
 constexpr std::array kTable = {
     // fused qkv_a 2112 × 7168
@@ -53,7 +61,8 @@ constexpr std::array kTable = {
     Row{32768, 512, 1 << 30, {128, 256, 1, 2}},
     // o_proj 7168 × 16384
     Row{7168, 16384, 64, {64, 64, 2, 1}},     Row{7168, 16384, 128, {64, 128, 2, 2}},
-    Row{7168, 16384, 256, lt({128, 256, 2, 2})}, Row{7168, 16384, 1 << 30, lt({128, 256, 1, 2})},
+    Row{7168, 16384, 256, lt({128, 256, 2, 2})}, Row{7168, 16384, 512, lt({128, 256, 1, 2})},
+    Row{7168, 16384, 1024, sk({128, 256, 1, 2})}, Row{7168, 16384, 1 << 30, lt({128, 256, 1, 2})},
     // shared experts' gate+up 4096 × 7168
     Row{4096, 7168, 64, {64, 64, 4, 1}},      Row{4096, 7168, 128, {64, 64, 2, 2}},
     Row{4096, 7168, 256, {128, 128, 2, 1}}, Row{4096, 7168, 1 << 30, lt({128, 256, 1, 2})},
@@ -66,7 +75,8 @@ constexpr std::array kTable = {
     Row{36864, 7168, 256, lt({128, 128, 1, 1})}, Row{36864, 7168, 1 << 30, lt({128, 256, 1, 2})},
     // the dense layers' MLP down 7168 × 18432
     Row{7168, 18432, 64, {64, 64, 2, 1}},     Row{7168, 18432, 128, {64, 128, 2, 2}},
-    Row{7168, 18432, 256, lt({128, 256, 2, 2})}, Row{7168, 18432, 1 << 30, lt({128, 256, 1, 2})},
+    Row{7168, 18432, 256, lt({128, 256, 2, 2})}, Row{7168, 18432, 512, lt({128, 256, 1, 2})},
+    Row{7168, 18432, 1024, sk({128, 256, 1, 2})}, Row{7168, 18432, 1 << 30, lt({128, 256, 1, 2})},
 };
 // clang-format on
 
