@@ -36,10 +36,11 @@ void gemm_fp8_cpu(const uint8_t* x, const float* sx, const uint8_t* w, const flo
 // block_m = 0 asks for the measured table. `cublaslt`: the table measured cuBLASLt's block-scaled
 // FP8 faster for this shape and M (prefill sizes): the DeviceContext launch runs it there, the
 // tile shape is the fallback (and what the stream-only launch runs). `stream_k` (dense 128 × 128
-// and 128 × 256 tiles, splits 1, needs a GemmWorkspace; opt-in, the table does not pick it): the
-// whole waves run whole tiles, and the K blocks of the tiles left over are dealt out in equal
-// shares, one per CTA (cluster) of the grid, so that a partial last wave takes its share of the
-// time instead of a whole tile's (gemm_stream_k.h).
+// and 128 × 256 tiles, splits 1, needs a GemmWorkspace; the table picks it for o_proj and the dense
+// MLP's down projection at M 513-1,024): the whole waves run whole tiles, and the K blocks of the
+// tiles left over are dealt out in equal shares of at least kMinStreamKShare blocks, at most one
+// per CTA (cluster) of the grid, so that a partial last wave takes its share of the time instead
+// of a whole tile's (gemm_stream_k.h).
 struct GemmConfig {
     int block_m = 0;
     int block_n = 0;
@@ -92,7 +93,8 @@ inline constexpr int kMinTailSplitKb = 16;
 // Dense stream-K's shares hold at least this many K blocks (gemm_stream_k.h's plan_stream_k), so a
 // small remainder does not become one-block shares whose partials cost more than they save. Below
 // kMinTailSplitKb so that the shared experts' down projection (16 K blocks), whose last wave at M =
-// 1,024 is 0.7 full, can take shares at all. Not measured yet.
+// 1,024 is 0.7 full, can take shares at all; there it then lost (run166: 35.2 against 28.4-28.8
+// µs unshared). Not tuned.
 inline constexpr int kMinStreamKShare = 8;
 // The most rows an expert gets when routing spreads them in [0.7, 1.3] × the expected count: the
 // spread of DeepGEMM's anchors, which `bench kernels` and `bench layer` draw (a model, not a

@@ -33,8 +33,9 @@
 // (kDynamic), so the CTAs whose whole tiles finished first take the split ones.
 //
 // Dense stream-K (GemmConfig::stream_k): the whole waves run whole tiles; the K blocks of the tiles
-// left over, tile after tile, are cut into one equal share per CTA (pair) of the grid, so a
-// partial last wave costs its share of a tile instead of a whole one. A share meets one tile or
+// left over, tile after tile, are cut into equal shares of at least kMinStreamKShare blocks, at
+// most one per CTA (pair) of the grid, so a partial last wave costs its share of a tile instead of
+// a whole one. A share meets one tile or
 // two; each tile's shares reduce as split K's do (the share holding its last K block adds the
 // others'), and a CTA runs its part of the later tile first (gemm_stream_k.h).
 //
